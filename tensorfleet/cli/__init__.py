@@ -1,0 +1,3 @@
+"""The ``tensorfleet`` command: one module per command group (see :mod:`tensorfleet.cli.main`)."""
+
+__all__: list[str] = []

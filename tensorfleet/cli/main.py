@@ -1,0 +1,88 @@
+"""Entry point of the ``tensorfleet`` command.
+
+Each command group lives in its own module of this package and exposes ``app`` (a
+``typer.Typer``) and ``NAME``; top-level commands (such as ``launch``) expose ``register(app)``.
+Errors that tensorfleet raises for bad input (``ValueError``, ``KeyError``, ``TypeError``,
+``FileNotFoundError``) are turned into one clean line on stderr and exit status 2 here, at
+the CLI boundary, instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Optional
+
+import typer
+
+import tensorfleet
+
+__all__ = ["app", "main", "GROUPS", "COMMANDS"]
+
+# Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
+GROUPS: tuple[str, ...] = ()
+# Top-level commands: each module defines register(app).
+COMMANDS: tuple[str, ...] = ()
+
+app = typer.Typer(
+    name="tensorfleet",
+    help="Distributed, federated and on-device TensorFlow from plain Keras.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tensorfleet {tensorfleet.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(  # noqa: UP007 - typer needs Optional here
+        None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Distributed, federated and on-device TensorFlow from plain Keras."""
+
+
+for _module_name in GROUPS:
+    _module = importlib.import_module(f"tensorfleet.cli.{_module_name}")
+    app.add_typer(_module.app, name=_module.NAME)
+for _module_name in COMMANDS:
+    importlib.import_module(f"tensorfleet.cli.{_module_name}").register(app)
+
+
+class UsageError(Exception):
+    """Raised by commands for a bad combination of arguments."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the CLI; input errors print ``error: ...`` and exit with status 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except SystemExit as exc:  # typer.Exit in standalone_mode=False surfaces differently
+        return int(exc.code or 0)
+    except (ValueError, KeyError, TypeError, FileNotFoundError, UsageError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        typer.echo(f"error: {message}", err=True)
+        return 2
+    except Exception as exc:  # click's own usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            return exc.exit_code
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            typer.echo("Aborted.", err=True)
+            return 130
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""tensorfleet.edge (see its README section)."""

@@ -1,0 +1,1 @@
+"""tensorfleet.federated (see its README section)."""

@@ -1,0 +1,72 @@
+"""Logical CPU devices: stand-ins for accelerators on a machine without any.
+
+TensorFlow can split one physical CPU into several logical devices, but only before its
+runtime initialises (the first op, the first ``list_logical_devices`` call, the first
+strategy). :func:`simulate_devices` does that split and refuses clearly when it is too late.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["simulate_devices", "logical_device_names", "RuntimeAlreadyInitializedError"]
+
+log = logging.getLogger(__name__)
+
+
+class RuntimeAlreadyInitializedError(RuntimeError):
+    """The TensorFlow runtime had started before the logical devices could be set."""
+
+
+def simulate_devices(n: int, *, device_type: str = "CPU") -> list[str]:
+    """Splits the first physical ``device_type`` into ``n`` logical devices.
+
+    Must run before TensorFlow initialises its runtime. Calling it again with the same ``n``
+    after that is a no-op that returns the same device names; any other ``n`` raises
+    :class:`RuntimeAlreadyInitializedError`.
+
+    Args:
+        n: how many logical devices, at least 1.
+        device_type: ``"CPU"`` (or ``"GPU"`` where one exists).
+
+    Returns:
+        The logical device names, e.g. ``["/device:CPU:0", "/device:CPU:1"]``.
+
+    Example:
+        >>> import tensorfleet as tfl
+        >>> tfl.strategies.simulate_devices(2)   # before any other TensorFlow call
+        ['/device:CPU:0', '/device:CPU:1']
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer number of logical devices. Received: n={n!r}")
+    if device_type not in ("CPU", "GPU"):
+        raise ValueError(f"device_type must be 'CPU' or 'GPU'. Received: device_type={device_type!r}")
+    import tensorflow as tf
+
+    physical = tf.config.list_physical_devices(device_type)
+    if not physical:
+        raise ValueError(f"This machine has no physical {device_type} device to split.")
+    try:
+        tf.config.set_logical_device_configuration(
+            physical[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+    except RuntimeError as exc:
+        current = logical_device_names(device_type)
+        if len(current) == n:
+            return current
+        raise RuntimeAlreadyInitializedError(
+            f"simulate_devices({n}) was called after TensorFlow initialised its runtime, which "
+            f"already has {len(current)} logical {device_type} device(s): {current}. Call "
+            "tensorfleet.strategies.simulate_devices() first thing in the program, before any "
+            "other TensorFlow call (building a model, a tensor or a strategy)."
+        ) from exc
+    names = logical_device_names(device_type)
+    log.info("Split the %s into %d logical devices: %s", device_type, n, names)
+    return names
+
+
+def logical_device_names(device_type: str = "CPU") -> list[str]:
+    """Names of the logical devices of ``device_type`` (initialises the runtime)."""
+    import tensorflow as tf
+
+    return [d.name for d in tf.config.list_logical_devices(device_type)]
