@@ -10,6 +10,7 @@ the CLI boundary, instead of a traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Optional
 
@@ -17,10 +18,14 @@ import typer
 
 import tensorfleet
 
+# TensorFlow's C++ start-up chatter is noise on a command line; TF_CPP_MIN_LOG_LEVEL set by the
+# user wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 __all__ = ["app", "main", "GROUPS", "COMMANDS"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
-GROUPS: tuple[str, ...] = ()
+GROUPS: tuple[str, ...] = ("strategies",)
 # Top-level commands: each module defines register(app).
 COMMANDS: tuple[str, ...] = ()
 

@@ -1,0 +1,55 @@
+"""``auto``: choose the strategy the environment calls for, and say why.
+
+The order, first match wins: TF_CONFIG with ``ps`` tasks -> parameter_server; TF_CONFIG with
+several workers -> multi_worker_mirrored; a TPU (attached, or named by ``TPU_NAME``) -> tpu;
+more than one local device -> mirrored; else one_device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping
+
+from tensorfleet.strategies.cluster import tf_config_from_env
+from tensorfleet.strategies.registry import build, register
+
+__all__ = ["choose", "auto"]
+
+log = logging.getLogger(__name__)
+
+
+def choose(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The strategy name ``auto`` would build here, and the reason.
+
+    Example:
+        >>> choose({"TF_CONFIG": ""})[0] in ("one_device", "mirrored")
+        True
+    """
+    env = os.environ if environ is None else environ
+    config = tf_config_from_env(env)
+    if config is not None and config.has_ps:
+        return "parameter_server", f"TF_CONFIG has {config.cluster.num_tasks('ps')} ps task(s)"
+    if config is not None and config.num_workers > 1:
+        return "multi_worker_mirrored", f"TF_CONFIG has {config.num_workers} workers"
+    import tensorflow as tf
+
+    tpus = tf.config.list_logical_devices("TPU")
+    if tpus or env.get("TPU_NAME"):
+        return "tpu", (f"{len(tpus)} TPU core(s) attached" if tpus else f"TPU_NAME={env['TPU_NAME']}")
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = gpus or tf.config.list_logical_devices("CPU")
+    kind = "GPU" if gpus else "CPU"
+    if len(devices) > 1:
+        return "mirrored", f"{len(devices)} local {kind} devices"
+    return "one_device", f"one local {kind} device"
+
+
+def auto(**options: Any) -> Any:
+    """Builds the strategy :func:`choose` picks, passing ``options`` through."""
+    name, reason = choose()
+    log.info("tensorfleet auto strategy: chose %r because %s", name, reason)
+    return build(name, **options)
+
+
+register("auto", auto, description="Chooses from TF_CONFIG, TPUs and local devices; logs its choice.")

@@ -1,0 +1,155 @@
+"""What ``model.fit`` needs under the active strategy, from arrays or a dataset factory.
+
+Under every strategy but one, Keras takes a batched ``tf.data.Dataset``. The parameter server
+(Keras 2.14) instead needs a ``DatasetCreator`` that each worker calls to build its own
+shard, repeated, plus an explicit ``steps_per_epoch``. :func:`fit_inputs` and
+:func:`evaluate_inputs` return keyword arguments that fit either case, so the user's call
+stays the same for every strategy::
+
+    model.fit(**fit_inputs(x, y, batch_size=64), epochs=5)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+__all__ = ["FitInputs", "fit_inputs", "evaluate_inputs", "uses_coordinator"]
+
+
+class FitInputs(Mapping[str, Any]):
+    """Keyword arguments for ``model.fit`` / ``model.evaluate``: unpack with ``**``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = {k: v for k, v in kwargs.items() if v is not None}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._kwargs[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kwargs)
+
+    def __len__(self) -> int:
+        return len(self._kwargs)
+
+    def __repr__(self) -> str:
+        return f"FitInputs({', '.join(f'{k}={type(v).__name__}' for k, v in self._kwargs.items())})"
+
+
+def uses_coordinator(strategy: Any) -> bool:
+    """True for strategies that Keras drives through a ClusterCoordinator (parameter server)."""
+    return bool(getattr(strategy, "_should_use_with_coordinator", False))
+
+
+def _current_strategy(strategy: Any) -> Any:
+    import tensorflow as tf
+
+    return strategy if strategy is not None else tf.distribute.get_strategy()
+
+
+def _check_arrays(x: Any, y: Any, batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
+    n = len(x)
+    if n == 0:
+        raise ValueError("x is empty. Received: len(x)=0")
+    if y is not None and len(y) != n:
+        raise ValueError(f"x and y must have the same length. Received: len(x)={n}, len(y)={len(y)}")
+    return n
+
+
+def _dataset_fn(x: Any, y: Any, batch_size: int, shuffle: bool, seed: int, repeat: bool) -> Callable[[Any], Any]:
+    import tensorflow as tf
+
+    x = np.asarray(x)
+    y = None if y is None else np.asarray(y)
+
+    def make(input_context: Any = None) -> Any:
+        data = (x, y) if y is not None else x
+        ds = tf.data.Dataset.from_tensor_slices(data)
+        per_replica = batch_size
+        if input_context is not None:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+            per_replica = input_context.get_per_replica_batch_size(batch_size)
+        if shuffle:
+            ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
+        return ds.batch(per_replica).prefetch(2)
+
+    return make
+
+
+def fit_inputs(
+    x: Any,
+    y: Any = None,
+    *,
+    batch_size: int = 32,
+    strategy: Any = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    validation_data: tuple[Any, Any] | None = None,
+    dataset_fn: Callable[[Any], Any] | None = None,
+    steps_per_epoch: int | None = None,
+) -> FitInputs:
+    """Keyword arguments for ``model.fit`` under ``strategy`` (default: the current one).
+
+    Args:
+        x, y: arrays of examples and labels (or ``dataset_fn`` instead).
+        batch_size: the global batch size, split across replicas.
+        strategy: the strategy the model was built under; default the one in scope.
+        shuffle, seed: shuffling of the examples.
+        validation_data: ``(x_val, y_val)`` arrays.
+        dataset_fn: instead of arrays, a function ``(input_context) -> tf.data.Dataset`` of
+            batches; requires ``steps_per_epoch``.
+        steps_per_epoch: default ``ceil(len(x) / batch_size)``.
+
+    Example:
+        >>> model.fit(**fit_inputs(x_train, y_train, batch_size=64), epochs=5)
+    """
+    import tensorflow as tf
+
+    strategy = _current_strategy(strategy)
+    coordinated = uses_coordinator(strategy)
+    if dataset_fn is not None:
+        if x is not None and not callable(x):
+            raise ValueError("Pass either arrays (x, y) or dataset_fn, not both.")
+        if steps_per_epoch is None:
+            raise ValueError("dataset_fn needs steps_per_epoch (a dataset factory has no known length). "
+                             "Received: steps_per_epoch=None")
+        make = dataset_fn
+    else:
+        n = _check_arrays(x, y, batch_size)
+        steps_per_epoch = steps_per_epoch or math.ceil(n / batch_size)
+        make = _dataset_fn(x, y, batch_size, shuffle, seed, repeat=coordinated)
+    if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
+                                        or steps_per_epoch <= 0):
+        raise ValueError(f"steps_per_epoch must be a positive integer. Received: steps_per_epoch={steps_per_epoch!r}")
+    validation: dict[str, Any] = {}
+    if validation_data is not None:
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
+            raise ValueError("validation_data must be a pair (x_val, y_val) of arrays. "
+                             f"Received: {type(validation_data).__name__}")
+        validation = dict(evaluate_inputs(*validation_data, batch_size=batch_size, strategy=strategy))
+        validation = {"validation_data": validation["x"], "validation_steps": validation.get("steps")}
+    if coordinated or dataset_fn is not None:
+        # Keras calls a DatasetCreator once per worker with its InputContext.
+        return FitInputs(x=tf.keras.utils.experimental.DatasetCreator(make), steps_per_epoch=steps_per_epoch,
+                         **validation)
+    return FitInputs(x=make(None), **validation)
+
+
+def evaluate_inputs(x: Any, y: Any = None, *, batch_size: int = 32, strategy: Any = None) -> FitInputs:
+    """Keyword arguments for ``model.evaluate`` under ``strategy`` (every example once)."""
+    import tensorflow as tf
+
+    strategy = _current_strategy(strategy)
+    n = _check_arrays(x, y, batch_size)
+    if uses_coordinator(strategy):
+        # Exact evaluation under the coordinator needs a finite per-worker dataset; the
+        # DatasetCreator is repeated and cut at ceil(n / batch) steps.
+        make = _dataset_fn(x, y, batch_size, shuffle=False, seed=0, repeat=True)
+        return FitInputs(x=tf.keras.utils.experimental.DatasetCreator(make), steps=math.ceil(n / batch_size))
+    return FitInputs(x=_dataset_fn(x, y, batch_size, shuffle=False, seed=0, repeat=False)(None))
