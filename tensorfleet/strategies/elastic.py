@@ -1,0 +1,166 @@
+"""Elastic restarts: a job continues from its backup at another number of workers.
+
+A multi-worker mirrored job cannot change size while it runs (the collective group is fixed
+when the strategy is built), but it can be stopped and started again at another size from
+the same ``BackupAndRestore`` directory: variables are saved without their placement, so a
+backup written by 2 workers restores on 1 and the other way round. :func:`launch_elastic`
+runs such a schedule of phases with the local launcher; :func:`batch_sizes` applies the
+global batch size policy that decides what changes with the number of replicas:
+
+* ``keep_global``: the global batch (and so the optimisation) stays the same; each replica
+  gets ``global / replicas`` examples, which must divide evenly.
+* ``keep_per_replica``: each replica keeps its batch; the global batch grows and shrinks with
+  the job (scale the learning rate yourself if you want the linear-scaling rule).
+
+Example:
+    >>> batch_sizes(2, policy="keep_global", global_batch_size=64)
+    BatchSizes(global_batch_size=64, per_replica_batch_size=32, replicas=2)
+    >>> batch_sizes(1, policy="keep_per_replica", per_replica_batch_size=32)
+    BatchSizes(global_batch_size=32, per_replica_batch_size=32, replicas=1)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, NamedTuple, Sequence
+
+__all__ = ["ENV_BATCH_POLICY", "BatchPolicy", "BatchSizes", "Phase", "batch_sizes", "launch_elastic", "policy_from_env"]
+
+ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
+
+
+class BatchPolicy(str, Enum):
+    """What stays fixed when the number of replicas changes."""
+
+    KEEP_GLOBAL = "keep_global"
+    KEEP_PER_REPLICA = "keep_per_replica"
+
+
+class BatchSizes(NamedTuple):
+    global_batch_size: int
+    per_replica_batch_size: int
+    replicas: int
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+    return value
+
+
+def _resolve_policy(policy: BatchPolicy | str) -> BatchPolicy:
+    try:
+        return BatchPolicy(policy)
+    except ValueError:
+        raise ValueError(
+            f"policy must be one of {[p.value for p in BatchPolicy]}. Received: policy={policy!r}"
+        ) from None
+
+
+def batch_sizes(
+    replicas: int,
+    *,
+    policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
+    global_batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+) -> BatchSizes:
+    """Global and per-replica batch sizes for ``replicas`` under ``policy``.
+
+    ``keep_global`` needs ``global_batch_size``; ``keep_per_replica`` needs
+    ``per_replica_batch_size``.
+
+    Raises:
+        ValueError: an unknown policy, a missing or non-positive size, or a global batch
+            that does not split evenly over the replicas.
+    """
+    _positive("replicas", replicas)
+    resolved = _resolve_policy(policy)
+    if resolved is BatchPolicy.KEEP_GLOBAL:
+        if global_batch_size is None:
+            raise ValueError("policy='keep_global' needs global_batch_size. Received: global_batch_size=None")
+        _positive("global_batch_size", global_batch_size)
+        if global_batch_size % replicas:
+            raise ValueError(
+                f"global_batch_size must be divisible by the number of replicas under 'keep_global'. "
+                f"Received: global_batch_size={global_batch_size}, replicas={replicas}"
+            )
+        return BatchSizes(global_batch_size, global_batch_size // replicas, replicas)
+    if per_replica_batch_size is None:
+        raise ValueError(
+            "policy='keep_per_replica' needs per_replica_batch_size. Received: per_replica_batch_size=None"
+        )
+    _positive("per_replica_batch_size", per_replica_batch_size)
+    return BatchSizes(per_replica_batch_size * replicas, per_replica_batch_size, replicas)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of an elastic schedule: run at ``workers`` until ``until_epoch`` has ended.
+
+    ``until_epoch=None`` runs the job to its end.
+    """
+
+    workers: int
+    until_epoch: int | None = None
+
+
+def launch_elastic(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    phases: Sequence[Phase],
+    backup_dir: str | os.PathLike[str],
+    policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
+    sink: Callable[[str], None] | None = None,
+    **launch_kwargs: Any,
+) -> list[Any]:
+    """Runs ``script`` through a schedule of worker counts, all sharing one backup directory.
+
+    Each phase launches the job at its number of workers and stops it (SIGTERM to every
+    task) once a task logs the end of ``until_epoch`` (the ``EpochLog`` line that follows the
+    epoch's backup); the next phase resumes from that backup. The batch policy reaches the
+    script as ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`).
+
+    Returns:
+        One :class:`~tensorfleet.strategies.launcher.LaunchResult` per phase.
+
+    Example:
+        >>> results = launch_elastic("train.py", phases=[Phase(2, 2), Phase(1, 4), Phase(2)],
+        ...                          backup_dir="/tmp/job")  # doctest: +SKIP
+    """
+    from tensorfleet.strategies.launcher import launch
+
+    if not phases:
+        raise ValueError("phases must list at least one Phase. Received: phases=[]")
+    resolved = _resolve_policy(policy)
+    previous = 0
+    for i, phase in enumerate(phases):
+        if not isinstance(phase, Phase):
+            raise TypeError(f"phases[{i}] must be a Phase. Received: {phase!r}")
+        _positive(f"phases[{i}].workers", phase.workers)
+        if phase.until_epoch is not None:
+            _positive(f"phases[{i}].until_epoch", phase.until_epoch)
+            if phase.until_epoch <= previous:
+                raise ValueError(
+                    f"phases must end at increasing epochs. Received: phases[{i}].until_epoch="
+                    f"{phase.until_epoch} after {previous}"
+                )
+            previous = phase.until_epoch
+        elif i != len(phases) - 1:
+            raise ValueError(f"Only the last phase may run to the end (until_epoch=None). Received: phases[{i}]")
+    env = dict(launch_kwargs.pop("env", None) or {})
+    env[ENV_BATCH_POLICY] = resolved.value
+    results = []
+    for phase in phases:
+        stop = None if phase.until_epoch is None else rf"^tensorfleet: epoch {phase.until_epoch}/\d+ end\b"
+        results.append(launch(script, args, workers=phase.workers, backup_dir=backup_dir, env=env,
+                              stop_when=stop, sink=sink, **launch_kwargs))
+    return results
+
+
+def policy_from_env(default: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL) -> BatchPolicy:
+    """The batch policy an elastic launch passed to this process (``default`` otherwise)."""
+    return _resolve_policy(os.environ.get(ENV_BATCH_POLICY) or default)
+
