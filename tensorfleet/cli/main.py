@@ -27,7 +27,7 @@ __all__ = ["app", "main", "GROUPS", "COMMANDS"]
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies",)
 # Top-level commands: each module defines register(app).
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = ("launch",)
 
 app = typer.Typer(
     name="tensorfleet",

@@ -1,0 +1,71 @@
+"""``tensorfleet launch``: run a training script as a local tf.distribute cluster.
+
+Example:
+    $ tensorfleet launch --workers 2 --max-restarts 2 train.py --epochs 6
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+__all__ = ["register", "launch_command"]
+
+
+def launch_command(
+    script: Path = typer.Argument(..., help="The training script every trainer task runs."),
+    args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script."),  # noqa: UP006,UP007
+    workers: int = typer.Option(2, "--workers", "-n", help="Number of worker tasks."),
+    ps: int = typer.Option(0, "--ps", help="Number of parameter-server tasks (adds a chief)."),
+    chief: bool = typer.Option(False, "--chief", help="Add a chief task."),
+    evaluator: bool = typer.Option(False, "--evaluator", help="Add an evaluator task."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="Restarts allowed after failures."),
+    timeout: Optional[float] = typer.Option(  # noqa: UP007
+        None, "--timeout", help="Seconds one attempt may run before it counts as hung and is restarted."),
+    hang_timeout: Optional[float] = typer.Option(  # noqa: UP007
+        None, "--hang-timeout", help="Seconds without output from any task before the attempt counts as hung."),
+    backoff: float = typer.Option(1.0, "--backoff", help="Seconds before the first restart (doubles each time)."),
+    ports: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--ports", help="Comma-separated ports, one per task (chief, workers, ps, evaluator)."),
+    backup_dir: Optional[Path] = typer.Option(  # noqa: UP007
+        None, "--backup-dir", help="Backup directory shared by the tasks (TENSORFLEET_BACKUP_DIR)."),
+    mode: str = typer.Option("auto", "--mode", help="auto, collective or parameter_server."),
+) -> None:
+    """Start one process per task on 127.0.0.1, each with its TF_CONFIG; restart on failure.
+
+    Output lines are prefixed with the task ([worker:1] ...); Ctrl-C and SIGTERM reach every
+    task; the exit status is the chief's (worker 0's without a chief) or the first failure's.
+    """
+    from tensorfleet.strategies.launcher import launch
+
+    port_list = None
+    if ports is not None:
+        try:
+            port_list = [int(p) for p in ports.split(",") if p.strip()]
+        except ValueError:
+            raise ValueError(f"--ports must be comma-separated integers. Received: --ports={ports!r}") from None
+    script_args = list(args or [])
+    if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
+        script_args = script_args[1:]
+    result = launch(
+        script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list,
+        mode=mode, max_restarts=max_restarts, backoff=backoff, timeout=timeout, hang_timeout=hang_timeout,
+        backup_dir=backup_dir, check=False,
+    )
+    if result.returncode != 0 and result.error:
+        typer.echo(f"error: {result.error}", err=True)
+    # SystemExit, not typer.Exit: click returns an Exit's code from app() in non-standalone
+    # mode, where main() would drop it; SystemExit reaches main() and every runner.
+    if result.returncode:
+        sys.exit(result.returncode)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``launch`` to the ``tensorfleet`` command."""
+    app.command(
+        "launch",
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    )(launch_command)
