@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from tensorfleet.io import write_bytes, write_json
 
-__all__ = ["BestModelCheckpoint", "EpochLog", "backup_dir", "callbacks", "resumed_epoch"]
+__all__ = ["BestModelCheckpoint", "EpochLog", "StepLog", "backup_dir", "callbacks", "resumed_epoch"]
 
 ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
 _PREFIX = "tensorfleet:"
@@ -83,12 +83,13 @@ def _should_write(model: Any) -> bool:
 class EpochLog(tf.keras.callbacks.Callback):
     """Prints ``tensorfleet: epoch E/N begin|end ...`` lines and where a run resumed.
 
-    The lines are for people and for the launcher's ``faults``/``stop_when`` patterns.
+    The lines are for people and for the launcher's ``faults``/``stop_when`` patterns. It has
+    no batch hooks, so it also works under ``ParameterServerStrategy``; :class:`StepLog` adds
+    a line per step.
     """
 
-    def __init__(self, *, log_steps: bool = False, stream: Any = None) -> None:
+    def __init__(self, *, stream: Any = None) -> None:
         super().__init__()
-        self.log_steps = log_steps
         self.stream = stream
         self._first = True
         self._epoch = 0
@@ -108,13 +109,16 @@ class EpochLog(tf.keras.callbacks.Callback):
         self._first = False
         self._print(f"epoch {epoch + 1}/{self._epochs} begin")
 
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.log_steps:
-            self._print(f"epoch {self._epoch} step {batch + 1}")
-
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         values = " ".join(f"{k}={float(v):.6f}" for k, v in sorted((logs or {}).items()))
         self._print(f"epoch {epoch + 1}/{self._epochs} end {values}".rstrip())
+
+
+class StepLog(EpochLog):
+    """:class:`EpochLog` plus ``tensorfleet: epoch E step S`` after every training step."""
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._print(f"epoch {self._epoch} step {batch + 1}")
 
 
 class BestModelCheckpoint(tf.keras.callbacks.Callback):
@@ -193,7 +197,7 @@ def callbacks(
         monitor: the logged metric that decides "best".
         mode: ``"min"`` or ``"max"`` for ``monitor``.
         log: add :class:`EpochLog` (last, so a line saying an epoch ended comes after its backup).
-        log_steps: let :class:`EpochLog` print a line per step too.
+        log_steps: log with :class:`StepLog` (a line per step too) instead of :class:`EpochLog`.
 
     Returns:
         ``[BackupAndRestore, BestModelCheckpoint?, EpochLog?]``.
@@ -208,7 +212,7 @@ def callbacks(
     if best_model is not None:
         result.append(BestModelCheckpoint(best_model, monitor=monitor, mode=mode))
     if log:
-        result.append(EpochLog(log_steps=log_steps))
+        result.append(StepLog() if log_steps else EpochLog())
     return result
 
 

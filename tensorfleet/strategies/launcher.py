@@ -106,14 +106,17 @@ class TFConfigConflictError(TFConfigError):
 class Fault:
     """A fault to inject, for tests and benchmarks of recovery.
 
-    When task ``task`` (``"worker:1"``) prints a line matching ``when`` during attempt
-    ``attempt``, the launcher sends ``signal`` to that task's process group.
+    When task ``watch`` (default: ``task`` itself) prints a line matching ``when`` during
+    attempt ``attempt``, the launcher sends ``signal`` to the process group of ``task``
+    (``"worker:1"``), ``delay`` seconds later.
     """
 
     task: str
     when: str
     signal: int = signal.SIGKILL
     attempt: int = 0
+    watch: str | None = None
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -330,15 +333,23 @@ class _Job:
             if self.sink is not None:
                 self.sink(f"[{task.name}] {text}")
         for i, fault in enumerate(self.faults):
-            if (i not in self.fired and fault.task == task.name and fault.attempt == task.attempt
-                    and re.search(fault.when, text)):
+            if (i not in self.fired and (fault.watch or fault.task) == task.name
+                    and fault.attempt == task.attempt and re.search(fault.when, text)):
+                target = self.tasks.get(fault.task)
+                if target is None or target.poll() is not None:
+                    continue
                 self.fired.add(i)
-                self.event(f"injecting fault: {signal.Signals(fault.signal).name} to {task.name} "
-                           f"(its output matched {fault.when!r})")
-                task.kill(fault.signal)
+                threading.Timer(fault.delay, self._inject, (fault, target, task.name)).start()
         if self.stop_regex is not None and self.stop_regex.search(text) and not self.stop_requested.is_set():
             self.event(f"stopping the job: {task.name} printed a line matching {self.stop_regex.pattern!r}")
             self.stop_requested.set()
+
+    def _inject(self, fault: Fault, target: _Task, seen_in: str) -> None:
+        if target.poll() is not None or self.stop_requested.is_set():
+            return
+        self.event(f"injecting fault: {signal.Signals(fault.signal).name} to {fault.task} "
+                   f"({seen_in} printed a line matching {fault.when!r})")
+        target.kill(fault.signal)
 
     def event(self, text: str) -> None:
         with self.lock:
@@ -497,6 +508,8 @@ def launch(
             raise ValueError(f"{name} must be a non-negative number of seconds. Received: {name}={value!r}")
     for fault in faults:
         _parse_task(fault.task)
+        if fault.watch is not None:
+            _parse_task(fault.watch)
     if ps:
         chief = True  # ParameterServerStrategy's coordinator runs as the chief
     spec = ClusterSpec.local(workers=workers, ps=ps, chief=chief, evaluator=evaluator, host=_LOCALHOST,
