@@ -1,1 +1,34 @@
-"""tensorfleet.edge (see its README section)."""
+"""From a Keras model to a microcontroller: TFLite conversion and quantization, validation on
+the TFLite Micro interpreter, the arena and size report, and C source export.
+
+TensorFlow is imported only inside the functions that need it, so importing this package is
+cheap.
+
+Example:
+    >>> import tensorfleet as tfl
+    >>> artifact = tfl.edge.convert(model, quantization="int8", representative_data=x_train)  # doctest: +SKIP
+    >>> validation = tfl.edge.validate_micro(artifact, x_test, y_test)                        # doctest: +SKIP
+    >>> tfl.edge.export_c(artifact, "out/", name="kws")                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from tensorfleet.edge.artifact import TFLiteArtifact, TensorInfo, verify_int8
+from tensorfleet.edge.convert import QUANTIZATIONS, Quantization, convert, load_keras_model
+from tensorfleet.edge.errors import (
+    ArenaTooSmallError,
+    EdgeError,
+    InvalidModelError,
+    MicroIncompatibleError,
+    QuantizationError,
+    UnsupportedOpError,
+)
+from tensorfleet.edge.micro import MicroValidation, check_micro_compatible, find_arena_size, validate_micro
+
+__all__ = [
+    "TFLiteArtifact", "TensorInfo", "verify_int8",
+    "QUANTIZATIONS", "Quantization", "convert", "load_keras_model",
+    "ArenaTooSmallError", "EdgeError", "InvalidModelError", "MicroIncompatibleError", "QuantizationError",
+    "UnsupportedOpError",
+    "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",
+]

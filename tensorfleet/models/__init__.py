@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from tensorfleet.models import datasets, zoo
 from tensorfleet.models.zoo import MODELS
+from tensorfleet.models import tinyml  # noqa: F401  (registers the MLPerf Tiny reference models)
 from tensorfleet.models import transformer  # noqa: F401  (registers the small transformer block)
 
 __all__ = ["MODELS", "available", "build", "describe", "register", "datasets", "zoo"]

@@ -1,0 +1,210 @@
+"""From a Keras model to a TFLite flatbuffer, with every quantization mode in one registry.
+
+Modes (see the TFLite post-training quantization guide, tensorflow.org/lite/performance/
+post_training_quantization):
+
+* ``float32``: no quantization.
+* ``dynamic``: dynamic-range, int8 weights, float activations (hybrid kernels; not for TFLM).
+* ``float16``: float16 weights dequantized at load (not for TFLM).
+* ``int8``: full integer, int8 inputs and outputs, integer-only builtins (what TFLM runs).
+* ``int16x8``: int16 activations with int8 weights, for accuracy-sensitive models.
+
+Example:
+    >>> import tensorfleet as tfl
+    >>> artifact = tfl.edge.convert(model, quantization="int8",        # doctest: +SKIP
+    ...                             representative_data=split.x_train)
+    >>> artifact.inputs[0].dtype                                         # doctest: +SKIP
+    'int8'
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from tensorfleet.edge.artifact import TFLiteArtifact, verify_int8
+from tensorfleet.edge.errors import QuantizationError
+from tensorfleet.registry import Registry
+
+__all__ = ["Quantization", "QUANTIZATIONS", "QuantizationMode", "convert", "load_keras_model",
+           "representative_dataset"]
+
+
+class Quantization(str, Enum):
+    """The quantization modes ``convert`` accepts; the same words work on the CLI."""
+
+    FLOAT32 = "float32"
+    DYNAMIC = "dynamic"
+    FLOAT16 = "float16"
+    INT8 = "int8"
+    INT16X8 = "int16x8"
+
+
+@dataclass(frozen=True)
+class QuantizationMode:
+    """How a mode sets up the converter, and whether it needs representative data."""
+
+    configure: Callable[[Any, Callable[[], Iterable[list[np.ndarray]]] | None], None]
+    needs_representative_data: bool
+    micro_compatible: bool
+
+
+def _float32(converter: Any, rep: Any) -> None:
+    del converter, rep
+
+
+def _dynamic(converter: Any, rep: Any) -> None:
+    import tensorflow as tf
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+
+
+def _float16(converter: Any, rep: Any) -> None:
+    import tensorflow as tf
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_types = [tf.float16]
+
+
+def _int8(converter: Any, rep: Any) -> None:
+    import tensorflow as tf
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = rep
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = tf.int8
+    converter.inference_output_type = tf.int8
+
+
+def _int16x8(converter: Any, rep: Any) -> None:
+    import tensorflow as tf
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = rep
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+    converter.inference_input_type = tf.int16
+    converter.inference_output_type = tf.int16
+
+
+QUANTIZATIONS: Registry[QuantizationMode] = Registry("quantization mode")
+QUANTIZATIONS.register("float32", QuantizationMode(_float32, False, True), aliases=("none", "fp32"),
+                       description="No quantization; float32 weights and activations.")
+QUANTIZATIONS.register("dynamic", QuantizationMode(_dynamic, False, False), aliases=("dynamic_range",),
+                       description="Dynamic-range: int8 weights, float activations (hybrid ops; TFLM lacks them).")
+QUANTIZATIONS.register("float16", QuantizationMode(_float16, False, False), aliases=("fp16",),
+                       description="float16 weights, float32 compute (TFLM cannot run float16 weights).")
+QUANTIZATIONS.register("int8", QuantizationMode(_int8, True, True), aliases=("full_int8", "full_integer"),
+                       description="Full integer: int8 inputs, outputs and integer-only builtins; for TFLM.")
+QUANTIZATIONS.register("int16x8", QuantizationMode(_int16x8, True, True), aliases=("16x8",),
+                       description="int16 activations, int8 weights; int16 inputs and outputs.")
+
+
+def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, num_samples: int = 100,
+                           progress: bool = True) -> Callable[[], Iterable[list[np.ndarray]]]:
+    """Checks calibration samples against the model's input shape; returns the converter's generator.
+
+    Args:
+        data: an array ``(n, *input_shape)``, or a ``tf.data.Dataset`` of single unbatched samples.
+        input_shape: the model's input shape including the batch dimension (``model.input_shape``).
+        num_samples: at most this many samples are used.
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples <= 0:
+        raise ValueError(f"num_samples must be a positive integer. Received: num_samples={num_samples!r}")
+    expected = tuple(input_shape[1:])
+    if hasattr(data, "as_numpy_iterator"):  # tf.data.Dataset
+        data = np.stack(list(data.take(num_samples).as_numpy_iterator()))
+    try:
+        array = np.asarray(data, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"representative_data must be a numeric array or tf.data.Dataset. "
+                        f"Received: {type(data).__name__}") from exc
+    if array.ndim != len(expected) + 1 or any(e is not None and e != a for e, a in zip(expected, array.shape[1:])):
+        shown = "(n, " + ", ".join(str(e) for e in expected) + ")"
+        raise ValueError(f"representative_data must have shape {shown} to match the model's input. "
+                         f"Received: shape={array.shape}")
+    if len(array) == 0:
+        raise ValueError("representative_data must hold at least one sample. Received: 0 samples")
+    if not np.all(np.isfinite(array)):
+        raise ValueError("representative_data must be finite; it contains NaN or infinity.")
+    array = array[:num_samples]
+
+    def generate() -> Iterable[list[np.ndarray]]:
+        from tqdm.auto import tqdm
+
+        for sample in tqdm(array, desc="calibrating", unit="sample", disable=not progress, leave=False):
+            yield [sample[None, ...]]
+
+    return generate
+
+
+def load_keras_model(spec: Any) -> Any:
+    """A Keras model from a model object, a ``tensorfleet.models`` name, or a saved-model path."""
+    import tensorflow as tf
+
+    if isinstance(spec, tf.keras.Model):
+        return spec
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        if path.exists():
+            return tf.keras.models.load_model(path, compile=False)
+        from tensorfleet import models
+
+        if str(spec) in models.MODELS:
+            return models.build(str(spec))
+        looks_like_path = path.suffix in (".keras", ".h5") or os.sep in str(spec)
+        if looks_like_path:
+            raise FileNotFoundError(f"No saved Keras model at {str(spec)!r}.")
+        models.MODELS.canonical(str(spec))  # raises UnknownNameError with the names and a suggestion
+    raise TypeError(f"model must be a tf.keras.Model, a tensorfleet.models name or a path. "
+                    f"Received: {type(spec).__name__}")
+
+
+def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32, representative_data: Any = None,
+            *, num_calibration_samples: int = 100, verify: bool = True, progress: bool = True) -> TFLiteArtifact:
+    """Converts a Keras model to TFLite with one quantization mode.
+
+    Args:
+        model: a ``tf.keras.Model``, a ``tensorfleet.models`` name or a saved Keras model path.
+        quantization: ``float32``, ``dynamic``, ``float16``, ``int8`` or ``int16x8``.
+        representative_data: calibration samples shaped like the model input (needed by
+            ``int8`` and ``int16x8``); at most ``num_calibration_samples`` are used.
+        verify: for ``int8``, check every input, output and op is integer
+            (raises :class:`~tensorfleet.edge.errors.QuantizationError` otherwise).
+
+    Returns:
+        A :class:`TFLiteArtifact` with the flatbuffer and its metadata.
+
+    Example:
+        >>> artifact = convert(model, "int8", representative_data=x_train[:100])  # doctest: +SKIP
+        >>> artifact.metadata()["inputs"][0]["dtype"]                              # doctest: +SKIP
+        'int8'
+    """
+    name = QUANTIZATIONS.canonical(quantization.value if isinstance(quantization, Quantization) else quantization)
+    mode = QUANTIZATIONS.get(name)
+    keras_model = load_keras_model(model)
+    rep = None
+    if mode.needs_representative_data:
+        if representative_data is None:
+            raise ValueError(f"quantization={name!r} needs representative_data: a few hundred input samples "
+                             f"shaped like {keras_model.input_shape[1:]}. Received: representative_data=None")
+        rep = representative_dataset(representative_data, keras_model.input_shape,
+                                     num_samples=num_calibration_samples, progress=progress)
+    import tensorflow as tf
+
+    converter = tf.lite.TFLiteConverter.from_keras_model(keras_model)
+    mode.configure(converter, rep)
+    try:
+        data = converter.convert()
+    except Exception as exc:  # the converter's own messages are long; keep the cause attached
+        raise QuantizationError(f"The TFLite converter failed for quantization={name!r}: "
+                                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
+                                ) from exc
+    artifact = TFLiteArtifact(data, name, keras_model)
+    if verify and name == Quantization.INT8.value:
+        verify_int8(artifact)
+    return artifact

@@ -1,0 +1,346 @@
+"""Validation on the TFLite Micro interpreter: op support, arena, and agreement with TFLite and Keras.
+
+The interpreter is the one from the ``tflite-micro`` package
+(``tflite_micro.python.tflite_micro.runtime``), i.e. the real TFLM kernels and allocator.
+
+The smallest arena is found by asking TFLM itself: a bisection over ``arena_size`` in a child
+process (a far too small arena can crash the TFLM Python interpreter), each probe allocating
+the tensors and running one inference. The result is exact to the byte: TFLM runs the model
+with the reported arena and fails with one byte less.
+
+Example:
+    >>> report = tensorfleet.edge.validate_micro(artifact, x_test[:50], y_test[:50])  # doctest: +SKIP
+    >>> report.arena_bytes, report.micro_accuracy, report.bit_identical               # doctest: +SKIP
+    (3712, 0.96, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from tensorfleet.edge.artifact import TFLiteArtifact
+from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
+from tensorfleet.edge.ops import advice, unsupported_ops
+
+__all__ = ["MicroValidation", "check_micro_compatible", "find_arena_size", "probe_arena", "run_micro",
+           "run_tflite", "validate_micro", "ArenaProber"]
+
+_MAX_ARENA = 64 * 1024 * 1024
+
+
+def check_micro_compatible(artifact: TFLiteArtifact) -> None:
+    """Raises if TFLM cannot run the model: unknown ops, hybrid ops, float16 tensors, several subgraphs
+    without control flow.
+
+    Raises:
+        UnsupportedOpError: operators TFLM has no kernel for, named, with what to do.
+        MicroIncompatibleError: dynamic-range (hybrid) ops or float16 weights.
+    """
+    graph = artifact.graph
+    missing = unsupported_ops([(op.op, op.custom) for op in graph.operators])
+    if missing:
+        lines = "; ".join(f"{op} ({advice(op)})" for op in missing)
+        raise UnsupportedOpError(
+            f"TFLite Micro has no kernel for {len(missing)} operator(s) of this model: {lines}.", missing)
+    half = [t.name for t in graph.tensors if t.dtype == "float16"]
+    if half:
+        raise MicroIncompatibleError(
+            f"The model stores {len(half)} tensor(s) as float16 (e.g. {half[0]!r}); TFLite Micro has no "
+            f"float16 kernels and cannot dequantize them. Convert with quantization='int8' (or 'float32').")
+    hybrid = []
+    for op in graph.operators:
+        ins = [graph.tensors[i] for i in op.inputs if i >= 0]
+        if any(t.dtype == "float32" and not t.is_constant for t in ins) and any(
+                t.dtype == "int8" and t.is_constant for t in ins):
+            hybrid.append(f"{op.op} #{op.index}")
+    for op in graph.operators:
+        # TFLM's int8 softmax needs input_scale * 2**26 > 1 (QuantizeMultiplierGreaterThanOne
+        # in CalculateSoftmaxParams); below that it aborts the process instead of failing.
+        if op.op == "SOFTMAX" and op.inputs:
+            t = graph.tensors[op.inputs[0]]
+            if t.dtype == "int8" and t.scales and t.scales[0] * 2.0**26 <= 1.0:
+                raise MicroIncompatibleError(
+                    f"The int8 SOFTMAX #{op.index} has input scale {t.scales[0]:.3g}, below TFLite Micro's "
+                    f"minimum of 2**-26 (1.49e-08): its logits span almost nothing, typical of an untrained "
+                    f"or collapsed model. Train the model (or check the representative data) and convert again.")
+    if hybrid:
+        raise MicroIncompatibleError(
+            f"The model has dynamic-range (hybrid) ops with float activations and int8 weights: "
+            f"{', '.join(hybrid[:5])}{' ...' if len(hybrid) > 5 else ''}. TFLite Micro has no hybrid kernels; "
+            f"convert with quantization='int8' and representative data.")
+
+
+class ArenaProber:
+    """Runs arena probes for one model in a child process (which forks one process per probe).
+
+    Example:
+        >>> with ArenaProber(artifact.data) as prober:        # doctest: +SKIP
+        ...     prober.probe(4096)
+        (True, '')
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="tensorfleet-arena-")
+        self._path = os.path.join(self._dir.name, "model.tflite")
+        with open(self._path, "wb") as handle:
+            handle.write(data)
+        self._proc: subprocess.Popen[str] | None = None
+        self.crashes = 0
+
+    def _start(self) -> subprocess.Popen[str]:
+        if self._proc is None or self._proc.poll() is not None:
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tensorfleet.edge._arena_worker", self._path],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        return self._proc
+
+    def probe(self, arena_size: int) -> tuple[bool, str]:
+        """Whether TFLM allocates and runs the model with ``arena_size`` bytes, and its message."""
+        proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(f"{int(arena_size)}\n")
+            proc.stdin.flush()
+            reply = proc.stdout.readline()
+        except BrokenPipeError:
+            reply = ""
+        if not reply:  # the worker itself died (it should not: probes run in its forks)
+            proc.wait()
+            self.crashes += 1
+            self._proc = None
+            raise RuntimeError(f"The TFLM arena worker exited with status {proc.returncode} "
+                               f"while probing arena_size={arena_size}.")
+        reply = reply.rstrip("\n")
+        return (True, "") if reply == "ok" else (False, reply[5:])
+
+    def close(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(Exception):
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+            self._proc = None
+        self._dir.cleanup()
+
+    def __enter__(self) -> ArenaProber:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def probe_arena(artifact: TFLiteArtifact, arena_size: int) -> tuple[bool, str]:
+    """Whether TFLM runs ``artifact`` with exactly ``arena_size`` bytes of arena (one child process)."""
+    with ArenaProber(artifact.data) as prober:
+        return prober.probe(arena_size)
+
+
+def find_arena_size(artifact: TFLiteArtifact, *, progress: bool = True) -> int:
+    """The smallest ``arena_size`` (bytes) with which TFLM allocates and runs the model.
+
+    Raises:
+        UnsupportedOpError / MicroIncompatibleError: the model cannot run on TFLM at all.
+        RuntimeError: TFLM fails even with a 64 MiB arena (its message is included).
+    """
+    check_micro_compatible(artifact)
+    from tqdm.auto import tqdm
+
+    with ArenaProber(artifact.data) as prober, tqdm(desc="arena search", unit="probe", disable=not progress,
+                                                    leave=False) as bar:
+        hi = 1024
+        while True:
+            ok, message = prober.probe(hi)
+            bar.update()
+            if ok:
+                break
+            if hi >= _MAX_ARENA:
+                raise RuntimeError(f"TFLite Micro cannot run the model even with a {_MAX_ARENA}-byte arena: "
+                                   f"{message}")
+            hi *= 4
+        lo = hi // 4 if hi > 1024 else 0  # largest size known (or assumed) to fail
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            ok, _ = prober.probe(mid)
+            bar.update()
+            if ok:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+
+@contextlib.contextmanager
+def _quiet_fd2() -> Iterator[None]:
+    """Silences what TFLM's C++ code prints on fd 2 while the in-process interpreter runs."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _as_batch(samples: Any, artifact: TFLiteArtifact) -> np.ndarray:
+    x = np.asarray(samples, dtype=np.float32)
+    expected = tuple(artifact.inputs[0].shape[1:])
+    if x.ndim != len(expected) + 1 or tuple(x.shape[1:]) != expected:
+        raise ValueError(f"samples must have shape (n, {', '.join(map(str, expected))}) to match the model's "
+                         f"input. Received: shape={x.shape}")
+    if len(x) == 0:
+        raise ValueError("samples must hold at least one sample. Received: 0 samples")
+    return x
+
+
+def run_micro(artifact: TFLiteArtifact, samples: Any, *, arena_size: int, progress: bool = True) -> np.ndarray:
+    """Raw outputs of the TFLM interpreter for each sample (float samples are quantized first)."""
+    from tflite_micro.python.tflite_micro import runtime
+    from tqdm.auto import tqdm
+
+    x = _as_batch(samples, artifact)
+    with _quiet_fd2():
+        interpreter = runtime.Interpreter.from_bytes(artifact.data, arena_size=int(arena_size))
+    outputs = []
+    for sample in tqdm(x, desc="TFLM", unit="sample", disable=not progress, leave=False):
+        interpreter.set_input(artifact.quantize_input(sample[None, ...]), 0)
+        interpreter.invoke()
+        outputs.append(np.array(interpreter.get_output(0))[0])
+    return np.stack(outputs)
+
+
+def run_tflite(artifact: TFLiteArtifact, samples: Any) -> np.ndarray:
+    """Raw outputs of the desktop ``tflite_runtime`` interpreter for each sample.
+
+    Uses TFLite's reference kernels (``OpResolverType.BUILTIN_REF``), which TFLM's kernels are
+    ports of; the default optimized kernels and XNNPACK round some int8 results differently
+    (measured: 4 of 200 digits outputs off by one).
+    """
+    from tflite_runtime.interpreter import Interpreter, OpResolverType
+
+    x = _as_batch(samples, artifact)
+    interpreter = Interpreter(model_content=artifact.data, experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    interpreter.allocate_tensors()
+    inp = interpreter.get_input_details()[0]["index"]
+    out = interpreter.get_output_details()[0]["index"]
+    outputs = []
+    for sample in x:
+        interpreter.set_tensor(inp, artifact.quantize_input(sample[None, ...]))
+        interpreter.invoke()
+        outputs.append(np.array(interpreter.get_tensor(out))[0])
+    return np.stack(outputs)
+
+
+@dataclass
+class MicroValidation:
+    """What :func:`validate_micro` found. Accuracies are fractions in [0, 1]; drops are in points."""
+
+    quantization: str
+    model_bytes: int
+    arena_bytes: int
+    ops: list[str]
+    num_samples: int = 0
+    bit_identical: bool | None = None
+    max_abs_diff_vs_tflite: float | None = None
+    micro_accuracy: float | None = None
+    keras_accuracy: float | None = None
+    accuracy_drop_points: float | None = None
+    agreement_with_keras: float | None = None
+    mean_abs_error_vs_keras: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = None, *,
+                   keras_model: Any = None, arena_size: int | None = None, progress: bool = True
+                   ) -> MicroValidation:
+    """Runs ``artifact`` on the TFLite Micro interpreter and checks it against TFLite and Keras.
+
+    Args:
+        artifact: a converted model (from :func:`tensorfleet.edge.convert` or a ``.tflite`` file).
+        samples: float inputs shaped like the model input; without them only op support and the
+            arena are checked.
+        labels: class ids for ``samples``; gives the TFLM and Keras accuracies and the drop.
+        keras_model: the float model to compare with (defaults to ``artifact.source_model``).
+        arena_size: the arena the target has; smaller than needed raises ArenaTooSmallError.
+
+    Returns:
+        A :class:`MicroValidation`: smallest arena, agreement with ``tflite_runtime``
+        (bit-identical for integer models), accuracy and its drop against Keras.
+
+    Raises:
+        UnsupportedOpError: ops TFLM lacks, by name.
+        MicroIncompatibleError: hybrid (dynamic-range) ops or float16 weights.
+        ArenaTooSmallError: ``arena_size`` below the smallest arena that works (``required`` says it).
+
+    Example:
+        >>> v = validate_micro(artifact, split.x_test, split.y_test)   # doctest: +SKIP
+        >>> v.bit_identical, v.accuracy_drop_points                     # doctest: +SKIP
+        (True, 0.3)
+    """
+    if not isinstance(artifact, TFLiteArtifact):
+        raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
+    if arena_size is not None and (isinstance(arena_size, bool) or not isinstance(arena_size, int)
+                                   or arena_size <= 0):
+        raise ValueError(f"arena_size must be a positive integer (bytes). Received: arena_size={arena_size!r}")
+    x = None if samples is None else _as_batch(samples, artifact)
+    y = None
+    if labels is not None:
+        if x is None:
+            raise ValueError("labels were given without samples; pass the samples they label.")
+        y = np.asarray(labels).reshape(-1)
+        if len(y) != len(x):
+            raise ValueError(f"labels must have one entry per sample ({len(x)}). Received: {len(y)} labels")
+    required = find_arena_size(artifact, progress=progress)
+    if arena_size is not None and arena_size < required:
+        raise ArenaTooSmallError(
+            f"The tensor arena is too small: the model needs at least {required} bytes "
+            f"({required / 1024:.1f} KiB). Received: arena_size={arena_size}", required, arena_size)
+    result = MicroValidation(artifact.quantization, artifact.size, required, list(artifact.ops))
+    if x is None:
+        return result
+    result.num_samples = len(x)
+    micro_raw = run_micro(artifact, x, arena_size=arena_size or required, progress=progress)
+    tflite_raw = run_tflite(artifact, x)
+    diff = np.abs(micro_raw.astype(np.float64) - tflite_raw.astype(np.float64))
+    result.max_abs_diff_vs_tflite = float(diff.max())
+    result.bit_identical = bool(np.array_equal(micro_raw, tflite_raw))
+    micro = artifact.dequantize_output(micro_raw)
+    keras_model = keras_model if keras_model is not None else artifact.source_model
+    if y is not None:
+        result.micro_accuracy = float(np.mean(np.argmax(micro, axis=-1) == y))
+    if keras_model is not None:
+        reference = np.asarray(keras_model.predict(x, verbose=0, batch_size=256), dtype=np.float32)
+        if reference.shape != micro.shape:
+            result.notes.append(f"Keras output shape {reference.shape} differs from TFLM's {micro.shape}")
+        else:
+            result.mean_abs_error_vs_keras = float(np.mean(np.abs(reference - micro)))
+            if reference.ndim == 2 and reference.shape[1] > 1:
+                result.agreement_with_keras = float(np.mean(np.argmax(reference, -1) == np.argmax(micro, -1)))
+            if y is not None:
+                result.keras_accuracy = float(np.mean(np.argmax(reference, axis=-1) == y))
+                result.accuracy_drop_points = 100.0 * (result.keras_accuracy - result.micro_accuracy)
+    elif y is not None:
+        result.notes.append("no Keras model to compare with: pass keras_model= for the accuracy drop")
+    return result

@@ -1,0 +1,89 @@
+"""The operators TFLite Micro has kernels for, with their ``MicroMutableOpResolver`` methods.
+
+The set is the kernels compiled into the installed ``tflite-micro`` interpreter (its
+``Register_*`` symbols); each maps to the ``Add*`` method of ``tflite::MicroMutableOpResolver``
+(tensorflow/lite/micro/micro_mutable_op_resolver.h) that registers it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MICRO_OPS", "MICRO_CUSTOM_OPS", "resolver_method", "unsupported_ops", "advice"]
+
+MICRO_OPS: dict[str, str] = {
+    "ABS": "AddAbs", "ADD": "AddAdd", "ADD_N": "AddAddN", "ARG_MAX": "AddArgMax", "ARG_MIN": "AddArgMin",
+    "ASSIGN_VARIABLE": "AddAssignVariable", "AVERAGE_POOL_2D": "AddAveragePool2D",
+    "BATCH_MATMUL": "AddBatchMatMul", "BATCH_TO_SPACE_ND": "AddBatchToSpaceNd",
+    "BROADCAST_ARGS": "AddBroadcastArgs", "BROADCAST_TO": "AddBroadcastTo", "CALL_ONCE": "AddCallOnce",
+    "CAST": "AddCast", "CEIL": "AddCeil", "CONCATENATION": "AddConcatenation", "CONV_2D": "AddConv2D",
+    "COS": "AddCos", "CUMSUM": "AddCumSum", "DEPTHWISE_CONV_2D": "AddDepthwiseConv2D",
+    "DEPTH_TO_SPACE": "AddDepthToSpace", "DEQUANTIZE": "AddDequantize", "DIV": "AddDiv",
+    "DYNAMIC_UPDATE_SLICE": "AddDynamicUpdateSlice", "ELU": "AddElu", "EMBEDDING_LOOKUP": "AddEmbeddingLookup",
+    "EQUAL": "AddEqual", "EXP": "AddExp", "EXPAND_DIMS": "AddExpandDims", "FILL": "AddFill",
+    "FLOOR": "AddFloor", "FLOOR_DIV": "AddFloorDiv", "FLOOR_MOD": "AddFloorMod",
+    "FULLY_CONNECTED": "AddFullyConnected", "GATHER": "AddGather", "GATHER_ND": "AddGatherNd",
+    "GREATER": "AddGreater", "GREATER_EQUAL": "AddGreaterEqual", "HARD_SWISH": "AddHardSwish", "IF": "AddIf",
+    "L2_NORMALIZATION": "AddL2Normalization", "L2_POOL_2D": "AddL2Pool2D", "LEAKY_RELU": "AddLeakyRelu",
+    "LESS": "AddLess", "LESS_EQUAL": "AddLessEqual", "LOG": "AddLog", "LOGICAL_AND": "AddLogicalAnd",
+    "LOGICAL_NOT": "AddLogicalNot", "LOGICAL_OR": "AddLogicalOr", "LOGISTIC": "AddLogistic",
+    "LOG_SOFTMAX": "AddLogSoftmax", "MAXIMUM": "AddMaximum", "MAX_POOL_2D": "AddMaxPool2D", "MEAN": "AddMean",
+    "MINIMUM": "AddMinimum", "MIRROR_PAD": "AddMirrorPad", "MUL": "AddMul", "NEG": "AddNeg",
+    "NOT_EQUAL": "AddNotEqual", "PACK": "AddPack", "PAD": "AddPad", "PADV2": "AddPadV2", "PRELU": "AddPrelu",
+    "QUANTIZE": "AddQuantize", "READ_VARIABLE": "AddReadVariable", "REDUCE_MAX": "AddReduceMax",
+    "REDUCE_MIN": "AddReduceMin", "RELU": "AddRelu", "RELU6": "AddRelu6", "RESHAPE": "AddReshape",
+    "RESIZE_BILINEAR": "AddResizeBilinear", "RESIZE_NEAREST_NEIGHBOR": "AddResizeNearestNeighbor",
+    "REVERSE_V2": "AddReverseV2", "ROUND": "AddRound", "RSQRT": "AddRsqrt", "SELECT_V2": "AddSelectV2",
+    "SHAPE": "AddShape", "SIN": "AddSin", "SLICE": "AddSlice", "SOFTMAX": "AddSoftmax",
+    "SPACE_TO_BATCH_ND": "AddSpaceToBatchNd", "SPACE_TO_DEPTH": "AddSpaceToDepth", "SPLIT": "AddSplit",
+    "SPLIT_V": "AddSplitV", "SQRT": "AddSqrt", "SQUARE": "AddSquare",
+    "SQUARED_DIFFERENCE": "AddSquaredDifference", "SQUEEZE": "AddSqueeze", "STRIDED_SLICE": "AddStridedSlice",
+    "SUB": "AddSub", "SUM": "AddSum", "SVDF": "AddSvdf", "TANH": "AddTanh", "TRANSPOSE": "AddTranspose",
+    "TRANSPOSE_CONV": "AddTransposeConv", "UNIDIRECTIONAL_SEQUENCE_LSTM": "AddUnidirectionalSequenceLSTM",
+    "UNPACK": "AddUnpack", "VAR_HANDLE": "AddVarHandle", "WHILE": "AddWhile", "ZEROS_LIKE": "AddZerosLike",
+}
+
+MICRO_CUSTOM_OPS: dict[str, str] = {
+    "CIRCULAR_BUFFER": "AddCircularBuffer",
+    "TFLite_Detection_PostProcess": "AddDetectionPostprocess",
+    "ethos-u": "AddEthosU",
+}
+
+# What to do instead, for operators that Keras models commonly produce and TFLM lacks.
+_ADVICE: dict[str, str] = {
+    "TOPK_V2": "take the arg-max (ARG_MAX) or do the top-k selection in application code",
+    "FlexErfV2": "use activation='relu' or a HARD_SWISH approximation instead of exact GELU",
+    "GELU": "use relu, or hard_swish, which TFLM has kernels for",
+    "RANGE": "make the range a constant of the model",
+    "WHERE": "replace data-dependent shapes with masks (SELECT_V2)",
+    "NON_MAX_SUPPRESSION_V4": "use the TFLite_Detection_PostProcess custom op",
+    "NON_MAX_SUPPRESSION_V5": "use the TFLite_Detection_PostProcess custom op",
+    "SCATTER_ND": "express the update with DYNAMIC_UPDATE_SLICE or arithmetic on masks",
+    "ATAN2": "approximate with arithmetic ops or move it out of the model",
+}
+
+
+def resolver_method(op: str, *, custom: bool = False) -> str:
+    """The ``MicroMutableOpResolver`` method that registers ``op``; KeyError if TFLM lacks it."""
+    table = MICRO_CUSTOM_OPS if custom else MICRO_OPS
+    if op not in table:
+        raise KeyError(f"TFLite Micro has no kernel for operator {op!r}.")
+    return table[op]
+
+
+def advice(op: str) -> str:
+    """A suggestion for replacing an operator TFLM lacks."""
+    if op.startswith("Flex"):
+        return _ADVICE.get(op, "the op is a TensorFlow (Flex) op; TFLM runs only TFLite builtins - "
+                                "replace the layer that produces it")
+    return _ADVICE.get(op, "replace the layer that produces it with one built from TFLM's builtins, "
+                           "or register a custom kernel on the device")
+
+
+def unsupported_ops(ops: list[tuple[str, bool]] | list[str]) -> list[str]:
+    """Distinct operators (``name`` or ``(name, is_custom)``) that TFLM has no kernel for, in order."""
+    missing: list[str] = []
+    for item in ops:
+        name, custom = (item, False) if isinstance(item, str) else item
+        table = MICRO_CUSTOM_OPS if custom else MICRO_OPS
+        if name not in table and name not in missing:
+            missing.append(name)
+    return missing
