@@ -29,8 +29,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Sequence
+import threading
+from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
@@ -41,8 +43,31 @@ __all__ = [
     "ParallelSelfAttention",
     "ParallelTransformerBlock",
     "check_devices",
+    "compute_on",
     "split_evenly",
 ]
+
+_PLACEMENT = threading.local()
+
+
+@contextlib.contextmanager
+def compute_on(devices: Sequence[str]) -> Iterator[None]:
+    """Runs the shards' computation on ``devices`` instead of the devices holding their weights.
+
+    A data-parallel replica of a tensor-parallel model uses this to compute on its own row of
+    a (data x model) device mesh while reading the one sharded copy of the weights.
+    """
+    previous = getattr(_PLACEMENT, "devices", None)
+    _PLACEMENT.devices = check_devices(devices)
+    try:
+        yield
+    finally:
+        _PLACEMENT.devices = previous
+
+
+def _compute_devices(devices: list[str]) -> list[str]:
+    override = getattr(_PLACEMENT, "devices", None)
+    return override if override is not None and len(override) == len(devices) else devices
 
 
 def check_devices(devices: Sequence[str]) -> list[str]:
@@ -119,7 +144,8 @@ class ColumnParallelDense(tf.keras.layers.Layer):
 
     def call(self, inputs: tf.Tensor) -> Any:
         outputs = []
-        for i, device in enumerate(self.devices):
+        devices = _compute_devices(self.devices)
+        for i, device in enumerate(devices):
             with tf.device(device):
                 y = tf.matmul(tf.identity(inputs), self.kernels[i]) if inputs.shape.rank == 2 else \
                     tf.tensordot(tf.identity(inputs), self.kernels[i], axes=1)
@@ -127,7 +153,7 @@ class ColumnParallelDense(tf.keras.layers.Layer):
                     y = y + self.biases[i]
                 outputs.append(self.activation(y))
         if self.gather_output:
-            with tf.device(self.devices[0]):
+            with tf.device(devices[0]):
                 return tf.concat(outputs, axis=-1)
         return outputs
 
@@ -208,13 +234,14 @@ class RowParallelDense(tf.keras.layers.Layer):
         else:
             slices = tf.split(inputs, n, axis=-1)
         partials = []
-        for i, device in enumerate(self.devices):
+        devices = _compute_devices(self.devices)
+        for i, device in enumerate(devices):
             with tf.device(device):
                 x = tf.identity(slices[i])
                 partials.append(tf.matmul(x, self.kernels[i]) if x.shape.rank == 2
                                 else tf.tensordot(x, self.kernels[i], axes=1))
-        y = _sum_on(partials, self.devices[0])
-        with tf.device(self.devices[0]):
+        y = _sum_on(partials, devices[0])
+        with tf.device(devices[0]):
             if self.use_bias:
                 y = y + self.bias
             return self.activation(y)
@@ -323,7 +350,8 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
 
     def call(self, inputs: tf.Tensor) -> tf.Tensor:
         partials = []
-        for shard, device in zip(self.shards, self.devices):
+        devices = _compute_devices(self.devices)
+        for shard, device in zip(self.shards, devices):
             with tf.device(device):
                 x = tf.identity(inputs)
                 q, k, v = (tf.einsum("bsd,dhk->bshk", x, shard[f"{n}_kernel"]) for n in ("query", "key", "value"))
@@ -333,9 +361,9 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
                 scores = tf.nn.softmax(tf.einsum("btnh,bsnh->bnst", k, q), axis=-1)
                 context = tf.einsum("bnst,btnh->bsnh", scores, v)
                 partials.append(tf.einsum("bsnh,nhd->bsd", context, shard["output_kernel"]))
-        y = _sum_on(partials, self.devices[0])
+        y = _sum_on(partials, devices[0])
         if self.use_bias:
-            with tf.device(self.devices[0]):
+            with tf.device(devices[0]):
                 y = y + self.output_bias
         return y
 
@@ -379,7 +407,7 @@ class ParallelTransformerBlock(tf.keras.layers.Layer):
         self.devices = attention.devices
 
     def call(self, inputs: tf.Tensor) -> tf.Tensor:
-        with tf.device(self.devices[0]):
+        with tf.device(_compute_devices(self.devices)[0]):
             h = inputs + self.attention(inputs)
             return h + self.mlp(h)
 
