@@ -1,0 +1,109 @@
+"""``tensorfleet k8s``: Kubeflow TFJob manifests for a training script.
+
+Example:
+    $ tensorfleet k8s tfjob --name digits --image registry.example/train:1 --workers 2 \\
+        --command "python train.py --epochs 6" --output digits.yaml
+    $ tensorfleet k8s validate digits.yaml
+    $ tensorfleet k8s tf-config digits.yaml --role worker --index 1
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+__all__ = ["NAME", "app"]
+
+NAME = "k8s"
+
+app = typer.Typer(name=NAME, help="Kubernetes (Kubeflow TFJob) manifests.", no_args_is_help=True)
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env takes KEY=VALUE. Received: --env {pair!r}")
+        env[key] = value
+    return env
+
+
+@app.command("tfjob", context_settings={"allow_interspersed_args": False})
+def tfjob_command(
+    args: Optional[List[str]] = typer.Argument(  # noqa: UP006,UP007
+        None, help="The trainer's command, after '--' (or use --command)."),
+    name: str = typer.Option(..., "--name", help="Job name (a DNS label)."),
+    image: str = typer.Option(..., "--image", help="Container image with the script and tensorfleet."),
+    workers: int = typer.Option(..., "--workers", help="Worker replicas."),
+    ps: int = typer.Option(0, "--ps", help="Parameter-server replicas (adds a chief)."),
+    chief: bool = typer.Option(False, "--chief", help="Add a Chief replica."),
+    evaluator: bool = typer.Option(False, "--evaluator", help="Add an Evaluator replica."),
+    command: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--command", help="The trainer's command as one shell-quoted string."),
+    namespace: str = typer.Option("default", "--namespace"),
+    restart_policy: str = typer.Option("OnFailure", "--restart-policy", help="Always, OnFailure, Never or ExitCode."),
+    max_restarts: int = typer.Option(3, "--max-restarts", help="The job's backoffLimit."),
+    cpu: str = typer.Option("1", "--cpu"),
+    memory: str = typer.Option("2Gi", "--memory"),
+    gpus: int = typer.Option(0, "--gpus"),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="KEY=VALUE, repeatable."),  # noqa: UP006,UP007
+    backup_claim: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--backup-claim", help="An existing ReadWriteMany claim for backups (default: write one)."),
+    backup_size: str = typer.Option("1Gi", "--backup-size"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
+) -> None:
+    """Write a validated TFJob (kubeflow.org/v1) and the claim for its backups."""
+    from tensorfleet.strategies import k8s
+
+    argv = list(args or [])
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if command is not None and argv:
+        raise ValueError(f"Give the command either with --command or after '--', not both. Received: "
+                         f"--command={command!r} and {argv!r}")
+    if command is not None:
+        argv = shlex.split(command)
+    if not argv:
+        raise ValueError("A TFJob needs the trainer's command: --command \"python train.py\" or '-- python train.py'.")
+    docs = k8s.tfjob(name=name, image=image, command=argv, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
+                     namespace=namespace, restart_policy=restart_policy, max_restarts=max_restarts, cpu=cpu,
+                     memory=memory, gpus=gpus, env=_parse_env(env or []), backup_claim=backup_claim,
+                     backup_size=backup_size)
+    if output is None:
+        k8s.validate(docs)
+        typer.echo(k8s.dump_yaml(docs), nl=False)
+    else:
+        k8s.write(docs, output)
+        typer.echo(f"wrote {output} ({', '.join(d['kind'] for d in docs)}), valid against the TFJob schema and "
+                   f"Kubernetes {k8s.KUBERNETES_VERSION}", err=True)
+
+
+@app.command("validate")
+def validate_command(manifest: Path = typer.Argument(..., help="A YAML manifest with a TFJob.")) -> None:
+    """Check a TFJob manifest against the TFJob schema and the core Kubernetes schemas."""
+    from tensorfleet.strategies import k8s
+
+    if not manifest.is_file():
+        raise FileNotFoundError(f"The manifest does not exist. Received: {str(manifest)!r}")
+    docs = k8s.load_yaml(manifest.read_text())
+    k8s.validate(docs)
+    typer.echo(f"{manifest}: valid ({', '.join(d['kind'] for d in docs)})")
+
+
+@app.command("tf-config")
+def tf_config_command(
+    manifest: Path = typer.Argument(..., help="A YAML manifest with a TFJob."),
+    role: str = typer.Option(..., "--role", help="chief, worker, ps or evaluator."),
+    index: int = typer.Option(0, "--index"),
+) -> None:
+    """Print the TF_CONFIG the training operator gives one pod of the TFJob."""
+    from tensorfleet.strategies import k8s
+
+    if not manifest.is_file():
+        raise FileNotFoundError(f"The manifest does not exist. Received: {str(manifest)!r}")
+    typer.echo(json.dumps(k8s.pod_tf_config(k8s.load_yaml(manifest.read_text()), role, index)))

@@ -1,0 +1,61 @@
+"""`tensorfleet k8s tfjob|validate|tf-config` through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tensorfleet.cli.main import main
+from tensorfleet.strategies import k8s
+
+
+def test_tfjob_writes_a_valid_manifest_with_the_command_after_dashes(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "job.yaml"
+    assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "2", "--chief",
+                 "--env", "EPOCHS=6", "-o", str(out), "--", "python", "train.py", "--epochs", "6"]) == 0
+    assert "wrote" in capsys.readouterr().err
+    docs = k8s.load_yaml(out.read_text())
+    k8s.validate(docs)
+    container = docs[1]["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "train.py", "--epochs", "6"]
+    assert {"name": "EPOCHS", "value": "6"} in container["env"]
+
+
+def test_tfjob_prints_yaml_and_takes_a_quoted_command(capsys) -> None:
+    assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "1", "--ps", "1",
+                 "--command", "python train.py --epochs '6'"]) == 0
+    docs = k8s.load_yaml(capsys.readouterr().out)
+    assert docs[1]["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["command"] == [
+        "python", "train.py", "--epochs", "6"]
+
+
+def test_validate_and_tf_config_read_a_manifest(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    k8s.write(k8s.tfjob(name="digits", image="img:1", workers=2, command=["python", "t.py"]), path)
+    assert main(["k8s", "validate", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{path}: valid (PersistentVolumeClaim, TFJob)"
+    assert main(["k8s", "tf-config", str(path), "--role", "worker", "--index", "1"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "cluster": {"worker": ["digits-worker-0.default.svc:2222", "digits-worker-1.default.svc:2222"]},
+        "task": {"type": "worker", "index": 1}, "environment": "cloud"}
+
+
+def test_validate_reports_an_invalid_manifest(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    text = k8s.dump_yaml(k8s.tfjob(name="digits", image="img:1", workers=2, command=["python", "t.py"]))
+    path.write_text(text.replace("restartPolicy: OnFailure", "restartPolicy: Sometimes", 1))
+    assert main(["k8s", "validate", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: TFJob 'digits' is invalid at spec/tfReplicaSpecs/Worker/restartPolicy: 'Sometimes' is not one of")
+
+
+def test_tfjob_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
+    base = ["k8s", "tfjob", "--name", "digits", "--image", "img:1"]
+    assert main([*base, "--workers", "0", "--command", "python t.py"]) == 2
+    assert capsys.readouterr().err.strip() == "error: A TFJob needs at least one worker (or a chief). Received: workers=0"
+    assert main([*base, "--workers", "1"]) == 2
+    assert capsys.readouterr().err.startswith("error: A TFJob needs the trainer's command")
+    assert main([*base, "--workers", "1", "--env", "NOEQUALS", "--command", "python t.py"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --env takes KEY=VALUE. Received: --env 'NOEQUALS'"
+    assert main(["k8s", "validate", str(tmp_path / "none.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("error: The manifest does not exist.")
