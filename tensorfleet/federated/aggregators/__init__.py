@@ -1,0 +1,131 @@
+"""Aggregators of model updates, in one registry: :data:`AGGREGATORS`.
+
+Every entry builds a ``tff.aggregators`` factory from keyword options and the number of clients
+per round:
+
+=================  ==========================================================================
+``mean``           TFF's weighted mean (FedAvg's default)
+``dp_fixed``       DP with fixed clipping (``noise_multiplier``, ``clip``)
+``dp_adaptive``    DP with adaptive clipping (``noise_multiplier``, ``clip``, ``target_quantile``)
+``compression``    sparsified and quantized updates (``bits``, ``sparsity``)
+``median``         coordinate-wise median
+``trimmed_mean``   coordinate-wise trimmed mean (``beta``)
+``krum``           (Multi-)Krum (``num_byzantine``, ``num_selected``)
+=================  ==========================================================================
+
+TFF is imported only when a factory is built.
+
+Example:
+    >>> from tensorfleet.federated.aggregators import build_aggregator
+    >>> factory = build_aggregator("dp_fixed", clients_per_round=10, noise_multiplier=1.0, clip=0.5)
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from tensorfleet.registry import Registry
+
+__all__ = ["AGGREGATORS", "build_aggregator", "parse_options", "aggregator_options"]
+
+AGGREGATORS: Registry[Callable[..., Any]] = Registry("aggregator")
+
+
+def _mean(*, clients_per_round: int) -> Any:
+    import tensorflow_federated as tff
+
+    del clients_per_round
+    return tff.aggregators.MeanFactory()
+
+
+def _dp_fixed(*, clients_per_round: int, noise_multiplier: float = 1.0, clip: float = 1.0) -> Any:
+    from tensorfleet.federated.aggregators.dp import dp_fixed
+
+    return dp_fixed(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round, clip=clip)
+
+
+def _dp_adaptive(*, clients_per_round: int, noise_multiplier: float = 1.0, clip: float = 0.1,
+                 target_quantile: float = 0.5, clip_learning_rate: float = 0.2) -> Any:
+    from tensorfleet.federated.aggregators.dp import dp_adaptive
+
+    return dp_adaptive(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round, clip=clip,
+                       target_quantile=target_quantile, clip_learning_rate=clip_learning_rate)
+
+
+def _compression(*, clients_per_round: int, bits: int = 8, sparsity: float = 0.0) -> Any:
+    from tensorfleet.federated.aggregators.compression import compression_factory
+
+    del clients_per_round
+    return compression_factory(bits=bits, sparsity=sparsity)
+
+
+def _median(*, clients_per_round: int) -> Any:
+    from tensorfleet.federated.aggregators.robust import RobustFactory
+
+    del clients_per_round
+    return RobustFactory("median")
+
+
+def _trimmed_mean(*, clients_per_round: int, beta: float = 0.1) -> Any:
+    from tensorfleet.federated.aggregators.robust import RobustFactory
+
+    del clients_per_round
+    return RobustFactory("trimmed_mean", beta=beta)
+
+
+def _krum(*, clients_per_round: int, num_byzantine: int = 1, num_selected: int = 1) -> Any:
+    from tensorfleet.federated.aggregators.robust import RobustFactory
+
+    del clients_per_round
+    return RobustFactory("krum", num_byzantine=num_byzantine, num_selected=num_selected)
+
+
+AGGREGATORS.register("mean", _mean, description="Weighted mean (TFF MeanFactory), FedAvg's default.")
+AGGREGATORS.register("dp_fixed", _dp_fixed, aliases=("dp",),
+                     description="DP-FedAvg: fixed L2 clipping and Gaussian noise (McMahan et al. 2018).")
+AGGREGATORS.register("dp_adaptive", _dp_adaptive,
+                     description="DP with adaptive clipping to a norm quantile (Andrew et al. 2021).")
+AGGREGATORS.register("compression", _compression, aliases=("compress",),
+                     description="Top-k sparsified, uniformly quantized updates (bits, sparsity).")
+AGGREGATORS.register("median", _median, aliases=("coordinate_median",),
+                     description="Coordinate-wise median (Yin et al. 2018).")
+AGGREGATORS.register("trimmed_mean", _trimmed_mean,
+                     description="Coordinate-wise trimmed mean, beta trimmed per side (Yin et al. 2018).")
+AGGREGATORS.register("krum", _krum, aliases=("multi_krum",),
+                     description="(Multi-)Krum (Blanchard et al. 2017).")
+
+
+def aggregator_options(name: str) -> list[str]:
+    """The option names aggregator ``name`` accepts."""
+    params = inspect.signature(AGGREGATORS.get(name)).parameters
+    return [p for p in params if p != "clients_per_round"]
+
+
+def build_aggregator(name: str, *, clients_per_round: int, **options: Any) -> Any:
+    """The TFF aggregation factory ``name`` with ``options``; unknown options raise TypeError."""
+    canonical = AGGREGATORS.canonical(name)
+    allowed = aggregator_options(canonical)
+    for key in options:
+        if key not in allowed:
+            raise TypeError(f"Aggregator {canonical!r} takes no option {key!r} (its options: "
+                            f"{', '.join(allowed) or 'none'}). Received: {key}={options[key]!r}")
+    return AGGREGATORS.get(canonical)(clients_per_round=clients_per_round, **options)
+
+
+def parse_options(text: str) -> dict[str, Any]:
+    """``"noise_multiplier=1.0,clip=0.5"`` -> ``{"noise_multiplier": 1.0, "clip": 0.5}`` (ints, floats, strings)."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"Options must look like 'key=value,key=value'. Received: {text!r}")
+        value: Any = raw.strip()
+        for kind in (int, float):
+            try:
+                value = kind(value)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = value
+    return out

@@ -1,0 +1,183 @@
+"""Robust aggregation as TFF aggregation factories: coordinate-wise median, trimmed mean, Krum.
+
+TFF ships clipping and zeroing but no robust statistic. These factories collect the clients'
+flattened updates at the server with ``tff.federated_aggregate`` (concatenation as the
+accumulator) and apply the statistic in TensorFlow inside TFF's worker. The rules and their papers
+are in :mod:`tensorfleet.federated.aggregate`, whose numpy functions the tests compare these
+factories against.
+
+The factories are unweighted (a robust statistic cannot trust client-reported weights), so
+algorithms use TFF's unweighted variants with them.
+
+Example:
+    >>> factory = RobustFactory("trimmed_mean", beta=0.2)
+    >>> process = factory.create(tff.types.to_type([(np.float32, (3,))]))
+"""
+
+from __future__ import annotations
+
+import collections
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+__all__ = ["RobustRule", "RobustFactory", "tf_median", "tf_trimmed_mean", "tf_krum"]
+
+
+class RobustRule(str, Enum):
+    MEDIAN = "median"
+    TRIMMED_MEAN = "trimmed_mean"
+    KRUM = "krum"
+
+
+def _finite(u: tf.Tensor) -> tf.Tensor:
+    return tf.boolean_mask(u, tf.reduce_all(tf.math.is_finite(u), axis=1))
+
+
+def _median_sorted(s: tf.Tensor) -> tf.Tensor:
+    n = tf.shape(s)[0]
+    upper = s[n // 2]
+    lower = s[(n - 1) // 2]
+    return (upper + lower) / 2.0
+
+
+def tf_median(u: tf.Tensor) -> tf.Tensor:
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.coordinate_median`."""
+    u = _finite(u)
+    d = tf.shape(u)[1]
+    return tf.cond(tf.shape(u)[0] > 0, lambda: _median_sorted(tf.sort(u, axis=0)), lambda: tf.zeros([d], u.dtype))
+
+
+def tf_trimmed_mean(u: tf.Tensor, beta: float) -> tf.Tensor:
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.trimmed_mean`."""
+    u = _finite(u)
+    n = tf.shape(u)[0]
+    d = tf.shape(u)[1]
+    k = tf.cast(tf.math.floor(beta * tf.cast(n, tf.float64)), tf.int32)
+
+    def trimmed() -> tf.Tensor:
+        s = tf.sort(u, axis=0)
+        return tf.cond(n - 2 * k > 0, lambda: tf.reduce_mean(s[k:n - k], axis=0), lambda: _median_sorted(s))
+
+    return tf.cond(n > 0, trimmed, lambda: tf.zeros([d], u.dtype))
+
+
+def tf_krum(u: tf.Tensor, num_byzantine: int, num_selected: int) -> tf.Tensor:
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.krum`."""
+    u = _finite(u)
+    n = tf.shape(u)[0]
+    d = tf.shape(u)[1]
+
+    def select() -> tf.Tensor:
+        sq_norms = tf.reduce_sum(tf.square(u), axis=1)
+        diff = u[:, None, :] - u[None, :, :]
+        sq = tf.reduce_sum(tf.square(diff), axis=-1)
+        neighbours = tf.maximum(n - num_byzantine - 2, 1)
+        ordered = tf.sort(sq, axis=1)
+        scores = tf.cond(n > 1, lambda: tf.reduce_sum(ordered[:, 1:1 + neighbours], axis=1),
+                         lambda: tf.zeros_like(sq_norms))
+        chosen = tf.argsort(scores, stable=True)[: tf.minimum(num_selected, n)]
+        return tf.reduce_mean(tf.gather(u, chosen), axis=0)
+
+    return tf.cond(n > 0, select, lambda: tf.zeros([d], u.dtype))
+
+
+class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
+    """An unweighted TFF aggregation factory applying a robust rule to client updates.
+
+    Args:
+        rule: ``median``, ``trimmed_mean`` or ``krum``.
+        beta: fraction trimmed from each end (``trimmed_mean``), in [0, 0.5).
+        num_byzantine: clients assumed Byzantine (``krum``'s ``f``).
+        num_selected: updates Multi-Krum averages (1: Krum).
+
+    Measurements: ``clients`` (updates received) and ``non_finite`` (updates dropped for NaN or
+    infinity).
+
+    Example:
+        >>> process = build_process("fedavg", model_fn, aggregator=RobustFactory("median"))
+    """
+
+    def __init__(self, rule: str | RobustRule, *, beta: float = 0.1, num_byzantine: int = 1,
+                 num_selected: int = 1) -> None:
+        try:
+            self.rule = RobustRule(rule)
+        except ValueError:
+            raise ValueError(f"rule must be one of {[r.value for r in RobustRule]}. Received: rule={rule!r}") from None
+        if not isinstance(beta, (int, float)) or not 0.0 <= beta < 0.5:
+            raise ValueError(f"beta must be in [0, 0.5). Received: beta={beta!r}")
+        if not isinstance(num_byzantine, int) or num_byzantine < 0:
+            raise ValueError(f"num_byzantine must be a non-negative integer. Received: num_byzantine={num_byzantine!r}")
+        if not isinstance(num_selected, int) or num_selected < 1:
+            raise ValueError(f"num_selected must be a positive integer. Received: num_selected={num_selected!r}")
+        self.beta = float(beta)
+        self.num_byzantine = num_byzantine
+        self.num_selected = num_selected
+
+    def _statistic(self, u: tf.Tensor) -> tf.Tensor:
+        if self.rule is RobustRule.MEDIAN:
+            return tf_median(u)
+        if self.rule is RobustRule.TRIMMED_MEAN:
+            return tf_trimmed_mean(u, self.beta)
+        return tf_krum(u, self.num_byzantine, self.num_selected)
+
+    def create(self, value_type: Any) -> Any:
+        value_type = tff.to_type(value_type)
+        is_struct = isinstance(value_type, tff.StructType)
+        leaves = tff.structure.flatten(value_type) if is_struct else [value_type]
+        for leaf in leaves:
+            if not isinstance(leaf, tff.TensorType) or not np.issubdtype(leaf.dtype, np.floating):
+                raise TypeError(f"RobustFactory aggregates structures of float tensors. Received: {value_type}")
+        shapes = [tuple(leaf.shape) for leaf in leaves]
+        sizes = [int(np.prod(s)) for s in shapes]
+        dim = int(sum(sizes))
+        dtype = leaves[0].dtype
+        stacked_type = tff.TensorType(dtype, [None, dim])
+        row_type = tff.TensorType(dtype, [dim])
+
+        @tff.tensorflow.computation(value_type)
+        def flatten(value: Any) -> tf.Tensor:
+            parts = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tf.nest.flatten(value)]
+            return tf.concat(parts, axis=0)
+
+        @tff.tensorflow.computation
+        def zero() -> tf.Tensor:
+            return tf.zeros([0, dim], dtype)
+
+        @tff.tensorflow.computation(stacked_type, row_type)
+        def accumulate(acc: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
+            return tf.concat([acc, row[None, :]], axis=0)
+
+        @tff.tensorflow.computation(stacked_type, stacked_type)
+        def merge(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+            return tf.concat([a, b], axis=0)
+
+        statistic = self._statistic
+
+        @tff.tensorflow.computation(stacked_type)
+        def report(stacked: tf.Tensor) -> Any:
+            vector = statistic(stacked)
+            pieces = tf.split(vector, sizes) if len(sizes) > 1 else [vector]
+            leaves_out = [tf.reshape(p, s) for p, s in zip(pieces, shapes)]
+            n = tf.shape(stacked)[0]
+            finite = tf.reduce_sum(tf.cast(tf.reduce_all(tf.math.is_finite(stacked), axis=1), tf.int32))
+            result = leaves_out if is_struct else leaves_out[0]
+            return collections.OrderedDict(result=result, clients=n, non_finite=n - finite)
+
+        @tff.federated_computation()
+        def init_fn() -> Any:
+            return tff.federated_value((), tff.SERVER)
+
+        @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS))
+        def next_fn(state: Any, value: Any) -> Any:
+            rows = tff.federated_map(flatten, value)
+            summary = tff.federated_aggregate(rows, zero(), accumulate, merge, report)
+            measurements = tff.federated_zip(collections.OrderedDict(
+                clients=summary.clients, non_finite=summary.non_finite))
+            return tff.templates.MeasuredProcessOutput(state=state, result=summary.result, measurements=measurements)
+
+        return tff.templates.AggregationProcess(init_fn, next_fn)
+

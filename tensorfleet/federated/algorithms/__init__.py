@@ -1,0 +1,116 @@
+"""Federated algorithms on TFF's learning API, one module per algorithm, in :data:`ALGORITHMS`.
+
+Each entry is an :class:`~tensorfleet.federated.algorithms.base.Algorithm`: the module's
+``build`` plus its default client and server optimizers (name and learning rate) and
+hyperparameters. :func:`build_process` turns a name and overrides into a
+``tff.learning.templates.LearningProcess``.
+
+Example:
+    >>> from tensorfleet.federated import algorithms
+    >>> algorithms.ALGORITHMS.names()
+    ['fedavg', 'fedsgd', 'fedprox', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad']
+    >>> process = algorithms.build_process("fedadam", model_fn, server_learning_rate=0.01)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tensorfleet.federated.algorithms import (
+    fedadagrad, fedadam, fedavg, fedavgm, fedprox, fedsgd, fedyogi,
+)
+from tensorfleet.federated.algorithms.base import OPTIMIZERS, Algorithm, OptimizerSpec, make_optimizer
+from tensorfleet.registry import Registry
+
+__all__ = ["ALGORITHMS", "OPTIMIZERS", "Algorithm", "OptimizerSpec", "build_process", "describe", "resolve"]
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
+
+_SGD = OptimizerSpec("sgd", 0.1)
+ALGORITHMS.register("fedavg", Algorithm(fedavg.build, _SGD, OptimizerSpec("sgd", 1.0),
+                                        paper="McMahan et al., AISTATS 2017"),
+                    aliases=("fed_avg",), description="Federated averaging, weighted by client examples.")
+ALGORITHMS.register("fedsgd", Algorithm(fedsgd.build, None, OptimizerSpec("sgd", 0.5),
+                                        paper="McMahan et al., AISTATS 2017"),
+                    aliases=("fed_sgd",), description="One full-batch gradient per client per round.")
+ALGORITHMS.register("fedprox", Algorithm(fedprox.build, _SGD, OptimizerSpec("sgd", 1.0), {"mu": 0.01},
+                                         paper="Li et al., MLSys 2020"),
+                    aliases=("fed_prox",), description="FedAvg with a proximal term mu on local training.")
+ALGORITHMS.register("fedavgm", Algorithm(fedavgm.build, _SGD, OptimizerSpec("sgdm", 1.0, {"momentum": 0.9}),
+                                         paper="Hsu et al., 2019"),
+                    description="FedAvg with server momentum.")
+ALGORITHMS.register("fedadam", Algorithm(fedadam.build, _SGD,
+                                         OptimizerSpec("adam", 0.01, {"beta_1": 0.9, "beta_2": 0.99, "epsilon": 1e-3}),
+                                         paper="Reddi et al., ICLR 2021"),
+                    description="FedAvg with an Adam server optimizer.")
+ALGORITHMS.register("fedyogi", Algorithm(fedyogi.build, _SGD,
+                                         OptimizerSpec("yogi", 0.01, {"beta_1": 0.9, "beta_2": 0.99, "epsilon": 1e-3}),
+                                         paper="Reddi et al., ICLR 2021"),
+                    description="FedAvg with a Yogi server optimizer.")
+ALGORITHMS.register("fedadagrad", Algorithm(fedadagrad.build, _SGD,
+                                            OptimizerSpec("adagrad", 0.1, {"epsilon": 1e-3}),
+                                            paper="Reddi et al., ICLR 2021"),
+                    description="FedAvg with an Adagrad server optimizer.")
+
+
+def resolve(name: str, *, client_optimizer: str | None = None, client_learning_rate: float | None = None,
+            server_optimizer: str | None = None, server_learning_rate: float | None = None,
+            **hyperparameters: Any) -> tuple[str, OptimizerSpec | None, OptimizerSpec, dict[str, Any]]:
+    """The canonical name, the optimizer specs and hyperparameters after overrides (no TFF)."""
+    canonical = ALGORITHMS.canonical(name)
+    algo = ALGORITHMS.get(canonical)
+    unknown = sorted(set(hyperparameters) - set(algo.hyperparameters))
+    if unknown:
+        allowed = ", ".join(algo.hyperparameters) or "none"
+        raise TypeError(f"Algorithm {canonical!r} takes no option {unknown[0]!r} (its options: {allowed}). "
+                        f"Received: {unknown[0]}={hyperparameters[unknown[0]]!r}")
+    if client_optimizer is not None:
+        OPTIMIZERS.canonical(client_optimizer)
+    if server_optimizer is not None:
+        OPTIMIZERS.canonical(server_optimizer)
+    client = None
+    if algo.client_optimizer is not None:
+        client = algo.client_optimizer.with_overrides(client_optimizer, client_learning_rate)
+    server = algo.server_optimizer.with_overrides(server_optimizer, server_learning_rate)
+    return canonical, client, server, {**algo.hyperparameters, **hyperparameters}
+
+
+def build_process(name: str, model_fn: Callable[[], Any], *, aggregator: Any = None,
+                  client_optimizer: str | None = None, client_learning_rate: float | None = None,
+                  server_optimizer: str | None = None, server_learning_rate: float | None = None,
+                  **hyperparameters: Any) -> Any:
+    """Builds the ``tff.learning.templates.LearningProcess`` of algorithm ``name``.
+
+    Args:
+        name: a registered algorithm (``fedavg``, ``fedsgd``, ``fedprox``, ``fedavgm``,
+            ``fedadam``, ``fedyogi``, ``fedadagrad``).
+        model_fn: no-argument callable returning a ``tff.learning.models.VariableModel``.
+        aggregator: a ``tff.aggregators`` factory for the model update, or None for the mean.
+        client_optimizer, client_learning_rate, server_optimizer, server_learning_rate: override
+            the algorithm's defaults (optimizer names from :data:`OPTIMIZERS`).
+        **hyperparameters: algorithm options such as ``mu`` for ``fedprox``.
+
+    Example:
+        >>> process = build_process("fedprox", model_fn, mu=0.1)
+    """
+    canonical, client, server, hyper = resolve(
+        name, client_optimizer=client_optimizer, client_learning_rate=client_learning_rate,
+        server_optimizer=server_optimizer, server_learning_rate=server_learning_rate, **hyperparameters)
+    algo = ALGORITHMS.get(canonical)
+    return algo.build(model_fn, client_optimizer=None if client is None else make_optimizer(client),
+                      server_optimizer=make_optimizer(server), aggregator=aggregator, **hyper)
+
+
+def describe() -> list[dict[str, Any]]:
+    """One row per algorithm: name, description, paper and defaults (for the CLI)."""
+    rows = []
+    for entry in ALGORITHMS.entries():
+        algo = entry.obj
+        rows.append({
+            "name": entry.name, "description": entry.description, "paper": algo.paper,
+            "client_optimizer": None if algo.client_optimizer is None
+            else f"{algo.client_optimizer.name}(lr={algo.client_optimizer.learning_rate:g})",
+            "server_optimizer": f"{algo.server_optimizer.name}(lr={algo.server_optimizer.learning_rate:g})",
+            "options": dict(algo.hyperparameters),
+        })
+    return rows

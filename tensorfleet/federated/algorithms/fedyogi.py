@@ -1,0 +1,13 @@
+"""FedYogi: server-optimizer variant of FedAvg.
+
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021: FedAvg with the Yogi server optimizer
+(Zaheer et al., "Adaptive Methods for Nonconvex Optimization", NeurIPS 2018) (FedYogi).
+Built on ``tff.learning.algorithms.build_weighted_fed_avg`` with a ``yogi`` server optimizer; only
+the registered defaults differ from ``fedavg``.
+"""
+
+from __future__ import annotations
+
+from tensorfleet.federated.algorithms.fedavg import build
+
+__all__ = ["build"]
