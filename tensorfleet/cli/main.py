@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -27,7 +27,7 @@ __all__ = ["app", "main", "GROUPS", "COMMANDS"]
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge")
 # Top-level commands: each module defines register(app).
-COMMANDS: tuple[str, ...] = ("launch",)
+COMMANDS: tuple[str, ...] = ("launch", "plan")
 
 app = typer.Typer(
     name="tensorfleet",
@@ -64,29 +64,32 @@ class UsageError(Exception):
     """Raised by commands for a bad combination of arguments."""
 
 
+def _click_exceptions() -> Any:
+    try:  # typer >= 0.26 vendors click
+        from typer._click import exceptions
+    except ImportError:  # pragma: no cover - older typer
+        from click import exceptions
+    return exceptions
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the CLI; input errors print ``error: ...`` and exit with status 2."""
+    exceptions = _click_exceptions()
     try:
-        app(args=argv, standalone_mode=False)
-    except SystemExit as exc:  # typer.Exit in standalone_mode=False surfaces differently
-        return int(exc.code or 0)
+        result = app(args=argv, standalone_mode=False)
     except (ValueError, KeyError, TypeError, FileNotFoundError, UsageError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         typer.echo(f"error: {message}", err=True)
         return 2
-    except Exception as exc:  # click's own usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
-            typer.echo("Aborted.", err=True)
-            return 130
-        raise
-    return 0
+    except exceptions.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        typer.echo("Aborted.", err=True)
+        return 130
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""``tensorfleet plan``: which parallel strategy fits a model on a cluster, and which is fastest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["NAME", "register", "plan_command"]
+
+NAME = "plan"
+
+
+def plan_command(
+    model: Optional[str] = typer.Option(None, "--model", help="A registered model name (tensorfleet models)."),  # noqa: UP007
+    params: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--params", help="A transformer's parameter count instead of --model: 1.5B, 350M, 175e9."),
+    batch: int = typer.Option(..., "--batch", help="Global batch size (sequences for a transformer)."),
+    devices: int = typer.Option(..., "--devices", help="Devices in all, spread evenly over --nodes."),
+    device_memory: str = typer.Option(..., "--device-memory", help="Memory of one device: 16GB, 80GB, 512MiB."),
+    bandwidth: str = typer.Option(..., "--bandwidth", help="Network bandwidth: 100Gbps, 25Gbit/s, 10GB/s."),
+    nodes: int = typer.Option(1, "--nodes", help="Machines; with more than one, --bandwidth is between them."),
+    intra_bandwidth: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--intra-bandwidth", help="Links inside a machine (default --bandwidth)."),
+    latency: str = typer.Option("5us", "--latency", help="Per-message latency: 5us, 1ms."),
+    device_tflops: float = typer.Option(100.0, "--device-tflops", help="Sustained TFLOP/s of one device."),
+    optimizer: str = typer.Option("adam", "--optimizer", help="sgd, momentum or adam."),
+    precision: str = typer.Option("mixed_float16", "--precision", help="float32, mixed_float16 or mixed_bfloat16."),
+    seq_len: int = typer.Option(1024, "--seq-len", help="Sequence length (--params)."),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (--params)."),  # noqa: UP007
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="Transformer hidden size (--params)."),  # noqa: UP007
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Also write the plan as JSON to this file."),  # noqa: UP007
+) -> None:
+    """Memory per device and time per step of every strategy, and a recommendation.
+
+    Example: tensorfleet plan --params 1.5B --batch 32 --devices 8 --device-memory 16GB --bandwidth 100Gbps
+    """
+    from tensorfleet.io import write_json
+    from tensorfleet.strategies import planner
+
+    result = planner.plan(
+        model,
+        parameters=None if params is None else planner.parse_count(params),
+        batch_size=batch, devices=devices, device_memory=device_memory, bandwidth=bandwidth, nodes=nodes,
+        intra_bandwidth=intra_bandwidth, latency=latency, device_tflops=device_tflops, optimizer=optimizer,
+        precision=precision, seq_len=seq_len, layers=layers, hidden=hidden,
+    )
+    if output is not None:
+        write_json(output, result.as_dict())
+    typer.echo(json.dumps(result.as_dict(), indent=2) if as_json else result.table())
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``plan`` to the ``tensorfleet`` command."""
+    app.command(NAME, help="Which parallel strategy fits a model on a cluster, and which is fastest.")(plan_command)
