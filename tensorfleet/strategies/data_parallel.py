@@ -7,6 +7,7 @@ offers, under the words users type (``cross_device_ops="nccl"``,
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -151,7 +152,27 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
             ops = tf.distribute.HierarchicalCopyAllReduce(num_packs=num_packs)
         else:
             ops = tf.distribute.ReductionToOneDevice()
-    return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=ops)
+    return _new_mirrored(devices, ops)
+
+
+_mirrored_count = itertools.count(1)
+
+
+def _new_mirrored(devices: list[str], ops: Any) -> Any:
+    """A MirroredStrategy whose collective group keys no other strategy of this process uses.
+
+    Every MirroredStrategy numbers its collective groups from 1, so a second one over a
+    different device count in the same process (a notebook, a test session) joins group 1 with
+    the wrong size and fails with "is joining a group with size 4, but that group has size 2".
+    TensorFlow reads the key base from the instance during construction; each strategy built
+    here gets its own.
+    """
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
+    strategy._collective_key_base = next(_mirrored_count) * 100_000
+    strategy.__init__(devices=devices, cross_device_ops=ops)
+    return strategy
 
 
 # --------------------------------------------------------------------------- central storage

@@ -44,9 +44,17 @@ def uses_coordinator(strategy: Any) -> bool:
 
 
 def _current_strategy(strategy: Any) -> Any:
+    """The strategy itself, a Keras model's strategy, or the one in scope."""
     import tensorflow as tf
 
-    return strategy if strategy is not None else tf.distribute.get_strategy()
+    if strategy is None:
+        return tf.distribute.get_strategy()
+    if isinstance(strategy, tf.distribute.Strategy):
+        return strategy
+    if isinstance(getattr(strategy, "distribute_strategy", None), tf.distribute.Strategy):
+        return strategy.distribute_strategy
+    raise TypeError("strategy must be a tf.distribute.Strategy or a Keras model built under one. "
+                    f"Received: strategy={type(strategy).__name__}")
 
 
 def _check_arrays(x: Any, y: Any, batch_size: int) -> int:
@@ -99,7 +107,9 @@ def fit_inputs(
     Args:
         x, y: arrays of examples and labels (or ``dataset_fn`` instead).
         batch_size: the global batch size, split across replicas.
-        strategy: the strategy the model was built under; default the one in scope.
+        strategy: the Keras model (its strategy is used) or the strategy it was built
+            under; default the strategy in scope. Pass it: the parameter server needs
+            different inputs than every other strategy.
         shuffle, seed: shuffling of the examples.
         validation_data: ``(x_val, y_val)`` arrays.
         dataset_fn: instead of arrays, a function ``(input_context) -> tf.data.Dataset`` of
@@ -107,7 +117,7 @@ def fit_inputs(
         steps_per_epoch: default ``ceil(len(x) / batch_size)``.
 
     Example:
-        >>> model.fit(**fit_inputs(x_train, y_train, batch_size=64), epochs=5)
+        >>> model.fit(**fit_inputs(x_train, y_train, batch_size=64, strategy=model), epochs=5)
     """
     import tensorflow as tf
 

@@ -1,0 +1,56 @@
+import pytest
+
+import tensorfleet as tfl
+from tensorfleet.registry import UnknownNameError
+
+EXPECTED = ["auto", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "central_storage", "tpu"]
+
+
+def test_available_lists_every_strategy_in_order() -> None:
+    assert tfl.strategies.available() == EXPECTED
+
+
+@pytest.mark.parametrize("alias, name", [("mwms", "multi_worker_mirrored"), ("ps", "parameter_server"),
+                                         ("Multi-Worker-Mirrored", "multi_worker_mirrored")])
+def test_aliases_resolve(alias: str, name: str) -> None:
+    assert tfl.strategies.STRATEGIES.canonical(alias) == name
+
+
+def test_unknown_strategy_lists_available_names_and_suggests_closest() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        tfl.strategies.build("mirorred")
+    assert str(info.value) == (
+        "Unknown strategy 'mirorred'. Did you mean 'mirrored'? Available: auto, one_device, mirrored, "
+        "multi_worker_mirrored, parameter_server, central_storage, tpu."
+    )
+
+
+def test_unknown_option_names_the_options_the_strategy_takes() -> None:
+    with pytest.raises(TypeError) as info:
+        tfl.strategies.build("mirrored", device="/cpu:0")
+    assert str(info.value) == (
+        "Strategy 'mirrored' does not take option(s) device. Its options are: devices, cross_device_ops, num_packs."
+    )
+
+
+def test_describe_shows_aliases_and_options() -> None:
+    text = tfl.strategies.describe("ps")
+    assert text.startswith("parameter_server (aliases: ps): ParameterServerStrategy")
+    assert "options: cluster=None, max_shards=None, min_shard_bytes=None, serve=True" in text
+
+
+def test_register_a_custom_strategy_and_build_it() -> None:
+    import tensorflow as tf
+
+    tfl.strategies.register("test_first_cpu", lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
+                            description="for a test")
+    try:
+        strategy = tfl.strategies.build("test_first_cpu")
+        assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
+    finally:
+        tfl.strategies.STRATEGIES._entries.pop("test_first_cpu")
+
+
+def test_tpu_is_not_available_here() -> None:
+    entry, availability = tfl.strategies.info("tpu")
+    assert (entry.name, availability.ok, availability.reason) == ("tpu", False, "no TPU attached and no TPU_NAME")
