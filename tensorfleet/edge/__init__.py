@@ -23,12 +23,16 @@ from tensorfleet.edge.errors import (
     QuantizationError,
     UnsupportedOpError,
 )
+from tensorfleet.edge.export import export_c, sanitize_c_identifier
 from tensorfleet.edge.micro import MicroValidation, check_micro_compatible, find_arena_size, validate_micro
+from tensorfleet.edge.report import BOARDS, Board, EdgeReport, report
 
 __all__ = [
     "TFLiteArtifact", "TensorInfo", "verify_int8",
     "QUANTIZATIONS", "Quantization", "convert", "load_keras_model",
     "ArenaTooSmallError", "EdgeError", "InvalidModelError", "MicroIncompatibleError", "QuantizationError",
     "UnsupportedOpError",
+    "export_c", "sanitize_c_identifier",
     "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",
+    "BOARDS", "Board", "EdgeReport", "report",
 ]

@@ -169,6 +169,8 @@ class TFLiteArtifact:
     source_model: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"A TFLite model must be bytes. Received: {type(self.data).__name__}")
         self.data = bytes(self.data)
         self.graph  # parse now: a corrupt model fails at the boundary, not later
         if not self.quantization:

@@ -1,0 +1,155 @@
+"""``tensorfleet edge``: convert, validate, report and export models for microcontrollers.
+
+Example:
+    tensorfleet edge convert ds_cnn --quantization int8 --out kws.tflite
+    tensorfleet edge report kws.tflite --target nano33ble --json kws.json --plot kws.png
+    tensorfleet edge export kws.tflite --name kws --out firmware/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+__all__ = ["NAME", "app", "calibration_data"]
+
+NAME = "edge"
+app = typer.Typer(help="TFLite conversion, TFLite Micro validation, size report and C export.",
+                  no_args_is_help=True)
+
+
+def calibration_data(model_name: str, num_samples: int) -> Any:
+    """Offline representative data for a ``tensorfleet.models`` name (digits or generated TinyML data)."""
+    from tensorfleet import models
+    from tensorfleet.models import tinyml
+
+    canonical = models.MODELS.canonical(model_name)
+    if canonical in tinyml.REFERENCE:
+        return tinyml.synthetic(canonical, n=num_samples).x
+    if canonical.startswith("digits"):
+        split = models.datasets.load_digits(flat=canonical == "digits_mlp")
+        return split.x_train[:num_samples]
+    raise ValueError(f"No built-in calibration data for model {model_name!r}; pass --data FILE.npy.")
+
+
+def _load_npy(path: Path) -> Any:
+    import numpy as np
+
+    if not path.is_file():
+        raise FileNotFoundError(f"No data file at {str(path)!r}.")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise ValueError(f"--data must be a .npy array file. Received: {str(path)!r} ({exc})") from exc
+
+
+@app.command("convert")
+def convert_cmd(
+    model: str = typer.Argument(..., help="A tensorfleet.models name (e.g. ds_cnn) or a saved Keras model path."),
+    quantization: str = typer.Option("int8", "--quantization", "-q",
+                                     help="float32, dynamic, float16, int8 or int16x8."),
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the .tflite file."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Representative samples as a .npy array."),  # noqa: UP007
+    samples: int = typer.Option(100, "--samples", help="Calibration samples to use."),
+    metadata: Optional[Path] = typer.Option(None, "--metadata", help="Also write the metadata as JSON."),  # noqa: UP007
+) -> None:
+    """Convert MODEL to TFLite with one quantization mode and write it to --out."""
+    from tensorfleet import edge
+    from tensorfleet.io import write_json
+
+    mode = edge.QUANTIZATIONS.canonical(quantization)  # fail on a bad mode before loading anything
+    rep = None
+    if edge.QUANTIZATIONS.get(mode).needs_representative_data:
+        if data is not None:
+            rep = _load_npy(data)
+        elif Path(model).exists():
+            raise ValueError(f"--quantization {mode} needs --data FILE.npy with samples for a saved model.")
+        else:
+            rep = calibration_data(model, samples)
+    artifact = edge.convert(model, mode, rep, num_calibration_samples=samples)
+    artifact.save(out)
+    if metadata is not None:
+        write_json(metadata, artifact.metadata())
+    inp, outp = artifact.inputs[0], artifact.outputs[0]
+    typer.echo(f"wrote {out} ({artifact.size:,} bytes, {artifact.quantization}); input {inp.dtype} "
+               f"{list(inp.shape)}, output {outp.dtype} {list(outp.shape)}; ops: {', '.join(artifact.op_types)}")
+
+
+@app.command("validate")
+def validate_cmd(
+    model: Path = typer.Argument(..., help="A .tflite file."),
+    arena_size: Optional[int] = typer.Option(None, "--arena-size", help="The target's arena in bytes."),  # noqa: UP007
+    data: Optional[Path] = typer.Option(None, "--data", help="Samples (.npy) to run on TFLM and tflite_runtime."),  # noqa: UP007
+) -> None:
+    """Check that TFLite Micro runs the model: ops, smallest arena, agreement with tflite_runtime."""
+    from tensorfleet import edge
+
+    artifact = edge.TFLiteArtifact.from_file(model)
+    result = edge.validate_micro(artifact, None if data is None else _load_npy(data), arena_size=arena_size)
+    typer.echo(f"TFLite Micro runs {model} ({artifact.quantization}, {artifact.size:,} bytes); "
+               f"smallest arena {result.arena_bytes:,} bytes")
+    if result.bit_identical is not None:
+        typer.echo(f"{result.num_samples} samples: TFLM vs tflite_runtime bit-identical: {result.bit_identical} "
+                   f"(max abs diff {result.max_abs_diff_vs_tflite})")
+
+
+@app.command("report")
+def report_cmd(
+    model: Path = typer.Argument(..., help="A .tflite file."),
+    target: Optional[str] = typer.Option(None, "--target", "-t",  # noqa: UP007
+                                         help="A board (see `edge boards`) or 'flash=1M,ram=256K'."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON."),  # noqa: UP007
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot of the per-layer costs."),  # noqa: UP007
+) -> None:
+    """Flash, RAM (TFLM arena), per-layer parameters, MACs and activations; whether it fits --target."""
+    from tensorfleet import edge
+
+    artifact = edge.TFLiteArtifact.from_file(model)
+    rep = edge.report(artifact, target=target)
+    typer.echo(rep.table())
+    if json_path is not None:
+        typer.echo(f"wrote {rep.save_json(json_path)}")
+    if plot is not None:
+        typer.echo(f"wrote {rep.plot(plot)}")
+    if rep.fit is not None and not rep.fit.fits:
+        raise typer.Exit(code=1)
+
+
+@app.command("export")
+def export_cmd(
+    model: Path = typer.Argument(..., help="A .tflite file."),
+    name: str = typer.Option(..., "--name", "-n", help="Base name of the C files and symbols."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the C sources."),
+    arena: bool = typer.Option(True, "--arena/--no-arena", help="Measure the arena and declare it in the header."),
+) -> None:
+    """Write <name>_model_data.cc/.h and <name>_op_resolver.h for a TFLite Micro build."""
+    from tensorfleet import edge
+
+    artifact = edge.TFLiteArtifact.from_file(model)
+    arena_size = edge.find_arena_size(artifact) if arena else None
+    for path in edge.export_c(artifact, out, name, arena_size=arena_size):
+        typer.echo(f"wrote {path}")
+
+
+@app.command("boards")
+def boards_cmd() -> None:
+    """The boards --target knows, with flash and RAM."""
+    from tensorfleet.edge import BOARDS
+
+    for entry in BOARDS.entries():
+        board = entry.obj
+        aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
+        typer.echo(f"{board.name}{aliases}: flash {board.flash_bytes:,} B, RAM {board.ram_bytes:,} B - "
+                   f"{entry.description}")
+
+
+@app.command("modes")
+def modes_cmd() -> None:
+    """The quantization modes, and which of them TFLite Micro can run."""
+    from tensorfleet.edge import QUANTIZATIONS
+
+    for entry in QUANTIZATIONS.entries():
+        micro = "TFLM: yes" if entry.obj.micro_compatible else "TFLM: no"
+        typer.echo(f"{entry.name:<8} {micro:<9} {entry.description}")

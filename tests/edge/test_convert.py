@@ -1,0 +1,149 @@
+"""Conversion: the five modes, the artifact's metadata, int8 verification and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorfleet import edge
+from tensorfleet.edge.artifact import infer_quantization
+
+DIGITS_OPS = ("CONV_2D", "CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED", "FULLY_CONNECTED")
+
+
+def test_int8_has_int8_inputs_outputs_and_input_scale_of_unit_range(int8_artifact: Any) -> None:
+    (inp,), (out,) = int8_artifact.inputs, int8_artifact.outputs
+    assert (inp.dtype, out.dtype) == ("int8", "int8")
+    assert inp.shape == (1, 8, 8, 1) and out.shape == (1, 10)
+    # digits pixels span [0, 1]: the calibrated input scale is 1/255 with zero point -128
+    assert inp.scales[0] == pytest.approx(1 / 255, rel=1e-6)
+    assert inp.zero_points == (-128,)
+    assert int8_artifact.ops == DIGITS_OPS
+    assert int8_artifact.op_types == ("CONV_2D", "FULLY_CONNECTED", "MAX_POOL_2D", "RESHAPE")
+    edge.verify_int8(int8_artifact)  # raises if anything is not int8
+
+
+def test_every_mode_is_recognised_from_its_bytes_alone(digits_artifacts: dict[str, Any]) -> None:
+    for mode, artifact in digits_artifacts.items():
+        assert artifact.quantization == mode
+        assert edge.TFLiteArtifact.from_bytes(artifact.data).quantization == mode
+        assert infer_quantization(artifact.graph) == mode
+
+
+def test_mode_sizes_relative_to_float32(digits_artifacts: dict[str, Any]) -> None:
+    sizes = {mode: a.size for mode, a in digits_artifacts.items()}
+    # 38,284 parameters: float32 ~4 bytes each, float16 ~2, the int8 modes ~1
+    assert sizes["float32"] > 38_284 * 4
+    assert 0.45 < sizes["float16"] / sizes["float32"] < 0.55
+    for mode in ("dynamic", "int8", "int16x8"):
+        assert 0.25 < sizes[mode] / sizes["float32"] < 0.30, (mode, sizes)
+
+
+def test_dynamic_and_float16_keep_float_io(digits_artifacts: dict[str, Any]) -> None:
+    for mode in ("float32", "dynamic", "float16"):
+        assert digits_artifacts[mode].inputs[0].dtype == "float32"
+    assert digits_artifacts["int16x8"].inputs[0].dtype == "int16"
+    assert "DEQUANTIZE" in digits_artifacts["float16"].ops
+
+
+def test_metadata_lists_dtypes_scales_and_ops(int8_artifact: Any) -> None:
+    meta = int8_artifact.metadata()
+    assert meta["bytes"] == int8_artifact.size
+    assert meta["quantization"] == "int8"
+    assert meta["inputs"][0]["dtype"] == "int8" and meta["inputs"][0]["zero_points"] == [-128]
+    assert meta["ops"] == list(DIGITS_OPS)
+
+
+def test_verify_int8_names_the_float_tensors(digits_artifacts: dict[str, Any]) -> None:
+    with pytest.raises(edge.QuantizationError, match=r"input 'serving_default_image:0' is float32") as info:
+        edge.verify_int8(digits_artifacts["float32"])
+    assert "output 'StatefulPartitionedCall:0' is float32" in str(info.value)
+    assert "quantization='int8'" in str(info.value)
+
+
+def test_sine_model_from_the_tflite_micro_wheel_parses(sine_path: Path) -> None:
+    artifact = edge.TFLiteArtifact.from_file(sine_path)
+    assert artifact.size == sine_path.stat().st_size
+    assert artifact.ops == ("FULLY_CONNECTED", "FULLY_CONNECTED", "FULLY_CONNECTED")
+    assert artifact.quantization == "float32"
+    assert artifact.inputs[0].dtype == "float32" and artifact.inputs[0].shape == (1, 1)
+
+
+def test_quantize_and_dequantize_round_trip(int8_artifact: Any) -> None:
+    x = np.array([[0.0, 1.0, 0.2, 2.0]], np.float32).reshape(1, 4, 1, 1)
+    # 0.2 * 255 = 51 steps above -128; 2.0 is out of range and saturates at 127
+    assert int8_artifact.quantize_input(x).ravel().tolist() == [-128, 127, -77, 127]
+    out = int8_artifact.outputs[0]
+    raw = np.array([out.zero_points[0], out.zero_points[0] + 10], np.int8)
+    assert int8_artifact.dequantize_output(raw).tolist() == pytest.approx([0.0, 10 * out.scales[0]])
+
+
+# ---- bad input --------------------------------------------------------------------------------------------
+
+
+def test_unknown_mode_lists_modes_and_suggests(digits_model: Any) -> None:
+    with pytest.raises(ValueError, match=r"Unknown quantization mode 'int9'. Did you mean 'int8'\?") as info:
+        edge.convert(digits_model, "int9")
+    assert "Available: float32, dynamic, float16, int8, int16x8." in str(info.value)
+
+
+def test_representative_data_of_the_wrong_shape(digits_model: Any) -> None:
+    with pytest.raises(ValueError, match=r"must have shape \(n, 8, 8, 1\).*Received: shape=\(10, 7, 7, 1\)"):
+        edge.convert(digits_model, "int8", np.zeros((10, 7, 7, 1), np.float32))
+
+
+def test_int8_needs_representative_data(digits_model: Any) -> None:
+    with pytest.raises(ValueError, match=r"quantization='int8' needs representative_data.*Received: "
+                                         r"representative_data=None"):
+        edge.convert(digits_model, "int8")
+
+
+def test_non_finite_or_empty_representative_data(digits_model: Any) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        edge.convert(digits_model, "int8", np.full((4, 8, 8, 1), np.nan, np.float32))
+    with pytest.raises(ValueError, match="Received: 0 samples"):
+        edge.convert(digits_model, "int8", np.zeros((0, 8, 8, 1), np.float32))
+
+
+def test_unknown_model_name_suggests() -> None:
+    with pytest.raises(ValueError, match=r"Unknown model 'ds_cn'. Did you mean 'ds_cnn'\?"):
+        edge.convert("ds_cn", "float32")
+
+
+def test_missing_saved_model_path() -> None:
+    with pytest.raises(FileNotFoundError, match=r"No saved Keras model at 'nowhere/model.keras'"):
+        edge.convert("nowhere/model.keras", "float32")
+
+
+def test_empty_corrupt_and_truncated_flatbuffers(int8_artifact: Any, tmp_path: Path) -> None:
+    with pytest.raises(edge.InvalidModelError, match=r"empty \(0 bytes\)"):
+        edge.TFLiteArtifact(b"")
+    with pytest.raises(edge.InvalidModelError, match=r"file identifier at bytes 4..8 is b'o wo', expected b'TFL3'"):
+        edge.TFLiteArtifact(b"hello world 1234")
+    with pytest.raises(edge.InvalidModelError, match=rf"corrupt or truncated \({len(int8_artifact.data) // 2} bytes\)"):
+        edge.TFLiteArtifact(int8_artifact.data[: len(int8_artifact.data) // 2])
+    empty = tmp_path / "empty.tflite"
+    empty.write_bytes(b"")
+    with pytest.raises(edge.InvalidModelError, match="empty"):
+        edge.TFLiteArtifact.from_file(empty)
+    with pytest.raises(FileNotFoundError, match="No TFLite model at"):
+        edge.TFLiteArtifact.from_file(tmp_path / "missing.tflite")
+    with pytest.raises(TypeError, match="must be bytes. Received: str"):
+        edge.TFLiteArtifact("not bytes")  # type: ignore[arg-type]
+
+
+def test_save_writes_exact_bytes_and_leaves_no_temporary(int8_artifact: Any, tmp_path: Path) -> None:
+    path = int8_artifact.save(tmp_path / "sub" / "m.tflite")
+    assert path.read_bytes() == int8_artifact.data
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["m.tflite"]
+
+
+def test_modes_are_a_str_enum_and_a_registry() -> None:
+    assert [m.value for m in edge.Quantization] == edge.QUANTIZATIONS.names()
+    assert edge.Quantization("int8") == "int8"
+    assert edge.QUANTIZATIONS.canonical("full-int8") == "int8"
+    assert [n for n in edge.QUANTIZATIONS.names() if edge.QUANTIZATIONS.get(n).micro_compatible] == [
+        "float32", "int8", "int16x8"]

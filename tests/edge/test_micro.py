@@ -1,0 +1,113 @@
+"""Validation on the real TFLite Micro interpreter: ops, arena, agreement with tflite_runtime and Keras."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorfleet import edge
+from tensorfleet.edge.micro import ArenaProber, probe_arena, run_micro, run_tflite
+
+
+@pytest.fixture(scope="module")
+def int8_validation(int8_artifact: Any, digits: Any) -> Any:
+    return edge.validate_micro(int8_artifact, digits.x_test[:120], digits.y_test[:120], progress=False)
+
+
+def test_int8_on_tflm_is_bit_identical_to_tflite_runtime(int8_validation: Any) -> None:
+    assert int8_validation.num_samples == 120
+    assert int8_validation.bit_identical is True
+    assert int8_validation.max_abs_diff_vs_tflite == 0.0
+
+
+def test_int8_accuracy_drop_against_keras_is_at_most_one_point(int8_validation: Any) -> None:
+    v = int8_validation
+    assert v.keras_accuracy is not None and v.micro_accuracy is not None
+    assert v.keras_accuracy > 0.9
+    assert v.accuracy_drop_points == pytest.approx(100 * (v.keras_accuracy - v.micro_accuracy))
+    assert v.accuracy_drop_points <= 1.0
+    assert v.agreement_with_keras >= 0.98
+
+
+def test_reported_arena_is_the_smallest_that_runs(int8_artifact: Any, int8_validation: Any) -> None:
+    arena = int8_validation.arena_bytes
+    with ArenaProber(int8_artifact.data) as prober:
+        assert prober.probe(arena) == (True, "")
+        ok, message = prober.probe(arena - 1)
+    assert not ok
+    assert "TFLM failed to allocate tensors" in message
+
+
+def test_sine_model_from_the_wheel_needs_exactly_1936_bytes(sine_path: Path) -> None:
+    artifact = edge.TFLiteArtifact.from_file(sine_path)
+    assert edge.find_arena_size(artifact, progress=False) == 1936
+    assert probe_arena(artifact, 1935)[0] is False
+    out = run_micro(artifact, np.array([[1.0]], np.float32), arena_size=1936, progress=False)
+    assert out.shape == (1, 1)
+    assert out[0, 0] == pytest.approx(np.sin(1.0), abs=0.05)
+
+
+def test_float32_on_tflm_matches_tflite_closely(digits_artifacts: dict[str, Any], digits: Any) -> None:
+    v = edge.validate_micro(digits_artifacts["float32"], digits.x_test[:40], digits.y_test[:40], progress=False)
+    assert v.max_abs_diff_vs_tflite < 1e-4
+    assert v.accuracy_drop_points == 0.0
+    assert v.mean_abs_error_vs_keras < 1e-4
+
+
+def test_int16x8_runs_on_tflm_bit_identically(digits_artifacts: dict[str, Any], digits: Any) -> None:
+    artifact = digits_artifacts["int16x8"]
+    micro = run_micro(artifact, digits.x_test[:30], arena_size=64 * 1024, progress=False)
+    assert micro.dtype == np.int16
+    assert np.array_equal(micro, run_tflite(artifact, digits.x_test[:30]))
+
+
+def test_a_crashing_probe_does_not_end_the_search(sine_path: Path) -> None:
+    # 16 bytes makes the TFLM Python interpreter segfault; the probe runs in a forked child
+    with ArenaProber(sine_path.read_bytes()) as prober:
+        ok, message = prober.probe(16)
+        assert not ok and "TFLM crashed with SIGSEGV" in message
+        assert prober.probe(4096) == (True, "")
+        assert prober.crashes == 0
+
+
+# ---- what TFLM cannot run -----------------------------------------------------------------------------------
+
+
+def test_op_tflm_lacks_is_named_with_advice(topk_artifact: Any) -> None:
+    with pytest.raises(edge.UnsupportedOpError, match=r"TFLite Micro has no kernel for 1 operator\(s\) of this "
+                                                       r"model: TOPK_V2 \(take the arg-max") as info:
+        edge.validate_micro(topk_artifact, progress=False)
+    assert info.value.ops == ["TOPK_V2"]
+
+
+def test_dynamic_range_model_is_rejected_as_hybrid(digits_artifacts: dict[str, Any]) -> None:
+    with pytest.raises(edge.MicroIncompatibleError, match=r"dynamic-range \(hybrid\) ops .* CONV_2D #1, "
+                                                          r"FULLY_CONNECTED #4\. TFLite Micro has no hybrid"):
+        edge.validate_micro(digits_artifacts["dynamic"], progress=False)
+
+
+def test_float16_model_is_rejected(digits_artifacts: dict[str, Any]) -> None:
+    with pytest.raises(edge.MicroIncompatibleError, match=r"stores 8 tensor\(s\) as float16 .* no float16 kernels"):
+        edge.check_micro_compatible(digits_artifacts["float16"])
+
+
+def test_arena_too_small_says_what_is_required(int8_artifact: Any, int8_validation: Any) -> None:
+    required = int8_validation.arena_bytes
+    with pytest.raises(edge.ArenaTooSmallError, match=rf"needs at least {required} bytes .* "
+                                                      rf"Received: arena_size=4000") as info:
+        edge.validate_micro(int8_artifact, arena_size=4000, progress=False)
+    assert (info.value.required, info.value.received) == (required, 4000)
+
+
+def test_bad_arguments(int8_artifact: Any, digits: Any) -> None:
+    with pytest.raises(ValueError, match=r"arena_size must be a positive integer \(bytes\). Received: arena_size=0"):
+        edge.validate_micro(int8_artifact, arena_size=0)
+    with pytest.raises(ValueError, match=r"samples must have shape \(n, 8, 8, 1\).*Received: shape=\(3, 64\)"):
+        edge.validate_micro(int8_artifact, np.zeros((3, 64)))
+    with pytest.raises(ValueError, match=r"labels must have one entry per sample \(3\). Received: 2 labels"):
+        edge.validate_micro(int8_artifact, digits.x_test[:3], digits.y_test[:2])
+    with pytest.raises(TypeError, match="artifact must be a TFLiteArtifact. Received: bytes"):
+        edge.validate_micro(int8_artifact.data)
