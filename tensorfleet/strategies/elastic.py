@@ -29,6 +29,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 __all__ = ["ENV_BATCH_POLICY", "BatchPolicy", "BatchSizes", "Phase", "batch_sizes", "launch_elastic", "policy_from_env"]
 
 ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
+ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
 
 
 class BatchPolicy(str, Enum):
@@ -118,10 +119,12 @@ def launch_elastic(
 ) -> list[Any]:
     """Runs ``script`` through a schedule of worker counts, all sharing one backup directory.
 
-    Each phase launches the job at its number of workers and stops it (SIGTERM to every
-    task) once a task logs the end of ``until_epoch`` (the ``EpochLog`` line that follows the
-    epoch's backup); the next phase resumes from that backup. The batch policy reaches the
-    script as ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`).
+    Each phase launches the job at its number of workers; with ``until_epoch`` it passes
+    ``TENSORFLEET_STOP_AFTER_EPOCH``, so that the script's
+    :func:`~tensorfleet.strategies.fault_tolerance.callbacks` end every task right after that
+    epoch's backup (exit status 75, a planned stop), the way a preempted job ends. The next
+    phase resumes from that backup. The batch policy reaches the script as
+    ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`).
 
     Returns:
         One :class:`~tensorfleet.strategies.launcher.LaunchResult` per phase.
@@ -150,13 +153,15 @@ def launch_elastic(
             previous = phase.until_epoch
         elif i != len(phases) - 1:
             raise ValueError(f"Only the last phase may run to the end (until_epoch=None). Received: phases[{i}]")
-    env = dict(launch_kwargs.pop("env", None) or {})
-    env[ENV_BATCH_POLICY] = resolved.value
+    base_env = dict(launch_kwargs.pop("env", None) or {})
+    base_env[ENV_BATCH_POLICY] = resolved.value
     results = []
     for phase in phases:
-        stop = None if phase.until_epoch is None else rf"^tensorfleet: epoch {phase.until_epoch}/\d+ end\b"
+        env = dict(base_env)
+        if phase.until_epoch is not None:
+            env[ENV_STOP_AFTER_EPOCH] = str(phase.until_epoch)
         results.append(launch(script, args, workers=phase.workers, backup_dir=backup_dir, env=env,
-                              stop_when=stop, sink=sink, **launch_kwargs))
+                              sink=sink, **launch_kwargs))
     return results
 
 

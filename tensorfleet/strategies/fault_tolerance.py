@@ -39,9 +39,12 @@ import tensorflow as tf
 
 from tensorfleet.io import write_bytes, write_json
 
-__all__ = ["BestModelCheckpoint", "EpochLog", "StepLog", "backup_dir", "callbacks", "resumed_epoch"]
+__all__ = ["BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch", "backup_dir", "callbacks",
+           "resumed_epoch"]
 
 ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
+ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
+STOPPED_STATUS = 75  # the launcher's "stopped on purpose, resume later" status
 _PREFIX = "tensorfleet:"
 
 
@@ -178,6 +181,27 @@ class BestModelCheckpoint(tf.keras.callbacks.Callback):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+class StopAfterEpoch(tf.keras.callbacks.Callback):
+    """Ends the process right after epoch ``epoch`` was backed up, as a preempted job would.
+
+    The process exits with status 75 (the launcher's planned stop) without returning from
+    ``fit``, so ``BackupAndRestore`` keeps its backup (it deletes it when ``fit`` ends) and
+    the next run resumes at ``epoch + 1``. Must come after ``BackupAndRestore``.
+    """
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= 0:
+            raise ValueError(f"epoch must be a positive integer. Received: epoch={epoch!r}")
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if epoch + 1 == self.epoch:
+            print(f"{_PREFIX} stopping after epoch {self.epoch} as planned", flush=True)
+            sys.stderr.flush()
+            os._exit(STOPPED_STATUS)
+
+
 def callbacks(
     backup: str | os.PathLike[str] | None = None,
     *,
@@ -200,7 +224,8 @@ def callbacks(
         log_steps: log with :class:`StepLog` (a line per step too) instead of :class:`EpochLog`.
 
     Returns:
-        ``[BackupAndRestore, BestModelCheckpoint?, EpochLog?]``.
+        ``[BackupAndRestore, BestModelCheckpoint?, EpochLog?, StopAfterEpoch?]``; the last
+        when ``$TENSORFLEET_STOP_AFTER_EPOCH`` is set (elastic phases set it).
 
     Example:
         >>> cbs = callbacks("/tmp/backup", save_freq=50, best_model="/tmp/best.keras")  # doctest: +SKIP
@@ -213,6 +238,11 @@ def callbacks(
         result.append(BestModelCheckpoint(best_model, monitor=monitor, mode=mode))
     if log:
         result.append(StepLog() if log_steps else EpochLog())
+    stop_after = os.environ.get(ENV_STOP_AFTER_EPOCH, "").strip()
+    if stop_after:
+        if not stop_after.isdigit():
+            raise ValueError(f"{ENV_STOP_AFTER_EPOCH} must be a positive integer. Received: {stop_after!r}")
+        result.append(StopAfterEpoch(int(stop_after)))
     return result
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "LaunchResult",
     "LogLine",
     "PortInUseError",
+    "STOPPED_STATUS",
     "TFConfigConflictError",
     "launch",
 ]
@@ -69,6 +70,8 @@ ENV_TASK = "TENSORFLEET_TASK"
 ENV_ATTEMPT = "TENSORFLEET_ATTEMPT"
 ENV_NUM_WORKERS = "TENSORFLEET_NUM_WORKERS"
 ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
+#: Exit status of a task that stopped on purpose after a backup (``EX_TEMPFAIL``: resume later).
+STOPPED_STATUS = 75
 
 _LOCALHOST = "127.0.0.1"
 _TAIL_LINES = 30
@@ -321,6 +324,7 @@ class _Job:
         self.lines: list[LogLine] = []
         self.events: list[LogLine] = []
         self.tasks: dict[str, _Task] = {}
+        self.lead = _lead_task(spec)
 
     # Output ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -340,7 +344,8 @@ class _Job:
                     continue
                 self.fired.add(i)
                 threading.Timer(fault.delay, self._inject, (fault, target, task.name)).start()
-        if self.stop_regex is not None and self.stop_regex.search(text) and not self.stop_requested.is_set():
+        if (self.stop_regex is not None and task.name == self.lead and self.stop_regex.search(text)
+                and not self.stop_requested.is_set()):
             self.event(f"stopping the job: {task.name} printed a line matching {self.stop_regex.pattern!r}")
             self.stop_requested.set()
 
@@ -470,8 +475,10 @@ def launch(
         backup_dir: exported to the tasks as ``TENSORFLEET_BACKUP_DIR`` for
             :func:`tensorfleet.strategies.fault_tolerance.callbacks`.
         faults: faults to inject (tests and benchmarks of recovery).
-        stop_when: a regular expression; the first output line matching it stops the job on
-            purpose (SIGTERM to all tasks); the result then has ``stopped=True``.
+        stop_when: a regular expression; the first line of the chief's output (worker 0's
+            without a chief) matching it stops the job on purpose (SIGTERM to all tasks); the
+            result then has ``stopped=True``. Only the chief's lines count because the chief
+            writes the backups: a line it prints after a backup means the backup is complete.
         sink: receives every prefixed output line and launcher event; ``None`` keeps them only
             in the result.
         check: raise :class:`LaunchFailedError` when the job fails for good.
@@ -572,6 +579,7 @@ def _supervise(job: _Job, *, max_restarts: int, backoff: float, max_backoff: flo
     attempt_start = time.monotonic()
     job.activity = time.monotonic()
     done: set[str] = set()
+    stopped: set[str] = set()
 
     def restart_delay() -> float:
         return min(max_backoff, backoff * (2 ** (restarts - 1)))
@@ -596,6 +604,10 @@ def _supervise(job: _Job, *, max_restarts: int, backoff: float, max_backoff: flo
             if code == 0:
                 done.add(name)
                 continue
+            if code == STOPPED_STATUS:  # a planned stop after a backup; the others follow
+                done.add(name)
+                stopped.add(name)
+                continue
             if job.stop_requested.is_set():
                 break
             failure = (name, code, f"{name} {_describe_exit(code)}")
@@ -614,7 +626,10 @@ def _supervise(job: _Job, *, max_restarts: int, backoff: float, max_backoff: flo
                 leftovers = [t for n, t in job.tasks.items() if n not in done and t.poll() is None]
                 if leftovers:
                     job.stop_all(signal.SIGTERM, grace)
-                return 0, restarts, None, False
+                if stopped:
+                    job.event(f"the job stopped as planned ({', '.join(sorted(stopped))} exited with "
+                              f"status {STOPPED_STATUS})")
+                return 0, restarts, None, bool(stopped)
             continue
 
         name, code, description = failure
@@ -644,6 +659,7 @@ def _supervise(job: _Job, *, max_restarts: int, backoff: float, max_backoff: flo
         job.stop_all(signal.SIGKILL, 0.0)
         job.tasks.clear()
         done.clear()
+        stopped.clear()
         time.sleep(delay)
         attempt = restarts
         job.start_all(attempt)

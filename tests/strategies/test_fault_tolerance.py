@@ -52,6 +52,17 @@ def test_callbacks_are_backup_then_best_model_then_log(tmp_path: Path) -> None:
     assert type(ft.callbacks(tmp_path / "b", log_steps=True)[-1]) is ft.StepLog
 
 
+def test_callbacks_add_a_planned_stop_when_the_environment_asks(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TENSORFLEET_STOP_AFTER_EPOCH", "2")
+    cbs = ft.callbacks(tmp_path / "backup")
+    assert type(cbs[-1]) is ft.StopAfterEpoch and cbs[-1].epoch == 2
+    monkeypatch.setenv("TENSORFLEET_STOP_AFTER_EPOCH", "two")
+    with pytest.raises(ValueError, match=r"^TENSORFLEET_STOP_AFTER_EPOCH must be a positive integer\. Received: 'two'$"):
+        ft.callbacks(tmp_path / "backup")
+    with pytest.raises(ValueError, match=r"^epoch must be a positive integer\. Received: epoch=0$"):
+        ft.StopAfterEpoch(0)
+
+
 @pytest.mark.parametrize("save_freq", [0, -3, "step", 1.5, True])
 def test_bad_save_freq_is_a_clear_error(tmp_path: Path, save_freq: object) -> None:
     with pytest.raises(ValueError) as info:
