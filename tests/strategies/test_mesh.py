@@ -186,3 +186,18 @@ def test_fit_rejects_bad_arguments(logical_cpus):
     with pytest.raises(ValueError, match=r"Mesh layouts support Dense, GlobalAveragePooling1D and TransformerBlock "
                                          r"layers. Received: layer 'dropout' of type Dropout"):
         mesh.fit(dropout, x, y)
+
+
+@pytest.mark.parametrize("backend", ["mtf", "keras"])
+def test_pure_tensor_parallel_mesh_of_4_matches_single_device(backend, logical_cpus):
+    x, y = _data("digits_mlp")
+    ref_losses, _, ref_model = _single_device_run("digits_mlp", x, y)
+    model = models.build("digits_mlp")
+    history = tfmesh.Mesh("m:4", "hidden:m", backend=backend).fit(model, x, y, batch_size=BATCH, learning_rate=LR,
+                                                                  verbose=False)
+    np.testing.assert_allclose(history.step_loss, ref_losses, atol=1e-5, rtol=0)
+    for got, want in zip(model.get_weights(), ref_model.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    if backend == "keras":
+        assert history.grid == [logical_cpus]
+        assert set(history.placement) == {f"/device:CPU:{i}" for i in range(4)}
