@@ -1,0 +1,85 @@
+"""``tensorfleet edge ...`` through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import numpy as np
+import pytest
+
+from tensorfleet.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "digits.tflite"
+    assert main(["edge", "convert", "digits_cnn", "--quantization", "int8", "--out", str(out),
+                 "--samples", "20"]) == 0
+    return out
+
+
+def test_convert_writes_an_int8_tflite(converted: Path) -> None:
+    from tensorfleet import edge
+
+    artifact = edge.TFLiteArtifact.from_file(converted)
+    assert artifact.quantization == "int8"
+    assert artifact.inputs[0].dtype == "int8"
+
+
+def test_convert_errors_leave_no_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.tflite"
+    assert main(["edge", "convert", "digits_cnn", "-q", "int9", "--out", str(out)]) == 2
+    assert "error: Unknown quantization mode 'int9'. Did you mean 'int8'?" in capsys.readouterr().err
+    data = tmp_path / "bad.npy"
+    np.save(data, np.zeros((5, 7, 7, 1), np.float32))
+    assert main(["edge", "convert", "digits_cnn", "-q", "int8", "--data", str(data), "--out", str(out)]) == 2
+    assert "Received: shape=(5, 7, 7, 1)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy"]
+
+
+def test_report_with_target_json_and_plot(converted: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    j, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(["edge", "report", str(converted), "--target", "bluepill", "--json", str(j), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "target stm32f103c8 (flash 65,536, RAM 20,480): fits" in out
+    assert json.loads(j.read_text())["target"]["board"]["name"] == "stm32f103c8"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["edge", "report", str(converted), "--target", "flash=16K,ram=4K"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+
+
+def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["edge", "export", str(converted), "--name", "digits-v1", "--out", str(tmp_path / "c")]) == 0
+    names = sorted(p.name for p in (tmp_path / "c").iterdir())
+    assert names == ["digits_v1_model_data.cc", "digits_v1_model_data.h", "digits_v1_op_resolver.h"]
+    assert "kDigitsV1TensorArenaSize" in (tmp_path / "c" / "digits_v1_model_data.h").read_text()
+    assert main(["edge", "validate", str(converted), "--arena-size", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "error: The tensor arena is too small" in err and "Received: arena_size=100" in err
+
+
+def test_corrupt_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"\x00" * 32)
+    assert main(["edge", "report", str(bad)]) == 2
+    assert "error: Not a TFLite flatbuffer" in capsys.readouterr().err
+    assert main(["edge", "export", str(tmp_path / "none.tflite"), "--name", "x", "--out", str(tmp_path)]) == 2
+    assert "error: No TFLite model at" in capsys.readouterr().err
+
+
+def test_listings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["edge", "modes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["float32", "dynamic", "float16", "int8", "int16x8"]
+    assert main(["edge", "boards"]) == 0
+    assert "nucleo_l4r5zi (l4r5zi): flash 2,097,152 B, RAM 655,360 B" in capsys.readouterr().out
+
+
+def test_calibration_data_for_names() -> None:
+    from tensorfleet.cli.edge import calibration_data
+
+    assert calibration_data("kws", 3).shape == (3, 49, 10, 1)
+    assert calibration_data("digits_mlp", 5).shape == (5, 64)
+    with pytest.raises(ValueError, match="Unknown model"):
+        calibration_data("nope", 3)

@@ -1,0 +1,75 @@
+"""Size report: per-layer parameters, MACs and activations; flash/RAM against a board."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorfleet import edge
+from tensorfleet.edge.report import layer_table, parse_board
+
+
+@pytest.fixture(scope="module")
+def int8_report(int8_artifact: Any) -> Any:
+    return edge.report(int8_artifact, target="nano33ble", progress=False)
+
+
+def test_layer_costs_of_the_digits_cnn(int8_artifact: Any) -> None:
+    rows = layer_table(int8_artifact)
+    assert [r.op for r in rows] == list(int8_artifact.ops)
+    # conv 3x3x1->16 on 8x8: 8*8*16*9 MACs; conv 3x3x16->32: 8*8*32*144; dense 512->64; dense 64->10
+    assert [r.macs for r in rows] == [9_216, 294_912, 0, 0, 32_768, 640]
+    assert [r.output_shape for r in rows] == [(1, 8, 8, 16), (1, 8, 8, 32), (1, 4, 4, 32), (1, 512), (1, 64), (1, 10)]
+    assert [r.activation_bytes for r in rows] == [1_024, 2_048, 512, 512, 64, 10]  # int8: one byte per element
+    assert rows[0].params == 16 * 9 + 16 and rows[1].params == 32 * 144 + 32
+    assert rows[4].params == 512 * 64 + 64 and rows[5].params == 64 * 10 + 10
+
+
+def test_report_totals_flash_ram_and_fit(int8_report: Any, int8_artifact: Any) -> None:
+    rep = int8_report
+    assert rep.flash_bytes == int8_artifact.size
+    assert rep.arena_bytes == edge.find_arena_size(int8_artifact, progress=False)
+    assert rep.total_macs == 337_536
+    assert rep.fit is not None and rep.fit.fits and rep.fit.reasons == ()
+    assert rep.fit.flash_fraction == pytest.approx(int8_artifact.size / (1024 * 1024))
+    assert rep.fit.ram_fraction == pytest.approx(rep.arena_bytes / (256 * 1024))
+
+
+def test_too_small_target_says_why(int8_artifact: Any, int8_report: Any) -> None:
+    rep = edge.report(int8_artifact, target="flash=16K,ram=4K", arena_bytes=int8_report.arena_bytes)
+    assert not rep.fit.fits
+    assert rep.fit.reasons == (f"model needs {int8_artifact.size:,} bytes of flash, board has 16,384",
+                               f"arena needs {int8_report.arena_bytes:,} bytes of RAM, board has 4,096")
+    assert "does NOT fit" in rep.table()
+
+
+def test_table_json_and_png(int8_report: Any, tmp_path: Path) -> None:
+    table = int8_report.table()
+    assert "FULLY_CONNECTED" in table and "337,536" in table
+    assert f"RAM (TFLM arena): {int8_report.arena_bytes:,} bytes" in table
+    data = json.loads(int8_report.save_json(tmp_path / "r.json").read_text())
+    assert data["total_macs"] == 337_536 and data["target"]["fits"] is True
+    assert len(data["layers"]) == 6
+    png = int8_report.plot(tmp_path / "r.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_model_tflm_cannot_run_has_no_arena_and_a_note(digits_artifacts: dict[str, Any]) -> None:
+    rep = edge.report(digits_artifacts["float16"], target="pico", progress=False)
+    assert rep.arena_bytes is None
+    assert "float16" in rep.notes[0]
+    assert not rep.fit.fits and "arena unknown" in rep.fit.reasons[0]
+
+
+def test_boards_and_bad_targets() -> None:
+    assert parse_board("bluepill") == edge.BOARDS.get("stm32f103c8")
+    assert parse_board("flash=1.5M,ram=256KB").flash_bytes == 1_572_864
+    with pytest.raises(ValueError, match=r"Unknown board 'nano33'. Did you mean 'nano33ble'\?"):
+        parse_board("nano33")
+    with pytest.raises(ValueError, match=r"ram must be a size like 256K or 1M. Received: ram='lots'"):
+        parse_board("flash=1M,ram=lots")
+    with pytest.raises(ValueError, match=r"needs exactly flash= and ram=.*Received: target='flash=1M'"):
+        parse_board("flash=1M")
