@@ -205,34 +205,16 @@ def activation_values(model: Any, *, include_input: bool = True) -> int:
 def split_stages(weights: Sequence[float], stages: int) -> list[list[int]]:
     """Splits layers (by index) into ``stages`` contiguous groups minimising the heaviest group.
 
+    The pipeline module's own balanced partition, on layer indices.
+
     Example:
         >>> split_stages([1, 1, 1, 5, 1, 1], 3)
         [[0, 1, 2], [3], [4, 5]]
     """
+    from tensorfleet.strategies.pipeline import partition_layers
+
     _positive("stages", stages)
-    n = len(weights)
-    if stages > n:
-        raise ValueError(f"Cannot split {n} layers into more stages. Received: stages={stages}")
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + float(w))
-    # best[s][i]: smallest possible heaviest stage when the first i layers form s stages.
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for i in range(s, n + 1):
-            for j in range(s - 1, i):
-                cost = max(best[s - 1][j], prefix[i] - prefix[j])
-                if cost < best[s][i]:
-                    best[s][i], cut[s][i] = cost, j
-    groups, i = [], n
-    for s in range(stages, 0, -1):
-        j = cut[s][i]
-        groups.append(list(range(j, i)))
-        i = j
-    return groups[::-1]
+    return partition_layers(list(range(len(weights))), stages, weights=list(weights))
 
 
 @dataclass(frozen=True)
