@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 __all__ = ["app", "main", "GROUPS", "COMMANDS"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
-GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge")
+GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated")
 # Top-level commands: each module defines register(app).
 COMMANDS: tuple[str, ...] = ("launch",)
 

@@ -1,0 +1,119 @@
+"""``tensorfleet federated``: run a simulation, plot a run, list algorithms and aggregators.
+
+Example:
+    tensorfleet federated run --dataset digits --clients 100 --partition dirichlet:0.3 \\
+        --algorithm fedavg --rounds 20 --out runs/a | tail -1
+    tensorfleet federated plot runs/a
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["NAME", "app"]
+
+NAME = "federated"
+app = typer.Typer(help="Federated learning simulations on tensorflow-federated.", no_args_is_help=True)
+
+
+@app.command("run")
+def run(
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML file with the same keys as the flags."),
+    model: Optional[str] = typer.Option(None, "--model", help="A model name (default digits_mlp)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="digits | emnist-synthetic."),
+    clients: Optional[int] = typer.Option(None, "--clients", help="Number of clients (default 100)."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="iid | dirichlet:ALPHA | shards:K | quantity:BETA."),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="See 'tensorfleet federated algorithms'."),
+    rounds: Optional[int] = typer.Option(None, "--rounds"),
+    clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round"),
+    dropout: Optional[float] = typer.Option(None, "--dropout", help="Per-round client dropout rate."),
+    straggler_deadline: Optional[float] = typer.Option(None, "--straggler-deadline", help="Simulated seconds."),
+    dp: Optional[str] = typer.Option(None, "--dp", help="'noise_multiplier=1.0,clip=0.5' or 'adaptive:noise_multiplier=1.0'."),
+    aggregator: Optional[str] = typer.Option(None, "--aggregator", help="NAME[:key=value,...], e.g. trimmed_mean:beta=0.2."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for metrics, plots, checkpoints."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
+    local_epochs: Optional[int] = typer.Option(None, "--local-epochs"),
+    client_lr: Optional[float] = typer.Option(None, "--client-lr"),
+    server_lr: Optional[float] = typer.Option(None, "--server-lr"),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every"),
+    eval_clients: Optional[int] = typer.Option(None, "--eval-clients", help="Clients held out for federated eval."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
+) -> None:
+    """Runs one simulation; prints one JSON line with the final metrics last."""
+    from tensorfleet.federated.experiment import load_config, resolve_config, run_experiment
+
+    cfg = load_config(config) if config is not None else {}
+    flags = dict(model=model, dataset=dataset, clients=clients, partition=partition, algorithm=algorithm,
+                 rounds=rounds, clients_per_round=clients_per_round, dropout=dropout,
+                 straggler_deadline=straggler_deadline, dp=dp, aggregator=aggregator,
+                 out=None if out is None else str(out), seed=seed, batch_size=batch_size, local_epochs=local_epochs,
+                 client_lr=client_lr, server_lr=server_lr, eval_every=eval_every, eval_clients=eval_clients,
+                 checkpoint_every=checkpoint_every)
+    cfg.update({k: v for k, v in flags.items() if v is not None})
+    if no_progress:
+        cfg["progress"] = False
+    cfg = resolve_config(cfg)
+    history = run_experiment(cfg)
+    last = history.rounds[-1] if history.rounds else {}
+    summary = {"algorithm": cfg["algorithm"], "rounds": last.get("round", 0)}
+    for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
+        if key in last:
+            summary[key] = round(float(last[key]), 4)
+    if cfg["out"]:
+        summary["out"] = cfg["out"]
+    typer.echo(json.dumps(summary))
+
+
+@app.command("plot")
+def plot(out: Path = typer.Argument(..., help="The --out directory of a run.")) -> None:
+    """Re-draws accuracy.png and loss.png from a run's metrics.json."""
+    from tensorfleet.federated.simulation import load_history, plot_history
+
+    for path in plot_history(load_history(out), out):
+        typer.echo(str(path))
+
+
+@app.command("algorithms")
+def algorithms() -> None:
+    """Every registered algorithm with its default optimizers and paper."""
+    from tensorfleet.federated.algorithms import describe
+
+    for row in describe():
+        opts = ", ".join(f"{k}={v}" for k, v in row["options"].items())
+        typer.echo(f"{row['name']:<11} client={row['client_optimizer'] or '-':<14} server={row['server_optimizer']:<16} "
+                   f"{opts + '  ' if opts else ''}{row['description']} [{row['paper']}]")
+
+
+@app.command("aggregators")
+def aggregators() -> None:
+    """Every registered aggregator with its options."""
+    from tensorfleet.federated.aggregators import AGGREGATORS, aggregator_options
+
+    for entry in AGGREGATORS.entries():
+        opts = ",".join(aggregator_options(entry.name)) or "-"
+        typer.echo(f"{entry.name:<13} options={opts:<48} {entry.description}")
+
+
+@app.command("partition")
+def partition_cmd(
+    dataset: str = typer.Option("digits", "--dataset"),
+    clients: int = typer.Option(100, "--clients"),
+    partition: str = typer.Option("iid", "--partition"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for partition.json and partition.png."),
+) -> None:
+    """Summarizes a partition; with --out also writes its JSON summary and label-distribution PNG."""
+    from tensorfleet.federated.data import load_federated
+
+    data, _ = load_federated(dataset, num_clients=clients, scheme=partition, seed=seed)
+    summary = data.summary()
+    typer.echo(str(summary))
+    if out is not None:
+        typer.echo(str(summary.save(out / "partition.json")))
+        typer.echo(str(summary.plot(out / "partition.png")))
