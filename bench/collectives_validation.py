@@ -10,7 +10,7 @@
    implementation on every other size and the prediction error is reported on all sizes
    (held-out ones marked). A PNG plots time against size.
 
-Run: ``.venv/bin/python bench/collectives_validation.py [--quick] [--out bench/out]``
+Run: ``.venv/bin/python bench/collectives_validation.py [--quick] [--out out/bench]``
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sizes up to 1 MB, 3 repeats")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", default="bench/out")
+    parser.add_argument("--out", default="out/bench")
     args = parser.parse_args()
     sizes = SIZES[:6] if args.quick else SIZES
     repeats = 3 if args.quick else args.repeats

@@ -35,7 +35,7 @@ def main() -> None:
                         help="the straggler pauses on every n-th of its steps (1 = always)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--out", default="bench/out")
+    parser.add_argument("--out", default="out/bench")
     args = parser.parse_args()
 
     import numpy as np

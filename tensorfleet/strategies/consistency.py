@@ -38,7 +38,9 @@ __all__ = [
     "StalenessPolicy",
     "StalenessScheduler",
     "StepRecord",
+    "StalenessGate",
     "TrainingRun",
+    "install",
     "resolve_staleness",
     "train",
 ]
@@ -232,6 +234,115 @@ class StalenessScheduler:
         if errors:
             raise errors[0]
         return records
+
+
+class StalenessGate:
+    """Makes a ``ClusterCoordinator``'s own ``schedule`` obey a :class:`StalenessPolicy`.
+
+    Installed by :func:`install`. Each scheduled function runs on one chosen worker through
+    the coordinator's per-worker queue, one at a time per worker; ``schedule`` blocks until
+    some idle worker may start under the policy (the least advanced one is chosen), and
+    ``join`` first waits for every step it dispatched. Everything that schedules through the
+    coordinator -- Keras ``Model.fit`` under a ``ParameterServerStrategy`` included -- then
+    trains under BSP or SSP.
+    """
+
+    def __init__(self, coordinator: Any, policy: StalenessPolicy) -> None:
+        self.coordinator = coordinator
+        self.policy = policy
+        self._workers = list(coordinator._cluster.workers)
+        self._schedule = coordinator.schedule
+        self._join = coordinator.join
+        self.clocks = [0] * len(self._workers)
+        self.busy = [False] * len(self._workers)
+        self.gaps: list[tuple[int, int]] = []  # (worker, clock gap) of every dispatched step
+        self._errors: list[BaseException] = []
+        self._condition = threading.Condition()
+
+    def _can_start(self, w: int) -> bool:
+        return not self.busy[w] and self.policy.may_start(self.clocks, w)
+
+    def schedule(self, fn: Callable[..., Any], args: Any = None, kwargs: Any = None) -> Any:
+        """Dispatches ``fn`` to a worker the policy allows; returns its ``RemoteValue``."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._errors or any(self._can_start(w) for w in range(len(self.busy))))
+            self._raise_if_failed()
+            w = min((w for w in range(len(self.busy)) if self._can_start(w)), key=lambda w: (self.clocks[w], w))
+            self.busy[w] = True
+            self.gaps.append((w, self.clocks[w] - min(self.clocks)))
+        remote = self._workers[w].create_resource(fn, args=args, kwargs=kwargs)
+        threading.Thread(target=self._watch, args=(w, remote), name=f"staleness-watch-{w}", daemon=True).start()
+        return remote
+
+    def _watch(self, w: int, remote: Any) -> None:
+        try:
+            remote.get()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by schedule() and join()
+            with self._condition:
+                self._errors.append(exc)
+        with self._condition:
+            self.busy[w] = False
+            self.clocks[w] += 1
+            self._condition.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._errors:
+            error, self._errors = self._errors[0], []
+            raise error
+
+    def join(self) -> None:
+        """Waits for every dispatched step, then for the coordinator's own queue."""
+        with self._condition:
+            self._condition.wait_for(lambda: not any(self.busy))
+            self._raise_if_failed()
+        self._join()
+
+    def uninstall(self) -> None:
+        """Gives the coordinator its own ``schedule`` and ``join`` back."""
+        self.join()
+        for name in ("schedule", "join"):
+            self.coordinator.__dict__.pop(name, None)
+        self.coordinator.__dict__.pop("_tensorfleet_staleness_gate", None)
+
+
+def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> StalenessGate | None:
+    """Puts a ``ClusterCoordinator`` under a consistency model, for ``fit`` and custom loops.
+
+    ``ClusterCoordinator`` is one object per strategy, so Keras ``Model.fit`` picks up the
+    installed gate. ASP (``staleness=None``) is the coordinator's own behaviour: nothing is
+    installed and None is returned.
+
+    Args:
+        coordinator: ``tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)``.
+        staleness: 0 BSP, k SSP, None ASP.
+
+    Returns:
+        The installed :class:`StalenessGate` (its ``gaps`` record every step), or None for ASP.
+
+    Example:
+        >>> coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+        >>> gate = install(coordinator, staleness=2)
+        >>> model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=50)
+        >>> max(gap for _, gap in gate.gaps) <= 2
+        True
+    """
+    policy = resolve_staleness(staleness)
+    workers = getattr(getattr(coordinator, "_cluster", None), "workers", None)
+    if not workers:
+        raise TypeError(
+            "coordinator must be a tf.distribute.experimental.coordinator.ClusterCoordinator. "
+            f"Received: {type(coordinator).__name__}"
+        )
+    previous = coordinator.__dict__.get("_tensorfleet_staleness_gate")
+    if previous is not None:
+        previous.uninstall()
+    if policy.kind is Consistency.ASP:
+        return None
+    gate = StalenessGate(coordinator, policy)
+    coordinator.schedule = gate.schedule
+    coordinator.join = gate.join
+    coordinator._tensorfleet_staleness_gate = gate
+    return gate
 
 
 def _to_numpy(value: Any, np: Any) -> Any:

@@ -86,6 +86,22 @@ _SCRIPT = textwrap.dedent(
             "lags": run.update_lags,
             "clocks": {w: [r.clock for r in run.records if r.worker == w] for w in (0, 1)},
         }
+    # The same policies through Keras fit: install() puts the coordinator itself under a gate.
+    fit_out = {}
+    for staleness in (0, 1):
+        gate = consistency.install(coordinator, staleness)
+        with strategy.scope():
+            model = build("digits_mlp", input_dim=64)
+            model.compile(optimizer=tf.keras.optimizers.SGD(0.1),
+                          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        creator = tf.keras.utils.experimental.DatasetCreator(
+            lambda c: dataset_fn(c).map(lambda x, y: (tf.reshape(x, [-1, 64]), y)))
+        history = model.fit(creator, epochs=2, steps_per_epoch=10, verbose=0)
+        fit_out[str(staleness)] = {"clocks": gate.clocks, "gaps": [g for _, g in gate.gaps],
+                                   "loss": history.history["loss"]}
+    fit_out["asp_gate"] = consistency.install(coordinator, None) is None
+    fit_out["restored"] = "schedule" not in coordinator.__dict__
+    out["fit"] = fit_out
     print("RESULT" + json.dumps(out))
     """
 )
@@ -98,6 +114,7 @@ def test_bsp_ssp_asp_on_a_real_parameter_server_cluster():
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     out = json.loads(line[len("RESULT"):])
+    fit = out.pop("fit")
     for label, run in out.items():
         # Every update reached the parameter server exactly once, numbered 1..24.
         assert run["applied"] == list(range(1, 25)), label
@@ -112,3 +129,8 @@ def test_bsp_ssp_asp_on_a_real_parameter_server_cluster():
     # Without a bound the fast worker runs far ahead of the straggler (80 ms per step).
     assert max(asp["gaps"]) > 2 and asp["per_worker"][0] > asp["per_worker"][1] + 3
     assert max(asp["lags"]) >= 2
+    # Keras fit under install(): 20 steps in all, BSP in lockstep, SSP k=1 at most 1 ahead.
+    assert fit["0"]["clocks"] == [10, 10] and set(fit["0"]["gaps"]) == {0}
+    assert sum(fit["1"]["clocks"]) == 20 and max(fit["1"]["gaps"]) <= 1
+    assert fit["0"]["loss"][1] < fit["0"]["loss"][0]
+    assert fit["asp_gate"] and fit["restored"]
