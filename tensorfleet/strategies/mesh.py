@@ -285,6 +285,8 @@ class MeshHistory:
     """Per device: lowered graph ops placed there (mtf) or weight tensors held there (keras)."""
     grid: list[list[str]] = dataclasses.field(default_factory=list)
     """keras backend: the devices as [data replica][model shard]; each replica computes on its row."""
+    weights: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """:meth:`Mesh.fit_mtf`: the trained value of every Mesh-TF variable, by name."""
 
 
 class Mesh:
@@ -349,28 +351,84 @@ class Mesh:
         Returns:
             A :class:`MeshHistory` with per-epoch and per-step losses.
         """
-        import numpy as np
-
-        for key, value in (("epochs", epochs), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{key} must be a positive integer. Received: {key}={value!r}")
-        if not learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive. Received: learning_rate={learning_rate!r}")
-        x = np.asarray(x, dtype=np.float32)
-        y = np.asarray(y, dtype=np.int32)
-        if len(x) != len(y):
-            raise ValueError(f"x and y must hold the same number of examples. Received: {len(x)} and {len(y)}")
-        if len(x) < batch_size:
-            raise ValueError(f"batch_size must be at most the number of examples ({len(x)}). "
-                             f"Received: batch_size={batch_size}")
+        x, y, batches = _batches(x, y, epochs, batch_size, learning_rate)
         dims = self.check(model, batch_size)
-        batches = [(x[s:s + batch_size], y[s:s + batch_size]) for s in range(0, len(x) - batch_size + 1, batch_size)]
         runner = _fit_mtf if self.backend is MeshBackend.MTF else _fit_keras
         step_loss, placement, grid = runner(self, model, dims, batches, epochs, learning_rate, verbose)
-        per_epoch = len(batches)
-        loss = [float(np.mean(step_loss[e * per_epoch:(e + 1) * per_epoch])) for e in range(epochs)]
-        return MeshHistory(loss=loss, step_loss=step_loss, backend=self.backend.value, devices=self.devices,
-                           placement=placement, grid=grid)
+        return MeshHistory(loss=_epoch_means(step_loss, epochs), step_loss=step_loss, backend=self.backend.value,
+                           devices=self.devices, placement=placement, grid=grid)
+
+    def fit_mtf(self, model_fn: Any, x: Any, y: Any, *, dims: Mapping[str, int], epochs: int = 1,
+                batch_size: int = 32, learning_rate: float = 0.1, seed: int | None = 0,
+                verbose: bool = True) -> MeshHistory:
+        """Trains a model written with Mesh-TF layers under the layout (always the mtf backend).
+
+        Args:
+            model_fn: ``model_fn(mtf, mesh, inputs, dims) -> logits``: builds the model with
+                ``mtf`` (the mesh-tensorflow module, already import-fixed) on ``mesh`` from
+                ``inputs`` (dimensions ``batch``, [``seq``,] ``features``); ``dims`` maps
+                every dimension name to its ``mtf.Dimension``. The logits must have a
+                ``classes`` dimension.
+            x: inputs, ``(n, features)`` or ``(n, seq, features)``.
+            y: integer class labels.
+            dims: sizes of the model's own dimensions (``classes`` and any others, such as
+                ``hidden``); ``batch``, ``seq`` and ``features`` come from ``x`` and ``batch_size``.
+            epochs: passes over the data.
+            batch_size: global batch size.
+            learning_rate: SGD step size.
+            seed: graph-level random seed, so that initial weights do not depend on the mesh.
+            verbose: show a progress bar.
+
+        Example:
+            >>> def model_fn(mtf, mesh, inputs, dims):
+            ...     h = mtf.layers.dense(inputs, dims["hidden"], activation=mtf.relu, name="hidden")
+            ...     return mtf.layers.dense(h, dims["classes"], name="logits")
+            >>> mesh = Mesh("b1:2;b2:2", "batch:b1;hidden:b2")
+            >>> history = mesh.fit_mtf(model_fn, x, y, dims={"hidden": 64, "classes": 10})
+        """
+        x, y, batches = _batches(x, y, epochs, batch_size, learning_rate)
+        if not isinstance(dims, Mapping) or "classes" not in dims:
+            raise ValueError(f"dims must map dimension names to sizes and include 'classes'. Received: dims={dims!r}")
+        full = {"batch": batch_size}
+        if x.ndim == 3:
+            full.update(seq=int(x.shape[1]), memory_seq=int(x.shape[1]))
+        full["features"] = int(x.shape[-1])
+        for name, size in dims.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(f"Each dimension size must be a positive integer. Received: dims[{name!r}]={size!r}")
+            full[name] = size
+        self.layout.check(full, len(self.devices))
+
+        if not callable(model_fn):
+            raise TypeError(f"model_fn must be callable as model_fn(mtf, mesh, inputs, dims). Received: {model_fn!r}")
+        step_loss, placement, trained = _run_mtf(self, model_fn, full, batches, epochs, learning_rate, verbose, seed)
+        return MeshHistory(loss=_epoch_means(step_loss, epochs), step_loss=step_loss, backend=MeshBackend.MTF.value,
+                           devices=self.devices, placement=placement, weights=trained)
+
+
+def _epoch_means(step_loss: list[float], epochs: int) -> list[float]:
+    per_epoch = len(step_loss) // epochs
+    return [sum(step_loss[e * per_epoch:(e + 1) * per_epoch]) / per_epoch for e in range(epochs)]
+
+
+def _batches(x: Any, y: Any, epochs: int, batch_size: int, learning_rate: float) -> tuple[Any, Any, list]:
+    """Validates the training arguments; returns x, y as arrays and the full batches in order."""
+    import numpy as np
+
+    for key, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{key} must be a positive integer. Received: {key}={value!r}")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be positive. Received: learning_rate={learning_rate!r}")
+    x = np.asarray(x, dtype=np.float32)
+    y = np.asarray(y, dtype=np.int32)
+    if len(x) != len(y):
+        raise ValueError(f"x and y must hold the same number of examples. Received: {len(x)} and {len(y)}")
+    if len(x) < batch_size:
+        raise ValueError(f"batch_size must be at most the number of examples ({len(x)}). "
+                         f"Received: batch_size={batch_size}")
+    batches = [(x[s:s + batch_size], y[s:s + batch_size]) for s in range(0, len(x) - batch_size + 1, batch_size)]
+    return x, y, batches
 
 
 def _progress(total: int, verbose: bool, desc: str) -> Any:
@@ -388,33 +446,16 @@ def _fit_mtf(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, ep
     import numpy as np
     import tensorflow as tf
 
-    from tensorfleet.strategies._mtf_compat import import_mesh_tensorflow
-
-    mtf = import_mesh_tensorflow()
     steps = _chain(model)
-    batch_size = dims["batch"]
     snapshot = {v.ref(): v.numpy() for v in model.weights}  # Keras weights are eager; read them before the graph
-    graph = tf.Graph()
-    with graph.as_default():
-        mesh_graph = mtf.Graph()
-        mesh = mtf.Mesh(mesh_graph, "tensorfleet_mesh")
-        dim = {name: mtf.Dimension(name, size) for name, size in dims.items()}
-        x_shape = (batch_size,) + tuple(batches[0][0].shape[1:])
-        x_ph = tf.compat.v1.placeholder(tf.float32, x_shape, name="x")
-        y_ph = tf.compat.v1.placeholder(tf.int32, (batch_size,), name="y")
-        in_dims = [dim["batch"], dim["seq"], dim["features"]] if len(x_shape) == 3 else [dim["batch"], dim["features"]]
-        h = mtf.import_tf_tensor(mesh, x_ph, mtf.Shape(in_dims))
-        labels = mtf.import_tf_tensor(mesh, y_ph, mtf.Shape([dim["batch"]]))
-        assignments: list[tuple[Any, Any]] = []  # (mtf variable op, the Keras variable it starts from)
+    sources: dict[str, Any] = {}  # mtf variable name -> the Keras variable it starts from
 
+    def build(mtf: Any, mesh: Any, h: Any, dim: dict[str, Any]) -> Any:
         def variable(name: str, shape: list, source: Any) -> Any:
-            value = snapshot[source.ref()]
-            tensor = mtf.get_variable(mesh, name, mtf.Shape(shape), initializer=tf.compat.v1.constant_initializer(value))
-            assignments.append((tensor.operation, source))
-            # Mesh-TF lowers a variable read to the slice variables themselves, so every consumer
-            # reads them anew, and a backward-pass read can run after the same step's update
-            # (nothing orders them). One multiply makes a single read that the update depends on.
-            return tensor * 1.0
+            initializer = tf.compat.v1.constant_initializer(snapshot[source.ref()])
+            tensor = mtf.get_variable(mesh, name, mtf.Shape(shape), initializer=initializer)
+            sources[tensor.operation.name] = source
+            return tensor
 
         for index, step in enumerate(steps):
             if step.kind == "dense":
@@ -428,20 +469,66 @@ def _fit_mtf(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, ep
                 h = mtf.reduce_mean(h, reduced_dim=dim["seq"])
             else:
                 h = _mtf_block(mtf, h, step.layer, dim, lambda n, s, src, i=index: variable(f"l{i}_{n}", s, src))
-        per_example = mtf.layers.softmax_cross_entropy_with_logits(h, labels, dim["classes"])
-        loss = mtf.reduce_mean(per_example)
+        return h
+
+    losses, placement, trained = _run_mtf(mesh_obj, build, dims, batches, epochs, lr, verbose, seed=None)
+    for name, source in sources.items():
+        source.assign(np.asarray(trained[name]).reshape(source.shape))
+    return losses, placement, []
+
+
+def _run_mtf(mesh_obj: Mesh, build: Any, dims: dict[str, int], batches: list, epochs: int, lr: float,
+             verbose: bool, seed: int | None) -> tuple[list[float], dict[str, int], dict[str, Any]]:
+    """Builds ``build(mtf, mesh, inputs, dims) -> logits`` in its own graph, lowers it onto the
+    mesh with PlacementMeshImpl and trains it with SGD; returns the step losses, the op count
+    per device and the trained value of every Mesh-TF variable by name."""
+    import tensorflow as tf
+
+    from tensorfleet.strategies._mtf_compat import import_mesh_tensorflow
+
+    mtf = import_mesh_tensorflow()
+    batch_size = dims["batch"]
+    graph = tf.Graph()
+    with graph.as_default():
+        if seed is not None:
+            tf.compat.v1.set_random_seed(seed)
+        mesh_graph = mtf.Graph()
+        mesh = mtf.Mesh(mesh_graph, "tensorfleet_mesh")
+        dim = {name: mtf.Dimension(name, size) for name, size in dims.items()}
+        x_shape = (batch_size,) + tuple(batches[0][0].shape[1:])
+        x_ph = tf.compat.v1.placeholder(tf.float32, x_shape, name="x")
+        y_ph = tf.compat.v1.placeholder(tf.int32, (batch_size,), name="y")
+        in_dims = [dim["batch"], dim["seq"], dim["features"]] if len(x_shape) == 3 else [dim["batch"], dim["features"]]
+        inputs = mtf.import_tf_tensor(mesh, x_ph, mtf.Shape(in_dims))
+        labels = mtf.import_tf_tensor(mesh, y_ph, mtf.Shape([dim["batch"]]))
+        logits = build(mtf, mesh, inputs, dim)
+        if "classes" not in [d.name for d in logits.shape.dims]:
+            raise ValueError(f"The Mesh-TF model must return logits with a 'classes' dimension. "
+                             f"Received: logits of shape {logits.shape}")
+        loss = mtf.reduce_mean(mtf.layers.softmax_cross_entropy_with_logits(logits, labels, dim["classes"]))
         trainable = mesh_graph.trainable_variables
         grads = mtf.gradients([loss], [v.outputs[0] for v in trainable])
-        update_ops = mtf.optimize.SgdOptimizer(lr).apply_grads(grads, trainable)
         impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_obj.layout.mtf_shape, mesh_obj.layout.mtf_rules,
                                                          mesh_obj.devices)
-        lowering = mtf.Lowering(mesh_graph, {mesh: impl})
+        lowering = mtf.Lowering(mesh_graph, {mesh: impl}, autostack=False)  # keep one laid-out variable each
         tf_loss = lowering.export_to_tf_tensor(loss)
-        tf_update = tf.group([lowering.lowered_operation(op) for op in update_ops])
+        # SGD on the slice variables, after every gradient slice and the loss exist. Mesh-TF
+        # lowers a variable read to the slice variables themselves, so each consumer reads them
+        # anew; with mtf's own Assign ops nothing orders a backward-pass read of one variable
+        # before another variable's update, and a step can see half-updated weights.
+        grad_slices = [lowering.tensors[g].to_laid_out_tensor().all_slices for g in grads]
+        updates = []
+        with tf.control_dependencies([t for slices in grad_slices for t in slices] + [tf_loss]):
+            for var, slices in zip(trainable, grad_slices):
+                for var_slice, grad_slice in zip(lowering.variables[var].laid_out_tensor.all_slices, slices):
+                    with tf.device(var_slice.device):
+                        updates.append(var_slice.assign_sub(lr * grad_slice))
+        tf_update = tf.group(updates)
         init = tf.compat.v1.global_variables_initializer()
         to_slices = lowering.copy_masters_to_slices()
         to_masters = lowering.copy_slices_to_masters()
-        masters = [op.get_master() for op, _ in assignments]
+        variables = mesh_graph.all_variables
+        masters = [v.get_master() for v in variables]
         placement = _count_devices(op.device for op in graph.get_operations() if op.device)
         losses: list[float] = []
         with tf.compat.v1.Session(graph=graph) as session:
@@ -455,10 +542,8 @@ def _fit_mtf(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, ep
                         bar.update(1)
                         bar.set_postfix(loss=f"{losses[-1]:.4f}")
             session.run(to_masters)
-            trained = session.run(masters)
-    for (_, source), value in zip(assignments, trained):
-        source.assign(np.asarray(value).reshape(source.shape))
-    return losses, placement, []
+            trained = dict(zip([v.name for v in variables], session.run(masters)))
+    return losses, placement, trained
 
 
 def _count_devices(names: Any) -> dict[str, int]:

@@ -201,3 +201,35 @@ def test_pure_tensor_parallel_mesh_of_4_matches_single_device(backend, logical_c
     if backend == "keras":
         assert history.grid == [logical_cpus]
         assert set(history.placement) == {f"/device:CPU:{i}" for i in range(4)}
+
+
+def _mtf_mlp(mtf, mesh, inputs, dims):
+    h = mtf.layers.dense(inputs, dims["hidden"], activation=mtf.relu, name="hidden_layer")
+    return mtf.layers.dense(h, dims["classes"], name="logits")
+
+
+def test_model_written_with_mtf_layers_trains_the_same_on_2x2_mesh_as_on_one_device(logical_cpus):
+    x, y = _data("digits_mlp")
+    one = tfmesh.Mesh("all:1").fit_mtf(_mtf_mlp, x, y, dims={"hidden": 32, "classes": 10}, epochs=2,
+                                       batch_size=BATCH, learning_rate=LR, verbose=False)
+    mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2")
+    history = mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 32, "classes": 10}, epochs=2, batch_size=BATCH,
+                           learning_rate=LR, verbose=False)
+    assert len(history.step_loss) == 2 * STEPS and len(history.loss) == 2
+    np.testing.assert_allclose(history.step_loss, one.step_loss, atol=1e-5, rtol=0)
+    assert history.loss[1] < history.loss[0]
+    assert sorted(history.weights) == sorted(one.weights)
+    kernel = next(name for name in history.weights if name.startswith("hidden_layer") and "kernel" in name)
+    assert history.weights[kernel].shape == (64, 32)
+    np.testing.assert_allclose(history.weights[kernel], one.weights[kernel], atol=1e-5)
+    assert set(history.placement) == {f"/device:CPU:{i}" for i in range(4)}
+    assert set(one.placement) == {"/device:CPU:0"}
+
+
+def test_fit_mtf_checks_dims_against_the_layout(logical_cpus):
+    x, y = _data("digits_mlp")
+    mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2")
+    with pytest.raises(ValueError, match=r"does not divide tensor dimension 'hidden' of size 33"):
+        mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 33, "classes": 10}, batch_size=BATCH)
+    with pytest.raises(ValueError, match=r"dims must map dimension names to sizes and include 'classes'"):
+        mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 32}, batch_size=BATCH)
