@@ -191,3 +191,26 @@ def test_parameter_server_worker_killed_is_restarted_alone_and_training_complete
     # may have updated the ps before the kill and is run again, so at most one extra.
     assert epochs * steps <= iterations <= epochs * steps + 1
     assert float(re.search(r"test_accuracy=([\d.]+)", done).group(1)) > 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_frozen_peer_ends_in_a_collective_timeout_and_a_restart_not_a_hang(tmp_path: Path) -> None:
+    import signal
+
+    # SIGSTOP freezes worker 1 without killing it: the launcher sees no exit, and worker 0's
+    # collective waits for a peer that never answers until TensorFlow's timeout fires.
+    result = launch(EXAMPLES / "train_digits_multiworker.py",
+                    ["--model", "digits_mlp", "--epochs", "4", "--examples-per-epoch", "256",
+                     "--collective-timeout", "8", "--log-steps"],
+                    workers=2, backup_dir=tmp_path / "backup", max_restarts=1, backoff=0.5, timeout=180, sink=None,
+                    faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGSTOP)])
+    assert result.returncode == 0 and result.restarts == 1
+    frozen = next(e.time for e in result.events if e.text.startswith("injecting fault: SIGSTOP to worker:1"))
+    failed = next(e for e in result.events if "restarting all 2 tasks" in e.text)
+    assert failed.text.startswith("worker:0 exited with status 1")
+    assert failed.time - frozen < 60
+    first = "\n".join(result.output("worker:0", attempt=0))
+    assert "heartbeat timeout" in first or "Collective ops is aborted" in first
+    assert ft.resumed_epoch(result.output("worker:0", attempt=1)) == 3
+    assert any(line.startswith("tensorfleet: done iterations=16") for line in result.output("worker:0", attempt=1))

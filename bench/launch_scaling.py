@@ -1,0 +1,88 @@
+"""Launcher scaling: the same multi-worker fit at 1 and 2 local workers, and recovery time.
+
+Runs examples/train_digits_multiworker.py through tensorfleet's launcher:
+
+* throughput: 1 worker and 2 workers alternated ``--rounds`` times in one run (timings on a
+  shared 2-core machine swing widely, so contenders alternate and the median counts);
+  examples/s are measured from the chief's log, from the start of epoch 2 to the end of the
+  last epoch (epoch 1 carries tracing and warm-up);
+* recovery: a 2-worker run in which worker 1 is SIGKILLed during epoch 3; the time from
+  the kill to the restarted job's "resumed from backup" line and to its first completed
+  epoch.
+
+Example:
+    python bench/launch_scaling.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_digits_multiworker.py"
+
+
+def _throughput(result, epochs: int, examples_per_epoch: int) -> float:
+    start = result.first_time(r"^tensorfleet: epoch 2/\d+ begin", task="worker:0")
+    end = result.first_time(rf"^tensorfleet: epoch {epochs}/{epochs} end", task="worker:0")
+    if start is None or end is None:
+        raise RuntimeError("the run's log lacks the epoch lines this benchmark measures")
+    return (epochs - 1) * examples_per_epoch / (end - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--examples-per-epoch", type=int, default=1024)
+    parser.add_argument("--model", default="digits_cnn")
+    args = parser.parse_args(argv)
+
+    from tensorfleet.strategies.launcher import Fault, launch
+
+    common = ["--model", args.model, "--epochs", str(args.epochs),
+              "--examples-per-epoch", str(args.examples_per_epoch), "--global-batch-size", "64"]
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    walls: dict[int, list[float]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory() as scratch:
+        runs = [(r, w) for r in range(args.rounds) for w in ((1, 2) if r % 2 == 0 else (2, 1))]
+        for i, (r, workers) in enumerate(tqdm(runs, desc="throughput runs", file=sys.stderr)):
+            result = launch(SCRIPT, [*common, "--batch-policy", "keep_global"], workers=workers,
+                            backup_dir=Path(scratch) / f"b{i}", timeout=300, sink=None)
+            rates[workers].append(_throughput(result, args.epochs, args.examples_per_epoch))
+            walls[workers].append(result.duration)
+
+        recovery = []
+        for i in tqdm(range(max(1, args.rounds // 2)), desc="kill-and-resume runs", file=sys.stderr):
+            result = launch(SCRIPT, [*common, "--log-steps"], workers=2, backup_dir=Path(scratch) / f"k{i}",
+                            max_restarts=1, backoff=0.0, timeout=300, sink=None,
+                            faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")])
+            kill = next(e.time for e in result.events if e.text.startswith("injecting fault"))
+            resumed = result.first_time(r"^tensorfleet: resumed from backup at epoch 3$", task="worker:0", after=kill)
+            epoch_done = result.first_time(r"^tensorfleet: epoch 3/\d+ end", task="worker:0", after=kill)
+            if resumed is None or epoch_done is None:
+                raise RuntimeError("the restarted job did not resume from its backup")
+            recovery.append((resumed - kill, epoch_done - kill, result.duration))
+
+    one, two = statistics.median(rates[1]), statistics.median(rates[2])
+    print(f"launch scaling: {args.model}, {args.epochs} epochs x {args.examples_per_epoch} examples, "
+          f"global batch 64, {args.rounds} alternating rounds")
+    for workers in (1, 2):
+        print(f"  {workers} worker(s): median {statistics.median(rates[workers]):8.1f} examples/s "
+              f"(runs: {', '.join(f'{x:.1f}' for x in rates[workers])}); median wall "
+              f"{statistics.median(walls[workers]):.1f} s")
+    print(f"  ratio 2 workers / 1 worker (median throughput): {two / one:.2f}x")
+    for k, (resumed, epoch_done, wall) in enumerate(recovery):
+        print(f"  kill -> resumed from backup: {resumed:.1f} s; kill -> resumed epoch finished: {epoch_done:.1f} s "
+              f"(run {k}, whole job {wall:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
