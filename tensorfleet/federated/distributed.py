@@ -1,0 +1,475 @@
+"""A round's clients split across several TFF C++ workers, with retry when a worker dies.
+
+tensorflow-federated runs this, tensorfleet only wires it and watches the workers:
+
+* every computation is compiled to TFF's mergeable form
+  (``tff.backends.native.compile_to_mergeable_comp_form``): the part up to the aggregation runs
+  on each worker with its share of the clients, the partial aggregates are merged, the rest
+  runs once. TFF's ``MergeableCompExecutionContext`` drives it over one asynchronous execution
+  context per worker, each talking to its worker through ``RemoteExecutor`` and
+  ``RemoteExecutorGrpcStub``;
+* a round is split into as many parts as there were workers at the start, whatever happens
+  later, so a round run on fewer workers computes the same parts and merges the same partial
+  sums (with two parts the merge is one addition, which does not depend on the order);
+* a worker that stops answering during a round is dropped and the whole round is run again on
+  the workers left; when none is left, :class:`AllWorkersLostError` stops the run. The round's
+  input is the state after the last completed round, so no completed round is lost;
+* before the first round every worker is checked: :class:`WorkerUnreachableError` for an
+  address where nothing answers, :class:`WorkerVersionError` for a gRPC server that is not a TFF
+  worker of the installed version, both naming the worker.
+
+Example:
+    >>> from tensorfleet.federated import distributed
+    >>> with distributed.installed(["127.0.0.1:8471", "127.0.0.1:8472"]) as ctx:
+    ...     state = process.initialize()
+    ...     state = process.next(state, client_datasets).state
+    >>> ctx.lost
+    []
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+__all__ = [
+    "AllWorkersLostError", "DistributedContext", "WorkerAddress", "WorkerError", "WorkerLostError",
+    "WorkerUnreachableError", "WorkerVersionError", "installed", "parse_address", "parse_addresses",
+]
+
+_LOG = logging.getLogger(__name__)
+_RETRY_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN", "INTERNAL", "ABORTED")
+
+
+class WorkerError(RuntimeError):
+    """Base of the errors about one worker; ``address`` names it."""
+
+    def __init__(self, message: str, address: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+
+
+class WorkerUnreachableError(WorkerError):
+    """Nothing answers as a gRPC server at the worker's address."""
+
+
+class WorkerVersionError(WorkerError):
+    """A gRPC server answers at the address, but not as a TFF worker of the installed version."""
+
+
+class WorkerLostError(WorkerError):
+    """A worker stopped answering while a computation ran on it."""
+
+
+class AllWorkersLostError(RuntimeError):
+    """Every worker of a distributed context is lost; the run cannot go on."""
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """``host:port`` of one worker."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def target(self) -> str:
+        """The gRPC target (IPv6 hosts in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_address(address: Any) -> WorkerAddress:
+    """Parses ``"host:port"`` (``"[::1]:port"`` for IPv6) into a :class:`WorkerAddress`.
+
+    Example:
+        >>> parse_address("127.0.0.1:8471")
+        WorkerAddress(host='127.0.0.1', port=8471)
+    """
+    if isinstance(address, WorkerAddress):
+        return address
+    hint = "Worker addresses are HOST:PORT with a port in [1, 65535], e.g. '127.0.0.1:8471'."
+    if not isinstance(address, str):
+        raise TypeError(f"{hint} Received: {address!r} of type {type(address).__name__}")
+    text = address.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        ok = bool(sep and rest.startswith(":"))
+    else:
+        host, sep, port_text = text.rpartition(":")
+        ok = bool(sep) and ":" not in host
+    if not ok or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"{hint} Received: {address!r}")
+    return WorkerAddress(host, int(port_text))
+
+
+def parse_addresses(addresses: Any) -> list[WorkerAddress]:
+    """Parses a list of addresses, or one comma-separated string; refuses empty lists and repeats."""
+    if isinstance(addresses, str):
+        addresses = [a for a in addresses.split(",") if a.strip()]
+    if not isinstance(addresses, (list, tuple)) or not addresses:
+        raise ValueError(f"workers must be a non-empty list of HOST:PORT addresses. Received: workers={addresses!r}")
+    parsed = [parse_address(a) for a in addresses]
+    seen: set[WorkerAddress] = set()
+    for a in parsed:
+        if a in seen:
+            raise ValueError(f"workers must not repeat an address. Received: {str(a)!r} twice in workers={addresses!r}")
+        seen.add(a)
+    return parsed
+
+
+@dataclass
+class _RemoteWorker:
+    """The client side of one worker: its channel and stub, and whether it is lost."""
+
+    address: WorkerAddress
+    channel: Any = None
+    stub: Any = None
+    lost: bool = False
+    lost_at: float | None = None
+    reason: str = ""
+
+    def connect(self) -> None:
+        import grpc
+        from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+
+        from tensorfleet.federated.runtime import _GRPC_OPTIONS
+
+        self.channel = grpc.insecure_channel(self.address.target, _GRPC_OPTIONS)
+        self.stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(self.channel)
+
+    def ready(self, timeout: float) -> bool:
+        import grpc
+
+        if self.channel is None:
+            return False
+        future = grpc.channel_ready_future(self.channel)
+        try:
+            future.result(timeout=timeout)
+            return True
+        except grpc.FutureTimeoutError:
+            future.cancel()  # stops its polling thread before the channel may be closed
+            return False
+
+    def close(self) -> None:
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                self.channel.close()
+        self.channel = None
+        self.stub = None
+
+
+@dataclass
+class Event:
+    """One thing that happened to a distributed context (for logs and tests)."""
+
+    kind: str  # "invoke", "dispatch", "worker_lost", "retry"
+    address: str = ""
+    attempt: int = 0
+    detail: str = ""
+    time: float = field(default_factory=time.monotonic)
+
+
+def _probe(worker: _RemoteWorker, timeout: float) -> None:
+    """Checks that ``worker`` answers as a TFF worker of the installed version."""
+    import grpc
+    import numpy as np
+    import tensorflow_federated as tff
+    from tensorflow_federated.python.core.impl.executors import remote_executor
+    from tensorflow_federated.python.core.impl.types import computation_types, placements
+
+    address = str(worker.address)
+    if not worker.ready(timeout):
+        raise WorkerUnreachableError(
+            f"No TFF worker answers at {address} (waited {timeout:g} s): nothing listens there, or it is not a "
+            f"gRPC server. Start one with `tensorfleet federated worker --port {worker.address.port}` on "
+            f"{worker.address.host}, or fix the address.", address)
+
+    async def roundtrip() -> Any:
+        executor = remote_executor.RemoteExecutor(worker.stub)
+        executor.set_cardinalities({placements.CLIENTS: 0})
+        try:
+            value = await executor.create_value(np.int32(1729), computation_types.TensorType(np.int32))
+            return await value.compute()
+        finally:
+            executor.close()
+
+    try:
+        result = asyncio.run(asyncio.wait_for(roundtrip(), timeout=max(timeout, 5.0)))
+    except (grpc.RpcError, asyncio.TimeoutError, Exception) as err:  # noqa: BLE001 - reported with the worker
+        code = err.code().name if isinstance(err, grpc.RpcError) and hasattr(err, "code") else type(err).__name__
+        cause = getattr(err, "__cause__", None)
+        if isinstance(cause, grpc.RpcError) and hasattr(cause, "code"):
+            code = cause.code().name
+        details = err.details() if isinstance(err, grpc.RpcError) and hasattr(err, "details") else str(err)
+        raise WorkerVersionError(
+            f"The server at {address} answers gRPC but not as a tensorflow-federated {tff.__version__} worker "
+            f"({code}: {str(details)[:200]}). It may be a worker of another TFF version or another service: run "
+            f"the worker_binary of this TFF version there (`tensorfleet federated worker`).", address) from None
+    if int(np.asarray(result)) != 1729:
+        raise WorkerVersionError(
+            f"The TFF worker at {address} returned {result!r} for the value 1729: it is not a tensorflow-federated "
+            f"{tff.__version__} worker. Run the worker_binary of this TFF version there.", address)
+
+
+class DistributedContext:
+    """A TFF synchronous context that splits each computation's clients across workers.
+
+    Args:
+        workers: ``host:port`` addresses of running TFF workers (``tensorfleet federated worker``).
+        num_subrounds: parts a round's clients are split into; the number of workers by default.
+            It stays fixed when workers are lost, so the result does not depend on how many are left.
+        connect_timeout: seconds to wait for each worker when checking it.
+        lost_timeout: seconds a worker may stay unreachable during a computation before it is
+            dropped and the computation is run again on the others.
+        max_retries: computations run again at most this many times in all (one per lost worker
+            by default is enough; the limit stops a loop when workers keep failing).
+        check: check every worker (reachable, right TFF version) now.
+
+    Example:
+        >>> ctx = DistributedContext(["127.0.0.1:8471", "127.0.0.1:8472"])
+        >>> with ctx.installed():
+        ...     state = process.next(process.initialize(), client_datasets).state
+    """
+
+    def __init__(self, workers: Sequence[str | WorkerAddress] | str, *, num_subrounds: int | None = None,
+                 connect_timeout: float = 10.0, lost_timeout: float = 3.0, max_retries: int | None = None,
+                 check: bool = True) -> None:
+        addresses = parse_addresses(workers)
+        if num_subrounds is not None and (not isinstance(num_subrounds, int) or num_subrounds < 1):
+            raise ValueError(f"num_subrounds must be a positive integer. Received: num_subrounds={num_subrounds!r}")
+        for name, value in (("connect_timeout", connect_timeout), ("lost_timeout", lost_timeout)):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={value!r}")
+        self.num_subrounds = num_subrounds if num_subrounds is not None else len(addresses)
+        self.connect_timeout = float(connect_timeout)
+        self.lost_timeout = float(lost_timeout)
+        self.max_retries = len(addresses) if max_retries is None else int(max_retries)
+        self._workers = [_RemoteWorker(a) for a in addresses]
+        self._lock = threading.RLock()
+        self._mergeable: Any = None
+        self._context_stack_context: Any = None
+        self.retries = 0
+        self.events: list[Event] = []
+        self.listeners: list[Callable[[Event], None]] = []
+        for w in self._workers:
+            w.connect()
+        if check:
+            self.check()
+
+    # ------------------------------------------------------------------ workers
+    @property
+    def addresses(self) -> list[str]:
+        return [str(w.address) for w in self._workers]
+
+    @property
+    def alive(self) -> list[str]:
+        """Addresses of the workers still in use."""
+        return [str(w.address) for w in self._workers if not w.lost]
+
+    @property
+    def lost(self) -> list[str]:
+        """Addresses of the workers dropped after they stopped answering."""
+        return [str(w.address) for w in self._workers if w.lost]
+
+    def check(self) -> None:
+        """Checks every worker: reachable, and a TFF worker of the installed version."""
+        for w in self._workers:
+            _probe(w, self.connect_timeout)
+
+    def _emit(self, kind: str, address: str = "", detail: str = "") -> None:
+        event = Event(kind, address, self.retries, detail)
+        self.events.append(event)
+        for listener in list(self.listeners):
+            listener(event)
+
+    def _mark_lost(self, worker: _RemoteWorker, reason: str) -> None:
+        with self._lock:
+            if worker.lost:
+                return
+            worker.lost = True
+            worker.lost_at = time.monotonic()
+            worker.reason = reason
+            self._mergeable = None
+        _LOG.warning("TFF worker %s is lost (%s); its clients go to the workers left: %s",
+                     worker.address, reason, ", ".join(self.alive) or "none")
+        self._emit("worker_lost", str(worker.address), reason)
+
+    # ------------------------------------------------------------------ TFF contexts
+    def _build(self) -> Any:
+        from tensorflow_federated.python.core.backends.native import compiler, mergeable_comp_compiler
+        from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
+        from tensorflow_federated.python.core.impl.execution_contexts import (
+            async_execution_context, mergeable_comp_execution_context)
+
+        alive = [w for w in self._workers if not w.lost]
+        if not alive:
+            detail = "; ".join(f"{w.address}: {w.reason}" for w in self._workers)
+            raise AllWorkersLostError(
+                f"All {len(self._workers)} TFF workers are lost ({detail}); the run stops here. Completed rounds "
+                f"are kept (and in the last checkpoint); start workers and run again to go on.")
+        contexts = [
+            async_execution_context.AsyncExecutionContext(
+                _executor_factory(w, self), compiler_fn=compiler.desugar_and_transform_to_native,
+                transform_args=tensorflow_computation.transform_args,
+                transform_result=tensorflow_computation.transform_result)
+            for w in alive
+        ]
+        return mergeable_comp_execution_context.MergeableCompExecutionContext(
+            contexts, compiler_fn=mergeable_comp_compiler.compile_to_mergeable_comp_form,
+            transform_args=tensorflow_computation.transform_args,
+            transform_result=tensorflow_computation.transform_result,
+            num_subrounds=self.num_subrounds)
+
+    def _context(self) -> Any:
+        with self._lock:
+            if self._mergeable is None:
+                self._mergeable = self._build()
+            return self._mergeable
+
+    def invoke(self, comp: Any, arg: Any) -> Any:
+        """Runs ``comp`` on the workers; runs it again on the workers left when one is lost."""
+        while True:
+            context = self._context()
+            lost_before = set(self.lost)
+            self._emit("invoke", detail=str(getattr(comp, "type_signature", "")))
+            try:
+                return context.invoke(comp, arg)
+            except Exception as err:  # noqa: BLE001 - only worker losses are retried, others re-raised
+                for w in self._workers:
+                    if not w.lost and not w.ready(self.lost_timeout):
+                        self._mark_lost(w, f"stopped answering ({type(err).__name__})")
+                lost_now = sorted(set(self.lost) - lost_before)
+                if not lost_now:
+                    raise
+                _abandon(context)
+                if not self.alive:
+                    self._context()  # raises AllWorkersLostError naming every worker
+                if self.retries >= self.max_retries:
+                    raise AllWorkersLostError(
+                        f"Gave up after {self.retries} retries; lost workers: {', '.join(self.lost)}.") from err
+                self.retries += 1
+                self._emit("retry", ", ".join(lost_now), f"{type(err).__name__}: {str(err)[:200]}")
+
+    # ------------------------------------------------------------------ install / close
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["DistributedContext"]:
+        """Makes this TFF's current context in the ``with`` block."""
+        import tensorflow_federated as tff
+
+        with tff.framework.get_context_stack().install(self.tff_context):
+            yield self
+
+    @property
+    def tff_context(self) -> Any:
+        """The object TFF's context stack holds (a ``SyncContext`` that forwards to this)."""
+        if self._context_stack_context is None:
+            self._context_stack_context = _as_sync_context(self)
+        return self._context_stack_context
+
+    def stop(self) -> None:
+        """Closes the channels to the workers (the workers themselves keep running)."""
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._mergeable is not None:
+                _abandon(self._mergeable)
+            self._mergeable = None
+            for w in self._workers:
+                w.close()
+
+    def __repr__(self) -> str:
+        return f"DistributedContext(alive={self.alive}, lost={self.lost}, num_subrounds={self.num_subrounds})"
+
+
+def _as_sync_context(owner: DistributedContext) -> Any:
+    from tensorflow_federated.python.core.impl.context_stack import context_base
+
+    class _Sync(context_base.SyncContext):
+        def invoke(self, comp: Any, arg: Any) -> Any:
+            return owner.invoke(comp, arg)
+
+    return _Sync()
+
+
+def _abandon(context: Any) -> None:
+    """Cancels what a failed mergeable context still runs (a surviving worker's share)."""
+    runner = getattr(context, "_async_runner", None)
+    loop = getattr(runner, "_event_loop", None)
+    if loop is None or loop.is_closed():
+        return
+
+    def cancel_all() -> None:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(cancel_all)
+
+
+def _executor_factory(worker: _RemoteWorker, owner: DistributedContext) -> Any:
+    from tensorflow_federated.python.core.impl.executors import executor_factory, remote_executor
+    from tensorflow_federated.python.core.impl.types import placements
+
+    class _Factory(executor_factory.ExecutorFactory):
+        """Remote executors on one worker; refuses (not retryable) once the worker is gone.
+
+        TFF's asynchronous context retries a ``RetryableError`` (a worker that is UNAVAILABLE)
+        forever; checking the worker here turns a dead worker into :class:`WorkerLostError`.
+        """
+
+        def __init__(self) -> None:
+            self._executors: dict[tuple[Any, ...], Any] = {}
+
+        def create_executor(self, cardinalities: Any) -> Any:
+            address = str(worker.address)
+            if worker.lost or worker.stub is None:
+                raise WorkerLostError(f"TFF worker {address} is lost.", address)
+            if not worker.ready(owner.lost_timeout):
+                owner._mark_lost(worker, f"unreachable for {owner.lost_timeout:g} s")  # noqa: SLF001
+                raise WorkerLostError(f"TFF worker {address} stopped answering.", address)
+            cardinalities = dict(cardinalities)
+            if cardinalities.get(placements.CLIENTS) is None:
+                cardinalities[placements.CLIENTS] = 0
+            key = tuple(sorted((str(k), v) for k, v in cardinalities.items()))
+            executor = self._executors.get(key)
+            if executor is None:
+                executor = remote_executor.RemoteExecutor(worker.stub)
+                executor.set_cardinalities(cardinalities)
+                self._executors[key] = executor
+            owner._emit("dispatch", address, str(cardinalities[placements.CLIENTS]))  # noqa: SLF001
+            return executor
+
+        def clean_up_executor(self, cardinalities: Any) -> None:
+            for executor in self._executors.values():
+                with contextlib.suppress(Exception):
+                    executor.close()
+            self._executors.clear()
+
+    return _Factory()
+
+
+@contextlib.contextmanager
+def installed(workers: Sequence[str] | str, **options: Any) -> Iterator[DistributedContext]:
+    """A :class:`DistributedContext` installed as TFF's context for the block, closed after.
+
+    Example:
+        >>> with installed(["127.0.0.1:8471", "127.0.0.1:8472"]) as ctx:
+        ...     state = process.initialize()
+    """
+    ctx = DistributedContext(workers, **options)
+    try:
+        with ctx.installed():
+            yield ctx
+    finally:
+        ctx.close()

@@ -1,0 +1,222 @@
+"""One TFF C++ worker on ``host:port``, as an API and as ``tensorfleet federated worker``.
+
+A worker is the ``worker_binary`` that tensorflow-federated ships (its C++ executor service).
+:class:`Worker` starts one on a given port for a multi-worker simulation
+(:mod:`tensorfleet.federated.distributed`), on this machine or in a container, and stops it
+cleanly. The process itself is :class:`tensorfleet.federated.runtime.LocalWorker`, so it has the
+same guarantees: output away from the parent's pipes, killed by the kernel when its parent
+dies, stopped at interpreter exit.
+
+The port is checked before the binary starts: the worker's gRPC server sets ``SO_REUSEPORT``,
+so a second worker on a busy port would silently share it with the first.
+
+TFF 0.87's ``worker_binary`` has no flag for the address it listens on; it binds every
+interface (``[::]:PORT``). ``host`` is the address the worker is checked on and reached at, and
+``host="127.0.0.1"`` (the default) is what clients on this machine use; keep such ports
+closed to other machines with the host's firewall (in Kubernetes the worker's Service does that).
+
+Example:
+    >>> from tensorfleet.federated.workers import Worker
+    >>> with Worker(port=8471) as worker:
+    ...     worker.address
+    '127.0.0.1:8471'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+from types import FrameType
+from typing import Any, Callable
+
+from tensorfleet.federated.runtime import LocalWorker
+
+__all__ = ["PortInUseError", "Worker", "check_port_free", "serve", "start_worker"]
+
+
+class PortInUseError(OSError):
+    """The port a worker was asked to serve on is taken by another process."""
+
+
+def _check_port(port: Any) -> int:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise ValueError(f"port must be an integer in [1, 65535]. Received: port={port!r}")
+    return port
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Raises :class:`PortInUseError` when ``port`` is taken (on any interface or on ``host``).
+
+    Bound without ``SO_REUSEPORT``, so a port held by another TFF worker (whose gRPC server
+    sets it) counts as taken.
+    """
+    _check_port(port)
+    for family, address in ((socket.AF_INET6, ("::", port)), (socket.AF_INET, (host, port))):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine
+            continue
+        try:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(address)
+        except OSError as err:
+            if family == socket.AF_INET and err.errno not in (98, 48):  # a host that is not local
+                raise ValueError(f"host must be an address of this machine to start a worker on it. "
+                                 f"Received: host={host!r} ({err.strerror})") from None
+            raise PortInUseError(
+                f"Port {port} is in use on {host}: TFF's worker cannot serve there. Pick another port "
+                f"(or port=None for a free one), or stop the process that holds it.") from None
+        finally:
+            sock.close()
+
+
+class Worker:
+    """One TFF C++ worker process serving on ``host:port``.
+
+    Args:
+        port: TCP port to serve on; a free one (portpicker) when None.
+        host: the address the worker is reached at; ``127.0.0.1`` by default.
+        max_concurrent: the binary's ``--max_concurrent_computation_calls`` (nonpositive: no limit).
+        log_path: file that receives the worker's output (``/dev/null`` when None).
+        startup_timeout: seconds to wait until the worker serves.
+
+    Example:
+        >>> worker = Worker(port=8471).start()
+        >>> worker.address, worker.running
+        ('127.0.0.1:8471', True)
+        >>> worker.stop()
+    """
+
+    def __init__(self, port: int | None = None, *, host: str = "127.0.0.1", max_concurrent: int = -1,
+                 log_path: str | os.PathLike[str] | None = None, startup_timeout: float = 60.0) -> None:
+        if port is not None:
+            _check_port(port)
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"host must be a non-empty address. Received: host={host!r}")
+        if not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool):
+            raise ValueError(f"max_concurrent must be an integer (nonpositive: no limit). "
+                             f"Received: max_concurrent={max_concurrent!r}")
+        self.host = host
+        self._requested_port = port
+        self._process = LocalWorker(port=port, max_concurrent_computation_calls=max_concurrent,
+                                    log_path=log_path, startup_timeout=startup_timeout)
+
+    @property
+    def port(self) -> int | None:
+        """The port served on (None before the first start when none was asked for)."""
+        return self._process.port if self._process.port is not None else self._requested_port
+
+    @property
+    def address(self) -> str:
+        """``host:port``, the form :class:`~tensorfleet.federated.Simulation` takes in ``workers``."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process.running
+
+    @property
+    def process(self) -> LocalWorker:
+        """The underlying :class:`~tensorfleet.federated.runtime.LocalWorker`."""
+        return self._process
+
+    def start(self) -> "Worker":
+        """Starts the worker and waits until it serves; returns self.
+
+        Raises:
+            PortInUseError: the port is taken.
+            RuntimeError: the binary exited or did not serve within ``startup_timeout``.
+        """
+        if self.running:
+            return self
+        if self._requested_port is not None:
+            check_port_free(self._requested_port, self.host)
+        try:
+            self._process.start()
+        except RuntimeError as err:
+            raise RuntimeError(f"TFF worker on {self.host}:{self._process.port}: {err}") from None
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops the worker (SIGINT, SIGKILL after ``timeout``) and reaps it. Idempotent."""
+        self._process.stop(timeout)
+
+    def kill(self) -> None:
+        """Kills the worker at once (SIGKILL), as a crash would, and reaps it."""
+        pid = self.pid
+        if pid is not None and self.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.stop(timeout=5.0)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Waits until the worker process exits; its exit status, or None on timeout."""
+        process = self._process._process  # noqa: SLF001 - the Popen that LocalWorker owns
+        if process is None:
+            return None
+        try:
+            return process.wait(timeout)
+        except Exception:  # subprocess.TimeoutExpired
+            return None
+
+    def __enter__(self) -> "Worker":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.running else "stopped"
+        return f"Worker({self.address}, {state})"
+
+
+def start_worker(port: int | None = None, *, host: str = "127.0.0.1", max_concurrent: int = -1,
+                 log_path: str | os.PathLike[str] | None = None) -> Worker:
+    """Starts one TFF worker and returns it (stop it with ``.stop()``).
+
+    Example:
+        >>> worker = start_worker(8471)
+        >>> sim = Simulation(model_fn, clients, workers=[worker.address, "127.0.0.1:8472"])
+    """
+    return Worker(port, host=host, max_concurrent=max_concurrent, log_path=log_path).start()
+
+
+def serve(port: int, *, host: str = "127.0.0.1", max_concurrent: int = -1,
+          log_path: str | os.PathLike[str] | None = None,
+          on_ready: Callable[[Worker], None] | None = None) -> int:
+    """Runs one worker in the foreground until SIGTERM or SIGINT, then stops it; returns 0.
+
+    Returns the worker's exit status instead when it ends by itself.
+
+    Example:
+        >>> serve(8471)  # blocks; `kill -TERM` the process to stop the worker
+    """
+    worker = Worker(port, host=host, max_concurrent=max_concurrent, log_path=log_path)
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        worker.start()
+        if on_ready is not None:
+            on_ready(worker)
+        while not stop.is_set():
+            status = worker.wait(timeout=0.2)
+            if status is not None:
+                return status
+        return 0
+    finally:
+        worker.stop()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
