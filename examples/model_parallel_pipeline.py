@@ -1,6 +1,7 @@
 """Train an MLP on 8x8 digits as a 4-stage pipeline and draw its schedule.
 
-Splits a deep MLP into stages balanced by parameter count on 4 logical devices, trains it
+Splits a deep MLP into stages balanced by parameter count on 4 logical devices (each stage's
+weights created on its device), trains it
 with the chosen schedule, and saves the Gantt chart of the last step as a PNG.
 
 Usage:
@@ -37,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     split = tfl.models.datasets.load_digits(flat=True)
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu") for _ in range(7)] +
                                 [tf.keras.layers.Dense(10)], name="deep_mlp")
-    model.build((None, 64))
     v = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
+    # Not built yet: the pipeline builds each stage's layers on that stage's device.
     pipe = Pipeline(model, num_stages=args.stages, micro_batches=args.micro_batches, schedule=args.schedule,
-                    virtual_stages=v)
+                    virtual_stages=v, input_shape=(64,))
     history = pipe.fit(split.x_train, split.y_train, optimizer=tf.keras.optimizers.Adam(3e-3),
                        epochs=args.epochs, batch_size=64)
     accuracy = float(np.mean(np.argmax(model.predict(split.x_test, verbose=0), axis=1) == split.y_test))

@@ -52,6 +52,7 @@ from tensorfleet.registry import Registry
 __all__ = [
     "Mesh",
     "MeshBackend",
+    "MeshHistory",
     "MeshLayout",
     "BACKENDS",
     "model_dimensions",

@@ -102,6 +102,8 @@ class Event:
     start: float
     end: float
     replica: int = 0
+    placed_on: str = ""
+    """Where the op's result tensor was placed (real runs only), e.g. ``/job:localhost/.../device:CPU:1``."""
 
 
 def _check_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -418,6 +420,12 @@ class Pipeline:
             logits.
         op_cost: optional ``(forward_seconds, backward_seconds)``: every op is padded to take
             at least this long, to run a pipeline with a known compute cost per stage.
+        timeout: seconds an op may wait for its input before the step fails.
+        input_shape: for a model that is not built yet (a Sequential without an Input), the
+            shape of one example: each stage's layers are then built under ``tf.device`` of
+            their stage, so that the weights live on the device that uses them. A model that
+            is already built keeps its weights where Keras created them, and its stages read
+            them from there.
 
     Example:
         >>> pipe = Pipeline(model, num_stages=2, micro_batches=4, schedule="gpipe")
@@ -428,7 +436,8 @@ class Pipeline:
     def __init__(self, model: Any, *, num_stages: int, micro_batches: int = 4, schedule: str | Schedule = "1f1b",
                  virtual_stages: int = 1, boundaries: Sequence[int] | None = None,
                  devices: Sequence[str] | None = None, data_parallel: int = 1, loss: Any = None,
-                 op_cost: tuple[float, float] | None = None, timeout: float = 300.0) -> None:
+                 op_cost: tuple[float, float] | None = None, timeout: float = 300.0,
+                 input_shape: Sequence[int] | None = None) -> None:
         import tensorflow as tf
 
         self.num_devices = _check_int("num_stages", num_stages)
@@ -437,12 +446,8 @@ class Pipeline:
         self.data_parallel = _check_int("data_parallel", data_parallel)
         self.schedule = SCHEDULES.canonical(schedule.value if isinstance(schedule, Schedule) else schedule)
         self.orders = schedule_orders(self.schedule, self.num_devices, self.micro_batches, self.virtual_stages)
-        if not getattr(model, "built", False):
-            raise ValueError(f"The model must be built before it is split into stages; call model.build(input_shape) "
-                             f"or call it once. Received: model {getattr(model, 'name', model)!r} is not built")
         self.model = model
         self.num_stages = self.num_devices * self.virtual_stages
-        self.stages = partition_layers(_chain_layers(model), self.num_stages, boundaries=boundaries)
         needed = self.num_devices * self.data_parallel
         if devices is None:
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
@@ -454,12 +459,39 @@ class Pipeline:
         if len(self.devices) != needed:
             raise ValueError(f"devices must hold num_stages x data_parallel = {needed} names. "
                              f"Received: {len(self.devices)} devices {self.devices!r}")
+        if getattr(model, "built", False):
+            self.stages = partition_layers(_chain_layers(model), self.num_stages, boundaries=boundaries)
+        elif input_shape is None:
+            raise ValueError(f"The model must be built before it is split into stages, or pass input_shape so that "
+                             f"each stage's weights are created on its device. Received: model "
+                             f"{getattr(model, 'name', model)!r} is not built and input_shape=None")
+        else:
+            self.stages = self._build_on_devices(model, tuple(input_shape), boundaries)
         self.loss = loss or tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         if op_cost is not None and (len(op_cost) != 2 or min(op_cost) < 0):
             raise ValueError(f"op_cost must be (forward_seconds, backward_seconds), both >= 0. Received: op_cost={op_cost!r}")
         self.op_cost = op_cost
         self.timeout = timeout
         self.stage_variables = [[v for layer in stage for v in layer.trainable_variables] for stage in self.stages]
+
+    def _build_on_devices(self, model: Any, input_shape: tuple[int, ...], boundaries: Sequence[int] | None) -> list:
+        import tensorflow as tf
+
+        layers = _chain_layers(model)
+        weights = None
+        if boundaries is None:  # parameter counts need built layers: count them on a throwaway clone
+            probe = tf.keras.models.clone_model(model)
+            probe.build((None, *input_shape))
+            weights = [_param_count(layer) for layer in _chain_layers(probe)]
+        stages = partition_layers(layers, self.num_stages, boundaries=boundaries, weights=weights)
+        shape = tf.TensorShape((None, *input_shape))
+        for index, stage in enumerate(stages):
+            with tf.device(self.device(0, index)):
+                for layer in stage:
+                    layer.build(shape)
+                    shape = tf.TensorShape(layer.compute_output_shape(shape))
+        model.build((None, *input_shape))  # the layers are built already: this only wires the model
+        return stages
 
     def device(self, replica: int, stage: int) -> str:
         """The device that runs ``stage`` for data-parallel ``replica``."""
@@ -510,11 +542,12 @@ class Pipeline:
                     start = time.perf_counter()
                     with tf.device(self.device(r, op.stage)):
                         if op.phase is Phase.FORWARD:
-                            self._forward(r, op, chunks[(r, op.micro_batch)], n, x, y, outputs, saved, losses, lock)
+                            placed = self._forward(r, op, chunks[(r, op.micro_batch)], n, x, y, outputs, saved,
+                                                   losses, lock)
                             live += 1
                             peak = max(peak, live)
                         else:
-                            self._backward(r, op, outputs, input_grads, saved, sums, lock)
+                            placed = self._backward(r, op, outputs, input_grads, saved, sums, lock)
                             live -= 1
                     if self.op_cost is not None:
                         cost = self.op_cost[0 if op.phase is Phase.FORWARD else 1]
@@ -522,7 +555,7 @@ class Pipeline:
                             time.sleep(max(0.0, cost - (time.perf_counter() - start)))
                     end = time.perf_counter()
                     with lock:
-                        events.append(Event(d, op.stage, op.micro_batch, op.phase, start - t0, end - t0, r))
+                        events.append(Event(d, op.stage, op.micro_batch, op.phase, start - t0, end - t0, r, placed))
                     done[(r, op)].set()
                 with lock:
                     peaks.append(peak)
@@ -549,7 +582,7 @@ class Pipeline:
         return StepResult(float(sum(losses)), gradients, events, max(peaks) if peaks else 0)
 
     def _forward(self, r: int, op: Op, chunk: tuple[int, int], n: int, x: Any, y: Any, outputs: dict,
-                 saved: dict, losses: list, lock: threading.Lock) -> None:
+                 saved: dict, losses: list, lock: threading.Lock) -> str:
         import tensorflow as tf
 
         a, b = chunk
@@ -569,9 +602,10 @@ class Pipeline:
         saved[key] = (tape, inputs, h)
         if op.stage < self.num_stages - 1:
             outputs[key] = h
+        return h.device
 
     def _backward(self, r: int, op: Op, outputs: dict, input_grads: dict, saved: dict, sums: list,
-                  lock: threading.Lock) -> None:
+                  lock: threading.Lock) -> str:
         import tensorflow as tf
 
         key = (r, op.stage, op.micro_batch)
@@ -580,7 +614,7 @@ class Pipeline:
         variables = self.stage_variables[op.stage]
         sources = ([inputs] if op.stage > 0 else []) + variables
         if not sources:
-            return
+            return ""
         grads = tape.gradient(result, sources, output_gradients=upstream)
         if op.stage > 0:
             input_grads[key] = grads[0]
@@ -592,6 +626,8 @@ class Pipeline:
                     continue
                 g = tf.convert_to_tensor(g)
                 stage_sums[i] = g if stage_sums[i] is None else stage_sums[i] + g
+        placed = [g for g in grads if g is not None]
+        return tf.convert_to_tensor(placed[0]).device if placed else ""
 
     def train_step(self, x: Any, y: Any, optimizer: Any) -> StepResult:
         """One step: pipeline gradients, then ``optimizer.apply_gradients``."""
@@ -603,6 +639,8 @@ class Pipeline:
     def fit(self, x: Any, y: Any, *, optimizer: Any, epochs: int = 1, batch_size: int = 32,
             verbose: bool = True) -> dict[str, list[float]]:
         """Trains for ``epochs`` over ``(x, y)`` in order (no shuffling); returns the loss history.
+
+        A last batch smaller than ``batch_size`` is dropped.
 
         Returns:
             ``{"loss": [mean loss of each epoch], "step_loss": [loss of each step],

@@ -92,6 +92,8 @@ def test_pipeline_gradients_equal_unsplit_model(schedule, p, m, v, batch, logica
     assert {(e.stage, e.micro_batch, e.phase) for e in step.events} == {
         (s, j, ph) for s in range(p * v) for j in range(m) for ph in (F, B)}
     assert all(e.device == e.stage % p for e in step.events)
+    # the forward activations were computed on the stage's own device
+    assert all(e.placed_on.endswith(f"device:CPU:{e.stage % p}") for e in step.events if e.phase is F)
     assert 0.0 <= step.bubble_fraction < 1.0
 
 
@@ -106,6 +108,7 @@ def test_hybrid_data_parallel_pipeline_on_a_2x2_mesh(batch, logical_cpus):
     for got, want in zip(step.gradients, ref_grads):
         np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
     assert {e.replica for e in step.events} == {0, 1}
+    assert all(e.placed_on.endswith(f"device:CPU:{2 * e.replica + e.stage}") for e in step.events if e.phase is F)
 
 
 def test_measured_bubble_with_known_cost_matches_theory_and_plot_is_png(batch, tmp_path):
@@ -159,3 +162,21 @@ def test_bad_pipeline_arguments_are_clear_errors(logical_cpus):
         pl.Pipeline(branch, num_stages=2)
     with pytest.raises(ValueError, match=r"at least data_parallel x micro_batches = 4 examples. Received: batch of 2"):
         pl.Pipeline(model, num_stages=2, micro_batches=4).compute_gradients(np.zeros((2, 64), np.float32), np.zeros(2, np.int32))
+
+
+def test_unbuilt_model_gets_each_stage_weights_on_its_device(batch, logical_cpus):
+    x, y = batch
+    layers = [tf.keras.layers.Dense(16, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(i))
+              for i in range(3)] + [tf.keras.layers.Dense(10, kernel_initializer=tf.keras.initializers.GlorotUniform(3))]
+    model = tf.keras.Sequential(layers)
+    assert not model.built
+    pipe = pl.Pipeline(model, num_stages=4, micro_batches=4, schedule="1f1b", input_shape=(64,))
+    assert model.built and model.output_shape == (None, 10)
+    for index, stage in enumerate(pipe.stages):
+        for variable in (v for layer in stage for v in layer.trainable_variables):
+            assert variable.device.endswith(f"device:CPU:{index}"), (index, variable.name, variable.device)
+    ref_loss, ref_grads = _reference(model, x, y)
+    step = pipe.compute_gradients(x, y)
+    assert step.loss == pytest.approx(ref_loss, abs=1e-5)
+    for got, want in zip(step.gradients, ref_grads):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
