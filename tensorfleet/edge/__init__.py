@@ -25,6 +25,7 @@ from tensorfleet.edge.errors import (
 )
 from tensorfleet.edge.export import export_c, sanitize_c_identifier
 from tensorfleet.edge.micro import MicroValidation, check_micro_compatible, find_arena_size, validate_micro
+from tensorfleet.edge.optimize import TECHNIQUES, Technique, distill, finetune, freeze_layers
 from tensorfleet.edge.report import BOARDS, Board, EdgeReport, report
 
 __all__ = [
@@ -34,5 +35,6 @@ __all__ = [
     "UnsupportedOpError",
     "export_c", "sanitize_c_identifier",
     "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",
+    "TECHNIQUES", "Technique", "distill", "finetune", "freeze_layers",
     "BOARDS", "Board", "EdgeReport", "report",
 ]

@@ -187,6 +187,10 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
     name = QUANTIZATIONS.canonical(quantization.value if isinstance(quantization, Quantization) else quantization)
     mode = QUANTIZATIONS.get(name)
     keras_model = load_keras_model(model)
+    if {type(layer).__name__ for layer in keras_model.layers} & {"PruneLowMagnitude", "ClusterWeights"}:
+        from tensorfleet.edge.optimize import strip_wrappers
+
+        keras_model = strip_wrappers(keras_model)  # the wrappers' masks and centroids are training-only
     rep = None
     if mode.needs_representative_data:
         if representative_data is None:

@@ -260,6 +260,7 @@ class MicroValidation:
     ops: list[str]
     num_samples: int = 0
     bit_identical: bool | None = None
+    mismatched_elements: int | None = None
     max_abs_diff_vs_tflite: float | None = None
     micro_accuracy: float | None = None
     keras_accuracy: float | None = None
@@ -326,6 +327,7 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
     diff = np.abs(micro_raw.astype(np.float64) - tflite_raw.astype(np.float64))
     result.max_abs_diff_vs_tflite = float(diff.max())
     result.bit_identical = bool(np.array_equal(micro_raw, tflite_raw))
+    result.mismatched_elements = int(np.count_nonzero(micro_raw != tflite_raw))
     micro = artifact.dequantize_output(micro_raw)
     keras_model = keras_model if keras_model is not None else artifact.source_model
     if y is not None:

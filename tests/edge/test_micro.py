@@ -20,6 +20,7 @@ def int8_validation(int8_artifact: Any, digits: Any) -> Any:
 def test_int8_on_tflm_is_bit_identical_to_tflite_runtime(int8_validation: Any) -> None:
     assert int8_validation.num_samples == 120
     assert int8_validation.bit_identical is True
+    assert int8_validation.mismatched_elements == 0
     assert int8_validation.max_abs_diff_vs_tflite == 0.0
 
 

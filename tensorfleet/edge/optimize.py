@@ -1,0 +1,252 @@
+"""Making a model small enough: QAT, magnitude pruning, weight clustering, distillation, freezing.
+
+Quantization-aware training, pruning and clustering are tensorflow-model-optimization's
+(``tfmot``): Jacob et al., "Quantization and Training of Neural Networks for Efficient
+Integer-Arithmetic-Only Inference", CVPR 2018; Zhu & Gupta, "To prune, or not to prune",
+2017; Han et al., "Deep Compression", ICLR 2016. Distillation follows Hinton et al.,
+"Distilling the Knowledge in a Neural Network", 2015: the student minimises
+``alpha * CE(y, s) + (1 - alpha) * T^2 * KL(softmax(t / T) || softmax(s / T))``.
+
+Each technique is one entry of :data:`TECHNIQUES`; :func:`finetune` fine-tunes a model with one
+and returns a plain Keras model ready for :func:`tensorfleet.edge.convert` (pruning and
+clustering wrappers stripped; a QAT model keeps its fake-quant ranges, which the int8
+conversion uses).
+
+Example:
+    >>> pruned = finetune(model, "prune", x_train, y_train, sparsity=0.5, epochs=2)   # doctest: +SKIP
+    >>> weight_sparsity(pruned)                                                       # doctest: +SKIP
+    0.5
+    >>> artifact = tensorfleet.edge.convert(pruned, "int8", representative_data=x_train)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable
+
+import numpy as np
+
+from tensorfleet.registry import Registry
+
+__all__ = ["Technique", "TECHNIQUES", "finetune", "apply_qat", "apply_pruning", "apply_clustering",
+           "strip_wrappers", "weight_sparsity", "unique_weights", "distill", "freeze_layers"]
+
+
+class Technique(str, Enum):
+    """The fine-tuning techniques :func:`finetune` accepts."""
+
+    QAT = "qat"
+    PRUNE = "prune"
+    CLUSTER = "cluster"
+
+
+@dataclass(frozen=True)
+class _TechniqueSpec:
+    wrap: Callable[..., Any]
+    callbacks: Callable[[], list[Any]]
+
+
+def _check_fraction(name: str, value: float, *, low_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        (0.0 < value < 1.0) if low_open else (0.0 <= value < 1.0))
+    if not ok:
+        raise ValueError(f"{name} must be in {'(0, 1)' if low_open else '[0, 1)'}. Received: {name}={value!r}")
+
+
+def apply_qat(model: Any) -> Any:
+    """Wraps ``model`` for quantization-aware training (tfmot ``quantize_model``)."""
+    import tensorflow_model_optimization as tfmot
+
+    return tfmot.quantization.keras.quantize_model(model)
+
+
+def apply_pruning(model: Any, *, sparsity: float = 0.5, begin_step: int = 0, frequency: int = 10) -> Any:
+    """Wraps ``model`` for magnitude pruning to a constant ``sparsity`` (fraction of zero weights)."""
+    _check_fraction("sparsity", sparsity, low_open=True)
+    import tensorflow_model_optimization as tfmot
+
+    schedule = tfmot.sparsity.keras.ConstantSparsity(float(sparsity), begin_step=begin_step, frequency=frequency)
+    return tfmot.sparsity.keras.prune_low_magnitude(model, pruning_schedule=schedule)
+
+
+def apply_clustering(model: Any, *, clusters: int = 16) -> Any:
+    """Wraps ``model`` for weight clustering: each kernel shares ``clusters`` values."""
+    if isinstance(clusters, bool) or not isinstance(clusters, int) or clusters < 2:
+        raise ValueError(f"clusters must be an integer >= 2. Received: clusters={clusters!r}")
+    import tensorflow_model_optimization as tfmot
+
+    init = tfmot.clustering.keras.CentroidInitialization.KMEANS_PLUS_PLUS
+    return tfmot.clustering.keras.cluster_weights(model, number_of_clusters=clusters, cluster_centroids_init=init)
+
+
+def _pruning_callbacks() -> list[Any]:
+    import tensorflow_model_optimization as tfmot
+
+    return [tfmot.sparsity.keras.UpdatePruningStep()]
+
+
+TECHNIQUES: Registry[_TechniqueSpec] = Registry("optimization technique")
+TECHNIQUES.register("qat", _TechniqueSpec(apply_qat, list), aliases=("quantization_aware",),
+                    description="Quantization-aware training: fake-quant int8 in the forward pass (tfmot).")
+TECHNIQUES.register("prune", _TechniqueSpec(apply_pruning, _pruning_callbacks), aliases=("pruning",),
+                    description="Magnitude pruning to a constant sparsity; wrappers stripped afterwards (tfmot).")
+TECHNIQUES.register("cluster", _TechniqueSpec(apply_clustering, list), aliases=("clustering",),
+                    description="Weight clustering: each kernel keeps only N distinct values (tfmot).")
+
+
+def strip_wrappers(model: Any) -> Any:
+    """Removes pruning and clustering wrappers (a no-op for other models)."""
+    import tensorflow_model_optimization as tfmot
+
+    names = {type(layer).__name__ for layer in model.layers}
+    if "PruneLowMagnitude" in names:
+        model = tfmot.sparsity.keras.strip_pruning(model)
+    if "ClusterWeights" in names:
+        model = tfmot.clustering.keras.strip_clustering(model)
+    return model
+
+
+def _kernels(model: Any) -> list[np.ndarray]:
+    out = []
+    for layer in model.layers:
+        for name in ("kernel", "depthwise_kernel"):
+            weight = getattr(layer, name, None)
+            if weight is not None:
+                out.append(np.asarray(weight.numpy()))
+    return out
+
+
+def weight_sparsity(model: Any) -> float:
+    """Fraction of exactly-zero entries over all kernels (biases excluded)."""
+    kernels = _kernels(model)
+    total = sum(k.size for k in kernels)
+    return float(sum(int(np.count_nonzero(k == 0)) for k in kernels) / total) if total else 0.0
+
+
+def unique_weights(model: Any) -> list[int]:
+    """Distinct values per kernel, layer by layer."""
+    return [int(np.unique(k).size) for k in _kernels(model)]
+
+
+def finetune(model: Any, technique: str | Technique, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
+             loss: Any = None, optimizer: Any = "adam", validation_data: Any = None, verbose: int = 0,
+             **options: Any) -> Any:
+    """Fine-tunes ``model`` with one technique and returns a model ready for conversion.
+
+    Args:
+        model: a functional or sequential ``tf.keras.Model`` (trained, usually).
+        technique: ``qat``, ``prune`` or ``cluster``.
+        x, y: fine-tuning data.
+        loss: defaults to sparse categorical cross-entropy from logits (or from probabilities when
+            the last layer is a softmax).
+        options: ``sparsity=`` for prune, ``clusters=`` for cluster.
+
+    Example:
+        >>> qat = finetune(model, "qat", x_train, y_train, epochs=1)                       # doctest: +SKIP
+        >>> tensorfleet.edge.convert(qat, "int8", representative_data=x_train)            # doctest: +SKIP
+    """
+    name = TECHNIQUES.canonical(technique.value if isinstance(technique, Technique) else technique)
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
+        raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}")
+    spec = TECHNIQUES.get(name)
+    import tensorflow as tf
+
+    wrapped = spec.wrap(model, **options)
+    if loss is None:
+        softmax_out = getattr(model.layers[-1], "activation", None) is tf.keras.activations.softmax
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax_out)
+    wrapped.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
+    wrapped.fit(x, y, epochs=epochs, batch_size=batch_size, validation_data=validation_data, verbose=verbose,
+                callbacks=spec.callbacks())
+    return strip_wrappers(wrapped) if name in ("prune", "cluster") else wrapped
+
+
+def distill(teacher: Any, student: Any, x: Any, y: Any, *, temperature: float = 4.0, alpha: float = 0.1,
+            epochs: int = 5, batch_size: int = 32, learning_rate: float = 1e-3, from_logits: bool = True,
+            seed: int = 0) -> list[float]:
+    """Trains ``student`` to match ``teacher``'s softened outputs and the labels (Hinton et al., 2015).
+
+    Both models must output logits (or probabilities with ``from_logits=False``) over the same
+    classes. The student is trained in place; the teacher is not changed.
+
+    Returns:
+        The mean training loss per epoch.
+
+    Example:
+        >>> small = tensorfleet.models.build("digits_cnn", filters=4)        # doctest: +SKIP
+        >>> losses = distill(big, small, x_train, y_train, epochs=5)          # doctest: +SKIP
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive. Received: temperature={temperature!r}")
+    _check_fraction("alpha", alpha)
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
+        raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}")
+    if teacher.output_shape != student.output_shape:
+        raise ValueError(f"teacher and student must have the same output shape. Received: "
+                         f"teacher={teacher.output_shape}, student={student.output_shape}")
+    import tensorflow as tf
+    from tqdm.auto import trange
+
+    x = np.asarray(x, np.float32)
+    y = np.asarray(y)
+    soft_targets = teacher.predict(x, batch_size=256, verbose=0)
+    if not from_logits:
+        soft_targets = np.log(np.clip(soft_targets, 1e-8, 1.0))
+    optimizer = tf.keras.optimizers.Adam(learning_rate)
+    ce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    t = float(temperature)
+
+    @tf.function
+    def step(xb: Any, yb: Any, tb: Any) -> Any:
+        with tf.GradientTape() as tape:
+            out = student(xb, training=True)
+            logits = out if from_logits else tf.math.log(tf.clip_by_value(out, 1e-8, 1.0))
+            hard = ce(yb, logits)
+            p_teacher = tf.nn.softmax(tb / t)
+            soft = tf.reduce_mean(tf.reduce_sum(
+                p_teacher * (tf.math.log(p_teacher + 1e-8) - tf.nn.log_softmax(logits / t)), axis=-1))
+            loss = alpha * hard + (1.0 - alpha) * t * t * soft
+        grads = tape.gradient(loss, student.trainable_variables)
+        optimizer.apply_gradients(zip(grads, student.trainable_variables))
+        return loss
+
+    rng = np.random.default_rng(seed)
+    history = []
+    for _ in trange(epochs, desc="distilling", unit="epoch", leave=False):
+        order = rng.permutation(len(x))
+        losses = [float(step(x[idx], y[idx], soft_targets[idx]))
+                  for idx in (order[i:i + batch_size] for i in range(0, len(x), batch_size))]
+        history.append(float(np.mean(losses)))
+    return history
+
+
+def freeze_layers(model: Any, *, first: int | None = None, names: list[str] | None = None) -> list[str]:
+    """Sets ``trainable=False`` on the first ``first`` weighted layers, or on the layers named.
+
+    Recompile the model afterwards for the change to take effect in ``fit``.
+
+    Returns:
+        The names of the layers frozen.
+
+    Example:
+        >>> freeze_layers(model, first=2)     # doctest: +SKIP
+        ['conv2d', 'conv2d_1']
+    """
+    if (first is None) == (names is None):
+        raise ValueError("Pass exactly one of first= or names=.")
+    weighted = [layer for layer in model.layers if layer.weights]
+    if first is not None:
+        if isinstance(first, bool) or not isinstance(first, int) or not 0 < first <= len(weighted):
+            raise ValueError(f"first must be between 1 and the {len(weighted)} layers with weights. "
+                             f"Received: first={first!r}")
+        chosen = weighted[:first]
+    else:
+        by_name = {layer.name: layer for layer in model.layers}
+        unknown = [n for n in names or [] if n not in by_name]
+        if unknown:
+            raise ValueError(f"Unknown layer name(s) {unknown}. Available: {', '.join(by_name)}")
+        chosen = [by_name[n] for n in names or []]
+    for layer in chosen:
+        layer.trainable = False
+    return [layer.name for layer in chosen]
