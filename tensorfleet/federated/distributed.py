@@ -39,7 +39,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 __all__ = [
     "AllWorkersLostError", "DistributedContext", "WorkerAddress", "WorkerError", "WorkerLostError",
-    "WorkerUnreachableError", "WorkerVersionError", "installed", "parse_address", "parse_addresses",
+    "WorkerUnreachableError", "WorkerVersionError", "install_default", "installed", "parse_address",
+    "parse_addresses",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -312,6 +313,9 @@ class DistributedContext:
             async_execution_context, mergeable_comp_execution_context)
 
         alive = [w for w in self._workers if not w.lost]
+        for w in alive:
+            if w.channel is None:  # closed by stop(); a later run reconnects
+                w.connect()
         if not alive:
             detail = "; ".join(f"{w.address}: {w.reason}" for w in self._workers)
             raise AllWorkersLostError(
@@ -324,11 +328,15 @@ class DistributedContext:
                 transform_result=tensorflow_computation.transform_result)
             for w in alive
         ]
-        return mergeable_comp_execution_context.MergeableCompExecutionContext(
+        context = mergeable_comp_execution_context.MergeableCompExecutionContext(
             contexts, compiler_fn=mergeable_comp_compiler.compile_to_mergeable_comp_form,
             transform_args=tensorflow_computation.transform_args,
             transform_result=tensorflow_computation.transform_result,
             num_subrounds=self.num_subrounds)
+        loop = getattr(getattr(context, "_async_runner", None), "_event_loop", None)
+        if loop is not None:
+            loop.set_exception_handler(_quiet_lost_workers)
+        return context
 
     def _context(self) -> Any:
         with self._lock:
@@ -377,7 +385,7 @@ class DistributedContext:
         return self._context_stack_context
 
     def stop(self) -> None:
-        """Closes the channels to the workers (the workers themselves keep running)."""
+        """Closes the channels to the workers (they keep running; the next computation reconnects)."""
         self.close()
 
     def close(self) -> None:
@@ -400,6 +408,14 @@ def _as_sync_context(owner: DistributedContext) -> Any:
             return owner.invoke(comp, arg)
 
     return _Sync()
+
+
+def _quiet_lost_workers(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Leaves out the failures of a round's other parts after a worker loss, already handled."""
+    if isinstance(context.get("exception"), (WorkerError, asyncio.CancelledError)):
+        _LOG.debug("after a worker loss: %s", context.get("message"))
+        return
+    loop.default_exception_handler(context)
 
 
 def _abandon(context: Any) -> None:
@@ -473,3 +489,20 @@ def installed(workers: Sequence[str] | str, **options: Any) -> Iterator[Distribu
             yield ctx
     finally:
         ctx.close()
+
+
+def install_default(workers: Sequence[str] | str, **options: Any) -> DistributedContext:
+    """Makes a :class:`DistributedContext` on ``workers`` TFF's default context; returns it.
+
+    :class:`~tensorfleet.federated.Simulation` does this for ``workers=[...]``; a later
+    simulation without workers puts its own context back.
+
+    Example:
+        >>> ctx = install_default(["127.0.0.1:8471", "127.0.0.1:8472"])
+        >>> state = process.initialize()   # runs on the workers
+    """
+    import tensorflow_federated as tff
+
+    ctx = DistributedContext(workers, **options)
+    tff.framework.set_default_context(ctx.tff_context)
+    return ctx

@@ -195,6 +195,9 @@ class Simulation:
         resume: continue from a checkpoint in ``out_dir`` when there is one.
         progress: show a tqdm progress bar.
         tensorboard: also write TensorBoard summaries into ``out_dir/tensorboard``.
+        workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``); each
+            round's clients are split across them (:mod:`~tensorfleet.federated.distributed`).
+            None: one worker this process owns.
 
     Example:
         >>> sim = Simulation(lambda: tfl.models.build("digits_mlp"), clients, "fedprox",
@@ -233,6 +236,7 @@ class Simulation:
         resume: bool = True,
         progress: bool = True,
         tensorboard: bool = True,
+        workers: Sequence[str] | str | None = None,
     ) -> None:
         from tensorfleet.federated import aggregators, algorithms
 
@@ -318,6 +322,9 @@ class Simulation:
         self.resume = bool(resume)
         self.progress = bool(progress)
         self.tensorboard = bool(tensorboard)
+        from tensorfleet.federated.distributed import parse_addresses
+
+        self.workers = None if workers is None else [str(a) for a in parse_addresses(workers)]
 
         rng = np.random.default_rng([self.seed, 2**31 - 1])
         self._speeds = {cid: self.client_speed * float(np.exp(rng.normal(0.0, 0.5))) for cid in self.train_ids}
@@ -414,7 +421,12 @@ class Simulation:
         if self._process is None:
             from tensorfleet.federated import algorithms, runtime
 
-            self.runtime = runtime.install_default()
+            if self.workers is None:
+                self.runtime = runtime.install_default()
+            else:
+                from tensorfleet.federated import distributed
+
+                self.runtime = distributed.install_default(self.workers)
             model = self.model_fn()
             if not hasattr(model, "input_shape"):
                 raise TypeError(f"model_fn must return a Keras model. Received: {type(model).__name__}")
