@@ -7,7 +7,7 @@ dimensions and their sizes, ``b1 x b2`` devices) and layout rules such as
 strings are parsed by mesh-tensorflow's own ``convert_to_shape`` and
 ``convert_to_layout_rules``; :class:`MeshLayout` adds the checks that name what is wrong.
 
-One object, :class:`Mesh`, runs a layout in one of two ways (:class:`MeshBackend`):
+One object, :class:`Mesh`, runs a layout in one of three ways (:class:`MeshBackend`):
 
 1. ``"mtf"``: the Keras model is written out as a Mesh-TF graph (``mtf.einsum`` and
    ``mtf`` variables initialised from the Keras weights), lowered by ``PlacementMeshImpl``
@@ -18,11 +18,15 @@ One object, :class:`Mesh`, runs a layout in one of two ways (:class:`MeshBackend
    dimension that ``batch`` maps to (data-parallel replicas) and the MLP hidden units and
    attention heads over the mesh dimension that ``hidden`` / ``heads`` map to, each shard's
    weights on its device. Weight shards are kept once and read by every data replica; the
-   replicas' gradient contributions are summed. (TensorFlow 2.14's DTensor wants to own the
-   device set-up, which clashes with logical CPU devices configured beforehand, so this
-   backend does not use it.)
+   replicas' gradient contributions are summed. Split layers are Megatron's: the layout
+   may split only ``batch``, ``hidden`` and ``heads``.
+3. ``"dtensor"``: every Keras weight becomes a ``tf.experimental.dtensor`` DVariable whose
+   layout the rules give (a dimension no rule names is replicated), the batch is laid out
+   the same way, and the model's function runs on the DTensor mesh, where TensorFlow's SPMD
+   expansion inserts the collectives. The training step is a ``tf.function`` (in TF 2.14
+   DTensor's eager gradients of the loss fail to expand).
 
-Both train with plain SGD on the mean softmax cross-entropy of integer labels and, when
+All three train with plain SGD on the mean softmax cross-entropy of integer labels and, when
 done, write the trained weights back into the Keras model. Supported models are chains of
 ``Dense``, ``GlobalAveragePooling1D`` and :class:`~tensorfleet.models.transformer.TransformerBlock`
 layers (the ``digits_mlp`` and ``transformer_block`` models). Their tensor dimensions are
@@ -64,6 +68,7 @@ class MeshBackend(str, enum.Enum):
 
     MTF = "mtf"
     KERAS = "keras"
+    DTENSOR = "dtensor"
 
 
 BACKENDS: Registry[MeshBackend] = Registry("mesh backend")
@@ -71,6 +76,8 @@ BACKENDS.register("mtf", MeshBackend.MTF, aliases=("mesh_tensorflow", "graph"),
                   description="Mesh-TensorFlow graph lowered by PlacementMeshImpl, tf.compat.v1 session.")
 BACKENDS.register("keras", MeshBackend.KERAS, aliases=("tensor_parallel", "eager"),
                   description="Keras with tensorfleet's tensor-parallel layers over a (data x model) mesh.")
+BACKENDS.register("dtensor", MeshBackend.DTENSOR, aliases=("tf_dtensor",),
+                  description="The Keras model's weights as DTensor DVariables laid out on a tf.experimental.dtensor mesh.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +290,8 @@ class MeshHistory:
     backend: str
     devices: list[str]
     placement: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Per device: lowered graph ops placed there (mtf) or weight tensors held there (keras)."""
+    """Per device: lowered graph ops placed there (mtf), weight tensors held there (keras) or
+    weight elements held there (dtensor)."""
     grid: list[list[str]] = dataclasses.field(default_factory=list)
     """keras backend: the devices as [data replica][model shard]; each replica computes on its row."""
     weights: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -296,7 +304,8 @@ class Mesh:
     Args:
         mesh_shape: Mesh-TF mesh shape, e.g. ``"b1:2;b2:2"``.
         layout: Mesh-TF layout rules, e.g. ``"batch:b1;hidden:b2"``.
-        backend: ``"mtf"`` (Mesh-TensorFlow graph) or ``"keras"`` (tensor-parallel Keras).
+        backend: ``"mtf"`` (Mesh-TensorFlow graph), ``"keras"`` (tensor-parallel Keras layers)
+            or ``"dtensor"`` (DTensor DVariables).
         devices: device names; default: the logical CPU devices (or GPUs, where present).
 
     Example:
@@ -354,7 +363,7 @@ class Mesh:
         """
         x, y, batches = _batches(x, y, epochs, batch_size, learning_rate)
         dims = self.check(model, batch_size)
-        runner = _fit_mtf if self.backend is MeshBackend.MTF else _fit_keras
+        runner = {MeshBackend.MTF: _fit_mtf, MeshBackend.KERAS: _fit_keras, MeshBackend.DTENSOR: _fit_dtensor}[self.backend]
         step_loss, placement, grid = runner(self, model, dims, batches, epochs, learning_rate, verbose)
         return MeshHistory(loss=_epoch_means(step_loss, epochs), step_loss=step_loss, backend=self.backend.value,
                            devices=self.devices, placement=placement, grid=grid)
@@ -737,3 +746,102 @@ def _write_back(pairs: list[tuple[Any, Any]]) -> None:
         source._output_dense.kernel.assign(np.concatenate([s["output_kernel"].numpy() for s in attention.shards], axis=0))
         if attention.use_bias:
             source._output_dense.bias.assign(attention.output_bias.numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend 3: DTensor.
+
+
+def _fit_dtensor(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, epochs: int, lr: float,
+                 verbose: bool) -> tuple[list[float], dict[str, int], list[list[str]]]:
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    steps = _chain(model)
+    rules = mesh_obj.layout.rules
+    mesh = dtensor.create_mesh(list(mesh_obj.layout.mesh_dims.items()), devices=mesh_obj.devices)
+
+    def layout(*names: str) -> Any:
+        return dtensor.Layout([rules.get(n, dtensor.UNSHARDED) for n in names], mesh)
+
+    def put(value: Any, target: Any) -> Any:
+        return dtensor.relayout(dtensor.copy_to_mesh(value, dtensor.Layout.replicated(mesh, rank=target.rank)), target)
+
+    # Each Keras weight becomes a DVariable laid out by the rules for its tensor dimensions.
+    named: list[tuple[Any, tuple[str, ...]]] = []
+    previous = "features"
+    for step in steps:
+        if step.kind == "dense":
+            named += [(step.layer.kernel, (previous, step.out_dim))]
+            if step.layer.use_bias:
+                named += [(step.layer.bias, (step.out_dim,))]
+            previous = step.out_dim
+        elif step.kind == "block":
+            attention, block = step.layer.attention, step.layer
+            for dense in (attention._query_dense, attention._key_dense, attention._value_dense):
+                named += [(dense.kernel, ("d_model", "heads", "kv"))]
+                if attention._use_bias:
+                    named += [(dense.bias, ("heads", "kv"))]
+            named += [(attention._output_dense.kernel, ("heads", "kv", "d_model"))]
+            if attention._use_bias:
+                named += [(attention._output_dense.bias, ("d_model",))]
+            named += [(block.dense1.kernel, ("d_model", "hidden")), (block.dense1.bias, ("hidden",)),
+                      (block.dense2.kernel, ("hidden", "d_model")), (block.dense2.bias, ("d_model",))]
+    dvars = {source.ref(): dtensor.DVariable(put(source.numpy(), layout(*names))) for source, names in named}
+    variables = list(dvars.values())
+
+    def w(source: Any) -> Any:
+        return dvars[source.ref()]
+
+    def forward(h: Any) -> Any:
+        for step in steps:
+            if step.kind == "dense":
+                layer = step.layer
+                h = tf.einsum("bsi,io->bso" if h.shape.rank == 3 else "bi,io->bo", h, w(layer.kernel))
+                if layer.use_bias:
+                    h = h + w(layer.bias)
+                h = layer.activation(h)
+            elif step.kind == "pool":
+                h = tf.reduce_mean(h, axis=1)
+            else:
+                block, attention = step.layer, step.layer.attention
+                q, k, v = (tf.einsum("bsd,dhk->bshk", h, w(d.kernel)) + (w(d.bias) if attention._use_bias else 0.0)
+                           for d in (attention._query_dense, attention._key_dense, attention._value_dense))
+                q = q * (1.0 / math.sqrt(float(block.key_dim)))
+                scores = tf.nn.softmax(tf.einsum("btnh,bsnh->bnst", k, q), axis=-1)
+                out = tf.einsum("bsnh,nhd->bsd", tf.einsum("bnst,btnh->bsnh", scores, v),
+                                w(attention._output_dense.kernel))
+                if attention._use_bias:
+                    out = out + w(attention._output_dense.bias)
+                h = h + out
+                m = tf.nn.relu(tf.einsum("bsd,df->bsf", h, w(block.dense1.kernel)) + w(block.dense1.bias))
+                h = h + tf.einsum("bsf,fd->bsd", m, w(block.dense2.kernel)) + w(block.dense2.bias)
+        return h
+
+    @tf.function
+    def train_step(xb: Any, yb: Any) -> Any:
+        # DTensor's eager gradients of the loss do not expand to DTensors in TF 2.14; a traced step does.
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, forward(xb)))
+        for variable, grad in zip(variables, tape.gradient(loss, variables)):
+            variable.assign_sub(lr * grad)
+        return loss
+
+    x_layout = layout("batch", "seq", "features") if batches[0][0].ndim == 3 else layout("batch", "features")
+    y_layout = layout("batch")
+    losses: list[float] = []
+    with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (dtensor)") as bar:
+        for _ in range(epochs):
+            for xb, yb in batches:
+                loss = train_step(put(xb, x_layout), put(yb, y_layout))
+                losses.append(float(dtensor.unpack(loss)[0].numpy()))
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    placement: dict[str, int] = {}
+    for (source, _), variable in zip(named, variables):
+        for component in dtensor.unpack(variable.read_value()):
+            key = _count_devices([component.device]).popitem()[0]
+            placement[key] = placement.get(key, 0) + int(component.shape.num_elements())
+        whole = dtensor.relayout(variable.read_value(), dtensor.Layout.replicated(mesh, rank=len(source.shape)))
+        source.assign(dtensor.unpack(whole)[0].numpy())
+    return losses, dict(sorted(placement.items())), []

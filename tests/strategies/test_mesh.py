@@ -140,7 +140,7 @@ def _data(name: str):
     return split.x_train[: STEPS * BATCH, ..., 0], split.y_train[: STEPS * BATCH]
 
 
-@pytest.mark.parametrize("backend", ["mtf", "keras"])
+@pytest.mark.parametrize("backend", ["mtf", "keras", "dtensor"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_2x2_mesh_matches_single_device_after_5_steps(case, backend, logical_cpus):
     name, layout = CASES[case]
@@ -159,6 +159,12 @@ def test_2x2_mesh_matches_single_device_after_5_steps(case, backend, logical_cpu
     assert history.devices == logical_cpus
     if backend == "mtf":  # the lowered graph has slices and computation on every device
         assert set(history.placement) == {f"/device:CPU:{i}" for i in range(4)}, history.placement
+    elif backend == "dtensor":  # every device holds its shard: the hidden/heads weights halved
+        held = {"mlp": 64 * 32 + 32 + 32 * 10 + 10,
+                "transformer": 8 * 16 + 16 + 3 * (16 * 2 * 4 + 2 * 4) + 2 * 4 * 16 + 16 + 16 * 16 + 16 + 16 * 16 + 16
+                + 16 * 10 + 10}[case]
+        assert history.placement == {f"/device:CPU:{i}": held for i in range(4)}
+        assert held < model.count_params()
     else:  # one sharded copy of the weights on the model axis; replica r computes on row r
         assert set(history.placement) == {"/device:CPU:0", "/device:CPU:1"}, history.placement
         assert history.grid == [logical_cpus[:2], logical_cpus[2:]]
@@ -188,7 +194,7 @@ def test_fit_rejects_bad_arguments(logical_cpus):
         mesh.fit(dropout, x, y)
 
 
-@pytest.mark.parametrize("backend", ["mtf", "keras"])
+@pytest.mark.parametrize("backend", ["mtf", "keras", "dtensor"])
 def test_pure_tensor_parallel_mesh_of_4_matches_single_device(backend, logical_cpus):
     x, y = _data("digits_mlp")
     ref_losses, _, ref_model = _single_device_run("digits_mlp", x, y)
