@@ -44,6 +44,7 @@ def run(
     eval_clients: Optional[int] = typer.Option(None, "--eval-clients", help="Clients held out for federated eval."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every"),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
+    workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
 ) -> None:
     """Runs one simulation; prints one JSON line with the final metrics last."""
     from tensorfleet.federated.experiment import load_config, resolve_config, run_experiment
@@ -59,7 +60,7 @@ def run(
     if no_progress:
         cfg["progress"] = False
     cfg = resolve_config(cfg)
-    history = run_experiment(cfg)
+    history = run_experiment(cfg) if not workers else _run_on_workers(cfg, workers)
     last = history.rounds[-1] if history.rounds else {}
     summary = {"algorithm": cfg["algorithm"], "rounds": last.get("round", 0)}
     for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
@@ -117,3 +118,44 @@ def partition_cmd(
     if out is not None:
         typer.echo(str(summary.save(out / "partition.json")))
         typer.echo(str(summary.plot(out / "partition.png")))
+
+
+def _run_on_workers(cfg: dict, workers: str) -> object:
+    """The experiment of ``cfg`` with each round's clients split across ``workers``."""
+    from tensorfleet.federated.distributed import AllWorkersLostError, WorkerError, parse_addresses
+    from tensorfleet.federated.experiment import build_simulation
+
+    addresses = [str(a) for a in parse_addresses(workers)]
+    sim = build_simulation(cfg)
+    sim.workers = addresses
+    try:
+        return sim.run()
+    except (WorkerError, AllWorkersLostError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("worker")
+def worker(
+    port: int = typer.Option(..., "--port", help="TCP port to serve on."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address the worker is reached at."),
+    max_concurrent: int = typer.Option(-1, "--max-concurrent", help="Parallel calls per computation (<= 0: no limit)."),
+    log: Optional[Path] = typer.Option(None, "--log", help="File for the worker's output (default: discarded)."),
+) -> None:
+    """Serves one TFF C++ worker (TFF's worker_binary) until SIGTERM or Ctrl-C, then stops it."""
+    import sys
+
+    from tensorfleet.federated.workers import PortInUseError, serve
+
+    def ready(w: object) -> None:
+        typer.echo(f"TFF worker serving on {w.address} (pid {w.pid}); SIGTERM or Ctrl-C stops it")  # type: ignore[attr-defined]
+        sys.stdout.flush()
+
+    try:
+        status = serve(port, host=host, max_concurrent=max_concurrent, log_path=log, on_ready=ready)
+    except (PortInUseError, RuntimeError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    if status:
+        typer.echo(f"error: the TFF worker on {host}:{port} exited with status {status}", err=True)
+    raise typer.Exit(1 if status else 0)
