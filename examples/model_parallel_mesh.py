@@ -1,8 +1,8 @@
 """Train the small transformer block on 8x8 digits under a 2x2 Mesh-TensorFlow layout.
 
-Runs the same layout twice, once as a Mesh-TF graph (PlacementMeshImpl) and once with
-tensorfleet's tensor-parallel Keras layers, from the same initial weights, and prints both
-loss curves and the test accuracy of each trained Keras model.
+Runs the same layout three times from the same initial weights: as a Mesh-TF graph
+(PlacementMeshImpl), with tensorfleet's tensor-parallel Keras layers, and with the weights as
+DTensor DVariables; prints each loss curve and the test accuracy of each trained Keras model.
 
 Usage:
     python examples/model_parallel_mesh.py [--model transformer_block|digits_mlp] [--epochs 3]
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model == "transformer_block":
         x_train, x_test = x_train[..., 0], x_test[..., 0]  # 8 rows of 8 pixels
     layout = args.layout if args.model == "transformer_block" else args.layout.replace(";heads:b2", "")
-    for backend in ("mtf", "keras"):
+    for backend in ("mtf", "keras", "dtensor"):
         model = tfl.models.build(args.model)
         mesh = Mesh(args.mesh_shape, layout, backend=backend)
         history = mesh.fit(model, x_train, split.y_train, epochs=args.epochs, batch_size=args.batch_size,

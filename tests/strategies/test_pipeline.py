@@ -111,11 +111,27 @@ def test_hybrid_data_parallel_pipeline_on_a_2x2_mesh(batch, logical_cpus):
     assert all(e.placed_on.endswith(f"device:CPU:{2 * e.replica + e.stage}") for e in step.events if e.phase is F)
 
 
-def test_measured_bubble_with_known_cost_matches_theory_and_plot_is_png(batch, tmp_path):
+def test_timeline_with_known_cost_and_plot_is_png(batch, tmp_path):
+    # How close the measured bubble comes to theory is timing, measured by bench/pipeline_bubble.py;
+    # here only what holds on any machine: ops padded to their cost, one op at a time per device,
+    # dependencies respected, and the bubble computed from the recorded timeline.
     x, y = batch
     pipe = pl.Pipeline(_mlp(depth=4), num_stages=2, micro_batches=4, schedule="gpipe", op_cost=(0.02, 0.04))
     step = pipe.compute_gradients(x, y)
-    assert step.bubble_fraction == pytest.approx(pl.theoretical_bubble(2, 4), abs=0.05)
+    assert all(e.end - e.start >= (0.02 if e.phase is F else 0.04) for e in step.events)
+    for device in (0, 1):
+        ops = sorted((e for e in step.events if e.device == device), key=lambda e: e.start)
+        assert all(a.end <= b.start for a, b in zip(ops, ops[1:]))
+        assert [(e.phase, e.micro_batch) for e in ops] == [(F, j) for j in range(4)] + [(B, j) for j in range(4)]
+    end = {(e.stage, e.micro_batch, e.phase): e.end for e in step.events}
+    for e in step.events:
+        if e.phase is F and e.stage == 1:
+            assert e.start >= end[(0, e.micro_batch, F)]
+        if e.phase is B and e.stage == 0:
+            assert e.start >= end[(1, e.micro_batch, B)]
+    makespan = max(e.end for e in step.events) - min(e.start for e in step.events)
+    busy = sum(e.end - e.start for e in step.events)
+    assert step.bubble_fraction == pytest.approx(1 - busy / (2 * makespan))
     assert step.peak_activations == 4
     path = pipe.plot(step.events, tmp_path / "schedule.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
