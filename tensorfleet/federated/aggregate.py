@@ -132,7 +132,7 @@ def kept_count(size: int, sparsity: float) -> int:
     """How many values top-k keeps of ``size`` at ``sparsity`` (at least one)."""
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1). Received: sparsity={sparsity}")
-    return max(1, int(math.ceil(size * (1.0 - sparsity))))
+    return max(1, int(math.ceil(round(size * (1.0 - sparsity), 9))))  # round: 10 * (1 - 0.7) is 3.0000000000000004
 
 
 def sparsify(values: np.ndarray, sparsity: float) -> np.ndarray:

@@ -119,7 +119,7 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
                 table = tf.lookup.StaticHashTable(
                     tf.lookup.KeyValueTensorInitializer(tf.constant(ids), tf.range(len(ids), dtype=tf.int64)),
                     default_value=-1)
-                pos = table.lookup(client_id)
+                pos = table.lookup(tf.convert_to_tensor(client_id, tf.string))
                 rows = tf.constant(order)[tf.constant(starts)[pos]:tf.constant(ends)[pos]]
                 return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
                     x=tf.gather(tf.constant(x_all), rows), y=tf.gather(tf.constant(y_all), rows)))

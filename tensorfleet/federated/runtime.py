@@ -33,6 +33,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -68,6 +69,14 @@ def worker_binary_path() -> Path:
     if not path.is_file():
         raise RuntimeError(f"Expected TFF's worker binary at {path}, but there is no such file.")
     return path
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("localhost", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -163,21 +172,29 @@ class LocalWorker:
             _LIVE.add(self)
             _register_atexit()
             self.port = port
+            deadline = time.monotonic() + self.startup_timeout
+            # Wait for the port before opening the gRPC channel: a channel that first fails to
+            # connect backs off exponentially and would only notice the worker many seconds later.
+            while not _port_open(port):
+                self._check_alive_or_raise(port, deadline)
+                time.sleep(0.02)
             self._channel = grpc.insecure_channel(f"localhost:{port}", _GRPC_OPTIONS)
             self._stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(self._channel)
-            deadline = time.monotonic() + self.startup_timeout
             while not self._stub.is_ready:
-                if self._process.poll() is not None:
-                    code = self._process.returncode
-                    self.stop()
-                    raise RuntimeError(f"TFF's worker_binary exited with status {code} while starting on port {port}.")
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"TFF's worker_binary did not become ready on port {port} within {self.startup_timeout:g} s.")
-                time.sleep(0.05)
+                self._check_alive_or_raise(port, deadline)
+                time.sleep(0.02)
             self.generation += 1
             return self
+
+    def _check_alive_or_raise(self, port: int, deadline: float) -> None:
+        assert self._process is not None
+        if self._process.poll() is not None:
+            code = self._process.returncode
+            self.stop()
+            raise RuntimeError(f"TFF's worker_binary exited with status {code} while starting on port {port}.")
+        if time.monotonic() > deadline:
+            self.stop()
+            raise RuntimeError(f"TFF's worker_binary did not become ready on port {port} within {self.startup_timeout:g} s.")
 
     def stub(self) -> Any:
         """The gRPC stub of a running worker, starting it first when needed."""
