@@ -107,3 +107,29 @@ def tf_config_command(
     if not manifest.is_file():
         raise FileNotFoundError(f"The manifest does not exist. Received: {str(manifest)!r}")
     typer.echo(json.dumps(k8s.pod_tf_config(k8s.load_yaml(manifest.read_text()), role, index)))
+
+
+@app.command("federated-workers")
+def federated_workers_command(
+    replicas: int = typer.Option(..., "--replicas", help="Number of TFF worker pods."),
+    image: str = typer.Option(..., "--image", help="Container image with tensorfleet installed."),
+    name: str = typer.Option("tff-workers", "--name", help="Deployment, Service and app label."),
+    namespace: str = typer.Option("default", "--namespace"),
+    port: int = typer.Option(8000, "--port", help="The port every worker serves on."),
+    max_concurrent: int = typer.Option(-1, "--max-concurrent", help="Parallel calls per computation (<= 0: no limit)."),
+    cpu: str = typer.Option("1", "--cpu"),
+    memory: str = typer.Option("2Gi", "--memory"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
+) -> None:
+    """Write a validated Deployment and headless Service for N TFF C++ workers."""
+    from tensorfleet.federated import k8s as fk8s
+    from tensorfleet.strategies.k8s import KUBERNETES_VERSION, dump_yaml
+
+    docs = fk8s.federated_workers(replicas=replicas, image=image, name=name, namespace=namespace, port=port,
+                                  max_concurrent=max_concurrent, cpu=cpu, memory=memory)
+    if output is None:
+        typer.echo(dump_yaml(docs), nl=False)
+    else:
+        fk8s.write(docs, output)
+        typer.echo(f"wrote {output} (Deployment and headless Service {name}, {replicas} workers on port {port}), "
+                   f"valid against Kubernetes {KUBERNETES_VERSION}", err=True)
