@@ -24,7 +24,10 @@ One object, :class:`Mesh`, runs a layout in one of three ways (:class:`MeshBacke
    layout the rules give (a dimension no rule names is replicated), the batch is laid out
    the same way, and the model's function runs on the DTensor mesh, where TensorFlow's SPMD
    expansion inserts the collectives. The training step is a ``tf.function`` (in TF 2.14
-   DTensor's eager gradients of the loss fail to expand).
+   DTensor's eager gradients of the loss fail to expand). Use it in a process that runs no
+   ``tf.distribute`` collective strategy: in TF 2.14 DTensor's collectives and those of
+   ``MirroredStrategy`` take the same group keys, and whichever runs second fails with
+   "... is joining a group that is already full (group_key=1)".
 
 All three train with plain SGD on the mean softmax cross-entropy of integer labels and, when
 done, write the trained weights back into the Keras model. Supported models are chains of

@@ -140,7 +140,7 @@ def _data(name: str):
     return split.x_train[: STEPS * BATCH, ..., 0], split.y_train[: STEPS * BATCH]
 
 
-@pytest.mark.parametrize("backend", ["mtf", "keras", "dtensor"])
+@pytest.mark.parametrize("backend", ["mtf", "keras"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_2x2_mesh_matches_single_device_after_5_steps(case, backend, logical_cpus):
     name, layout = CASES[case]
@@ -159,15 +159,67 @@ def test_2x2_mesh_matches_single_device_after_5_steps(case, backend, logical_cpu
     assert history.devices == logical_cpus
     if backend == "mtf":  # the lowered graph has slices and computation on every device
         assert set(history.placement) == {f"/device:CPU:{i}" for i in range(4)}, history.placement
-    elif backend == "dtensor":  # every device holds its shard: the hidden/heads weights halved
-        held = {"mlp": 64 * 32 + 32 + 32 * 10 + 10,
-                "transformer": 8 * 16 + 16 + 3 * (16 * 2 * 4 + 2 * 4) + 2 * 4 * 16 + 16 + 16 * 16 + 16 + 16 * 16 + 16
-                + 16 * 10 + 10}[case]
-        assert history.placement == {f"/device:CPU:{i}": held for i in range(4)}
-        assert held < model.count_params()
     else:  # one sharded copy of the weights on the model axis; replica r computes on row r
         assert set(history.placement) == {"/device:CPU:0", "/device:CPU:1"}, history.placement
         assert history.grid == [logical_cpus[:2], logical_cpus[2:]]
+
+
+_DTENSOR_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {tests!r})
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import numpy as np
+import tensorflow as tf
+from tensorfleet import models
+from tensorfleet.strategies import mesh as tfmesh
+import test_mesh as t
+
+out = {{}}
+for key, (case, mesh_shape, layout) in {{
+        "mlp": ("mlp", "b1:2;b2:2", "batch:b1;hidden:b2"),
+        "transformer": ("transformer", "b1:2;b2:2", "batch:b1;hidden:b2;heads:b2"),
+        "mlp_m4": ("mlp", "m:4", "hidden:m")}}.items():
+    name = t.CASES[case][0]
+    x, y = t._data(name)
+    ref_losses, ref_final, ref_model = t._single_device_run(name, x, y)
+    model = models.build(name)
+    history = tfmesh.Mesh(mesh_shape, layout, backend="dtensor").fit(
+        model, x, y, epochs=1, batch_size=t.BATCH, learning_rate=t.LR, verbose=False)
+    out[key] = {{
+        "loss_diff": float(np.max(np.abs(np.array(history.step_loss) - ref_losses))),
+        "weight_diff": float(max(np.max(np.abs(a - b)) for a, b in zip(model.get_weights(), ref_model.get_weights()))),
+        "steps": len(history.step_loss), "moved": ref_losses[-1] != ref_losses[0],
+        "placement": history.placement, "params": model.count_params()}}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_dtensor_backend_matches_single_device_in_its_own_process():
+    # DTensor's collectives take group keys that tf.distribute's collectives also use: after a
+    # DTensor step, a MirroredStrategy in the same process fails ("joining a group that is
+    # already full"), so this backend is tested in a process of its own.
+    import os
+
+    tests = os.path.dirname(__file__)
+    result = subprocess.run([sys.executable, "-c", _DTENSOR_SCRIPT.format(tests=tests)], capture_output=True,
+                            text=True, timeout=540, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    import json
+
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for key, row in out.items():
+        assert row["steps"] == STEPS and row["moved"], key
+        assert row["loss_diff"] < 1e-5 and row["weight_diff"] < 1e-5, (key, row)
+    # every device holds its shard: the hidden/heads weights halved on the 2x2 mesh
+    held_mlp = 64 * 32 + 32 + 32 * 10 + 10
+    held_transformer = (8 * 16 + 16 + 3 * (16 * 2 * 4 + 2 * 4) + 2 * 4 * 16 + 16 + 16 * 16 + 16 + 16 * 16 + 16
+                        + 16 * 10 + 10)
+    assert out["mlp"]["placement"] == {f"/device:CPU:{i}": held_mlp for i in range(4)}
+    assert out["transformer"]["placement"] == {f"/device:CPU:{i}": held_transformer for i in range(4)}
+    assert held_mlp < out["mlp"]["params"] and held_transformer < out["transformer"]["params"]
+    assert out["mlp_m4"]["placement"] == {f"/device:CPU:{i}": 64 * 16 + 16 + 16 * 10 + 10 for i in range(4)}
 
 
 def test_keras_backend_rejects_layouts_it_cannot_run(logical_cpus):
@@ -194,7 +246,7 @@ def test_fit_rejects_bad_arguments(logical_cpus):
         mesh.fit(dropout, x, y)
 
 
-@pytest.mark.parametrize("backend", ["mtf", "keras", "dtensor"])
+@pytest.mark.parametrize("backend", ["mtf", "keras"])
 def test_pure_tensor_parallel_mesh_of_4_matches_single_device(backend, logical_cpus):
     x, y = _data("digits_mlp")
     ref_losses, _, ref_model = _single_device_run("digits_mlp", x, y)
