@@ -48,17 +48,14 @@ def main(argv: list[str] | None = None) -> None:
     from tensorfleet.io import write_bytes
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
+    from tensorfleet import strategies
     from tensorfleet.strategies import elastic, fault_tolerance
 
     tf.keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()
 
-    # TODO(registry): tensorfleet.strategies.build("multi_worker_mirrored", ...) once it lands.
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-        timeout_seconds=args.collective_timeout,
-    )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    strategy = strategies.build("multi_worker_mirrored", implementation="ring",
+                                timeout_seconds=args.collective_timeout)
     replicas = strategy.num_replicas_in_sync
     policy = elastic.BatchPolicy(args.batch_policy) if args.batch_policy else elastic.policy_from_env()
     sizes = elastic.batch_sizes(replicas, policy=policy, global_batch_size=args.global_batch_size,

@@ -28,14 +28,13 @@ def main(argv: list[str] | None = None) -> None:
 
     import tensorflow as tf
 
+    from tensorfleet import strategies
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
     from tensorfleet.strategies.fault_tolerance import EpochLog
 
     tf.keras.utils.set_random_seed(args.seed)
-    # TODO(registry): tensorfleet.strategies.build("parameter_server", ...) once it lands.
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    strategy = strategies.build("parameter_server")  # the cluster from the launcher's TF_CONFIG
     split = load_digits(seed=args.seed)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:

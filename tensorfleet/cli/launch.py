@@ -6,7 +6,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -57,10 +56,8 @@ def launch_command(
     )
     if result.returncode != 0 and result.error:
         typer.echo(f"error: {result.error}", err=True)
-    # SystemExit, not typer.Exit: click returns an Exit's code from app() in non-standalone
-    # mode, where main() would drop it; SystemExit reaches main() and every runner.
     if result.returncode:
-        sys.exit(result.returncode)
+        raise typer.Exit(result.returncode)
 
 
 def register(app: typer.Typer) -> None:

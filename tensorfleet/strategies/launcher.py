@@ -461,7 +461,8 @@ def launch(
         workers: number of worker tasks (>= 1, or 0 with ``chief=True``).
         ps: number of parameter-server tasks; a ps job always gets a chief (the coordinator).
         chief: add a chief task.
-        evaluator: add an evaluator task (stopped once the trainers finish).
+        evaluator: add an evaluator task; once the trainers finish it has ``grace`` seconds
+            to end by itself before it is stopped.
         ports: one port per task (chief, workers, ps, evaluator order); free ports by default.
         mode: ``"auto"`` (parameter server when ``ps > 0``, else collective), ``"collective"``
             or ``"parameter_server"``; decides what a restart restarts.
@@ -623,6 +624,12 @@ def _supervise(job: _Job, *, max_restarts: int, backoff: float, max_backoff: flo
 
         if failure is None:
             if trainers <= done:
+                # An evaluator gets ``grace`` seconds to finish its last evaluation by itself;
+                # servers (ps, and workers of a ps job) never end on their own.
+                deadline = time.monotonic() + grace
+                while (time.monotonic() < deadline and job.tasks.get("evaluator:0") is not None
+                       and job.tasks["evaluator:0"].poll() is None and not received):
+                    time.sleep(0.05)
                 leftovers = [t for n, t in job.tasks.items() if n not in done and t.poll() is None]
                 if leftovers:
                     job.stop_all(signal.SIGTERM, grace)
@@ -674,24 +681,20 @@ def _supervise(job: _Job, *, max_restarts: int, backoff: float, max_backoff: flo
 def serve(tf_config: str | Mapping[str, Any] | None = None) -> None:
     """Runs this process's task of a parameter-server cluster as a ``tf.distribute.Server``.
 
-    ``inter_op_parallelism_threads`` is set to ``workers + 1``: with fewer, a 2-core machine
-    deadlocks in the first epoch. Blocks until the process is stopped.
+    The server gets :func:`tensorfleet.strategies.data_parallel.worker_server_config` (at
+    least ``workers + 1`` inter-op threads: with fewer, a 2-core machine deadlocks in the
+    first epoch). Blocks until the process is stopped.
 
     Example:
         >>> serve()  # doctest: +SKIP  (reads TF_CONFIG; what the launcher runs for ps/workers)
     """
+    from tensorfleet.strategies.data_parallel import start_server
+
     raw = tf_config if tf_config is not None else os.environ.get("TF_CONFIG", "")
     config = parse_tf_config(raw)
     if config.task is None:
         raise TFConfigError("TF_CONFIG has no 'task'; the server needs to know which task it is.")
-    import tensorflow as tf
-
-    proto = tf.compat.v1.ConfigProto()
-    proto.inter_op_parallelism_threads = config.cluster.num_tasks(Role.WORKER.value) + 1
-    server = tf.distribute.Server(
-        config.cluster.to_tf(), job_name=config.task.role, task_index=config.task.index,
-        protocol=config.rpc_layer or "grpc", config=proto, start=True,
-    )
+    server = start_server(config.cluster, config.task.role, config.task.index)
     print(f"tensorfleet: {config.task} serving at {config.task.address}", flush=True)
     server.join()
 
