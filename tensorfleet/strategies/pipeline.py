@@ -268,7 +268,8 @@ def peak_activations(events: Sequence[Event]) -> int:
 def plot_schedule(events: Sequence[Event], path: str | os.PathLike[str], *, title: str = "Pipeline schedule") -> Any:
     """Draws the timeline as a Gantt chart (one row per device) and saves it as a PNG.
 
-    Forward passes are blue, backward passes orange; each bar shows its micro-batch number.
+    Forward passes are blue, backward passes orange; each bar shows its micro-batch number,
+    and with interleaving a hatch tells the device's model chunks (virtual stages) apart.
     """
     if not events:
         raise ValueError("plot_schedule needs at least one event. Received: events=[]")
@@ -284,9 +285,13 @@ def plot_schedule(events: Sequence[Event], path: str | os.PathLike[str], *, titl
     begin = min(e.start for e in events)
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.2))
     colours = {Phase.FORWARD: "#4C72B0", Phase.BACKWARD: "#DD8452"}
+    devices = len({e.device for e in events})
+    hatches = ("", "//", "xx", "..")
     for e in events:
         y = row_of[(e.replica, e.device)]
-        ax.barh(y, e.end - e.start, left=e.start - begin, color=colours[e.phase], edgecolor="black", height=0.8)
+        chunk = e.stage // devices  # interleaved: which of the device's model chunks
+        ax.barh(y, e.end - e.start, left=e.start - begin, color=colours[e.phase], edgecolor="black", height=0.8,
+                hatch=hatches[chunk % len(hatches)])
         ax.text((e.start + e.end) / 2 - begin, y, str(e.micro_batch), ha="center", va="center", fontsize=7,
                 color="white")
     labels = [f"replica {r} / device {d}" if len(rows) > len({d for _, d in rows}) else f"device {d}" for r, d in rows]
@@ -296,7 +301,11 @@ def plot_schedule(events: Sequence[Event], path: str | os.PathLike[str], *, titl
     ax.set_title(f"{title} (bubble {bubble_fraction(events):.1%})")
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=c, label=p.value) for p, c in colours.items()], loc="lower right", fontsize=8)
+    handles = [Patch(color=c, label=p.value) for p, c in colours.items()]
+    chunks = 1 + max(e.stage for e in events) // devices
+    handles += [Patch(facecolor="white", edgecolor="black", hatch=hatches[c % len(hatches)], label=f"chunk {c}")
+                for c in range(chunks) if chunks > 1]
+    ax.legend(handles=handles, loc="lower right", fontsize=8)
     return save_figure(fig, path)
 
 
