@@ -674,7 +674,61 @@ class Pipeline:
             history["loss"].append(sum(losses) / len(losses))
         return history
 
+    def keras_model(self) -> Any:
+        """A ``tf.keras.Model`` whose ``fit`` trains through this pipeline.
+
+        Compile it with an optimizer and ``run_eagerly=True`` (the pipeline's device threads
+        run eager TensorFlow); its loss is the pipeline's. ``fit`` then shows Keras' progress
+        bar, runs callbacks and records the mean ``loss`` and ``bubble_fraction`` per epoch;
+        ``predict`` and ``evaluate`` use the unsplit model.
+
+        Example:
+            >>> trainer = pipe.keras_model()
+            >>> trainer.compile(optimizer="adam", run_eagerly=True)
+            >>> trainer.fit(x, y, batch_size=64, epochs=3)
+        """
+        return _keras_pipeline_model(self)
+
     def plot(self, events: Sequence[Event], path: str | os.PathLike[str]) -> Any:
         """Saves ``events`` as a PNG Gantt chart titled with this pipeline's schedule."""
         v = f", v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         return plot_schedule(events, path, title=f"{self.schedule}: p={self.num_devices}, m={self.micro_batches}{v}")
+
+
+def _keras_pipeline_model(pipeline: Pipeline) -> Any:
+    import tensorflow as tf
+
+    class PipelineModel(tf.keras.Model):
+        """Keras front of a :class:`Pipeline`: ``train_step`` is one pipeline step."""
+
+        def __init__(self) -> None:
+            super().__init__(name=f"{pipeline.model.name}_pipeline")
+            self.pipeline = pipeline
+            self.inner = pipeline.model
+            self.loss_tracker = tf.keras.metrics.Mean(name="loss")
+            self.bubble_tracker = tf.keras.metrics.Mean(name="bubble_fraction")
+
+        def call(self, inputs: Any, training: Any = None) -> Any:
+            return self.inner(inputs, training=training)
+
+        @property
+        def metrics(self) -> list[Any]:
+            return [self.loss_tracker, self.bubble_tracker]
+
+        def train_step(self, data: Any) -> dict[str, Any]:
+            if tf.executing_eagerly() is False:
+                raise RuntimeError("A pipeline model trains eagerly: compile it with run_eagerly=True.")
+            x, y = data[0], data[1]
+            step = self.pipeline.compute_gradients(x, y)
+            pairs = [(g, v) for g, v in zip(step.gradients, self.inner.trainable_variables) if g is not None]
+            self.optimizer.apply_gradients(pairs)
+            self.loss_tracker.update_state(step.loss)
+            self.bubble_tracker.update_state(step.bubble_fraction)
+            return {m.name: m.result() for m in self.metrics}
+
+        def test_step(self, data: Any) -> dict[str, Any]:
+            x, y = data[0], data[1]
+            self.loss_tracker.update_state(self.pipeline.loss(y, self.inner(x, training=False)))
+            return {"loss": self.loss_tracker.result()}
+
+    return PipelineModel()

@@ -196,3 +196,33 @@ def test_unbuilt_model_gets_each_stage_weights_on_its_device(batch, logical_cpus
     assert step.loss == pytest.approx(ref_loss, abs=1e-5)
     for got, want in zip(step.gradients, ref_grads):
         np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+
+
+def test_keras_fit_trains_through_the_pipeline(batch):
+    x, y = batch
+    model, twin = _mlp(depth=4), _mlp(depth=4)
+    trainer = pl.Pipeline(model, num_stages=2, micro_batches=2, schedule="gpipe").keras_model()
+    trainer.compile(optimizer=tf.keras.optimizers.SGD(0.5), run_eagerly=True)
+    history = trainer.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    opt = tf.keras.optimizers.SGD(0.5)
+    epoch_losses = []
+    for _ in range(2):
+        losses = []
+        for s in (0, 16):
+            loss, grads = _reference(twin, x[s:s + 16], y[s:s + 16])
+            opt.apply_gradients(zip(grads, twin.trainable_variables))
+            losses.append(loss)
+        epoch_losses.append(sum(losses) / 2)
+    np.testing.assert_allclose(history.history["loss"], epoch_losses, atol=1e-5)
+    assert all(0.0 <= b < 1.0 for b in history.history["bubble_fraction"])
+    for got, want in zip(model.get_weights(), twin.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(trainer.predict(x[:4], verbose=0), twin(x[:4]).numpy(), atol=1e-5)
+
+
+def test_keras_fit_without_run_eagerly_is_a_clear_error(batch):
+    x, y = batch
+    trainer = pl.Pipeline(_mlp(depth=4), num_stages=2, micro_batches=2).keras_model()
+    trainer.compile(optimizer="sgd")
+    with pytest.raises(RuntimeError, match=r"compile it with run_eagerly=True"):
+        trainer.fit(x, y, batch_size=16, epochs=1, verbose=0)
