@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,6 +39,13 @@ __all__ = [
     "TinyData",
     "synthetic",
     "REFERENCE",
+    "KWS_WORDS",
+    "mfcc_features",
+    "load_speech_commands",
+    "load_cifar10",
+    "log_mel_frames",
+    "load_toyadmos",
+    "load_vww",
 ]
 
 
@@ -195,8 +204,9 @@ class TinyData(NamedTuple):
 def synthetic(name: str, *, n: int = 64, seed: int = 0, num_classes: int | None = None) -> TinyData:
     """A small generated dataset shaped for the TinyML model ``name``, with a learnable signal.
 
-    Classification inputs are noise plus a class-specific pattern, so a model can learn them;
-    the autoencoder's are low-rank "normal machine" frames in [0, 1].
+    Keyword spotting inputs are class-specific temporal modulations of the MFCC frames; image
+    inputs are noise plus a class-specific template, in [0, 1]; the autoencoder's are low-rank
+    "normal machine" frames in [0, 1]. Every class is learnable.
 
     Example:
         >>> data = synthetic("ds_cnn", n=8)
@@ -216,12 +226,183 @@ def synthetic(name: str, *, n: int = 64, seed: int = 0, num_classes: int | None 
         x = weights @ basis + rng.normal(0.0, 0.02, size=(n, basis.shape[1]))
         return TinyData(np.clip(x, 0.0, 1.0).astype(np.float32).reshape((n, *shape)), None)
     classes = num_classes or {"ds_cnn": 12, "resnet8": 10, "mobilenet_v1_025": 2}[canonical]
-    patterns = np.random.default_rng(4321).normal(0.0, 1.0, size=(classes, *shape))
     y = rng.integers(0, classes, size=n).astype(np.int32)
+    if canonical == "ds_cnn":
+        # Keyword-like: each class is a temporal modulation rate (2..7 cycles per second of
+        # frames) times a smooth or alternating cepstral profile, at a random phase; a
+        # translation-invariant network (DS-CNN ends in global pooling) can learn it.
+        frames, coeffs = shape[0], shape[1]
+        t = np.arange(frames)[None, :, None]
+        rate = 2.0 + (y % 6)[:, None, None]
+        phase = rng.uniform(0.0, 2.0 * np.pi, size=(n, 1, 1))
+        profile = np.where((y // 6 % 2)[:, None, None] == 1, (-1.0) ** np.arange(coeffs)[None, None, :], 1.0)
+        x = np.sin(2.0 * np.pi * rate * t / frames + phase) * profile
+        x = (x + 0.5 * rng.normal(0.0, 1.0, size=x.shape))[..., None]
+        return TinyData(x.astype(np.float32), y)
+    patterns = np.random.default_rng(4321).normal(0.0, 1.0, size=(classes, *shape))
     x = 0.5 * rng.normal(0.0, 1.0, size=(n, *shape)) + patterns[y]
-    if canonical != "ds_cnn":  # images: pixels in [0, 1]
-        x = np.clip(0.5 + 0.15 * x, 0.0, 1.0)
+    x = np.clip(0.5 + 0.15 * x, 0.0, 1.0)  # images: pixels in [0, 1]
     return TinyData(x.astype(np.float32), y)
+
+
+# ---- loaders of the real datasets (files on disk; nothing is downloaded) ---------------------------------------
+
+KWS_WORDS = ("down", "go", "left", "no", "off", "on", "right", "stop", "up", "yes")
+
+
+def _check_dir(directory: str | os.PathLike[str], what: str) -> Path:
+    path = Path(directory)
+    if not path.is_dir():
+        raise FileNotFoundError(f"No {what} directory at {str(path)!r}.")
+    return path
+
+
+def _read_wav(path: Path) -> tuple[np.ndarray, int]:
+    """16-bit PCM mono (or the first channel) as float32 in [-1, 1], and its sample rate."""
+    import wave
+
+    with wave.open(str(path), "rb") as handle:
+        if handle.getsampwidth() != 2:
+            raise ValueError(f"Only 16-bit PCM WAV files are supported. Received: {str(path)!r} with "
+                             f"{8 * handle.getsampwidth()}-bit samples")
+        rate, channels = handle.getframerate(), handle.getnchannels()
+        data = np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i2")
+    return (data.reshape(-1, channels)[:, 0].astype(np.float32) / 32768.0), rate
+
+
+def mfcc_features(audio: np.ndarray, *, sample_rate: int = 16_000) -> np.ndarray:
+    """MLPerf Tiny KWS features: 1 s padded/cut, 30 ms windows every 20 ms, 40 mel bins
+    (20-4000 Hz), log, the first 10 MFCCs -> ``(49, 10, 1)`` float32."""
+    import tensorflow as tf
+
+    if sample_rate != 16_000:
+        raise ValueError(f"Speech Commands audio must be 16 kHz. Received: sample_rate={sample_rate}")
+    audio = np.asarray(audio, np.float32)[:16_000]
+    audio = np.pad(audio, (0, 16_000 - len(audio)))
+    stft = tf.signal.stft(audio, frame_length=480, frame_step=320, fft_length=512)
+    spectrum = tf.abs(stft)
+    mel = tf.signal.linear_to_mel_weight_matrix(40, spectrum.shape[-1], 16_000, 20.0, 4_000.0)
+    log_mel = tf.math.log(tf.tensordot(spectrum, mel, 1) + 1e-6)
+    mfcc = tf.signal.mfccs_from_log_mel_spectrograms(log_mel)[..., :10]
+    return mfcc.numpy()[..., None].astype(np.float32)
+
+
+def load_speech_commands(directory: str | os.PathLike[str], *, words: tuple[str, ...] = KWS_WORDS,
+                         max_per_class: int | None = None) -> dict[str, TinyData]:
+    """Google Speech Commands v2 as MLPerf Tiny uses it: ten keywords, ``_silence_``, ``_unknown_``.
+
+    Expects the extracted archive: ``<directory>/<word>/<file>.wav`` (16 kHz mono),
+    ``validation_list.txt`` and ``testing_list.txt`` (missing lists put everything in train).
+    ``_background_noise_`` clips are cut into 1 s silence samples. Labels: ``words`` in order,
+    then silence (len(words)) and unknown (len(words) + 1).
+
+    Returns:
+        ``{"train": ..., "validation": ..., "test": ...}`` of MFCC ``(n, 49, 10, 1)`` inputs.
+    """
+    root = _check_dir(directory, "Speech Commands")
+    lists = {}
+    for split, filename in (("validation", "validation_list.txt"), ("test", "testing_list.txt")):
+        listing = root / filename
+        lists[split] = set(listing.read_text().split()) if listing.is_file() else set()
+    silence, unknown = len(words), len(words) + 1
+    buckets: dict[str, tuple[list[np.ndarray], list[int]]] = {s: ([], []) for s in ("train", "validation", "test")}
+    counts: dict[int, int] = {}
+    for word_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for wav in sorted(word_dir.glob("*.wav")):
+            audio, rate = _read_wav(wav)
+            if word_dir.name == "_background_noise_":
+                for start in range(0, len(audio) - rate + 1, rate):
+                    buckets["train"][0].append(mfcc_features(audio[start:start + rate], sample_rate=rate))
+                    buckets["train"][1].append(silence)
+                continue
+            label = words.index(word_dir.name) if word_dir.name in words else unknown
+            if max_per_class is not None and counts.get(label, 0) >= max_per_class:
+                continue
+            counts[label] = counts.get(label, 0) + 1
+            relative = f"{word_dir.name}/{wav.name}"
+            split = "validation" if relative in lists["validation"] else "test" if relative in lists["test"] else "train"
+            buckets[split][0].append(mfcc_features(audio, sample_rate=rate))
+            buckets[split][1].append(label)
+    if not any(buckets[s][0] for s in buckets):
+        raise ValueError(f"No .wav files under {str(root)!r}; expected <word>/<file>.wav folders.")
+    return {split: TinyData(np.stack(x) if x else np.zeros((0, 49, 10, 1), np.float32), np.asarray(y, np.int32))
+            for split, (x, y) in buckets.items()}
+
+
+def load_cifar10(directory: str | os.PathLike[str]) -> dict[str, TinyData]:
+    """CIFAR-10, python version (``data_batch_1..5`` and ``test_batch`` pickles), as float32 NHWC in [0, 1]."""
+    import pickle
+
+    root = _check_dir(directory, "CIFAR-10")
+    out = {}
+    for split, pattern in (("train", "data_batch_*"), ("test", "test_batch")):
+        files = sorted(root.glob(pattern))
+        if not files:
+            raise FileNotFoundError(f"No CIFAR-10 {pattern!r} file in {str(root)!r} "
+                                    f"(expected the extracted cifar-10-batches-py folder).")
+        xs, ys = [], []
+        for file in files:
+            with open(file, "rb") as handle:
+                batch = pickle.load(handle, encoding="bytes")
+            xs.append(np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+            ys.append(np.asarray(batch[b"labels"], np.int32))
+        out[split] = TinyData(np.concatenate(xs).astype(np.float32) / 255.0, np.concatenate(ys))
+    return out
+
+
+def log_mel_frames(audio: np.ndarray, *, sample_rate: int = 16_000, n_mels: int = 128, frames: int = 5,
+                   n_fft: int = 1024, hop: int = 512) -> np.ndarray:
+    """DCASE 2020 task 2 baseline features: log-mel (128 bins) of ``frames`` consecutive frames,
+    concatenated -> ``(n, 640)`` float32."""
+    import tensorflow as tf
+
+    stft = tf.signal.stft(np.asarray(audio, np.float32), frame_length=n_fft, frame_step=hop, fft_length=n_fft)
+    power = tf.abs(stft) ** 2
+    mel = tf.signal.linear_to_mel_weight_matrix(n_mels, power.shape[-1], sample_rate, 0.0, sample_rate / 2.0)
+    log_mel = (10.0 * np.log10(tf.tensordot(power, mel, 1).numpy() + np.finfo(np.float32).eps)).astype(np.float32)
+    count = log_mel.shape[0] - frames + 1
+    if count < 1:
+        raise ValueError(f"The clip is too short for {frames} frames of {n_fft} samples every {hop}. "
+                         f"Received: {len(audio)} samples")
+    return np.concatenate([log_mel[k:k + count] for k in range(frames)], axis=1)
+
+
+def load_toyadmos(directory: str | os.PathLike[str], *, machine: str = "ToyCar") -> dict[str, TinyData]:
+    """ToyADMOS as packaged for DCASE 2020 task 2: ``<directory>/<machine>/{train,test}/*.wav``.
+
+    Train clips are normal; test clip names start with ``normal_`` or ``anomaly_``. Each clip
+    becomes its 640-wide log-mel frame vectors; ``y`` is 0 (normal) or 1 (anomaly) per vector.
+    """
+    root = _check_dir(Path(directory) / machine, f"ToyADMOS {machine}")
+    out = {}
+    for split in ("train", "test"):
+        xs, ys = [], []
+        for wav in sorted((root / split).glob("*.wav")):
+            audio, rate = _read_wav(wav)
+            vectors = log_mel_frames(audio, sample_rate=rate)
+            xs.append(vectors)
+            ys.append(np.full(len(vectors), 1 if wav.name.startswith("anomaly") else 0, np.int32))
+        if not xs:
+            raise FileNotFoundError(f"No .wav files in {str(root / split)!r}.")
+        out[split] = TinyData(np.concatenate(xs), np.concatenate(ys))
+    return out
+
+
+def load_vww(directory: str | os.PathLike[str], *, size: int = 96) -> TinyData:
+    """Visual Wake Words as MLPerf Tiny trains it: ``<directory>/person/*`` and ``<directory>/non_person/*``
+    images (JPEG/PNG), resized to ``size`` x ``size`` RGB in [0, 1]; label 1 = person."""
+    import tensorflow as tf
+
+    root = _check_dir(directory, "Visual Wake Words")
+    xs, ys = [], []
+    for label, sub in ((0, "non_person"), (1, "person")):
+        for image in sorted(p for p in (root / sub).glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")):
+            decoded = tf.io.decode_image(image.read_bytes(), channels=3, expand_animations=False)
+            xs.append(tf.image.resize(tf.cast(decoded, tf.float32) / 255.0, (size, size)).numpy())
+            ys.append(label)
+    if not xs:
+        raise FileNotFoundError(f"No images in {str(root)!r}/person or /non_person.")
+    return TinyData(np.stack(xs).astype(np.float32), np.asarray(ys, np.int32))
 
 
 MODELS.register("ds_cnn", ds_cnn, aliases=("kws", "keyword_spotting"),
