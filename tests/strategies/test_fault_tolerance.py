@@ -142,29 +142,46 @@ def _weights(path: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_sigkill_of_a_worker_in_epoch_3_resumes_from_backup_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+@pytest.mark.timeout(360)
+def test_worker_killed_in_epoch_3_then_frozen_in_epoch_5_resumes_each_time_to_the_uninterrupted_weights(
+        tmp_path: Path) -> None:
+    import signal
+
     script = EXAMPLES / "train_digits_multiworker.py"
-    common = ["--model", "digits_cnn", "--epochs", "6", "--examples-per-epoch", "256", "--collective-timeout", "30"]
+    common = ["--model", "digits_cnn", "--epochs", "6", "--examples-per-epoch", "256", "--collective-timeout", "8"]
     clean = launch(script, [*common, "--weights-out", str(tmp_path / "clean.npz")], workers=2,
                    backup_dir=tmp_path / "clean-backup", timeout=150, sink=None)
     assert clean.restarts == 0
-    killed = launch(script, [*common, "--log-steps", "--weights-out", str(tmp_path / "killed.npz")], workers=2,
-                    backup_dir=tmp_path / "killed-backup", max_restarts=1, backoff=0.5, timeout=150, sink=None,
-                    faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")])
-    assert killed.returncode == 0 and killed.restarts == 1
-    assert any(e.text.startswith("injecting fault: SIGKILL to worker:1") for e in killed.events)
-    assert any(e.text.startswith("worker:1 was killed by SIGKILL; restarting all 2 tasks") for e in killed.events)
-    first = killed.output("worker:0", attempt=0)
-    assert "tensorfleet: epoch 2/6 end" in " ".join(first) and not any("epoch 3/6 end" in line for line in first)
+    # Attempt 0: worker 1 SIGKILLed during epoch 3. Attempt 1: worker 1 frozen (SIGSTOP) during
+    # epoch 5: no process exits, so only the collective/heartbeat timeout in worker 0 ends the
+    # hang, and the launcher restarts the job again.
+    faulty = launch(script, [*common, "--log-steps", "--weights-out", str(tmp_path / "faulty.npz")], workers=2,
+                    backup_dir=tmp_path / "faulty-backup", max_restarts=2, backoff=0.5, timeout=150, sink=None,
+                    faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$"),
+                            Fault("worker:1", r"^tensorfleet: epoch 5 step 2$", signal=signal.SIGSTOP, attempt=1)])
+    assert faulty.returncode == 0 and faulty.restarts == 2
+    restarts = [e for e in faulty.events if "restarting all 2 tasks" in e.text]
+    assert restarts[0].text.startswith("worker:1 was killed by SIGKILL; restarting all 2 tasks (restart 1/2)")
+    assert restarts[1].text.startswith("worker:0 exited with status 1; restarting all 2 tasks (restart 2/2)")
+    frozen = next(e.time for e in faulty.events if e.text.startswith("injecting fault: SIGSTOP to worker:1"))
+    assert restarts[1].time - frozen < 60
+    second = "\n".join(faulty.output("worker:0", attempt=1))
+    assert "heartbeat timeout" in second or "Collective ops is aborted" in second
+
+    def begun(lines: list[str]) -> list[int]:
+        return [int(m.group(1)) for line in lines if (m := re.match(r"tensorfleet: epoch (\d)/6 begin", line))]
+
     for task in ("worker:0", "worker:1"):
-        second = killed.output(task, attempt=1)
-        assert ft.resumed_epoch(second) == 3
-        assert [int(m.group(1)) for line in second if (m := re.match(r"tensorfleet: epoch (\d)/6 begin", line))] == \
-            [3, 4, 5, 6]
-    clean_w, killed_w = _weights(tmp_path / "clean.npz"), _weights(tmp_path / "killed.npz")
-    assert [w.shape for w in clean_w] == [w.shape for w in killed_w]
-    difference = max(float(np.abs(a - b).max()) for a, b in zip(clean_w, killed_w))
+        assert ft.resumed_epoch(faulty.output(task, attempt=0)) is None
+        assert begun(faulty.output(task, attempt=0)) == [1, 2, 3]
+        assert ft.resumed_epoch(faulty.output(task, attempt=1)) == 3
+        assert begun(faulty.output(task, attempt=1)) == [3, 4, 5]
+        assert ft.resumed_epoch(faulty.output(task, attempt=2)) == 5
+        assert begun(faulty.output(task, attempt=2)) == [5, 6]
+    clean_w, faulty_w = _weights(tmp_path / "clean.npz"), _weights(tmp_path / "faulty.npz")
+    assert [w.shape for w in clean_w] == [w.shape for w in faulty_w]
+    difference = max(float(np.abs(a - b).max()) for a, b in zip(clean_w, faulty_w))
+    print(f"largest weight difference to the uninterrupted run: {difference}")
     assert difference <= 1e-5, f"resumed weights differ from the uninterrupted run's by {difference}"
 
 
@@ -192,25 +209,3 @@ def test_parameter_server_worker_killed_is_restarted_alone_and_training_complete
     assert epochs * steps <= iterations <= epochs * steps + 1
     assert float(re.search(r"test_accuracy=([\d.]+)", done).group(1)) > 0.9
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_frozen_peer_ends_in_a_collective_timeout_and_a_restart_not_a_hang(tmp_path: Path) -> None:
-    import signal
-
-    # SIGSTOP freezes worker 1 without killing it: the launcher sees no exit, and worker 0's
-    # collective waits for a peer that never answers until TensorFlow's timeout fires.
-    result = launch(EXAMPLES / "train_digits_multiworker.py",
-                    ["--model", "digits_mlp", "--epochs", "4", "--examples-per-epoch", "256",
-                     "--collective-timeout", "8", "--log-steps"],
-                    workers=2, backup_dir=tmp_path / "backup", max_restarts=1, backoff=0.5, timeout=180, sink=None,
-                    faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGSTOP)])
-    assert result.returncode == 0 and result.restarts == 1
-    frozen = next(e.time for e in result.events if e.text.startswith("injecting fault: SIGSTOP to worker:1"))
-    failed = next(e for e in result.events if "restarting all 2 tasks" in e.text)
-    assert failed.text.startswith("worker:0 exited with status 1")
-    assert failed.time - frozen < 60
-    first = "\n".join(result.output("worker:0", attempt=0))
-    assert "heartbeat timeout" in first or "Collective ops is aborted" in first
-    assert ft.resumed_epoch(result.output("worker:0", attempt=1)) == 3
-    assert any(line.startswith("tensorfleet: done iterations=16") for line in result.output("worker:0", attempt=1))
