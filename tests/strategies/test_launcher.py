@@ -287,3 +287,15 @@ def test_tf_config_naming_the_same_cluster_is_accepted(task_script: Path, monkey
 def test_env_must_not_set_tf_config(task_script: Path) -> None:
     with pytest.raises(TFConfigConflictError, match=r"env must not set TF_CONFIG"):
         launch(task_script, env={"TF_CONFIG": "{}"})
+
+
+def test_the_launcher_itself_listens_on_no_port(task_script: Path) -> None:
+    me = psutil.Process()
+
+    def listening() -> set[tuple[str, int]]:
+        return {(c.laddr.ip, c.laddr.port) for c in me.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+
+    before = listening()
+    during: list[set[tuple[str, int]]] = []
+    launch(task_script, workers=2, sink=lambda line: during.append(listening()))
+    assert during and all(sockets == before for sockets in during)
