@@ -71,24 +71,22 @@ def _float16(converter: Any, rep: Any) -> None:
     converter.target_spec.supported_types = [tf.float16]
 
 
-def _int8(converter: Any, rep: Any) -> None:
+def _full_integer(converter: Any, rep: Any, ops_set: str, io_type: str) -> None:
     import tensorflow as tf
 
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = rep
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    converter.inference_input_type = tf.int8
-    converter.inference_output_type = tf.int8
+    converter.target_spec.supported_ops = [getattr(tf.lite.OpsSet, ops_set)]
+    converter.inference_input_type = getattr(tf, io_type)
+    converter.inference_output_type = getattr(tf, io_type)
+
+
+def _int8(converter: Any, rep: Any) -> None:
+    _full_integer(converter, rep, "TFLITE_BUILTINS_INT8", "int8")
 
 
 def _int16x8(converter: Any, rep: Any) -> None:
-    import tensorflow as tf
-
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = rep
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
-    converter.inference_input_type = tf.int16
-    converter.inference_output_type = tf.int16
+    _full_integer(converter, rep, "EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8", "int16")
 
 
 QUANTIZATIONS: Registry[QuantizationMode] = Registry("quantization mode")
