@@ -35,8 +35,8 @@ def launch_command(
 ) -> None:
     """Start one process per task on 127.0.0.1, each with its TF_CONFIG; restart on failure.
 
-    Output lines are prefixed with the task ([worker:1] ...); Ctrl-C and SIGTERM reach every
-    task; the exit status is the chief's (worker 0's without a chief) or the first failure's.
+    Output lines are prefixed with their task (e.g. worker:1); Ctrl-C and SIGTERM reach every
+    task (SIGKILL follows after a grace period); the exit status is the chief's (worker 0's without a chief) or the first failure's.
     """
     from tensorfleet.strategies.launcher import launch
 

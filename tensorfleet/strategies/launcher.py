@@ -19,6 +19,10 @@ peer (it stops the survivors at once instead of letting them wait), by the scrip
 ``CommunicationOptions(timeout_seconds=...)``, or, for tasks that neither exit nor print,
 by ``hang_timeout``: no output from any task for that long counts as a failure.
 
+SIGTERM alone does not end a multi-worker TensorFlow task: TensorFlow's preemption notifier
+catches it (the coordination service treats it as a preemption notice), so after forwarding
+SIGINT or SIGTERM the launcher waits ``grace`` seconds and then SIGKILLs what is left.
+
 In a parameter-server job only the chief runs the script; workers and ps run the built-in
 server of this module (``python -m tensorfleet.strategies.launcher --serve``), which sets
 ``inter_op_parallelism_threads`` to ``workers + 1`` (without it a 2-core machine hangs in
