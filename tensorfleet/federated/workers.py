@@ -10,10 +10,12 @@ dies, stopped at interpreter exit.
 The port is checked before the binary starts: the worker's gRPC server sets ``SO_REUSEPORT``,
 so a second worker on a busy port would silently share it with the first.
 
-TFF 0.87's ``worker_binary`` has no flag for the address it listens on; it binds every
-interface (``[::]:PORT``). ``host`` is the address the worker is checked on and reached at, and
-``host="127.0.0.1"`` (the default) is what clients on this machine use; keep such ports
-closed to other machines with the host's firewall (in Kubernetes the worker's Service does that).
+TFF 0.87's ``worker_binary`` has no flag for the address it listens on: it binds every
+interface (``[::]:PORT``), and a worker runs any TensorFlow graph a client sends it. So a worker
+on a specific ``host`` (``127.0.0.1`` by default) is started with a tiny ``LD_PRELOAD`` library
+that turns the binary's wildcard ``bind`` into a bind to ``host`` (compiled once with the system C
+compiler into ``~/.cache/tensorfleet``); ``host="0.0.0.0"`` (as in Kubernetes pods) keeps every
+interface. Without a C compiler the worker listens on every interface and a warning says so.
 
 Example:
     >>> from tensorfleet.federated.workers import Worker
@@ -25,16 +27,123 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import tempfile
 import threading
+import warnings
+from pathlib import Path
 from types import FrameType
 from typing import Any, Callable
 
 from tensorfleet.federated.runtime import LocalWorker
 
-__all__ = ["PortInUseError", "Worker", "check_port_free", "serve", "start_worker"]
+__all__ = ["PortInUseError", "Worker", "bind_shim_path", "check_port_free", "serve", "start_worker"]
+
+
+_WILDCARD_HOSTS = ("0.0.0.0", "::")
+_HOSTS = ("127.0.0.1", "localhost", "::1", *_WILDCARD_HOSTS)
+_ENV_LOCK = threading.Lock()
+_BIND_SHIM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* tensorfleet: a bind to the wildcard address becomes a bind to TENSORFLEET_BIND_HOST. */
+int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+  static int (*real_bind)(int, const struct sockaddr *, socklen_t);
+  if (!real_bind) real_bind = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
+  const char *host = getenv("TENSORFLEET_BIND_HOST");
+  if (host && addr && addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+    struct sockaddr_in6 a;
+    memcpy(&a, addr, sizeof a);
+    if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr)) {
+      struct in_addr v4;
+      if (inet_pton(AF_INET, host, &v4) == 1) {  /* an IPv4 host on a dual-stack socket: v4-mapped */
+        memset(&a.sin6_addr, 0, sizeof a.sin6_addr);
+        a.sin6_addr.s6_addr[10] = 0xff;
+        a.sin6_addr.s6_addr[11] = 0xff;
+        memcpy(&a.sin6_addr.s6_addr[12], &v4, 4);
+        return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
+      }
+      if (inet_pton(AF_INET6, host, &a.sin6_addr) == 1) return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
+    }
+  } else if (host && addr && addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+    struct sockaddr_in a;
+    memcpy(&a, addr, sizeof a);
+    if (a.sin_addr.s_addr == htonl(INADDR_ANY) && inet_pton(AF_INET, host, &a.sin_addr) == 1)
+      return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
+  }
+  return real_bind(fd, addr, len);
+}
+"""
+
+
+def bind_shim_path() -> Path | None:
+    """The ``LD_PRELOAD`` library that binds a worker to one address; built on first use.
+
+    None when there is no C compiler (or it fails).
+    """
+    digest = hashlib.sha256(_BIND_SHIM_SOURCE.encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tensorfleet"
+    path = cache / f"bindhost-{digest}.so"
+    if path.is_file():
+        return path
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            src = Path(tmp) / "bindhost.c"
+            src.write_text(_BIND_SHIM_SOURCE)
+            out = Path(tmp) / "bindhost.so"
+            subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"],
+                           check=True, capture_output=True, timeout=120)
+            os.replace(out, path)  # atomic: another process may build the same file
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path
+
+
+@contextlib.contextmanager
+def _bound_to(host: str) -> Any:
+    """The environment a worker bound to ``host`` starts with.
+
+    LocalWorker's child inherits this process's environment, so it is set around the start
+    (under a lock, and put back after); a child another thread starts meanwhile would also get
+    it, which only narrows that child's wildcard binds to ``host``.
+    """
+    if host in _WILDCARD_HOSTS:
+        yield
+        return
+    shim = bind_shim_path()
+    if shim is None:
+        warnings.warn(f"No C compiler to build the bind library: TFF's worker listens on every interface, not only "
+                      f"{host}. Install a C compiler (cc) or block the port with a firewall.", RuntimeWarning,
+                      stacklevel=3)
+        yield
+        return
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "TENSORFLEET_BIND_HOST")}
+        os.environ["LD_PRELOAD"] = ":".join(p for p in (str(shim), saved["LD_PRELOAD"]) if p)
+        os.environ["TENSORFLEET_BIND_HOST"] = "127.0.0.1" if host == "localhost" else host
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 class PortInUseError(OSError):
@@ -48,13 +157,13 @@ def _check_port(port: Any) -> int:
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """Raises :class:`PortInUseError` when ``port`` is taken (on any interface or on ``host``).
+    """Raises :class:`PortInUseError` when ``port`` is taken on any interface.
 
     Bound without ``SO_REUSEPORT``, so a port held by another TFF worker (whose gRPC server
-    sets it) counts as taken.
+    sets it) counts as taken. ``host`` only names the worker in the message.
     """
     _check_port(port)
-    for family, address in ((socket.AF_INET6, ("::", port)), (socket.AF_INET, (host, port))):
+    for family, address in ((socket.AF_INET6, ("::", port)), (socket.AF_INET, ("0.0.0.0", port))):
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError:  # no IPv6 on this machine
@@ -63,15 +172,13 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(address)
-        except OSError as err:
-            if family == socket.AF_INET and err.errno not in (98, 48):  # a host that is not local
-                raise ValueError(f"host must be an address of this machine to start a worker on it. "
-                                 f"Received: host={host!r} ({err.strerror})") from None
+        except OSError:
             raise PortInUseError(
                 f"Port {port} is in use on {host}: TFF's worker cannot serve there. Pick another port "
                 f"(or port=None for a free one), or stop the process that holds it.") from None
         finally:
             sock.close()
+        return
 
 
 class Worker:
@@ -95,8 +202,9 @@ class Worker:
                  log_path: str | os.PathLike[str] | None = None, startup_timeout: float = 60.0) -> None:
         if port is not None:
             _check_port(port)
-        if not isinstance(host, str) or not host:
-            raise ValueError(f"host must be a non-empty address. Received: host={host!r}")
+        if host not in _HOSTS:
+            raise ValueError(f"host must be a loopback address (127.0.0.1, localhost, ::1) or every interface "
+                             f"(0.0.0.0, ::): TFF's worker binds one of those. Received: host={host!r}")
         if not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool):
             raise ValueError(f"max_concurrent must be an integer (nonpositive: no limit). "
                              f"Received: max_concurrent={max_concurrent!r}")
@@ -140,7 +248,8 @@ class Worker:
         if self._requested_port is not None:
             check_port_free(self._requested_port, self.host)
         try:
-            self._process.start()
+            with _bound_to(self.host):
+                self._process.start()
         except RuntimeError as err:
             raise RuntimeError(f"TFF worker on {self.host}:{self._process.port}: {err}") from None
         return self

@@ -104,7 +104,9 @@ def test_port_held_by_any_socket_counts_as_busy() -> None:
     ({"port": 0}, "port must be an integer in [1, 65535]. Received: port=0"),
     ({"port": 70000}, "port must be an integer in [1, 65535]. Received: port=70000"),
     ({"port": "8471"}, "port must be an integer in [1, 65535]. Received: port='8471'"),
-    ({"port": 8471, "host": ""}, "host must be a non-empty address. Received: host=''"),
+    ({"port": 8471, "host": "192.0.2.1"}, "host must be a loopback address (127.0.0.1, localhost, ::1) or every "
+                                          "interface (0.0.0.0, ::): TFF's worker binds one of those. "
+                                          "Received: host='192.0.2.1'"),
     ({"port": 8471, "max_concurrent": 1.5}, "max_concurrent must be an integer (nonpositive: no limit). "
                                             "Received: max_concurrent=1.5"),
 ])
@@ -114,10 +116,33 @@ def test_bad_worker_arguments_are_refused(kwargs: dict[str, Any], message: str) 
     assert str(info.value) == message
 
 
-def test_host_that_is_not_on_this_machine_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"host must be an address of this machine to start a worker on it. "
-                                         r"Received: host='192.0.2.1'"):
-        check_port_free(portpicker.pick_unused_port(), "192.0.2.1")
+def _listening(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net shows them) of the sockets listening on ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    found.append(local.rsplit(":", 1)[0])
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_worker_listens_on_loopback_only_unless_told_otherwise() -> None:
+    from tensorfleet.federated.workers import bind_shim_path
+
+    assert bind_shim_path() is not None  # the machine has a C compiler
+    port = portpicker.pick_unused_port()
+    with Worker(port):
+        # ::ffff:127.0.0.1 on the binary's dual-stack socket, not [::] (which would be all zeros).
+        assert _listening(port) == ["0000000000000000FFFF00000100007F"]
+        assert _serves(port)
+    port = portpicker.pick_unused_port()
+    with Worker(port, host="0.0.0.0") as everywhere:
+        assert everywhere.address == f"0.0.0.0:{port}"
+        assert _listening(port) == ["00000000000000000000000000000000"]
 
 
 @pytest.mark.slow
