@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import time
 from typing import Any, Mapping, Sequence
 
 from tensorfleet.registry import Registry
@@ -299,6 +300,8 @@ class MeshHistory:
     """keras backend: the devices as [data replica][model shard]; each replica computes on its row."""
     weights: dict[str, Any] = dataclasses.field(default_factory=dict)
     """:meth:`Mesh.fit_mtf`: the trained value of every Mesh-TF variable, by name."""
+    step_seconds: list[float] = dataclasses.field(default_factory=list)
+    """Wall time of each training step (the first includes tracing or session warm-up)."""
 
 
 class Mesh:
@@ -367,9 +370,10 @@ class Mesh:
         x, y, batches = _batches(x, y, epochs, batch_size, learning_rate)
         dims = self.check(model, batch_size)
         runner = {MeshBackend.MTF: _fit_mtf, MeshBackend.KERAS: _fit_keras, MeshBackend.DTENSOR: _fit_dtensor}[self.backend]
-        step_loss, placement, grid = runner(self, model, dims, batches, epochs, learning_rate, verbose)
+        timings: list[float] = []
+        step_loss, placement, grid = runner(self, model, dims, batches, epochs, learning_rate, verbose, timings)
         return MeshHistory(loss=_epoch_means(step_loss, epochs), step_loss=step_loss, backend=self.backend.value,
-                           devices=self.devices, placement=placement, grid=grid)
+                           devices=self.devices, placement=placement, grid=grid, step_seconds=timings)
 
     def fit_mtf(self, model_fn: Any, x: Any, y: Any, *, dims: Mapping[str, int], epochs: int = 1,
                 batch_size: int = 32, learning_rate: float = 0.1, seed: int | None = 0,
@@ -414,9 +418,11 @@ class Mesh:
 
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable as model_fn(mtf, mesh, inputs, dims). Received: {model_fn!r}")
-        step_loss, placement, trained = _run_mtf(self, model_fn, full, batches, epochs, learning_rate, verbose, seed)
+        timings: list[float] = []
+        step_loss, placement, trained = _run_mtf(self, model_fn, full, batches, epochs, learning_rate, verbose, seed,
+                                                 timings)
         return MeshHistory(loss=_epoch_means(step_loss, epochs), step_loss=step_loss, backend=MeshBackend.MTF.value,
-                           devices=self.devices, placement=placement, weights=trained)
+                           devices=self.devices, placement=placement, weights=trained, step_seconds=timings)
 
 
 def _epoch_means(step_loss: list[float], epochs: int) -> list[float]:
@@ -444,10 +450,35 @@ def _batches(x: Any, y: Any, epochs: int, batch_size: int, learning_rate: float)
     return x, y, batches
 
 
-def _progress(total: int, verbose: bool, desc: str) -> Any:
-    from tqdm.auto import tqdm
+class _StepBar:
+    """A tqdm bar whose ``update`` also records the wall time of each step."""
 
-    return tqdm(total=total, desc=desc, disable=not verbose, leave=False)
+    def __init__(self, total: int, verbose: bool, desc: str, timings: list[float]) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(total=total, desc=desc, disable=not verbose, leave=False)
+        self._timings = timings
+        self._last = time.perf_counter()
+
+    def __enter__(self) -> "_StepBar":
+        self._last = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._bar.close()
+
+    def update(self, n: int = 1) -> None:
+        now = time.perf_counter()
+        self._timings.append(now - self._last)
+        self._last = now
+        self._bar.update(n)
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        self._bar.set_postfix(**kwargs)
+
+
+def _progress(total: int, verbose: bool, desc: str, timings: list[float]) -> _StepBar:
+    return _StepBar(total, verbose, desc, timings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,7 +486,7 @@ def _progress(total: int, verbose: bool, desc: str) -> Any:
 
 
 def _fit_mtf(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, epochs: int, lr: float,
-             verbose: bool) -> tuple[list[float], dict[str, int], list[list[str]]]:
+             verbose: bool, timings: list[float]) -> tuple[list[float], dict[str, int], list[list[str]]]:
     import numpy as np
     import tensorflow as tf
 
@@ -484,14 +515,14 @@ def _fit_mtf(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, ep
                 h = _mtf_block(mtf, h, step.layer, dim, lambda n, s, src, i=index: variable(f"l{i}_{n}", s, src))
         return h
 
-    losses, placement, trained = _run_mtf(mesh_obj, build, dims, batches, epochs, lr, verbose, seed=None)
+    losses, placement, trained = _run_mtf(mesh_obj, build, dims, batches, epochs, lr, verbose, None, timings)
     for name, source in sources.items():
         source.assign(np.asarray(trained[name]).reshape(source.shape))
     return losses, placement, []
 
 
 def _run_mtf(mesh_obj: Mesh, build: Any, dims: dict[str, int], batches: list, epochs: int, lr: float,
-             verbose: bool, seed: int | None) -> tuple[list[float], dict[str, int], dict[str, Any]]:
+             verbose: bool, seed: int | None, timings: list[float]) -> tuple[list[float], dict[str, int], dict[str, Any]]:
     """Builds ``build(mtf, mesh, inputs, dims) -> logits`` in its own graph, lowers it onto the
     mesh with PlacementMeshImpl and trains it with SGD; returns the step losses, the op count
     per device and the trained value of every Mesh-TF variable by name."""
@@ -547,7 +578,8 @@ def _run_mtf(mesh_obj: Mesh, build: Any, dims: dict[str, int], batches: list, ep
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(init)
             session.run(to_slices)
-            with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (mtf)") as bar:
+            with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (mtf)",
+                           timings) as bar:
                 for _ in range(epochs):
                     for xb, yb in batches:
                         value, _ = session.run([tf_loss, tf_update], feed_dict={x_ph: xb, y_ph: yb})
@@ -648,7 +680,7 @@ def _mesh_grid(mesh_obj: Mesh, dims: dict[str, int]) -> tuple[list[list[str]], s
 
 
 def _fit_keras(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, epochs: int, lr: float,
-               verbose: bool) -> tuple[list[float], dict[str, int], list[list[str]]]:
+               verbose: bool, timings: list[float]) -> tuple[list[float], dict[str, int], list[list[str]]]:
     import tensorflow as tf
 
     from tensorfleet.strategies import tensor_parallel as tp
@@ -700,7 +732,8 @@ def _fit_keras(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, 
         return h
 
     losses: list[float] = []
-    with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (keras)") as bar:
+    with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (keras)",
+                   timings) as bar:
         for _ in range(epochs):
             for xb, yb in batches:
                 n = len(xb)
@@ -756,7 +789,7 @@ def _write_back(pairs: list[tuple[Any, Any]]) -> None:
 
 
 def _fit_dtensor(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, epochs: int, lr: float,
-                 verbose: bool) -> tuple[list[float], dict[str, int], list[list[str]]]:
+                 verbose: bool, timings: list[float]) -> tuple[list[float], dict[str, int], list[list[str]]]:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
@@ -833,7 +866,8 @@ def _fit_dtensor(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list
     x_layout = layout("batch", "seq", "features") if batches[0][0].ndim == 3 else layout("batch", "features")
     y_layout = layout("batch")
     losses: list[float] = []
-    with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (dtensor)") as bar:
+    with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (dtensor)",
+                   timings) as bar:
         for _ in range(epochs):
             for xb, yb in batches:
                 loss = train_step(put(xb, x_layout), put(yb, y_layout))

@@ -291,3 +291,11 @@ def test_fit_mtf_checks_dims_against_the_layout(logical_cpus):
         mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 33, "classes": 10}, batch_size=BATCH)
     with pytest.raises(ValueError, match=r"dims must map dimension names to sizes and include 'classes'"):
         mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 32}, batch_size=BATCH)
+
+
+def test_history_records_each_step_wall_time(logical_cpus):
+    x, y = _data("digits_mlp")
+    history = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend="keras").fit(
+        models.build("digits_mlp"), x, y, epochs=2, batch_size=BATCH, verbose=False)
+    assert len(history.step_seconds) == 2 * STEPS
+    assert all(t > 0 for t in history.step_seconds)
