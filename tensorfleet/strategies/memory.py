@@ -485,16 +485,22 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
             tf.debugging.assert_equal(size % steps, 0, message=f"batch size must be divisible by steps={steps}")
             micro = size // steps
             variables = self.trainable_variables
-            total = [tf.zeros_like(v) for v in variables]
-            for i in range(steps):
+
+            def body(i: Any, *total: Any) -> tuple[Any, ...]:
                 xs = tf.nest.map_structure(lambda t: t[i * micro:(i + 1) * micro], x)
                 ys = tf.nest.map_structure(lambda t: t[i * micro:(i + 1) * micro], y)
                 with tf.GradientTape() as tape:
                     pred = self(xs, training=True)
                     loss = self.compute_loss(xs, ys, pred, None)
                 grads = tape.gradient(loss, variables)
-                total = [t + g / steps for t, g in zip(total, grads)]
                 self.compiled_metrics.update_state(ys, pred)
+                return (i + 1, *[t if g is None else t + g / steps for t, g in zip(total, grads)])
+
+            # One micro-batch at a time (parallel_iterations=1): otherwise the runtime may run
+            # several at once and hold all their activations, which is what this is meant to avoid.
+            _, *total = tf.while_loop(lambda i, *_: i < steps, body,
+                                      (tf.constant(0), *[tf.zeros_like(v) for v in variables]),
+                                      parallel_iterations=1)
             self.optimizer.apply_gradients(zip(total, variables))
             return self.get_metrics_result()
 
