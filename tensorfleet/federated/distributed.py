@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = [
-    "AllWorkersLostError", "DistributedContext", "WorkerAddress", "WorkerError", "WorkerLostError",
+    "AllWorkersLostError", "DistributedContext", "Event", "WorkerAddress", "WorkerError", "WorkerLostError",
     "WorkerUnreachableError", "WorkerVersionError", "install_default", "installed", "parse_address",
     "parse_addresses",
 ]
@@ -225,7 +225,7 @@ def _probe(worker: _RemoteWorker, timeout: float) -> None:
 
     try:
         result = asyncio.run(asyncio.wait_for(roundtrip(), timeout=max(timeout, 5.0)))
-    except (grpc.RpcError, asyncio.TimeoutError, Exception) as err:  # noqa: BLE001 - reported with the worker
+    except Exception as err:  # noqa: BLE001 - any failure of the round trip is reported with the worker
         code = err.code().name if isinstance(err, grpc.RpcError) and hasattr(err, "code") else type(err).__name__
         cause = getattr(err, "__cause__", None)
         if isinstance(cause, grpc.RpcError) and hasattr(cause, "code"):
@@ -284,7 +284,11 @@ class DistributedContext:
         for w in self._workers:
             w.connect()
         if check:
-            self.check()
+            try:
+                self.check()
+            except BaseException:
+                self.close()
+                raise
 
     # ------------------------------------------------------------------ workers
     @property
