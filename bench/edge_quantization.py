@@ -77,7 +77,8 @@ def main() -> int:
     started = time.time()
     for name, (factory, x_cal, x_test, y_test) in _datasets().items():
         model = factory()
-        keras_acc = float(np.mean(np.argmax(model.predict(x_test, verbose=0), -1) == y_test))
+        keras_out = model.predict(x_test, verbose=0)
+        keras_acc = float(np.mean(np.argmax(keras_out, -1) == y_test))
         params = model.count_params()
         base = None
         for mode in MODES:
@@ -95,10 +96,14 @@ def main() -> int:
             else:
                 raw = run_tflite(artifact, x_test)
                 engine = "tflite_runtime"
-            acc = float(np.mean(np.argmax(artifact.dequantize_output(raw), -1) == y_test))
+            out = artifact.dequantize_output(raw)
+            acc = float(np.mean(np.argmax(out, -1) == y_test))
+            flips = int(np.sum(np.argmax(out, -1) != np.argmax(keras_out, -1)))  # predictions that changed
+            max_dev = float(np.max(np.abs(out - keras_out)))
             drop = 100.0 * (keras_acc - acc)
             ratio = artifact.size / base
-            rows.append((name, params, mode, artifact.size, ratio, keras_acc, acc, drop, arena, engine))
+            rows.append((name, params, mode, artifact.size, ratio, keras_acc, acc, drop, arena, engine,
+                         flips, len(y_test), max_dev))
             if drop > 1.0:
                 failures.append(f"{name}/{mode}: accuracy drop {drop:.2f} points > 1")
             if name == "mlp_1m" and mode == "int8" and ratio > 0.26:
@@ -106,12 +111,13 @@ def main() -> int:
             print(f"  {name:<10} {mode:<8} {artifact.size:>10,} B  {ratio:6.3f}x  acc {acc:.4f} ({engine})",
                   file=sys.stderr, flush=True)
 
-    print("| model | params | mode | bytes | × float32 | Keras acc | acc | drop (points) | arena (B) | run on |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
-    for name, params, mode, size, ratio, keras_acc, acc, drop, arena, engine in rows:
+    print("| model | params | mode | bytes | × float32 | Keras acc | acc | drop (points) | changed predictions "
+          "| max abs output diff | arena (B) | run on |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, params, mode, size, ratio, keras_acc, acc, drop, arena, engine, flips, n, max_dev in rows:
         arena_text = f"{arena:,}" if arena is not None else "n/a (TFLM cannot run it)"
         print(f"| {name} | {params:,} | {mode} | {size:,} | {ratio:.3f} | {keras_acc:.4f} | {acc:.4f} | "
-              f"{drop:+.2f} | {arena_text} | {engine} |")
+              f"{drop:+.2f} | {flips}/{n} | {max_dev:.3g} | {arena_text} | {engine} |")
     mlp_int8 = next(r for r in rows if r[0] == "mlp_1m" and r[2] == "int8")
     print(f"\nint8 / float32 bytes for the {mlp_int8[1]:,}-parameter MLP: {mlp_int8[4]:.4f} (target <= 0.26)")
     from tensorfleet.models.tinyml import REFERENCE
