@@ -18,7 +18,8 @@ One object, :class:`Mesh`, runs a layout in one of three ways (:class:`MeshBacke
    dimension that ``batch`` maps to (data-parallel replicas) and the MLP hidden units and
    attention heads over the mesh dimension that ``hidden`` / ``heads`` map to, each shard's
    weights on its device. Weight shards are kept once and read by every data replica; the
-   replicas' gradient contributions are summed. Split layers are Megatron's: the layout
+   replicas' gradient contributions are summed; the step is one ``tf.function``, whose
+   graph keeps every shard's and replica's device. Split layers are Megatron's: the layout
    may split only ``batch``, ``hidden`` and ``heads``.
 3. ``"dtensor"``: every Keras weight becomes a ``tf.experimental.dtensor`` DVariable whose
    layout the rules give (a dimension no rule names is replicated), the batch is laid out
@@ -294,8 +295,8 @@ class MeshHistory:
     backend: str
     devices: list[str]
     placement: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Per device: lowered graph ops placed there (mtf), weight tensors held there (keras) or
-    weight elements held there (dtensor)."""
+    """Per device: graph ops placed there (mtf: the lowered graph; keras: the traced training
+    step) or weight elements held there (dtensor)."""
     grid: list[list[str]] = dataclasses.field(default_factory=list)
     """keras backend: the devices as [data replica][model shard]; each replica computes on its row."""
     weights: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -731,29 +732,35 @@ def _fit_keras(mesh_obj: Mesh, model: Any, dims: dict[str, int], batches: list, 
                     h = layer(h)
         return h
 
+    n = len(batches[0][0])
+    bounds = [round(r * n / len(grid)) for r in range(len(grid) + 1)]
+
+    @tf.function
+    def train_step(xb: Any, yb: Any) -> Any:
+        # Traced once: the device placements of every shard and replica are kept in the graph.
+        with tf.GradientTape() as tape:
+            parts = []
+            for r, row in enumerate(grid):
+                a, b = bounds[r], bounds[r + 1]
+                with tf.device(row[0]):
+                    logits = forward(xb[a:b], row)
+                    parts.append(loss_fn(yb[a:b], logits) * ((b - a) / n))
+            with tf.device(grid[0][0]):
+                loss = tf.add_n(parts)
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
     losses: list[float] = []
     with _progress(epochs * len(batches), verbose, f"mesh {mesh_obj.layout.mesh_shape} (keras)",
                    timings) as bar:
         for _ in range(epochs):
             for xb, yb in batches:
-                n = len(xb)
-                bounds = [round(r * n / len(grid)) for r in range(len(grid) + 1)]
-                with tf.GradientTape() as tape:
-                    parts = []
-                    for r, row in enumerate(grid):
-                        a, b = bounds[r], bounds[r + 1]
-                        with tf.device(row[0]):
-                            logits = forward(tf.constant(xb[a:b]), row)
-                            parts.append(loss_fn(tf.constant(yb[a:b]), logits) * ((b - a) / n))
-                    with tf.device(grid[0][0]):
-                        loss = tf.add_n(parts)
-                grads = tape.gradient(loss, variables)
-                optimizer.apply_gradients(zip(grads, variables))
-                losses.append(float(loss))
+                losses.append(float(train_step(tf.constant(xb), tf.constant(yb))))
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
     _write_back(write_back)
-    return losses, _count_devices(v.device for v in variables), grid
+    graph = train_step.get_concrete_function(tf.constant(batches[0][0]), tf.constant(batches[0][1])).graph
+    return losses, _count_devices(op.device for op in graph.get_operations() if op.device), grid
 
 
 def _write_back(pairs: list[tuple[Any, Any]]) -> None:
