@@ -8,7 +8,7 @@ Runs examples/train_digits_multiworker.py through tensorfleet's launcher:
   last epoch (epoch 1 carries tracing and warm-up);
 * recovery: a 2-worker run in which worker 1 is SIGKILLed during epoch 3; the time from
   the kill to the restarted job's "resumed from backup" line and to its first completed
-  epoch.
+  epoch, with a PNG timeline of the run (``--plot``).
 
 Example:
     python bench/launch_scaling.py --rounds 3
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--examples-per-epoch", type=int, default=1024)
     parser.add_argument("--model", default="digits_cnn")
+    parser.add_argument("--plot", default=str(ROOT / "bench" / "out" / "launch_recovery.png"),
+                        help="PNG timeline of the (first) kill-and-resume run")
     args = parser.parse_args(argv)
 
     from tensorfleet.strategies.launcher import Fault, launch
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
             if resumed is None or epoch_done is None:
                 raise RuntimeError("the restarted job did not resume from its backup")
             recovery.append((resumed - kill, epoch_done - kill, result.duration))
+            if i == 0 and args.plot:
+                result.plot(args.plot, title=f"2 workers, worker 1 SIGKILLed in epoch 3: resumed {resumed - kill:.1f} s "
+                                              "after the kill")
 
     one, two = statistics.median(rates[1]), statistics.median(rates[2])
     print(f"launch scaling: {args.model}, {args.epochs} epochs x {args.examples_per_epoch} examples, "

@@ -63,6 +63,7 @@ __all__ = [
     "LaunchFailedError",
     "LaunchResult",
     "LogLine",
+    "TaskSpan",
     "PortInUseError",
     "STOPPED_STATUS",
     "TFConfigConflictError",
@@ -136,6 +137,17 @@ class LogLine:
     text: str
 
 
+@dataclass(frozen=True)
+class TaskSpan:
+    """One process of a task: its attempt, start and end (s since launch) and exit status."""
+
+    task: str
+    attempt: int
+    start: float
+    end: float
+    status: int | None
+
+
 @dataclass
 class LaunchResult:
     """The record of a launched job."""
@@ -148,6 +160,7 @@ class LaunchResult:
     duration: float = 0.0
     stopped: bool = False
     error: str | None = None
+    spans: list[TaskSpan] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -160,6 +173,39 @@ class LaunchResult:
             for line in self.lines
             if (task is None or line.task == task) and (attempt is None or line.attempt == attempt)
         ]
+
+    def plot(self, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+        """A PNG timeline: one row per task, one bar per process, launcher events as lines.
+
+        Example:
+            >>> result.plot("job.png")  # doctest: +SKIP
+        """
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from tensorfleet.io import save_figure
+
+        tasks = [str(t) for t in self.cluster.tasks()]
+        colours = plt.get_cmap("tab10")
+        fig, ax = plt.subplots(figsize=(9, 1.0 + 0.5 * len(tasks)))
+        for span in self.spans:
+            row = tasks.index(span.task)
+            ax.barh(row, span.end - span.start, left=span.start, height=0.6, color=colours(span.attempt % 10),
+                    edgecolor="black", linewidth=0.5)
+            if span.status not in (0, None):
+                ax.text(span.end, row, f" {_describe_exit(span.status).split(' ', 1)[1]}", va="center", fontsize=7)
+        for event in self.events:
+            if event.text.startswith(("injecting fault", "restarted")):
+                ax.axvline(event.time, color="red" if event.text.startswith("injecting") else "green",
+                           linestyle="--", linewidth=0.8)
+        ax.set_yticks(range(len(tasks)), tasks)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds since launch (colour: attempt; red: fault injected; green: restart)")
+        ax.set_title(title or f"exit status {self.returncode}, {self.restarts} restart(s), {self.duration:.1f} s")
+        fig.tight_layout()
+        return save_figure(fig, path)
 
     def first_time(self, pattern: str, *, task: str | None = None, after: float = 0.0) -> float | None:
         """Time (s since launch) of the first line matching ``pattern`` after ``after``."""
@@ -269,6 +315,8 @@ class _Task:
         self.job, self.role, self.index, self.attempt = job, role, index, attempt
         self.name = f"{role}:{index}"
         self.reaped = False
+        self.started = job.now()
+        self.ended: float | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.proc = subprocess.Popen(  # noqa: S603 - argv is built here, never a shell string
             argv,
@@ -291,7 +339,10 @@ class _Task:
         self.proc.stdout.close()
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        code = self.proc.poll()
+        if code is not None and self.ended is None:
+            self.ended = self.job.now()
+        return code
 
     def kill(self, signum: int = signal.SIGKILL) -> None:
         if not self.reaped:  # after reaping, the group id may belong to someone else
@@ -304,6 +355,8 @@ class _Task:
         except subprocess.TimeoutExpired:
             self.kill(signal.SIGKILL)
             code = self.proc.wait()
+        if self.ended is None:
+            self.ended = self.job.now()
         # The leader may be gone while others of its group live on (e.g. a helper binary).
         self.kill(signal.SIGKILL)
         self.reaped = True
@@ -328,6 +381,7 @@ class _Job:
         self.lines: list[LogLine] = []
         self.events: list[LogLine] = []
         self.tasks: dict[str, _Task] = {}
+        self.history: list[_Task] = []
         self.lead = _lead_task(spec)
 
     # Output ---------------------------------------------------------------------------
@@ -381,6 +435,7 @@ class _Job:
         env["PYTHONUNBUFFERED"] = "1"
         task = _Task(self, role, index, self.task_argv(role), env, attempt)
         self.tasks[task.name] = task
+        self.history.append(task)
         return task
 
     def start_all(self, attempt: int) -> None:
@@ -565,8 +620,10 @@ def launch(
         finally:
             for signum, old in previous.items():
                 signal.signal(signum, old)
+    spans = [TaskSpan(t.name, t.attempt, t.started, t.ended if t.ended is not None else job.now(),
+                      t.proc.returncode) for t in job.history]
     result = LaunchResult(returncode=returncode, restarts=restarts, cluster=spec, lines=list(job.lines),
-                          events=list(job.events), duration=job.now(), stopped=stopped, error=error)
+                          events=list(job.events), duration=job.now(), stopped=stopped, error=error, spans=spans)
     if check and returncode != 0:
         raise LaunchFailedError(error or f"The job failed with status {returncode}.", result)
     return result

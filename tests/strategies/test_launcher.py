@@ -126,6 +126,11 @@ def test_injected_fault_kills_the_task_and_the_job_restarts(tmp_path: Path) -> N
     assert any("worker:1 was killed by SIGKILL" in e.text for e in result.events)
     assert result.output("worker:1", attempt=0) == ["ready"]
     assert result.output("worker:1", attempt=1) == ["ready", "finished"]
+    assert [(s.task, s.attempt, s.status) for s in result.spans] == [
+        ("worker:0", 0, -9), ("worker:1", 0, -9), ("worker:0", 1, 0), ("worker:1", 1, 0)]
+    assert all(s.start <= s.end for s in result.spans)
+    png = result.plot(tmp_path / "timeline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_stop_when_stops_the_job_on_purpose(tmp_path: Path) -> None:
