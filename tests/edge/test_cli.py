@@ -83,3 +83,19 @@ def test_calibration_data_for_names() -> None:
     assert calibration_data("digits_mlp", 5).shape == (5, 64)
     with pytest.raises(ValueError, match="Unknown model"):
         calibration_data("nope", 3)
+
+
+def test_convert_a_saved_keras_model(digits_model: object, digits: object, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "digits.keras"
+    digits_model.save(saved)  # type: ignore[attr-defined]
+    out = tmp_path / "saved.tflite"
+    assert main(["edge", "convert", str(saved), "-q", "int8", "--out", str(out)]) == 2
+    assert "needs --data FILE.npy" in capsys.readouterr().err and not out.exists()
+    data = tmp_path / "cal.npy"
+    np.save(data, digits.x_train[:20])  # type: ignore[attr-defined]
+    assert main(["edge", "convert", str(saved), "-q", "int8", "--data", str(data), "--out", str(out),
+                 "--metadata", str(tmp_path / "meta.json")]) == 0
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["quantization"] == "int8" and meta["bytes"] == out.stat().st_size
+    assert meta["ops"] == ["CONV_2D", "CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED", "FULLY_CONNECTED"]
