@@ -40,6 +40,7 @@ __all__ = [
     "StepRecord",
     "StalenessGate",
     "TrainingRun",
+    "attach",
     "install",
     "resolve_staleness",
     "train",
@@ -343,6 +344,41 @@ def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> 
     coordinator.join = gate.join
     coordinator._tensorfleet_staleness_gate = gate
     return gate
+
+
+def attach(strategy: Any, staleness: int | str | None | StalenessPolicy) -> StalenessGate | None:
+    """Puts a ``ParameterServerStrategy`` under a consistency model: the ``staleness`` option.
+
+    Validates ``staleness`` first (a bad value raises before anything starts). For BSP and SSP
+    it creates the strategy's ``ClusterCoordinator`` (one per strategy; Keras ``fit`` reuses
+    it) and :func:`install`\ s the gate on it; for ASP (None) it does nothing, which is the
+    coordinator's own behaviour.
+
+    Args:
+        strategy: a ``tf.distribute.experimental.ParameterServerStrategy``.
+        staleness: 0 BSP, k SSP, None ASP.
+
+    Returns:
+        The :class:`StalenessGate`, or None for ASP.
+
+    Example:
+        >>> strategy = tensorfleet.strategies.build("parameter_server", cluster=spec)
+        >>> attach(strategy, staleness=2)
+        >>> with strategy.scope():
+        ...     model = build("digits_cnn"); model.compile(...)
+        >>> model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=3, steps_per_epoch=50)
+    """
+    policy = resolve_staleness(staleness)
+    if not getattr(strategy, "_should_use_with_coordinator", False):
+        raise TypeError(
+            "staleness applies to a tf.distribute.experimental.ParameterServerStrategy. "
+            f"Received: {type(strategy).__name__}"
+        )
+    if policy.kind is Consistency.ASP:
+        return None
+    import tensorflow as tf
+
+    return install(tf.distribute.experimental.coordinator.ClusterCoordinator(strategy), policy)
 
 
 def _to_numpy(value: Any, np: Any) -> Any:
