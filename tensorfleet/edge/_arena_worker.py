@@ -4,7 +4,8 @@ The TFLM Python interpreter can crash its process (SIGSEGV) when the arena is fa
 and after one failed allocation the next interpreter in the same process fails too. So this
 worker loads tflite-micro and the model once, then forks a fresh process for every probe: a
 crash or a spoiled state dies with that probe. Protocol: the model path is ``argv[1]``; each
-stdin line is an arena size; each reply line is ``ok`` or ``fail <message>``, where the
+stdin line is an arena size (``<size> alloc`` also asks for TFLM's allocation report); each
+reply line is ``ok [report]`` or ``fail <message>``, where the
 message is what TFLM printed to stderr (or the signal that killed the probe). Imports only
 tflite-micro and numpy.
 """
@@ -19,8 +20,11 @@ import tempfile
 __all__: list[str] = []
 
 
-def _probe(data: bytes, size: int, result_fd: int) -> None:
-    """Runs in the forked probe: allocate, invoke once on zeros, report through ``result_fd``."""
+def _probe(data: bytes, size: int, result_fd: int, allocations: bool = False) -> None:
+    """Runs in the forked probe: allocate, invoke once on zeros, report through ``result_fd``.
+
+    With ``allocations``, a successful probe also returns TFLM's RecordingMicroAllocator report.
+    """
     import numpy as np
     from tflite_micro.python.tflite_micro import runtime
 
@@ -33,6 +37,11 @@ def _probe(data: bytes, size: int, result_fd: int) -> None:
         interpreter.invoke()
         interpreter.get_output(0)
         reply = "ok"
+        if allocations:
+            interpreter.print_allocations()
+            os.fsync(2)
+            log.seek(0)
+            reply += " " + log.read().decode(errors="replace").strip().replace("\n", " | ")
     except Exception as exc:  # TFLM raises RuntimeError with a generic text; its log has the cause
         os.fsync(2)
         log.seek(0)
@@ -50,13 +59,14 @@ def main() -> int:
         line = line.strip()
         if not line:
             continue
-        size = int(line)
+        size_text, _, flag = line.partition(" ")
+        size = int(size_text)
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # probe process
             os.close(read_fd)
             try:
-                _probe(data, size, write_fd)
+                _probe(data, size, write_fd, allocations=flag == "alloc")
             finally:
                 os._exit(0)
         os.close(write_fd)

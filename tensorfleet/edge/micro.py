@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,8 @@ from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
 from tensorfleet.edge.ops import advice, unsupported_ops
 
-__all__ = ["MicroValidation", "check_micro_compatible", "find_arena_size", "probe_arena", "run_micro",
+__all__ = ["MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
+           "run_micro",
            "run_tflite", "validate_micro", "ArenaProber"]
 
 _MAX_ARENA = 64 * 1024 * 1024
@@ -103,12 +105,13 @@ class ArenaProber:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         return self._proc
 
-    def probe(self, arena_size: int) -> tuple[bool, str]:
-        """Whether TFLM allocates and runs the model with ``arena_size`` bytes, and its message."""
+    def probe(self, arena_size: int, *, allocations: bool = False) -> tuple[bool, str]:
+        """Whether TFLM allocates and runs the model with ``arena_size`` bytes, and its message
+        (with ``allocations``, a successful probe's message is TFLM's allocation report)."""
         proc = self._start()
         assert proc.stdin is not None and proc.stdout is not None
         try:
-            proc.stdin.write(f"{int(arena_size)}\n")
+            proc.stdin.write(f"{int(arena_size)}{' alloc' if allocations else ''}\n")
             proc.stdin.flush()
             reply = proc.stdout.readline()
         except BrokenPipeError:
@@ -120,7 +123,9 @@ class ArenaProber:
             raise RuntimeError(f"The TFLM arena worker exited with status {proc.returncode} "
                                f"while probing arena_size={arena_size}.")
         reply = reply.rstrip("\n")
-        return (True, "") if reply == "ok" else (False, reply[5:])
+        if reply == "ok" or reply.startswith("ok "):
+            return True, reply[3:]
+        return False, reply[5:]
 
     def close(self) -> None:
         if self._proc is not None:
@@ -148,6 +153,31 @@ def probe_arena(artifact: TFLiteArtifact, arena_size: int) -> tuple[bool, str]:
     """Whether TFLM runs ``artifact`` with exactly ``arena_size`` bytes of arena (one child process)."""
     with ArenaProber(artifact.data) as prober:
         return prober.probe(arena_size)
+
+
+_ALLOC_LINE = re.compile(r"Arena allocation (total|head|tail) (\d+) bytes|'([^']+)' used (\d+) bytes")
+
+
+def arena_allocations(artifact: TFLiteArtifact, arena_size: int) -> dict[str, int]:
+    """TFLM's own account of the arena (RecordingMicroAllocator) when run with ``arena_size``.
+
+    Keys: ``total``, ``head`` (the planned, reused activation buffers), ``tail`` (persistent
+    data), and one per allocation kind (e.g. ``TfLiteEvalTensor data``). The smallest working
+    arena can exceed ``total`` (sine model: 1,936 vs 1,536 bytes): TFLM needs some room that its
+    recorder does not count while it plans.
+    """
+    with ArenaProber(artifact.data) as prober:
+        ok, report = prober.probe(arena_size, allocations=True)
+    if not ok:
+        raise ArenaTooSmallError(f"TFLite Micro cannot run the model with arena_size={arena_size}: {report}",
+                                 find_arena_size(artifact, progress=False), arena_size)
+    out: dict[str, int] = {}
+    for match in _ALLOC_LINE.finditer(report):
+        if match.group(1):
+            out[match.group(1)] = int(match.group(2))
+        else:
+            out[match.group(3)] = int(match.group(4))
+    return out
 
 
 def find_arena_size(artifact: TFLiteArtifact, *, progress: bool = True) -> int:

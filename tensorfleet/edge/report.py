@@ -158,6 +158,7 @@ class EdgeReport:
     layers: list[LayerInfo]
     fit: FitResult | None = None
     notes: list[str] = field(default_factory=list)
+    arena_allocations: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_params(self) -> int:
@@ -175,6 +176,7 @@ class EdgeReport:
         out = {"quantization": self.quantization, "flash_bytes": self.flash_bytes,
                "arena_bytes": self.arena_bytes, "total_params": self.total_params,
                "total_macs": self.total_macs, "peak_activation_bytes": self.peak_activation_bytes,
+               "arena_allocations": dict(self.arena_allocations),
                "layers": [asdict(layer) for layer in self.layers], "notes": list(self.notes)}
         if self.fit is not None:
             out["target"] = {"board": asdict(self.fit.board), "fits": self.fit.fits,
@@ -196,6 +198,10 @@ class EdgeReport:
         arena = f"{self.arena_bytes:,} bytes" if self.arena_bytes is not None else "n/a (TFLM cannot run it)"
         lines.append(f"flash (model): {self.flash_bytes:,} bytes   RAM (TFLM arena): {arena}   "
                      f"quantization: {self.quantization}")
+        alloc = self.arena_allocations
+        if {"total", "head", "tail"} <= set(alloc):
+            lines.append(f"TFLM allocation record: {alloc['total']:,} bytes = head {alloc['head']:,} (planned "
+                         f"activations) + tail {alloc['tail']:,} (persistent)")
         if self.fit is not None:
             b = self.fit.board
             verdict = "fits" if self.fit.fits else "does NOT fit"
@@ -282,7 +288,13 @@ def report(artifact: TFLiteArtifact, *, target: str | Board | None = None, arena
             arena_bytes = find_arena_size(artifact, progress=progress)
         except MicroIncompatibleError as exc:
             notes.append(str(exc))
-    rep = EdgeReport(artifact.quantization, artifact.size, arena_bytes, layer_table(artifact), notes=notes)
+    allocations: dict[str, int] = {}
+    if arena_bytes is not None and measure_arena:
+        from tensorfleet.edge.micro import arena_allocations
+
+        allocations = arena_allocations(artifact, arena_bytes)
+    rep = EdgeReport(artifact.quantization, artifact.size, arena_bytes, layer_table(artifact), notes=notes,
+                     arena_allocations=allocations)
     if board is not None:
         rep.fit = _fit(board, artifact.size, arena_bytes)
     return rep

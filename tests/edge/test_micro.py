@@ -51,6 +51,16 @@ def test_sine_model_from_the_wheel_needs_exactly_1936_bytes(sine_path: Path) -> 
     assert out[0, 0] == pytest.approx(np.sin(1.0), abs=0.05)
 
 
+def test_tflm_allocation_record_of_the_sine_model(sine_path: Path) -> None:
+    from tensorfleet.edge.micro import arena_allocations
+
+    alloc = arena_allocations(edge.TFLiteArtifact.from_file(sine_path), 1936)
+    assert (alloc["total"], alloc["head"], alloc["tail"]) == (1536, 128, 1408)
+    assert alloc["NodeAndRegistration struct"] == 192  # 3 operators
+    with pytest.raises(edge.ArenaTooSmallError, match="cannot run the model with arena_size=1000"):
+        arena_allocations(edge.TFLiteArtifact.from_file(sine_path), 1000)
+
+
 def test_float32_on_tflm_matches_tflite_closely(digits_artifacts: dict[str, Any], digits: Any) -> None:
     v = edge.validate_micro(digits_artifacts["float32"], digits.x_test[:40], digits.y_test[:40], progress=False)
     assert v.max_abs_diff_vs_tflite < 1e-4

@@ -33,6 +33,9 @@ def test_report_totals_flash_ram_and_fit(int8_report: Any, int8_artifact: Any) -
     assert rep.flash_bytes == int8_artifact.size
     assert rep.arena_bytes == edge.find_arena_size(int8_artifact, progress=False)
     assert rep.total_macs == 337_536
+    alloc = rep.arena_allocations
+    assert alloc["head"] + alloc["tail"] == alloc["total"] <= rep.arena_bytes
+    assert "TFLM allocation record:" in rep.table()
     assert rep.fit is not None and rep.fit.fits and rep.fit.reasons == ()
     assert rep.fit.flash_fraction == pytest.approx(int8_artifact.size / (1024 * 1024))
     assert rep.fit.ram_fraction == pytest.approx(rep.arena_bytes / (256 * 1024))
