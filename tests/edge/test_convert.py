@@ -147,3 +147,14 @@ def test_modes_are_a_str_enum_and_a_registry() -> None:
     assert edge.QUANTIZATIONS.canonical("full-int8") == "int8"
     assert [n for n in edge.QUANTIZATIONS.names() if edge.QUANTIZATIONS.get(n).micro_compatible] == [
         "float32", "int8", "int16x8"]
+
+
+def test_importing_the_edge_package_does_not_import_tensorflow() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, tensorfleet.edge, tensorfleet.cli.edge; "
+            "print(sorted(m for m in ('tensorflow', 'tflite_runtime', 'tensorflow_model_optimization') "
+            "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
