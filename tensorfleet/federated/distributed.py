@@ -408,8 +408,19 @@ class DistributedContext:
         return self._context_stack_context
 
     def stop(self) -> None:
-        """Closes the channels to the workers (they keep running; the next computation reconnects)."""
+        """Closes the channels to the workers (they keep running; the next computation reconnects).
+
+        When this is TFF's default context (:func:`install_default`), tensorfleet's own local
+        runtime becomes the default again, so later computations do not go to these workers.
+        """
         self.close()
+        if self._context_stack_context is not None:
+            import tensorflow_federated as tff
+
+            from tensorfleet.federated import runtime
+
+            if tff.framework.get_context_stack().current is self._context_stack_context:
+                runtime.install_default()
 
     def close(self) -> None:
         with self._lock:

@@ -247,6 +247,10 @@ def test_simulation_with_workers_equals_simulation_in_one_process(two_workers: l
     for got, want in zip(spread.final_weights(), local.final_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert history.final("train_loss") == pytest.approx(local.history.final("train_loss"), abs=1e-6)
+    # Afterwards TFF's default context is tensorfleet's local runtime again, not the workers.
+    import tensorflow_federated as tff
+
+    assert tff.framework.get_context_stack().current is runtime.default_runtime().context
     # The local run's own worker is stopped; only the two test workers still run.
     assert {id(w) for w in runtime.live_workers()} == {id(w.process) for w in two_workers}
 
