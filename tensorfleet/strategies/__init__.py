@@ -17,6 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from tensorfleet.strategies import auto as _auto  # noqa: F401  (registers "auto")
 from tensorfleet.strategies.auto import choose
 from tensorfleet.strategies.cluster import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
@@ -34,6 +37,31 @@ from tensorfleet.strategies.devices import (
 )
 from tensorfleet.strategies.inputs import FitInputs, evaluate_inputs, fit_inputs, uses_coordinator
 from tensorfleet.strategies.registry import STRATEGIES, Availability, available, build, describe, info, register
+
+# Submodules and names loaded on first use, so that importing tensorfleet.strategies stays
+# cheap (tensor_parallel, for one, imports TensorFlow at load time).
+_LAZY_MODULES = (
+    "cluster", "collectives", "consistency", "cost_model", "elastic", "fault_tolerance", "k8s",
+    "launcher", "memory", "mesh", "pipeline", "planner", "tensor_parallel",
+)
+_LAZY_NAMES = {
+    "Mesh": "mesh", "MeshLayout": "mesh", "MeshBackend": "mesh", "MeshHistory": "mesh",
+    "Pipeline": "pipeline", "Schedule": "pipeline", "bubble_fraction": "pipeline",
+    "theoretical_bubble": "pipeline", "plot_schedule": "pipeline", "partition_layers": "pipeline",
+    "ColumnParallelDense": "tensor_parallel", "RowParallelDense": "tensor_parallel",
+    "ParallelMLP": "tensor_parallel", "ParallelSelfAttention": "tensor_parallel",
+    "ParallelTransformerBlock": "tensor_parallel",
+    "launch": "launcher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "STRATEGIES",
@@ -61,4 +89,6 @@ __all__ = [
     "start_in_process_cluster",
     "start_server",
     "uses_coordinator",
+    *_LAZY_MODULES,
+    *_LAZY_NAMES,
 ]

@@ -54,3 +54,16 @@ def test_register_a_custom_strategy_and_build_it() -> None:
 def test_tpu_is_not_available_here() -> None:
     entry, availability = tfl.strategies.info("tpu")
     assert (entry.name, availability.ok, availability.reason) == ("tpu", False, "no TPU attached and no TPU_NAME")
+
+
+def test_importing_the_package_does_not_import_tensorflow_and_names_load_lazily() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, tensorfleet as tfl; s = tfl.strategies; before = 'tensorflow' in sys.modules; "
+            "from tensorfleet.strategies import pipeline; "
+            "print(before, tfl.strategies.Pipeline is pipeline.Pipeline, tfl.strategies.launch.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "True", "tensorfleet.strategies.launcher"], out.stderr[-2000:]
+    with pytest.raises(AttributeError, match="module 'tensorfleet.strategies' has no attribute 'nope'"):
+        tfl.strategies.nope
