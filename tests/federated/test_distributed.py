@@ -263,3 +263,41 @@ def test_simulation_refuses_bad_worker_addresses() -> None:
     clients = partition(split.x_train[:100], split.y_train[:100], num_clients=4, scheme="iid", seed=0)
     with pytest.raises(ValueError, match=r"Received: 'localhost'$"):
         Simulation(_linear_digits, clients, workers=["localhost"], clients_per_round=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_the_same_model(
+        two_workers: list[Any], tmp_path: Any) -> None:
+    from tensorfleet.federated import Simulation, partition
+    from tensorfleet.models import datasets
+
+    split = datasets.load_digits()
+    clients = partition(split.x_train, split.y_train, num_clients=20, scheme="iid", seed=1)
+    options = dict(rounds=3, clients_per_round=6, seed=5, progress=False)
+    undisturbed = Simulation(_linear_digits, clients, "fedavg", **options)
+    undisturbed.run()
+
+    victim = two_workers[1]
+    sim = Simulation(_linear_digits, clients, "fedavg", workers=[w.address for w in two_workers],
+                     out_dir=tmp_path, checkpoint_every=1, tensorboard=False, **options)
+    sim.build()
+    sim.runtime.lost_timeout = 1.0
+    killed_in_round: list[int] = []
+
+    def kill_in_round_2(event: distributed.Event) -> None:
+        # Round 1 is done once its record exists; the next dispatch to the victim is round 2's.
+        if event.kind == "dispatch" and event.address == victim.address and not killed_in_round \
+                and len(sim.history.rounds) == 1:
+            killed_in_round.append(len(sim.history.rounds) + 1)
+            os.kill(victim.pid, signal.SIGKILL)
+
+    sim.runtime.listeners.append(kill_in_round_2)
+    history = sim.run()
+    assert killed_in_round == [2]
+    assert sim.runtime.lost == [victim.address] and sim.runtime.retries == 1
+    assert [r["round"] for r in history.rounds] == [1, 2, 3]
+    assert [r["participants"] for r in history.rounds] == [6, 6, 6]
+    assert sim.load_checkpoint(sim.state)[1] == 3  # the last completed round is on disk
+    for got, want in zip(sim.final_weights(), undisturbed.final_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
