@@ -12,7 +12,10 @@ NeurIPS Datasets and Benchmarks 2021):
 * ``mobilenet_v1_025``: visual wake words, MobileNetV1 with width 0.25 on 96x96x3.
 
 No machine this package is tested on reaches a dataset hub, so each model has a small
-generated dataset with the right shapes and a learnable signal (:func:`synthetic`).
+generated dataset with the right shapes and a learnable signal (:func:`synthetic`). The real
+datasets load from their usual on-disk layouts, nothing is downloaded:
+:func:`load_speech_commands` (MFCC features as MLPerf Tiny computes them), :func:`load_cifar10`,
+:func:`load_toyadmos` (DCASE 2020 task 2 log-mel frames) and :func:`load_vww`.
 
 Example:
     >>> import tensorfleet as tfl
