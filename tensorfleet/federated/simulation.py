@@ -40,6 +40,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -47,11 +48,18 @@ import numpy as np
 
 from tensorfleet.io import save_figure, write_bytes, write_json, write_text
 
-__all__ = ["Simulation", "History", "CheckpointMismatchError", "plot_history", "load_history",
+__all__ = ["Simulation", "History", "Backend", "CheckpointMismatchError", "plot_history", "load_history",
            "default_latency"]
 
 _CHECKPOINT = "checkpoint.npz"
 _HISTORY = "metrics.json"
+
+
+class Backend(str, Enum):
+    """Where rounds run: on TFF's runtime, or compiled into one TensorFlow function (see fast.py)."""
+
+    TFF = "tff"
+    COMPILED = "compiled"
 
 
 class CheckpointMismatchError(ValueError):
@@ -195,6 +203,10 @@ class Simulation:
         resume: continue from a checkpoint in ``out_dir`` when there is one.
         progress: show a tqdm progress bar.
         tensorboard: also write TensorBoard summaries into ``out_dir/tensorboard``.
+        backend: ``tff`` runs every round on TFF's runtime; ``compiled`` runs the same
+            FedAvg-family arithmetic as one compiled TensorFlow function (fedavg, fedavgm,
+            fedadam, fedyogi, fedadagrad with the mean aggregator and ``partition()`` data; the
+            initial model still comes from TFF). Both give the same model.
         workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``); each
             round's clients are split across them (:mod:`~tensorfleet.federated.distributed`).
             None: one worker this process owns.
@@ -237,6 +249,7 @@ class Simulation:
         progress: bool = True,
         tensorboard: bool = True,
         workers: Sequence[str] | str | None = None,
+        backend: str | Backend = Backend.TFF,
     ) -> None:
         from tensorfleet.federated import aggregators, algorithms
 
@@ -322,6 +335,19 @@ class Simulation:
         self.resume = bool(resume)
         self.progress = bool(progress)
         self.tensorboard = bool(tensorboard)
+        try:
+            self.backend = Backend(backend)
+        except ValueError:
+            raise ValueError(f"backend must be one of {[b.value for b in Backend]}. Received: backend={backend!r}") from None
+        if self.backend is Backend.COMPILED:
+            from tensorfleet.federated.fast import SUPPORTED_ALGORITHMS
+
+            if self.algorithm not in SUPPORTED_ALGORITHMS or self.aggregator_name not in (None, "mean") \
+                    or not hasattr(clients, "arrays"):
+                raise ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the mean aggregator "
+                                 f"on partition() client data. Received: algorithm={self.algorithm!r}, "
+                                 f"aggregator={self.aggregator_name!r}, clients={type(clients).__name__}")
+        self._engine: Any = None
         from tensorfleet.federated.distributed import parse_addresses
 
         self.workers = None if workers is None else [str(a) for a in parse_addresses(workers)]
@@ -352,6 +378,7 @@ class Simulation:
             "straggler_deadline": self.straggler_deadline, "client_speed": self.client_speed,
             "num_train_clients": len(self.train_ids), "num_eval_clients": len(self.eval_ids),
             "clients": getattr(self.clients, "description", type(self.clients).__name__),
+            "backend": self.backend.value,
         }
 
     def fingerprint(self) -> str:
@@ -443,20 +470,27 @@ class Simulation:
         return self._process
 
     # ----------------------------------------------------------------- data
+    def client_order(self, cid: str, round_num: int, num_examples: int) -> np.ndarray:
+        """The order a client visits its examples in a round: one seeded permutation per local epoch."""
+        rng = np.random.default_rng([self.seed, round_num, _stable_hash(cid)])
+        return np.concatenate([rng.permutation(num_examples) for _ in range(self.local_epochs)])
+
+    def client_arrays(self, cid: str, round_num: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of a client in training order for round ``round_num`` (local epochs included)."""
+        x, y = self.clients.arrays(cid)
+        order = self.client_order(cid, round_num, len(y))
+        return x[order], y[order]
+
     def _client_dataset(self, data: Any, cid: str, round_num: int, shuffle: bool = True) -> Any:
         import tensorflow as tf
 
         if hasattr(data, "arrays"):
-            x, y = data.arrays(cid)
-            ds = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
-            n = len(y)
-        else:
-            ds = data.create_tf_dataset_for_client(cid)
-            n = 10_000
+            x, y = self.client_arrays(cid, round_num) if shuffle else data.arrays(cid)
+            return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(self.batch_size)
+        ds = data.create_tf_dataset_for_client(cid)
         if shuffle:
             seed = int(np.random.default_rng([self.seed, round_num, _stable_hash(cid)]).integers(2**31 - 1))
-            ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-            ds = ds.repeat(self.local_epochs)
+            ds = ds.shuffle(10_000, seed=seed, reshuffle_each_iteration=True).repeat(self.local_epochs)
         return ds.batch(self.batch_size)
 
     def _num_examples(self, cid: str) -> int:
@@ -483,8 +517,31 @@ class Simulation:
 
     # ----------------------------------------------------------------- evaluation
     def model_weights(self, state: Any) -> Any:
-        """``tff.learning.models.ModelWeights`` of a state."""
+        """``tff.learning.models.ModelWeights`` of a state (or of the compiled engine)."""
+        if self._engine is not None and state is self._engine:
+            import tensorflow_federated as tff
+
+            return tff.learning.models.ModelWeights(trainable=self._engine.get_weights(), non_trainable=[])
         return self.build().get_model_weights(state)
+
+    def _make_engine(self, state: Any) -> Any:
+        import tensorflow as tf
+
+        from tensorfleet.federated.algorithms import make_optimizer
+        from tensorfleet.federated.fast import CompiledFedAvg
+
+        initial = [np.asarray(w) for w in self.build().get_model_weights(state).trainable]
+        model = self._keras_model
+        loss, _ = self._loss_and_metrics(model)
+        per_example = type(loss)(from_logits=loss.get_config()["from_logits"], reduction=tf.keras.losses.Reduction.NONE)
+        max_examples = max(len(self.clients.indices(c)) for c in self.train_ids) * self.local_epochs
+        assert self._client_opt is not None
+        with tf.init_scope():
+            return CompiledFedAvg(model_fn=self.model_fn, loss_fn=per_example,
+                                  client_optimizer=make_optimizer(self._client_opt),
+                                  server_optimizer=make_optimizer(self._server_opt), initial_weights=initial,
+                                  batch_size=self.batch_size, max_examples=max_examples,
+                                  clients_per_round=self.clients_per_round)
 
     def keras_model(self, state: Any) -> Any:
         """A compiled Keras model holding the weights of ``state``."""
@@ -531,7 +588,7 @@ class Simulation:
         import tensorflow as tf
 
         assert self.checkpoint_path is not None
-        leaves = tf.nest.flatten(state)
+        leaves = state.state_leaves() if state is self._engine and state is not None else tf.nest.flatten(state)
         buffer = io.BytesIO()
         arrays = {f"leaf_{i:05d}": np.asarray(v) for i, v in enumerate(leaves)}
         meta = json.dumps({"round": round_num, "fingerprint": self.fingerprint(), "config": self.config(),
@@ -556,6 +613,9 @@ class Simulation:
                     f"The checkpoint in {path.parent} comes from a different configuration ({detail}). Use another "
                     f"out_dir, or resume=False to start over.")
             leaves = [data[f"leaf_{i:05d}"] for i in range(len(data.files) - 1)]
+        if template is self._engine and template is not None:
+            template.load_leaves(leaves)
+            return template, int(meta["round"]), list(meta["history"])
         template_leaves = tf.nest.flatten(template)
         if len(leaves) != len(template_leaves):
             raise CheckpointMismatchError(f"The checkpoint in {path.parent} holds {len(leaves)} tensors; this "
@@ -598,6 +658,10 @@ class Simulation:
 
         process = self.build()
         state = process.initialize()
+        if self.backend is Backend.COMPILED:
+            self._engine = state = self._make_engine(state)
+            if self.runtime is not None and not self.eval_ids:
+                self.runtime.stop()  # rounds run in this process; the worker is needed again only for eval
         start_round = 0
         self.history = History(config=self.config())
         if self.resume:
@@ -620,7 +684,9 @@ class Simulation:
                 record: dict[str, Any] = {"round": round_num, "clients": len(who["sampled"]),
                                           "participants": len(who["participants"]), "dropped": len(who["dropped"]),
                                           "stragglers": len(who["stragglers"])}
-                if who["participants"]:
+                if who["participants"] and self._engine is not None:
+                    record.update(self._engine.next([self.client_arrays(c, round_num) for c in who["participants"]]))
+                elif who["participants"]:
                     data = [self._client_dataset(self.clients, cid, round_num) for cid in who["participants"]]
                     out = process.next(state, data)
                     state = out.state

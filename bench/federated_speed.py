@@ -1,0 +1,208 @@
+"""Raw TFF against tensorfleet's Simulation: rounds/s, accuracy and memory, side by side.
+
+100 clients of scikit-learn's digits (IID), 10 per round, the digits CNN, the same seed and the
+same client sampling and example order for both:
+
+* ``raw``: a hand-written loop over ``tff.learning.algorithms.build_weighted_fed_avg`` and
+  ``process.next`` with one ``tf.data`` dataset per sampled client, on TFF's default runtime.
+* ``tensorfleet``: ``Simulation(..., backend="compiled")``: the initial model from TFF, every
+  round one compiled TensorFlow function (see tensorfleet/federated/fast.py).
+
+Each contender runs in its own process (so that memory is its own; the raw loop's figure adds
+TFF's worker_binary child); they run one after the other in this one invocation, and the script
+prints rounds/s of both (steady state, after the first round, and including start-up), the
+ratio, the final central test accuracy of both, and resident memory after rounds 10 and
+``--rounds``.
+
+Run with ``python bench/federated_speed.py [--rounds 200]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_CLIENTS, PER_ROUND, SEED, BATCH = 100, 10, 0, 20
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its children (TFF's worker), in MB, from /proc."""
+    total = 0.0
+    pids = [pid]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                pids.append(int(entry.name))
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return total
+
+
+def _data():
+    import tensorfleet as tfl
+
+    split = tfl.models.datasets.load_digits()
+    clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=NUM_CLIENTS, scheme="iid", seed=SEED)
+    return split, clients
+
+
+def contender_raw(rounds: int) -> dict:
+    import collections
+
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_federated as tff
+
+    import tensorfleet as tfl
+    from tensorfleet.federated.simulation import _stable_hash
+
+    start = time.perf_counter()
+    split, clients = _data()
+    ids = clients.client_ids
+    spec = collections.OrderedDict(x=tf.TensorSpec([None, 8, 8, 1], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+    def model_fn():
+        return tff.learning.models.from_keras_model(
+            tfl.models.build("digits_cnn"), input_spec=spec,
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+    process = tff.learning.algorithms.build_weighted_fed_avg(
+        model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+        server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
+    state = process.initialize()
+    out = {"rss_mb": {}}
+    t_first = None
+    for r in range(1, rounds + 1):
+        picked = sorted(np.random.default_rng([SEED, r]).choice(len(ids), size=PER_ROUND, replace=False))
+        data = []
+        for i in picked:
+            x, y = clients.arrays(ids[i])
+            order = np.random.default_rng([SEED, r, _stable_hash(ids[i])]).permutation(len(y))
+            data.append(tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x[order], y=y[order])).batch(BATCH))
+        state = process.next(state, data).state
+        if r == 1:
+            t_first = time.perf_counter()
+        if r in (10, rounds):
+            out["rss_mb"][r] = _rss_mb(os.getpid())
+    end = time.perf_counter()
+    model = tfl.models.build("digits_cnn")
+    process.get_model_weights(state).assign_weights_to(model)
+    logits = model(split.x_test).numpy()
+    out.update(accuracy=float(np.mean(logits.argmax(-1) == split.y_test)),
+               steady_rounds_per_s=(rounds - 1) / (end - t_first), total_rounds_per_s=rounds / (end - start))
+    _stop_own_children()  # raw TFF would leave its worker_binary holding our stdout (STACK.md)
+    return out
+
+
+def _stop_own_children() -> None:
+    import signal
+
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
+
+
+def contender_tensorfleet(rounds: int) -> dict:
+    import numpy as np
+
+    import tensorfleet as tfl
+
+    start = time.perf_counter()
+    split, clients = _data()
+    sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds,
+                                   clients_per_round=PER_ROUND, seed=SEED, batch_size=BATCH, progress=False,
+                                   backend="compiled")
+    history = sim.run()
+    end = time.perf_counter()
+    assert len(history.rounds) == rounds
+    steady = sim_times[rounds] - sim_times[1]  # wall time from the end of round 1 to the end of the last
+    model = tfl.models.build("digits_cnn")
+    sim.weights.assign_weights_to(model)
+    logits = model(split.x_test).numpy()
+    return {"accuracy": float(np.mean(logits.argmax(-1) == split.y_test)), "steady_rounds_per_s": (rounds - 1) / steady,
+            "total_rounds_per_s": rounds / (end - start), "rss_mb": sim_rss}
+
+
+sim_rss: dict = {}
+sim_times: dict = {}
+
+
+def _child(which: str, rounds: int) -> None:
+    result = _run_tensorfleet_with_rss(rounds) if which == "tensorfleet" else contender_raw(rounds)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _run_tensorfleet_with_rss(rounds: int) -> dict:
+    import tensorfleet.federated.simulation as simulation_module
+
+    original_log = simulation_module.Simulation._log
+
+    def log_with_rss(self, writer, record):  # RSS at the same rounds as the raw loop
+        if record["round"] in (10, rounds):
+            sim_rss[record["round"]] = _rss_mb(os.getpid())
+        result = original_log(self, writer, record)
+        sim_times[record["round"]] = time.perf_counter()
+        return result
+
+    simulation_module.Simulation._log = log_with_rss
+    return contender_tensorfleet(rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--child", choices=["raw", "tensorfleet"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rounds < 10:
+        parser.error(f"--rounds must be at least 10. Received: {args.rounds}")
+    if args.child:
+        _child(args.child, args.rounds)
+        return
+    results = {}
+    for which in ("raw", "tensorfleet"):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--child", which],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
+        line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        if proc.returncode != 0 or not line:
+            sys.exit(f"{which} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        results[which] = json.loads(line[-1][7:])
+    raw, fast = results["raw"], results["tensorfleet"]
+    r_last = str(args.rounds)
+    print(f"federated speed: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {args.rounds} rounds, seed {SEED}")
+    print(f"{'':13}{'rounds/s steady':>17}{'rounds/s total':>16}{'test acc':>10}{'RSS r10 MB':>12}{f'RSS r{r_last} MB':>14}")
+    for name, res in (("raw TFF", raw), ("tensorfleet", fast)):
+        print(f"{name:13}{res['steady_rounds_per_s']:17.2f}{res['total_rounds_per_s']:16.2f}{res['accuracy']:10.4f}"
+              f"{res['rss_mb']['10']:12.0f}{res['rss_mb'][r_last]:14.0f}")
+    print(f"ratio tensorfleet/raw, steady rounds/s: {fast['steady_rounds_per_s'] / raw['steady_rounds_per_s']:.1f}x; "
+          f"including start-up: {fast['total_rounds_per_s'] / raw['total_rounds_per_s']:.1f}x")
+    print(f"accuracy difference: {100 * (fast['accuracy'] - raw['accuracy']):+.2f} points")
+    for name, res in (("raw TFF", raw), ("tensorfleet", fast)):
+        growth = 100 * (res['rss_mb'][r_last] / res['rss_mb']['10'] - 1)
+        print(f"memory growth round 10 -> {r_last}, {name}: {growth:+.1f}%")
+
+
+if __name__ == "__main__":
+    main()

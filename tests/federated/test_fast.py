@@ -1,0 +1,45 @@
+"""The compiled backend gives TFF's model after the same rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow_federated")
+
+from tensorfleet import models  # noqa: E402
+from tensorfleet.federated import Simulation, partition  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return models.datasets.load_digits(flat=True)
+
+
+def test_compiled_backend_equals_tff_after_the_same_rounds(digits):
+    clients = partition(digits.x_train, digits.y_train, num_clients=20, scheme="dirichlet:0.5", seed=1)
+    runs = {}
+    for backend in ("tff", "compiled"):
+        sim = Simulation(lambda: models.build("digits_mlp", hidden=16), clients, "fedadam", rounds=3,
+                         clients_per_round=5, local_epochs=2, batch_size=8, dropout=0.2, seed=4, progress=False,
+                         backend=backend, test_data=(digits.x_test, digits.y_test))
+        history = sim.run()
+        runs[backend] = (sim.final_weights(), history.rounds)
+    (w_tff, h_tff), (w_fast, h_fast) = runs["tff"], runs["compiled"]
+    assert len(w_tff) == len(w_fast) == 4
+    for a, b in zip(w_tff, w_fast):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    for a, b in zip(h_tff, h_fast):
+        assert a["num_examples"] == b["num_examples"] and a["participants"] == b["participants"]
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
+        assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], abs=1e-9)
+
+
+def test_compiled_backend_refuses_what_it_does_not_run(digits):
+    clients = partition(digits.x_train, digits.y_train, num_clients=10, seed=0)
+    with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedavgm, fedadam, fedyogi, fedadagrad with "
+                                         r"the mean aggregator on partition\(\) client data. Received: "
+                                         r"algorithm='fedprox'"):
+        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled")
+    with pytest.raises(ValueError, match=r"backend must be one of \['tff', 'compiled'\]. Received: backend='gpu'"):
+        Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
