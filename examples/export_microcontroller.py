@@ -5,7 +5,7 @@ interpreter (bit-for-bit against tflite_runtime, accuracy against Keras, smalles
 prints the size report for a board, and writes the .tflite, the report (JSON and PNG) and
 the C sources (model array, op resolver) to OUT_DIR.
 
-Run: .venv/bin/python examples/edge_export_microcontroller.py [OUT_DIR] [--target BOARD]
+Run: .venv/bin/python examples/export_microcontroller.py [OUT_DIR] [--target BOARD]
 """
 
 from __future__ import annotations
