@@ -16,7 +16,13 @@ The rule is enforced on TensorFlow's own :class:`ClusterCoordinator`: each step 
 chosen worker through the coordinator's per-worker closure queue (the queue it uses to build
 per-worker datasets), and a driver thread per worker holds the worker's next step back until
 the policy allows it. Works on any ``tf.distribute.experimental.ParameterServerStrategy`` and
-its coordinator that the caller passes in.
+its coordinator that the caller passes in:
+
+* :func:`attach` (strategy, staleness) -- the ``staleness`` option of a strategy: gates the
+  strategy's one ``ClusterCoordinator``, so Keras ``Model.fit`` trains under the policy;
+* :func:`install` (coordinator, staleness) -- the same on a coordinator;
+* :func:`train` -- a measured training loop (clock gaps, update lags, weight snapshots,
+  an optional straggler) for comparing the policies.
 
 Example:
     >>> from tensorfleet.strategies import consistency
