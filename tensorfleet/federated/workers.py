@@ -46,7 +46,8 @@ __all__ = ["PortInUseError", "Worker", "bind_shim_path", "check_port_free", "ser
 
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
-_HOSTS = ("127.0.0.1", "localhost", "::1", *_WILDCARD_HOSTS)
+# The worker is checked on "localhost", which resolves to 127.0.0.1 here; other addresses would not answer.
+_HOSTS = ("127.0.0.1", "localhost", *_WILDCARD_HOSTS)
 _ENV_LOCK = threading.Lock()
 _BIND_SHIM_SOURCE = r"""
 #define _GNU_SOURCE
@@ -203,8 +204,8 @@ class Worker:
         if port is not None:
             _check_port(port)
         if host not in _HOSTS:
-            raise ValueError(f"host must be a loopback address (127.0.0.1, localhost, ::1) or every interface "
-                             f"(0.0.0.0, ::): TFF's worker binds one of those. Received: host={host!r}")
+            raise ValueError(f"host must be 127.0.0.1 (or localhost) or every interface (0.0.0.0, ::): TFF's worker "
+                             f"binds one of those. Received: host={host!r}")
         if not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool):
             raise ValueError(f"max_concurrent must be an integer (nonpositive: no limit). "
                              f"Received: max_concurrent={max_concurrent!r}")
@@ -221,7 +222,8 @@ class Worker:
     @property
     def address(self) -> str:
         """``host:port``, the form :class:`~tensorfleet.federated.Simulation` takes in ``workers``."""
-        return f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
     @property
     def pid(self) -> int | None:

@@ -104,8 +104,8 @@ def test_port_held_by_any_socket_counts_as_busy() -> None:
     ({"port": 0}, "port must be an integer in [1, 65535]. Received: port=0"),
     ({"port": 70000}, "port must be an integer in [1, 65535]. Received: port=70000"),
     ({"port": "8471"}, "port must be an integer in [1, 65535]. Received: port='8471'"),
-    ({"port": 8471, "host": "192.0.2.1"}, "host must be a loopback address (127.0.0.1, localhost, ::1) or every "
-                                          "interface (0.0.0.0, ::): TFF's worker binds one of those. "
+    ({"port": 8471, "host": "192.0.2.1"}, "host must be 127.0.0.1 (or localhost) or every interface (0.0.0.0, "
+                                          "::): TFF's worker binds one of those. "
                                           "Received: host='192.0.2.1'"),
     ({"port": 8471, "max_concurrent": 1.5}, "max_concurrent must be an integer (nonpositive: no limit). "
                                             "Received: max_concurrent=1.5"),
