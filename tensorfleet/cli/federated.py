@@ -45,6 +45,7 @@ def run(
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every"),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
     workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="tff (default) | compiled (FedAvg family, faster)."),
 ) -> None:
     """Runs one simulation; prints one JSON line with the final metrics last."""
     from tensorfleet.federated.experiment import load_config, resolve_config, run_experiment
@@ -55,7 +56,7 @@ def run(
                  straggler_deadline=straggler_deadline, dp=dp, aggregator=aggregator,
                  out=None if out is None else str(out), seed=seed, batch_size=batch_size, local_epochs=local_epochs,
                  client_lr=client_lr, server_lr=server_lr, eval_every=eval_every, eval_clients=eval_clients,
-                 checkpoint_every=checkpoint_every)
+                 checkpoint_every=checkpoint_every, backend=backend)
     cfg.update({k: v for k, v in flags.items() if v is not None})
     if no_progress:
         cfg["progress"] = False

@@ -18,7 +18,7 @@ DEFAULTS: dict[str, Any] = {
     "model": "digits_mlp", "dataset": "digits", "clients": 100, "partition": "iid", "algorithm": "fedavg",
     "rounds": 10, "clients_per_round": 10, "dropout": 0.0, "straggler_deadline": None, "dp": None,
     "aggregator": None, "out": None, "seed": 0, "batch_size": 20, "local_epochs": 1, "client_lr": None,
-    "server_lr": None, "eval_every": 1, "eval_clients": 0, "checkpoint_every": 0, "progress": True,
+    "server_lr": None, "eval_every": 1, "eval_clients": 0, "checkpoint_every": 0, "progress": True, "backend": "tff",
 }
 KEYS = tuple(DEFAULTS)
 
@@ -92,7 +92,7 @@ def build_simulation(config: dict[str, Any]) -> Any:
         server_learning_rate=cfg["server_lr"], aggregator=aggregator, aggregator_options=options,
         dropout=float(cfg["dropout"]), straggler_deadline=cfg["straggler_deadline"], test_data=test,
         eval_clients=int(cfg["eval_clients"]) or None, eval_every=int(cfg["eval_every"]), out_dir=cfg["out"],
-        checkpoint_every=int(cfg["checkpoint_every"]), progress=bool(cfg["progress"]))
+        checkpoint_every=int(cfg["checkpoint_every"]), progress=bool(cfg["progress"]), backend=str(cfg["backend"]))
 
 
 def run_experiment(config: dict[str, Any]) -> Any:
