@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -224,7 +225,9 @@ def _probe(worker: _RemoteWorker, timeout: float) -> None:
             executor.close()
 
     try:
-        result = asyncio.run(asyncio.wait_for(roundtrip(), timeout=max(timeout, 5.0)))
+        # In a thread of its own: a notebook's main thread already runs an event loop.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            result = pool.submit(asyncio.run, asyncio.wait_for(roundtrip(), timeout=max(timeout, 5.0))).result()
     except Exception as err:  # noqa: BLE001 - any failure of the round trip is reported with the worker
         code = err.code().name if isinstance(err, grpc.RpcError) and hasattr(err, "code") else type(err).__name__
         cause = getattr(err, "__cause__", None)
