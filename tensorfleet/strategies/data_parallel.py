@@ -297,7 +297,7 @@ def start_in_process_cluster(*, workers: int = 2, ps: int = 1) -> ClusterSpec:
 
 def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
                      max_shards: int | None = None, min_shard_bytes: int | None = None,
-                     serve: bool = True) -> Any:
+                     staleness: int | str | None = None, serve: bool = True) -> Any:
     """``ParameterServerStrategy``: workers train asynchronously against variables on ps tasks.
 
     The cluster comes from ``cluster`` (a :class:`ClusterSpec`, e.g. from
@@ -311,9 +311,16 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
         max_shards: split each variable into at most this many shards across the ps tasks
             (``tf.distribute.experimental.partitioners.MinSizePartitioner``).
         min_shard_bytes: smallest shard, in bytes (default 256 KiB when max_shards is set).
+        staleness: the consistency model (:mod:`tensorfleet.strategies.consistency`): 0 is
+            bulk-synchronous, k lets a worker run at most k steps ahead of the slowest, None
+            (TensorFlow's behaviour) is fully asynchronous.
         serve: on worker/ps tasks, start the server and block.
     """
     import tensorflow as tf
+
+    from tensorfleet.strategies import consistency
+
+    consistency.resolve_staleness(staleness)  # a bad value fails before anything starts
 
     _positive_int("max_shards", max_shards, allow_none=True)
     _positive_int("min_shard_bytes", min_shard_bytes, allow_none=True)
@@ -354,7 +361,9 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
         task_id=task.index if task else None,
         rpc_layer="grpc",
     )
-    return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    consistency.attach(strategy, staleness)
+    return strategy
 
 
 # --------------------------------------------------------------------------- TPU

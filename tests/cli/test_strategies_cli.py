@@ -25,7 +25,7 @@ def test_show_prints_options(capsys) -> None:
     assert main(["strategies", "show", "ps"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("parameter_server (aliases: ps): ParameterServerStrategy")
-    assert "  options: cluster=None, max_shards=None, min_shard_bytes=None, serve=True" in out
+    assert "  options: cluster=None, max_shards=None, min_shard_bytes=None, staleness=None, serve=True" in out
 
 
 def test_show_auto_says_what_it_would_choose(capsys) -> None:

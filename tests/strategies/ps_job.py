@@ -27,7 +27,8 @@ def main() -> None:
 
     split = load_digits()
     cluster = tfl.strategies.start_in_process_cluster(workers=2, ps=1)
-    strategy = tfl.strategies.build("parameter_server", cluster=cluster, max_shards=2, min_shard_bytes=4096)
+    strategy = tfl.strategies.build("parameter_server", cluster=cluster, max_shards=2, min_shard_bytes=4096,
+                                    staleness=2)
     with strategy.scope():
         model = tfl.models.build("digits_cnn")
         model.compile(optimizer=tf.keras.optimizers.Adam(1e-2),
@@ -64,6 +65,8 @@ def main() -> None:
         "variable_devices": sorted({v.device.split("/device:")[0] for v in model.variables}),
         "dense_kernel_shards": [list(v.shape) for v in model.variables if "dense/kernel" in v.name],
         "callback_error": callback_error,
+        "staleness": strategy._cluster_coordinator._tensorfleet_staleness_gate.policy.label,
+        "max_clock_gap": max(strategy._cluster_coordinator._tensorfleet_staleness_gate.clocks) - min(strategy._cluster_coordinator._tensorfleet_staleness_gate.clocks),
     }))
     sys.stdout.flush()
     os._exit(0)  # in-process servers would keep the interpreter alive

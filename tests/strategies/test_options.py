@@ -144,3 +144,9 @@ def test_mirrored_strategies_of_different_sizes_coexist_in_one_process() -> None
         per_replica = step()
         results.append(float(strategy.experimental_local_results(per_replica)[0]))
     assert results == [2.0, 4.0, 2.0]
+
+
+def test_parameter_server_staleness_is_checked_before_anything_starts(monkeypatch) -> None:
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="staleness"):
+        tfl.strategies.build("ps", staleness=-1)

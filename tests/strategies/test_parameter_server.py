@@ -54,3 +54,10 @@ def test_variables_live_on_the_ps_and_large_ones_are_sharded(ps_results) -> None
 def test_batch_level_callbacks_get_a_clear_error(ps_results) -> None:
     assert ps_results["callback_error"].startswith(
         "Batch-level `Callback`s are not supported with `ParameterServerStrategy`.")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_staleness_option_puts_keras_fit_under_stale_synchronous_parallel(ps_results) -> None:
+    assert ps_results["staleness"] == "SSP k=2"
+    assert 0 <= ps_results["max_clock_gap"] <= 2

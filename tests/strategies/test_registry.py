@@ -36,7 +36,7 @@ def test_unknown_option_names_the_options_the_strategy_takes() -> None:
 def test_describe_shows_aliases_and_options() -> None:
     text = tfl.strategies.describe("ps")
     assert text.startswith("parameter_server (aliases: ps): ParameterServerStrategy")
-    assert "options: cluster=None, max_shards=None, min_shard_bytes=None, serve=True" in text
+    assert "options: cluster=None, max_shards=None, min_shard_bytes=None, staleness=None, serve=True" in text
 
 
 def test_register_a_custom_strategy_and_build_it() -> None:
