@@ -7,7 +7,8 @@ tensorflow-federated runs this, tensorfleet only wires it and watches the worker
   on each worker with its share of the clients, the partial aggregates are merged, the rest
   runs once. TFF's ``MergeableCompExecutionContext`` drives it over one asynchronous execution
   context per worker, each talking to its worker through ``RemoteExecutor`` and
-  ``RemoteExecutorGrpcStub``;
+  ``RemoteExecutorGrpcStub``. Each worker's context runs on an event loop of its own, because
+  ``RemoteExecutor`` makes blocking gRPC calls: on one shared loop the workers would take turns;
 * a round is split into as many parts as there were workers at the start, whatever happens
   later, so a round run on fewer workers computes the same parts and merges the same partial
   sums (with two parts the merge is one addition, which does not depend on the order);
@@ -348,10 +349,10 @@ class DistributedContext:
                 f"All {len(self._workers)} TFF workers are lost ({detail}); the run stops here. Completed rounds "
                 f"are kept (and in the last checkpoint); start workers and run again to go on.")
         contexts = [
-            async_execution_context.AsyncExecutionContext(
+            _OwnLoopContext(async_execution_context.AsyncExecutionContext(
                 _executor_factory(w, self), compiler_fn=compiler.desugar_and_transform_to_native,
                 transform_args=tensorflow_computation.transform_args,
-                transform_result=tensorflow_computation.transform_result)
+                transform_result=tensorflow_computation.transform_result))
             for w in alive
         ]
         context = mergeable_comp_execution_context.MergeableCompExecutionContext(
@@ -359,9 +360,11 @@ class DistributedContext:
             transform_args=tensorflow_computation.transform_args,
             transform_result=tensorflow_computation.transform_result,
             num_subrounds=self.num_subrounds)
-        loop = getattr(getattr(context, "_async_runner", None), "_event_loop", None)
-        if loop is not None:
-            loop.set_exception_handler(_quiet_lost_workers)
+        for runner in [getattr(context, "_async_runner", None), *(c.runner for c in contexts)]:
+            loop = getattr(runner, "_event_loop", None)
+            if loop is not None:
+                loop.set_exception_handler(_quiet_lost_workers)
+        context._tensorfleet_worker_contexts = contexts  # noqa: SLF001 - so _abandon reaches their loops
         return context
 
     def _context(self) -> Any:
@@ -455,19 +458,43 @@ def _quiet_lost_workers(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
     loop.default_exception_handler(context)
 
 
+def _OwnLoopContext(inner: Any) -> Any:  # noqa: N802 - builds a class deriving from TFF's lazily imported base
+    from tensorflow_federated.python.common_libs import async_utils
+    from tensorflow_federated.python.core.impl.context_stack import context_base
+
+    class OwnLoopContext(context_base.AsyncContext):
+        """Runs one worker's asynchronous context on an event loop (and thread) of its own.
+
+        TFF's ``RemoteExecutor`` calls its gRPC stub synchronously inside coroutines, so on the
+        mergeable context's single loop one worker's ``Compute`` would block every other worker's
+        share: the parts of a round would run one after another instead of side by side.
+        """
+
+        def __init__(self) -> None:
+            self.inner = inner
+            self.runner = async_utils.AsyncThreadRunner()
+
+        async def invoke(self, comp: Any, arg: Any) -> Any:
+            return await self.runner.await_coro_and_return_result(self.inner.invoke(comp, arg))
+
+    return OwnLoopContext()
+
+
 def _abandon(context: Any) -> None:
     """Cancels what a failed mergeable context still runs (a surviving worker's share)."""
-    runner = getattr(context, "_async_runner", None)
-    loop = getattr(runner, "_event_loop", None)
-    if loop is None or loop.is_closed():
-        return
+    runners = [getattr(context, "_async_runner", None)]
+    runners += [c.runner for c in getattr(context, "_tensorfleet_worker_contexts", [])]
+    for runner in runners:
+        loop = getattr(runner, "_event_loop", None)
+        if loop is None or loop.is_closed():
+            continue
 
-    def cancel_all() -> None:
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
+        def cancel_all(loop: asyncio.AbstractEventLoop = loop) -> None:
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
 
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(cancel_all)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(cancel_all)
 
 
 def _executor_factory(worker: _RemoteWorker, owner: DistributedContext) -> Any:
