@@ -226,9 +226,15 @@ def _probe(worker: _RemoteWorker, timeout: float) -> None:
             executor.close()
 
     try:
-        # In a thread of its own: a notebook's main thread already runs an event loop.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            result = pool.submit(asyncio.run, asyncio.wait_for(roundtrip(), timeout=max(timeout, 5.0))).result()
+        # In a thread of its own: a notebook's main thread already runs an event loop. The stub's
+        # calls block, so the wait is bounded here, not inside the loop; a server that never
+        # answers leaves that (daemon) thread waiting, not the caller or interpreter exit.
+        result = _run_in_daemon_thread(roundtrip, max(timeout, 5.0))
+    except concurrent.futures.TimeoutError:
+        raise WorkerVersionError(
+            f"The server at {address} accepted a gRPC connection but did not answer a tensorflow-federated "
+            f"{tff.__version__} request within {max(timeout, 5.0):g} s: is it a TFF worker of this version, and is "
+            f"it not stopped or overloaded?", address) from None
     except Exception as err:  # noqa: BLE001 - any failure of the round trip is reported with the worker
         code = err.code().name if isinstance(err, grpc.RpcError) and hasattr(err, "code") else type(err).__name__
         cause = getattr(err, "__cause__", None)
@@ -243,6 +249,20 @@ def _probe(worker: _RemoteWorker, timeout: float) -> None:
         raise WorkerVersionError(
             f"The TFF worker at {address} returned {result!r} for the value 1729: it is not a tensorflow-federated "
             f"{tff.__version__} worker. Run the worker_binary of this TFF version there.", address)
+
+
+def _run_in_daemon_thread(coro_fn: Callable[[], Any], timeout: float) -> Any:
+    """``asyncio.run(coro_fn())`` in a daemon thread; its result, or TimeoutError after ``timeout``."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            future.set_result(asyncio.run(coro_fn()))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            future.set_exception(err)
+
+    threading.Thread(target=target, daemon=True, name="tff-worker-check").start()
+    return future.result(timeout=timeout)
 
 
 class DistributedContext:

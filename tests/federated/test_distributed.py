@@ -301,3 +301,36 @@ def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_th
     assert sim.load_checkpoint(sim.state)[1] == 3  # the last completed round is on disk
     for got, want in zip(sim.final_weights(), undisturbed.final_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_server_that_accepts_but_never_answers_is_refused_in_bounded_time() -> None:
+    import concurrent.futures
+    import threading
+
+    import grpc
+
+    # A real gRPC server whose handler for every method waits longer than the check does.
+    release = threading.Event()
+
+    class Silent(grpc.GenericRpcHandler):
+        def service(self, handler_call_details: Any) -> Any:
+            def hang(request: Any, context: Any) -> bytes:
+                release.wait(30)
+                return b""
+
+            return grpc.unary_unary_rpc_method_handler(hang)
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4), handlers=[Silent()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(WorkerVersionError) as info:
+            DistributedContext([f"127.0.0.1:{port}"], connect_timeout=2.0)
+    finally:
+        release.set()
+        server.stop(0)
+    assert str(info.value).startswith(f"The server at 127.0.0.1:{port} accepted a gRPC connection but did not answer "
+                                      "a tensorflow-federated")
+    assert "within 5 s" in str(info.value)
