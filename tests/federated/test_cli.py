@@ -70,3 +70,10 @@ def test_run_from_yaml_with_flag_override_then_plot(capsys, tmp_path):
 def test_plot_of_a_directory_without_metrics_fails_cleanly(capsys, tmp_path):
     assert main(["federated", "plot", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: No metrics.json in {tmp_path}")
+
+
+def test_run_on_tffs_synthetic_emnist(capsys):
+    assert main(["federated", "run", "--dataset", "emnist-synthetic", "--model", "digits_cnn", "--clients", "4",
+                 "--clients-per-round", "2", "--rounds", "1", "--batch-size", "4", "--no-progress"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["rounds"] == 1 and 0.0 <= last["test_accuracy"] <= 1.0

@@ -43,3 +43,21 @@ def test_compiled_backend_refuses_what_it_does_not_run(digits):
         Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled")
     with pytest.raises(ValueError, match=r"backend must be one of \['tff', 'compiled'\]. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
+
+
+def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digits, tmp_path):
+    clients = partition(digits.x_train, digits.y_train, num_clients=10, scheme="iid", seed=2)
+
+    def sim(rounds, out):
+        return Simulation(lambda: models.build("digits_mlp", hidden=8), clients, "fedavgm", rounds=rounds,
+                          clients_per_round=4, seed=5, progress=False, backend="compiled", out_dir=out,
+                          checkpoint_every=1, tensorboard=False)
+
+    straight = sim(4, tmp_path / "straight")
+    straight.run()
+    sim(2, tmp_path / "split").run()
+    resumed = sim(4, tmp_path / "split")
+    history = resumed.run()
+    assert [r["round"] for r in history.rounds] == [1, 2, 3, 4]
+    for a, b in zip(straight.final_weights(), resumed.final_weights()):
+        np.testing.assert_array_equal(a, b)

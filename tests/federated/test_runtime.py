@@ -123,3 +123,17 @@ def test_bad_worker_arguments_are_refused():
 
     with pytest.raises(ValueError, match=r"port must be an integer in \[1, 65535\]. Received: port=70000"):
         LocalWorker(port=70000)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cli_run_piped_into_tail_ends_when_the_run_ends():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
+    command = (f"{sys.executable} -m tensorfleet.cli.main federated run --clients 10 --clients-per-round 5 "
+               f"--rounds 2 --no-progress 2>/dev/null | tail -1")
+    start = time.monotonic()
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=ROOT, timeout=200)
+    assert proc.returncode == 0
+    last = proc.stdout.strip()
+    assert last.startswith('{"algorithm": "fedavg", "rounds": 2'), last
+    assert time.monotonic() - start < 200
