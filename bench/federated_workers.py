@@ -46,7 +46,7 @@ def _mlp(input_shape: tuple[int, ...]) -> Any:
 
 
 # ----------------------------------------------------------------------------- speed
-def speed(reps: int, rounds: int) -> dict[str, Any]:
+def speed(reps: int, rounds: int, local_epochs: int = 1) -> dict[str, Any]:
     import numpy as np
 
     from tensorfleet.federated import Simulation, partition
@@ -63,7 +63,7 @@ def speed(reps: int, rounds: int) -> dict[str, Any]:
             for label, addresses in (("1 worker", [workers[0].address]),
                                      ("2 workers", [w.address for w in workers])):
                 sim = Simulation(lambda: _mlp((8, 8, 1)), clients, "fedavg", rounds=rounds, clients_per_round=10,
-                                 seed=0, progress=False, workers=addresses)
+                                 seed=0, progress=False, workers=addresses, local_epochs=local_epochs)
                 history = sim.run()
                 per_round = [r["seconds"] for r in history.rounds[1:]]
                 rate = 1.0 / statistics.median(per_round)
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--local-epochs", type=int, default=1, help="more work per client per round")
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child, args.rounds, args.eager)
@@ -144,9 +145,9 @@ def main() -> None:
     print(f"federated workers, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f}")
     if not args.skip_speed:
-        print(f"speed: digits, 100 clients, 10 per round, MLP 64-32-10, {args.rounds} rounds, {args.reps} reps "
-              f"alternated; median rounds/s over rounds 2..{args.rounds}")
-        s = speed(args.reps, args.rounds)
+        print(f"speed: digits, 100 clients, 10 per round, MLP 64-32-10, {args.local_epochs} local epoch(s), "
+              f"{args.rounds} rounds, {args.reps} reps alternated; median rounds/s over rounds 2..{args.rounds}")
+        s = speed(args.reps, args.rounds, args.local_epochs)
         print(f"1 worker {s['one']:.2f} rounds/s, 2 workers {s['two']:.2f} rounds/s (medians); ratio 2/1 per pair "
               f"{', '.join(f'{r:.2f}' for r in s['ratios'])}, median {s['ratio']:.2f}; "
               f"largest weight difference {s['max_weight_diff']:.2e}")
