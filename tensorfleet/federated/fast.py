@@ -157,6 +157,9 @@ class CompiledFedAvg:
         flat_state = tf.nest.flatten(self.server_state)
         if len(leaves) != n + len(flat_state):
             raise ValueError(f"A checkpoint of this backend holds {n + len(flat_state)} tensors. Received: {len(leaves)}")
+        expected = [tuple(w.shape) for w in self.weights] + [tuple(np.shape(v)) for v in flat_state]
+        if [tuple(np.shape(v)) for v in leaves] != expected:
+            raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another model?).")
         self.weights = [tf.constant(v) for v in leaves[:n]]
         self.server_state = tf.nest.pack_sequence_as(self.server_state, [tf.constant(v) for v in leaves[n:]])
 

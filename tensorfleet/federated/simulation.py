@@ -557,8 +557,6 @@ class Simulation:
 
     def evaluate_central(self, state: Any) -> dict[str, float]:
         assert self.test_data is not None
-        import tensorflow as tf
-
         model = self.keras_model(state)
         loss_fn, _ = self._loss_and_metrics(model)
         x, y = self.test_data
@@ -567,7 +565,6 @@ class Simulation:
             logits = model(x[start:start + 512], training=False)
             total_loss += float(loss_fn(y[start:start + 512], logits)) * len(logits)
             correct += int(np.sum(np.argmax(np.asarray(logits), axis=-1) == y[start:start + 512]))
-        del tf
         return {"test_loss": total_loss / len(x), "test_accuracy": correct / len(x)}
 
     def evaluate_federated(self, state: Any, round_num: int) -> dict[str, float]:
@@ -617,9 +614,11 @@ class Simulation:
             template.load_leaves(leaves)
             return template, int(meta["round"]), list(meta["history"])
         template_leaves = tf.nest.flatten(template)
-        if len(leaves) != len(template_leaves):
-            raise CheckpointMismatchError(f"The checkpoint in {path.parent} holds {len(leaves)} tensors; this "
-                                          f"configuration's state has {len(template_leaves)}.")
+        shapes = [np.shape(v) for v in leaves]
+        expected = [np.shape(v) for v in template_leaves]
+        if shapes != expected:
+            raise CheckpointMismatchError(f"The checkpoint in {path.parent} holds tensors of shapes {shapes[:6]}...; "
+                                          f"this configuration's model state has {expected[:6]}... (another model?).")
         return tf.nest.pack_sequence_as(template, leaves), int(meta["round"]), list(meta["history"])
 
     # ----------------------------------------------------------------- the loop

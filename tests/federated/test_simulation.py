@@ -83,6 +83,10 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
 
     with pytest.raises(CheckpointMismatchError, match=r"different configuration \(clients_per_round: checkpoint 5 vs now 6\)"):
         other.run()
+    other_model = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=2, clients_per_round=5,
+                             out_dir=tmp_path, checkpoint_every=1, progress=False)
+    with pytest.raises(CheckpointMismatchError, match=r"holds tensors of shapes \[\(64, 16\), \(16,\), \(16, 10\)"):
+        other_model.run()
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
