@@ -14,7 +14,9 @@ tensorflow-federated runs this, tensorfleet only wires it and watches the worker
   sums (with two parts the merge is one addition, which does not depend on the order);
 * a worker that stops answering during a round is dropped and the whole round is run again on
   the workers left; when none is left, :class:`AllWorkersLostError` stops the run. The round's
-  input is the state after the last completed round, so no completed round is lost;
+  input is the state after the last completed round, so no completed round is lost. A dead
+  worker is noticed at once (its connection fails); a frozen one (stopped, cut off) when a
+  round has run ``round_timeout`` seconds and it does not answer a short question;
 * before the first round every worker is checked: :class:`WorkerUnreachableError` for an
   address where nothing answers, :class:`WorkerVersionError` for a gRPC server that is not a TFF
   worker of the installed version, both naming the worker.
@@ -163,6 +165,26 @@ class _RemoteWorker:
             future.cancel()  # stops its polling thread before the channel may be closed
             return False
 
+    def answers(self, timeout: float) -> bool:
+        """Whether the worker answers an RPC within ``timeout`` (a stopped or frozen one does not).
+
+        Any reply counts, an error status too: only silence or an unreachable worker fails.
+        """
+        import grpc
+        from tensorflow_federated.proto.v0 import executor_pb2, executor_pb2_grpc
+
+        if self.channel is None:
+            return False
+        stub = executor_pb2_grpc.ExecutorGroupStub(self.channel)
+        try:
+            reply = stub.GetExecutor(executor_pb2.GetExecutorRequest(), timeout=timeout)
+        except grpc.RpcError as err:
+            code = err.code() if hasattr(err, "code") else None
+            return code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        with contextlib.suppress(grpc.RpcError):  # give back the executor the question made
+            stub.DisposeExecutor(executor_pb2.DisposeExecutorRequest(executor=reply.executor), timeout=timeout)
+        return True
+
     def close(self) -> None:
         if self.channel is not None:
             _close_channel(self.channel)
@@ -277,6 +299,10 @@ class DistributedContext:
             dropped and the computation is run again on the others.
         max_retries: computations run again at most this many times in all (one per lost worker
             by default is enough; the limit stops a loop when workers keep failing).
+        round_timeout: seconds after which a computation that has not ended checks its workers;
+            one that does not answer within ``lost_timeout`` (stopped, frozen, cut off) is dropped
+            and the computation runs again on the others; busy workers answer, and the wait goes
+            on. None: no check (a frozen worker then blocks the run).
         check: check every worker (reachable, right TFF version) now.
 
     Example:
@@ -287,13 +313,17 @@ class DistributedContext:
 
     def __init__(self, workers: Sequence[str | WorkerAddress] | str, *, num_subrounds: int | None = None,
                  connect_timeout: float = 10.0, lost_timeout: float = 3.0, max_retries: int | None = None,
-                 check: bool = True) -> None:
+                 round_timeout: float | None = 120.0, check: bool = True) -> None:
         addresses = parse_addresses(workers)
         if num_subrounds is not None and (not isinstance(num_subrounds, int) or num_subrounds < 1):
             raise ValueError(f"num_subrounds must be a positive integer. Received: num_subrounds={num_subrounds!r}")
         for name, value in (("connect_timeout", connect_timeout), ("lost_timeout", lost_timeout)):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={value!r}")
+        if round_timeout is not None and (not isinstance(round_timeout, (int, float)) or round_timeout <= 0):
+            raise ValueError(f"round_timeout must be a positive number of seconds or None. "
+                             f"Received: round_timeout={round_timeout!r}")
+        self.round_timeout = None if round_timeout is None else float(round_timeout)
         self.num_subrounds = num_subrounds if num_subrounds is not None else len(addresses)
         self.connect_timeout = float(connect_timeout)
         self.lost_timeout = float(lost_timeout)
@@ -400,7 +430,7 @@ class DistributedContext:
             lost_before = set(self.lost)
             self._emit("invoke", detail=str(getattr(comp, "type_signature", "")))
             try:
-                return context.invoke(comp, arg)
+                return self._watched(context, comp, arg)
             except Exception as err:  # noqa: BLE001 - only worker losses are retried, others re-raised
                 for w in self._workers:
                     if not w.lost and not w.ready(self.lost_timeout):
@@ -416,6 +446,32 @@ class DistributedContext:
                         f"Gave up after {self.retries} retries; lost workers: {', '.join(self.lost)}.") from err
                 self.retries += 1
                 self._emit("retry", ", ".join(lost_now), f"{type(err).__name__}: {str(err)[:200]}")
+
+    def _watched(self, context: Any, comp: Any, arg: Any) -> Any:
+        """``context.invoke``, checking the workers every ``round_timeout`` seconds while it runs."""
+        if self.round_timeout is None:
+            return context.invoke(comp, arg)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def target() -> None:
+            try:
+                future.set_result(context.invoke(comp, arg))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                future.set_exception(err)
+
+        # A daemon thread: a frozen worker may keep it waiting after the round has moved on.
+        threading.Thread(target=target, daemon=True, name="tff-round").start()
+        while True:
+            try:
+                return future.result(timeout=self.round_timeout)
+            except concurrent.futures.TimeoutError:
+                silent = [w for w in self._workers if not w.lost and not w.answers(self.lost_timeout)]
+                for w in silent:
+                    self._mark_lost(w, f"did not answer within {self.lost_timeout:g} s after "
+                                       f"{self.round_timeout:g} s of a computation")
+                if silent:
+                    raise WorkerLostError(f"TFF worker {silent[0].address} stopped answering.",
+                                          str(silent[0].address)) from None
 
     # ------------------------------------------------------------------ install / close
     @contextlib.contextmanager

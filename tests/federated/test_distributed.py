@@ -218,6 +218,9 @@ def test_address_parsing() -> None:
         parse_addresses(["127.0.0.1:1", "127.0.0.1:1"])
     with pytest.raises(ValueError, match="num_subrounds must be a positive integer. Received: num_subrounds=0"):
         DistributedContext(["127.0.0.1:1"], num_subrounds=0, check=False)
+    with pytest.raises(ValueError, match=r"round_timeout must be a positive number of seconds or None. "
+                                         r"Received: round_timeout=0"):
+        DistributedContext(["127.0.0.1:1"], round_timeout=0, check=False)
 
 
 def _linear_digits() -> Any:
@@ -334,3 +337,32 @@ def test_server_that_accepts_but_never_answers_is_refused_in_bounded_time() -> N
     assert str(info.value).startswith(f"The server at 127.0.0.1:{port} accepted a gRPC connection but did not answer "
                                       "a tensorflow-federated")
     assert "within 5 s" in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_frozen_worker_is_dropped_after_the_round_timeout_and_model_equals_undisturbed(
+        fedavg: dict[str, Any], reference: dict[str, Any], two_workers: list[Any]) -> None:
+    victim = two_workers[1]
+    ctx = DistributedContext([w.address for w in two_workers], lost_timeout=2.0, round_timeout=4.0)
+    armed = {"round": -1, "frozen": False}
+
+    def freeze_in_round_1(event: distributed.Event) -> None:
+        if event.kind == "dispatch" and event.address == victim.address and armed["round"] == 1 \
+                and not armed["frozen"]:
+            armed["frozen"] = True
+            os.kill(victim.pid, signal.SIGSTOP)  # alive, connected, silent
+
+    ctx.listeners.append(freeze_in_round_1)
+    try:
+        weights = _run(fedavg, ctx.installed(), before_round=lambda r: armed.update(round=r))
+        assert victim.running  # stopped, not dead: only the round timeout could notice it
+    finally:
+        os.kill(victim.pid, signal.SIGKILL)
+        ctx.close()
+    assert armed["frozen"]
+    assert ctx.lost == [victim.address] and ctx.retries == 1
+    lost = [e for e in ctx.events if e.kind == "worker_lost"]
+    assert lost[0].detail == "did not answer within 2 s after 4 s of a computation"
+    for got, want in zip(weights, reference["multi"]):
+        np.testing.assert_array_equal(got, want)
