@@ -656,6 +656,11 @@ class Simulation:
         from tqdm.auto import tqdm
 
         process = self.build()
+        worker = getattr(self.runtime, "worker", None)
+        if worker is not None and hasattr(worker, "start"):
+            # Started from this thread: PR_SET_PDEATHSIG ties the worker to the thread that
+            # forks it, and TFF would otherwise start it lazily from its own event-loop thread.
+            worker.start()
         state = process.initialize()
         if self.backend is Backend.COMPILED:
             self._engine = state = self._make_engine(state)

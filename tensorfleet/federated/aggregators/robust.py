@@ -11,7 +11,7 @@ algorithms use TFF's unweighted variants with them.
 
 Example:
     >>> factory = RobustFactory("trimmed_mean", beta=0.2)
-    >>> process = factory.create(tff.types.to_type([(np.float32, (3,))]))
+    >>> process = factory.create(tff.to_type([(np.float32, (3,))]))
 """
 
 from __future__ import annotations
