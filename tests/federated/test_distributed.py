@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import os
 import signal
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import portpicker
@@ -177,20 +180,28 @@ def test_address_where_nothing_listens_names_the_worker() -> None:
     assert info.value.address == f"127.0.0.1:{port}"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(60)
-def test_grpc_server_that_is_not_this_tff_worker_is_refused() -> None:
+@contextlib.contextmanager
+def _grpc_server(handlers: list[Any]) -> Iterator[int]:
+    """A real gRPC server on 127.0.0.1 with ``handlers`` (none: every method is UNIMPLEMENTED); its port."""
     import grpc
-    import tensorflow_federated as tff
 
-    server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(max_workers=2))
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4), handlers=handlers)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        with pytest.raises(WorkerVersionError) as info:
-            DistributedContext([f"127.0.0.1:{port}"], connect_timeout=5.0)
+        yield port
     finally:
         server.stop(0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_grpc_server_that_is_not_this_tff_worker_is_refused() -> None:
+    import tensorflow_federated as tff
+
+    with _grpc_server([]) as port:
+        with pytest.raises(WorkerVersionError) as info:
+            DistributedContext([f"127.0.0.1:{port}"], connect_timeout=5.0)
     message = str(info.value)
     assert f"The server at 127.0.0.1:{port} answers gRPC but not as a tensorflow-federated {tff.__version__} worker" \
         in message
@@ -309,9 +320,6 @@ def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_th
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_server_that_accepts_but_never_answers_is_refused_in_bounded_time() -> None:
-    import concurrent.futures
-    import threading
-
     import grpc
 
     # A real gRPC server whose handler for every method waits longer than the check does.
@@ -325,15 +333,12 @@ def test_server_that_accepts_but_never_answers_is_refused_in_bounded_time() -> N
 
             return grpc.unary_unary_rpc_method_handler(hang)
 
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4), handlers=[Silent()])
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
     try:
-        with pytest.raises(WorkerVersionError) as info:
-            DistributedContext([f"127.0.0.1:{port}"], connect_timeout=2.0)
+        with _grpc_server([Silent()]) as port:
+            with pytest.raises(WorkerVersionError) as info:
+                DistributedContext([f"127.0.0.1:{port}"], connect_timeout=2.0)
     finally:
         release.set()
-        server.stop(0)
     assert str(info.value).startswith(f"The server at 127.0.0.1:{port} accepted a gRPC connection but did not answer "
                                       "a tensorflow-federated")
     assert "within 5 s" in str(info.value)
