@@ -571,6 +571,9 @@ def _abandon(context: Any) -> None:
 
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(cancel_all)
+        # TFF's runner joins its thread when collected; a thread stuck on a frozen worker's call
+        # would then block whoever collects it. Stop its loop without waiting instead.
+        runner._finalizer = lambda loop, thread: loop.call_soon_threadsafe(loop.stop)  # noqa: SLF001
 
 
 def _executor_factory(worker: _RemoteWorker, owner: DistributedContext) -> Any:
