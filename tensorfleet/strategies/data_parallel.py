@@ -155,22 +155,23 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
     return _new_mirrored(devices, ops)
 
 
-_mirrored_count = itertools.count(1)
+_strategy_count = itertools.count()
 
 
 def _new_mirrored(devices: list[str], ops: Any) -> Any:
-    """A MirroredStrategy whose collective group keys no other strategy of this process uses.
+    """A MirroredStrategy whose collective keys no other strategy of this process uses.
 
-    Every MirroredStrategy numbers its collective groups from 1, so a second one over a
-    different device count in the same process (a notebook, a test session) joins group 1 with
-    the wrong size and fails with "is joining a group with size 4, but that group has size 2".
+    Every MirroredStrategy numbers its collective groups and instances from the same start,
+    so a second one in the same process (a notebook, a test session) collides with the first:
+    over a different device count it fails with "is joining a group with size 4, but that
+    group has size 2", over the same devices with "Shape mismatch in the collective instance".
     TensorFlow reads the key base from the instance during construction; each strategy built
-    here gets its own.
+    here gets its own, the first one TensorFlow's own (0).
     """
     import tensorflow as tf
 
     strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
-    strategy._collective_key_base = next(_mirrored_count) * 100_000
+    strategy._collective_key_base = 100_000 * next(_strategy_count)
     strategy.__init__(devices=devices, cross_device_ops=ops)
     return strategy
 

@@ -137,13 +137,13 @@ def test_mirrored_strategies_of_different_sizes_coexist_in_one_process() -> None
     import tensorflow as tf
 
     results = []
-    for n in (2, 4, 2):
+    for n in (2, 4, 2, 2):
         strategy = tfl.strategies.build("mirrored", devices=[f"/cpu:{i}" for i in range(n)])
         step = tf.function(lambda: strategy.run(
             lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0))))
         per_replica = step()
         results.append(float(strategy.experimental_local_results(per_replica)[0]))
-    assert results == [2.0, 4.0, 2.0]
+    assert results == [2.0, 4.0, 2.0, 2.0]
 
 
 def test_parameter_server_staleness_is_checked_before_anything_starts(monkeypatch) -> None:
