@@ -27,7 +27,7 @@ __all__ = ["app", "main", "GROUPS", "COMMANDS"]
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated")
 # Top-level commands: each module defines register(app).
-COMMANDS: tuple[str, ...] = ("launch",)
+COMMANDS: tuple[str, ...] = ("launch", "plan")
 
 app = typer.Typer(
     name="tensorfleet",
