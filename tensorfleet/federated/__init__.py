@@ -33,6 +33,7 @@ __all__ = [
     "AGGREGATORS", "ALGORITHMS", "OPTIMIZERS", "PARTITIONERS", "Scheme", "Simulation", "History",
     "ArrayClientData", "build_aggregator", "build_process", "epsilon", "load_history", "parse_scheme",
     "partition", "partition_indices", "plot_history", "plot_label_distribution", "summarize",
+    "LazyClientData", "digits_clients", "emnist_like_clients",
 ]
 
 _LAZY = {
@@ -44,6 +45,9 @@ _LAZY = {
     "summarize": "tensorfleet.federated.clientdata",
     "plot_label_distribution": "tensorfleet.federated.clientdata",
     "epsilon": "tensorfleet.federated.aggregators.dp",
+    "LazyClientData": "tensorfleet.federated.lazy",
+    "digits_clients": "tensorfleet.federated.lazy",
+    "emnist_like_clients": "tensorfleet.federated.lazy",
 }
 
 

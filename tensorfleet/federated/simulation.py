@@ -351,6 +351,9 @@ class Simulation:
         from tensorfleet.federated.distributed import parse_addresses
 
         self.workers = None if workers is None else [str(a) for a in parse_addresses(workers)]
+        if self.workers is not None and self.backend is Backend.COMPILED:
+            raise ValueError("workers= runs rounds on TFF workers; backend='compiled' runs them in this process. "
+                             f"Received: backend='compiled', workers={self.workers}; drop one of them.")
 
         rng = np.random.default_rng([self.seed, 2**31 - 1])
         self._speeds = {cid: self.client_speed * float(np.exp(rng.normal(0.0, 0.5))) for cid in self.train_ids}

@@ -87,3 +87,11 @@ def test_simulation_on_3400_lazy_clients_makes_only_the_sampled_ones() -> None:
     assert [r["num_examples"] for r in history.rounds] == [75, 75]
     with pytest.raises(ValueError, match="examples_per_client must not exceed the 1438 samples"):
         digits_clients(3, examples_per_client=5000)
+
+
+def test_lazy_client_data_is_exported_from_the_package() -> None:
+    import tensorfleet as tfl
+    from tensorfleet.federated import lazy
+
+    assert tfl.federated.LazyClientData is lazy.LazyClientData
+    assert tfl.federated.emnist_like_clients is lazy.emnist_like_clients
