@@ -186,30 +186,12 @@ class _RemoteWorker:
         return True
 
     def close(self) -> None:
+        from tensorfleet.federated.runtime import close_channel
+
         if self.channel is not None:
-            _close_channel(self.channel)
+            close_channel(self.channel)
         self.channel = None
         self.stub = None
-
-
-def _close_channel(channel: Any) -> None:
-    """Closes a gRPC channel once its connectivity polling thread has stopped.
-
-    grpcio 1.5x's polling thread (started by ``subscribe``, which TFF's stub and
-    ``channel_ready_future`` use) can call into a channel closed under it and die with
-    "Cannot invoke RPC: Channel closed!"; dropping the subscriptions first and waiting for the
-    thread to notice (at most two 0.2 s polls) avoids that.
-    """
-    state = getattr(channel, "_connectivity_state", None)
-    if state is not None:
-        with contextlib.suppress(Exception):
-            with state.lock:
-                del state.callbacks_and_connectivities[:]
-            deadline = time.monotonic() + 1.0
-            while getattr(state, "polling", False) and time.monotonic() < deadline:
-                time.sleep(0.02)
-    with contextlib.suppress(Exception):
-        channel.close()
 
 
 @dataclass

@@ -43,7 +43,7 @@ from typing import IO, Any, Iterator
 
 __all__ = [
     "LocalWorker", "Runtime", "default_runtime", "install_default", "managed_context", "worker_binary_path",
-    "live_workers", "stop_all",
+    "live_workers", "stop_all", "close_channel",
 ]
 
 _LIVE: "weakref.WeakSet[LocalWorker]" = weakref.WeakSet()
@@ -208,8 +208,7 @@ class LocalWorker:
         with self._lock:
             process, self._process = self._process, None
             if self._channel is not None:
-                with contextlib.suppress(Exception):
-                    self._channel.close()
+                close_channel(self._channel)
             self._channel = None
             self._stub = None
             if process is not None:
@@ -355,3 +354,23 @@ def install_default() -> Runtime:
     if stack.current is not rt.context:
         tff.framework.set_default_context(rt.context)
     return rt
+
+
+def close_channel(channel: Any) -> None:
+    """Closes a gRPC channel once its connectivity polling thread has stopped.
+
+    grpcio 1.5x's polling thread (started by ``subscribe``, which TFF's stub and
+    ``channel_ready_future`` use) can call into a channel closed under it and die with
+    "Cannot invoke RPC: Channel closed!"; dropping the subscriptions first and waiting for the
+    thread to notice (at most two 0.2 s polls) avoids that.
+    """
+    state = getattr(channel, "_connectivity_state", None)
+    if state is not None:
+        with contextlib.suppress(Exception):
+            with state.lock:
+                del state.callbacks_and_connectivities[:]
+            deadline = time.monotonic() + 1.0
+            while getattr(state, "polling", False) and time.monotonic() < deadline:
+                time.sleep(0.02)
+    with contextlib.suppress(Exception):
+        channel.close()
