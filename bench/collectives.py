@@ -10,7 +10,7 @@
    implementation on every other size and the prediction error is reported on all sizes
    (held-out ones marked). A PNG plots time against size.
 
-Run: ``.venv/bin/python bench/collectives_validation.py [--quick] [--out out/bench]``
+Run: ``.venv/bin/python bench/collectives.py [--quick] [--out out/bench]``
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def main() -> None:
     plot(measured, fits, png)
     from tensorfleet.io import write_json
 
-    write_json(os.path.join(args.out, "collectives_validation.json"),
+    write_json(os.path.join(args.out, "collectives.json"),
                {"measured": {k: {str(s): t for s, t in v.items()} for k, v in measured.items()}, "fits": fits})
     print(f"\nplot: {png}")
 
