@@ -49,11 +49,13 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from tensorfleet.netbind import loopback_env
 from tensorfleet.strategies.cluster import ClusterSpec, Role, TFConfigError, parse_tf_config
 
 __all__ = [
@@ -593,6 +595,13 @@ def launch(
         )
     parent_env.pop("TF_CONFIG", None)
     parent_env.update(env or {})
+    # TensorFlow's servers bind [::]:port (hard-coded); keep every task's listening sockets on
+    # the loopback address the cluster names.
+    bind_env = loopback_env(_LOCALHOST, environ=parent_env)
+    if not bind_env:
+        warnings.warn("No C compiler to build tensorfleet's bind library: the tasks' TensorFlow servers listen on "
+                      "every interface, not only 127.0.0.1. Install a C compiler (cc).", RuntimeWarning, stacklevel=2)
+    parent_env.update(bind_env)
     if backup_dir is not None:
         parent_env[ENV_BACKUP_DIR] = str(Path(backup_dir).resolve())
     argv = [python or sys.executable, str(script_path), *map(str, args)]

@@ -304,3 +304,31 @@ def test_the_launcher_itself_listens_on_no_port(task_script: Path) -> None:
     during: list[set[tuple[str, int]]] = []
     launch(task_script, workers=2, sink=lambda line: during.append(listening()))
     assert during and all(sockets == before for sockets in during)
+
+
+BIND_SCRIPT = """
+import os, socket
+for family, wildcard in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.bind((wildcard, 0))
+    s.listen()
+    mine = s.getsockname()[1]
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).readlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == mine:
+                print(f"{family.name} {local.rsplit(':', 1)[0]}")
+    s.close()
+"""
+
+
+def test_tasks_bind_wildcard_listeners_to_loopback_only(tmp_path: Path) -> None:
+    # TensorFlow's gRPC server binds [::]:port; in a launched task such a bind lands on 127.0.0.1.
+    script = tmp_path / "bind.py"
+    script.write_text(BIND_SCRIPT)
+    result = launch(script, workers=1, **_quiet())
+    assert result.returncode == 0
+    assert result.output("worker:0") == [
+        "AF_INET6 0000000000000000FFFF00000100007F",  # ::ffff:127.0.0.1, not [::]
+        "AF_INET 0100007F",  # 127.0.0.1, not 0.0.0.0
+    ]
