@@ -132,6 +132,7 @@ def plot_history(history: History, out_dir: str | os.PathLike[str]) -> list[Path
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     written = []
     for metric in ("accuracy", "loss"):
@@ -142,6 +143,7 @@ def plot_history(history: History, out_dir: str | os.PathLike[str]) -> list[Path
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, markersize=3, label=label)
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.set_ylabel(metric)
         title = history.config.get("algorithm", "")
         ax.set_title(f"{title} {metric} per round".strip())
