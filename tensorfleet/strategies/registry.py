@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -89,7 +90,20 @@ def build(name: str = "auto", **options: Any) -> Any:
     """
     entry = STRATEGIES.entry(name)
     _check_options(entry, options)
+    _drop_blank_tf_config()
     return entry.obj(**options)
+
+
+def _drop_blank_tf_config() -> None:
+    """Removes a TF_CONFIG that is set but blank.
+
+    tensorfleet reads a blank TF_CONFIG as "no cluster", but TensorFlow's strategies parse it as
+    JSON and fail ("Expecting value: line 1 column 1") when it is merely empty, as it is after
+    ``export TF_CONFIG=`` or in a template with the value left out.
+    """
+    if "TF_CONFIG" in os.environ and not os.environ["TF_CONFIG"].strip():
+        log.debug("Ignoring the blank TF_CONFIG of the environment.")
+        del os.environ["TF_CONFIG"]
 
 
 def _check_options(entry: Entry[Callable[..., Any]], options: dict[str, Any]) -> None:

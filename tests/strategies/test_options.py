@@ -150,3 +150,12 @@ def test_parameter_server_staleness_is_checked_before_anything_starts(monkeypatc
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="staleness"):
         tfl.strategies.build("ps", staleness=-1)
+
+
+def test_blank_tf_config_means_no_cluster_instead_of_a_json_error(monkeypatch) -> None:
+    monkeypatch.setenv("TF_CONFIG", " ")
+    strategy = tfl.strategies.build("mirrored", devices=["/cpu:0", "/cpu:1"])
+    assert strategy.num_replicas_in_sync == 2
+    import os
+
+    assert "TF_CONFIG" not in os.environ
