@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorfleet.models.zoo import MODELS
+from tensorfleet.validation import positive_int
 
 __all__ = [
     "ds_cnn",
@@ -72,8 +73,7 @@ REFERENCE: dict[str, Reference] = {
 
 def _check_positive(**values: int) -> None:
     for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{key} must be a positive integer. Received: {key}={value!r}")
+        positive_int(key, value)
 
 
 def _init(seed: int | None, k: int, *, relu: bool = False, depthwise: bool = False) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensorfleet.registry import Registry
+from tensorfleet.validation import positive_int
 
 __all__ = ["MODELS", "digits_cnn", "digits_mlp"]
 
@@ -14,8 +15,7 @@ MODELS: Registry[Any] = Registry("model")
 
 def _check_positive(**values: int) -> None:
     for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{key} must be a positive integer. Received: {key}={value!r}")
+        positive_int(key, value)
 
 
 def digits_cnn(*, num_classes: int = 10, filters: int = 16, seed: int | None = 0,

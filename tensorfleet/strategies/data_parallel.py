@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from tensorfleet.strategies.cluster import ClusterSpec, Role, TFConfig, tf_config_from_env
 from tensorfleet.strategies.registry import Availability, register
+from tensorfleet.validation import positive_int
 
 __all__ = [
     "CrossDeviceOps",
@@ -67,9 +68,7 @@ def _enum_value(enum: type[Enum], key: str, value: Any) -> Enum:
 def _positive_int(key: str, value: Any, *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{key} must be a positive integer. Received: {key}={value!r}")
-    return value
+    return positive_int(key, value)
 
 
 def _device_list(key: str, devices: Sequence[str] | None) -> list[str] | None:

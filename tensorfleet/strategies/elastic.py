@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, NamedTuple, Sequence
 
+from tensorfleet.validation import positive_int
+
 __all__ = ["ENV_BATCH_POLICY", "BatchPolicy", "BatchSizes", "Phase", "batch_sizes", "launch_elastic", "policy_from_env"]
 
 ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
@@ -43,12 +45,6 @@ class BatchSizes(NamedTuple):
     global_batch_size: int
     per_replica_batch_size: int
     replicas: int
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-    return value
 
 
 def _resolve_policy(policy: BatchPolicy | str) -> BatchPolicy:
@@ -76,12 +72,12 @@ def batch_sizes(
         ValueError: an unknown policy, a missing or non-positive size, or a global batch
             that does not split evenly over the replicas.
     """
-    _positive("replicas", replicas)
+    positive_int("replicas", replicas)
     resolved = _resolve_policy(policy)
     if resolved is BatchPolicy.KEEP_GLOBAL:
         if global_batch_size is None:
             raise ValueError("policy='keep_global' needs global_batch_size. Received: global_batch_size=None")
-        _positive("global_batch_size", global_batch_size)
+        positive_int("global_batch_size", global_batch_size)
         if global_batch_size % replicas:
             raise ValueError(
                 f"global_batch_size must be divisible by the number of replicas under 'keep_global'. "
@@ -92,7 +88,7 @@ def batch_sizes(
         raise ValueError(
             "policy='keep_per_replica' needs per_replica_batch_size. Received: per_replica_batch_size=None"
         )
-    _positive("per_replica_batch_size", per_replica_batch_size)
+    positive_int("per_replica_batch_size", per_replica_batch_size)
     return BatchSizes(per_replica_batch_size * replicas, per_replica_batch_size, replicas)
 
 
@@ -142,9 +138,9 @@ def launch_elastic(
     for i, phase in enumerate(phases):
         if not isinstance(phase, Phase):
             raise TypeError(f"phases[{i}] must be a Phase. Received: {phase!r}")
-        _positive(f"phases[{i}].workers", phase.workers)
+        positive_int(f"phases[{i}].workers", phase.workers)
         if phase.until_epoch is not None:
-            _positive(f"phases[{i}].until_epoch", phase.until_epoch)
+            positive_int(f"phases[{i}].until_epoch", phase.until_epoch)
             if phase.until_epoch <= previous:
                 raise ValueError(
                     f"phases must end at increasing epochs. Received: phases[{i}].until_epoch="

@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Iterator, Sequence
 
+from tensorfleet.validation import positive_int
+
 __all__ = [
     "LayerMemory",
     "MemoryEstimate",
@@ -105,12 +107,6 @@ def _enum(enum: type[Enum], key: str, value: Any) -> Any:
     raise ValueError(
         f"{key} must be one of {', '.join(repr(m.value) for m in enum)}. Received: {key}={value!r}"
     )
-
-
-def _positive(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be a positive integer. Received: {key}={value!r}")
-    return value
 
 
 def _optimizer_kind(optimizer: Any) -> Optimizer:
@@ -213,7 +209,7 @@ def split_stages(weights: Sequence[float], stages: int) -> list[list[int]]:
     """
     from tensorfleet.strategies.pipeline import partition_layers
 
-    _positive("stages", stages)
+    positive_int("stages", stages)
     return partition_layers(list(range(len(weights))), stages, weights=list(weights))
 
 
@@ -295,10 +291,10 @@ def estimate_from_counts(
         >>> est.model_states / 1.5e9
         16.0
     """
-    batch_size = _positive("batch_size", batch_size)
-    devices = _positive("devices", devices)
-    tensor = _positive("tensor", tensor)
-    micro_batches = _positive("micro_batches", micro_batches)
+    batch_size = positive_int("batch_size", batch_size)
+    devices = positive_int("devices", devices)
+    tensor = positive_int("tensor", tensor)
+    micro_batches = positive_int("micro_batches", micro_batches)
     par = _enum(Parallelism, "parallelism", parallelism)
     sched = _enum(PipelineSchedule, "schedule", schedule)
     if len(stage_parameters) != len(stage_activation_values) or not stage_parameters:
@@ -383,7 +379,7 @@ def estimate(
     """
     par = _enum(Parallelism, "parallelism", parallelism)
     stages = {Parallelism.PIPELINE: devices, Parallelism.HYBRID: pipeline}.get(par, 1)
-    stages = _positive("pipeline", stages)
+    stages = positive_int("pipeline", stages)
     table = layer_table(model)
     groups = split_stages([max(row.parameters, 1e-9) for row in table], stages)
     return estimate_from_counts(
@@ -423,7 +419,7 @@ def plot_layers(model: Any, path: str, *, batch_size: int, optimizer: Any = "ada
 
     from tensorfleet.io import save_figure
 
-    _positive("batch_size", batch_size)
+    positive_int("batch_size", batch_size)
     table = layer_table(model)
     per_param = sum(bytes_per_parameter(optimizer, precision).values())
     act_bytes = 4 if _enum(Precision, "precision", precision) is Precision.FLOAT32 else 2
@@ -469,7 +465,7 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
     """
     import tensorflow as tf
 
-    steps = _positive("steps", steps)
+    steps = positive_int("steps", steps)
     if not isinstance(model, tf.keras.Model) or not getattr(model, "inputs", None):
         raise TypeError(
             "accumulate_gradients needs a built functional or sequential tf.keras.Model. "
