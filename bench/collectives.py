@@ -5,10 +5,11 @@
    classic formulas.
 2. Validation: TensorFlow's ``ReductionToOneDevice`` and ``HierarchicalCopyAllReduce`` over 4
    logical CPU devices (MirroredStrategy), and a 2-process ``MultiWorkerMirroredStrategy``
-   with the RING implementation over 127.0.0.1, for tensors of 1 KB to 64 MB. Contenders are
-   alternated within each repetition and the median is kept. Alpha and beta are fitted per
-   implementation on every other size and the prediction error is reported on all sizes
-   (held-out ones marked). A PNG plots time against size.
+   with the RING implementation over 127.0.0.1, for tensors of 1 KB to 256 MB. Contenders are
+   alternated within each repetition and the median is kept. Two models are fitted per
+   implementation on every other size, side by side: the plain alpha-beta line and the
+   cache-aware link (a second rate once the buffer leaves this machine's last-level cache). The prediction error of both is reported on all sizes (held-out ones marked), and a
+   PNG plots time against size.
 
 Run: ``.venv/bin/python bench/collectives.py [--quick] [--out out/bench]``
 """
@@ -18,13 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-SIZES = [2**10 * 4**k for k in range(9)]  # 1 KB .. 64 MB
+SIZES = [2**10 * 4**k for k in range(10)]  # 1 KB .. 256 MB
+FIT_SIZES = set(SIZES[::2])  # 1 KB, 16 KB, 256 KB, 4 MB, 64 MB; every other size is held out
+# Held out too: around this machine's cache (32 MiB here) and between the large sizes.
+EXTRA_SIZES = [24 * 2**20, 48 * 2**20, 128 * 2**20]
 LOCAL_DEVICES = 8
 
 
@@ -46,13 +51,22 @@ def counts_table() -> list[str]:
     return lines
 
 
+def repeats_for(size: int, repeats: int) -> int:
+    """Small sizes are cheap and their medians noisy (a latency floor with jitter): five times the repeats."""
+    return 5 if size < 2**20 else 1
+
+
 def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
 
 
 def measure_local(sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:
-    """Median seconds of one all-reduce over 4 logical CPUs, per implementation and size."""
+    """Median seconds of one all-reduce over 4 logical CPUs, per implementation and size.
+
+    Each repetition runs every size and every contender in turn, so a passing disturbance of
+    the machine (another tenant's burst) spreads over all points instead of skewing one.
+    """
     import tensorflow as tf
     from tqdm import tqdm
 
@@ -62,53 +76,56 @@ def measure_local(sizes: list[int], repeats: int) -> dict[str, dict[int, float]]
         "HierarchicalCopyAllReduce": tf.distribute.HierarchicalCopyAllReduce(num_packs=1),
     }
     strategies = {k: tf.distribute.MirroredStrategy(devices, cross_device_ops=v) for k, v in contenders.items()}
-    out: dict[str, dict[int, float]] = {k: {} for k in contenders}
-    for size in tqdm(sizes, desc="local all-reduce sizes"):
-        n = size // 4
-        samples: dict[str, list[float]] = {k: [] for k in contenders}
-        values = {}
-        for name, strategy in strategies.items():
-            values[name] = strategy.experimental_distribute_values_from_function(
-                lambda ctx: tf.fill([n], tf.cast(ctx.replica_id_in_sync_group, tf.float32)))
-            strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, values[name], destinations=values[name])  # warm-up
-        for _ in range(repeats):
-            for name, strategy in strategies.items():  # alternate the contenders
-                start = time.perf_counter()
-                result = strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, values[name], destinations=values[name])
-                for t in strategy.experimental_local_results(result):
-                    t.numpy()[:1]  # wait for every device's copy
-                samples[name].append(time.perf_counter() - start)
-        for name in contenders:
-            out[name][size] = _median(samples[name])
-    return out
+    values = {}
+    for name, strategy in strategies.items():
+        for size in sizes:
+            values[name, size] = strategy.experimental_distribute_values_from_function(
+                lambda ctx, n=size // 4: tf.fill([n], tf.cast(ctx.replica_id_in_sync_group, tf.float32)))
+    samples: dict[tuple[str, int], list[float]] = {key: [] for key in values}
+
+    def once(name: str, size: int) -> float:
+        strategy, value = strategies[name], values[name, size]
+        start = time.perf_counter()
+        result = strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, value, destinations=value)
+        for t in strategy.experimental_local_results(result):
+            t.numpy()[:1]  # wait for every device's copy
+        return time.perf_counter() - start
+
+    for key in values:
+        once(*key)  # warm-up
+    for rep in tqdm(range(repeats), desc="local all-reduce repetitions"):
+        for size in random.Random(rep).sample(sizes, len(sizes)):  # no size always follows the largest
+            for _ in range(repeats_for(size, repeats)):
+                for name in strategies:  # alternate the contenders
+                    samples[name, size].append(once(name, size))
+    return {name: {size: _median(samples[name, size]) for size in sizes} for name in strategies}
 
 
 _WORKER = r"""
-import json, os, sys, time
+import json, os, random, sys, time
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tensorflow as tf
 sizes, repeats = json.loads(sys.argv[1]), int(sys.argv[2])
 options = tf.distribute.experimental.CommunicationOptions(
     implementation=tf.distribute.experimental.CommunicationImplementation.RING)
 strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-out = {}
-for size in sizes:
-    n = size // 4
-    def replica_fn(v):
-        # Inside tf.function a plain tensor has no device, and the all-reduce needs one.
-        with tf.device(strategy.extended.worker_devices[0]):
-            v = tf.identity(v)
-        return tf.distribute.get_replica_context().all_reduce("sum", v)
-    @tf.function
-    def step(x):
-        return strategy.run(replica_fn, args=(x,))
-    x = tf.fill([n], 1.0)
-    step(x).numpy()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter(); step(x).numpy(); times.append(time.perf_counter() - t)
-    times.sort()
-    out[size] = times[len(times) // 2]
+
+def replica_fn(v):
+    # Inside tf.function a plain tensor has no device, and the all-reduce needs one.
+    with tf.device(strategy.extended.worker_devices[0]):
+        v = tf.identity(v)
+    return tf.distribute.get_replica_context().all_reduce("sum", v)
+
+steps, inputs, times = {}, {}, {size: [] for size in sizes}
+for size in sizes:  # one traced function per size; both workers run them in the same order
+    steps[size] = tf.function(lambda x: strategy.run(replica_fn, args=(x,)))
+    inputs[size] = tf.fill([size // 4], 1.0)
+    steps[size](inputs[size]).numpy()
+for rep in range(repeats):  # every size in each repetition, in measure_local's order (same seed in both workers)
+    for size in random.Random(rep).sample(sizes, len(sizes)):
+        for _ in range(5 if size < 2**20 else 1):  # as repeats_for()
+            t = time.perf_counter(); steps[size](inputs[size]).numpy(); times[size].append(time.perf_counter() - t)
+out = {size: sorted(ts)[len(ts) // 2] for size, ts in times.items()}
 if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
     print("RESULT" + json.dumps(out))
 """
@@ -139,6 +156,13 @@ def measure_ring(sizes: list[int], repeats: int, timeout: float = 600.0) -> dict
     return {int(k): v for k, v in json.loads(line[6:]).items()}
 
 
+# The model of record per implementation: the logical devices of one process copy through
+# memory and fall off the last-level cache (cache-aware link); the RING between processes goes
+# through gRPC at a fraction of memory speed, where the cache does not show (plain alpha-beta).
+OF_RECORD = {"ReductionToOneDevice": "cache-aware", "HierarchicalCopyAllReduce": "cache-aware",
+             "MultiWorker RING": "alpha-beta"}
+TARGET_MAX = 64 * 2**20  # the target's range: 1 KB to 64 MB
+
 # Each TensorFlow implementation as the algorithm of the step model it follows:
 # ReductionToOneDevice gathers to one device and broadcasts back (the parameter-server
 # pattern); HierarchicalCopyAllReduce with one pack is, on one group of 4 devices, a
@@ -146,35 +170,67 @@ def measure_ring(sizes: list[int], repeats: int, timeout: float = 600.0) -> dict
 MODEL = {"ReductionToOneDevice": ("ps", 4), "HierarchicalCopyAllReduce": ("ps", 4), "MultiWorker RING": ("ring", 2)}
 
 
-def validate(measured: dict[str, dict[int, float]]) -> tuple[list[str], dict[str, object]]:
+def _fits(measured: dict[str, dict[int, float]], cache: int | None) -> dict[str, dict[str, object]]:
+    """Both links per implementation, fitted on every other size."""
     from tensorfleet.strategies import cost_model
 
-    lines = ["| implementation | size | measured ms | predicted ms | error | fit/held-out |", "|---|---|---|---|---|---|"]
-    fits: dict[str, object] = {}
+    links: dict[str, dict[str, object]] = {}
+    for name, by_size in measured.items():
+        algorithm, n = MODEL[name]
+        train = [s for s in sorted(by_size) if s in FIT_SIZES]
+        times = [by_size[s] for s in train]
+        links[name] = {"alpha-beta": cost_model.fit_link(algorithm, n, train, times)}
+        if cache is not None and max(train) > cache:
+            links[name]["cache-aware"] = cost_model.fit_link(algorithm, n, train, times, cache_bytes=cache)
+    return links
+
+
+def validate(measured: dict[str, dict[int, float]], links: dict[str, dict[str, object]]) -> tuple[list[str], dict[str, object]]:
+    from tensorfleet.strategies import cost_model
+
+    kinds = ["alpha-beta", "cache-aware"]
+    lines = ["| implementation | size | measured ms | " + " | ".join(f"{k} ms | {k} error" for k in kinds)
+             + " | fit/held-out |", "|---|---|---|---|---|---|---|---|"]
+    summary: dict[str, object] = {}
     for name, by_size in measured.items():
         algorithm, n = MODEL[name]
         sizes = sorted(by_size)
-        train = sizes[::2]
-        profile = {s: cost_model.step_bytes(algorithm, n, float(s)) for s in sizes}
-        link = cost_model.fit_alpha_beta([sum(profile[s]) for s in train], [by_size[s] for s in train],
-                                         steps=[len(profile[s]) for s in train])
-        errors = {}
+        train = FIT_SIZES
+        errors: dict[str, dict[int, float]] = {k: {} for k in links[name]}
         for s in sizes:
-            predicted = cost_model.predict(algorithm, n, float(s), link)
-            errors[s] = (predicted - by_size[s]) / by_size[s]
-            lines.append(f"| {name} | {_human(s)} | {by_size[s] * 1e3:.3f} | {predicted * 1e3:.3f} | "
-                         f"{errors[s]:+.0%} | {'fit' if s in train else 'held-out'} |")
-        within = sum(abs(e) <= 0.25 for e in errors.values())
-        fits[name] = {"alpha_s": link.alpha, "bandwidth_GBps": link.bandwidth / 1e9, "within_25pct": within,
-                      "sizes": len(sizes), "median_abs_error": sorted(abs(e) for e in errors.values())[len(sizes) // 2]}
-    return lines, fits
+            cells = []
+            for kind in kinds:
+                link = links[name].get(kind)
+                if link is None:
+                    cells.append("n/a | n/a")
+                    continue
+                predicted = cost_model.predict(algorithm, n, float(s), link)  # type: ignore[arg-type]
+                errors[kind][s] = (predicted - by_size[s]) / by_size[s]
+                cells.append(f"{predicted * 1e3:.3f} | {errors[kind][s]:+.0%}")
+            lines.append(f"| {name} | {_human(s)} | {by_size[s] * 1e3:.3f} | " + " | ".join(cells)
+                         + f" | {'fit' if s in train else 'held-out'} |")
+        summary[name] = {}
+        for kind, errs in errors.items():
+            link = links[name][kind]
+            held = [abs(e) for s, e in errs.items() if s not in train]
+            summary[name][kind] = {  # type: ignore[index]
+                "alpha_s": link.alpha, "bandwidth_GBps": link.bandwidth / 1e9,  # type: ignore[attr-defined]
+                "uncached_GBps": None if link.beta_uncached is None else 1 / link.beta_uncached / 1e9,  # type: ignore[attr-defined]
+                "cache_bytes": link.cache_bytes,  # type: ignore[attr-defined]
+                "within_25pct": sum(abs(e) <= 0.25 for e in errs.values()), "sizes": len(errs),
+                "held_out_within_25pct": sum(e <= 0.25 for e in held), "held_out": len(held),
+                "median_abs_error": _median([abs(e) for e in errs.values()]),
+                "max_abs_error": max(abs(e) for e in errs.values()),
+            }
+    return lines, summary
 
 
 def _human(size: int) -> str:
-    return f"{size // 2**20} MB" if size >= 2**20 else f"{size // 2**10} KB"
+    return f"{size // 2**20} MiB" if size >= 2**20 else f"{size // 2**10} KiB"
 
 
-def plot(measured: dict[str, dict[int, float]], fits: dict[str, object], path: str) -> None:
+def plot(measured: dict[str, dict[int, float]], links: dict[str, dict[str, object]], cache: int | None,
+         path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,56 +239,89 @@ def plot(measured: dict[str, dict[int, float]], fits: dict[str, object], path: s
     from tensorfleet.io import save_figure
     from tensorfleet.strategies import cost_model
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for name, by_size in measured.items():
         algorithm, n = MODEL[name]
         sizes = sorted(by_size)
-        fit = fits[name]
-        link = cost_model.Link(alpha=fit["alpha_s"], beta=1 / (fit["bandwidth_GBps"] * 1e9))  # type: ignore[index]
+        dense = sorted({2.0**k for k in range(10, int(max(sizes)).bit_length())} | {float(max(sizes))}
+                       | ({float(cache), float(cache) + 1} if cache else set()))
         line, = ax.plot(sizes, [by_size[s] for s in sizes], "o", label=f"{name} measured")
-        ax.plot(sizes, [cost_model.predict(algorithm, n, float(s), link) for s in sizes], "-", color=line.get_color(),
-                label=f"{name} alpha-beta ({algorithm}, N={n})")
+        for kind, style in (("alpha-beta", ":"), ("cache-aware", "-")):
+            if kind in links[name]:
+                ax.plot(dense, [cost_model.predict(algorithm, n, s, links[name][kind]) for s in dense],  # type: ignore[arg-type]
+                        style, color=line.get_color(), label=f"{name} {kind} ({algorithm}, N={n})")
+    if cache is not None:
+        ax.axvline(cache, color="grey", lw=0.6, ls="--")
+        ax.text(cache, 0.98, f"last-level cache {cache // 2**20} MiB", rotation=90, fontsize=6,
+                va="top", ha="right", color="grey", transform=ax.get_xaxis_transform())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tensor size per device (bytes)")
     ax.set_ylabel("seconds per all-reduce")
-    ax.set_title("All-reduce time vs size: measured and alpha-beta prediction")
-    ax.legend(fontsize=7)
+    ax.set_title("All-reduce time vs size: measured, alpha-beta and cache-aware predictions")
+    ax.legend(fontsize=6)
     save_figure(fig, path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sizes up to 1 MB, 3 repeats")
+    parser.add_argument("--max-size", default="256MiB", help="largest tensor size (default 256MiB)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default="out/bench")
     args = parser.parse_args()
-    sizes = SIZES[:6] if args.quick else SIZES
+    from tensorfleet.strategies import cost_model
+
+    largest = cost_model.parse_bytes(args.max_size)
+    sizes = SIZES[:6] if args.quick else sorted(s for s in SIZES + EXTRA_SIZES if s <= largest)
+    cache = cost_model.last_level_cache_bytes()
     repeats = 3 if args.quick else args.repeats
 
     from tensorfleet.strategies.devices import simulate_devices
 
     simulate_devices(LOCAL_DEVICES)
     print(f"# collectives validation, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{os.cpu_count()} cores, {LOCAL_DEVICES} logical CPU devices\n")
+          f"{os.cpu_count()} cores, {LOCAL_DEVICES} logical CPU devices, last-level cache "
+          f"{'unknown' if cache is None else f'{cache // 2**20} MiB'}, load average {os.getloadavg()[0]:.2f}\n")
     print("## Traffic counts (values sent, M = 48 values per node)\n")
     print("\n".join(counts_table()))
     measured = measure_local(sizes, repeats)
     measured["MultiWorker RING"] = measure_ring(sizes, repeats)
-    lines, fits = validate(measured)
-    print("\n## Predicted vs measured (alpha, beta fitted on every other size)\n")
+    links = _fits(measured, cache)
+    lines, summary = validate(measured, links)
+    print(f"\n## Predicted vs measured (median of {repeats} repetitions, {repeats * 5} below 1 MB; both links fitted on every other size)\n")
     print("\n".join(lines))
     print("\n## Fitted links\n")
-    for name, fit in fits.items():
-        print(f"- {name}: alpha = {fit['alpha_s'] * 1e6:.1f} us, bandwidth = {fit['bandwidth_GBps']:.2f} GB/s, "
-              f"{fit['within_25pct']}/{fit['sizes']} sizes within 25%, median |error| {fit['median_abs_error']:.0%}")
+    for name, kinds in summary.items():
+        for kind, fit in kinds.items():  # type: ignore[attr-defined]
+            beyond = "" if fit["uncached_GBps"] is None else f", beyond the cache {fit['uncached_GBps']:.2f} GB/s"
+            print(f"- {name}, {kind}: alpha = {fit['alpha_s'] * 1e6:.1f} us, bandwidth = {fit['bandwidth_GBps']:.2f} GB/s"
+                  f"{beyond}; {fit['within_25pct']}/{fit['sizes']} sizes within 25% (held-out "
+                  f"{fit['held_out_within_25pct']}/{fit['held_out']}), median |error| {fit['median_abs_error']:.0%}, "
+                  f"worst {fit['max_abs_error']:.0%}")
+        if len(kinds) == 2:  # type: ignore[arg-type]
+            a, c = kinds["alpha-beta"], kinds["cache-aware"]  # type: ignore[index]
+            print(f"  worst |error| cache-aware / alpha-beta = {c['max_abs_error'] / a['max_abs_error']:.2f}")
+    print("\n## Target: within 25% from 1 KiB to 64 MiB, model of record per implementation\n")
+    hits = total = 0
+    for name, kind in OF_RECORD.items():
+        if kind not in links[name]:
+            continue
+        algorithm, n = MODEL[name]
+        errs = {s: (cost_model.predict(algorithm, n, float(s), links[name][kind]) - t) / t  # type: ignore[arg-type]
+                for s, t in measured[name].items() if s <= TARGET_MAX}
+        missed = [f"{_human(s)} {e:+.0%}" for s, e in sorted(errs.items()) if abs(e) > 0.25]
+        hits, total = hits + len(errs) - len(missed), total + len(errs)
+        print(f"- {name} ({kind}): {len(errs) - len(missed)}/{len(errs)} within 25%"
+              + (f"; missed: {', '.join(missed)}" if missed else ""))
+    print(f"- all: {hits}/{total} within 25%")
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "collectives_time_vs_size.png")
-    plot(measured, fits, png)
+    plot(measured, links, cache, png)
     from tensorfleet.io import write_json
 
     write_json(os.path.join(args.out, "collectives.json"),
-               {"measured": {k: {str(s): t for s, t in v.items()} for k, v in measured.items()}, "fits": fits})
+               {"measured": {k: {str(s): t for s, t in v.items()} for k, v in measured.items()}, "fits": summary})
     print(f"\nplot: {png}")
 
 

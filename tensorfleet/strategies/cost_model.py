@@ -10,6 +10,15 @@ The two-level (hierarchical) all-reduce follows Goyal et al. / Horovod's hierarc
 reduce-scatter inside each machine over fast links, all-reduce of each shard across machines
 over the slow network, all-gather inside each machine again.
 
+A link may also know a cache (a size-dependent cost in the spirit of Kielmann et al.'s
+parameterised LogP, 2000): while the buffer a replica reduces and then sends again fits the
+cache, bytes cost ``beta``; once it does not, every byte costs ``beta_uncached``. It is a cliff,
+not a slope, because a collective streams through its buffers in order, and a cyclic scan of
+more data than an LRU cache holds evicts each line before it is reused, so the hit rate falls
+to zero (Mattson et al., 1970). Devices of one process that copy through memory see it; links
+far slower than memory (gRPC between processes, networks) do not, and take no cache term
+(``bench/collectives.py`` measures both).
+
 Example:
     >>> from tensorfleet.strategies import cost_model
     >>> link = cost_model.Link.from_strings(latency="5us", bandwidth="100Gbps")
@@ -29,6 +38,8 @@ from tensorfleet.strategies.collectives import AllReduceAlgorithm, COLLECTIVES
 __all__ = [
     "Link",
     "fit_alpha_beta",
+    "fit_link",
+    "last_level_cache_bytes",
     "parse_bandwidth",
     "parse_bytes",
     "parse_duration",
@@ -124,22 +135,40 @@ def parse_duration(text: str | int | float) -> float:
     return value * _TIME_UNITS[unit]
 
 
+def _finite_nonnegative(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+        raise ValueError(f"{name} must be a finite number >= 0. Received: {name}={value!r}")
+
+
 @dataclass(frozen=True)
 class Link:
-    """One kind of link: ``alpha`` seconds per message and ``beta`` seconds per byte."""
+    """One kind of link: ``alpha`` seconds per message and ``beta`` seconds per byte.
+
+    With ``cache_bytes`` and ``beta_uncached`` the link is cache-aware: a collective whose
+    working set exceeds ``cache_bytes`` costs ``beta_uncached`` per byte instead of ``beta``
+    (see the module docstring).
+    """
 
     alpha: float
     beta: float
+    cache_bytes: float | None = None
+    beta_uncached: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
-                raise ValueError(f"{name} must be a finite number >= 0. Received: {name}={value!r}")
+        _finite_nonnegative("alpha", self.alpha)
+        _finite_nonnegative("beta", self.beta)
+        if (self.cache_bytes is None) != (self.beta_uncached is None):
+            raise ValueError(
+                "A cache-aware link needs both cache_bytes and beta_uncached (or neither). Received: "
+                f"cache_bytes={self.cache_bytes!r}, beta_uncached={self.beta_uncached!r}"
+            )
+        if self.cache_bytes is not None:
+            _finite_nonnegative("cache_bytes", self.cache_bytes)
+            _finite_nonnegative("beta_uncached", self.beta_uncached)
 
     @property
     def bandwidth(self) -> float:
-        """Bytes per second."""
+        """Bytes per second (from cache, for a cache-aware link)."""
         return math.inf if self.beta == 0 else 1.0 / self.beta
 
     @classmethod
@@ -147,9 +176,14 @@ class Link:
         """A link from human units, e.g. ``Link.from_strings(latency="5us", bandwidth="100Gbps")``."""
         return cls(alpha=parse_duration(latency), beta=1.0 / parse_bandwidth(bandwidth))
 
-    def time(self, nbytes: float) -> float:
-        """Seconds to send one message of ``nbytes``."""
-        return self.alpha + self.beta * nbytes
+    def beyond_cache(self, working_set: float | None) -> bool:
+        """Whether a collective of ``working_set`` bytes misses the cache (never, without one)."""
+        return self.cache_bytes is not None and working_set is not None and working_set > self.cache_bytes
+
+    def time(self, nbytes: float, working_set: float | None = None) -> float:
+        """Seconds to send one message of ``nbytes`` within a collective of ``working_set`` bytes."""
+        beta = self.beta_uncached if self.beyond_cache(working_set) else self.beta
+        return self.alpha + beta * nbytes  # type: ignore[operator]
 
 
 def _name(algorithm: str | AllReduceAlgorithm) -> str:
@@ -195,14 +229,23 @@ def step_bytes(algorithm: str | AllReduceAlgorithm, n: int, nbytes: float) -> li
     return halving + halving[::-1]
 
 
-def predict(algorithm: str | AllReduceAlgorithm, n: int, nbytes: float, link: Link) -> float:
+def predict(
+    algorithm: str | AllReduceAlgorithm, n: int, nbytes: float, link: Link, *, working_set: float | None = None
+) -> float:
     """Seconds for one all-reduce of ``nbytes`` on ``n`` workers joined by ``link``.
+
+    Args:
+        working_set: the bytes that must stay in ``link``'s cache between a replica's
+            reduction and its next send; only a cache-aware link reads it. Default
+            ``nbytes``: the replica's buffer.
 
     Example:
         >>> round(predict("ps", 4, 1000.0, Link(alpha=1e-5, beta=1e-9)), 9)
         2.8e-05
     """
-    return sum(link.time(b) for b in step_bytes(algorithm, n, nbytes))
+    steps = step_bytes(algorithm, n, nbytes)
+    shared = float(nbytes) if working_set is None else working_set
+    return sum(link.time(b, shared) for b in steps)
 
 
 def predict_hierarchical(nodes: int, devices_per_node: int, nbytes: float, *, intra: Link, inter: Link) -> float:
@@ -259,3 +302,110 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], *, steps: 
         else:
             beta, alpha = 0.0, float(np.sum(k / t) / np.sum((k / t) ** 2))
     return Link(alpha=float(alpha), beta=float(beta))
+
+
+def fit_link(
+    algorithm: str | AllReduceAlgorithm,
+    n: int,
+    nbytes: Sequence[float],
+    seconds: Sequence[float],
+    *,
+    cache_bytes: float | None = None,
+    working_sets: Sequence[float] | None = None,
+) -> Link:
+    """Fit the link behind measured all-reduces of ``nbytes`` on ``n`` workers.
+
+    Non-negative least squares on relative error (each measurement counts equally whatever its
+    size) of ``seconds ≈ steps·alpha + bytes·beta`` for measurements whose working set fits
+    ``cache_bytes`` and ``steps·alpha + bytes·beta_uncached`` for the others (see
+    :meth:`Link.beyond_cache`). Without ``cache_bytes`` this is the plain alpha-beta fit.
+
+    Args:
+        algorithm, n: the algorithm whose per-step sizes (:func:`step_bytes`) the measurements follow.
+        nbytes: tensor size of each measurement.
+        seconds: measured time of each.
+        cache_bytes: the cache (e.g. :func:`last_level_cache_bytes`), or None for no cache term.
+        working_sets: working set of each measurement (default its size, as in :func:`predict`).
+
+    Example:
+        >>> true = Link(alpha=1e-4, beta=1e-10, cache_bytes=2**25, beta_uncached=3e-10)
+        >>> sizes = [2.0**k for k in range(10, 30, 2)]
+        >>> link = fit_link("ps", 4, sizes, [predict("ps", 4, s, true) for s in sizes], cache_bytes=2**25)
+        >>> round(link.alpha * 1e4, 6), round(link.beta * 1e10, 6), round(link.beta_uncached * 1e10, 6)
+        (1.0, 1.0, 3.0)
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    x = np.asarray(nbytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    w = x if working_sets is None else np.asarray(working_sets, dtype=float)
+    if x.ndim != 1 or x.shape != t.shape or x.shape != w.shape:
+        raise ValueError(
+            f"fit_link needs one time and one working set per size. Received: {x.size} sizes, "
+            f"{t.size} times, {w.size} working sets"
+        )
+    if np.any(~np.isfinite(t)) or np.any(t <= 0):
+        raise ValueError(f"Measured times must be positive. Received: {t.tolist()}")
+    cached = cache_bytes is not None
+    if cached:
+        _finite_nonnegative("cache_bytes", cache_bytes)
+        if not np.any(w > cache_bytes):
+            raise ValueError(
+                f"No measurement's working set exceeds the cache, so its cost beyond the cache cannot be "
+                f"fitted. Received: largest working set {int(w.max())} B, cache_bytes={cache_bytes!r}; "
+                f"measure a larger size or pass cache_bytes=None"
+            )
+    probe = Link(0.0, 0.0, cache_bytes, 0.0) if cached else Link(0.0, 0.0)
+    rows = []
+    for size, shared in zip(x, w):
+        steps = step_bytes(algorithm, n, float(size))
+        beyond = probe.beyond_cache(float(shared))
+        rows.append([len(steps), 0.0 if beyond else sum(steps), sum(steps) if beyond else 0.0][: 3 if cached else 2])
+    design = np.asarray(rows) / t[:, None]  # divide by t: each row's relative error counts equally
+    if design.shape[0] < design.shape[1]:
+        raise ValueError(
+            f"fit_link needs at least {design.shape[1]} measurements for {design.shape[1]} parameters. "
+            f"Received: {design.shape[0]}"
+        )
+    coef, _ = nnls(design, np.ones_like(t))
+    if cached:
+        return Link(alpha=float(coef[0]), beta=float(coef[1]), cache_bytes=float(cache_bytes),
+                    beta_uncached=float(coef[2]))
+    return Link(alpha=float(coef[0]), beta=float(coef[1]))
+
+
+def _parse_cache_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", text)
+    if not match:
+        raise ValueError(f"Unreadable cache size {text!r}; expected e.g. '32768K'.")
+    return int(match.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2)]
+
+
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size of the largest-level data or unified cache of CPU 0, from Linux sysfs; None if unknown.
+
+    Example:
+        >>> last_level_cache_bytes("/nonexistent") is None
+        True
+    """
+    import os
+
+    best: tuple[int, int] | None = None
+    try:
+        entries = sorted(e for e in os.listdir(root) if e.startswith("index"))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            with open(os.path.join(root, entry, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(root, entry, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(root, entry, "size")) as f:
+                size = _parse_cache_size(f.read())
+        except (OSError, ValueError):
+            continue
+        if kind in ("Unified", "Data") and (best is None or level > best[0]):
+            best = (level, size)
+    return None if best is None else best[1]

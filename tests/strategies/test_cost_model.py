@@ -81,3 +81,48 @@ def test_fit_recovers_alpha_and_beta_from_exact_times():
     assert link.beta == pytest.approx(beta, rel=1e-9)
     with pytest.raises(ValueError, match="at least 2 measurements of matching lengths. Received: 2 sizes, 1 times"):
         cm.fit_alpha_beta([1, 2], [1.0])
+
+
+def test_cache_aware_link_charges_every_byte_at_the_uncached_rate_once_the_buffer_leaves_the_cache():
+    link = cm.Link(alpha=1e-4, beta=1e-10, cache_bytes=2**25, beta_uncached=4e-10)
+    inside, outside = 2.0**25, 2.0**25 + 4
+    assert (link.beyond_cache(inside), link.beyond_cache(outside), link.beyond_cache(None)) == (False, True, False)
+    assert cm.predict("ps", 4, inside, link) == pytest.approx(2 * (1e-4 + 4 * inside * 1e-10))
+    assert cm.predict("ps", 4, outside, link) == pytest.approx(2 * (1e-4 + 4 * outside * 4e-10))
+    assert cm.predict("ring", 2, outside, link) == pytest.approx(2 * (1e-4 + outside / 2 * 4e-10))
+    # An explicit working set decides instead of the buffer size; a link without a cache never misses.
+    assert cm.predict("ps", 4, inside, link, working_set=4 * inside) == pytest.approx(2 * (1e-4 + 4 * inside * 4e-10))
+    assert cm.predict("ps", 4, outside, cm.Link(1e-4, 1e-10)) == pytest.approx(2 * (1e-4 + 4 * outside * 1e-10))
+
+
+def test_fit_link_recovers_the_three_parameters_and_refuses_a_fit_it_cannot_make():
+    true = cm.Link(alpha=2e-4, beta=8e-11, cache_bytes=2**25, beta_uncached=1.6e-10)
+    sizes = [2.0**k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB: 64 MiB and 256 MiB leave the cache
+    for algorithm, n in (("ps", 4), ("ring", 2)):
+        times = [cm.predict(algorithm, n, s, true) for s in sizes]
+        link = cm.fit_link(algorithm, n, sizes, times, cache_bytes=2**25)
+        assert (link.alpha, link.beta, link.beta_uncached) == pytest.approx((2e-4, 8e-11, 1.6e-10), rel=1e-9)
+        plain = cm.fit_link(algorithm, n, sizes[:5], times[:5])
+        assert (plain.alpha, plain.beta, plain.cache_bytes) == pytest.approx((2e-4, 8e-11, None), rel=1e-9)
+    with pytest.raises(ValueError, match="No measurement's working set exceeds the cache.*largest working set 1024 B, "
+                                         "cache_bytes=33554432; measure a larger size"):
+        cm.fit_link("ps", 4, [1024.0, 1024.0, 1024.0], [1e-4, 1e-4, 1e-4], cache_bytes=2**25)
+    with pytest.raises(ValueError, match="needs at least 3 measurements for 3 parameters. Received: 2"):
+        cm.fit_link("ps", 4, [1e3, 1e8], [1e-4, 1e-1], cache_bytes=2**25)
+    with pytest.raises(ValueError, match=r"Received: 2 sizes, 1 times, 2 working sets"):
+        cm.fit_link("ps", 4, [1e3, 1e8], [1e-4])
+    with pytest.raises(ValueError, match="needs both cache_bytes and beta_uncached"):
+        cm.Link(alpha=0.0, beta=1e-9, cache_bytes=2**25)
+
+
+def test_last_level_cache_is_the_highest_data_or_unified_level_in_sysfs(tmp_path):
+    caches = [("1", "Data", "32K"), ("1", "Instruction", "32K"), ("2", "Unified", "1024K"),
+              ("3", "Unified", "32768K"), ("4", "Instruction", "64M"), ("4", "Unified", "garbage")]
+    for i, (level, kind, size) in enumerate(caches):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(level + "\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+    assert cm.last_level_cache_bytes(str(tmp_path)) == 32 * 2**20
+    assert cm.last_level_cache_bytes(str(tmp_path / "missing")) is None
