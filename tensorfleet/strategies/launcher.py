@@ -755,8 +755,8 @@ def serve(tf_config: str | Mapping[str, Any] | None = None) -> None:
     least ``workers + 1`` inter-op threads: with fewer, a 2-core machine deadlocks in the
     first epoch). Blocks until the process is stopped.
 
-    Example:
-        >>> serve()  # doctest: +SKIP  (reads TF_CONFIG; what the launcher runs for ps/workers)
+    Example (reads TF_CONFIG; what the launcher runs for ps and worker tasks):
+        >>> serve()  # doctest: +SKIP
     """
     from tensorfleet.strategies.data_parallel import start_server
 
