@@ -21,9 +21,25 @@ __all__ = ["atomic_write", "write_bytes", "write_text", "write_json", "save_figu
 def atomic_write(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
     """Opens a temporary file beside ``path``; renames it onto ``path`` only on success.
 
+    If the block raises, the target keeps its previous content and no temporary file is left.
+
     Example:
+        >>> import os
+        >>> from pathlib import Path
         >>> with atomic_write("out/metrics.csv") as f:
-        ...     f.write("round,accuracy\\n")
+        ...     _ = f.write("round,accuracy\\n")
+        >>> print(Path("out/metrics.csv").read_text(), end="")
+        round,accuracy
+        >>> try:
+        ...     with atomic_write("out/metrics.csv") as f:
+        ...         _ = f.write("half a line")
+        ...         raise RuntimeError("interrupted")
+        ... except RuntimeError:
+        ...     pass
+        >>> print(Path("out/metrics.csv").read_text(), end="")
+        round,accuracy
+        >>> os.listdir("out")
+        ['metrics.csv']
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write supports mode 'w' or 'wb'. Received: mode={mode!r}")

@@ -51,8 +51,13 @@ class Registry(Generic[T]):
     Example:
         >>> reg = Registry("colour")
         >>> reg.register("red", 1, description="warm", aliases=("r",))
-        >>> reg.get("R")
         1
+        >>> reg.get("R"), reg.canonical("r"), reg.names()
+        (1, 'red', ['red'])
+        >>> reg.get("rad")
+        Traceback (most recent call last):
+        ...
+        tensorfleet.registry.UnknownNameError: Unknown colour 'rad'. Did you mean 'red'? Available: red.
     """
 
     def __init__(self, kind: str) -> None:

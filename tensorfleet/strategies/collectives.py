@@ -329,6 +329,7 @@ def all_reduce(values: Sequence[Any], *, algorithm: str = "ring", devices: Seque
         The flat per-node results (each on its node's device) and the :class:`Trace`.
 
     Example:
+        >>> import numpy as np
         >>> out = all_reduce([np.ones(4), 2 * np.ones(4)], algorithm="ps")
         >>> out.outputs[1].numpy(), out.trace.total_sent
         (array([3., 3., 3., 3.]), 16)
@@ -346,6 +347,7 @@ def broadcast(value: Any, num_nodes: int, *, root: int = 0, devices: Sequence[st
     (N-1)·M values in ⌈log2 N⌉ steps.
 
     Example:
+        >>> import numpy as np
         >>> broadcast(np.arange(3.0), 4).trace.num_steps
         2
     """
@@ -372,6 +374,7 @@ def gather(values: Sequence[Any], *, root: int = 0, devices: Sequence[str] | Non
     The root's output is the concatenation in node order; other nodes' outputs are ``None``.
 
     Example:
+        >>> import numpy as np
         >>> gather([np.zeros(2), np.ones(2)]).outputs[0].numpy()
         array([0., 0., 1., 1.])
     """
@@ -394,6 +397,7 @@ def all_gather(values: Sequence[Any], *, devices: Sequence[str] | None = None) -
     N·(N-1)·M values in N-1 steps.
 
     Example:
+        >>> import numpy as np
         >>> all_gather([np.zeros(1), np.ones(1)]).outputs[1].numpy()
         array([0., 1.])
     """
