@@ -6,13 +6,22 @@ TF_CONFIG (:mod:`tensorfleet.strategies.cluster`); the inputs ``model.fit`` need
 strategy (``fit_inputs``); logical devices for machines without accelerators
 (``simulate_devices``).
 
-Example:
+Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
+    >>> import tensorflow as tf
     >>> import tensorfleet as tfl
+    >>> data = tfl.models.datasets.load_digits()
+    >>> x, y = data.x_train[:256], data.y_train[:256]
     >>> strategy = tfl.strategies.build("mirrored")
+    >>> strategy.num_replicas_in_sync
+    4
     >>> with strategy.scope():
     ...     model = tfl.models.build("digits_cnn")
-    ...     model.compile(optimizer="adam", loss=..., metrics=["accuracy"])
-    >>> model.fit(**tfl.strategies.fit_inputs(x, y, batch_size=64), epochs=3)
+    ...     model.compile(optimizer="adam", metrics=["accuracy"],
+    ...                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    >>> history = model.fit(**tfl.strategies.fit_inputs(x, y, batch_size=64, strategy=model),
+    ...                     epochs=2, verbose=0)
+    >>> sorted(history.history), len(history.history["loss"])
+    (['accuracy', 'loss'], 2)
 """
 
 from __future__ import annotations

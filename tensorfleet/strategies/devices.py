@@ -32,10 +32,16 @@ def simulate_devices(n: int, *, device_type: str = "CPU") -> list[str]:
     Returns:
         The logical device names, e.g. ``["/device:CPU:0", "/device:CPU:1"]``.
 
-    Example:
+    Example (first thing in the program; the test set-up has made this same call):
         >>> import tensorfleet as tfl
-        >>> tfl.strategies.simulate_devices(2)   # before any other TensorFlow call
-        ['/device:CPU:0', '/device:CPU:1']
+        >>> tfl.strategies.simulate_devices(4)
+        ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
+        >>> tfl.strategies.simulate_devices(2)  # the runtime has started: another count is refused
+        Traceback (most recent call last):
+        ...
+        tensorfleet.strategies.devices.RuntimeAlreadyInitializedError: simulate_devices(2) was called after
+        TensorFlow initialised its runtime, which already has 4 logical CPU device(s): [...]. Call
+        tensorfleet.strategies.simulate_devices() first thing in the program, ...
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer number of logical devices. Received: n={n!r}")

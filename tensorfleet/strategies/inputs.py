@@ -117,7 +117,21 @@ def fit_inputs(
         steps_per_epoch: default ``ceil(len(x) / batch_size)``.
 
     Example:
-        >>> model.fit(**fit_inputs(x_train, y_train, batch_size=64, strategy=model), epochs=5)
+        >>> import tensorflow as tf
+        >>> import tensorfleet as tfl
+        >>> data = tfl.models.datasets.load_digits(flat=True)
+        >>> x, y = data.x_train[:256], data.y_train[:256]
+        >>> strategy = tfl.strategies.build("mirrored")
+        >>> with strategy.scope():
+        ...     model = tfl.models.build("digits_mlp")
+        ...     model.compile(optimizer="adam",
+        ...                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> inputs = fit_inputs(x, y, batch_size=64, strategy=model)
+        >>> inputs
+        FitInputs(x=_PrefetchDataset)
+        >>> history = model.fit(**inputs, epochs=2, verbose=0)
+        >>> len(history.history["loss"])
+        2
     """
     import tensorflow as tf
 

@@ -57,10 +57,16 @@ def register(
         aliases: other names that resolve to this one.
         check: returns an :class:`Availability` for this machine; default "yes".
 
-    Example:
+    Example (the last line removes the entry again, so the registry stays as it was):
         >>> import tensorflow as tf
-        >>> register("my_mirrored", lambda **kw: tf.distribute.MirroredStrategy(**kw),
-        ...          description="MirroredStrategy with my defaults")
+        >>> factory = register("first_cpu", lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
+        ...                    description="OneDeviceStrategy on the first CPU")
+        >>> build("first_cpu").extended.worker_devices
+        ('/job:localhost/replica:0/task:0/device:CPU:0',)
+        >>> print(describe("first_cpu"))
+        first_cpu: OneDeviceStrategy on the first CPU
+          options: (none)
+        >>> _ = STRATEGIES._entries.pop("first_cpu")
     """
     return STRATEGIES.register(name, factory, description=description, aliases=aliases,
                                override=override, check=check)
@@ -85,8 +91,12 @@ def build(name: str = "auto", **options: Any) -> Any:
     Example:
         >>> import tensorfleet as tfl
         >>> strategy = tfl.strategies.build("mirrored", devices=["/cpu:0"])
+        >>> strategy.num_replicas_in_sync
+        1
         >>> with strategy.scope():
         ...     model = tfl.models.build("digits_cnn")
+        >>> model.distribute_strategy is strategy
+        True
     """
     entry = STRATEGIES.entry(name)
     _check_options(entry, options)
