@@ -7,7 +7,14 @@ NaN into their features (a NaN update; note that TFF's model-delta client work a
 non-finite delta and gives it weight 0, so FedAvg survives NaN updates but not large ones).
 
 Example:
+    >>> import numpy as np
+    >>> from tensorfleet.federated import partition
+    >>> clients = partition(np.ones((8, 2), np.float32), np.zeros(8, np.int32), num_clients=2, scheme="iid")
     >>> bad = scale_clients(clients, ["client_000"], factor=1e3)
+    >>> bad.arrays("client_000")[0][0], bad.arrays("client_001")[0][0]
+    (array([1000., 1000.], dtype=float32), array([1., 1.], dtype=float32))
+    >>> np.isnan(nan_clients(clients, ["client_001"]).arrays("client_001")[0]).all()
+    True
 """
 
 from __future__ import annotations

@@ -9,9 +9,19 @@ factories against.
 The factories are unweighted (a robust statistic cannot trust client-reported weights), so
 algorithms use TFF's unweighted variants with them.
 
-Example:
+Example (five clients, one of them sending a huge update; the trimmed mean ignores it):
+    >>> import numpy as np
+    >>> import tensorflow_federated as tff
+    >>> from tensorfleet.federated import runtime
     >>> factory = RobustFactory("trimmed_mean", beta=0.2)
-    >>> process = factory.create(tff.to_type([(np.float32, (3,))]))
+    >>> process = factory.create(tff.to_type((np.float32, (3,))))
+    >>> updates = [np.full(3, v, np.float32) for v in (1, 2, 3, 4)] + [np.array([100, -100, 100], np.float32)]
+    >>> with runtime.managed_context():
+    ...     out = process.next(process.initialize(), updates)
+    >>> out.result
+    array([3., 2., 3.], dtype=float32)
+    >>> dict(out.measurements)
+    {'clients': 5, 'non_finite': 0}
 """
 
 from __future__ import annotations
@@ -98,7 +108,17 @@ class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
     infinity).
 
     Example:
+        >>> import tensorflow as tf
+        >>> import tensorflow_federated as tff
+        >>> from tensorfleet.federated.algorithms import build_process
+        >>> def model_fn():
+        ...     model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))])
+        ...     return tff.learning.models.from_keras_model(
+        ...         model, input_spec=(tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int32)),
+        ...         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         >>> process = build_process("fedavg", model_fn, aggregator=RobustFactory("median"))
+        >>> "non_finite" in str(process.next.type_signature.result)   # the factory's measurements
+        True
     """
 
     def __init__(self, rule: str | RobustRule, *, beta: float = 0.1, num_byzantine: int = 1,

@@ -9,7 +9,16 @@ Example:
     >>> from tensorfleet.federated import algorithms
     >>> algorithms.ALGORITHMS.names()
     ['fedavg', 'fedsgd', 'fedprox', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad']
+    >>> import tensorflow as tf
+    >>> import tensorflow_federated as tff
+    >>> def model_fn():
+    ...     model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))])
+    ...     return tff.learning.models.from_keras_model(
+    ...         model, input_spec=(tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int32)),
+    ...         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     >>> process = algorithms.build_process("fedadam", model_fn, server_learning_rate=0.01)
+    >>> type(process).__name__
+    'LearningProcess'
 """
 
 from __future__ import annotations
@@ -90,8 +99,23 @@ def build_process(name: str, model_fn: Callable[[], Any], *, aggregator: Any = N
             the algorithm's defaults (optimizer names from :data:`OPTIMIZERS`).
         **hyperparameters: algorithm options such as ``mu`` for ``fedprox``.
 
-    Example:
+    Example (one round of FedProx on two clients of ten examples, on a worker this process owns):
+        >>> import numpy as np
+        >>> import tensorflow as tf
+        >>> import tensorflow_federated as tff
+        >>> from tensorfleet.federated import runtime
+        >>> def model_fn():
+        ...     model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))])
+        ...     return tff.learning.models.from_keras_model(
+        ...         model, input_spec=(tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int32)),
+        ...         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         >>> process = build_process("fedprox", model_fn, mu=0.1)
+        >>> x, y = np.ones((10, 64), np.float32), np.arange(10, dtype=np.int32)
+        >>> client_data = [tf.data.Dataset.from_tensor_slices((x, y)).batch(5)] * 2
+        >>> with runtime.managed_context():
+        ...     out = process.next(process.initialize(), client_data)
+        >>> int(out.metrics["client_work"]["train"]["num_examples"])
+        20
     """
     canonical, client, server, hyper = resolve(
         name, client_optimizer=client_optimizer, client_learning_rate=client_learning_rate,
