@@ -171,9 +171,13 @@ def layer_table(model: Any) -> list[LayerMemory]:
     Parameter counts include non-trainable weights, so they sum to ``model.count_params()``.
 
     Example:
-        >>> table = layer_table(tfl.models.build("digits_mlp"))
+        >>> import tensorfleet as tfl
+        >>> model = tfl.models.build("digits_mlp")
+        >>> table = layer_table(model)
         >>> [(row.name, row.parameters) for row in table][-1]
         ('logits', 650)
+        >>> sum(row.parameters for row in table) == model.count_params()
+        True
     """
     import tensorflow as tf
 
@@ -373,9 +377,13 @@ def estimate(
         A :class:`MemoryEstimate` (bytes) for the fullest device.
 
     Example:
+        >>> import tensorfleet as tfl
+        >>> model = tfl.models.build("digits_mlp")
         >>> est = estimate(model, batch_size=64, precision="mixed_float16", parallelism="data", devices=4)
         >>> est.micro_batch
         16
+        >>> est.model_states == 16 * model.count_params()  # fp32 master + fp16 copy + grads + Adam
+        True
     """
     par = _enum(Parallelism, "parallelism", parallelism)
     stages = {Parallelism.PIPELINE: devices, Parallelism.HYBRID: pipeline}.get(par, 1)
@@ -409,7 +417,8 @@ def plot_layers(model: Any, path: str, *, batch_size: int, optimizer: Any = "ada
     """Writes a PNG bar chart of each layer's model-state and activation bytes.
 
     Example:
-        >>> plot_layers(model, "out/memory.png", batch_size=64)
+        >>> import tensorfleet as tfl
+        >>> plot_layers(tfl.models.build("digits_mlp"), "out/memory.png", batch_size=64)
         'out/memory.png'
     """
     import matplotlib
@@ -459,9 +468,14 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
         A ``tf.keras.Model`` whose ``train_step`` accumulates.
 
     Example:
-        >>> acc = accumulate_gradients(tfl.models.build("digits_cnn"), steps=4)
-        >>> acc.compile(optimizer="sgd", loss=loss)
-        >>> acc.fit(x, y, batch_size=256)   # four micro-batches of 64 per update
+        >>> import tensorflow as tf
+        >>> import tensorfleet as tfl
+        >>> data = tfl.models.datasets.load_digits(flat=True)
+        >>> acc = accumulate_gradients(tfl.models.build("digits_mlp"), steps=4)
+        >>> acc.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> history = acc.fit(data.x_train[:512], data.y_train[:512], batch_size=256, verbose=0)
+        >>> int(acc.optimizer.iterations)  # one update per batch of 256 (four micro-batches of 64)
+        2
     """
     import tensorflow as tf
 
@@ -512,9 +526,18 @@ def mixed_precision(policy: str | Precision = "mixed_float16") -> Iterator[Any]:
     ``LossScaleOptimizer`` with dynamic scaling.
 
     Example:
+        >>> import tensorflow as tf
+        >>> import tensorfleet as tfl
         >>> with mixed_precision("mixed_float16") as wrap:
         ...     model = tfl.models.build("digits_cnn")
-        ...     model.compile(optimizer=wrap(tf.keras.optimizers.Adam()), loss=loss)
+        ...     model.compile(optimizer=wrap(tf.keras.optimizers.Adam()),
+        ...                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> model.layers[1].compute_dtype, model.layers[1].variable_dtype
+        ('float16', 'float32')
+        >>> isinstance(model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+        True
+        >>> tf.keras.mixed_precision.global_policy().name  # restored on leaving the block
+        'float32'
     """
     import tensorflow as tf
 
@@ -591,8 +614,13 @@ def recompute(layers: Sequence[Any], *, name: str | None = None) -> Any:
         A Keras layer.
 
     Example:
+        >>> import tensorflow as tf
+        >>> inputs = tf.keras.Input((8, 8, 1))
         >>> x = tf.keras.layers.Flatten()(inputs)
         >>> x = recompute([tf.keras.layers.Dense(256, "relu"), tf.keras.layers.Dense(256, "relu")])(x)
+        >>> model = tf.keras.Model(inputs, tf.keras.layers.Dense(10)(x))
+        >>> model.output_shape, model.count_params()
+        ((None, 10), 85002)
     """
     if not isinstance(layers, (list, tuple)) or not layers:
         raise ValueError(f"recompute needs a non-empty list of Keras layers. Received: layers={layers!r}")
