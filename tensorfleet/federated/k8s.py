@@ -11,7 +11,9 @@ Example:
     >>> docs = federated_workers(replicas=4, image="registry.example/tensorfleet:1")
     >>> [d["kind"] for d in docs]
     ['Deployment', 'Service']
-    >>> write(docs, "tff-workers.yaml")
+    >>> path = write(docs, "tff-workers.yaml")
+    >>> path.read_text().count("kind: ")
+    2
 """
 
 from __future__ import annotations
@@ -144,8 +146,13 @@ def worker_addresses(service: str = "tff-workers", *, namespace: str = "default"
                      domain: str = "svc.cluster.local") -> list[str]:
     """``ip:port`` of every ready worker behind the headless Service (run inside the cluster).
 
-    Example:
-        >>> Simulation(model_fn, clients, workers=worker_addresses("tff-workers"))
+    Any resolvable name works (``domain=""`` takes it as it is), e.g. this machine's:
+
+        >>> worker_addresses("localhost", domain="", port=8000)
+        ['127.0.0.1:8000'...]
+
+    Example (needs a Kubernetes cluster with the workers' Service, and data and a model):
+        >>> Simulation(model_fn, clients, workers=worker_addresses("tff-workers"))  # doctest: +SKIP
     """
     host = f"{service}.{namespace}.{domain}" if domain else service
     try:
