@@ -13,12 +13,18 @@ Two makers:
 * :func:`digits_clients`: each client a seeded sample of scikit-learn's digits (8x8), so a
   simulation of any number of clients is checked against the digits test set.
 
-Example:
+Example (one round on 2 of 3,400 clients: only those two, and the first, are ever made):
+    >>> import tensorflow as tf
+    >>> from tensorfleet.federated import Simulation
     >>> clients = emnist_like_clients(num_clients=3400, examples_per_client=20)
-    >>> sim = Simulation(model_fn, clients, "fedavg", clients_per_round=10, rounds=5)
+    >>> def model_fn():
+    ...     return tf.keras.Sequential([tf.keras.layers.Flatten(input_shape=(28, 28, 1)), tf.keras.layers.Dense(10)])
+    >>> sim = Simulation(model_fn, clients, "fedavg", clients_per_round=2, rounds=1, progress=False)
     >>> history = sim.run()
-    >>> len(clients.materialized) <= 1 + 5 * 10
-    True
+    >>> history.final("num_examples")
+    40
+    >>> len(clients.materialized)
+    3
 """
 
 from __future__ import annotations

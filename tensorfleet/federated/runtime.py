@@ -19,11 +19,18 @@ computations) plugs into: :func:`managed_context` only needs something with ``st
 worker.
 
 Example:
+    >>> import numpy as np
+    >>> import tensorflow_federated as tff
     >>> from tensorfleet.federated import runtime
+    >>> @tff.tensorflow.computation(np.int32)
+    ... def double(x):
+    ...     return x * 2
     >>> with runtime.managed_context() as rt:
-    ...     state = process.initialize()   # runs on rt's own worker
-    >>> rt.worker.running
-    False
+    ...     result = double(21)   # runs on rt's own worker
+    ...     rt.worker.running
+    True
+    >>> int(result), rt.worker.running
+    (42, False)
 """
 
 from __future__ import annotations
@@ -318,8 +325,15 @@ def managed_context(runtime: Runtime | None = None, *, stop: bool = True) -> Ite
         stop: stop the worker when the block ends (True) or leave it for reuse.
 
     Example:
+        >>> import numpy as np
+        >>> import tensorflow_federated as tff
+        >>> @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+        ... def total(values):
+        ...     return tff.federated_sum(values)
         >>> with managed_context() as rt:
-        ...     state = process.initialize()
+        ...     result = total([1, 2, 3])
+        >>> int(result), rt.worker.running
+        (6, False)
     """
     rt = runtime if runtime is not None else Runtime()
     try:
