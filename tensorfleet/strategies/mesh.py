@@ -45,7 +45,12 @@ Example:
     >>> split = tfl.models.datasets.load_digits(flat=True)
     >>> model = tfl.models.build("digits_mlp")
     >>> mesh = Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend="mtf")
-    >>> history = mesh.fit(model, split.x_train, split.y_train, epochs=1, batch_size=32)
+    >>> history = mesh.fit(model, split.x_train[:256], split.y_train[:256], epochs=2, batch_size=32,
+    ...                    verbose=False)
+    >>> history.devices
+    ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
+    >>> len(history.step_loss), history.loss[1] < history.loss[0]
+    (16, True)
 """
 
 from __future__ import annotations
@@ -265,6 +270,7 @@ def model_dimensions(model: Any, batch_size: int) -> dict[str, int]:
     """Names and sizes of the tensor dimensions of a supported Keras model (see module docstring).
 
     Example:
+        >>> import tensorfleet as tfl
         >>> model_dimensions(tfl.models.build("digits_mlp"), 32)
         {'batch': 32, 'features': 64, 'hidden': 64, 'classes': 10}
     """
@@ -316,10 +322,16 @@ class Mesh:
         devices: device names; default: the logical CPU devices (or GPUs, where present).
 
     Example:
+        >>> import tensorfleet as tfl
+        >>> data = tfl.models.datasets.load_digits()
+        >>> x, y = data.x_train[:256, ..., 0], data.y_train[:256]  # each digit as 8 rows of 8 pixels
         >>> mesh = Mesh("b1:2;b2:2", "batch:b1;hidden:b2;heads:b2", backend="keras")
         >>> model = tfl.models.build("transformer_block")
-        >>> history = mesh.fit(model, x[..., 0], y, epochs=1, batch_size=32, learning_rate=0.1)
-        >>> history.loss
+        >>> history = mesh.fit(model, x, y, epochs=2, batch_size=32, learning_rate=0.1, verbose=False)
+        >>> history.grid  # [data replica][model shard]
+        [['/device:CPU:0', '/device:CPU:1'], ['/device:CPU:2', '/device:CPU:3']]
+        >>> len(history.step_loss), history.loss[1] < history.loss[0]
+        (16, True)
     """
 
     def __init__(self, mesh_shape: str, layout: str = "", *, backend: str | MeshBackend = "mtf",
@@ -401,8 +413,16 @@ class Mesh:
             >>> def model_fn(mtf, mesh, inputs, dims):
             ...     h = mtf.layers.dense(inputs, dims["hidden"], activation=mtf.relu, name="hidden")
             ...     return mtf.layers.dense(h, dims["classes"], name="logits")
+            >>> import tensorfleet as tfl
+            >>> data = tfl.models.datasets.load_digits(flat=True)
+            >>> x, y = data.x_train[:256], data.y_train[:256]
             >>> mesh = Mesh("b1:2;b2:2", "batch:b1;hidden:b2")
-            >>> history = mesh.fit_mtf(model_fn, x, y, dims={"hidden": 64, "classes": 10})
+            >>> history = mesh.fit_mtf(model_fn, x, y, dims={"hidden": 64, "classes": 10}, epochs=2,
+            ...                        verbose=False)
+            >>> sorted(history.weights), history.weights["hidden/kernel"].shape
+            (['hidden/bias', 'hidden/kernel', 'logits/bias', 'logits/kernel'], (64, 64))
+            >>> len(history.step_loss), history.loss[1] < history.loss[0]
+            (16, True)
         """
         x, y, batches = _batches(x, y, epochs, batch_size, learning_rate)
         if not isinstance(dims, Mapping) or "classes" not in dims:
