@@ -18,10 +18,14 @@ compiler into ``~/.cache/tensorfleet``); ``host="0.0.0.0"`` (as in Kubernetes po
 interface. Without a C compiler the worker listens on every interface and a warning says so.
 
 Example:
+    >>> import portpicker
     >>> from tensorfleet.federated.workers import Worker
-    >>> with Worker(port=8471) as worker:
-    ...     worker.address
-    '127.0.0.1:8471'
+    >>> port = portpicker.pick_unused_port()
+    >>> with Worker(port=port) as worker:
+    ...     worker.address == f"127.0.0.1:{port}", worker.running
+    (True, True)
+    >>> worker.running
+    False
 """
 
 from __future__ import annotations
@@ -124,10 +128,12 @@ class Worker:
         startup_timeout: seconds to wait until the worker serves.
 
     Example:
-        >>> worker = Worker(port=8471).start()
+        >>> worker = Worker().start()   # on a free port
         >>> worker.address, worker.running
-        ('127.0.0.1:8471', True)
+        ('127.0.0.1:...', True)
         >>> worker.stop()
+        >>> worker.running
+        False
     """
 
     def __init__(self, port: int | None = None, *, host: str = "127.0.0.1", max_concurrent: int = -1,
@@ -224,9 +230,18 @@ def start_worker(port: int | None = None, *, host: str = "127.0.0.1", max_concur
                  log_path: str | os.PathLike[str] | None = None) -> Worker:
     """Starts one TFF worker and returns it (stop it with ``.stop()``).
 
-    Example:
-        >>> worker = start_worker(8471)
-        >>> sim = Simulation(model_fn, clients, workers=[worker.address, "127.0.0.1:8472"])
+    Example (one round of a simulation split across two workers, both stopped after):
+        >>> import tensorfleet as tfl
+        >>> split = tfl.models.datasets.load_digits(flat=True)
+        >>> clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=4, scheme="iid")
+        >>> with start_worker() as a, start_worker() as b:
+        ...     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_mlp"), clients, rounds=1,
+        ...                                    clients_per_round=4, progress=False, workers=[a.address, b.address])
+        ...     history = sim.run()
+        >>> history.final("num_examples") == len(split.y_train)
+        True
+        >>> a.running or b.running
+        False
     """
     return Worker(port, host=host, max_concurrent=max_concurrent, log_path=log_path).start()
 
@@ -238,8 +253,8 @@ def serve(port: int, *, host: str = "127.0.0.1", max_concurrent: int = -1,
 
     Returns the worker's exit status instead when it ends by itself.
 
-    Example:
-        >>> serve(8471)  # blocks; `kill -TERM` the process to stop the worker
+    Example (blocks until the process gets SIGTERM or SIGINT, so it is not run here):
+        >>> serve(8471)  # doctest: +SKIP
     """
     worker = Worker(port, host=host, max_concurrent=max_concurrent, log_path=log_path)
     stop = threading.Event()
