@@ -316,6 +316,16 @@ def plan(
     Example:
         >>> print(plan("digits_cnn", batch_size=256, devices=4, device_memory="16GB",
         ...            bandwidth="10Gbps").table())
+        digits_cnn: 38.282K parameters
+        strategy         layout                  memory/device  fits   comm/step        step  note
+        ------------------------------------------------------------------------------------------
+        data_allreduce   d=4 t=1 p=1                   1.15 MB   yes    0.122 ms    0.122 ms  ring all-reduce
+        data_ps          d=4 t=1 p=1                 695.08 KB   yes    0.500 ms    0.500 ms  1 parameter server
+        tensor           d=1 t=4 p=1                 695.08 KB   yes    3.896 ms    3.896 ms
+        pipeline         d=1 t=1 p=4                 529.41 KB   yes    2.182 ms    2.182 ms  16 micro-batches, bubble 16%
+        hybrid           d=2 t=1 p=2                 538.08 KB   yes    1.074 ms    1.075 ms  8 micro-batches, bubble 11%
+        recommendation: data_allreduce -- fits (1.15 MB of 16.00 GB per device) with the shortest
+        estimated step, 0.122 ms (0.122 ms communication); next: data_ps at 0.500 ms
     """
     if (model is None) == (parameters is None):
         raise ValueError(f"Give exactly one of model (a name) or parameters (a count). Received: model={model!r}, "
