@@ -149,9 +149,13 @@ class StalenessScheduler:
         coordinator: a ``tf.distribute.experimental.coordinator.ClusterCoordinator``.
         staleness: 0 (BSP), k (SSP), None (ASP), or a :class:`StalenessPolicy`.
 
-    Example:
-        >>> scheduler = StalenessScheduler(coordinator, staleness=2)
-        >>> records = scheduler.run(step_fn, steps=100, args_for=lambda w: (iterator, w))
+    Example (needs a ParameterServerStrategy cluster and its ClusterCoordinator, so it does not
+    run as a doctest: connecting to a cluster changes the process's eager context for good):
+        >>> coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # doctest: +SKIP
+        >>> scheduler = StalenessScheduler(coordinator, staleness=2)  # doctest: +SKIP
+        >>> records = scheduler.run(step_fn, steps=100, args_for=lambda w: (iterator, w))  # doctest: +SKIP
+        >>> max(record.clock_gap for record in records) <= 2  # doctest: +SKIP
+        True
     """
 
     def __init__(self, coordinator: Any, staleness: int | str | None | StalenessPolicy) -> None:
@@ -326,11 +330,13 @@ def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> 
     Returns:
         The installed :class:`StalenessGate` (its ``gaps`` record every step), or None for ASP.
 
-    Example:
-        >>> coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-        >>> gate = install(coordinator, staleness=2)
-        >>> model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=50)
-        >>> max(gap for _, gap in gate.gaps) <= 2
+    Example (needs a ParameterServerStrategy cluster and its ClusterCoordinator, so it does not
+    run as a doctest: connecting to a cluster changes the process's eager context for good):
+        >>> coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # doctest: +SKIP
+        >>> gate = install(coordinator, staleness=2)  # doctest: +SKIP
+        >>> history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn),  # doctest: +SKIP
+        ...                     epochs=2, steps_per_epoch=50)
+        >>> max(gap for _, gap in gate.gaps) <= 2  # doctest: +SKIP
         True
     """
     policy = resolve_staleness(staleness)
@@ -367,12 +373,31 @@ def attach(strategy: Any, staleness: int | str | None | StalenessPolicy) -> Stal
     Returns:
         The :class:`StalenessGate`, or None for ASP.
 
-    Example:
-        >>> strategy = tensorfleet.strategies.build("parameter_server", cluster=spec)
-        >>> attach(strategy, staleness=2)
-        >>> with strategy.scope():
-        ...     model = build("digits_cnn"); model.compile(...)
-        >>> model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=3, steps_per_epoch=50)
+    Example (needs a ParameterServerStrategy cluster, here one started in this process, so it
+    does not run as a doctest: connecting to a cluster changes the process's eager context for
+    good):
+        >>> import tensorflow as tf
+        >>> import tensorfleet as tfl
+        >>> spec = tfl.strategies.start_in_process_cluster(workers=2, ps=1)  # doctest: +SKIP
+        >>> strategy = tfl.strategies.build("parameter_server", cluster=spec)  # doctest: +SKIP
+        >>> gate = attach(strategy, staleness=2)  # doctest: +SKIP
+        >>> with strategy.scope():  # doctest: +SKIP
+        ...     model = tfl.models.build("digits_cnn")
+        ...     model.compile(optimizer="sgd",
+        ...                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn),  # doctest: +SKIP
+        ...                     epochs=3, steps_per_epoch=50)
+
+    Without a cluster, a bad ``staleness`` or a strategy of another kind is refused before
+    anything starts:
+        >>> attach(tf.distribute.get_strategy(), staleness=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: staleness must be an integer >= 0 (0 = BSP, k = SSP) or None (ASP). Received: staleness=-1
+        >>> attach(tf.distribute.get_strategy(), staleness=2)
+        Traceback (most recent call last):
+        ...
+        TypeError: staleness applies to a tf.distribute.experimental.ParameterServerStrategy. Received: ...
     """
     policy = resolve_staleness(staleness)
     if not getattr(strategy, "_should_use_with_coordinator", False):
@@ -490,12 +515,14 @@ def train(
     Returns:
         The trained model and a :class:`TrainingRun` with per-step records.
 
-    Example:
-        >>> model, run = train(strategy, coordinator, model_fn=lambda: build("digits_cnn"),
+    Example (needs a ParameterServerStrategy cluster and its ClusterCoordinator, so it does not
+    run as a doctest: connecting to a cluster changes the process's eager context for good):
+        >>> model, run = train(strategy, coordinator,  # doctest: +SKIP
+        ...                    model_fn=lambda: tfl.models.build("digits_cnn"),
         ...                    optimizer_fn=lambda: tf.keras.optimizers.SGD(0.1),
         ...                    dataset_fn=make_dataset, steps=200, staleness=2,
         ...                    straggler=1, straggler_delay=0.05)
-        >>> run.summary()["max_clock_gap"] <= 2
+        >>> run.summary()["max_clock_gap"] <= 2  # doctest: +SKIP
         True
     """
     import tensorflow as tf
