@@ -21,13 +21,31 @@ tensorflow-federated runs this, tensorfleet only wires it and watches the worker
   address where nothing answers, :class:`WorkerVersionError` for a gRPC server that is not a TFF
   worker of the installed version, both naming the worker.
 
-Example:
+Example (one FedAvg round of four clients on two workers started here, stopped after):
+    >>> import numpy as np
+    >>> import tensorflow as tf
+    >>> import tensorflow_federated as tff
     >>> from tensorfleet.federated import distributed
-    >>> with distributed.installed(["127.0.0.1:8471", "127.0.0.1:8472"]) as ctx:
-    ...     state = process.initialize()
-    ...     state = process.next(state, client_datasets).state
+    >>> from tensorfleet.federated.algorithms import build_process
+    >>> from tensorfleet.federated.workers import start_worker
+    >>> def model_fn():
+    ...     model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))])
+    ...     return tff.learning.models.from_keras_model(
+    ...         model, input_spec=(tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int32)),
+    ...         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    >>> process = build_process("fedavg", model_fn)
+    >>> x, y = np.ones((10, 64), np.float32), np.arange(10, dtype=np.int32)
+    >>> client_datasets = [tf.data.Dataset.from_tensor_slices((x, y)).batch(5)] * 4
+    >>> with start_worker() as a, start_worker() as b:
+    ...     with distributed.installed([a.address, b.address]) as ctx:
+    ...         state = process.initialize()
+    ...         out = process.next(state, client_datasets)
+    >>> int(out.metrics["client_work"]["train"]["num_examples"])
+    40
     >>> ctx.lost
     []
+    >>> len({e.address for e in ctx.events if e.kind == "dispatch"})   # both workers got clients
+    2
 """
 
 from __future__ import annotations
@@ -287,10 +305,20 @@ class DistributedContext:
             on. None: no check (a frozen worker then blocks the run).
         check: check every worker (reachable, right TFF version) now.
 
-    Example:
-        >>> ctx = DistributedContext(["127.0.0.1:8471", "127.0.0.1:8472"])
-        >>> with ctx.installed():
-        ...     state = process.next(process.initialize(), client_datasets).state
+    Example (a sum over four clients, split across two workers started here):
+        >>> import numpy as np
+        >>> import tensorflow_federated as tff
+        >>> from tensorfleet.federated.workers import start_worker
+        >>> @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+        ... def total(values):
+        ...     return tff.federated_sum(values)
+        >>> with start_worker() as a, start_worker() as b:
+        ...     ctx = DistributedContext([a.address, b.address])
+        ...     with ctx.installed():
+        ...         result = total([1, 2, 3, 4])
+        ...     ctx.close()
+        >>> int(result), ctx.alive == [a.address, b.address], ctx.lost
+        (10, True, [])
     """
 
     def __init__(self, workers: Sequence[str | WorkerAddress] | str, *, num_subrounds: int | None = None,
@@ -604,9 +632,17 @@ def _executor_factory(worker: _RemoteWorker, owner: DistributedContext) -> Any:
 def installed(workers: Sequence[str] | str, **options: Any) -> Iterator[DistributedContext]:
     """A :class:`DistributedContext` installed as TFF's context for the block, closed after.
 
-    Example:
-        >>> with installed(["127.0.0.1:8471", "127.0.0.1:8472"]) as ctx:
-        ...     state = process.initialize()
+    Example (on one worker started here):
+        >>> import numpy as np
+        >>> import tensorflow_federated as tff
+        >>> from tensorfleet.federated.workers import start_worker
+        >>> @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+        ... def total(values):
+        ...     return tff.federated_sum(values)
+        >>> with start_worker() as worker, installed([worker.address]) as ctx:
+        ...     result = total([1, 2, 3])
+        >>> int(result), ctx.lost
+        (6, [])
     """
     ctx = DistributedContext(workers, **options)
     try:
@@ -622,9 +658,19 @@ def install_default(workers: Sequence[str] | str, **options: Any) -> Distributed
     :class:`~tensorfleet.federated.Simulation` does this for ``workers=[...]``; a later
     simulation without workers puts its own context back.
 
-    Example:
-        >>> ctx = install_default(["127.0.0.1:8471", "127.0.0.1:8472"])
-        >>> state = process.initialize()   # runs on the workers
+    Example (``stop()`` makes tensorfleet's own local runtime the default again):
+        >>> import numpy as np
+        >>> import tensorflow_federated as tff
+        >>> from tensorfleet.federated.workers import start_worker
+        >>> @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+        ... def total(values):
+        ...     return tff.federated_sum(values)
+        >>> with start_worker() as a, start_worker() as b:
+        ...     ctx = install_default([a.address, b.address])
+        ...     result = total([1, 2, 3, 4])   # runs on the workers
+        ...     ctx.stop()
+        >>> int(result), tff.framework.get_context_stack().current is ctx.tff_context
+        (10, False)
     """
     import tensorflow_federated as tff
 

@@ -230,18 +230,21 @@ def start_worker(port: int | None = None, *, host: str = "127.0.0.1", max_concur
                  log_path: str | os.PathLike[str] | None = None) -> Worker:
     """Starts one TFF worker and returns it (stop it with ``.stop()``).
 
-    Example (one round of a simulation split across two workers, both stopped after):
-        >>> import tensorfleet as tfl
-        >>> split = tfl.models.datasets.load_digits(flat=True)
-        >>> clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=4, scheme="iid")
+    A simulation runs on started workers through their addresses:
+    ``Simulation(..., workers=[a.address, b.address])``.
+
+    Example (a sum over four clients split across two workers, both stopped after):
+        >>> import numpy as np
+        >>> import tensorflow_federated as tff
+        >>> from tensorfleet.federated import distributed
+        >>> @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+        ... def total(values):
+        ...     return tff.federated_sum(values)
         >>> with start_worker() as a, start_worker() as b:
-        ...     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_mlp"), clients, rounds=1,
-        ...                                    clients_per_round=4, progress=False, workers=[a.address, b.address])
-        ...     history = sim.run()
-        >>> history.final("num_examples") == len(split.y_train)
-        True
-        >>> a.running or b.running
-        False
+        ...     with distributed.installed([a.address, b.address]):
+        ...         result = total([1, 2, 3, 4])
+        >>> int(result), a.running or b.running
+        (10, False)
     """
     return Worker(port, host=host, max_concurrent=max_concurrent, log_path=log_path).start()
 
