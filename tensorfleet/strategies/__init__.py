@@ -10,7 +10,7 @@ Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
     >>> import tensorflow as tf
     >>> import tensorfleet as tfl
     >>> data = tfl.models.datasets.load_digits()
-    >>> x, y = data.x_train[:256], data.y_train[:256]
+    >>> x, y = data.x_train[:128], data.y_train[:128]
     >>> strategy = tfl.strategies.build("mirrored")
     >>> strategy.num_replicas_in_sync
     4
@@ -19,9 +19,9 @@ Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
     ...     model.compile(optimizer="adam", metrics=["accuracy"],
     ...                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     >>> history = model.fit(**tfl.strategies.fit_inputs(x, y, batch_size=64, strategy=model),
-    ...                     epochs=2, verbose=0)
-    >>> sorted(history.history), len(history.history["loss"])
-    (['accuracy', 'loss'], 2)
+    ...                     epochs=1, verbose=0)
+    >>> sorted(history.history)
+    ['accuracy', 'loss']
 """
 
 from __future__ import annotations
