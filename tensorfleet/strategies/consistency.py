@@ -363,7 +363,7 @@ def attach(strategy: Any, staleness: int | str | None | StalenessPolicy) -> Stal
 
     Validates ``staleness`` first (a bad value raises before anything starts). For BSP and SSP
     it creates the strategy's ``ClusterCoordinator`` (one per strategy; Keras ``fit`` reuses
-    it) and :func:`install`\ s the gate on it; for ASP (None) it does nothing, which is the
+    it) and installs the gate on it (:func:`install`); for ASP (None) it does nothing, which is the
     coordinator's own behaviour.
 
     Args:
