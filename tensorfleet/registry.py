@@ -92,6 +92,18 @@ class Registry(Generic[T]):
             self._aliases[alias] = key
         return obj
 
+    def unregister(self, name: str) -> T:
+        """Removes ``name`` (or the entry an alias names) with its aliases; returns its object.
+
+        Raises UnknownNameError, with the did-you-mean, for a name that is not registered.
+        """
+        key = self.canonical(name)
+        entry = self._entries.pop(key)
+        for alias in entry.aliases:
+            if self._aliases.get(alias) == key:
+                del self._aliases[alias]
+        return entry.obj
+
     def decorator(self, name: str, **kwargs: Any) -> Callable[[T], T]:
         """``@registry.decorator("name", description=...)`` form of :meth:`register`."""
 

@@ -48,3 +48,15 @@ def test_empty_and_non_string_names_are_refused() -> None:
         reg.register("", 1)
     with pytest.raises(TypeError, match=r"must be a string. Received: 3 \(int\)"):
         reg.get(3)  # type: ignore[arg-type]
+
+
+def test_unregister_removes_the_entry_and_its_aliases_and_names_unknown_ones() -> None:
+    reg: Registry[int] = Registry("colour")
+    reg.register("red", 1, aliases=("r", "rouge"))
+    reg.register("blue", 2)
+    assert reg.unregister("Rouge") == 1
+    assert (reg.names(), "r" in reg, "rouge" in reg) == (["blue"], False, False)
+    reg.register("red", 3, aliases=("r",))  # the name and its alias are free again
+    assert reg.get("r") == 3
+    with pytest.raises(UnknownNameError, match=r"Unknown colour 'green'. Did you mean 'red'\? Available: blue, red."):
+        reg.unregister("green")

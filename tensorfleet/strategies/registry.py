@@ -66,7 +66,7 @@ def register(
         >>> print(describe("first_cpu"))
         first_cpu: OneDeviceStrategy on the first CPU
           options: (none)
-        >>> _ = STRATEGIES._entries.pop("first_cpu")
+        >>> _ = STRATEGIES.unregister("first_cpu")
     """
     return STRATEGIES.register(name, factory, description=description, aliases=aliases,
                                override=override, check=check)

@@ -48,7 +48,7 @@ def test_register_a_custom_strategy_and_build_it() -> None:
         strategy = tfl.strategies.build("test_first_cpu")
         assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
     finally:
-        tfl.strategies.STRATEGIES._entries.pop("test_first_cpu")
+        tfl.strategies.STRATEGIES.unregister("test_first_cpu")
 
 
 def test_tpu_is_not_available_here() -> None:
