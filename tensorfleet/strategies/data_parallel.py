@@ -81,7 +81,10 @@ def _device_list(key: str, devices: Sequence[str] | None) -> list[str] | None:
     known = {d.name.lower() for d in tf.config.list_logical_devices()}
     resolved = []
     for device in devices:
-        spec = tf.DeviceSpec.from_string(device) if isinstance(device, str) else None
+        try:  # TensorFlow's own message ("Unknown attribute 'cpu0' ...") does not say what would be right
+            spec = tf.DeviceSpec.from_string(device) if isinstance(device, str) else None
+        except ValueError:
+            spec = None
         if spec is None or spec.device_type is None:
             raise ValueError(f"{key} has an entry that is not a device name like '/cpu:0'. Received: {device!r}")
         full = f"/device:{spec.device_type.upper()}:{spec.device_index or 0}".lower()
@@ -108,7 +111,16 @@ def _local_device_count() -> int:
 
 
 def one_device(*, device: str | None = None) -> Any:
-    """``tf.distribute.OneDeviceStrategy`` on ``device`` (default: the first GPU, else CPU:0)."""
+    """``tf.distribute.OneDeviceStrategy`` on ``device`` (default: the first GPU, else CPU:0).
+
+    Example:
+        >>> one_device().extended.worker_devices
+        ('/job:localhost/replica:0/task:0/device:CPU:0',)
+        >>> one_device(device="cpu0")
+        Traceback (most recent call last):
+        ...
+        ValueError: device has an entry that is not a device name like '/cpu:0'. Received: 'cpu0'
+    """
     import tensorflow as tf
 
     if device is None:
@@ -129,6 +141,15 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
         cross_device_ops: ``"nccl"``, ``"hierarchical_copy"`` or ``"reduction_to_one_device"``;
             default TensorFlow's choice.
         num_packs: gradient packs for nccl / hierarchical_copy.
+
+    Example (this machine has no GPU, so its logical CPUs stand in):
+        >>> strategy = mirrored(devices=["/cpu:0", "/cpu:1"], cross_device_ops="hierarchical_copy")
+        >>> strategy.num_replicas_in_sync, type(strategy.extended._cross_device_ops).__name__
+        (2, 'HierarchicalCopyAllReduce')
+        >>> mirrored(cross_device_ops="nccl")
+        Traceback (most recent call last):
+        ...
+        ValueError: cross_device_ops='nccl' needs GPUs and this machine has none. Received: cross_device_ops='nccl'; use 'hierarchical_copy' or 'reduction_to_one_device'.
     """
     import tensorflow as tf
 
@@ -180,7 +201,16 @@ def _new_mirrored(devices: list[str], ops: Any) -> Any:
 
 def central_storage(*, compute_devices: Sequence[str] | None = None,
                     parameter_device: str | None = None) -> Any:
-    """``CentralStorageStrategy``: variables on one device, compute on several."""
+    """``CentralStorageStrategy``: variables on one device, compute on several.
+
+    Example:
+        >>> strategy = central_storage(compute_devices=["/cpu:0", "/cpu:1"], parameter_device="/cpu:2")
+        >>> with strategy.scope():
+        ...     import tensorflow as tf
+        ...     v = tf.Variable(1.0)
+        >>> strategy.num_replicas_in_sync, v.device
+        (2, '/job:localhost/replica:0/task:0/device:CPU:2')
+    """
     import tensorflow as tf
 
     compute_devices = _device_list("compute_devices", compute_devices)
@@ -203,6 +233,16 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         timeout_seconds: fail a collective that waits longer (a lost peer) instead of
             hanging; None waits forever, as TensorFlow does.
         tf_config: a TF_CONFIG to validate and use instead of the environment's.
+
+    Example (options are checked before TensorFlow sees them):
+        >>> multi_worker_mirrored(implementation="nccl")
+        Traceback (most recent call last):
+        ...
+        ValueError: implementation='nccl' needs GPUs and this machine has none. Received: implementation='nccl'; use 'ring' or 'auto'.
+        >>> multi_worker_mirrored(timeout_seconds=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: timeout_seconds must be a positive number or None. Received: timeout_seconds=0
     """
     import tensorflow as tf
 
@@ -315,6 +355,17 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
             bulk-synchronous, k lets a worker run at most k steps ahead of the slowest, None
             (TensorFlow's behaviour) is fully asynchronous.
         serve: on worker/ps tasks, start the server and block.
+
+    Example (the coordinator of a cluster in this process; it cannot run inside the test
+    suite, where connecting to a cluster would change the process's eager context for good):
+        >>> spec = start_in_process_cluster(workers=2, ps=1)  # doctest: +SKIP
+        >>> strategy = parameter_server(cluster=spec, staleness=2)  # doctest: +SKIP
+
+    Bad options fail before anything starts:
+        >>> parameter_server(min_shard_bytes=1024)
+        Traceback (most recent call last):
+        ...
+        ValueError: min_shard_bytes only applies with max_shards. Received: min_shard_bytes=1024, max_shards=None
     """
     import tensorflow as tf
 
@@ -397,6 +448,12 @@ def tpu(*, tpu_address: str | None = None, zone: str | None = None, project: str
 
     Without an address, uses a TPU attached to this machine or named by ``TPU_NAME``. When
     none is there, raises :class:`NoTPUError` without touching the network.
+
+    Example (this machine has no TPU):
+        >>> tpu()
+        Traceback (most recent call last):
+        ...
+        tensorfleet.strategies.data_parallel.NoTPUError: No TPU is attached to this machine and no tpu_address (or TPU_NAME) was given. ...
     """
     import tensorflow as tf
 

@@ -44,6 +44,8 @@ def test_unknown_device_is_refused_with_the_available_ones() -> None:
     ("/cpu:0", "devices must be a non-empty list of device names. Received: devices='/cpu:0'"),
     ([], "devices must be a non-empty list of device names. Received: devices=[]"),
     (["/cpu:0", "/CPU:0"], "devices lists a device twice. Received: devices=['/cpu:0', '/CPU:0']"),
+    (["cpu0"], "devices has an entry that is not a device name like '/cpu:0'. Received: 'cpu0'"),
+    (["/cpu:0", 1], "devices has an entry that is not a device name like '/cpu:0'. Received: 1"),
 ])
 def test_bad_device_lists_are_refused(devices, message) -> None:
     with pytest.raises(ValueError) as info:
