@@ -28,8 +28,9 @@ test: install
 bench: install
 	$(BIN)/python bench/strategy_overhead.py
 
+# pyflakes' checks (unused or undefined names, syntax) over the package, tests, benchmarks, examples.
 lint: install
-	$(BIN)/python -m mypy tensorfleet || true
+	$(BIN)/ruff check tensorfleet tests bench examples
 
 # Regenerates requirements/lock.txt from requirements/stack.in in a scratch venv.
 lock:

@@ -36,7 +36,6 @@ Example (two quick rounds; the digits MLP is already well above chance, 0.1):
 from __future__ import annotations
 
 import collections
-import contextlib
 import csv
 import hashlib
 import io
@@ -47,11 +46,12 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tensorfleet.io import save_figure, write_bytes, write_json, write_text
+from tensorfleet.validation import choice
 
 __all__ = ["Simulation", "History", "Backend", "CheckpointMismatchError", "plot_history", "load_history",
            "default_latency"]
@@ -346,10 +346,7 @@ class Simulation:
         self.resume = bool(resume)
         self.progress = bool(progress)
         self.tensorboard = bool(tensorboard)
-        try:
-            self.backend = Backend(backend)
-        except ValueError:
-            raise ValueError(f"backend must be one of {[b.value for b in Backend]}. Received: backend={backend!r}") from None
+        self.backend = choice(Backend, "backend", backend)
         if self.backend is Backend.COMPILED:
             from tensorfleet.federated.fast import SUPPORTED_ALGORITHMS
 

@@ -34,10 +34,8 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import threading
 import warnings
-from pathlib import Path
 from types import FrameType
 from typing import Any, Callable
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from tensorfleet.strategies.cluster import ClusterSpec, Role, TFConfig, tf_config_from_env
 from tensorfleet.strategies.registry import Availability, register
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import choice, positive_int
 
 __all__ = [
     "CrossDeviceOps",
@@ -55,14 +55,6 @@ class CollectiveImplementation(str, Enum):
 
 class NoTPUError(RuntimeError):
     """No TPU can be reached from this machine."""
-
-
-def _enum_value(enum: type[Enum], key: str, value: Any) -> Enum:
-    try:
-        return enum(value.lower() if isinstance(value, str) else value)
-    except ValueError:
-        choices = ", ".join(repr(m.value) for m in enum)  # type: ignore[attr-defined]
-        raise ValueError(f"{key} must be one of {choices}. Received: {key}={value!r}") from None
 
 
 def _positive_int(key: str, value: Any, *, allow_none: bool = False) -> int | None:
@@ -160,7 +152,7 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
     _positive_int("num_packs", num_packs)
     ops = None
     if cross_device_ops is not None:
-        kind = _enum_value(CrossDeviceOps, "cross_device_ops", cross_device_ops)
+        kind = choice(CrossDeviceOps, "cross_device_ops", cross_device_ops)
         if kind is CrossDeviceOps.NCCL:
             if not tf.config.list_logical_devices("GPU"):
                 raise ValueError(
@@ -246,7 +238,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
     """
     import tensorflow as tf
 
-    kind = _enum_value(CollectiveImplementation, "implementation", implementation)
+    kind = choice(CollectiveImplementation, "implementation", implementation)
     if kind is CollectiveImplementation.NCCL and not tf.config.list_physical_devices("GPU"):
         raise ValueError("implementation='nccl' needs GPUs and this machine has none. "
                          "Received: implementation='nccl'; use 'ring' or 'auto'.")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, NamedTuple, Sequence
 
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import choice, positive_int
 
 __all__ = ["ENV_BATCH_POLICY", "BatchPolicy", "BatchSizes", "Phase", "batch_sizes", "launch_elastic", "policy_from_env"]
 
@@ -48,12 +48,7 @@ class BatchSizes(NamedTuple):
 
 
 def _resolve_policy(policy: BatchPolicy | str) -> BatchPolicy:
-    try:
-        return BatchPolicy(policy)
-    except ValueError:
-        raise ValueError(
-            f"policy must be one of {[p.value for p in BatchPolicy]}. Received: policy={policy!r}"
-        ) from None
+    return choice(BatchPolicy, "policy", policy)
 
 
 def batch_sizes(

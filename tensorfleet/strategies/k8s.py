@@ -32,6 +32,8 @@ import re
 from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
+from tensorfleet.validation import choice
+
 __all__ = [
     "ManifestError",
     "RestartPolicy",
@@ -225,12 +227,7 @@ def tfjob(
         raise ValueError("A TFJob needs at least one worker (or a chief). Received: workers=0")
     if ps and not workers:
         raise ValueError(f"A parameter-server job needs at least one worker. Received: workers=0, ps={ps}")
-    try:
-        policy = RestartPolicy(restart_policy)
-    except ValueError:
-        raise ValueError(
-            f"restart_policy must be one of {[p.value for p in RestartPolicy]}. Received: restart_policy={restart_policy!r}"
-        ) from None
+    policy = choice(RestartPolicy, "restart_policy", restart_policy)
     for key, quantity in (("cpu", cpu), ("memory", memory), ("backup_size", backup_size)):
         if not isinstance(quantity, str) or not re.match(_QUANTITY, quantity):
             raise ValueError(f"{key} must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: {key}={quantity!r}")

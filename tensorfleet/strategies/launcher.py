@@ -57,6 +57,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tensorfleet.netbind import loopback_env
 from tensorfleet.strategies.cluster import ClusterSpec, Role, TFConfigError, parse_tf_config
+from tensorfleet.validation import choice
 
 __all__ = [
     "Fault",
@@ -461,12 +462,7 @@ class _Job:
 
 
 def _resolve_mode(mode: JobMode | str, spec: ClusterSpec) -> JobMode:
-    try:
-        resolved = JobMode(mode)
-    except ValueError:
-        raise ValueError(
-            f"mode must be one of {[m.value for m in JobMode]}. Received: mode={mode!r}"
-        ) from None
+    resolved = choice(JobMode, "mode", mode)
     if resolved is JobMode.AUTO:
         return JobMode.PARAMETER_SERVER if spec.num_tasks(Role.PS.value) else JobMode.COLLECTIVE
     if resolved is JobMode.PARAMETER_SERVER and not spec.num_tasks(Role.PS.value):

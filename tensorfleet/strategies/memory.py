@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Iterator, Sequence
 
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import choice, positive_int
 
 __all__ = [
     "LayerMemory",
@@ -97,22 +97,10 @@ class PipelineSchedule(str, Enum):
 _STATES = {Optimizer.SGD: 0, Optimizer.MOMENTUM: 1, Optimizer.ADAM: 2}
 
 
-def _enum(enum: type[Enum], key: str, value: Any) -> Any:
-    if isinstance(value, enum):
-        return value
-    if isinstance(value, str):
-        for member in enum:
-            if member.value == value.strip().lower():
-                return member
-    raise ValueError(
-        f"{key} must be one of {', '.join(repr(m.value) for m in enum)}. Received: {key}={value!r}"
-    )
-
-
 def _optimizer_kind(optimizer: Any) -> Optimizer:
     """An :class:`Optimizer` from a name or a Keras optimizer instance."""
     if isinstance(optimizer, (str, Optimizer)):
-        return _enum(Optimizer, "optimizer", optimizer)
+        return choice(Optimizer, "optimizer", optimizer)
     name = type(optimizer).__name__.lower()
     if name == "lossscaleoptimizer":
         return _optimizer_kind(optimizer.inner_optimizer)
@@ -133,7 +121,7 @@ def bytes_per_parameter(optimizer: str | Optimizer = "adam", precision: str | Pr
         {'parameters': 2, 'gradients': 2, 'optimizer_state': 12}
     """
     opt = _optimizer_kind(optimizer)
-    prec = _enum(Precision, "precision", precision)
+    prec = choice(Precision, "precision", precision)
     states = _STATES[opt]
     if prec is Precision.FLOAT32:
         return {"parameters": 4, "gradients": 4, "optimizer_state": 4 * states}
@@ -299,8 +287,8 @@ def estimate_from_counts(
     devices = positive_int("devices", devices)
     tensor = positive_int("tensor", tensor)
     micro_batches = positive_int("micro_batches", micro_batches)
-    par = _enum(Parallelism, "parallelism", parallelism)
-    sched = _enum(PipelineSchedule, "schedule", schedule)
+    par = choice(Parallelism, "parallelism", parallelism)
+    sched = choice(PipelineSchedule, "schedule", schedule)
     if len(stage_parameters) != len(stage_activation_values) or not stage_parameters:
         raise ValueError("stage_parameters and stage_activation_values must be non-empty and of equal length. "
                          f"Received lengths {len(stage_parameters)} and {len(stage_activation_values)}")
@@ -320,7 +308,7 @@ def estimate_from_counts(
                          f"micro_batches={micro_batches}")
     micro = per_replica / micro_batches if pp > 1 else per_replica
     per_param = bytes_per_parameter(optimizer, precision)
-    act_bytes = 4 if _enum(Precision, "precision", precision) is Precision.FLOAT32 else 2
+    act_bytes = 4 if choice(Precision, "precision", precision) is Precision.FLOAT32 else 2
     worst = None
     trainables = list(stage_parameters) if stage_trainable is None else list(stage_trainable)
     if len(trainables) != pipeline:
@@ -385,7 +373,7 @@ def estimate(
         >>> est.model_states == 16 * model.count_params()  # fp32 master + fp16 copy + grads + Adam
         True
     """
-    par = _enum(Parallelism, "parallelism", parallelism)
+    par = choice(Parallelism, "parallelism", parallelism)
     stages = {Parallelism.PIPELINE: devices, Parallelism.HYBRID: pipeline}.get(par, 1)
     stages = positive_int("pipeline", stages)
     table = layer_table(model)
@@ -431,7 +419,7 @@ def plot_layers(model: Any, path: str, *, batch_size: int, optimizer: Any = "ada
     positive_int("batch_size", batch_size)
     table = layer_table(model)
     per_param = sum(bytes_per_parameter(optimizer, precision).values())
-    act_bytes = 4 if _enum(Precision, "precision", precision) is Precision.FLOAT32 else 2
+    act_bytes = 4 if choice(Precision, "precision", precision) is Precision.FLOAT32 else 2
     names = [row.name for row in table]
     per_weight = bytes_per_parameter(optimizer, precision)["parameters"]
     states = [row.parameters * per_weight + row.trainable * (per_param - per_weight) for row in table]
@@ -444,7 +432,7 @@ def plot_layers(model: Any, path: str, *, batch_size: int, optimizer: Any = "ada
     ax.set_xticklabels(names, rotation=45, ha="right")
     ax.set_ylabel("bytes")
     ax.set_title(f"{model.name}: memory per layer ({_optimizer_kind(optimizer).value}, "
-                 f"{_enum(Precision, 'precision', precision).value})")
+                 f"{choice(Precision, 'precision', precision).value})")
     ax.legend()
     save_figure(fig, path)
     return str(path)
@@ -541,7 +529,7 @@ def mixed_precision(policy: str | Precision = "mixed_float16") -> Iterator[Any]:
     """
     import tensorflow as tf
 
-    prec = _enum(Precision, "policy", policy)
+    prec = choice(Precision, "policy", policy)
     old = tf.keras.mixed_precision.global_policy()
     tf.keras.mixed_precision.set_global_policy(prec.value)
 

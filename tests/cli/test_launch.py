@@ -55,7 +55,7 @@ def test_launch_restarts_the_job_up_to_max_restarts(script: Path, capsys) -> Non
     (["launch", "--workers", "0", "SCRIPT"], "error: A job needs at least one worker (or a chief). Received: workers=0"),
     (["launch", "MISSING"], "error: The script to launch does not exist. Received: script="),
     (["launch", "--ports", "1,x", "SCRIPT"], "error: --ports must be comma-separated integers. Received: --ports='1,x'"),
-    (["launch", "--mode", "ring", "SCRIPT"], "error: mode must be one of ['auto', 'collective', 'parameter_server']"),
+    (["launch", "--mode", "ring", "SCRIPT"], "error: mode must be one of 'auto', 'collective', 'parameter_server'"),
 ])
 def test_launch_bad_input_is_one_clear_error(script: Path, tmp_path: Path, capsys, argv, message) -> None:
     argv = [str(script) if a == "SCRIPT" else str(tmp_path / "missing.py") if a == "MISSING" else a for a in argv]

@@ -1,4 +1,3 @@
-import pytest
 
 import tensorfleet
 from tensorfleet.cli.main import main

@@ -34,7 +34,7 @@ def test_keep_per_replica_scales_the_global_batch(replicas: int, expected: tuple
     ((2,), {"policy": "keep_per_replica"},
      "policy='keep_per_replica' needs per_replica_batch_size. Received: per_replica_batch_size=None"),
     ((2,), {"policy": "linear", "global_batch_size": 64},
-     "policy must be one of ['keep_global', 'keep_per_replica']. Received: policy='linear'"),
+     "policy must be one of 'keep_global', 'keep_per_replica'. Received: policy='linear'"),
     ((0,), {"global_batch_size": 64}, "replicas must be a positive integer. Received: replicas=0"),
     ((2,), {"global_batch_size": -8}, "global_batch_size must be a positive integer. Received: global_batch_size=-8"),
 ])

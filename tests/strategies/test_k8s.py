@@ -150,7 +150,7 @@ def test_manifest_without_a_tfjob_is_rejected() -> None:
     ({"workers": -1}, "workers must be a non-negative integer. Received: workers=-1"),
     ({"command": "python train.py"}, "command must be a non-empty list of strings. Received: command='python train.py'"),
     ({"image": ""}, "image must be a non-empty image reference. Received: image=''"),
-    ({"restart_policy": "Sometimes"}, "restart_policy must be one of ['Always', 'OnFailure', 'Never', 'ExitCode']. "
+    ({"restart_policy": "Sometimes"}, "restart_policy must be one of 'Always', 'OnFailure', 'Never', 'ExitCode'. "
                                       "Received: restart_policy='Sometimes'"),
     ({"memory": "lots"}, "memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='lots'"),
     ({"env": {"TF_CONFIG": "{}"}}, "env must not set TF_CONFIG: the training operator gives each pod its own."),

@@ -1,6 +1,5 @@
 """Option validation of each strategy: one clear error per bad value."""
 
-import socket
 
 import portpicker
 import pytest

@@ -34,6 +34,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tensorfleet.validation import choice
+
 __all__ = ["RobustRule", "RobustFactory", "tf_median", "tf_trimmed_mean", "tf_krum"]
 
 
@@ -123,10 +125,7 @@ class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
 
     def __init__(self, rule: str | RobustRule, *, beta: float = 0.1, num_byzantine: int = 1,
                  num_selected: int = 1) -> None:
-        try:
-            self.rule = RobustRule(rule)
-        except ValueError:
-            raise ValueError(f"rule must be one of {[r.value for r in RobustRule]}. Received: rule={rule!r}") from None
+        self.rule = choice(RobustRule, "rule", rule)
         if not isinstance(beta, (int, float)) or not 0.0 <= beta < 0.5:
             raise ValueError(f"beta must be in [0, 0.5). Received: beta={beta!r}")
         if not isinstance(num_byzantine, int) or num_byzantine < 0:
