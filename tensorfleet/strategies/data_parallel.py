@@ -167,7 +167,7 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
     return _new_mirrored(devices, ops)
 
 
-_strategy_count = itertools.count()
+_strategy_count = itertools.count(1)
 
 
 def _new_mirrored(devices: list[str], ops: Any) -> Any:
@@ -178,7 +178,7 @@ def _new_mirrored(devices: list[str], ops: Any) -> Any:
     over a different device count it fails with "is joining a group with size 4, but that
     group has size 2", over the same devices with "Shape mismatch in the collective instance".
     TensorFlow reads the key base from the instance during construction; each strategy built
-    here gets its own, the first one TensorFlow's own (0).
+    here gets its own, never TensorFlow's 0, whose group key 1 DTensor's collectives also take.
     """
     import tensorflow as tf
 

@@ -25,10 +25,11 @@ One object, :class:`Mesh`, runs a layout in one of three ways (:class:`MeshBacke
    layout the rules give (a dimension no rule names is replicated), the batch is laid out
    the same way, and the model's function runs on the DTensor mesh, where TensorFlow's SPMD
    expansion inserts the collectives. The training step is a ``tf.function`` (in TF 2.14
-   DTensor's eager gradients of the loss fail to expand). Use it in a process that runs no
-   ``tf.distribute`` collective strategy: in TF 2.14 DTensor's collectives and those of
-   ``MirroredStrategy`` take the same group keys, and whichever runs second fails with
-   "... is joining a group that is already full (group_key=1)".
+   DTensor's eager gradients of the loss fail to expand). It shares a process with mirrored
+   strategies built by tensorfleet (``strategies.build("mirrored")``), which take collective
+   keys of their own; in TF 2.14 DTensor's collectives and those of a
+   ``tf.distribute.MirroredStrategy`` built directly take the same group key, and whichever
+   runs second fails with "... is joining a group that is already full (group_key=1)".
 
 All three train with plain SGD on the mean softmax cross-entropy of integer labels and, when
 done, write the trained weights back into the Keras model. Supported models are chains of

@@ -197,9 +197,9 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.timeout(600)
 def test_dtensor_backend_matches_single_device_in_its_own_process():
-    # DTensor's collectives take group keys that tf.distribute's collectives also use: after a
-    # DTensor step, a MirroredStrategy in the same process fails ("joining a group that is
-    # already full"), so this backend is tested in a process of its own.
+    # DTensor's collectives take group key 1, which a tf.distribute strategy built directly by
+    # TensorFlow also takes, and tests in this process build such strategies (the next test
+    # shows the clash): this backend is tested in a process of its own.
     import os
 
     tests = os.path.dirname(__file__)
@@ -220,6 +220,58 @@ def test_dtensor_backend_matches_single_device_in_its_own_process():
     assert out["transformer"]["placement"] == {f"/device:CPU:{i}": held_transformer for i in range(4)}
     assert held_mlp < out["mlp"]["params"] and held_transformer < out["transformer"]["params"]
     assert out["mlp_m4"]["placement"] == {f"/device:CPU:{i}": 64 * 16 + 16 + 16 * 10 + 10 for i in range(4)}
+
+
+_SHARE_SCRIPT = r"""
+import sys
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import numpy as np
+import tensorflow as tf
+import tensorfleet as tfl
+from tensorfleet.strategies import mesh as tfmesh
+
+x = np.random.RandomState(0).rand(64, 64).astype("float32")
+y = (np.arange(64) % 10).astype("int32")
+
+def mirrored(n):
+    devices = [f"/cpu:{{i}}" for i in range(n)]
+    if {raw}:
+        strategy = tf.distribute.MirroredStrategy(devices)
+    else:
+        strategy = tfl.strategies.build("mirrored", devices=devices)
+    with strategy.scope():
+        model = tfl.models.build("digits_mlp")
+        model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = model.fit(x, y, epochs=1, batch_size=16, verbose=0).history["loss"][-1]
+    print(f"mirrored {{n}} loss {{loss:.4f}}", flush=True)
+
+mirrored(2)
+history = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend="dtensor").fit(
+    tfl.models.build("digits_mlp"), x, y, epochs=1, batch_size=16, verbose=False)
+print(f"dtensor steps {{len(history.step_loss)}}", flush=True)
+mirrored(4)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("raw", [False, True], ids=["tensorfleet_mirrored", "raw_tf_mirrored"])
+def test_dtensor_backend_shares_a_process_with_tensorfleet_mirrored_strategies(raw):
+    # In TF 2.14 DTensor's collectives use group key 1, the first key of a MirroredStrategy
+    # built by TensorFlow; strategies built by tensorfleet take their own key range.
+    import os
+
+    result = subprocess.run([sys.executable, "-c", _SHARE_SCRIPT.format(raw=raw)], capture_output=True, text=True,
+                            timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    lines = [line.split()[:2] for line in result.stdout.splitlines() if line.startswith(("mirrored", "dtensor"))]
+    if raw:  # the TensorFlow bug that tensorfleet's key ranges avoid
+        assert result.returncode != 0 and lines == [["mirrored", "2"]], result.stdout
+        # Whichever device's collective fails first reports: the group clash, or the cancellation it causes.
+        assert ("is joining a group that is already full (group_key=1)" in result.stderr
+                or "Function was cancelled before it was started" in result.stderr), result.stderr[-3000:]
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert lines == [["mirrored", "2"], ["dtensor", "steps"], ["mirrored", "4"]], result.stdout
 
 
 def test_keras_backend_rejects_layouts_it_cannot_run(logical_cpus):
