@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from tensorfleet.strategies.collectives import AllReduceAlgorithm, COLLECTIVES
 
@@ -269,6 +269,21 @@ def predict_hierarchical(nodes: int, devices_per_node: int, nbytes: float, *, in
     return inside + across
 
 
+def _relative_nnls(rows: Any, seconds: Any) -> Any:
+    """Non-negative least squares of ``rows @ coef ≈ seconds`` in relative error.
+
+    Each row is divided by its time, so every measurement's relative error counts equally
+    whatever its size.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if np.any(~np.isfinite(seconds)) or np.any(seconds <= 0):
+        raise ValueError(f"Measured times must be positive. Received: {seconds.tolist()}")
+    coef, _ = nnls(rows / seconds[:, None], np.ones_like(seconds))
+    return coef
+
+
 def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], *, steps: Sequence[int] | None = None) -> Link:
     """Least-squares fit of ``seconds ≈ steps·alpha + bytes·beta``, minimising relative error.
 
@@ -292,15 +307,7 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], *, steps: 
             f"fit_alpha_beta needs at least 2 measurements of matching lengths. Received: "
             f"{x.size} sizes, {t.size} times, {k.size} step counts"
         )
-    if np.any(t <= 0):
-        raise ValueError(f"Measured times must be positive. Received: {t.tolist()}")
-    design = np.stack([k / t, x / t], axis=1)  # divide by t: each row's relative error counts equally
-    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    if alpha < 0 or beta < 0:  # refit with the negative term pinned to zero
-        if alpha < 0:
-            alpha, beta = 0.0, float(np.sum(x * t / t**2) / np.sum((x / t) ** 2))
-        else:
-            beta, alpha = 0.0, float(np.sum(k / t) / np.sum((k / t) ** 2))
+    alpha, beta = _relative_nnls(np.stack([k, x], axis=1), t)
     return Link(alpha=float(alpha), beta=float(beta))
 
 
@@ -335,7 +342,6 @@ def fit_link(
         (1.0, 1.0, 3.0)
     """
     import numpy as np
-    from scipy.optimize import nnls
 
     x = np.asarray(nbytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
@@ -345,8 +351,6 @@ def fit_link(
             f"fit_link needs one time and one working set per size. Received: {x.size} sizes, "
             f"{t.size} times, {w.size} working sets"
         )
-    if np.any(~np.isfinite(t)) or np.any(t <= 0):
-        raise ValueError(f"Measured times must be positive. Received: {t.tolist()}")
     cached = cache_bytes is not None
     if cached:
         _finite_nonnegative("cache_bytes", cache_bytes)
@@ -362,13 +366,13 @@ def fit_link(
         steps = step_bytes(algorithm, n, float(size))
         beyond = probe.beyond_cache(float(shared))
         rows.append([len(steps), 0.0 if beyond else sum(steps), sum(steps) if beyond else 0.0][: 3 if cached else 2])
-    design = np.asarray(rows) / t[:, None]  # divide by t: each row's relative error counts equally
+    design = np.asarray(rows)
     if design.shape[0] < design.shape[1]:
         raise ValueError(
             f"fit_link needs at least {design.shape[1]} measurements for {design.shape[1]} parameters. "
             f"Received: {design.shape[0]}"
         )
-    coef, _ = nnls(design, np.ones_like(t))
+    coef = _relative_nnls(design, t)
     if cached:
         return Link(alpha=float(coef[0]), beta=float(coef[1]), cache_bytes=float(cache_bytes),
                     beta_uncached=float(coef[2]))
