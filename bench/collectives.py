@@ -1,6 +1,6 @@
 """Collectives: exact traffic counts, and the alpha-beta model against TensorFlow's own all-reduces.
 
-1. Counts table: every all-reduce algorithm of ``tensorfleet.strategies.collectives`` executed
+1. Counts table: every all-reduce algorithm of ``tensorfleet.planner.collectives`` executed
    with real tensors over N = 2, 4, 8 logical CPU devices; values sent and steps, against the
    classic formulas.
 2. Validation: TensorFlow's ``ReductionToOneDevice`` and ``HierarchicalCopyAllReduce`` over 4
@@ -36,7 +36,7 @@ LOCAL_DEVICES = 8
 def counts_table() -> list[str]:
     import numpy as np
 
-    from tensorfleet.strategies import collectives as C
+    from tensorfleet.planner import collectives as C
 
     lines = ["| algorithm | N | total sent (executed) | exact formula | classic formula | steps |",
              "|---|---|---|---|---|---|"]
@@ -174,7 +174,7 @@ MODEL = {"ReductionToOneDevice": ("ps", 4), "HierarchicalCopyAllReduce": ("ps", 
 
 def _fits(measured: dict[str, dict[int, float]], cache: int | None) -> dict[str, dict[str, object]]:
     """Both links per implementation, fitted on every other size."""
-    from tensorfleet.strategies import cost_model
+    from tensorfleet.planner import cost_model
 
     links: dict[str, dict[str, object]] = {}
     for name, by_size in measured.items():
@@ -190,7 +190,7 @@ def _fits(measured: dict[str, dict[int, float]], cache: int | None) -> dict[str,
 def validate(measured: dict[str, dict[int, float]], links: dict[str, dict[str, object]]
              ) -> tuple[list[str], dict[str, object], dict[str, dict[str, dict[int, float]]]]:
     """The table, a summary per implementation and link, and every relative error by size."""
-    from tensorfleet.strategies import cost_model
+    from tensorfleet.planner import cost_model
 
     kinds = ["alpha-beta", "cache-aware"]
     lines = ["| implementation | size | measured ms | " + " | ".join(f"{k} ms | {k} error" for k in kinds)
@@ -242,7 +242,7 @@ def plot(measured: dict[str, dict[int, float]], links: dict[str, dict[str, objec
     import matplotlib.pyplot as plt
 
     from tensorfleet.io import save_figure
-    from tensorfleet.strategies import cost_model
+    from tensorfleet.planner import cost_model
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for name, by_size in measured.items():
@@ -275,7 +275,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default="out/bench")
     args = parser.parse_args()
-    from tensorfleet.strategies import cost_model
+    from tensorfleet.planner import cost_model
 
     largest = cost_model.parse_bytes(args.max_size)
     sizes = SIZES[:6] if args.quick else sorted(s for s in SIZES + EXTRA_SIZES if s <= largest)

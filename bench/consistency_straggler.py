@@ -2,7 +2,7 @@
 
 Digits (scikit-learn's 8x8), the ``digits_cnn`` model, SGD, 2 workers + 1 parameter server
 as ``tf.distribute.Server``s in this process on 127.0.0.1, scheduled by TensorFlow's
-``ClusterCoordinator`` under :mod:`tensorfleet.strategies.consistency`. Worker 1 pauses inside
+``ClusterCoordinator`` under :mod:`tensorfleet.strategies.staleness`. Worker 1 pauses inside
 every step (between reading the variables and applying its update) -- the straggler.
 
 Per policy: steady-state steps/s, the clock gap actually seen (how far the fast worker ran
@@ -44,7 +44,7 @@ def main() -> None:
     tf.get_logger().setLevel("ERROR")
     from tensorfleet.io import save_figure, write_json
     from tensorfleet.models import build, datasets
-    from tensorfleet.strategies import consistency
+    from tensorfleet.strategies import staleness as consistency
     from tensorfleet.strategies.data_parallel import parameter_server, start_in_process_cluster
 
     split = datasets.load_digits()

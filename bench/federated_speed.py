@@ -6,7 +6,7 @@ same client sampling and example order for both:
 * ``raw``: a hand-written loop over ``tff.learning.algorithms.build_weighted_fed_avg`` and
   ``process.next`` with one ``tf.data`` dataset per sampled client, on TFF's default runtime.
 * ``tensorfleet``: ``Simulation(..., backend="compiled")``: the initial model from TFF, every
-  round one compiled TensorFlow function (see tensorfleet/federated/fast.py).
+  round one compiled TensorFlow function (see tensorfleet/federated/backends/compiled.py).
 
 Each contender runs in its own process (so that memory is its own; the raw loop's figure adds
 TFF's worker_binary child); they run one after the other in this one invocation, and the script

@@ -50,7 +50,7 @@ def speed(reps: int, rounds: int, local_epochs: int = 1) -> dict[str, Any]:
     import numpy as np
 
     from tensorfleet.federated import Simulation, partition
-    from tensorfleet.federated.workers import Worker
+    from tensorfleet.federated.backends.worker import Worker
     from tensorfleet.models import datasets
 
     split = datasets.load_digits()
@@ -88,7 +88,7 @@ def memory_child(num_clients: int, rounds: int, eager: bool) -> None:
     import numpy as np
 
     from tensorfleet.federated import ArrayClientData, Simulation
-    from tensorfleet.federated.lazy import emnist_like_clients
+    from tensorfleet.federated.clients.lazy import emnist_like_clients
 
     clients: Any = emnist_like_clients(num_clients, examples_per_client=20, seed=0)
     if eager:  # every client's arrays made up front, as a list of client datasets would hold them

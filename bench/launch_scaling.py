@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="PNG timeline of the (first) kill-and-resume run")
     args = parser.parse_args(argv)
 
-    from tensorfleet.strategies.launcher import Fault, launch
+    from tensorfleet.cluster.launcher import Fault, launch
 
     common = ["--model", args.model, "--epochs", str(args.epochs),
               "--examples-per-epoch", str(args.examples_per_epoch), "--global-batch-size", "64"]

@@ -5,9 +5,9 @@ A 4 x 2048 ReLU MLP on 1024 inputs, SGD, batch 4096. Each contender runs in a fr
 process's peak resident set from just before the first step to after three steps):
 
 * ``plain``: ``fit`` on batches of 4096;
-* ``accumulate8``: :func:`tensorfleet.strategies.memory.accumulate_gradients` with 8
+* ``accumulate8``: :func:`tensorfleet.planner.memory.accumulate_gradients` with 8
   micro-batches of 512 (one update per batch);
-* ``recompute``: the hidden layers wrapped in :func:`tensorfleet.strategies.memory.recompute`.
+* ``recompute``: the hidden layers wrapped in :func:`tensorfleet.planner.memory.recompute`.
 
 Beside each, the estimator's figures (``memory.estimate``) for the same model. Contenders are
 alternated over the repeats; medians are reported.
@@ -31,7 +31,7 @@ _CHILD = r"""
 import os, resource, sys, json
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import numpy as np, tensorflow as tf
-from tensorfleet.strategies import memory
+from tensorfleet.planner import memory
 kind = sys.argv[1]
 batch, width, depth = 4096, 2048, 4
 rng = np.random.default_rng(0)

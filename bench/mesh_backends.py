@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     import tensorfleet as tfl
-    from tensorfleet.strategies.mesh import Mesh
+    from tensorfleet.model_parallel.mesh import Mesh
 
     steps = args.examples // args.batch_size
     cases = {"digits_mlp": "batch:b1;hidden:b2", "transformer_block": "batch:b1;hidden:b2;heads:b2"}

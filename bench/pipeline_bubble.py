@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     from tensorfleet.io import write_json
-    from tensorfleet.strategies import pipeline as pl
+    from tensorfleet.model_parallel import pipeline as pl
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu") for _ in range(7)] +
                                 [tf.keras.layers.Dense(10)], name="mlp8")

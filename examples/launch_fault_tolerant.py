@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tensorfleet.strategies.fault_tolerance import resumed_epoch
-from tensorfleet.strategies.launcher import Fault, launch
+from tensorfleet.cluster.fault_tolerance import resumed_epoch
+from tensorfleet.cluster.launcher import Fault, launch
 
 SCRIPT = Path(__file__).with_name("train_digits_multiworker.py")
 

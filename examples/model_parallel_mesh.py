@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     tfl.strategies.simulate_devices(4)
     import numpy as np
 
-    from tensorfleet.strategies.mesh import Mesh
+    from tensorfleet.model_parallel.mesh import Mesh
 
     split = tfl.models.datasets.load_digits(flat=args.model == "digits_mlp")
     x_train, x_test = split.x_train, split.x_test

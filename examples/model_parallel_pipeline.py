@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from tensorfleet.strategies.pipeline import Pipeline
+    from tensorfleet.model_parallel.pipeline import Pipeline
 
     split = tfl.models.datasets.load_digits(flat=True)
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu") for _ in range(7)] +

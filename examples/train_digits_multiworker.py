@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
     from tensorfleet import strategies
-    from tensorfleet.strategies import elastic, fault_tolerance
+    from tensorfleet.cluster import elastic, fault_tolerance
 
     tf.keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     from tensorfleet import strategies
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
-    from tensorfleet.strategies.fault_tolerance import EpochLog
+    from tensorfleet.cluster.fault_tolerance import EpochLog
 
     tf.keras.utils.set_random_seed(args.seed)
     strategy = strategies.build("parameter_server")  # the cluster from the launcher's TF_CONFIG

@@ -1,8 +1,9 @@
 """tensorfleet: distributed, federated and on-device TensorFlow from plain Keras.
 
 Subpackages are imported lazily so that ``import tensorfleet`` stays cheap and touches
-no device: ``tensorfleet.strategies``, ``tensorfleet.federated``, ``tensorfleet.edge``,
-``tensorfleet.models``.
+no device. One subpackage per job: ``strategies`` (data parallelism), ``model_parallel``
+(Mesh-TF layouts, tensor parallelism, pipelines), ``cluster`` (launching and running jobs),
+``planner`` (what fits and what is fastest), ``federated``, ``edge``, and ``models``.
 
 Example:
     >>> import tensorfleet as tfl
@@ -16,7 +17,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("strategies", "federated", "edge", "models", "cli")
+_SUBPACKAGES = (
+    "strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli",
+)
 
 __all__ = ["__version__", *_SUBPACKAGES]
 

@@ -1,13 +1,31 @@
-"""Checks of option values shared across tensorfleet, with Keras-style messages."""
+"""Checks of option values shared across tensorfleet, with Keras-style messages.
+
+Every public entry point checks its arguments with these, so a bad value gets the same kind of
+message everywhere: what is wrong, the value received and what would be right
+(``"num_clients must be a positive integer. Received: num_clients=0"``). Sizes, bandwidths,
+durations and parameter counts written with units (``"16GB"``, ``"100Gbps"``, ``"5us"``,
+``"1.5B"``) are parsed here too.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+import re
 from enum import Enum
 from typing import Any, TypeVar
 
-__all__ = ["choice", "positive_int"]
+__all__ = [
+    "choice", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
+    "port", "positive_int",
+]
 
 E = TypeVar("E", bound=Enum)
+
+
+def _is_int(value: Any) -> bool:
+    # numpy integers count as ints; bools, though ints to Python, never do.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -18,9 +36,79 @@ def positive_int(name: str, value: Any) -> int:
         Traceback (most recent call last):
         ValueError: num_clients must be a positive integer. Received: num_clients=0
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not _is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-    return value
+    return int(value)
+
+
+def integer(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
+            optional: bool = False) -> Any:
+    """``value`` as an int within ``[minimum, maximum]`` (either bound may be open); ``None`` passes
+    when ``optional``. Bools are refused, numpy integers accepted. Else ``ValueError`` naming it.
+
+    Example:
+        >>> integer("port", 8500, minimum=1, maximum=65535)
+        8500
+        >>> integer("stages", 1, minimum=2)
+        Traceback (most recent call last):
+        ValueError: stages must be an integer >= 2. Received: stages=1
+        >>> integer("bits", 40, minimum=1, maximum=32)
+        Traceback (most recent call last):
+        ValueError: bits must be an integer from 1 to 32. Received: bits=40
+    """
+    if value is None and optional:
+        return None
+    if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {_integer_range(minimum, maximum)}. Received: {name}={value!r}")
+    return int(value)
+
+
+def _integer_range(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"an integer from {minimum} to {maximum}"
+    if minimum == 1:
+        return "a positive integer"
+    if minimum is not None:
+        return f"an integer >= {minimum}"
+    if maximum is not None:
+        return f"an integer <= {maximum}"
+    return "an integer"
+
+
+def number(name: str, value: Any, *, minimum: float | None = None, above: float | None = None,
+           maximum: float | None = None, below: float | None = None, optional: bool = False) -> Any:
+    """``value`` as a finite float, with inclusive (``minimum``/``maximum``) or exclusive
+    (``above``/``below``) bounds; ``None`` passes when ``optional``. Else ``ValueError`` naming it.
+
+    Example:
+        >>> number("learning_rate", 0.1, above=0)
+        0.1
+        >>> number("dropout", 1.0, minimum=0, below=1)
+        Traceback (most recent call last):
+        ValueError: dropout must be a finite number >= 0 and < 1. Received: dropout=1.0
+    """
+    if value is None and optional:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (minimum is None or value >= minimum) and (above is None or value > above)
+    ok = ok and (maximum is None or value <= maximum) and (below is None or value < below)
+    if not ok:
+        bounds = [f"{op} {bound:g}" for op, bound in ((">=", minimum), (">", above), ("<=", maximum), ("<", below))
+                  if bound is not None]
+        what = "a finite number" + (" " + " and ".join(bounds) if bounds else "")
+        raise ValueError(f"{name} must be {what}. Received: {name}={value!r}")
+    return float(value)
+
+
+def port(name: str, value: Any) -> int:
+    """A TCP port number, 1 to 65535.
+
+    Example:
+        >>> port("port", 0)
+        Traceback (most recent call last):
+        ValueError: port must be an integer from 1 to 65535. Received: port=0
+    """
+    return integer(name, value, minimum=1, maximum=65535)
 
 
 def choice(enum: type[E], name: str, value: Any) -> E:
@@ -47,3 +135,120 @@ def choice(enum: type[E], name: str, value: Any) -> E:
                 return member
     choices = ", ".join(repr(m.value) for m in enum)
     raise ValueError(f"{name} must be one of {choices}. Received: {name}={value!r}")
+
+
+# --------------------------------------------------------------------------- quantities with units
+
+_BYTE_UNITS = {
+    "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+# Network rates: bits per second (b) or bytes per second (B/s); both spellings common.
+_BIT_RATE_UNITS = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12,
+                   "kbit/s": 1e3, "mbit/s": 1e6, "gbit/s": 1e9, "tbit/s": 1e12, "bit/s": 1}
+_BYTE_RATE_UNITS = {"b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
+                    "kib/s": 2**10, "mib/s": 2**20, "gib/s": 2**30}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
+
+
+def _split(text: str, what: str, example: str) -> tuple[float, str]:
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise TypeError(f"{what} must be a string such as {example!r} or a number. Received: {text!r}")
+    if isinstance(text, (int, float)):
+        if not text >= 0:
+            raise ValueError(f"{what} must not be negative. Received: {text!r}")
+        return float(text), ""
+    stripped = text.strip()
+    if stripped.startswith("-"):
+        raise ValueError(f"{what} must not be negative. Received: {text!r}")
+    match = _NUMBER.match(stripped)
+    if not match:
+        raise ValueError(f"{what} must be a number with a unit such as {example!r}. Received: {text!r}")
+    return float(match.group(1)), match.group(2)
+
+
+def parse_bytes(text: str | int | float) -> float:
+    """Bytes from ``"16GB"``, ``"512MiB"``, ``"1.5e9"`` or a number (decimal GB = 1e9).
+
+    Example:
+        >>> parse_bytes("16GB"), parse_bytes("1KiB")
+        (16000000000.0, 1024.0)
+    """
+    value, unit = _split(text, "A memory size", "16GB")
+    if unit == "":
+        return value
+    # "B" alone is bytes; a lone lowercase "b" (bits) is not a memory unit.
+    factor = _BYTE_UNITS.get(unit.lower()) if unit[-1] == "B" or unit.lower().endswith("ib") else None
+    if factor is None:
+        raise ValueError(
+            f"Unknown memory unit {unit!r} in {text!r}; use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB."
+        )
+    return value * factor
+
+
+def parse_bandwidth(text: str | int | float) -> float:
+    """Bytes per second from ``"100Gbps"``, ``"25Gbit/s"``, ``"10GB/s"`` or a number (bytes/s).
+
+    Example:
+        >>> parse_bandwidth("100Gbps"), parse_bandwidth("10GB/s")
+        (12500000000.0, 10000000000.0)
+    """
+    value, unit = _split(text, "A bandwidth", "100Gbps")
+    if unit == "":
+        rate = value
+    elif unit.lower() in _BIT_RATE_UNITS and not unit.endswith("B/s"):
+        rate = value * _BIT_RATE_UNITS[unit.lower()] / 8
+    elif unit.endswith("B/s") and unit.lower() in _BYTE_RATE_UNITS:
+        rate = value * _BYTE_RATE_UNITS[unit.lower()]
+    else:
+        raise ValueError(
+            f"Unknown bandwidth unit {unit!r} in {text!r}; use bits per second (bps, Mbps, Gbps, "
+            "Tbps) or bytes per second (B/s, MB/s, GB/s)."
+        )
+    if rate <= 0:
+        raise ValueError(f"A bandwidth must be positive. Received: {text!r}")
+    return rate
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds from ``"5us"``, ``"2ms"``, ``"0.1s"`` or a number of seconds.
+
+    Example:
+        >>> parse_duration("2ms")
+        0.002
+    """
+    value, unit = _split(text, "A latency", "5us")
+    if unit == "":
+        return value
+    if unit not in _TIME_UNITS:
+        raise ValueError(f"Unknown time unit {unit!r} in {text!r}; use one of s, ms, us, ns.")
+    return value * _TIME_UNITS[unit]
+
+
+_COUNT_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str | int | float) -> float:
+    """A parameter count from ``"1.5B"``, ``"350M"``, ``"175e9"`` or a number.
+
+    Example:
+        >>> parse_count("1.5B"), parse_count("350M")
+        (1500000000.0, 350000000.0)
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise TypeError(f"A parameter count must be a number or a string such as '1.5B'. Received: {text!r}")
+    if isinstance(text, str):
+        raw = text.strip()
+        suffix = raw[-1:].lower() if raw[-1:].isalpha() else ""
+        if suffix and suffix not in _COUNT_SUFFIX or (suffix == "" and not raw):
+            raise ValueError(f"Unknown parameter-count suffix in {text!r}; use K, M, B or T (e.g. '1.5B').")
+        try:
+            value = float(raw[: len(raw) - len(suffix)]) * _COUNT_SUFFIX[suffix]
+        except ValueError:
+            raise ValueError(f"A parameter count must look like '1.5B', '350M' or '1e9'. Received: {text!r}") from None
+    else:
+        value = float(text)
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"A parameter count must be positive. Received: {text!r}")
+    return value

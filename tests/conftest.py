@@ -8,6 +8,7 @@ mesh, 4 pipeline stages) happens here, before any test imports TensorFlow.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -30,3 +31,39 @@ def logical_cpus() -> list[str]:
     names = logical_device_names("CPU")
     assert len(names) == NUM_LOGICAL_CPUS
     return names
+
+
+@pytest.fixture(scope="session")
+def digits() -> Any:
+    """scikit-learn's digits as 8x8x1 images, split and shuffled once for the session."""
+    from tensorfleet.models.datasets import load_digits
+
+    return load_digits()
+
+
+@pytest.fixture(scope="session")
+def digits_flat() -> Any:
+    """The same digits as 64-value vectors, for the MLPs."""
+    from tensorfleet.models.datasets import load_digits
+
+    return load_digits(flat=True)
+
+
+def compile_digits(model: Any) -> None:
+    import tensorflow as tf
+
+    model.compile(
+        optimizer=tf.keras.optimizers.Adam(1e-2),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+
+
+def test_accuracy(model: Any, split: Any) -> float:
+    import numpy as np
+
+    predictions = model.predict(split.x_test, verbose=0, batch_size=128)
+    return float(np.mean(np.argmax(predictions, axis=1) == split.y_test))
+
+
+test_accuracy.__test__ = False  # a helper, not a test

@@ -41,5 +41,5 @@ def test_docstring_examples_run_as_shown(name, tmp_path, monkeypatch):
 def test_the_public_entry_points_have_examples():
     # The modules users start from; a module that loses all its examples drops out of the test above.
     for name in ("tensorfleet.strategies.data_parallel", "tensorfleet.strategies.registry",
-                 "tensorfleet.federated.simulation", "tensorfleet.edge.convert", "tensorfleet.strategies.planner"):
+                 "tensorfleet.federated.simulation", "tensorfleet.edge.convert", "tensorfleet.planner.plans"):
         assert _examples(name), f"{name} has no docstring examples"

@@ -15,7 +15,7 @@ def test_positive_int_names_the_bad_value(value) -> None:
 
 
 def test_choice_takes_members_and_names_in_any_case_and_lists_the_choices() -> None:
-    from tensorfleet.strategies.k8s import RestartPolicy
+    from tensorfleet.cluster.k8s import RestartPolicy
     from tensorfleet.validation import choice
 
     assert choice(RestartPolicy, "restart_policy", " onfailure ") is RestartPolicy("OnFailure")

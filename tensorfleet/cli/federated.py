@@ -111,7 +111,7 @@ def partition_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for partition.json and partition.png."),
 ) -> None:
     """Summarizes a partition; with --out also writes its JSON summary and label-distribution PNG."""
-    from tensorfleet.federated.data import load_federated
+    from tensorfleet.federated.clients.datasets import load_federated
 
     data, _ = load_federated(dataset, num_clients=clients, scheme=partition, seed=seed)
     summary = data.summary()
@@ -123,7 +123,7 @@ def partition_cmd(
 
 def _run_on_workers(cfg: dict, workers: str) -> object:
     """The experiment of ``cfg`` with each round's clients split across ``workers``."""
-    from tensorfleet.federated.distributed import AllWorkersLostError, WorkerError, parse_addresses
+    from tensorfleet.federated.backends.remote import AllWorkersLostError, WorkerError, parse_addresses
     from tensorfleet.federated.experiment import build_simulation
 
     addresses = [str(a) for a in parse_addresses(workers)]
@@ -146,7 +146,7 @@ def worker(
     """Serves one TFF C++ worker (TFF's worker_binary) until SIGTERM or Ctrl-C, then stops it."""
     import sys
 
-    from tensorfleet.federated.workers import PortInUseError, serve
+    from tensorfleet.federated.backends.worker import PortInUseError, serve
 
     def ready(w: object) -> None:
         typer.echo(f"TFF worker serving on {w.address} (pid {w.pid}); SIGTERM or Ctrl-C stops it")  # type: ignore[attr-defined]

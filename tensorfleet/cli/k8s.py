@@ -58,7 +58,7 @@ def tfjob_command(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated TFJob (kubeflow.org/v1) and the claim for its backups."""
-    from tensorfleet.strategies import k8s
+    from tensorfleet.cluster import k8s
 
     argv = list(args or [])
     if argv[:1] == ["--"]:
@@ -86,7 +86,7 @@ def tfjob_command(
 @app.command("validate")
 def validate_command(manifest: Path = typer.Argument(..., help="A YAML manifest with a TFJob.")) -> None:
     """Check a TFJob manifest against the TFJob schema and the core Kubernetes schemas."""
-    from tensorfleet.strategies import k8s
+    from tensorfleet.cluster import k8s
 
     if not manifest.is_file():
         raise FileNotFoundError(f"The manifest does not exist. Received: {str(manifest)!r}")
@@ -102,7 +102,7 @@ def tf_config_command(
     index: int = typer.Option(0, "--index"),
 ) -> None:
     """Print the TF_CONFIG the training operator gives one pod of the TFJob."""
-    from tensorfleet.strategies import k8s
+    from tensorfleet.cluster import k8s
 
     if not manifest.is_file():
         raise FileNotFoundError(f"The manifest does not exist. Received: {str(manifest)!r}")
@@ -122,8 +122,8 @@ def federated_workers_command(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated Deployment and headless Service for N TFF C++ workers."""
-    from tensorfleet.federated import k8s as fk8s
-    from tensorfleet.strategies.k8s import KUBERNETES_VERSION, dump_yaml
+    from tensorfleet.federated.backends import k8s as fk8s
+    from tensorfleet.cluster.k8s import KUBERNETES_VERSION, dump_yaml
 
     docs = fk8s.federated_workers(replicas=replicas, image=image, name=name, namespace=namespace, port=port,
                                   max_concurrent=max_concurrent, cpu=cpu, memory=memory)

@@ -38,7 +38,7 @@ def launch_command(
     Output lines are prefixed with their task (e.g. worker:1); Ctrl-C and SIGTERM reach every
     task (SIGKILL follows after a grace period); the exit status is the chief's (worker 0's without a chief) or the first failure's.
     """
-    from tensorfleet.strategies.launcher import launch
+    from tensorfleet.cluster.launcher import launch
 
     port_list = None
     if ports is not None:

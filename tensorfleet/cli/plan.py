@@ -39,11 +39,12 @@ def plan_command(
     Example: tensorfleet plan --params 1.5B --batch 32 --devices 8 --device-memory 16GB --bandwidth 100Gbps
     """
     from tensorfleet.io import write_json
-    from tensorfleet.strategies import planner
+    from tensorfleet.planner import plans as planner
+    from tensorfleet.validation import parse_count
 
     result = planner.plan(
         model,
-        parameters=None if params is None else planner.parse_count(params),
+        parameters=None if params is None else parse_count(params),
         batch_size=batch, devices=devices, device_memory=device_memory, bandwidth=bandwidth, nodes=nodes,
         intra_bandwidth=intra_bandwidth, latency=latency, device_tflops=device_tflops, optimizer=optimizer,
         precision=precision, seq_len=seq_len, layers=layers, hidden=hidden,

@@ -5,7 +5,7 @@
   :func:`plot_label_distribution` describe any ClientData.
 * :data:`ALGORITHMS` (fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, fedadagrad) and
   :data:`AGGREGATORS` (mean, DP, compression, median, trimmed mean, Krum) are registries.
-* :class:`Simulation` runs the rounds; :mod:`~tensorfleet.federated.runtime` owns TFF's C++
+* :class:`Simulation` runs the rounds; :mod:`~tensorfleet.federated.backends.tff` owns TFF's C++
   worker process so that none outlives Python.
 
 TensorFlow and TFF are imported only when something needs them.
@@ -27,7 +27,7 @@ from typing import Any
 
 from tensorfleet.federated.aggregators import AGGREGATORS, build_aggregator
 from tensorfleet.federated.algorithms import ALGORITHMS, OPTIMIZERS, build_process
-from tensorfleet.federated.partition import PARTITIONERS, Scheme, parse_scheme, partition, partition_indices
+from tensorfleet.federated.clients.partition import PARTITIONERS, Scheme, parse_scheme, partition, partition_indices
 
 __all__ = [
     "AGGREGATORS", "ALGORITHMS", "OPTIMIZERS", "PARTITIONERS", "Scheme", "Simulation", "History",
@@ -41,13 +41,13 @@ _LAZY = {
     "History": "tensorfleet.federated.simulation",
     "load_history": "tensorfleet.federated.simulation",
     "plot_history": "tensorfleet.federated.simulation",
-    "ArrayClientData": "tensorfleet.federated.clientdata",
-    "summarize": "tensorfleet.federated.clientdata",
-    "plot_label_distribution": "tensorfleet.federated.clientdata",
+    "ArrayClientData": "tensorfleet.federated.clients.clientdata",
+    "summarize": "tensorfleet.federated.clients.clientdata",
+    "plot_label_distribution": "tensorfleet.federated.clients.clientdata",
     "epsilon": "tensorfleet.federated.aggregators.dp",
-    "LazyClientData": "tensorfleet.federated.lazy",
-    "digits_clients": "tensorfleet.federated.lazy",
-    "emnist_like_clients": "tensorfleet.federated.lazy",
+    "LazyClientData": "tensorfleet.federated.clients.lazy",
+    "digits_clients": "tensorfleet.federated.clients.lazy",
+    "emnist_like_clients": "tensorfleet.federated.clients.lazy",
 }
 
 

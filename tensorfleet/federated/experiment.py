@@ -71,7 +71,7 @@ def _aggregator(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
 def build_simulation(config: dict[str, Any]) -> Any:
     """The :class:`~tensorfleet.federated.Simulation` a config describes."""
     from tensorfleet import models
-    from tensorfleet.federated.data import load_federated
+    from tensorfleet.federated.clients.datasets import load_federated
     from tensorfleet.federated.simulation import Simulation
 
     cfg = resolve_config(config)

@@ -3,7 +3,7 @@
 A :class:`Simulation` wraps a plain Keras model (``model_fn`` returns an uncompiled
 ``tf.keras.Model``) with ``tff.learning.models.from_keras_model`` (the input spec comes from the
 client data), builds the algorithm's ``tff.learning`` process, and runs rounds on a TFF worker it
-owns (:mod:`tensorfleet.federated.runtime`):
+owns (:mod:`tensorfleet.federated.backends.tff`):
 
 * seeded client sampling (round ``r`` draws from ``default_rng([seed, r])``, so a resumed run
   samples as an uninterrupted one), a per-round dropout rate and a straggler deadline on
@@ -183,7 +183,7 @@ class Simulation:
         model_fn: no-argument callable returning an uncompiled Keras model whose output is logits
             (or probabilities, when its last layer is a softmax) over integer classes.
         clients: the training clients, a ``tff.simulation.datasets.ClientData`` whose examples
-            are ``OrderedDict(x=..., y=...)`` (as :func:`~tensorfleet.federated.partition` makes).
+            are ``OrderedDict(x=..., y=...)`` (as :func:`~tensorfleet.federated.clients.partition` makes).
         algorithm: a name in :data:`~tensorfleet.federated.algorithms.ALGORITHMS`.
         rounds: rounds to run in total.
         clients_per_round: clients sampled per round (at most the number of training clients).
@@ -215,7 +215,7 @@ class Simulation:
             fedadam, fedyogi, fedadagrad with the mean aggregator and ``partition()`` data; the
             initial model still comes from TFF). Both give the same model.
         workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``); each
-            round's clients are split across them (:mod:`~tensorfleet.federated.distributed`).
+            round's clients are split across them (:mod:`~tensorfleet.federated.backends.remote`).
             None: one worker this process owns.
 
     Example:
@@ -268,7 +268,7 @@ class Simulation:
             raise TypeError(f"model_fn must be a no-argument callable returning a Keras model. Received: {model_fn!r}")
         self.model_fn = model_fn
         if not hasattr(clients, "client_ids") or not hasattr(clients, "create_tf_dataset_for_client"):
-            raise TypeError("clients must be a tff.simulation.datasets.ClientData (see tensorfleet.federated.partition). "
+            raise TypeError("clients must be a tff.simulation.datasets.ClientData (see tensorfleet.federated.clients.partition). "
                             f"Received: {type(clients).__name__}")
         self.rounds = _check_int("rounds", rounds, 1)
         self.clients_per_round = _check_int("clients_per_round", clients_per_round, 1)
@@ -348,7 +348,7 @@ class Simulation:
         self.tensorboard = bool(tensorboard)
         self.backend = choice(Backend, "backend", backend)
         if self.backend is Backend.COMPILED:
-            from tensorfleet.federated.fast import SUPPORTED_ALGORITHMS
+            from tensorfleet.federated.backends.compiled import SUPPORTED_ALGORITHMS
 
             if self.algorithm not in SUPPORTED_ALGORITHMS or self.aggregator_name not in (None, "mean") \
                     or not hasattr(clients, "arrays"):
@@ -356,7 +356,7 @@ class Simulation:
                                  f"on partition() client data. Received: algorithm={self.algorithm!r}, "
                                  f"aggregator={self.aggregator_name!r}, clients={type(clients).__name__}")
         self._engine: Any = None
-        from tensorfleet.federated.distributed import parse_addresses
+        from tensorfleet.federated.backends.remote import parse_addresses
 
         self.workers = None if workers is None else [str(a) for a in parse_addresses(workers)]
         if self.workers is not None and self.backend is Backend.COMPILED:
@@ -418,7 +418,7 @@ class Simulation:
 
         spec = self._element_spec
         if not isinstance(spec, dict) or set(spec) != {"x", "y"}:
-            raise ValueError("Client examples must be OrderedDict(x=..., y=...) (use tensorfleet.federated.partition, "
+            raise ValueError("Client examples must be OrderedDict(x=..., y=...) (use tensorfleet.federated.clients.partition, "
                              f"or ClientData.preprocess to rename). Received element spec: {spec}")
         return collections.OrderedDict(
             x=tf.TensorSpec([None, *spec["x"].shape], spec["x"].dtype),
@@ -457,12 +457,13 @@ class Simulation:
     def build(self) -> Any:
         """Builds (once) and returns the ``tff.learning`` process."""
         if self._process is None:
-            from tensorfleet.federated import algorithms, runtime
+            from tensorfleet.federated import algorithms
+            from tensorfleet.federated.backends import tff as runtime
 
             if self.workers is None:
                 self.runtime = runtime.install_default()
             else:
-                from tensorfleet.federated import distributed
+                from tensorfleet.federated.backends import remote as distributed
 
                 self.runtime = distributed.install_default(self.workers)
             model = self.model_fn()
@@ -539,7 +540,7 @@ class Simulation:
         import tensorflow as tf
 
         from tensorfleet.federated.algorithms import make_optimizer
-        from tensorfleet.federated.fast import CompiledFedAvg
+        from tensorfleet.federated.backends.compiled import CompiledFedAvg
 
         initial = [np.asarray(w) for w in self.build().get_model_weights(state).trainable]
         model = self._keras_model
@@ -645,7 +646,7 @@ class Simulation:
     def _upload_bytes(self) -> int | None:
         if self.aggregator_name != "compression":
             return None
-        from tensorfleet.federated.aggregate import compressed_bytes
+        from tensorfleet.federated.aggregators.aggregate import compressed_bytes
 
         sizes = [int(np.prod(w.shape)) for w in self._keras_model.trainable_weights]
         return compressed_bytes(sizes, bits=int(self.aggregator_options.get("bits", 8)),

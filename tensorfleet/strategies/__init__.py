@@ -2,7 +2,7 @@
 
 Data parallelism through TensorFlow's distribution strategies, chosen by name from one
 registry (``build``, ``available``, ``describe``, ``register``); cluster specs and
-TF_CONFIG (:mod:`tensorfleet.strategies.cluster`); the inputs ``model.fit`` needs under each
+TF_CONFIG (:mod:`tensorfleet.strategies.tf_config`); the inputs ``model.fit`` needs under each
 strategy (``fit_inputs``); logical devices for machines without accelerators
 (``simulate_devices``).
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from tensorfleet.strategies import auto as _auto  # noqa: F401  (registers "auto")
 from tensorfleet.strategies.auto import choose
-from tensorfleet.strategies.cluster import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
+from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
 from tensorfleet.strategies.data_parallel import (
     CollectiveImplementation,
     CrossDeviceOps,
@@ -47,21 +47,9 @@ from tensorfleet.strategies.devices import (
 from tensorfleet.strategies.inputs import FitInputs, evaluate_inputs, fit_inputs, uses_coordinator
 from tensorfleet.strategies.registry import STRATEGIES, Availability, available, build, describe, info, register
 
-# Submodules and names loaded on first use, so that importing tensorfleet.strategies stays
-# cheap (tensor_parallel, for one, imports TensorFlow at load time).
-_LAZY_MODULES = (
-    "cluster", "collectives", "consistency", "cost_model", "elastic", "fault_tolerance", "k8s",
-    "launcher", "memory", "mesh", "pipeline", "planner", "tensor_parallel",
-)
-_LAZY_NAMES = {
-    "Mesh": "mesh", "MeshLayout": "mesh", "MeshBackend": "mesh", "MeshHistory": "mesh",
-    "Pipeline": "pipeline", "Schedule": "pipeline", "bubble_fraction": "pipeline",
-    "theoretical_bubble": "pipeline", "plot_schedule": "pipeline", "partition_layers": "pipeline",
-    "ColumnParallelDense": "tensor_parallel", "RowParallelDense": "tensor_parallel",
-    "ParallelMLP": "tensor_parallel", "ParallelSelfAttention": "tensor_parallel",
-    "ParallelTransformerBlock": "tensor_parallel",
-    "launch": "launcher",
-}
+# Submodules loaded on first use, so that importing tensorfleet.strategies stays cheap.
+_LAZY_MODULES = ("staleness",)
+_LAZY_NAMES: dict[str, str] = {}
 
 
 def __getattr__(name: str) -> Any:

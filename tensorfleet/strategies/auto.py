@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any, Mapping
 
-from tensorfleet.strategies.cluster import tf_config_from_env
+from tensorfleet.strategies.tf_config import tf_config_from_env
 from tensorfleet.strategies.registry import build, register
 
 __all__ = ["choose", "auto"]

@@ -14,7 +14,7 @@ import socket
 from enum import Enum
 from typing import Any, Sequence
 
-from tensorfleet.strategies.cluster import ClusterSpec, Role, TFConfig, tf_config_from_env
+from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, tf_config_from_env
 from tensorfleet.strategies.registry import Availability, register
 from tensorfleet.validation import choice, positive_int
 
@@ -247,7 +247,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         raise ValueError(f"timeout_seconds must be a positive number or None. Received: timeout_seconds={timeout_seconds!r}")
     resolver = None
     if tf_config is not None:
-        from tensorfleet.strategies.cluster import parse_tf_config
+        from tensorfleet.strategies.tf_config import parse_tf_config
 
         resolver = _resolver(parse_tf_config(tf_config))
     else:
@@ -343,7 +343,7 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
         max_shards: split each variable into at most this many shards across the ps tasks
             (``tf.distribute.experimental.partitioners.MinSizePartitioner``).
         min_shard_bytes: smallest shard, in bytes (default 256 KiB when max_shards is set).
-        staleness: the consistency model (:mod:`tensorfleet.strategies.consistency`): 0 is
+        staleness: the consistency model (:mod:`tensorfleet.strategies.staleness`): 0 is
             bulk-synchronous, k lets a worker run at most k steps ahead of the slowest, None
             (TensorFlow's behaviour) is fully asynchronous.
         serve: on worker/ps tasks, start the server and block.
@@ -361,7 +361,7 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
     """
     import tensorflow as tf
 
-    from tensorfleet.strategies import consistency
+    from tensorfleet.strategies import staleness as consistency
 
     consistency.resolve_staleness(staleness)  # a bad value fails before anything starts
 

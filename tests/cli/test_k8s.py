@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tensorfleet.cli.main import main
-from tensorfleet.strategies import k8s
+from tensorfleet.cluster import k8s
 
 
 def test_tfjob_writes_a_valid_manifest_with_the_command_after_dashes(tmp_path: Path, capsys) -> None:

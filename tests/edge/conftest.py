@@ -15,13 +15,6 @@ MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
 
 
 @pytest.fixture(scope="session")
-def digits() -> Any:
-    from tensorfleet.models import datasets
-
-    return datasets.load_digits()
-
-
-@pytest.fixture(scope="session")
 def digits_model(digits: Any) -> Any:
     import tensorflow as tf
 

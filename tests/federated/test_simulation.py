@@ -133,14 +133,14 @@ def test_dp_run_reports_epsilon(clients):
 def test_compression_run_reports_fewer_upload_bytes(clients):
     history = Simulation(tiny, clients, rounds=1, clients_per_round=5, aggregator="compression",
                          aggregator_options={"bits": 8, "sparsity": 0.9}, progress=False).run()
-    from tensorfleet.federated.aggregate import compressed_bytes
+    from tensorfleet.federated.aggregators.aggregate import compressed_bytes
 
     per_client = compressed_bytes([64 * 16, 16, 16 * 10, 10], bits=8, sparsity=0.9)
     assert history.rounds[0]["upload_bytes"] == 5 * per_client < 5 * 4 * 1210
 
 
 def test_one_scaled_client_breaks_fedavg_but_not_the_robust_aggregators(digits):
-    from tensorfleet.federated.attacks import scale_clients
+    from tensorfleet.federated.clients.attacks import scale_clients
 
     honest = partition(digits.x_train, digits.y_train, num_clients=10, scheme="iid", seed=0)
     attacked = scale_clients(honest, ["client_000"], factor=1000.0)

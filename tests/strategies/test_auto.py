@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tensorfleet as tfl
-from tensorfleet.strategies.cluster import ClusterSpec
+from tensorfleet.strategies.tf_config import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

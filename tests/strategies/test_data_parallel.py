@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensorfleet as tfl
-from tests.strategies.conftest import compile_digits, test_accuracy
+from tests.conftest import compile_digits, test_accuracy
 
 EPOCHS = 5
 BATCH = 64

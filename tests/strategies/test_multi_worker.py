@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorfleet.strategies.cluster import ClusterSpec
+from tensorfleet.strategies.tf_config import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240

@@ -60,10 +60,13 @@ def test_importing_the_package_does_not_import_tensorflow_and_names_load_lazily(
     import subprocess
     import sys
 
-    code = ("import sys, tensorfleet as tfl; s = tfl.strategies; before = 'tensorflow' in sys.modules; "
-            "from tensorfleet.strategies import pipeline; "
-            "print(before, tfl.strategies.Pipeline is pipeline.Pipeline, tfl.strategies.launch.__module__)")
+    code = ("import sys, tensorfleet as tfl; s = (tfl.strategies, tfl.model_parallel, tfl.cluster, tfl.planner); "
+            "before = 'tensorflow' in sys.modules; "
+            "from tensorfleet.model_parallel import pipeline; "
+            "print(before, tfl.model_parallel.Pipeline is pipeline.Pipeline, tfl.cluster.launch.__module__, "
+            "tfl.planner.plan.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["False", "True", "tensorfleet.strategies.launcher"], out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True", "tensorfleet.cluster.launcher", "tensorfleet.planner.plans"], \
+        out.stderr[-2000:]
     with pytest.raises(AttributeError, match="module 'tensorfleet.strategies' has no attribute 'nope'"):
         tfl.strategies.nope

@@ -3,11 +3,11 @@
 Each client's update is sparsified (keep the ``1 - sparsity`` fraction of largest magnitudes per
 tensor) and then quantized to ``bits`` per value over the tensor's ``[min, max]``, in TensorFlow
 inside TFF, before the server sums the (dequantized) values. The rules are
-:func:`tensorfleet.federated.aggregate.sparsify` and :func:`~tensorfleet.federated.aggregate.quantize`
+:func:`tensorfleet.federated.aggregators.aggregate.sparsify` and :func:`~tensorfleet.federated.aggregators.aggregate.quantize`
 (quantization after Konečný et al., "Federated Learning: Strategies for Improving Communication
 Efficiency", 2016; top-k after Aji and Heafield, "Sparse Communication for Distributed Gradient
 Descent", EMNLP 2017). What one client would upload is counted by
-:func:`~tensorfleet.federated.aggregate.compressed_bytes`.
+:func:`~tensorfleet.federated.aggregators.aggregate.compressed_bytes`.
 
 Example:
     >>> factory = compression_factory(bits=8, sparsity=0.9)   # weighted, for FedAvg
@@ -20,13 +20,13 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tensorfleet.federated.aggregate import kept_count
+from tensorfleet.federated.aggregators.aggregate import kept_count
 
 __all__ = ["CompressionFactory", "compression_factory", "tf_quantize", "tf_sparsify"]
 
 
 def tf_quantize(t: tf.Tensor, bits: int) -> tf.Tensor:
-    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.quantize`."""
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregators.aggregate.quantize`."""
     lo = tf.reduce_min(t)
     hi = tf.reduce_max(t)
     levels = float(2 ** bits - 1)
@@ -36,7 +36,7 @@ def tf_quantize(t: tf.Tensor, bits: int) -> tf.Tensor:
 
 
 def tf_sparsify(t: tf.Tensor, sparsity: float) -> tf.Tensor:
-    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.sparsify`."""
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregators.aggregate.sparsify`."""
     flat = tf.reshape(t, [-1])
     k = kept_count(int(flat.shape[0]), sparsity)
     keep = tf.argsort(-tf.abs(flat), stable=True)[:k]

@@ -3,7 +3,7 @@
 TFF ships clipping and zeroing but no robust statistic. These factories collect the clients'
 flattened updates at the server with ``tff.federated_aggregate`` (concatenation as the
 accumulator) and apply the statistic in TensorFlow inside TFF's worker. The rules and their papers
-are in :mod:`tensorfleet.federated.aggregate`, whose numpy functions the tests compare these
+are in :mod:`tensorfleet.federated.aggregators.aggregate`, whose numpy functions the tests compare these
 factories against.
 
 The factories are unweighted (a robust statistic cannot trust client-reported weights), so
@@ -12,7 +12,7 @@ algorithms use TFF's unweighted variants with them.
 Example (five clients, one of them sending a huge update; the trimmed mean ignores it):
     >>> import numpy as np
     >>> import tensorflow_federated as tff
-    >>> from tensorfleet.federated import runtime
+    >>> from tensorfleet.federated.backends import tff as runtime
     >>> factory = RobustFactory("trimmed_mean", beta=0.2)
     >>> process = factory.create(tff.to_type((np.float32, (3,))))
     >>> updates = [np.full(3, v, np.float32) for v in (1, 2, 3, 4)] + [np.array([100, -100, 100], np.float32)]
@@ -57,14 +57,14 @@ def _median_sorted(s: tf.Tensor) -> tf.Tensor:
 
 
 def tf_median(u: tf.Tensor) -> tf.Tensor:
-    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.coordinate_median`."""
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregators.aggregate.coordinate_median`."""
     u = _finite(u)
     d = tf.shape(u)[1]
     return tf.cond(tf.shape(u)[0] > 0, lambda: _median_sorted(tf.sort(u, axis=0)), lambda: tf.zeros([d], u.dtype))
 
 
 def tf_trimmed_mean(u: tf.Tensor, beta: float) -> tf.Tensor:
-    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.trimmed_mean`."""
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregators.aggregate.trimmed_mean`."""
     u = _finite(u)
     n = tf.shape(u)[0]
     d = tf.shape(u)[1]
@@ -78,7 +78,7 @@ def tf_trimmed_mean(u: tf.Tensor, beta: float) -> tf.Tensor:
 
 
 def tf_krum(u: tf.Tensor, num_byzantine: int, num_selected: int) -> tf.Tensor:
-    """TensorFlow twin of :func:`tensorfleet.federated.aggregate.krum`."""
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregators.aggregate.krum`."""
     u = _finite(u)
     n = tf.shape(u)[0]
     d = tf.shape(u)[1]

@@ -103,7 +103,7 @@ def build_process(name: str, model_fn: Callable[[], Any], *, aggregator: Any = N
         >>> import numpy as np
         >>> import tensorflow as tf
         >>> import tensorflow_federated as tff
-        >>> from tensorfleet.federated import runtime
+        >>> from tensorfleet.federated.backends import tff as runtime
         >>> def model_fn():
         ...     model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))])
         ...     return tff.learning.models.from_keras_model(

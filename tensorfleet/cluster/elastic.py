@@ -1,0 +1,162 @@
+"""Elastic restarts: a job continues from its backup at another number of workers.
+
+A multi-worker mirrored job cannot change size while it runs (the collective group is fixed
+when the strategy is built), but it can be stopped and started again at another size from
+the same ``BackupAndRestore`` directory: variables are saved without their placement, so a
+backup written by 2 workers restores on 1 and the other way round. :func:`launch_elastic`
+runs such a schedule of phases with the local launcher; :func:`batch_sizes` applies the
+global batch size policy that decides what changes with the number of replicas:
+
+* ``keep_global``: the global batch (and so the optimisation) stays the same; each replica
+  gets ``global / replicas`` examples, which must divide evenly.
+* ``keep_per_replica``: each replica keeps its batch; the global batch grows and shrinks with
+  the job (scale the learning rate yourself if you want the linear-scaling rule).
+
+Example:
+    >>> batch_sizes(2, policy="keep_global", global_batch_size=64)
+    BatchSizes(global_batch_size=64, per_replica_batch_size=32, replicas=2)
+    >>> batch_sizes(1, policy="keep_per_replica", per_replica_batch_size=32)
+    BatchSizes(global_batch_size=32, per_replica_batch_size=32, replicas=1)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, NamedTuple, Sequence
+
+from tensorfleet.validation import choice, positive_int
+
+__all__ = ["ENV_BATCH_POLICY", "BatchPolicy", "BatchSizes", "Phase", "batch_sizes", "launch_elastic", "policy_from_env"]
+
+ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
+ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
+
+
+class BatchPolicy(str, Enum):
+    """What stays fixed when the number of replicas changes."""
+
+    KEEP_GLOBAL = "keep_global"
+    KEEP_PER_REPLICA = "keep_per_replica"
+
+
+class BatchSizes(NamedTuple):
+    global_batch_size: int
+    per_replica_batch_size: int
+    replicas: int
+
+
+def _resolve_policy(policy: BatchPolicy | str) -> BatchPolicy:
+    return choice(BatchPolicy, "policy", policy)
+
+
+def batch_sizes(
+    replicas: int,
+    *,
+    policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
+    global_batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+) -> BatchSizes:
+    """Global and per-replica batch sizes for ``replicas`` under ``policy``.
+
+    ``keep_global`` needs ``global_batch_size``; ``keep_per_replica`` needs
+    ``per_replica_batch_size``.
+
+    Raises:
+        ValueError: an unknown policy, a missing or non-positive size, or a global batch
+            that does not split evenly over the replicas.
+    """
+    positive_int("replicas", replicas)
+    resolved = _resolve_policy(policy)
+    if resolved is BatchPolicy.KEEP_GLOBAL:
+        if global_batch_size is None:
+            raise ValueError("policy='keep_global' needs global_batch_size. Received: global_batch_size=None")
+        positive_int("global_batch_size", global_batch_size)
+        if global_batch_size % replicas:
+            raise ValueError(
+                f"global_batch_size must be divisible by the number of replicas under 'keep_global'. "
+                f"Received: global_batch_size={global_batch_size}, replicas={replicas}"
+            )
+        return BatchSizes(global_batch_size, global_batch_size // replicas, replicas)
+    if per_replica_batch_size is None:
+        raise ValueError(
+            "policy='keep_per_replica' needs per_replica_batch_size. Received: per_replica_batch_size=None"
+        )
+    positive_int("per_replica_batch_size", per_replica_batch_size)
+    return BatchSizes(per_replica_batch_size * replicas, per_replica_batch_size, replicas)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of an elastic schedule: run at ``workers`` until ``until_epoch`` has ended.
+
+    ``until_epoch=None`` runs the job to its end.
+    """
+
+    workers: int
+    until_epoch: int | None = None
+
+
+def launch_elastic(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    phases: Sequence[Phase],
+    backup_dir: str | os.PathLike[str],
+    policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
+    sink: Callable[[str], None] | None = None,
+    **launch_kwargs: Any,
+) -> list[Any]:
+    """Runs ``script`` through a schedule of worker counts, all sharing one backup directory.
+
+    Each phase launches the job at its number of workers; with ``until_epoch`` it passes
+    ``TENSORFLEET_STOP_AFTER_EPOCH``, so that the script's
+    :func:`~tensorfleet.cluster.fault_tolerance.callbacks` end every task right after that
+    epoch's backup (exit status 75, a planned stop), the way a preempted job ends. The next
+    phase resumes from that backup. The batch policy reaches the script as
+    ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`).
+
+    Returns:
+        One :class:`~tensorfleet.cluster.launcher.LaunchResult` per phase.
+
+    Example:
+        >>> results = launch_elastic("train.py", phases=[Phase(2, 2), Phase(1, 4), Phase(2)],
+        ...                          backup_dir="/tmp/job")  # doctest: +SKIP
+    """
+    from tensorfleet.cluster.launcher import launch
+
+    if not phases:
+        raise ValueError("phases must list at least one Phase. Received: phases=[]")
+    resolved = _resolve_policy(policy)
+    previous = 0
+    for i, phase in enumerate(phases):
+        if not isinstance(phase, Phase):
+            raise TypeError(f"phases[{i}] must be a Phase. Received: {phase!r}")
+        positive_int(f"phases[{i}].workers", phase.workers)
+        if phase.until_epoch is not None:
+            positive_int(f"phases[{i}].until_epoch", phase.until_epoch)
+            if phase.until_epoch <= previous:
+                raise ValueError(
+                    f"phases must end at increasing epochs. Received: phases[{i}].until_epoch="
+                    f"{phase.until_epoch} after {previous}"
+                )
+            previous = phase.until_epoch
+        elif i != len(phases) - 1:
+            raise ValueError(f"Only the last phase may run to the end (until_epoch=None). Received: phases[{i}]")
+    base_env = dict(launch_kwargs.pop("env", None) or {})
+    base_env[ENV_BATCH_POLICY] = resolved.value
+    results = []
+    for phase in phases:
+        env = dict(base_env)
+        if phase.until_epoch is not None:
+            env[ENV_STOP_AFTER_EPOCH] = str(phase.until_epoch)
+        results.append(launch(script, args, workers=phase.workers, backup_dir=backup_dir, env=env,
+                              sink=sink, **launch_kwargs))
+    return results
+
+
+def policy_from_env(default: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL) -> BatchPolicy:
+    """The batch policy an elastic launch passed to this process (``default`` otherwise)."""
+    return _resolve_policy(os.environ.get(ENV_BATCH_POLICY) or default)
+

@@ -1,0 +1,260 @@
+"""Fault tolerance for Keras ``fit`` under a distribution strategy, in one call.
+
+:func:`callbacks` returns the callbacks a job needs to survive a worker being killed:
+
+* ``tf.keras.callbacks.BackupAndRestore`` on a backup directory every worker of the job
+  agrees on (:func:`backup_dir`): Keras itself writes the chief's backup there and lets the
+  other workers write to their own temporary sub-directories, so the path must be the same
+  string on every worker. Backups are per epoch or every ``save_freq`` steps.
+* :class:`BestModelCheckpoint`: the best model so far by a monitored metric, written
+  atomically (saved to a temporary file on every worker, then moved into place by the chief
+  only), so a kill mid-write never leaves a half-written model behind.
+* :class:`EpochLog`: one line per epoch (and optionally per step) such as
+  ``tensorfleet: resumed from backup at epoch 3``, which shows in the launcher's log where a
+  restarted job picked up.
+
+A restarted job that runs the same script resumes from the last backup: with op
+determinism on, fixed seeds and an input pipeline that yields the same batches for an epoch
+whenever it starts, the resumed run ends with the weights of an uninterrupted one.
+
+Example:
+    >>> from tensorfleet.cluster import fault_tolerance
+    >>> cbs = fault_tolerance.callbacks(best_model="out/best.keras")  # doctest: +SKIP
+    >>> model.fit(dataset, epochs=6, callbacks=cbs)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import tensorflow as tf
+
+from tensorfleet.io import write_bytes, write_json
+
+__all__ = ["BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch", "backup_dir", "callbacks",
+           "resumed_epoch"]
+
+ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
+ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
+STOPPED_STATUS = 75  # the launcher's "stopped on purpose, resume later" status
+_PREFIX = "tensorfleet:"
+
+
+def backup_dir(base: str | os.PathLike[str] | None = None, *,
+               environ: Mapping[str, str] | None = None) -> Path:
+    """The backup directory shared by all workers of this job.
+
+    ``base`` when given; else ``$TENSORFLEET_BACKUP_DIR`` (the launcher and the Kubernetes
+    TFJob set it, the latter to a mounted volume); else a directory under the system
+    temporary directory named after the job's cluster in TF_CONFIG, so that every process of
+    one local job gets the same path and two jobs never share one.
+
+    Example:
+        >>> backup_dir("/tmp/run1")
+        PosixPath('/tmp/run1')
+    """
+    env = os.environ if environ is None else environ
+    if base is None:
+        base = env.get(ENV_BACKUP_DIR) or None
+    if base is not None:
+        if not str(base).strip():
+            raise ValueError(f"backup_dir must be a non-empty path. Received: backup_dir={str(base)!r}")
+        return Path(base)
+    cluster = ""
+    raw = env.get("TF_CONFIG", "")
+    if raw.strip():
+        from tensorfleet.strategies.tf_config import parse_tf_config
+
+        cluster = json.dumps(parse_tf_config(raw).cluster.as_dict(), sort_keys=True)
+    digest = hashlib.sha1(cluster.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "tensorfleet-backup" / digest
+
+
+def _should_write(model: Any) -> bool:
+    strategy = getattr(model, "distribute_strategy", None)
+    return bool(strategy is None or strategy.extended.should_checkpoint)
+
+
+class EpochLog(tf.keras.callbacks.Callback):
+    """Prints ``tensorfleet: epoch E/N begin|end ...`` lines and where a run resumed.
+
+    The lines are for people and for the launcher's ``faults``/``stop_when`` patterns. It has
+    no batch hooks, so it also works under ``ParameterServerStrategy``; :class:`StepLog` adds
+    a line per step.
+    """
+
+    def __init__(self, *, stream: Any = None) -> None:
+        super().__init__()
+        self.stream = stream
+        self._first = True
+        self._epoch = 0
+        self._epochs = 0
+
+    def _print(self, text: str) -> None:
+        print(f"{_PREFIX} {text}", file=self.stream or sys.stdout, flush=True)
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._epochs = int(self.params.get("epochs") or 0)
+        self._first = True
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch + 1
+        if self._first and epoch > 0:
+            self._print(f"resumed from backup at epoch {epoch + 1}")
+        self._first = False
+        self._print(f"epoch {epoch + 1}/{self._epochs} begin")
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        values = " ".join(f"{k}={float(v):.6f}" for k, v in sorted((logs or {}).items()))
+        self._print(f"epoch {epoch + 1}/{self._epochs} end {values}".rstrip())
+
+
+class StepLog(EpochLog):
+    """:class:`EpochLog` plus ``tensorfleet: epoch E step S`` after every training step."""
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._print(f"epoch {self._epoch} step {batch + 1}")
+
+
+class BestModelCheckpoint(tf.keras.callbacks.Callback):
+    """Keeps the best model so far (``.keras`` file), written atomically by the chief.
+
+    Every worker saves (saving may read synchronised variables, which is a collective in
+    multi-worker jobs) to its own temporary directory; only the chief moves the bytes into
+    ``filepath``, through :func:`tensorfleet.io.write_bytes`, with a JSON sidecar
+    (``<filepath>.json``: epoch, monitor, value) that also carries the best value across a
+    restart.
+    """
+
+    def __init__(self, filepath: str | os.PathLike[str], *, monitor: str = "val_loss", mode: str = "min") -> None:
+        super().__init__()
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max'. Received: mode={mode!r}")
+        path = Path(filepath)
+        if path.suffix != ".keras":
+            raise ValueError(f"filepath must end in '.keras'. Received: filepath={str(filepath)!r}")
+        self.filepath = path
+        self.sidecar = path.with_name(path.name + ".json")
+        self.monitor = monitor
+        self.mode = mode
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+
+    def _better(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value < self.best if self.mode == "min" else value > self.best
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.sidecar.exists():  # a restarted job must not overwrite a better model
+            record = json.loads(self.sidecar.read_text())
+            if record.get("monitor") == self.monitor:
+                self.best, self.best_epoch = float(record["value"]), int(record["epoch"])
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        logs = logs or {}
+        if self.monitor not in logs:
+            raise KeyError(
+                f"BestModelCheckpoint monitors {self.monitor!r}, which fit did not log. "
+                f"Logged: {sorted(logs)}. Pass monitor= one of those (val_* needs validation_data)."
+            )
+        value = float(logs[self.monitor])
+        if math.isnan(value) or not self._better(value):
+            return
+        self.best, self.best_epoch = value, epoch + 1
+        scratch = Path(tempfile.mkdtemp(prefix="tensorfleet-best-"))
+        try:
+            local = scratch / self.filepath.name
+            self.model.save(local)
+            if _should_write(self.model):
+                write_bytes(self.filepath, local.read_bytes())
+                write_json(self.sidecar, {"epoch": epoch + 1, "monitor": self.monitor, "value": value})
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+class StopAfterEpoch(tf.keras.callbacks.Callback):
+    """Ends the process right after epoch ``epoch`` was backed up, as a preempted job would.
+
+    The process exits with status 75 (the launcher's planned stop) without returning from
+    ``fit``, so ``BackupAndRestore`` keeps its backup (it deletes it when ``fit`` ends) and
+    the next run resumes at ``epoch + 1``. Must come after ``BackupAndRestore``.
+    """
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= 0:
+            raise ValueError(f"epoch must be a positive integer. Received: epoch={epoch!r}")
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if epoch + 1 == self.epoch:
+            print(f"{_PREFIX} stopping after epoch {self.epoch} as planned", flush=True)
+            sys.stderr.flush()
+            os._exit(STOPPED_STATUS)
+
+
+def callbacks(
+    backup: str | os.PathLike[str] | None = None,
+    *,
+    save_freq: str | int = "epoch",
+    best_model: str | os.PathLike[str] | None = None,
+    monitor: str = "val_loss",
+    mode: str = "min",
+    log: bool = True,
+    log_steps: bool = False,
+) -> list[Any]:
+    """The fault-tolerance callbacks for ``model.fit``, in the order they must run.
+
+    Args:
+        backup: the backup directory (see :func:`backup_dir` for the default).
+        save_freq: ``"epoch"`` or a positive number of steps between backups.
+        best_model: where to keep the best model (``.keras``); ``None`` for none.
+        monitor: the logged metric that decides "best".
+        mode: ``"min"`` or ``"max"`` for ``monitor``.
+        log: add :class:`EpochLog` (last, so a line saying an epoch ended comes after its backup).
+        log_steps: log with :class:`StepLog` (a line per step too) instead of :class:`EpochLog`.
+
+    Returns:
+        ``[BackupAndRestore, BestModelCheckpoint?, EpochLog?, StopAfterEpoch?]``; the last
+        when ``$TENSORFLEET_STOP_AFTER_EPOCH`` is set (elastic phases set it).
+
+    Example:
+        >>> cbs = callbacks("/tmp/backup", save_freq=50, best_model="/tmp/best.keras")  # doctest: +SKIP
+    """
+    if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
+        raise ValueError(f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}")
+    directory = backup_dir(backup)
+    result: list[Any] = [tf.keras.callbacks.BackupAndRestore(str(directory), save_freq=save_freq)]
+    if best_model is not None:
+        result.append(BestModelCheckpoint(best_model, monitor=monitor, mode=mode))
+    if log:
+        result.append(StepLog() if log_steps else EpochLog())
+    stop_after = os.environ.get(ENV_STOP_AFTER_EPOCH, "").strip()
+    if stop_after:
+        if not stop_after.isdigit():
+            raise ValueError(f"{ENV_STOP_AFTER_EPOCH} must be a positive integer. Received: {stop_after!r}")
+        result.append(StopAfterEpoch(int(stop_after)))
+    return result
+
+
+def resumed_epoch(lines: list[str]) -> int | None:
+    """The epoch a run resumed at, read from its :class:`EpochLog` output (None: fresh start).
+
+    Example:
+        >>> resumed_epoch(["tensorfleet: resumed from backup at epoch 3"])
+        3
+    """
+    for line in lines:
+        marker = f"{_PREFIX} resumed from backup at epoch "
+        if marker in line:
+            return int(line.split(marker, 1)[1].split()[0])
+    return None

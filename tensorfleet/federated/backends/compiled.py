@@ -1,0 +1,177 @@
+"""The ``compiled`` backend: a whole FedAvg-family round as one TensorFlow function, outside TFF.
+
+Where the time of a TFF simulation goes, measured on this stack (bench/federated_speed.py):
+every round builds one ``tf.data`` dataset per client, TFF serializes them (with their data) to
+its C++ worker over gRPC, the worker runs the round, and the result comes back as Python values.
+With small models nearly all of it is that per-round traffic and per-client Python, not the
+arithmetic.
+
+This backend runs the same arithmetic as TFF's ``build_weighted_fed_avg`` (TFF's model-delta
+client work and apply-optimizer finalizer) in one ``tf.function`` traced once: the sampled
+clients' examples come as one padded batch ``[clients, steps * batch, ...]`` with a mask, a
+``tf.while_loop`` trains each client from the server weights with the client optimizer (the same
+``tff.learning.optimizers`` object), the deltas ``initial - trained`` are averaged weighted by
+examples (a client with a non-finite delta gets weight 0, as in TFF), and the server optimizer
+(again TFF's) applies the mean delta. The initial weights come from the TFF process, so both
+backends start from the same model; ``tests/federated/backends/test_compiled.py`` checks that both give the
+same model after the same rounds.
+
+Supported: algorithms built on weighted FedAvg (``fedavg``, ``fedavgm``, ``fedadam``,
+``fedyogi``, ``fedadagrad``) with the default mean aggregator, and models without
+batch-dependent layers (padded rows pass through the model, masked out of the loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = ["SUPPORTED_ALGORITHMS", "CompiledFedAvg"]
+
+SUPPORTED_ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+
+
+class CompiledFedAvg:
+    """FedAvg-family rounds as one compiled TensorFlow function.
+
+    Args:
+        model_fn: returns the (uncompiled) Keras model.
+        loss_fn: per-example loss ``loss_fn(y, logits) -> [batch]`` (reduction NONE).
+        client_optimizer: a ``tff.learning.optimizers.Optimizer`` for local steps.
+        server_optimizer: a ``tff.learning.optimizers.Optimizer`` for the mean delta.
+        initial_weights: trainable weights to start from (TFF's initial model).
+        batch_size: local batch size.
+        max_examples: the most examples (times local epochs) any client trains on in a round.
+        clients_per_round: the padded number of clients per round.
+    """
+
+    def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, client_optimizer: Any, server_optimizer: Any,
+                 initial_weights: Sequence[np.ndarray], batch_size: int, max_examples: int,
+                 clients_per_round: int) -> None:
+        import tensorflow as tf
+
+        self.model = model_fn()
+        self.variables = list(self.model.trainable_variables)
+        if len(self.variables) != len(initial_weights):
+            raise ValueError(f"initial_weights has {len(initial_weights)} tensors; the model has {len(self.variables)}.")
+        self.batch_size = int(batch_size)
+        self.steps = -(-int(max_examples) // self.batch_size)
+        self.length = self.steps * self.batch_size
+        self.clients_per_round = int(clients_per_round)
+        self.loss_fn = loss_fn
+        self.client_optimizer = client_optimizer
+        self.server_optimizer = server_optimizer
+        specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
+        self.weights = [tf.constant(w, dtype=v.dtype) for w, v in zip(initial_weights, self.variables)]
+        # Tensors from the start, so the compiled round is traced once (not again on round 2).
+        self.server_state = tf.nest.map_structure(tf.convert_to_tensor, server_optimizer.initialize(tuple(specs)))
+        self._specs = specs
+        self._round = tf.function(self._round_impl, reduce_retracing=True)
+
+    # The padded client batch: x [K, L, ...], y [K, L], mask [K, L], examples [K].
+    def pack(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
+        """Pads the clients' (already ordered) examples into the round's arrays."""
+        if len(clients) > self.clients_per_round:
+            raise ValueError(f"At most {self.clients_per_round} clients per round. Received: {len(clients)}")
+        x0, y0 = clients[0]
+        x = np.zeros((self.clients_per_round, self.length, *x0.shape[1:]), dtype=x0.dtype)
+        y = np.zeros((self.clients_per_round, self.length), dtype=y0.dtype)
+        mask = np.zeros((self.clients_per_round, self.length), dtype=np.float32)
+        examples = np.zeros((self.clients_per_round,), dtype=np.int32)
+        for k, (xk, yk) in enumerate(clients):
+            n = len(yk)
+            if n > self.length:
+                raise ValueError(f"A client has {n} examples; this backend was sized for {self.length}.")
+            x[k, :n], y[k, :n], mask[k, :n], examples[k] = xk, yk, 1.0, n
+        return x, y, mask, examples
+
+    def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any) -> Any:
+        import tensorflow as tf
+
+        B = self.batch_size
+        num_clients = tf.shape(x)[0]
+        zero = [tf.zeros_like(w) for w in weights]
+
+        def client(k: Any, acc: Any) -> Any:
+            delta_sum, weight_sum, loss_sum, correct_sum, seen = acc
+            for v, w in zip(self.variables, weights):
+                v.assign(w)
+            opt_state = self.client_optimizer.initialize(tuple(self._specs))
+            steps = (examples[k] + B - 1) // B
+
+            def step(s: Any, carry: Any) -> Any:
+                opt_state, loss_acc, correct_acc = carry
+                xb = x[k, s * B:(s + 1) * B]
+                yb = y[k, s * B:(s + 1) * B]
+                mb = mask[k, s * B:(s + 1) * B]
+                with tf.GradientTape() as tape:
+                    logits = self.model(xb, training=True)
+                    per_example = self.loss_fn(yb, logits)
+                    loss = tf.reduce_sum(per_example * mb) / tf.reduce_sum(mb)
+                grads = tape.gradient(loss, self.variables)
+                opt_state, updated = self.client_optimizer.next(
+                    opt_state, tuple(v.read_value() for v in self.variables), tuple(grads))
+                for v, u in zip(self.variables, updated):
+                    v.assign(u)
+                hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=yb.dtype), yb), tf.float32)
+                return opt_state, loss_acc + loss * tf.reduce_sum(mb), correct_acc + tf.reduce_sum(hits * mb)
+
+            _, loss_k, correct_k = _fori(steps, step, (opt_state, tf.constant(0.0), tf.constant(0.0)))
+            delta = [w - v.read_value() for w, v in zip(weights, self.variables)]
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
+            weight = tf.where(finite, tf.cast(examples[k], tf.float32), 0.0)
+            delta = [tf.where(finite, d, tf.zeros_like(d)) for d in delta]
+            delta_sum = [a + weight * d for a, d in zip(delta_sum, delta)]
+            return (delta_sum, weight_sum + weight, loss_sum + loss_k, correct_sum + correct_k,
+                    seen + tf.cast(examples[k], tf.float32))
+
+        acc = (zero, tf.constant(0.0), tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
+        delta_sum, weight_sum, loss_sum, correct_sum, seen = _fori(num_clients, client, acc)
+        mean_delta = [d / tf.maximum(weight_sum, 1e-30) for d in delta_sum]
+        new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights), tuple(mean_delta))
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(w)) for w in new_weights])
+        new_weights = [tf.where(finite, n, w) for n, w in zip(new_weights, weights)]
+        return new_weights, new_state, loss_sum / seen, correct_sum / seen, seen
+
+    def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+        """Runs one round over ``clients`` (each ``(x, y)`` in training order); returns train metrics."""
+        x, y, mask, examples = self.pack(clients)
+        weights, state, loss, accuracy, seen = self._round(self.weights, self.server_state, x, y, mask, examples)
+        self.weights, self.server_state = list(weights), state
+        return {"train_loss": float(loss), "train_accuracy": float(accuracy), "num_examples": int(seen)}
+
+    def get_weights(self) -> list[np.ndarray]:
+        return [np.asarray(w) for w in self.weights]
+
+    def state_leaves(self) -> list[np.ndarray]:
+        """Weights and server optimizer state, flattened (for checkpoints)."""
+        import tensorflow as tf
+
+        return [np.asarray(w) for w in self.weights] + [np.asarray(v) for v in tf.nest.flatten(self.server_state)]
+
+    def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
+        import tensorflow as tf
+
+        n = len(self.weights)
+        flat_state = tf.nest.flatten(self.server_state)
+        if len(leaves) != n + len(flat_state):
+            raise ValueError(f"A checkpoint of this backend holds {n + len(flat_state)} tensors. Received: {len(leaves)}")
+        expected = [tuple(w.shape) for w in self.weights] + [tuple(np.shape(v)) for v in flat_state]
+        if [tuple(np.shape(v)) for v in leaves] != expected:
+            raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another model?).")
+        self.weights = [tf.constant(v) for v in leaves[:n]]
+        self.server_state = tf.nest.pack_sequence_as(self.server_state, [tf.constant(v) for v in leaves[n:]])
+
+
+def _fori(n: Any, body: Callable[[Any, Any], Any], init: Any) -> Any:
+    """``for i in range(n): acc = body(i, acc)`` as a tf.while_loop."""
+    import tensorflow as tf
+
+    def cond(i: Any, acc: Any) -> Any:
+        return i < n
+
+    def loop(i: Any, acc: Any) -> Any:
+        return i + 1, body(i, acc)
+
+    return tf.while_loop(cond, loop, (tf.constant(0), init))[1]

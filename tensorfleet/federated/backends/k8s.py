@@ -1,0 +1,164 @@
+"""Kubernetes manifests for N TFF C++ workers: a Deployment and a headless Service.
+
+Each pod runs ``tensorfleet federated worker`` (TFF's ``worker_binary``) on one port. The
+headless Service (``clusterIP: None``) gives no load balancer: its DNS name resolves to the
+address of every ready pod, which is the list a simulation takes as ``workers``
+(:func:`worker_addresses` resolves it from inside the cluster). A readiness probe on the
+worker's port keeps starting pods out of that list. The manifests are checked against the
+Kubernetes schemas (kubernetes-validate) before they are returned or written.
+
+Example:
+    >>> docs = federated_workers(replicas=4, image="registry.example/tensorfleet:1")
+    >>> [d["kind"] for d in docs]
+    ['Deployment', 'Service']
+    >>> path = write(docs, "tff-workers.yaml")
+    >>> path.read_text().count("kind: ")
+    2
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tensorfleet.cluster.k8s import KUBERNETES_VERSION, ManifestError, dump_yaml
+
+__all__ = ["DEFAULT_PORT", "ManifestError", "federated_workers", "validate", "worker_addresses", "write"]
+
+DEFAULT_PORT = 8000
+PORT_NAME = "tff-worker"
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _label(name: str, value: Any, max_len: int = 63) -> str:
+    if not isinstance(value, str) or not re.match(_DNS_LABEL, value) or len(value) > max_len:
+        raise ValueError(f"{name} must be a DNS label (lower-case letters, digits and '-', at most {max_len} "
+                         f"characters, starting and ending with a letter or digit). Received: {name}={value!r}")
+    return value
+
+
+def federated_workers(*, replicas: int, image: str, name: str = "tff-workers", namespace: str = "default",
+                      port: int = DEFAULT_PORT, max_concurrent: int = -1, cpu: str = "1", memory: str = "2Gi",
+                      command: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """A Deployment of ``replicas`` TFF workers and the headless Service in front of them.
+
+    Args:
+        replicas: number of worker pods.
+        image: container image with tensorfleet (and so TFF's worker_binary) installed.
+        name: name of the Deployment, the Service and the ``app`` label.
+        namespace: their namespace.
+        port: the port every worker serves on.
+        max_concurrent: the worker's ``--max-concurrent`` (nonpositive: no limit).
+        cpu, memory: each pod's requests and limits.
+        command: the container's command; ``tensorfleet federated worker ...`` by default.
+
+    Example:
+        >>> deployment, service = federated_workers(replicas=2, image="tensorfleet:1")
+        >>> service["spec"]["clusterIP"]
+        'None'
+    """
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ValueError(f"replicas must be a positive integer. Received: replicas={replicas!r}")
+    if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
+        raise ValueError(f"image must be a container image reference without spaces. Received: image={image!r}")
+    _label("name", name)
+    _label("namespace", namespace)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise ValueError(f"port must be an integer in [1, 65535]. Received: port={port!r}")
+    labels = {"app": name, "app.kubernetes.io/component": "tff-worker", "app.kubernetes.io/part-of": "tensorfleet"}
+    argv = list(command) if command is not None else [
+        "tensorfleet", "federated", "worker", "--port", str(port), "--host", "0.0.0.0",
+        "--max-concurrent", str(int(max_concurrent))]
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    # The worker stops on SIGTERM; give it time to end its computation.
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [{
+                        "name": "tff-worker",
+                        "image": image,
+                        "command": argv,
+                        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+                        "env": [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}],
+                        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 2,
+                                           "periodSeconds": 5},
+                        "livenessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 30,
+                                          "periodSeconds": 20},
+                        "resources": {"requests": {"cpu": cpu, "memory": memory},
+                                      "limits": {"cpu": cpu, "memory": memory}},
+                    }],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"app": name},
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+    docs = [deployment, service]
+    validate(docs)
+    return docs
+
+
+def validate(docs: Sequence[Mapping[str, Any]]) -> None:
+    """Checks every document against the Kubernetes schemas; raises :class:`ManifestError`."""
+    import kubernetes_validate
+
+    if not docs:
+        raise ManifestError("The manifest is empty; expected a Deployment and a Service.")
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, Mapping) or "kind" not in doc:
+            raise ManifestError(f"Document {i} is not a Kubernetes object (no 'kind'). Received: {str(doc)[:120]!r}")
+        try:
+            kubernetes_validate.validate(dict(doc), KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = "/".join(str(p) for p in getattr(exc, "path", []) or [])
+            first = str(exc).strip().splitlines()[0]
+            raise ManifestError(f"Document {i} ({doc['kind']}) is not a valid Kubernetes {doc['kind']}: {first}"
+                                + (f" (at {path})" if path else "")) from None
+
+
+def write(docs: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Validates ``docs`` and writes them as one YAML file, atomically."""
+    from tensorfleet.io import write_text
+
+    validate(docs)
+    return write_text(path, dump_yaml(docs))
+
+
+def worker_addresses(service: str = "tff-workers", *, namespace: str = "default", port: int = DEFAULT_PORT,
+                     domain: str = "svc.cluster.local") -> list[str]:
+    """``ip:port`` of every ready worker behind the headless Service (run inside the cluster).
+
+    Any resolvable name works (``domain=""`` takes it as it is), e.g. this machine's:
+
+        >>> worker_addresses("localhost", domain="", port=8000)
+        ['127.0.0.1:8000'...]
+
+    Example (needs a Kubernetes cluster with the workers' Service, and data and a model):
+        >>> Simulation(model_fn, clients, workers=worker_addresses("tff-workers"))  # doctest: +SKIP
+    """
+    host = f"{service}.{namespace}.{domain}" if domain else service
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"The worker Service's name does not resolve ({exc.strerror}); is this inside the cluster "
+                         f"and are workers ready? Received: {host!r}") from None
+    ips = sorted({info[4][0] for info in infos})
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]

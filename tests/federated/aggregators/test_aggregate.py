@@ -1,0 +1,83 @@
+"""The aggregation math, with numpy alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tensorfleet.federated.aggregators import aggregate as agg
+
+
+def test_median_ignores_one_huge_client_and_drops_nan_rows():
+    u = np.array([[0.0, 1.0], [2.0, 3.0], [1.0, 2.0], [1e9, -1e9], [np.nan, 0.0]])
+    assert agg.coordinate_median(u).tolist() == [1.5, 1.5]  # median of the 4 finite rows
+    assert agg.coordinate_median(u[:3]).tolist() == [1.0, 2.0]
+
+
+def test_trimmed_mean_matches_scipy_and_its_definition():
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=(11, 5))
+    assert np.allclose(agg.trimmed_mean(u, 0.2), stats.trim_mean(u, 0.2, axis=0))
+    # floor(0.2 * 11) = 2 dropped per side, per coordinate
+    s = np.sort(u, axis=0)
+    assert np.allclose(agg.trimmed_mean(u, 0.2), s[2:9].mean(axis=0))
+    assert np.allclose(agg.trimmed_mean(u, 0.0), u.mean(axis=0))
+
+
+def test_trimmed_mean_rejects_beta_out_of_range():
+    with pytest.raises(ValueError, match=r"beta must be in \[0, 0.5\). Received: beta=0.5"):
+        agg.trimmed_mean(np.zeros((3, 2)), 0.5)
+
+
+def test_krum_scores_by_hand_and_picks_an_honest_update():
+    u = np.array([[0.0], [1.0], [2.0], [100.0]])
+    # f=1: each row sums its n - f - 2 = 1 smallest squared distances to others.
+    assert agg.krum_scores(u, 1).tolist() == [1.0, 1.0, 1.0, 98.0 ** 2]
+    assert agg.krum(u, 1).tolist() == [0.0]              # lowest score, ties broken by index
+    assert agg.krum(u, 1, num_selected=3).tolist() == [1.0]
+    assert agg.krum(np.vstack([u, [[np.nan]]]), 1).tolist() == [0.0]
+
+
+def test_weighted_mean_is_fedavgs_rule():
+    u = np.array([[1.0, 0.0], [3.0, 4.0]])
+    assert agg.weighted_mean(u, np.array([1.0, 3.0])).tolist() == [2.5, 3.0]
+
+
+def test_clip_by_l2_norm():
+    assert agg.clip_by_l2_norm(np.array([3.0, 4.0]), 1.0).tolist() == pytest.approx([0.6, 0.8])
+    assert agg.clip_by_l2_norm(np.array([0.3, 0.4]), 1.0).tolist() == [0.3, 0.4]
+
+
+def test_quantize_has_two_to_the_bits_levels_over_min_max():
+    v = np.linspace(-1.0, 1.0, 101)
+    q = agg.quantize(v, 2)
+    assert sorted(set(np.round(q, 9).tolist())) == pytest.approx([-1.0, -1 / 3, 1 / 3, 1.0])
+    assert np.abs(agg.quantize(v, 8) - v).max() <= (2.0 / 255) / 2 + 1e-12
+
+
+def test_sparsify_keeps_the_largest_magnitudes():
+    v = np.array([0.1, -5.0, 0.2, 3.0, -0.05, 0.0, 1.0, -2.0, 0.3, 0.4])
+    assert agg.sparsify(v, 0.7).tolist() == [0, -5.0, 0, 3.0, 0, 0, 0, -2.0, 0, 0]
+    assert agg.kept_count(10, 0.7) == 3
+
+
+def test_compressed_bytes_counts_values_indices_and_ranges():
+    assert agg.compressed_bytes([100, 10], bits=32) == 440
+    assert agg.compressed_bytes([100, 10], bits=8) == 100 + 8 + 10 + 8
+    # 10% kept: 10 and 1 values, 1 byte each, plus 4-byte indices and an 8-byte range each
+    assert agg.compressed_bytes([100, 10], bits=8, sparsity=0.9) == (10 + 40 + 8) + (1 + 4 + 8)
+
+
+def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
+    from tensorfleet.federated.aggregators.dp import epsilon
+
+    e = lambda nm, r: epsilon(noise_multiplier=nm, sampling_rate=0.1, rounds=r, delta=1e-5)  # noqa: E731
+    assert e(1.0, 0) == 0.0
+    assert math.isinf(e(0.0, 10))
+    assert 0 < e(1.0, 10) < e(1.0, 100)
+    assert e(2.0, 100) < e(1.0, 100)
+    with pytest.raises(ValueError, match=r"sampling_rate must be in \(0, 1\]. Received: sampling_rate=1.5"):
+        epsilon(noise_multiplier=1.0, sampling_rate=1.5, rounds=1)

@@ -1,0 +1,190 @@
+"""Memory estimates against Keras's own counts and real tensors; the memory savers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tensorfleet.models import build
+from tensorfleet.planner import memory as M
+
+
+def _branchy_model() -> tf.keras.Model:
+    inputs = tf.keras.Input(shape=(6, 6, 3))
+    a = tf.keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    a = tf.keras.layers.BatchNormalization()(a)
+    b = tf.keras.layers.Conv2D(2, 1)(inputs)
+    x = tf.keras.layers.Concatenate()([a, b])
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    outputs = tf.keras.layers.Dense(5)(x)
+    return tf.keras.Model(inputs, outputs, name="branchy")
+
+
+MODELS = {"digits_cnn": lambda: build("digits_cnn"), "digits_mlp": lambda: build("digits_mlp"), "branchy": _branchy_model}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_parameter_counts_equal_keras_count_params(name):
+    model = MODELS[name]()
+    table = M.layer_table(model)
+    assert sum(row.parameters for row in table) == model.count_params()
+    assert sum(row.trainable for row in table) == sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert M.estimate(model, batch_size=8, optimizer="sgd").parameters == 4 * model.count_params()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_activation_estimate_equals_the_tensors_a_forward_pass_produces(name):
+    model = MODELS[name]()
+    probe = tf.keras.Model(model.inputs, [layer.output for layer in model.layers])
+    batch = 7
+    x = np.random.default_rng(0).random((batch, *model.input_shape[1:]), dtype=np.float32)
+    produced = sum(int(tf.size(t)) for t in probe(x, training=True))
+    assert M.activation_values(model) * batch == produced
+    assert M.estimate(model, batch_size=batch).activations == produced * 4
+
+
+def test_digits_cnn_figures_exactly():
+    model = build("digits_cnn")
+    assert [row.activation_values for row in M.layer_table(model)] == [64, 1024, 2048, 512, 512, 64, 10]
+    est = M.estimate(model, batch_size=64, optimizer="adam")
+    assert (est.parameters, est.gradients, est.optimizer_state) == (38282 * 4, 38282 * 4, 38282 * 8)
+    assert est.activations == 4234 * 64 * 4
+
+
+def test_optimizer_state_matches_the_variables_keras_optimizers_create():
+    model = build("digits_mlp")
+    n = model.count_params()
+    # Keras 2.14's SGD keeps a momentum slot per weight even at momentum=0, so an SGD instance
+    # is counted as what it allocates; the name "sgd" stands for plain SGD with no state.
+    for optimizer, states in ((tf.keras.optimizers.SGD(0.1), 1), (tf.keras.optimizers.SGD(0.1, momentum=0.9), 1),
+                              (tf.keras.optimizers.Adam(), 2)):
+        optimizer.build(model.trainable_variables)
+        created = sum(int(np.prod(v.shape)) for v in optimizer.variables if v.shape.rank)
+        assert created == states * n
+        assert M.estimate(model, batch_size=4, optimizer=optimizer).optimizer_state == 4 * created
+
+
+def test_bytes_per_parameter_table_and_the_16_byte_rule():
+    assert M.bytes_per_parameter("sgd") == {"parameters": 4, "gradients": 4, "optimizer_state": 0}
+    assert M.bytes_per_parameter("momentum") == {"parameters": 4, "gradients": 4, "optimizer_state": 4}
+    assert M.bytes_per_parameter("adam") == {"parameters": 4, "gradients": 4, "optimizer_state": 8}
+    assert sum(M.bytes_per_parameter("adam", "mixed_float16").values()) == 16
+    assert sum(M.bytes_per_parameter("sgd", "mixed_bfloat16").values()) == 8
+
+
+def test_data_tensor_pipeline_and_hybrid_divide_memory_as_documented():
+    params, acts, batch = [1000.0, 3000.0, 2000.0, 2000.0], [10.0, 20.0, 30.0, 40.0], 32
+    one = M.estimate_from_counts(stage_parameters=[sum(params)], stage_activation_values=[sum(acts)],
+                                 batch_size=batch, optimizer="adam")
+    assert one.total == 8000 * 16 + 100 * 32 * 4
+    data = M.estimate_from_counts(stage_parameters=[sum(params)], stage_activation_values=[sum(acts)],
+                                  batch_size=batch, parallelism="data", devices=4)
+    assert data.model_states == one.model_states and data.activations == one.activations / 4
+    tensor = M.estimate_from_counts(stage_parameters=[sum(params)], stage_activation_values=[sum(acts)],
+                                    batch_size=batch, parallelism="tensor", devices=4)
+    assert tensor.total == one.total / 4
+    # Pipeline over 4 stages, 8 micro-batches of 4: 1F1B keeps 4 - stage in flight, GPipe all 8.
+    pipe = M.estimate_from_counts(stage_parameters=params, stage_activation_values=acts, batch_size=batch,
+                                  parallelism="pipeline", devices=4, micro_batches=8)
+    stage_totals = [p * 16 + a * 4 * min(4 - s, 8) * 4 for s, (p, a) in enumerate(zip(params, acts))]
+    assert pipe.total == max(stage_totals) and pipe.micro_batch == 4
+    gpipe = M.estimate_from_counts(stage_parameters=params, stage_activation_values=acts, batch_size=batch,
+                                   parallelism="pipeline", devices=4, micro_batches=8, schedule="gpipe")
+    assert gpipe.total == max(p * 16 + a * 4 * 8 * 4 for p, a in zip(params, acts))
+    hybrid = M.estimate_from_counts(stage_parameters=[4000.0, 4000.0], stage_activation_values=[30.0, 70.0],
+                                    batch_size=batch, parallelism="hybrid", devices=8, tensor=2, micro_batches=2)
+    # data 2 x tensor 2 x pipeline 2: 16 examples per replica, micro-batches of 8.
+    assert hybrid.total == (4000 * 16 + 70 * 8 * 1 * 4) / 2 and hybrid.micro_batch == 8
+
+
+def test_model_pipeline_stages_are_balanced_by_parameters():
+    assert M.split_stages([1, 1, 1, 5, 1, 1], 3) == [[0, 1, 2], [3], [4, 5]]
+    assert M.split_stages([4, 4, 4, 4], 2) == [[0, 1], [2, 3]]
+    model = build("digits_cnn")
+    est = M.estimate(model, batch_size=32, parallelism="pipeline", devices=2, micro_batches=4)
+    # Stage 0 = input..flatten (4,800 params, 4,160 activation values per example, 2 micro-batches
+    # of 8 in flight): 343,040 bytes. Stage 1 = the dense layers (33,482 params, 74 values, 1 in
+    # flight): 538,080 bytes, the fuller device.
+    assert (est.parameters, est.activations, est.total) == (33482 * 4, 74 * 8 * 4, 538080)
+
+
+def test_per_layer_plot_is_a_png(tmp_path):
+    path = M.plot_layers(build("digits_cnn"), tmp_path / "layers.png", batch_size=64)
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_inputs_are_rejected_at_the_boundary():
+    model = build("digits_mlp")
+    with pytest.raises(ValueError, match="optimizer must be one of 'sgd', 'momentum', 'adam'. Received: optimizer='adagrad'"):
+        M.estimate(model, batch_size=8, optimizer="adagrad")
+    with pytest.raises(ValueError, match="precision must be one of 'float32', 'mixed_float16', 'mixed_bfloat16'. "
+                                         "Received: precision='fp8'"):
+        M.estimate(model, batch_size=8, precision="fp8")
+    with pytest.raises(ValueError, match="batch_size must be a positive integer. Received: batch_size=0"):
+        M.estimate(model, batch_size=0)
+    with pytest.raises(ValueError, match="batch_size must be divisible by the data-parallel degree 4. Received: batch_size=6"):
+        M.estimate(model, batch_size=6, devices=4)
+    with pytest.raises(ValueError, match="devices divisible by tensor x pipeline. Received: devices=6, tensor=4"):
+        M.estimate_from_counts(stage_parameters=[1.0], stage_activation_values=[1.0], batch_size=8,
+                               parallelism="hybrid", devices=6, tensor=4)
+    with pytest.raises(TypeError, match="model must be a tf.keras.Model. Received: str"):
+        M.layer_table("digits_mlp")
+    with pytest.raises(ValueError, match=r"num_stages must be at most the number of layers \(3\).*Received: num_stages=4"):
+        M.estimate(model, batch_size=8, parallelism="pipeline", devices=4)
+
+
+def _data(n: int = 32):
+    rng = np.random.default_rng(1)
+    return rng.random((n, 64), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def test_gradient_accumulation_equals_one_big_batch_with_sgd():
+    x, y = _data(32)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    big = build("digits_mlp", input_dim=64, seed=3)
+    big.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss=loss)
+    big.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    acc = M.accumulate_gradients(build("digits_mlp", input_dim=64, seed=3), steps=4)
+    acc.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss=loss)
+    acc.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    assert acc.optimizer.iterations.numpy() == 2  # one update per batch of 4 micro-batches
+    for a, b in zip(big.get_weights(), acc.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="steps must be a positive integer. Received: steps=0"):
+        M.accumulate_gradients(big, 0)
+
+
+def test_recomputed_block_gives_the_same_gradients():
+    x, y = _data(16)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def make(recompute: bool) -> tf.keras.Model:
+        layers = [tf.keras.layers.Dense(32, activation="tanh", kernel_initializer=tf.keras.initializers.GlorotUniform(k))
+                  for k in (1, 2)]
+        inputs = tf.keras.Input(shape=(64,))
+        h = M.recompute(layers)(inputs) if recompute else layers[1](layers[0](inputs))
+        outputs = tf.keras.layers.Dense(10, kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
+        return tf.keras.Model(inputs, outputs)
+
+    grads = []
+    for flag in (False, True):
+        model = make(flag)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+    assert [g.shape for g in grads[0]] == [g.shape for g in grads[1]] and len(grads[0]) == 6
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_mixed_precision_sets_a_policy_and_loss_scaling_then_restores():
+    before = tf.keras.mixed_precision.global_policy().name
+    with M.mixed_precision("mixed_float16") as wrap:
+        model = build("digits_mlp")
+        optimizer = wrap(tf.keras.optimizers.Adam())
+    assert tf.keras.mixed_precision.global_policy().name == before
+    assert model.layers[1].compute_dtype == "float16" and model.layers[1].dtype == "float32"
+    assert isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer) and optimizer.dynamic
+    with M.mixed_precision("mixed_bfloat16") as wrap:
+        assert isinstance(wrap(tf.keras.optimizers.SGD()), tf.keras.optimizers.SGD)
