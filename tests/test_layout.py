@@ -1,0 +1,142 @@
+"""The package's layout rules, read from the source: which room may import which, unique public
+class names, no private name reached across modules, and the size of modules and functions.
+
+Imports are read with ``ast`` (every ``import``, also the lazy ones inside functions), so a rule
+broken anywhere in a module fails here, not only at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tensorfleet"
+CORE = {"io", "registry", "validation", "netbind", "kube"}
+
+# room -> rooms it must not import (DESIGN.md "Import direction").
+FORBIDDEN = {
+    "models": {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "cli", "demo"},
+    "edge": {"federated", "strategies", "model_parallel", "cluster", "planner", "cli"},
+    "strategies": {"federated", "edge", "cluster", "planner", "model_parallel", "cli"},
+    "federated": {"strategies", "model_parallel", "cluster", "planner", "edge", "cli"},
+    **{core: {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli", "demo"}
+       for core in CORE},
+}
+LIBRARY_ROOMS = {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", *CORE}
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 80
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")[: -node.level]  # a package's own module is named "<package>.__init__"
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, source: str) -> list[tuple[str, list[str], int]]:
+    """(imported tensorfleet module, names taken from it, line) for every import in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == "tensorfleet"]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            if target.split(".")[0] == "tensorfleet":
+                names = [a.name for a in node.names]
+                if target == "tensorfleet":  # "from tensorfleet import edge" names the room itself
+                    found += [(f"tensorfleet.{n}", [], node.lineno) for n in names]
+                else:
+                    found.append((target, names, node.lineno))
+    return found
+
+
+def layout_violations(sources: dict[str, str]) -> list[str]:
+    """Every broken import rule in ``sources`` (module name -> its text), one line each."""
+    problems = []
+    for module, source in sources.items():
+        room = _room(module)
+        for target, names, line in imports_of(module, source):
+            other = _room(target)
+            if other == room or not other:
+                continue
+            if other in FORBIDDEN.get(room, set()):
+                problems.append(f"{module}:{line} imports {target} ({room} must not import {other})")
+            elif other == "cli" and room in LIBRARY_ROOMS:
+                problems.append(f"{module}:{line} imports {target} (no library module imports cli)")
+        for target, names, line in imports_of(module, source):
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if private and target != module:
+                problems.append(f"{module}:{line} imports private {', '.join(private)} from {target}")
+    return problems
+
+
+def test_the_rules_catch_a_forbidden_and_a_private_import():
+    planted = {
+        "tensorfleet.edge.convert": "def f():\n    from tensorfleet.federated import Simulation\n",
+        "tensorfleet.models.zoo": "from tensorfleet.strategies.registry import build\n",
+        "tensorfleet.io": "import tensorfleet.cli.main\n",
+        "tensorfleet.strategies.registry": "from tensorfleet import planner\n",
+        "tensorfleet.federated.simulation": "from tensorfleet.federated.backends.tff import _GRPC\n",
+        "tensorfleet.cluster.launcher": "from tensorfleet.strategies.tf_config import ClusterSpec\n",
+    }
+    assert layout_violations(planted) == [
+        "tensorfleet.edge.convert:2 imports tensorfleet.federated (edge must not import federated)",
+        "tensorfleet.models.zoo:1 imports tensorfleet.strategies.registry (models must not import strategies)",
+        "tensorfleet.io:1 imports tensorfleet.cli.main (io must not import cli)",
+        "tensorfleet.strategies.registry:1 imports tensorfleet.planner (strategies must not import planner)",
+        "tensorfleet.federated.simulation:1 imports private _GRPC from tensorfleet.federated.backends.tff",
+    ]
+
+
+def test_every_module_keeps_the_import_rules():
+    sources = {name: path.read_text() for name, path in _modules().items()}
+    assert layout_violations(sources) == []
+
+
+def test_every_room_of_the_design_exists_with_a_docstring():
+    for room in ("strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli"):
+        init = PACKAGE / room / "__init__.py"
+        assert init.exists(), room
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{room}/__init__.py has no docstring"
+
+
+def test_public_class_names_are_unique_across_the_package():
+    where = defaultdict(list)
+    for name, path in _modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where[node.name].append(name)
+    assert {cls: mods for cls, mods in where.items() if len(mods) > 1} == {}
+
+
+def _body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    body = function.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring does not count
+    return body[-1].end_lineno - body[0].lineno + 1 if body else 0
+
+
+@pytest.mark.parametrize("limit_kind", ["module", "function"])
+def test_modules_and_functions_stay_small(limit_kind):
+    over = []
+    for name, path in _modules().items():
+        source = path.read_text()
+        if limit_kind == "module" and source.count("\n") > MAX_MODULE_LINES:
+            over.append(f"{name} ({source.count(chr(10))} lines)")
+        if limit_kind == "function":
+            over += [f"{name}.{f.name} ({_body_lines(f)} lines)" for f in ast.walk(ast.parse(source))
+                     if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(f) > MAX_FUNCTION_LINES]
+    assert over == []
