@@ -1,8 +1,8 @@
 """The scripts in examples/ run end to end (short settings) and print what they promise.
 
-train_digits_multiworker.py and train_digits_ps.py run under the launcher in
-tests/strategies (fault tolerance, elastic, multi-worker); the others run here, each in a
-process of its own in a temporary directory.
+train_digits_multiworker.py and train_digits_ps.py run under the launcher in tests/cluster
+(fault tolerance, elastic); the others run here, each in a process of its own in a temporary
+directory.
 """
 
 from __future__ import annotations
