@@ -12,21 +12,12 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tensorfleet.lazy import attach
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = (
+__getattr__, _SUBPACKAGES = attach(__name__, modules=(
     "strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli",
-)
+))
 
 __all__ = ["__version__", *_SUBPACKAGES]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SUBPACKAGES:
-        module = importlib.import_module(f"{__name__}.{name}")
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'tensorfleet' has no attribute {name!r}")
