@@ -2,7 +2,7 @@
 
 1. Counts table: every all-reduce algorithm of ``tensorfleet.planner.collectives`` executed
    with real tensors over N = 2, 4, 8 logical CPU devices; values sent and steps, against the
-   classic formulas.
+   exact and classic formulas of ``tensorfleet.planner.traffic``.
 2. Validation: TensorFlow's ``ReductionToOneDevice`` and ``HierarchicalCopyAllReduce`` over 4
    logical CPU devices (MirroredStrategy), and a 2-process ``MultiWorkerMirroredStrategy``
    with the RING implementation over 127.0.0.1, for tensors of 1 KB to 256 MB. Contenders are
@@ -37,6 +37,7 @@ def counts_table() -> list[str]:
     import numpy as np
 
     from tensorfleet.planner import collectives as C
+    from tensorfleet.planner import traffic
 
     lines = ["| algorithm | N | total sent (executed) | exact formula | classic formula | steps |",
              "|---|---|---|---|---|---|"]
@@ -46,8 +47,8 @@ def counts_table() -> list[str]:
         for name in C.COLLECTIVES.names():
             result = C.all_reduce(values, algorithm=name)
             assert all(np.array_equal(o.numpy(), np.full(m, n * (n - 1) / 2)) for o in result.outputs)
-            lines.append(f"| {name} | {n} | {result.trace.total_sent} | {C.exact_traffic(name, n, m)} | "
-                         f"{C.classic_traffic(name, n, m)} | {result.trace.num_steps} |")
+            lines.append(f"| {name} | {n} | {result.trace.total_sent} | {traffic.exact_traffic(name, n, m)} | "
+                         f"{traffic.classic_traffic(name, n, m)} | {result.trace.num_steps} |")
     return lines
 
 

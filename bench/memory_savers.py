@@ -5,9 +5,9 @@ A 4 x 2048 ReLU MLP on 1024 inputs, SGD, batch 4096. Each contender runs in a fr
 process's peak resident set from just before the first step to after three steps):
 
 * ``plain``: ``fit`` on batches of 4096;
-* ``accumulate8``: :func:`tensorfleet.planner.memory.accumulate_gradients` with 8
+* ``accumulate8``: :func:`tensorfleet.strategies.memory_savers.accumulate_gradients` with 8
   micro-batches of 512 (one update per batch);
-* ``recompute``: the hidden layers wrapped in :func:`tensorfleet.planner.memory.recompute`.
+* ``recompute``: the hidden layers wrapped in :func:`tensorfleet.strategies.memory_savers.recompute`.
 
 Beside each, the estimator's figures (``memory.estimate``) for the same model. Contenders are
 alternated over the repeats; medians are reported.
@@ -32,6 +32,7 @@ import os, resource, sys, json
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import numpy as np, tensorflow as tf
 from tensorfleet.planner import memory
+from tensorfleet.strategies import memory_savers
 kind = sys.argv[1]
 batch, width, depth = 4096, 2048, 4
 rng = np.random.default_rng(0)
@@ -41,14 +42,14 @@ inputs = tf.keras.Input(shape=(1024,))
 hidden = [tf.keras.layers.Dense(width, activation="relu") for _ in range(depth)]
 h = inputs
 if kind == "recompute":
-    h = memory.recompute(hidden)(h)
+    h = memory_savers.recompute(hidden)(h)
 else:
     for layer in hidden:
         h = layer(h)
 model = tf.keras.Model(inputs, tf.keras.layers.Dense(10)(h))
 estimate = memory.estimate(model, batch_size=batch, optimizer="sgd")
 if kind == "accumulate8":
-    model = memory.accumulate_gradients(model, 8)
+    model = memory_savers.accumulate_gradients(model, 8)
 model.compile(optimizer=tf.keras.optimizers.SGD(0.01),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 def rss_kb():

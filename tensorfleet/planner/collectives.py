@@ -6,25 +6,13 @@ tensor (or a chunk of one) to others, the receiver gets a real copy on its own d
 values every node sent and received, and, per step, the largest number of values any single
 node sent or received (the step's critical path on full-duplex links of equal bandwidth).
 
-All-reduce algorithms (N workers, M values each), after the classic comparison in
-Li et al., "Scaling Distributed Machine Learning with the Parameter Server" (OSDI 2014),
-Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations"
-(JPDC 2009) and Thakur, Rabenseifner & Gropp, "Optimization of collective communication
-operations in MPICH" (IJHPCA 2005):
-
-============================  =====================  =================  =================
-algorithm                     total values sent      steps              classic total
-============================  =====================  =================  =================
-parameter server (``ps``)     2·N·M                  2                  2·N·M
-naive all-to-all              N·(N-1)·M              1                  N²·M
-ring                          2·(N-1)·M              2·(N-1)            2·N·M
-tree (binomial)               2·(N-1)·M              2·⌈log2 N⌉         2·N·M
-butterfly (recursive doubling) N·M·log2 N            log2 N             N·M·log2 N
-halving_doubling (Rabenseifner) 2·(N-1)·M            2·log2 N           2·N·M
-============================  =====================  =================  =================
-
-The classic column is the large-N form; :func:`exact_traffic` and :func:`classic_traffic`
-give both, and the executed counts equal :func:`exact_traffic` exactly.
+The all-reduce algorithms (:data:`COLLECTIVES`: ``ps``, ``naive``, ``ring``, ``tree``,
+``butterfly``, ``halving_doubling``) follow the classic comparison in Li et al., "Scaling
+Distributed Machine Learning with the Parameter Server" (OSDI 2014), Patarasuk & Yuan,
+"Bandwidth optimal all-reduce algorithms for clusters of workstations" (JPDC 2009) and Thakur,
+Rabenseifner & Gropp, "Optimization of collective communication operations in MPICH" (IJHPCA
+2005). What each sends, by formula, is in :mod:`tensorfleet.planner.traffic`; the executed
+traces equal its exact counts.
 
 Example:
     >>> from tensorfleet.planner import collectives
@@ -43,19 +31,19 @@ from enum import Enum
 from typing import Any, Callable, Sequence
 
 from tensorfleet.registry import Registry
+from tensorfleet.validation import integer
 
 __all__ = [
     "AllReduceAlgorithm",
     "COLLECTIVES",
     "CollectiveResult",
+    "POWER_OF_TWO_ALGORITHMS",
     "Trace",
+    "algorithm_name",
     "all_gather",
     "all_reduce",
     "broadcast",
-    "classic_per_worker_time",
-    "classic_traffic",
-    "exact_step_values",
-    "exact_traffic",
+    "check_node_count",
     "gather",
 ]
 
@@ -155,7 +143,7 @@ class _Network:
         return out
 
 
-def _check_inputs(values: Sequence[Any], *, power_of_two: bool = False, name: str = "") -> tuple[int, int]:
+def _check_inputs(values: Sequence[Any]) -> int:
     if not isinstance(values, (list, tuple)) or len(values) < 2:
         raise ValueError(
             f"A collective needs a list of at least 2 per-node tensors. Received: "
@@ -166,10 +154,7 @@ def _check_inputs(values: Sequence[Any], *, power_of_two: bool = False, name: st
     sizes = {int(np.size(v)) for v in values}
     if len(sizes) != 1:
         raise ValueError(f"Every node must hold a tensor of the same size. Received sizes: {sorted(sizes)}")
-    n = len(values)
-    if power_of_two and n & (n - 1):
-        raise ValueError(f"The {name} algorithm needs a power-of-two number of nodes. Received: N={n}")
-    return n, sizes.pop()
+    return len(values)
 
 
 def _flat(net: _Network, values: Sequence[Any]) -> list[Any]:
@@ -312,7 +297,24 @@ COLLECTIVES.register("butterfly", _butterfly, aliases=("recursive_doubling",),
 COLLECTIVES.register("halving_doubling", _halving_doubling, aliases=("rabenseifner",),
                      description="Recursive-halving reduce-scatter, then recursive-doubling all-gather.")
 
-_POWER_OF_TWO = {"butterfly", "halving_doubling"}
+POWER_OF_TWO_ALGORITHMS = frozenset({"butterfly", "halving_doubling"})
+
+
+def algorithm_name(algorithm: str | AllReduceAlgorithm) -> str:
+    """The registered name of an all-reduce algorithm given by name, alias or enum member.
+
+    Example:
+        >>> algorithm_name("Rabenseifner"), algorithm_name(AllReduceAlgorithm.RING)
+        ('halving_doubling', 'ring')
+    """
+    return COLLECTIVES.canonical(algorithm.value if isinstance(algorithm, AllReduceAlgorithm) else algorithm)
+
+
+def check_node_count(name: str, n: int) -> None:
+    """Refuses ``n`` nodes for an algorithm that cannot run on them (recursive doubling and
+    halving need a power of two)."""
+    if name in POWER_OF_TWO_ALGORITHMS and n & (n - 1):
+        raise ValueError(f"The {name} algorithm needs a power-of-two number of nodes. Received: N={n}")
 
 
 def all_reduce(values: Sequence[Any], *, algorithm: str = "ring", devices: Sequence[str] | None = None) -> CollectiveResult:
@@ -334,8 +336,9 @@ def all_reduce(values: Sequence[Any], *, algorithm: str = "ring", devices: Seque
         >>> out.outputs[1].numpy(), out.trace.total_sent
         (array([3., 3., 3., 3.]), 16)
     """
-    name = COLLECTIVES.canonical(algorithm.value if isinstance(algorithm, AllReduceAlgorithm) else algorithm)
-    n, _ = _check_inputs(values, power_of_two=name in _POWER_OF_TWO, name=name)
+    name = algorithm_name(algorithm)
+    n = _check_inputs(values)
+    check_node_count(name, n)
     net = _Network(n, devices, extra_nodes=(PS_NODE,) if name == "ps" else ())
     outputs = COLLECTIVES.get(name)(net, _flat(net, values))
     return CollectiveResult(outputs=outputs, trace=net.trace)
@@ -351,10 +354,8 @@ def broadcast(value: Any, num_nodes: int, *, root: int = 0, devices: Sequence[st
         >>> broadcast(np.arange(3.0), 4).trace.num_steps
         2
     """
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 2:
-        raise ValueError(f"num_nodes must be an integer of at least 2. Received: num_nodes={num_nodes!r}")
-    if not isinstance(root, int) or not 0 <= root < num_nodes:
-        raise ValueError(f"root must be a node index in [0, {num_nodes}). Received: root={root!r}")
+    num_nodes = integer("num_nodes", num_nodes, minimum=2)
+    root = integer("root", root, minimum=0, maximum=num_nodes - 1)
     net = _Network(num_nodes, devices)
     out: list[Any] = [None] * num_nodes
     # Relabel so the root is virtual node 0 of the binomial tree.
@@ -378,9 +379,8 @@ def gather(values: Sequence[Any], *, root: int = 0, devices: Sequence[str] | Non
         >>> gather([np.zeros(2), np.ones(2)]).outputs[0].numpy()
         array([0., 0., 1., 1.])
     """
-    n, _ = _check_inputs(values)
-    if not isinstance(root, int) or not 0 <= root < n:
-        raise ValueError(f"root must be a node index in [0, {n}). Received: root={root!r}")
+    n = _check_inputs(values)
+    root = integer("root", root, minimum=0, maximum=n - 1)
     net = _Network(n, devices)
     x = _flat(net, values)
     sends = [(i, root, x[i]) for i in range(n) if i != root]
@@ -401,7 +401,7 @@ def all_gather(values: Sequence[Any], *, devices: Sequence[str] | None = None) -
         >>> all_gather([np.zeros(1), np.ones(1)]).outputs[1].numpy()
         array([0., 1.])
     """
-    n, _ = _check_inputs(values)
+    n = _check_inputs(values)
     net = _Network(n, devices)
     x = _flat(net, values)
     have = [{i: x[i]} for i in range(n)]
@@ -410,90 +410,3 @@ def all_gather(values: Sequence[Any], *, devices: Sequence[str] | None = None) -
         for (src, dst, _), copy in zip(sends, net.step(sends)):
             have[dst][(src - s) % n] = copy
     return CollectiveResult(outputs=[_concat(net, i, [have[i][j] for j in range(n)]) for i in range(n)], trace=net.trace)
-
-
-# ----------------------------------------------------------------------------- counting math
-
-
-def _check_nm(n: int, m: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"The number of workers must be an integer of at least 2. Received: N={n!r}")
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"The number of values must be a positive integer. Received: M={m!r}")
-
-
-def exact_step_values(algorithm: str, n: int, m: int) -> list[int]:
-    """Per-step critical values of an all-reduce (M divisible by N), without running it.
-
-    Example:
-        >>> exact_step_values("ring", 4, 8)
-        [2, 2, 2, 2, 2, 2]
-    """
-    _check_nm(n, m)
-    name = COLLECTIVES.canonical(algorithm.value if isinstance(algorithm, AllReduceAlgorithm) else algorithm)
-    log = math.ceil(math.log2(n))
-    if name in _POWER_OF_TWO and n & (n - 1):
-        raise ValueError(f"The {name} algorithm needs a power-of-two number of nodes. Received: N={n}")
-    if name == "ps":
-        return [n * m, n * m]
-    if name == "naive":
-        return [(n - 1) * m]
-    if name == "ring":
-        return [m // n] * (2 * (n - 1))
-    if name == "tree":
-        return [m] * (2 * log)
-    if name == "butterfly":
-        return [m] * log
-    halving = [m >> (k + 1) for k in range(log)]
-    return halving + halving[::-1]
-
-
-def exact_traffic(algorithm: str, n: int, m: int) -> int:
-    """Total values sent by all nodes in one all-reduce of M values on N workers (M divisible by N).
-
-    Example:
-        >>> exact_traffic("naive", 4, 10)
-        120
-    """
-    _check_nm(n, m)
-    name = COLLECTIVES.canonical(algorithm.value if isinstance(algorithm, AllReduceAlgorithm) else algorithm)
-    exact_step_values(name, n, m)  # validates power-of-two
-    return {
-        "ps": 2 * n * m,
-        "naive": n * (n - 1) * m,
-        "ring": 2 * (n - 1) * m,
-        "tree": 2 * (n - 1) * m,
-        "butterfly": n * m * int(math.log2(n)),
-        "halving_doubling": 2 * (n - 1) * m,
-    }[name]
-
-
-def classic_traffic(algorithm: str, n: int, m: int) -> int:
-    """The textbook (large-N) total traffic: PS 2NM, naive N²M, ring 2NM, tree 2NM, butterfly NM·log2 N."""
-    _check_nm(n, m)
-    name = COLLECTIVES.canonical(algorithm.value if isinstance(algorithm, AllReduceAlgorithm) else algorithm)
-    if name == "butterfly":
-        return n * m * int(round(math.log2(n)))
-    return {"ps": 2 * n * m, "naive": n * n * m, "ring": 2 * n * m, "tree": 2 * n * m,
-            "halving_doubling": 2 * n * m}[name]
-
-
-def classic_per_worker_time(algorithm: str, n: int, m: float, bandwidth: float) -> float:
-    """The textbook per-worker time: PS M·N/B, ring (M/N)·2N/B, tree M·2·log2(N)/B, butterfly M·log2(N)/B.
-
-    The step model of :class:`Trace` (push and pull not overlapped, N-1 not N ring steps) gives
-    ``critical_values / B``: PS 2·M·N/B, ring 2·(N-1)·M/(N·B), tree and butterfly exactly as here.
-    """
-    _check_nm(n, max(1, int(m)))
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be positive. Received: bandwidth={bandwidth!r}")
-    name = COLLECTIVES.canonical(algorithm.value if isinstance(algorithm, AllReduceAlgorithm) else algorithm)
-    log = math.log2(n)
-    return {
-        "ps": m * n / bandwidth,
-        "naive": (n - 1) * m / bandwidth,
-        "ring": (m / n) * 2 * n / bandwidth,
-        "tree": m * 2 * log / bandwidth,
-        "butterfly": m * log / bandwidth,
-        "halving_doubling": (m / n) * 2 * n / bandwidth,
-    }[name]

@@ -4,7 +4,8 @@ Hockney's model: sending a message of ``n`` bytes costs ``alpha + n * beta`` sec
 ``alpha`` the per-message latency and ``beta = 1 / bandwidth``. An algorithm that runs in
 steps costs the sum over its steps of ``alpha + beta * (bytes the busiest node sends or
 receives in that step)`` -- the same per-step critical sizes that
-:mod:`tensorfleet.planner.collectives` counts when it executes the algorithm.
+:mod:`tensorfleet.planner.collectives` counts when it executes the algorithm
+(:func:`tensorfleet.planner.traffic.step_sizes`).
 
 The two-level (hierarchical) all-reduce follows Goyal et al. / Horovod's hierarchical mode:
 reduce-scatter inside each machine over fast links, all-reduce of each shard across machines
@@ -33,8 +34,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tensorfleet.planner.collectives import AllReduceAlgorithm, COLLECTIVES
-from tensorfleet.validation import parse_bandwidth, parse_duration
+from tensorfleet.planner.collectives import AllReduceAlgorithm, algorithm_name
+from tensorfleet.planner.traffic import step_sizes
+from tensorfleet.validation import number, parse_bandwidth, parse_duration, positive_int
 
 __all__ = [
     "Link",
@@ -45,11 +47,6 @@ __all__ = [
     "predict_hierarchical",
     "step_bytes",
 ]
-
-def _finite_nonnegative(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a finite number >= 0. Received: {name}={value!r}")
-
 
 @dataclass(frozen=True)
 class Link:
@@ -66,16 +63,16 @@ class Link:
     beta_uncached: float | None = None
 
     def __post_init__(self) -> None:
-        _finite_nonnegative("alpha", self.alpha)
-        _finite_nonnegative("beta", self.beta)
+        number("alpha", self.alpha, minimum=0)
+        number("beta", self.beta, minimum=0)
         if (self.cache_bytes is None) != (self.beta_uncached is None):
             raise ValueError(
                 "A cache-aware link needs both cache_bytes and beta_uncached (or neither). Received: "
                 f"cache_bytes={self.cache_bytes!r}, beta_uncached={self.beta_uncached!r}"
             )
         if self.cache_bytes is not None:
-            _finite_nonnegative("cache_bytes", self.cache_bytes)
-            _finite_nonnegative("beta_uncached", self.beta_uncached)
+            number("cache_bytes", self.cache_bytes, minimum=0)
+            number("beta_uncached", self.beta_uncached, minimum=0)
 
     @property
     def bandwidth(self) -> float:
@@ -97,47 +94,20 @@ class Link:
         return self.alpha + beta * nbytes  # type: ignore[operator]
 
 
-def _name(algorithm: str | AllReduceAlgorithm) -> str:
-    return COLLECTIVES.canonical(algorithm.value if isinstance(algorithm, AllReduceAlgorithm) else algorithm)
-
-
-def _check(n: int, nbytes: float) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"The number of workers must be a positive integer. Received: n={n!r}")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not nbytes >= 0:
-        raise ValueError(f"The message size must be a number of bytes >= 0. Received: nbytes={nbytes!r}")
-
-
 def step_bytes(algorithm: str | AllReduceAlgorithm, n: int, nbytes: float) -> list[float]:
     """Per-step critical bytes of an all-reduce of ``nbytes`` on ``n`` workers.
 
-    Equals :func:`tensorfleet.planner.collectives.exact_step_values` whenever ``nbytes`` is
+    Equals :func:`tensorfleet.planner.traffic.exact_step_values` whenever ``nbytes`` is
     divisible by ``n``; one worker needs no communication.
 
     Example:
         >>> step_bytes("tree", 4, 100.0)
         [100.0, 100.0, 100.0, 100.0]
     """
-    _check(n, nbytes)
-    name = _name(algorithm)
-    if n == 1:
-        return []
-    if name in ("butterfly", "halving_doubling") and n & (n - 1):
-        raise ValueError(f"The {name} algorithm needs a power-of-two number of workers. Received: n={n}")
-    log = math.ceil(math.log2(n))
-    s = float(nbytes)
-    if name == "ps":
-        return [n * s, n * s]
-    if name == "naive":
-        return [(n - 1) * s]
-    if name == "ring":
-        return [s / n] * (2 * (n - 1))
-    if name == "tree":
-        return [s] * (2 * log)
-    if name == "butterfly":
-        return [s] * log
-    halving = [s / 2 ** (k + 1) for k in range(log)]
-    return halving + halving[::-1]
+    n = positive_int("n", n)
+    nbytes = number("nbytes", nbytes, minimum=0)
+    name = algorithm_name(algorithm)
+    return [] if n == 1 else step_sizes(name, n, nbytes)
 
 
 def predict(
@@ -170,11 +140,8 @@ def predict_hierarchical(nodes: int, devices_per_node: int, nbytes: float, *, in
         >>> predict_hierarchical(2, 4, 1e6, intra=fast, inter=slow) < predict("ring", 8, 1e6, slow)
         True
     """
-    for label, value in (("nodes", nodes), ("devices_per_node", devices_per_node)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label} must be a positive integer. Received: {label}={value!r}")
-    _check(nodes * devices_per_node, nbytes)
-    g, k, s = devices_per_node, nodes, float(nbytes)
+    k, g = positive_int("nodes", nodes), positive_int("devices_per_node", devices_per_node)
+    s = number("nbytes", nbytes, minimum=0)
     inside = 2 * (g - 1) * intra.time(s / g)
     across = 2 * (k - 1) * inter.time(s / (g * k))
     return inside + across
@@ -264,7 +231,7 @@ def fit_link(
         )
     cached = cache_bytes is not None
     if cached:
-        _finite_nonnegative("cache_bytes", cache_bytes)
+        number("cache_bytes", cache_bytes, minimum=0)
         if not np.any(w > cache_bytes):
             raise ValueError(
                 f"No measurement's working set exceeds the cache, so its cost beyond the cache cannot be "

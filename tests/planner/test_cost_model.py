@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tensorfleet.planner import collectives as C
 from tensorfleet import validation
 from tensorfleet.planner import cost_model as cm
+from tensorfleet.planner import traffic
 
 
 def test_units_parse_to_bytes_and_bytes_per_second():
@@ -46,7 +46,7 @@ def test_parse_rejects_non_strings_with_type_error():
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("algorithm", ["ps", "naive", "ring", "tree", "butterfly", "halving_doubling"])
 def test_step_bytes_equal_the_executed_step_counts(algorithm, n):
-    assert cm.step_bytes(algorithm, n, 48.0 * n) == [float(v) for v in C.exact_step_values(algorithm, n, 48 * n)]
+    assert cm.step_bytes(algorithm, n, 48.0 * n) == [float(v) for v in traffic.exact_step_values(algorithm, n, 48 * n)]
 
 
 def test_predict_sums_alpha_plus_beta_per_step():
