@@ -2,7 +2,8 @@
 
 Digits (scikit-learn's 8x8), the ``digits_cnn`` model, SGD, 2 workers + 1 parameter server
 as ``tf.distribute.Server``s in this process on 127.0.0.1, scheduled by TensorFlow's
-``ClusterCoordinator`` under :mod:`tensorfleet.strategies.staleness`. Worker 1 pauses inside
+``ClusterCoordinator`` under :mod:`tensorfleet.strategies.staleness`, measured by
+:func:`tensorfleet.strategies.staleness_run.train`. Worker 1 pauses inside
 every step (between reading the variables and applying its update) -- the straggler.
 
 Per policy: steady-state steps/s, the clock gap actually seen (how far the fast worker ran
@@ -44,8 +45,9 @@ def main() -> None:
     tf.get_logger().setLevel("ERROR")
     from tensorfleet.io import save_figure, write_json
     from tensorfleet.models import build, datasets
-    from tensorfleet.strategies import staleness as consistency
-    from tensorfleet.strategies.data_parallel import parameter_server, start_in_process_cluster
+    from tensorfleet.strategies.data_parallel import parameter_server
+    from tensorfleet.strategies.servers import start_in_process_cluster
+    from tensorfleet.strategies.staleness_run import train
 
     split = datasets.load_digits()
     strategy = parameter_server(cluster=start_in_process_cluster(workers=2, ps=1))
@@ -69,7 +71,7 @@ def main() -> None:
           f"every {args.every} of its steps, {args.repeats} repeats alternated\n")
     for repeat in range(args.repeats):
         for staleness in POLICIES:
-            _, run = consistency.train(
+            _, run = train(
                 strategy, coordinator, model_fn=lambda: build("digits_cnn"),
                 optimizer_fn=lambda: tf.keras.optimizers.SGD(args.lr), dataset_fn=dataset_fn, steps=args.steps,
                 staleness=staleness, straggler=1, straggler_delay=pattern, snapshot_interval=0.25,

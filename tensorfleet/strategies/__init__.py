@@ -26,19 +26,12 @@ Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from tensorfleet.strategies import auto as _auto  # noqa: F401  (registers "auto")
+from tensorfleet.lazy import attach
+# Registration order is the order `tensorfleet strategies list` shows: auto, the data-parallel
+# strategies, tpu.
 from tensorfleet.strategies.auto import choose
-from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
-from tensorfleet.strategies.data_parallel import (
-    CollectiveImplementation,
-    CrossDeviceOps,
-    NoTPUError,
-    start_in_process_cluster,
-    start_server,
-)
+from tensorfleet.strategies.data_parallel import CollectiveImplementation, CrossDeviceOps
+from tensorfleet.strategies.tpu import NoTPUError
 from tensorfleet.strategies.devices import (
     RuntimeAlreadyInitializedError,
     logical_device_names,
@@ -46,19 +39,11 @@ from tensorfleet.strategies.devices import (
 )
 from tensorfleet.strategies.inputs import FitInputs, evaluate_inputs, fit_inputs, uses_coordinator
 from tensorfleet.strategies.registry import STRATEGIES, Availability, available, build, describe, info, register
+from tensorfleet.strategies.servers import start_in_process_cluster, start_server
+from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
 
-# Submodules loaded on first use, so that importing tensorfleet.strategies stays cheap.
-_LAZY_MODULES = ("staleness",)
-_LAZY_NAMES: dict[str, str] = {}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_MODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in _LAZY_NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+# The parameter server's staleness option and its measured training runs, loaded on first use.
+__getattr__, _lazy = attach(__name__, modules=("staleness", "staleness_run"))
 
 __all__ = [
     "STRATEGIES",
@@ -86,6 +71,5 @@ __all__ = [
     "start_in_process_cluster",
     "start_server",
     "uses_coordinator",
-    *_LAZY_MODULES,
-    *_LAZY_NAMES,
+    *_lazy,
 ]

@@ -11,8 +11,9 @@ import logging
 import os
 from typing import Any, Mapping
 
-from tensorfleet.strategies.tf_config import tf_config_from_env
+from tensorfleet.strategies.devices import local_devices, local_tpu_devices
 from tensorfleet.strategies.registry import build, register
+from tensorfleet.strategies.tf_config import tf_config_from_env
 
 __all__ = ["choose", "auto"]
 
@@ -32,14 +33,11 @@ def choose(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
         return "parameter_server", f"TF_CONFIG has {config.cluster.num_tasks('ps')} ps task(s)"
     if config is not None and config.num_workers > 1:
         return "multi_worker_mirrored", f"TF_CONFIG has {config.num_workers} workers"
-    import tensorflow as tf
-
-    tpus = tf.config.list_logical_devices("TPU")
+    tpus = local_tpu_devices()
     if tpus or env.get("TPU_NAME"):
         return "tpu", (f"{len(tpus)} TPU core(s) attached" if tpus else f"TPU_NAME={env['TPU_NAME']}")
-    gpus = tf.config.list_logical_devices("GPU")
-    devices = gpus or tf.config.list_logical_devices("CPU")
-    kind = "GPU" if gpus else "CPU"
+    devices = local_devices()
+    kind = devices[0].device_type
     if len(devices) > 1:
         return "mirrored", f"{len(devices)} local {kind} devices"
     return "one_device", f"one local {kind} device"

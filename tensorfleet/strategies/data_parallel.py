@@ -9,29 +9,24 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import socket
 from enum import Enum
 from typing import Any, Sequence
 
-from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, tf_config_from_env
+from tensorfleet.strategies.devices import local_devices
 from tensorfleet.strategies.registry import Availability, register
-from tensorfleet.validation import choice, positive_int
+from tensorfleet.strategies.servers import start_server
+from tensorfleet.strategies.staleness import attach, resolve_staleness
+from tensorfleet.strategies.tf_config import ClusterSpec, Role, Task, parse_tf_config, tf_config_from_env
+from tensorfleet.validation import choice, integer, number, positive_int
 
 __all__ = [
     "CrossDeviceOps",
     "CollectiveImplementation",
-    "NoTPUError",
-    "ServerTask",
     "central_storage",
     "mirrored",
     "multi_worker_mirrored",
     "one_device",
     "parameter_server",
-    "start_in_process_cluster",
-    "start_server",
-    "tpu",
-    "worker_server_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,16 +46,6 @@ class CollectiveImplementation(str, Enum):
     AUTO = "auto"
     RING = "ring"
     NCCL = "nccl"
-
-
-class NoTPUError(RuntimeError):
-    """No TPU can be reached from this machine."""
-
-
-def _positive_int(key: str, value: Any, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    return positive_int(key, value)
 
 
 def _device_list(key: str, devices: Sequence[str] | None) -> list[str] | None:
@@ -90,13 +75,6 @@ def _device_list(key: str, devices: Sequence[str] | None) -> list[str] | None:
     if len(set(d.lower() for d in resolved)) != len(resolved):
         raise ValueError(f"{key} lists a device twice. Received: {key}={list(devices)!r}")
     return resolved
-
-
-def _local_device_count() -> int:
-    import tensorflow as tf
-
-    gpus = tf.config.list_logical_devices("GPU")
-    return len(gpus) if gpus else len(tf.config.list_logical_devices("CPU"))
 
 
 # --------------------------------------------------------------------------- one device
@@ -147,9 +125,8 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
 
     devices = _device_list("devices", devices)
     if devices is None:
-        gpus = tf.config.list_logical_devices("GPU")
-        devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
-    _positive_int("num_packs", num_packs)
+        devices = [d.name for d in local_devices()]
+    positive_int("num_packs", num_packs)
     ops = None
     if cross_device_ops is not None:
         kind = choice(CrossDeviceOps, "cross_device_ops", cross_device_ops)
@@ -234,7 +211,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         >>> multi_worker_mirrored(timeout_seconds=0)
         Traceback (most recent call last):
         ...
-        ValueError: timeout_seconds must be a positive number or None. Received: timeout_seconds=0
+        ValueError: timeout_seconds must be a finite number > 0. Received: timeout_seconds=0
     """
     import tensorflow as tf
 
@@ -242,14 +219,11 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
     if kind is CollectiveImplementation.NCCL and not tf.config.list_physical_devices("GPU"):
         raise ValueError("implementation='nccl' needs GPUs and this machine has none. "
                          "Received: implementation='nccl'; use 'ring' or 'auto'.")
-    if timeout_seconds is not None and (isinstance(timeout_seconds, bool)
-                                        or not isinstance(timeout_seconds, (int, float)) or timeout_seconds <= 0):
-        raise ValueError(f"timeout_seconds must be a positive number or None. Received: timeout_seconds={timeout_seconds!r}")
+    timeout_seconds = number("timeout_seconds", timeout_seconds, above=0, optional=True)
     resolver = None
     if tf_config is not None:
-        from tensorfleet.strategies.tf_config import parse_tf_config
-
-        resolver = _resolver(parse_tf_config(tf_config))
+        config = parse_tf_config(tf_config)
+        resolver = _cluster_resolver(config.cluster, config.task, config.rpc_layer)
     else:
         tf_config_from_env()  # validate the environment's TF_CONFIG with clear errors
     impl = {
@@ -261,70 +235,16 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
 
 
-def _resolver(config: TFConfig) -> Any:
+def _cluster_resolver(cluster: ClusterSpec, task: Task | None, rpc_layer: str | None = None) -> Any:
     import tensorflow as tf
 
-    task_type = config.task.role if config.task else None
-    task_id = config.task.index if config.task else None
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        config.cluster.to_tf(), task_type=task_type, task_id=task_id, rpc_layer=config.rpc_layer or "grpc"
+        cluster.to_tf(), task_type=task.role if task else None, task_id=task.index if task else None,
+        rpc_layer=rpc_layer or "grpc",
     )
 
 
 # --------------------------------------------------------------------------- parameter server
-
-
-def worker_server_config(num_workers: int) -> Any:
-    """The ConfigProto a worker or ps server needs.
-
-    On a 2-core machine the parameter server hangs at the first epoch unless each worker
-    server has at least ``num_workers + 1`` inter-op threads (TensorFlow defaults the pool to
-    the core count), so the pool is sized to ``max(cores, num_workers + 1)``.
-    """
-    import tensorflow as tf
-
-    config = tf.compat.v1.ConfigProto()
-    config.inter_op_parallelism_threads = max(os.cpu_count() or 1, num_workers + 1)
-    return config
-
-
-class ServerTask:
-    """A running ``tf.distribute.Server`` for one task (TensorFlow cannot stop one; it lives
-    until its process exits)."""
-
-    def __init__(self, server: Any, role: str, index: int, address: str) -> None:
-        self.server, self.role, self.index, self.address = server, role, index, address
-
-    def join(self) -> None:
-        self.server.join()
-
-
-def start_server(cluster: ClusterSpec, role: str, index: int) -> ServerTask:
-    """Starts the ``tf.distribute.Server`` of task ``role:index`` of ``cluster`` in this process."""
-    import tensorflow as tf
-
-    task = cluster.task(role, index)
-    num_workers = cluster.num_tasks(Role.WORKER.value)
-    server = tf.distribute.Server(
-        cluster.to_tf(), job_name=role, task_index=index, protocol="grpc",
-        config=worker_server_config(num_workers), start=True,
-    )
-    log.info("Started %s server at %s", task, task.address)
-    return ServerTask(server, role, index, task.address)
-
-
-def start_in_process_cluster(*, workers: int = 2, ps: int = 1) -> ClusterSpec:
-    """Starts ``workers`` worker and ``ps`` parameter servers in this process on 127.0.0.1.
-
-    The calling process is then the coordinator: pass the returned spec as
-    ``build("parameter_server", cluster=spec)``. For tests, notebooks and single-machine runs.
-    """
-    _positive_int("workers", workers)
-    _positive_int("ps", ps)
-    spec = ClusterSpec.local(workers=workers, ps=ps)
-    for task in spec.tasks():
-        start_server(spec, task.role, task.index)
-    return spec
 
 
 def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
@@ -333,7 +253,7 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
     """``ParameterServerStrategy``: workers train asynchronously against variables on ps tasks.
 
     The cluster comes from ``cluster`` (a :class:`ClusterSpec`, e.g. from
-    :func:`start_in_process_cluster`) or from TF_CONFIG. When TF_CONFIG says this process is a
+    :func:`~tensorfleet.strategies.servers.start_in_process_cluster`) or from TF_CONFIG. When TF_CONFIG says this process is a
     ``worker`` or ``ps`` task and ``serve`` is true, its server is started and this call
     blocks serving it, as those tasks only serve; only the chief (the coordinator) gets a
     strategy back.
@@ -350,6 +270,7 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
 
     Example (the coordinator of a cluster in this process; it cannot run inside the test
     suite, where connecting to a cluster would change the process's eager context for good):
+        >>> from tensorfleet.strategies.servers import start_in_process_cluster
         >>> spec = start_in_process_cluster(workers=2, ps=1)  # doctest: +SKIP
         >>> strategy = parameter_server(cluster=spec, staleness=2)  # doctest: +SKIP
 
@@ -361,12 +282,9 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
     """
     import tensorflow as tf
 
-    from tensorfleet.strategies import staleness as consistency
-
-    consistency.resolve_staleness(staleness)  # a bad value fails before anything starts
-
-    _positive_int("max_shards", max_shards, allow_none=True)
-    _positive_int("min_shard_bytes", min_shard_bytes, allow_none=True)
+    resolve_staleness(staleness)  # a bad value fails before anything starts
+    integer("max_shards", max_shards, minimum=1, optional=True)
+    integer("min_shard_bytes", min_shard_bytes, minimum=1, optional=True)
     if min_shard_bytes is not None and max_shards is None:
         raise ValueError("min_shard_bytes only applies with max_shards. Received: "
                          f"min_shard_bytes={min_shard_bytes}, max_shards=None")
@@ -398,98 +316,17 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
         partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
             min_shard_bytes=min_shard_bytes or (256 << 10), max_shards=max_shards
         )
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        spec.to_tf(),
-        task_type=task.role if task else None,
-        task_id=task.index if task else None,
-        rpc_layer="grpc",
-    )
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
-    consistency.attach(strategy, staleness)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(_cluster_resolver(spec, task),
+                                                                  variable_partitioner=partitioner)
+    attach(strategy, staleness)
     return strategy
-
-
-# --------------------------------------------------------------------------- TPU
-
-
-def _parse_tpu_address(tpu_address: str) -> tuple[str, int] | None:
-    """(host, port) for a grpc://host:port address; None for a TPU name."""
-    if tpu_address.startswith("grpc://"):
-        rest = tpu_address[len("grpc://"):]
-        host, sep, port = rest.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"tpu_address must look like 'grpc://host:8470'. Received: tpu_address={tpu_address!r}")
-        return host, int(port)
-    if "://" in tpu_address or not tpu_address.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(
-            "tpu_address must be a TPU name (letters, digits, '-', '_') or 'grpc://host:port'. "
-            f"Received: tpu_address={tpu_address!r}"
-        )
-    return None
-
-
-def local_tpu_devices() -> list[str]:
-    import tensorflow as tf
-
-    return [d.name for d in tf.config.list_logical_devices("TPU")]
-
-
-def tpu(*, tpu_address: str | None = None, zone: str | None = None, project: str | None = None,
-        connect_timeout: float = 5.0) -> Any:
-    """``TPUStrategy`` over the TPU at ``tpu_address`` (a name or ``grpc://host:port``).
-
-    Without an address, uses a TPU attached to this machine or named by ``TPU_NAME``. When
-    none is there, raises :class:`NoTPUError` without touching the network.
-
-    Example (this machine has no TPU):
-        >>> tpu()
-        Traceback (most recent call last):
-        ...
-        tensorfleet.strategies.data_parallel.NoTPUError: No TPU is attached to this machine and no tpu_address (or TPU_NAME) was given. ...
-    """
-    import tensorflow as tf
-
-    if tpu_address is None:
-        tpu_address = os.environ.get("TPU_NAME")
-    if tpu_address is not None:
-        if not isinstance(tpu_address, str) or not tpu_address:
-            raise ValueError(f"tpu_address must be a non-empty string. Received: tpu_address={tpu_address!r}")
-        endpoint = _parse_tpu_address(tpu_address)
-        if endpoint is not None:
-            try:
-                socket.create_connection(endpoint, timeout=connect_timeout).close()
-            except OSError as exc:
-                raise NoTPUError(f"No TPU worker answers at {tpu_address} ({exc.strerror or exc}). "
-                                 "Check the address, or build 'mirrored' or 'one_device' instead.") from None
-        elif zone is None and project is None and not _on_cloud_vm():
-            raise NoTPUError(
-                f"The TPU name {tpu_address!r} can only be resolved on a Cloud VM (or with zone= and "
-                "project=). This machine is neither; pass tpu_address='grpc://host:port' instead."
-            )
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_address, zone=zone, project=project)
-        tf.config.experimental_connect_to_cluster(resolver)
-    else:
-        if not local_tpu_devices():
-            raise NoTPUError(
-                "No TPU is attached to this machine and no tpu_address (or TPU_NAME) was given. "
-                "Received: tpu_address=None. Pass tpu_address='grpc://host:8470' or a TPU name, or "
-                "build 'mirrored' or 'one_device' instead."
-            )
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="local")
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    return tf.distribute.TPUStrategy(resolver)
-
-
-def _on_cloud_vm() -> bool:
-    return os.path.exists("/sys/class/dmi/id/product_name") and "Google" in open(
-        "/sys/class/dmi/id/product_name", encoding="utf-8", errors="ignore").read()
 
 
 # --------------------------------------------------------------------------- availability
 
 
 def _check_mirrored() -> Availability:
-    n = _local_device_count()
+    n = len(local_devices())
     if n > 1:
         return Availability(True, f"{n} local devices")
     return Availability(True, "1 local device (simulate_devices(n) splits the CPU)")
@@ -509,14 +346,6 @@ def _check_parameter_server() -> Availability:
     return Availability(True, "needs a cluster: TF_CONFIG with ps tasks, or start_in_process_cluster()")
 
 
-def _check_tpu() -> Availability:
-    if local_tpu_devices():
-        return Availability(True, "a TPU is attached")
-    if os.environ.get("TPU_NAME"):
-        return Availability(True, f"TPU_NAME={os.environ['TPU_NAME']}")
-    return Availability(False, "no TPU attached and no TPU_NAME")
-
-
 register("one_device", one_device, aliases=("single", "default"),
          description="OneDeviceStrategy: everything on one device.")
 register("mirrored", mirrored, aliases=("mirror",), check=_check_mirrored,
@@ -528,4 +357,3 @@ register("parameter_server", parameter_server, aliases=("ps",), check=_check_par
          description="ParameterServerStrategy: asynchronous workers, variables on ps tasks.")
 register("central_storage", central_storage, aliases=("central",),
          description="CentralStorageStrategy: variables on one device, compute mirrored.")
-register("tpu", tpu, check=_check_tpu, description="TPUStrategy on an attached or addressed TPU.")

@@ -3,13 +3,18 @@
 TensorFlow can split one physical CPU into several logical devices, but only before its
 runtime initialises (the first op, the first ``list_logical_devices`` call, the first
 strategy). :func:`simulate_devices` does that split and refuses clearly when it is too late.
+:func:`local_devices` and :func:`local_tpu_devices` are the devices strategies place replicas on.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-__all__ = ["simulate_devices", "logical_device_names", "RuntimeAlreadyInitializedError"]
+from tensorfleet.validation import positive_int
+
+__all__ = ["simulate_devices", "local_devices", "local_tpu_devices", "logical_device_names",
+           "RuntimeAlreadyInitializedError"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +48,7 @@ def simulate_devices(n: int, *, device_type: str = "CPU") -> list[str]:
         TensorFlow initialised its runtime, which already has 4 logical CPU device(s): [...]. Call
         tensorfleet.strategies.simulate_devices() first thing in the program, ...
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer number of logical devices. Received: n={n!r}")
+    positive_int("n", n)
     if device_type not in ("CPU", "GPU"):
         raise ValueError(f"device_type must be 'CPU' or 'GPU'. Received: device_type={device_type!r}")
     import tensorflow as tf
@@ -76,3 +80,16 @@ def logical_device_names(device_type: str = "CPU") -> list[str]:
     import tensorflow as tf
 
     return [d.name for d in tf.config.list_logical_devices(device_type)]
+
+
+def local_devices() -> list[Any]:
+    """The logical devices that replicas go on by default: every GPU, else every CPU (initialises
+    the runtime)."""
+    import tensorflow as tf
+
+    return tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+
+
+def local_tpu_devices() -> list[str]:
+    """Names of the TPU cores attached to this machine (initialises the runtime)."""
+    return logical_device_names("TPU")

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from tensorfleet.validation import integer, positive_int
+
 __all__ = ["FitInputs", "fit_inputs", "evaluate_inputs", "uses_coordinator"]
 
 
@@ -58,8 +60,7 @@ def _current_strategy(strategy: Any) -> Any:
 
 
 def _check_arrays(x: Any, y: Any, batch_size: int) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
+    positive_int("batch_size", batch_size)
     n = len(x)
     if n == 0:
         raise ValueError("x is empty. Received: len(x)=0")
@@ -148,9 +149,7 @@ def fit_inputs(
         n = _check_arrays(x, y, batch_size)
         steps_per_epoch = steps_per_epoch or math.ceil(n / batch_size)
         make = _dataset_fn(x, y, batch_size, shuffle, seed, repeat=coordinated)
-    if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
-                                        or steps_per_epoch <= 0):
-        raise ValueError(f"steps_per_epoch must be a positive integer. Received: steps_per_epoch={steps_per_epoch!r}")
+    integer("steps_per_epoch", steps_per_epoch, minimum=1, optional=True)
     validation: dict[str, Any] = {}
     if validation_data is not None:
         if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:

@@ -21,8 +21,9 @@ its coordinator that the caller passes in:
 * :func:`attach` (strategy, staleness) -- the ``staleness`` option of a strategy: gates the
   strategy's one ``ClusterCoordinator``, so Keras ``Model.fit`` trains under the policy;
 * :func:`install` (coordinator, staleness) -- the same on a coordinator;
-* :func:`train` -- a measured training loop (clock gaps, update lags, weight snapshots,
-  an optional straggler) for comparing the policies.
+* :class:`StalenessScheduler` -- runs a step function on the workers under the policy;
+  :func:`tensorfleet.strategies.staleness_run.train` builds a measured training loop (clock gaps,
+  update lags, weight snapshots, an optional straggler) on it for comparing the policies.
 
 Example:
     >>> from tensorfleet.strategies import staleness as consistency
@@ -35,9 +36,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Sequence
+
+from tensorfleet.validation import positive_int
 
 __all__ = [
     "Consistency",
@@ -45,11 +48,10 @@ __all__ = [
     "StalenessScheduler",
     "StepRecord",
     "StalenessGate",
-    "TrainingRun",
     "attach",
     "install",
+    "installed_gate",
     "resolve_staleness",
-    "train",
 ]
 
 
@@ -142,6 +144,17 @@ class StepRecord:
     outputs: Any = None
 
 
+def _coordinator_workers(coordinator: Any) -> list[Any]:
+    """The workers of a ``ClusterCoordinator``; TypeError for anything else."""
+    workers = getattr(getattr(coordinator, "_cluster", None), "workers", None)
+    if not workers:
+        raise TypeError(
+            "coordinator must be a tf.distribute.experimental.coordinator.ClusterCoordinator. "
+            f"Received: {type(coordinator).__name__}"
+        )
+    return list(workers)
+
+
 class StalenessScheduler:
     """Runs steps on a ``ClusterCoordinator``'s workers under a :class:`StalenessPolicy`.
 
@@ -159,15 +172,9 @@ class StalenessScheduler:
     """
 
     def __init__(self, coordinator: Any, staleness: int | str | None | StalenessPolicy) -> None:
-        workers = getattr(getattr(coordinator, "_cluster", None), "workers", None)
-        if not workers:
-            raise TypeError(
-                "coordinator must be a tf.distribute.experimental.coordinator.ClusterCoordinator. "
-                f"Received: {type(coordinator).__name__}"
-            )
+        self._workers = _coordinator_workers(coordinator)
         self.coordinator = coordinator
         self.policy = resolve_staleness(staleness)
-        self._workers = list(workers)
 
     @property
     def num_workers(self) -> int:
@@ -198,8 +205,7 @@ class StalenessScheduler:
         import numpy as np
         from tqdm.auto import tqdm
 
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive integer. Received: steps={steps!r}")
+        positive_int("steps", steps)
         n = self.num_workers
         clocks = [0] * n
         issued = [0]
@@ -247,6 +253,10 @@ class StalenessScheduler:
         return records
 
 
+# Where install() keeps a coordinator's gate: ClusterCoordinator is one object per strategy.
+_GATE_ATTRIBUTE = "_tensorfleet_staleness_gate"
+
+
 class StalenessGate:
     """Makes a ``ClusterCoordinator``'s own ``schedule`` obey a :class:`StalenessPolicy`.
 
@@ -261,7 +271,7 @@ class StalenessGate:
     def __init__(self, coordinator: Any, policy: StalenessPolicy) -> None:
         self.coordinator = coordinator
         self.policy = policy
-        self._workers = list(coordinator._cluster.workers)
+        self._workers = _coordinator_workers(coordinator)
         self._schedule = coordinator.schedule
         self._join = coordinator.join
         self.clocks = [0] * len(self._workers)
@@ -311,9 +321,17 @@ class StalenessGate:
     def uninstall(self) -> None:
         """Gives the coordinator its own ``schedule`` and ``join`` back."""
         self.join()
-        for name in ("schedule", "join"):
+        for name in ("schedule", "join", _GATE_ATTRIBUTE):
             self.coordinator.__dict__.pop(name, None)
-        self.coordinator.__dict__.pop("_tensorfleet_staleness_gate", None)
+
+
+def installed_gate(coordinator: Any) -> StalenessGate | None:
+    """The :class:`StalenessGate` installed on ``coordinator`` (None under ASP or when none is).
+
+    ``ClusterCoordinator(strategy)`` returns the strategy's one coordinator, the one that
+    :func:`attach` (the ``staleness`` option) and Keras ``fit`` use.
+    """
+    return coordinator.__dict__.get(_GATE_ATTRIBUTE)
 
 
 def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> StalenessGate | None:
@@ -340,13 +358,8 @@ def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> 
         True
     """
     policy = resolve_staleness(staleness)
-    workers = getattr(getattr(coordinator, "_cluster", None), "workers", None)
-    if not workers:
-        raise TypeError(
-            "coordinator must be a tf.distribute.experimental.coordinator.ClusterCoordinator. "
-            f"Received: {type(coordinator).__name__}"
-        )
-    previous = coordinator.__dict__.get("_tensorfleet_staleness_gate")
+    _coordinator_workers(coordinator)
+    previous = installed_gate(coordinator)
     if previous is not None:
         previous.uninstall()
     if policy.kind is Consistency.ASP:
@@ -354,7 +367,7 @@ def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> 
     gate = StalenessGate(coordinator, policy)
     coordinator.schedule = gate.schedule
     coordinator.join = gate.join
-    coordinator._tensorfleet_staleness_gate = gate
+    setattr(coordinator, _GATE_ATTRIBUTE, gate)
     return gate
 
 
@@ -416,205 +429,3 @@ def _to_numpy(value: Any, np: Any) -> Any:
     import tensorflow as tf
 
     return tf.nest.map_structure(lambda v: np.asarray(v), value)
-
-
-@dataclass
-class TrainingRun:
-    """What :func:`train` measured."""
-
-    policy: StalenessPolicy
-    records: list[StepRecord]
-    wall_seconds: float
-    snapshots: list[tuple[float, list[Any]]] = field(default_factory=list)
-    straggler: int | None = None
-
-    @property
-    def warmup_seconds(self) -> float:
-        """Until every worker finished its first step (tracing and start-up happen there)."""
-        firsts: dict[int, float] = {}
-        for r in self.records:
-            firsts.setdefault(r.worker, r.end)
-        return max(firsts.values())
-
-    @property
-    def steps_per_second(self) -> float:
-        """Steady-state rate: steps finished after the warm-up, per second after it."""
-        t0 = self.warmup_seconds
-        later = sum(1 for r in self.records if r.end > t0)
-        return later / (self.wall_seconds - t0) if self.wall_seconds > t0 else 0.0
-
-    @property
-    def update_lags(self) -> list[int]:
-        """Per step, how many other updates reached the server between its read and its update."""
-        return [int(r.outputs["applied"]) - 1 - int(r.outputs["read"]) for r in self.records]
-
-    @property
-    def max_clock_gap(self) -> int:
-        """The furthest any worker was ahead of the slowest when it started a step."""
-        return max(r.clock_gap for r in self.records)
-
-    def steps_per_worker(self, num_workers: int) -> list[int]:
-        return [sum(1 for r in self.records if r.worker == w) for w in range(num_workers)]
-
-    def summary(self) -> dict[str, Any]:
-        import numpy as np
-
-        lags = self.update_lags
-        return {
-            "policy": self.policy.label,
-            "steps": len(self.records),
-            "wall_seconds": round(self.wall_seconds, 3),
-            "steps_per_second": round(self.steps_per_second, 2),
-            "max_clock_gap": self.max_clock_gap,
-            "mean_update_lag": round(float(np.mean(lags)), 3),
-            "max_update_lag": int(max(lags)),
-        }
-
-
-def _sleep_op(microseconds: Any) -> Any:
-    """A real pause inside a worker's step (a straggler), without burning CPU."""
-    import tensorflow as tf
-    from tensorflow.python.data.experimental.ops import testing as data_testing
-
-    return tf.data.Dataset.range(1).apply(data_testing.sleep(microseconds)).reduce(
-        tf.constant(0, tf.int64), lambda total, value: total + value)
-
-
-def train(
-    strategy: Any,
-    coordinator: Any,
-    *,
-    model_fn: Callable[[], Any],
-    optimizer_fn: Callable[[], Any],
-    dataset_fn: Callable[[Any], Any],
-    steps: int,
-    staleness: int | str | None,
-    straggler: int | None = None,
-    straggler_delay: float | Sequence[float] = 0.0,
-    snapshot_interval: float | None = None,
-    progress: bool = True,
-) -> tuple[Any, TrainingRun]:
-    """Trains a Keras classifier (logits, integer labels) under a consistency model.
-
-    Args:
-        strategy: a ``ParameterServerStrategy``.
-        coordinator: its ``ClusterCoordinator``.
-        model_fn: builds the Keras model (called under ``strategy.scope()``).
-        optimizer_fn: builds the Keras optimizer (called under ``strategy.scope()``).
-        dataset_fn: ``input_context -> tf.data.Dataset`` of ``(x, y)`` batches, repeated.
-        steps: total training steps over all workers.
-        staleness: 0 BSP, k SSP, None ASP (see :func:`resolve_staleness`).
-        straggler: index of a worker made slow on purpose, or None.
-        straggler_delay: seconds that worker pauses inside every step, between reading the
-            variables and applying its update (so its updates really are late); a sequence
-            gives the pause of its successive steps, cycling (an intermittent straggler).
-        snapshot_interval: every this many seconds, copy the weights (for accuracy against
-            wall-clock time); None for no snapshots.
-        progress: show a progress bar.
-
-    Returns:
-        The trained model and a :class:`TrainingRun` with per-step records.
-
-    Example (needs a ParameterServerStrategy cluster and its ClusterCoordinator, so it does not
-    run as a doctest: connecting to a cluster changes the process's eager context for good):
-        >>> model, run = train(strategy, coordinator,  # doctest: +SKIP
-        ...                    model_fn=lambda: tfl.models.build("digits_cnn"),
-        ...                    optimizer_fn=lambda: tf.keras.optimizers.SGD(0.1),
-        ...                    dataset_fn=make_dataset, steps=200, staleness=2,
-        ...                    straggler=1, straggler_delay=0.05)
-        >>> run.summary()["max_clock_gap"] <= 2  # doctest: +SKIP
-        True
-    """
-    import tensorflow as tf
-
-    policy = resolve_staleness(staleness)
-    scheduler = StalenessScheduler(coordinator, policy)
-    if straggler is not None and (isinstance(straggler, bool) or not isinstance(straggler, int)
-                                  or not 0 <= straggler < scheduler.num_workers):
-        raise ValueError(
-            f"straggler must be a worker index in [0, {scheduler.num_workers}) or None. Received: straggler={straggler!r}"
-        )
-    pattern = [straggler_delay] if isinstance(straggler_delay, (int, float)) else list(straggler_delay)
-    if not pattern or any(isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0 for d in pattern):
-        raise ValueError(
-            "straggler_delay must be seconds >= 0, or a non-empty sequence of them. "
-            f"Received: straggler_delay={straggler_delay!r}"
-        )
-    if snapshot_interval is not None and not snapshot_interval > 0:
-        raise ValueError(f"snapshot_interval must be positive or None. Received: snapshot_interval={snapshot_interval!r}")
-
-    with strategy.scope():
-        model = model_fn()
-        optimizer = optimizer_fn()
-        version = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_count")
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-    per_worker = coordinator.create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(dataset_fn))
-    iterator = iter(per_worker)
-
-    @tf.function
-    def step(iterator: Any, delay_us: Any) -> dict[str, Any]:
-        def replica_fn(x: Any, y: Any) -> dict[str, Any]:
-            # Timestamps after each phase, on the worker. They also pin the version read to the
-            # start of the step: without a worker-side consumer TensorFlow deferred it.
-            read = version.read_value()
-            with tf.control_dependencies([read]):
-                t_read = tf.timestamp()
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-                grads = tape.gradient(loss, model.trainable_variables)
-            with tf.control_dependencies([loss, *grads]):
-                t_grads = tf.timestamp()
-            with tf.control_dependencies([_sleep_op(delay_us), t_grads]):
-                grads = [tf.identity(g) for g in grads]
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            # What apply_gradients returns under this strategy does not wait for the variable
-            # updates; reads of the variables do (ordered after their assignments).
-            with tf.control_dependencies([v.read_value() for v in model.trainable_variables]):
-                applied = version.assign_add(1)
-            with tf.control_dependencies([applied]):
-                t_applied = tf.timestamp()
-            return {"loss": loss, "read": read, "applied": applied,
-                    "times": tf.stack([t_read, t_grads, t_applied])}
-
-        x, y = next(iterator)
-        return strategy.run(replica_fn, args=(x, y))
-
-    pauses = [tf.constant(int(d * 1e6), tf.int64) for d in pattern]
-    no_pause = tf.constant(0, tf.int64)
-    straggler_steps = [0]
-
-    def args_for(w: int) -> tuple[Any, Any]:
-        if w != straggler:
-            return iterator, no_pause
-        straggler_steps[0] += 1  # only this worker's driver thread touches it
-        return iterator, pauses[(straggler_steps[0] - 1) % len(pauses)]
-
-    snapshots: list[tuple[float, list[Any]]] = []
-    stop = threading.Event()
-    start = time.perf_counter()
-
-    def snapshot_loop() -> None:
-        while not stop.wait(snapshot_interval):
-            snapshots.append((time.perf_counter() - start, model.get_weights()))
-
-    watcher = None
-    if snapshot_interval is not None:
-        snapshots.append((0.0, model.get_weights()))
-        watcher = threading.Thread(target=snapshot_loop, name="staleness-snapshots", daemon=True)
-        watcher.start()
-    try:
-        records = scheduler.run(step, steps=steps, args_for=args_for, progress=progress)
-    finally:
-        stop.set()
-        if watcher is not None:
-            watcher.join()
-    wall = time.perf_counter() - start
-    if snapshot_interval is not None:
-        snapshots.append((wall, model.get_weights()))
-    for record in records:
-        record.start -= start
-        record.end -= start
-    return model, TrainingRun(policy=policy, records=records, wall_seconds=wall, snapshots=snapshots,
-                              straggler=straggler)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator, Mapping
 
+from tensorfleet.validation import integer
+
 __all__ = [
     "ClusterSpec",
     "Role",
@@ -143,9 +145,8 @@ class ClusterSpec:
 
         Ports are assigned in task order: chief, workers, ps, evaluator.
         """
-        for key, value in (("workers", workers), ("ps", ps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{key} must be a non-negative integer. Received: {key}={value!r}")
+        integer("workers", workers, minimum=0)
+        integer("ps", ps, minimum=0)
         if workers == 0 and not chief:
             raise ValueError("A cluster needs at least one worker or a chief. Received: workers=0, chief=False")
         counts = [(Role.CHIEF.value, int(chief)), (Role.WORKER.value, workers), (Role.PS.value, ps),

@@ -54,6 +54,7 @@ def main() -> None:
         callback_error = ""
     except ValueError as exc:
         callback_error = str(exc)
+    gate = tfl.strategies.staleness.installed_gate(tf.distribute.experimental.coordinator.ClusterCoordinator(strategy))
     print(json.dumps({
         "input_type": type(inputs["x"]).__name__,
         "steps_per_epoch": inputs["steps_per_epoch"],
@@ -65,8 +66,8 @@ def main() -> None:
         "variable_devices": sorted({v.device.split("/device:")[0] for v in model.variables}),
         "dense_kernel_shards": [list(v.shape) for v in model.variables if "dense/kernel" in v.name],
         "callback_error": callback_error,
-        "staleness": strategy._cluster_coordinator._tensorfleet_staleness_gate.policy.label,
-        "max_clock_gap": max(strategy._cluster_coordinator._tensorfleet_staleness_gate.clocks) - min(strategy._cluster_coordinator._tensorfleet_staleness_gate.clocks),
+        "staleness": gate.policy.label,
+        "max_clock_gap": max(gate.clocks) - min(gate.clocks),
     }))
     sys.stdout.flush()
     os._exit(0)  # in-process servers would keep the interpreter alive

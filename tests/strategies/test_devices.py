@@ -18,7 +18,7 @@ def test_split_after_runtime_start_raises_clear_error(logical_cpus) -> None:
 
 @pytest.mark.parametrize("n", [0, -1, 1.5, True, "2"])
 def test_bad_counts_are_refused(n) -> None:
-    with pytest.raises(ValueError, match=rf"n must be a positive integer number of logical devices. Received: n={n!r}"):
+    with pytest.raises(ValueError, match=rf"n must be a positive integer. Received: n={n!r}"):
         tfl.strategies.simulate_devices(n)
 
 

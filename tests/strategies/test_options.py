@@ -5,7 +5,7 @@ import portpicker
 import pytest
 
 import tensorfleet as tfl
-from tensorfleet.strategies.data_parallel import NoTPUError
+from tensorfleet.strategies.tpu import NoTPUError
 
 
 def test_mirrored_rejects_unknown_cross_device_ops() -> None:
@@ -80,7 +80,7 @@ def test_multi_worker_nccl_needs_a_gpu() -> None:
 
 
 def test_multi_worker_rejects_bad_timeout() -> None:
-    with pytest.raises(ValueError, match=r"timeout_seconds must be a positive number or None. Received: timeout_seconds=-1"):
+    with pytest.raises(ValueError, match=r"timeout_seconds must be a finite number > 0. Received: timeout_seconds=-1"):
         tfl.strategies.build("mwms", timeout_seconds=-1)
 
 

@@ -71,8 +71,10 @@ _SCRIPT = textwrap.dedent(
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
     from tensorfleet.models import build, datasets
-    from tensorfleet.strategies.data_parallel import parameter_server, start_in_process_cluster
+    from tensorfleet.strategies.data_parallel import parameter_server
+    from tensorfleet.strategies.servers import start_in_process_cluster
     from tensorfleet.strategies import staleness as consistency
+    from tensorfleet.strategies.staleness_run import train
 
     split = datasets.load_digits()
     strategy = parameter_server(cluster=start_in_process_cluster(workers=2, ps=1))
@@ -84,7 +86,7 @@ _SCRIPT = textwrap.dedent(
 
     out = {}
     for staleness in (0, 2, None):
-        model, run = consistency.train(
+        model, run = train(
             strategy, coordinator, model_fn=lambda: build("digits_mlp", input_dim=64),
             optimizer_fn=lambda: tf.keras.optimizers.SGD(0.05),
             dataset_fn=lambda c: dataset_fn(c).map(lambda x, y: (tf.reshape(x, [-1, 64]), y)),

@@ -55,7 +55,7 @@ def test_every_tf_config_error_is_clear(value, message) -> None:
 def test_local_cluster_argument_errors() -> None:
     with pytest.raises(ValueError, match=r"A cluster needs at least one worker or a chief. Received: workers=0, chief=False"):
         ClusterSpec.local(workers=0)
-    with pytest.raises(ValueError, match=r"ps must be a non-negative integer. Received: ps=-1"):
+    with pytest.raises(ValueError, match=r"ps must be an integer >= 0. Received: ps=-1"):
         ClusterSpec.local(workers=1, ps=-1)
     with pytest.raises(ValueError, match=r"ports must list one port per task \(2\). Received 1: \[5\]"):
         ClusterSpec.local(workers=2, ports=[5])
