@@ -93,6 +93,9 @@ def test_fits_nowhere_says_how_much_memory_is_missing():
         ({"bandwidth": "100Gbs"}, "Unknown bandwidth unit 'Gbs'"),
         ({"devices": 6, "nodes": 4}, "devices must be a multiple of nodes. Received: devices=6, nodes=4"),
         ({"optimizer": "lion"}, "optimizer must be one of 'sgd', 'momentum', 'adam'. Received: optimizer='lion'"),
+        ({"device_tflops": 0}, "device_tflops must be a finite number > 0. Received: device_tflops=0"),
+        ({"parameters": -1}, "parameters must be a finite number > 0. Received: parameters=-1"),
+        ({"seq_len": True}, "seq_len must be a positive integer. Received: seq_len=True"),
     ],
 )
 def test_bad_input_gets_one_clear_error(kwargs, message):
