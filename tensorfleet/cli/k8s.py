@@ -23,6 +23,14 @@ NAME = "k8s"
 app = typer.Typer(name=NAME, help="Kubernetes (Kubeflow TFJob) manifests.", no_args_is_help=True)
 
 
+def _read_manifest(path: Path) -> list[dict]:
+    from tensorfleet import kube
+
+    if not path.is_file():
+        raise FileNotFoundError(f"The manifest does not exist. Received: {str(path)!r}")
+    return kube.load_yaml(path.read_text())
+
+
 def _parse_env(pairs: list[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs:
@@ -58,6 +66,7 @@ def tfjob_command(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated TFJob (kubeflow.org/v1) and the claim for its backups."""
+    from tensorfleet import kube
     from tensorfleet.cluster import k8s
 
     argv = list(args or [])
@@ -76,11 +85,11 @@ def tfjob_command(
                      backup_size=backup_size)
     if output is None:
         k8s.validate(docs)
-        typer.echo(k8s.dump_yaml(docs), nl=False)
+        typer.echo(kube.dump_yaml(docs), nl=False)
     else:
         k8s.write(docs, output)
         typer.echo(f"wrote {output} ({', '.join(d['kind'] for d in docs)}), valid against the TFJob schema and "
-                   f"Kubernetes {k8s.KUBERNETES_VERSION}", err=True)
+                   f"Kubernetes {kube.KUBERNETES_VERSION}", err=True)
 
 
 @app.command("validate")
@@ -88,9 +97,7 @@ def validate_command(manifest: Path = typer.Argument(..., help="A YAML manifest 
     """Check a TFJob manifest against the TFJob schema and the core Kubernetes schemas."""
     from tensorfleet.cluster import k8s
 
-    if not manifest.is_file():
-        raise FileNotFoundError(f"The manifest does not exist. Received: {str(manifest)!r}")
-    docs = k8s.load_yaml(manifest.read_text())
+    docs = _read_manifest(manifest)
     k8s.validate(docs)
     typer.echo(f"{manifest}: valid ({', '.join(d['kind'] for d in docs)})")
 
@@ -104,9 +111,7 @@ def tf_config_command(
     """Print the TF_CONFIG the training operator gives one pod of the TFJob."""
     from tensorfleet.cluster import k8s
 
-    if not manifest.is_file():
-        raise FileNotFoundError(f"The manifest does not exist. Received: {str(manifest)!r}")
-    typer.echo(json.dumps(k8s.pod_tf_config(k8s.load_yaml(manifest.read_text()), role, index)))
+    typer.echo(json.dumps(k8s.pod_tf_config(_read_manifest(manifest), role, index)))
 
 
 @app.command("federated-workers")
@@ -122,14 +127,14 @@ def federated_workers_command(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated Deployment and headless Service for N TFF C++ workers."""
+    from tensorfleet import kube
     from tensorfleet.federated.backends import k8s as fk8s
-    from tensorfleet.cluster.k8s import KUBERNETES_VERSION, dump_yaml
 
     docs = fk8s.federated_workers(replicas=replicas, image=image, name=name, namespace=namespace, port=port,
                                   max_concurrent=max_concurrent, cpu=cpu, memory=memory)
     if output is None:
-        typer.echo(dump_yaml(docs), nl=False)
+        typer.echo(kube.dump_yaml(docs), nl=False)
     else:
         fk8s.write(docs, output)
         typer.echo(f"wrote {output} (Deployment and headless Service {name}, {replicas} workers on port {port}), "
-                   f"valid against Kubernetes {KUBERNETES_VERSION}", err=True)
+                   f"valid against Kubernetes {kube.KUBERNETES_VERSION}", err=True)

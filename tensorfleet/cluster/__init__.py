@@ -2,7 +2,13 @@
 Kubernetes.
 
 * :func:`launch` starts one process per task of a tf.distribute cluster on this machine
-  (:mod:`tensorfleet.cluster.launcher`), restarts failed tasks and resumes from backups.
+  (:mod:`tensorfleet.cluster.launcher`), restarts failed tasks and resumes from backups; its
+  parts are the task processes (:mod:`~tensorfleet.cluster.processes`), the supervision state
+  machine (:mod:`~tensorfleet.cluster.supervisor`), the record of a run
+  (:mod:`~tensorfleet.cluster.result`) and the server of parameter-server tasks
+  (:mod:`~tensorfleet.cluster.server`).
+* :mod:`~tensorfleet.cluster.contract`: what the launcher tells its tasks and how they answer
+  (environment variables, exit statuses), one set for the launcher, the callbacks and a TFJob.
 * :mod:`~tensorfleet.cluster.fault_tolerance`: the callbacks a job needs to survive a killed worker.
 * :mod:`~tensorfleet.cluster.elastic`: continue a job at another number of workers.
 * :mod:`~tensorfleet.cluster.k8s`: the same job as a Kubeflow ``TFJob``.
@@ -12,20 +18,14 @@ Kubernetes.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from tensorfleet.lazy import attach
 from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
 
-_LAZY_MODULES = ("elastic", "fault_tolerance", "k8s", "launcher")
-_LAZY_NAMES = {"launch": "launcher", "launch_elastic": "elastic", "tfjob": "k8s"}
+__getattr__, _LAZY = attach(
+    __name__,
+    modules=("contract", "elastic", "fault_tolerance", "k8s", "launcher", "processes", "result", "server",
+             "supervisor"),
+    names={"launch": "launcher", "launch_elastic": "elastic", "tfjob": "k8s"},
+)
 
-__all__ = ["ClusterSpec", "Role", "TFConfig", "TFConfigError", "parse_tf_config", *_LAZY_MODULES, *_LAZY_NAMES]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_MODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in _LAZY_NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["ClusterSpec", "Role", "TFConfig", "TFConfigError", "parse_tf_config", *_LAZY]

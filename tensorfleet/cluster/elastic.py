@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, NamedTuple, Sequence
 
+from tensorfleet.cluster.contract import ENV_BATCH_POLICY, ENV_STOP_AFTER_EPOCH
 from tensorfleet.validation import choice, positive_int
 
-__all__ = ["ENV_BATCH_POLICY", "BatchPolicy", "BatchSizes", "Phase", "batch_sizes", "launch_elastic", "policy_from_env"]
-
-ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
-ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
+__all__ = ["BatchPolicy", "BatchSizes", "ElasticPhase", "batch_sizes", "launch_elastic", "policy_from_env"]
 
 
 class BatchPolicy(str, Enum):
@@ -88,7 +86,7 @@ def batch_sizes(
 
 
 @dataclass(frozen=True)
-class Phase:
+class ElasticPhase:
     """One phase of an elastic schedule: run at ``workers`` until ``until_epoch`` has ended.
 
     ``until_epoch=None`` runs the job to its end.
@@ -102,7 +100,7 @@ def launch_elastic(
     script: str | os.PathLike[str],
     args: Sequence[str] = (),
     *,
-    phases: Sequence[Phase],
+    phases: Sequence[ElasticPhase],
     backup_dir: str | os.PathLike[str],
     policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
     sink: Callable[[str], None] | None = None,
@@ -118,34 +116,17 @@ def launch_elastic(
     ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`).
 
     Returns:
-        One :class:`~tensorfleet.cluster.launcher.LaunchResult` per phase.
+        One :class:`~tensorfleet.cluster.result.LaunchResult` per phase.
 
     Example:
-        >>> results = launch_elastic("train.py", phases=[Phase(2, 2), Phase(1, 4), Phase(2)],
+        >>> results = launch_elastic("train.py", phases=[ElasticPhase(2, 2), ElasticPhase(1, 4), ElasticPhase(2)],
         ...                          backup_dir="/tmp/job")  # doctest: +SKIP
     """
     from tensorfleet.cluster.launcher import launch
 
-    if not phases:
-        raise ValueError("phases must list at least one Phase. Received: phases=[]")
-    resolved = _resolve_policy(policy)
-    previous = 0
-    for i, phase in enumerate(phases):
-        if not isinstance(phase, Phase):
-            raise TypeError(f"phases[{i}] must be a Phase. Received: {phase!r}")
-        positive_int(f"phases[{i}].workers", phase.workers)
-        if phase.until_epoch is not None:
-            positive_int(f"phases[{i}].until_epoch", phase.until_epoch)
-            if phase.until_epoch <= previous:
-                raise ValueError(
-                    f"phases must end at increasing epochs. Received: phases[{i}].until_epoch="
-                    f"{phase.until_epoch} after {previous}"
-                )
-            previous = phase.until_epoch
-        elif i != len(phases) - 1:
-            raise ValueError(f"Only the last phase may run to the end (until_epoch=None). Received: phases[{i}]")
+    _check_phases(phases)
     base_env = dict(launch_kwargs.pop("env", None) or {})
-    base_env[ENV_BATCH_POLICY] = resolved.value
+    base_env[ENV_BATCH_POLICY] = _resolve_policy(policy).value
     results = []
     for phase in phases:
         env = dict(base_env)
@@ -154,6 +135,26 @@ def launch_elastic(
         results.append(launch(script, args, workers=phase.workers, backup_dir=backup_dir, env=env,
                               sink=sink, **launch_kwargs))
     return results
+
+
+def _check_phases(phases: Sequence[ElasticPhase]) -> None:
+    """Phases end at increasing epochs; only the last may run to the end."""
+    if not phases:
+        raise ValueError("phases must list at least one ElasticPhase. Received: phases=[]")
+    previous = 0
+    for i, phase in enumerate(phases):
+        if not isinstance(phase, ElasticPhase):
+            raise TypeError(f"phases[{i}] must be an ElasticPhase. Received: {phase!r}")
+        positive_int(f"phases[{i}].workers", phase.workers)
+        if phase.until_epoch is None:
+            if i != len(phases) - 1:
+                raise ValueError(f"Only the last phase may run to the end (until_epoch=None). Received: phases[{i}]")
+            continue
+        positive_int(f"phases[{i}].until_epoch", phase.until_epoch)
+        if phase.until_epoch <= previous:
+            raise ValueError(f"phases must end at increasing epochs. Received: phases[{i}].until_epoch="
+                             f"{phase.until_epoch} after {previous}")
+        previous = phase.until_epoch
 
 
 def policy_from_env(default: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL) -> BatchPolicy:

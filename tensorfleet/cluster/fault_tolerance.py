@@ -37,14 +37,13 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
+from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_STOP_AFTER_EPOCH, STOPPED_STATUS
 from tensorfleet.io import write_bytes, write_json
+from tensorfleet.validation import positive_int
 
 __all__ = ["BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch", "backup_dir", "callbacks",
            "resumed_epoch"]
 
-ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
-ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
-STOPPED_STATUS = 75  # the launcher's "stopped on purpose, resume later" status
 _PREFIX = "tensorfleet:"
 
 
@@ -184,16 +183,15 @@ class BestModelCheckpoint(tf.keras.callbacks.Callback):
 class StopAfterEpoch(tf.keras.callbacks.Callback):
     """Ends the process right after epoch ``epoch`` was backed up, as a preempted job would.
 
-    The process exits with status 75 (the launcher's planned stop) without returning from
+    The process exits with :data:`~tensorfleet.cluster.contract.STOPPED_STATUS` (75, the
+    launcher's planned stop) without returning from
     ``fit``, so ``BackupAndRestore`` keeps its backup (it deletes it when ``fit`` ends) and
     the next run resumes at ``epoch + 1``. Must come after ``BackupAndRestore``.
     """
 
     def __init__(self, epoch: int) -> None:
         super().__init__()
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= 0:
-            raise ValueError(f"epoch must be a positive integer. Received: epoch={epoch!r}")
-        self.epoch = epoch
+        self.epoch = positive_int("epoch", epoch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if epoch + 1 == self.epoch:

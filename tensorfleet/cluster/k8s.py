@@ -26,33 +26,24 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
-import re
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
-from tensorfleet.validation import choice
+from tensorfleet import kube, validation
+from tensorfleet.cluster.contract import ENV_BACKUP_DIR, SERVE_ARGS, check_task_counts
+from tensorfleet.validation import choice, integer
 
-__all__ = [
-    "ManifestError",
-    "RestartPolicy",
-    "TFJOB_SCHEMA",
-    "dump_yaml",
-    "load_yaml",
-    "pod_tf_config",
-    "tfjob",
-    "validate",
-    "write",
-]
+__all__ = ["RestartPolicy", "TFJOB_SCHEMA", "pod_tf_config", "tfjob", "validate", "write"]
 
 API_VERSION = "kubeflow.org/v1"
-KUBERNETES_VERSION = "1.37.0"
 CONTAINER_NAME = "tensorflow"  # the operator looks for this container ...
 PORT_NAME = "tfjob-port"  # ... and this port name
 DEFAULT_PORT = 2222
 BACKUP_MOUNT = "/backup"
-SERVE_COMMAND = ["python", "-m", "tensorfleet.cluster.launcher", "--serve"]
+SERVE_COMMAND = ["python", *SERVE_ARGS]
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 
 
@@ -64,13 +55,6 @@ class RestartPolicy(str, Enum):
     NEVER = "Never"
     EXIT_CODE = "ExitCode"
 
-
-class ManifestError(ValueError):
-    """A manifest that the Kubernetes API server or the training operator would reject."""
-
-
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-_QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 
 _REPLICA_SPEC: dict[str, Any] = {
     "type": "object",
@@ -101,8 +85,8 @@ TFJOB_SCHEMA: dict[str, Any] = {
             "type": "object",
             "required": ["name"],
             "properties": {
-                "name": {"type": "string", "maxLength": 63, "pattern": _DNS_LABEL},
-                "namespace": {"type": "string", "maxLength": 63, "pattern": _DNS_LABEL},
+                "name": {"type": "string", "maxLength": 63, "pattern": kube.DNS_LABEL},
+                "namespace": {"type": "string", "maxLength": 63, "pattern": kube.DNS_LABEL},
                 "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                 "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
             },
@@ -141,22 +125,6 @@ TFJOB_SCHEMA: dict[str, Any] = {
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "positive" if minimum == 1 else "non-negative"
-        raise ValueError(f"{name} must be a {kind} integer. Received: {name}={value!r}")
-    return value
-
-
-def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or not re.match(_DNS_LABEL, name) or len(name) > 40:
-        raise ValueError(
-            "name must be a DNS label of at most 40 characters (lower-case letters, digits and '-', "
-            f"starting and ending with a letter or digit; pod names add a suffix). Received: name={name!r}"
-        )
-    return name
 
 
 def tfjob(
@@ -211,108 +179,99 @@ def tfjob(
         >>> sorted(docs[-1]["spec"]["tfReplicaSpecs"])
         ['Chief', 'PS', 'Worker']
     """
-    _check_name(name)
-    if not re.match(_DNS_LABEL, namespace or ""):
-        raise ValueError(f"namespace must be a DNS label. Received: namespace={namespace!r}")
-    if not isinstance(image, str) or not image.strip():
-        raise ValueError(f"image must be a non-empty image reference. Received: image={image!r}")
-    if isinstance(command, str) or not command or not all(isinstance(c, str) and c for c in command):
-        raise ValueError(f"command must be a non-empty list of strings. Received: command={command!r}")
-    _positive_int("workers", workers, minimum=0)
-    _positive_int("ps", ps, minimum=0)
-    _positive_int("max_restarts", max_restarts, minimum=0)
-    _positive_int("gpus", gpus, minimum=0)
-    _positive_int("port", port)
-    if workers == 0 and not chief:
-        raise ValueError("A TFJob needs at least one worker (or a chief). Received: workers=0")
-    if ps and not workers:
-        raise ValueError(f"A parameter-server job needs at least one worker. Received: workers=0, ps={ps}")
+    kube.dns_label("name", name, max_length=40)  # pod names add "-<type>-<index>" to it
+    kube.dns_label("namespace", namespace)
+    chief = check_task_counts(workers, ps, chief, job="A TFJob")
+    integer("max_restarts", max_restarts, minimum=0)
     policy = choice(RestartPolicy, "restart_policy", restart_policy)
-    for key, quantity in (("cpu", cpu), ("memory", memory), ("backup_size", backup_size)):
-        if not isinstance(quantity, str) or not re.match(_QUANTITY, quantity):
-            raise ValueError(f"{key} must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: {key}={quantity!r}")
-    if ps:
-        chief = True
-    claim = backup_claim or f"{name}-backup"
-    base_env = {"TENSORFLEET_BACKUP_DIR": BACKUP_MOUNT, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    for key in (env or {}):
-        if key == "TF_CONFIG":
-            raise ValueError("env must not set TF_CONFIG: the training operator gives each pod its own.")
-    base_env.update(env or {})
-
-    def replica(task_type: str, count: int) -> dict[str, Any]:
-        serves = ps and task_type in ("worker", "ps")
-        resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory},
-                                     "limits": {"cpu": cpu, "memory": memory}}
-        if gpus and not serves and task_type != "ps":
-            resources["limits"]["nvidia.com/gpu"] = str(gpus)
-        container = {
-            "name": CONTAINER_NAME,
-            "image": image,
-            "command": list(SERVE_COMMAND if serves else command),
-            "env": [{"name": k, "value": str(v)} for k, v in base_env.items()],
-            "ports": [{"name": PORT_NAME, "containerPort": port}],
-            "resources": resources,
-            "volumeMounts": [{"name": "backup", "mountPath": BACKUP_MOUNT}],
-        }
-        return {
-            "replicas": count,
-            "restartPolicy": policy.value,
-            "template": {
-                "metadata": {"labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tensorfleet"}},
-                "spec": {
-                    "containers": [container],
-                    "volumes": [{"name": "backup", "persistentVolumeClaim": {"claimName": claim}}],
-                },
-            },
-        }
-
-    specs: dict[str, Any] = {}
-    for task_type, count in (("chief", int(chief)), ("worker", workers), ("ps", ps), ("evaluator", int(evaluator))):
-        if count:
-            specs[REPLICA_TYPES[task_type]] = replica(task_type, count)
+    kube.quantity("backup_size", backup_size)
+    pod = _Pod(image=kube.image(image), command=_check_command(command), cpu=kube.quantity("cpu", cpu),
+               memory=kube.quantity("memory", memory), gpus=integer("gpus", gpus, minimum=0),
+               env=_container_env(env), port=validation.port("port", port), claim=backup_claim or f"{name}-backup",
+               labels={"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tensorfleet"})
+    counts = (("chief", int(chief)), ("worker", workers), ("ps", ps), ("evaluator", int(evaluator)))
+    specs = {REPLICA_TYPES[task_type]: _replica_spec(pod, task_type, count, policy, serves=bool(ps))
+             for task_type, count in counts if count}
     job = {
         "apiVersion": API_VERSION,
         "kind": "TFJob",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tensorfleet"}},
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": max_restarts},
-            "tfReplicaSpecs": specs,
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(pod.labels)},
+        "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": max_restarts}, "tfReplicaSpecs": specs},
+    }
+    if backup_claim is not None:
+        return [job]
+    return [_backup_claim(pod, namespace, backup_size, storage_class), job]
+
+
+@dataclass(frozen=True)
+class _Pod:
+    """What every pod of the job shares."""
+
+    image: str
+    command: list[str]
+    cpu: str
+    memory: str
+    gpus: int
+    env: dict[str, str]
+    port: int
+    claim: str
+    labels: dict[str, str]
+
+
+def _check_command(command: Any) -> list[str]:
+    if isinstance(command, str) or not command or not all(isinstance(c, str) and c for c in command):
+        raise ValueError(f"command must be a non-empty list of strings. Received: command={command!r}")
+    return list(command)
+
+
+def _container_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    if env and "TF_CONFIG" in env:
+        raise ValueError("env must not set TF_CONFIG: the training operator gives each pod its own.")
+    return {ENV_BACKUP_DIR: BACKUP_MOUNT, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+
+
+def _replica_spec(pod: _Pod, task_type: str, count: int, policy: RestartPolicy, *, serves: bool) -> dict[str, Any]:
+    # In a parameter-server job, workers and ps only serve; only the chief runs the command.
+    server = serves and task_type in ("worker", "ps")
+    resources: dict[str, Any] = {"requests": {"cpu": pod.cpu, "memory": pod.memory},
+                                 "limits": {"cpu": pod.cpu, "memory": pod.memory}}
+    if pod.gpus and not server and task_type != "ps":
+        resources["limits"]["nvidia.com/gpu"] = str(pod.gpus)
+    container = {
+        "name": CONTAINER_NAME,
+        "image": pod.image,
+        "command": list(SERVE_COMMAND if server else pod.command),
+        "env": [{"name": k, "value": str(v)} for k, v in pod.env.items()],
+        "ports": [{"name": PORT_NAME, "containerPort": pod.port}],
+        "resources": resources,
+        "volumeMounts": [{"name": "backup", "mountPath": BACKUP_MOUNT}],
+    }
+    return {
+        "replicas": count,
+        "restartPolicy": policy.value,
+        "template": {
+            "metadata": {"labels": dict(pod.labels)},
+            "spec": {
+                "containers": [container],
+                "volumes": [{"name": "backup", "persistentVolumeClaim": {"claimName": pod.claim}}],
+            },
         },
     }
-    docs: list[dict[str, Any]] = []
-    if backup_claim is None:
-        pvc: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tensorfleet"}},
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": backup_size}}},
-        }
-        if storage_class:
-            pvc["spec"]["storageClassName"] = storage_class
-        docs.append(pvc)
-    docs.append(job)
-    return docs
+
+
+def _backup_claim(pod: _Pod, namespace: str, size: str, storage_class: str | None) -> dict[str, Any]:
+    claim: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": pod.claim, "namespace": namespace, "labels": dict(pod.labels)},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}},
+    }
+    if storage_class:
+        claim["spec"]["storageClassName"] = storage_class
+    return claim
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0]
-
-
-def _validate_core(doc: Mapping[str, Any], where: str) -> None:
-    import kubernetes_validate
-
-    try:
-        kubernetes_validate.validate(dict(doc), KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        path = "/".join(str(p) for p in getattr(exc, "path", []) or [])
-        raise ManifestError(f"{where} is not a valid Kubernetes {doc.get('kind')}: {_first_line(exc)}"
-                            + (f" (at {path})" if path else "")) from None
 
 
 def _validate_tfjob(job: Mapping[str, Any]) -> None:
@@ -323,59 +282,47 @@ def _validate_tfjob(job: Mapping[str, Any]) -> None:
     if errors:
         error = errors[0]
         path = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ManifestError(f"TFJob {job.get('metadata', {}).get('name')!r} is invalid at {path}: {error.message}")
+        raise kube.ManifestError(f"TFJob {job.get('metadata', {}).get('name')!r} is invalid at {path}: {error.message}")
     specs = job["spec"]["tfReplicaSpecs"]
     for single in ("Chief", "Master", "Evaluator"):
         if single in specs and specs[single]["replicas"] > 1:
-            raise ManifestError(f"A TFJob has at most one {single} replica. Received: replicas={specs[single]['replicas']}")
+            raise kube.ManifestError(f"A TFJob has at most one {single} replica. Received: replicas={specs[single]['replicas']}")
     if "Chief" in specs and "Master" in specs:
-        raise ManifestError("A TFJob has a Chief or a Master, not both.")
+        raise kube.ManifestError("A TFJob has a Chief or a Master, not both.")
     for rtype, spec in specs.items():
         template = spec["template"]
         containers = template["spec"].get("containers") or []
         if not any(c.get("name") == CONTAINER_NAME for c in containers):
-            raise ManifestError(
+            raise kube.ManifestError(
                 f"tfReplicaSpecs/{rtype}: the training operator needs a container named {CONTAINER_NAME!r}. "
                 f"Received: {[c.get('name') for c in containers]}"
             )
         if "restartPolicy" in template["spec"]:
-            raise ManifestError(f"tfReplicaSpecs/{rtype}: set restartPolicy on the replica spec, not in the pod template.")
+            raise kube.ManifestError(f"tfReplicaSpecs/{rtype}: set restartPolicy on the replica spec, not in the pod template.")
         pod_template = {"apiVersion": "v1", "kind": "PodTemplate",
                         "metadata": {"name": f"{job['metadata']['name']}-{rtype.lower()}"}, "template": template}
-        _validate_core(pod_template, f"tfReplicaSpecs/{rtype}/template")
+        kube.validate_object(pod_template, f"tfReplicaSpecs/{rtype}/template")
 
 
-def validate(docs: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> None:
-    """Validates a TFJob (and any core resources beside it); raises :class:`ManifestError`.
+def validate(docs: kube.Manifest) -> None:
+    """Validates a TFJob (and any core resources beside it); raises :class:`~tensorfleet.kube.ManifestError`.
 
     Example:
         >>> validate(tfjob(name="x", image="i:1", workers=1, command=["python", "t.py"]))
     """
-    items = [docs] if isinstance(docs, Mapping) else list(docs)
-    if not items:
-        raise ManifestError("The manifest is empty; expected a TFJob.")
-    jobs = 0
-    for i, doc in enumerate(items):
-        if not isinstance(doc, Mapping) or "kind" not in doc:
-            raise ManifestError(f"Document {i} is not a Kubernetes object (no 'kind'). Received: {str(doc)[:120]!r}")
-        if doc["kind"] == "TFJob":
-            jobs += 1
-            _validate_tfjob(doc)
-        else:
-            _validate_core(doc, f"Document {i} ({doc['kind']})")
-    if not jobs:
-        raise ManifestError(f"The manifest has no TFJob. Received kinds: {[d['kind'] for d in items]}")
+    items = kube.validate(docs, expected="a TFJob", kinds={"TFJob": _validate_tfjob})
+    if not any(doc["kind"] == "TFJob" for doc in items):
+        raise kube.ManifestError(f"The manifest has no TFJob. Received kinds: {[d['kind'] for d in items]}")
 
 
 # --------------------------------------------------------------------------- TF_CONFIG
 
 
-def _find_job(docs: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
-    items = [docs] if isinstance(docs, Mapping) else list(docs)
-    for doc in items:
+def _find_job(docs: kube.Manifest) -> Mapping[str, Any]:
+    for doc in kube.documents(docs):
         if isinstance(doc, Mapping) and doc.get("kind") == "TFJob":
             return doc
-    raise ManifestError("The manifest has no TFJob.")
+    raise kube.ManifestError("The manifest has no TFJob.")
 
 
 def _port_of(spec: Mapping[str, Any]) -> int:
@@ -387,7 +334,7 @@ def _port_of(spec: Mapping[str, Any]) -> int:
     return DEFAULT_PORT
 
 
-def pod_tf_config(docs: Mapping[str, Any] | Iterable[Mapping[str, Any]], role: str, index: int,
+def pod_tf_config(docs: kube.Manifest, role: str, index: int,
                   *, cluster_domain: str | None = None) -> dict[str, Any]:
     """The TF_CONFIG the training operator sets in pod ``role``/``index`` of the TFJob.
 
@@ -408,9 +355,7 @@ def pod_tf_config(docs: Mapping[str, Any] | Iterable[Mapping[str, Any]], role: s
     types = {rtype.lower(): rtype for rtype in specs}
     if role not in types:
         raise ValueError(f"The TFJob has no {role!r} replicas. It has: {sorted(types)}")
-    count = specs[types[role]]["replicas"]
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-        raise ValueError(f"index must be in 0..{count - 1} for {role!r}. Received: index={index!r}")
+    integer("index", index, minimum=0, maximum=specs[types[role]]["replicas"] - 1)
     cluster: dict[str, list[str]] = {}
     for rtype, spec in specs.items():
         if rtype == "Evaluator":
@@ -422,29 +367,14 @@ def pod_tf_config(docs: Mapping[str, Any] | Iterable[Mapping[str, Any]], role: s
     return {"cluster": cluster, "task": {"type": role, "index": index}, "environment": "cloud"}
 
 
-# --------------------------------------------------------------------------- YAML
+# --------------------------------------------------------------------------- writing files
 
 
-def dump_yaml(docs: Iterable[Mapping[str, Any]]) -> str:
-    """The documents as one multi-document YAML string."""
-    import yaml
+def write(docs: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Validates ``docs`` and writes them as YAML to ``path`` atomically.
 
-    return yaml.safe_dump_all([json.loads(json.dumps(d)) for d in docs], sort_keys=False, default_flow_style=False)
-
-
-def load_yaml(text: str) -> list[dict[str, Any]]:
-    """The non-empty documents of a YAML string."""
-    import yaml
-
-    try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"The manifest is not valid YAML: {_first_line(exc)}") from None
-
-
-def write(docs: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> None:
-    """Validates ``docs`` and writes them as YAML to ``path`` atomically."""
-    from tensorfleet.io import write_text
-
-    validate(docs)
-    write_text(path, dump_yaml(docs))
+    Example:
+        >>> write(tfjob(name="x", image="i:1", workers=1, command=["python", "t.py"]), "x.yaml").name
+        'x.yaml'
+    """
+    return kube.write(docs, path, check=validate)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from tensorfleet.cli.main import main
+from tensorfleet import kube
 from tensorfleet.cluster import k8s
 
 
@@ -14,7 +15,7 @@ def test_tfjob_writes_a_valid_manifest_with_the_command_after_dashes(tmp_path: P
     assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "2", "--chief",
                  "--env", "EPOCHS=6", "-o", str(out), "--", "python", "train.py", "--epochs", "6"]) == 0
     assert "wrote" in capsys.readouterr().err
-    docs = k8s.load_yaml(out.read_text())
+    docs = kube.load_yaml(out.read_text())
     k8s.validate(docs)
     container = docs[1]["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "train.py", "--epochs", "6"]
@@ -24,7 +25,7 @@ def test_tfjob_writes_a_valid_manifest_with_the_command_after_dashes(tmp_path: P
 def test_tfjob_prints_yaml_and_takes_a_quoted_command(capsys) -> None:
     assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "1", "--ps", "1",
                  "--command", "python train.py --epochs '6'"]) == 0
-    docs = k8s.load_yaml(capsys.readouterr().out)
+    docs = kube.load_yaml(capsys.readouterr().out)
     assert docs[1]["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["command"] == [
         "python", "train.py", "--epochs", "6"]
 
@@ -42,7 +43,7 @@ def test_validate_and_tf_config_read_a_manifest(tmp_path: Path, capsys) -> None:
 
 def test_validate_reports_an_invalid_manifest(tmp_path: Path, capsys) -> None:
     path = tmp_path / "job.yaml"
-    text = k8s.dump_yaml(k8s.tfjob(name="digits", image="img:1", workers=2, command=["python", "t.py"]))
+    text = kube.dump_yaml(k8s.tfjob(name="digits", image="img:1", workers=2, command=["python", "t.py"]))
     path.write_text(text.replace("restartPolicy: OnFailure", "restartPolicy: Sometimes", 1))
     assert main(["k8s", "validate", str(path)]) == 2
     assert capsys.readouterr().err.startswith(

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tensorfleet.cluster import elastic
-from tensorfleet.cluster.elastic import BatchPolicy, BatchSizes, Phase, batch_sizes, launch_elastic
+from tensorfleet.cluster.contract import ENV_BATCH_POLICY
+from tensorfleet.cluster.elastic import BatchPolicy, BatchSizes, ElasticPhase, batch_sizes, launch_elastic
 from tensorfleet.cluster.fault_tolerance import resumed_epoch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -45,18 +46,18 @@ def test_bad_batch_arguments_are_clear_errors(args, kwargs, message) -> None:
 
 
 def test_policy_from_env(monkeypatch) -> None:
-    monkeypatch.delenv(elastic.ENV_BATCH_POLICY, raising=False)
+    monkeypatch.delenv(ENV_BATCH_POLICY, raising=False)
     assert elastic.policy_from_env() is BatchPolicy.KEEP_GLOBAL
-    monkeypatch.setenv(elastic.ENV_BATCH_POLICY, "keep_per_replica")
+    monkeypatch.setenv(ENV_BATCH_POLICY, "keep_per_replica")
     assert elastic.policy_from_env() is BatchPolicy.KEEP_PER_REPLICA
 
 
 @pytest.mark.parametrize(("phases", "error", "message"), [
-    ([], ValueError, "phases must list at least one Phase. Received: phases=[]"),
-    ([Phase(2, 2), Phase(1, 2)], ValueError, "phases must end at increasing epochs. Received: phases[1].until_epoch=2 after 2"),
-    ([Phase(2), Phase(1, 4)], ValueError, "Only the last phase may run to the end (until_epoch=None). Received: phases[0]"),
-    ([Phase(0, 2)], ValueError, "phases[0].workers must be a positive integer. Received: phases[0].workers=0"),
-    ([(2, 2)], TypeError, "phases[0] must be a Phase. Received: (2, 2)"),
+    ([], ValueError, "phases must list at least one ElasticPhase. Received: phases=[]"),
+    ([ElasticPhase(2, 2), ElasticPhase(1, 2)], ValueError, "phases must end at increasing epochs. Received: phases[1].until_epoch=2 after 2"),
+    ([ElasticPhase(2), ElasticPhase(1, 4)], ValueError, "Only the last phase may run to the end (until_epoch=None). Received: phases[0]"),
+    ([ElasticPhase(0, 2)], ValueError, "phases[0].workers must be a positive integer. Received: phases[0].workers=0"),
+    ([(2, 2)], TypeError, "phases[0] must be an ElasticPhase. Received: (2, 2)"),
 ])
 def test_bad_schedules_are_clear_errors(tmp_path: Path, phases, error, message) -> None:
     with pytest.raises(error) as info:
@@ -72,7 +73,7 @@ def test_job_stopped_at_2_workers_continues_at_1_and_back_at_2_from_the_same_bac
         EXAMPLES / "train_digits_multiworker.py",
         ["--model", "digits_mlp", "--epochs", str(epochs), "--examples-per-epoch", str(examples),
          "--per-replica-batch-size", "32"],
-        phases=[Phase(workers=2, until_epoch=2), Phase(workers=1, until_epoch=4), Phase(workers=2)],
+        phases=[ElasticPhase(workers=2, until_epoch=2), ElasticPhase(workers=1, until_epoch=4), ElasticPhase(workers=2)],
         backup_dir=tmp_path / "backup", policy="keep_per_replica", timeout=150)
     assert [(r.stopped, r.returncode, r.cluster.num_tasks()) for r in results] == [(True, 0, 2), (True, 0, 1), (False, 0, 2)]
 

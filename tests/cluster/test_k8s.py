@@ -7,6 +7,7 @@ import copy
 
 import pytest
 
+from tensorfleet import kube
 from tensorfleet.cluster import k8s
 from tensorfleet.strategies.tf_config import ClusterSpec, parse_tf_config
 
@@ -88,7 +89,7 @@ def test_yaml_round_trip_and_atomic_write(tmp_path) -> None:
     docs = _job(chief=True)
     path = tmp_path / "job.yaml"
     k8s.write(docs, path)
-    assert k8s.load_yaml(path.read_text()) == docs
+    assert kube.load_yaml(path.read_text()) == docs
     assert [p.name for p in tmp_path.iterdir()] == ["job.yaml"]
 
 
@@ -126,7 +127,7 @@ def _broken(mutate) -> list:
      "A TFJob has at most one Chief replica. Received: replicas=2"),
 ])
 def test_invalid_manifests_are_rejected_with_the_place_and_reason(mutate, message) -> None:
-    with pytest.raises(k8s.ManifestError) as info:
+    with pytest.raises(kube.ManifestError) as info:
         k8s.validate(_broken(mutate))
     assert str(info.value).startswith(message), str(info.value)
 
@@ -134,22 +135,25 @@ def test_invalid_manifests_are_rejected_with_the_place_and_reason(mutate, messag
 def test_invalid_claim_is_rejected_by_the_core_schema() -> None:
     docs = copy.deepcopy(_job())
     docs[0]["spec"]["accessModes"] = "ReadWriteMany"
-    with pytest.raises(k8s.ManifestError, match=r"^Document 0 \(PersistentVolumeClaim\) is not a valid Kubernetes "
+    with pytest.raises(kube.ManifestError, match=r"^Document 0 \(PersistentVolumeClaim\) is not a valid Kubernetes "
                                                  r"PersistentVolumeClaim: 'ReadWriteMany' is not of type 'array'"):
         k8s.validate(docs)
 
 
 def test_manifest_without_a_tfjob_is_rejected() -> None:
-    with pytest.raises(k8s.ManifestError, match=r"^The manifest has no TFJob\. Received kinds: \['PersistentVolumeClaim'\]$"):
+    with pytest.raises(kube.ManifestError, match=r"^The manifest has no TFJob\. Received kinds: \['PersistentVolumeClaim'\]$"):
         k8s.validate(_job()[:1])
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"name": "Digits"}, "name must be a DNS label of at most 40 characters"),
+    ({"name": "Digits"}, "name must be a DNS label of at most 40 characters (lower-case letters, digits and '-', "
+                         "starting and ending with a letter or digit). Received: name='Digits'"),
     ({"workers": 0}, "A TFJob needs at least one worker (or a chief). Received: workers=0"),
-    ({"workers": -1}, "workers must be a non-negative integer. Received: workers=-1"),
+    ({"workers": -1}, "workers must be an integer >= 0. Received: workers=-1"),
     ({"command": "python train.py"}, "command must be a non-empty list of strings. Received: command='python train.py'"),
-    ({"image": ""}, "image must be a non-empty image reference. Received: image=''"),
+    ({"image": ""}, "image must be a container image reference without spaces. Received: image=''"),
+    ({"image": "my image"}, "image must be a container image reference without spaces. Received: image='my image'"),
+    ({"port": 70000}, "port must be an integer from 1 to 65535. Received: port=70000"),
     ({"restart_policy": "Sometimes"}, "restart_policy must be one of 'Always', 'OnFailure', 'Never', 'ExitCode'. "
                                       "Received: restart_policy='Sometimes'"),
     ({"memory": "lots"}, "memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='lots'"),
@@ -165,5 +169,5 @@ def test_pod_tf_config_rejects_unknown_roles_and_indices() -> None:
     docs = _job()
     with pytest.raises(ValueError, match=r"^The TFJob has no 'ps' replicas\. It has: \['worker'\]$"):
         k8s.pod_tf_config(docs, "ps", 0)
-    with pytest.raises(ValueError, match=r"^index must be in 0\.\.1 for 'worker'\. Received: index=2$"):
+    with pytest.raises(ValueError, match=r"^index must be an integer from 0 to 1\. Received: index=2$"):
         k8s.pod_tf_config(docs, "worker", 2)

@@ -245,9 +245,9 @@ def test_zero_workers_is_a_clear_error(task_script: Path) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"workers": -1}, "workers must be a non-negative integer. Received: workers=-1"),
-    ({"max_restarts": -2}, "max_restarts must be a non-negative integer. Received: max_restarts=-2"),
-    ({"timeout": -1.0}, "timeout must be a non-negative number of seconds. Received: timeout=-1.0"),
+    ({"workers": -1}, "workers must be an integer >= 0. Received: workers=-1"),
+    ({"max_restarts": -2}, "max_restarts must be an integer >= 0. Received: max_restarts=-2"),
+    ({"timeout": -1.0}, "timeout must be a finite number >= 0. Received: timeout=-1.0"),
     ({"mode": "ring"}, "mode must be one of 'auto', 'collective', 'parameter_server'. Received: mode='ring'"),
     ({"mode": "parameter_server"}, "mode='parameter_server' needs at least one ps task. Received: ps=0"),
     ({"faults": [Fault("worker1", "x")]}, "A task is named 'role:index', e.g. 'worker:1'. Received: 'worker1'"),

@@ -19,25 +19,16 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 import socket
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tensorfleet.cluster.k8s import KUBERNETES_VERSION, ManifestError, dump_yaml
+from tensorfleet import kube, validation
 
-__all__ = ["DEFAULT_PORT", "ManifestError", "federated_workers", "validate", "worker_addresses", "write"]
+__all__ = ["DEFAULT_PORT", "federated_workers", "validate", "worker_addresses", "write"]
 
 DEFAULT_PORT = 8000
 PORT_NAME = "tff-worker"
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-
-
-def _label(name: str, value: Any, max_len: int = 63) -> str:
-    if not isinstance(value, str) or not re.match(_DNS_LABEL, value) or len(value) > max_len:
-        raise ValueError(f"{name} must be a DNS label (lower-case letters, digits and '-', at most {max_len} "
-                         f"characters, starting and ending with a letter or digit). Received: {name}={value!r}")
-    return value
 
 
 def federated_workers(*, replicas: int, image: str, name: str = "tff-workers", namespace: str = "default",
@@ -60,14 +51,11 @@ def federated_workers(*, replicas: int, image: str, name: str = "tff-workers", n
         >>> service["spec"]["clusterIP"]
         'None'
     """
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-        raise ValueError(f"replicas must be a positive integer. Received: replicas={replicas!r}")
-    if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
-        raise ValueError(f"image must be a container image reference without spaces. Received: image={image!r}")
-    _label("name", name)
-    _label("namespace", namespace)
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise ValueError(f"port must be an integer in [1, 65535]. Received: port={port!r}")
+    validation.positive_int("replicas", replicas)
+    kube.image(image)
+    kube.dns_label("name", name)
+    kube.dns_label("namespace", namespace)
+    validation.port("port", port)
     labels = {"app": name, "app.kubernetes.io/component": "tff-worker", "app.kubernetes.io/part-of": "tensorfleet"}
     argv = list(command) if command is not None else [
         "tensorfleet", "federated", "worker", "--port", str(port), "--host", "0.0.0.0",
@@ -117,29 +105,13 @@ def federated_workers(*, replicas: int, image: str, name: str = "tff-workers", n
 
 
 def validate(docs: Sequence[Mapping[str, Any]]) -> None:
-    """Checks every document against the Kubernetes schemas; raises :class:`ManifestError`."""
-    import kubernetes_validate
-
-    if not docs:
-        raise ManifestError("The manifest is empty; expected a Deployment and a Service.")
-    for i, doc in enumerate(docs):
-        if not isinstance(doc, Mapping) or "kind" not in doc:
-            raise ManifestError(f"Document {i} is not a Kubernetes object (no 'kind'). Received: {str(doc)[:120]!r}")
-        try:
-            kubernetes_validate.validate(dict(doc), KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            path = "/".join(str(p) for p in getattr(exc, "path", []) or [])
-            first = str(exc).strip().splitlines()[0]
-            raise ManifestError(f"Document {i} ({doc['kind']}) is not a valid Kubernetes {doc['kind']}: {first}"
-                                + (f" (at {path})" if path else "")) from None
+    """Checks every document against the Kubernetes schemas; raises :class:`~tensorfleet.kube.ManifestError`."""
+    kube.validate(docs, expected="a Deployment and a Service")
 
 
 def write(docs: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Validates ``docs`` and writes them as one YAML file, atomically."""
-    from tensorfleet.io import write_text
-
-    validate(docs)
-    return write_text(path, dump_yaml(docs))
+    return kube.write(docs, path, check=validate)
 
 
 def worker_addresses(service: str = "tff-workers", *, namespace: str = "default", port: int = DEFAULT_PORT,

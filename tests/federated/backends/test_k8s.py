@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tensorfleet import kube
 from tensorfleet.federated.backends import k8s
 
 
@@ -42,7 +43,7 @@ def test_manifest_for_four_workers_is_a_valid_deployment_and_headless_service() 
 def test_schema_violations_are_reported_with_the_path(mutate: Any, message: str) -> None:
     docs = copy.deepcopy(k8s.federated_workers(replicas=2, image="tensorfleet:1"))
     mutate(docs)
-    with pytest.raises(k8s.ManifestError) as info:
+    with pytest.raises(kube.ManifestError) as info:
         k8s.validate(docs)
     assert str(info.value) == message
 
@@ -50,9 +51,9 @@ def test_schema_violations_are_reported_with_the_path(mutate: Any, message: str)
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"replicas": 0}, "replicas must be a positive integer. Received: replicas=0"),
     ({"image": "my image"}, "image must be a container image reference without spaces. Received: image='my image'"),
-    ({"name": "TFF_Workers"}, "name must be a DNS label (lower-case letters, digits and '-', at most 63 characters, "
+    ({"name": "TFF_Workers"}, "name must be a DNS label of at most 63 characters (lower-case letters, digits and '-', "
                               "starting and ending with a letter or digit). Received: name='TFF_Workers'"),
-    ({"port": 0}, "port must be an integer in [1, 65535]. Received: port=0"),
+    ({"port": 0}, "port must be an integer from 1 to 65535. Received: port=0"),
 ])
 def test_bad_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None:
     args = {"replicas": 2, "image": "tensorfleet:1", **kwargs}
@@ -63,12 +64,10 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None
 
 def test_cli_writes_the_manifest_and_it_reads_back_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tensorfleet.cli.main import main
-    from tensorfleet.cluster.k8s import load_yaml
-
     out = tmp_path / "workers.yaml"
     assert main(["k8s", "federated-workers", "--replicas", "3", "--image", "reg.example/tf:2", "--output", str(out)]) == 0
     assert "3 workers on port 8000" in capsys.readouterr().err
-    docs = load_yaml(out.read_text())
+    docs = kube.load_yaml(out.read_text())
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]
     assert docs[0]["spec"]["replicas"] == 3
     k8s.validate(docs)

@@ -1,0 +1,223 @@
+"""The processes of a launched job: one per task, each leading its own process group, with a
+thread that prefixes and records its output, and the faults injected into them.
+
+A task's process dies with the launcher (Linux ``PR_SET_PDEATHSIG``), even when the launcher
+is SIGKILLed; signals reach the task's whole group, so its own children stop with it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Sequence
+
+from tensorfleet.cluster.contract import ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, SERVE_ARGS
+from tensorfleet.cluster.result import LogLine, TaskSpan
+from tensorfleet.strategies.tf_config import ClusterSpec, Role
+
+__all__ = ["Fault", "JobMode", "LocalJob", "TaskProcess"]
+
+_TAIL_LINES = 30
+_PR_SET_PDEATHSIG = 1
+
+
+class JobMode(str, Enum):
+    """How a job's tasks depend on each other, which decides what a restart restarts."""
+
+    AUTO = "auto"
+    COLLECTIVE = "collective"  # multi-worker mirrored: restart all tasks
+    PARAMETER_SERVER = "parameter_server"  # restart only a failed worker
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault to inject, for tests and benchmarks of recovery.
+
+    When task ``watch`` (default: ``task`` itself) prints a line matching ``when`` during
+    attempt ``attempt``, the launcher sends ``signal`` to the process group of ``task``
+    (``"worker:1"``), ``delay`` seconds later.
+    """
+
+    task: str
+    when: str
+    signal: int = signal.SIGKILL
+    attempt: int = 0
+    watch: str | None = None
+    delay: float = 0.0
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # Linux only: the kernel kills the task if the launcher dies, even by SIGKILL.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class TaskProcess:
+    """One running process of the job, with a thread that prefixes and records its output."""
+
+    def __init__(self, job: "LocalJob", role: str, index: int, argv: list[str], env: dict[str, str],
+                 attempt: int) -> None:
+        self.job, self.role, self.index, self.attempt = job, role, index, attempt
+        self.name = f"{role}:{index}"
+        self.reaped = False
+        self.started = job.now()
+        self.ended: float | None = None
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.proc = subprocess.Popen(  # noqa: S603 - argv is built here, never a shell string
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        self.reader = threading.Thread(target=self._read, name=f"tensorfleet-{self.name}", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.tail.append(text)
+            self.job.on_line(self, text)
+        self.proc.stdout.close()
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None and self.ended is None:
+            self.ended = self.job.now()
+        return code
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """Signals the task's whole process group (so its children too), unless already reaped."""
+        if not self.reaped:  # after reaping, the group id may belong to someone else
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signum)
+
+    def reap(self, grace: float) -> int:
+        """Waits up to ``grace`` s, then SIGKILLs the group; always reaps the process."""
+        try:
+            code = self.proc.wait(timeout=max(grace, 0.0))
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGKILL)
+            code = self.proc.wait()
+        if self.ended is None:
+            self.ended = self.job.now()
+        # The leader may be gone while others of its group live on (e.g. a helper binary).
+        self.kill(signal.SIGKILL)
+        self.reaped = True
+        self.reader.join(timeout=5.0)
+        return code
+
+    def span(self) -> TaskSpan:
+        end = self.ended if self.ended is not None else self.job.now()
+        return TaskSpan(self.name, self.attempt, self.started, end, self.proc.returncode)
+
+
+class LocalJob:
+    """The processes, output and events of one launched job on this machine."""
+
+    def __init__(self, *, spec: ClusterSpec, mode: JobMode, argv: list[str], env: dict[str, str],
+                 sink: Callable[[str], None] | None, faults: Sequence[Fault], stop_when: str | None) -> None:
+        self.spec, self.mode, self.argv, self.base_env = spec, mode, argv, env
+        self.sink = sink
+        self.faults = list(faults)
+        self.fired: set[int] = set()
+        self.stop_regex = re.compile(stop_when) if stop_when else None
+        self.stop_requested = threading.Event()
+        self.activity = time.monotonic()
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.lines: list[LogLine] = []
+        self.events: list[LogLine] = []
+        self.tasks: dict[str, TaskProcess] = {}
+        self.history: list[TaskProcess] = []
+        # The chief (worker 0 without one) writes the backups and decides the job's status.
+        self.lead = "chief:0" if spec.num_tasks(Role.CHIEF.value) else "worker:0"
+        # Tasks whose success completes the job; the others (servers, evaluator) are then stopped.
+        self.trainers = ({"chief:0"} if mode is JobMode.PARAMETER_SERVER else
+                         {str(t) for t in spec.tasks() if t.role in (Role.CHIEF.value, Role.WORKER.value)})
+
+    # Output ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def on_line(self, task: TaskProcess, text: str) -> None:
+        self.activity = time.monotonic()
+        with self.lock:
+            self.lines.append(LogLine(self.now(), task.name, task.attempt, text))
+            if self.sink is not None:
+                self.sink(f"[{task.name}] {text}")
+        for i, fault in enumerate(self.faults):
+            if (i not in self.fired and (fault.watch or fault.task) == task.name
+                    and fault.attempt == task.attempt and re.search(fault.when, text)):
+                target = self.tasks.get(fault.task)
+                if target is None or target.poll() is not None:
+                    continue
+                self.fired.add(i)
+                threading.Timer(fault.delay, self._inject, (fault, target, task.name)).start()
+        if (self.stop_regex is not None and task.name == self.lead and self.stop_regex.search(text)
+                and not self.stop_requested.is_set()):
+            self.event(f"stopping the job: {task.name} printed a line matching {self.stop_regex.pattern!r}")
+            self.stop_requested.set()
+
+    def _inject(self, fault: Fault, target: TaskProcess, seen_in: str) -> None:
+        if target.poll() is not None or self.stop_requested.is_set():
+            return
+        self.event(f"injecting fault: {signal.Signals(fault.signal).name} to {fault.task} "
+                   f"({seen_in} printed a line matching {fault.when!r})")
+        target.kill(fault.signal)
+
+    def event(self, text: str) -> None:
+        with self.lock:
+            self.events.append(LogLine(self.now(), "launcher", -1, text))
+            if self.sink is not None:
+                self.sink(f"[launcher] {text}")
+
+    # Processes ------------------------------------------------------------------------
+    def task_argv(self, role: str) -> list[str]:
+        if self.mode is JobMode.PARAMETER_SERVER and role in (Role.WORKER.value, Role.PS.value):
+            return [sys.executable, *SERVE_ARGS]
+        return self.argv
+
+    def start_task(self, role: str, index: int, attempt: int) -> TaskProcess:
+        env = dict(self.base_env)
+        env["TF_CONFIG"] = self.spec.tf_config_json(role, index)
+        env[ENV_TASK] = f"{role}:{index}"
+        env[ENV_ATTEMPT] = str(attempt)
+        env[ENV_NUM_WORKERS] = str(self.spec.num_tasks(Role.WORKER.value))
+        env["PYTHONUNBUFFERED"] = "1"
+        task = TaskProcess(self, role, index, self.task_argv(role), env, attempt)
+        self.tasks[task.name] = task
+        self.history.append(task)
+        return task
+
+    def start_all(self, attempt: int) -> None:
+        for task in self.spec.tasks():
+            self.start_task(task.role, task.index, attempt)
+        self.activity = time.monotonic()
+
+    def stop_all(self, signum: int, grace: float) -> None:
+        """Sends ``signum`` to every live task, then reaps all (SIGKILL after ``grace`` s)."""
+        self.forward(signum)
+        for task in self.tasks.values():
+            task.reap(grace)
+
+    def forward(self, signum: int) -> None:
+        for task in list(self.tasks.values()):
+            if task.poll() is None:
+                task.kill(signum)
+
+    def spans(self) -> list[TaskSpan]:
+        return [task.span() for task in self.history]

@@ -1,0 +1,36 @@
+"""The server a worker or ps task of a parameter-server job runs instead of the script.
+
+In a parameter-server job only the chief (the coordinator) runs the training script; workers and
+ps tasks serve a ``tf.distribute.Server``. The launcher and a TFJob start them with
+``python -m tensorfleet.cluster.launcher --serve`` (:data:`~tensorfleet.cluster.contract.SERVE_ARGS`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from tensorfleet.strategies.tf_config import TFConfigError, parse_tf_config
+
+__all__ = ["serve"]
+
+
+def serve(tf_config: str | Mapping[str, Any] | None = None) -> None:
+    """Runs this process's task of a parameter-server cluster as a ``tf.distribute.Server``.
+
+    The server gets :func:`tensorfleet.strategies.data_parallel.worker_server_config` (at
+    least ``workers + 1`` inter-op threads: with fewer, a 2-core machine deadlocks in the
+    first epoch). Blocks until the process is stopped.
+
+    Example (reads TF_CONFIG; what the launcher runs for ps and worker tasks):
+        >>> serve()  # doctest: +SKIP
+    """
+    from tensorfleet.strategies.data_parallel import start_server
+
+    raw = tf_config if tf_config is not None else os.environ.get("TF_CONFIG", "")
+    config = parse_tf_config(raw)
+    if config.task is None:
+        raise TFConfigError("TF_CONFIG has no 'task'; the server needs to know which task it is.")
+    server = start_server(config.cluster, config.task.role, config.task.index)
+    print(f"tensorfleet: {config.task} serving at {config.task.address}", flush=True)
+    server.join()

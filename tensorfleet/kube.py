@@ -1,0 +1,174 @@
+"""Kubernetes manifests: the checks, schema validation and YAML that every manifest writer shares.
+
+A manifest writer (the TFJob of :mod:`tensorfleet.cluster.k8s`, the TFF workers of
+:mod:`tensorfleet.federated.backends.k8s`) builds plain dicts, checks its arguments with
+:func:`dns_label`, :func:`quantity` and :func:`image`, and hands the documents to
+:func:`validate`: every object is checked against the core Kubernetes schemas of
+:data:`KUBERNETES_VERSION` (``kubernetes-validate``), and kinds those schemas do not know
+(custom resources such as a TFJob) by the validator the writer passes for them.
+:func:`write` stores the YAML atomically, so a failed write never leaves half a manifest.
+
+Example:
+    >>> claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+    ...          "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+    >>> [d["kind"] for d in validate(claim, expected="a claim")]
+    ['PersistentVolumeClaim']
+    >>> load_yaml(dump_yaml([claim])) == [claim]
+    True
+    >>> dns_label("name", "Data")
+    Traceback (most recent call last):
+    ValueError: name must be a DNS label of at most 63 characters (lower-case letters, digits and '-', starting and ending with a letter or digit). Received: name='Data'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Union
+
+from tensorfleet.io import write_text
+
+__all__ = [
+    "DNS_LABEL", "KUBERNETES_VERSION", "ManifestError", "Manifest", "documents", "dns_label", "dump_yaml", "image",
+    "load_yaml", "quantity", "validate", "validate_object", "write",
+]
+
+#: The Kubernetes version whose schemas manifests are checked against.
+KUBERNETES_VERSION = "1.37.0"
+#: An RFC 1123 label: what names of most Kubernetes objects must be.
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+#: One Kubernetes object, or several (a multi-document manifest).
+Manifest = Union[Mapping[str, Any], Iterable[Mapping[str, Any]]]
+
+
+class ManifestError(ValueError):
+    """A manifest that the Kubernetes API server (or the operator of a custom kind) would reject."""
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def dns_label(name: str, value: Any, *, max_length: int = 63) -> str:
+    """``value`` if it is a DNS label of at most ``max_length`` characters; else ``ValueError`` naming it.
+
+    Example:
+        >>> dns_label("namespace", "ml")
+        'ml'
+    """
+    if not isinstance(value, str) or not re.match(DNS_LABEL, value) or len(value) > max_length:
+        raise ValueError(f"{name} must be a DNS label of at most {max_length} characters (lower-case letters, "
+                         f"digits and '-', starting and ending with a letter or digit). Received: {name}={value!r}")
+    return value
+
+
+def quantity(name: str, value: Any) -> str:
+    """``value`` if it is a Kubernetes quantity (``"1"``, ``"500m"``, ``"2Gi"``); else ``ValueError``.
+
+    Example:
+        >>> quantity("memory", "lots")
+        Traceback (most recent call last):
+        ValueError: memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='lots'
+    """
+    if not isinstance(value, str) or not re.match(_QUANTITY, value):
+        raise ValueError(f"{name} must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: {name}={value!r}")
+    return value
+
+
+def image(value: Any) -> str:
+    """``value`` if it is a container image reference (non-empty, no spaces); else ``ValueError``.
+
+    Example:
+        >>> image("my image")
+        Traceback (most recent call last):
+        ValueError: image must be a container image reference without spaces. Received: image='my image'
+    """
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        raise ValueError(f"image must be a container image reference without spaces. Received: image={value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def documents(docs: Manifest) -> list[Mapping[str, Any]]:
+    """The objects of a manifest: one object or a sequence of them, as a list."""
+    return [docs] if isinstance(docs, Mapping) else list(docs)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0]
+
+
+def validate_object(doc: Mapping[str, Any], where: str) -> None:
+    """Checks one object against the core Kubernetes schemas; raises :class:`ManifestError` that
+    starts with ``where`` and ends with the path of the offending field."""
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(dict(doc), KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = "/".join(str(p) for p in getattr(exc, "path", []) or [])
+        raise ManifestError(f"{where} is not a valid Kubernetes {doc.get('kind')}: {_first_line(exc)}"
+                            + (f" (at {path})" if path else "")) from None
+    except kubernetes_validate.SchemaNotFoundError:
+        raise ManifestError(f"{where} is not a valid Kubernetes {doc.get('kind')}: Kubernetes {KUBERNETES_VERSION} "
+                            f"has no {doc.get('kind')!r} in {doc.get('apiVersion')!r}") from None
+
+
+def validate(docs: Manifest, *, expected: str,
+             kinds: Mapping[str, Callable[[Mapping[str, Any]], None]] | None = None) -> list[Mapping[str, Any]]:
+    """Checks every object of a manifest and returns them as a list.
+
+    Args:
+        docs: one object or several.
+        expected: what the manifest should hold, for the message of an empty one (``"a TFJob"``).
+        kinds: validators of kinds the core schemas do not know (custom resources), by kind.
+
+    Raises:
+        ManifestError: an empty manifest, an object without ``kind``, or an invalid object.
+    """
+    items = documents(docs)
+    if not items:
+        raise ManifestError(f"The manifest is empty; expected {expected}.")
+    for i, doc in enumerate(items):
+        if not isinstance(doc, Mapping) or "kind" not in doc:
+            raise ManifestError(f"Document {i} is not a Kubernetes object (no 'kind'). Received: {str(doc)[:120]!r}")
+        custom = (kinds or {}).get(doc["kind"])
+        if custom is not None:
+            custom(doc)
+        else:
+            validate_object(doc, f"Document {i} ({doc['kind']})")
+    return items
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+def dump_yaml(docs: Iterable[Mapping[str, Any]]) -> str:
+    """The documents as one multi-document YAML string."""
+    import yaml
+
+    return yaml.safe_dump_all([json.loads(json.dumps(d)) for d in docs], sort_keys=False, default_flow_style=False)
+
+
+def load_yaml(text: str) -> list[dict[str, Any]]:
+    """The non-empty documents of a YAML string."""
+    import yaml
+
+    try:
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"The manifest is not valid YAML: {_first_line(exc)}") from None
+
+
+def write(docs: Iterable[Mapping[str, Any]], path: str | os.PathLike[str], *,
+          check: Callable[[Any], Any]) -> Path:
+    """Checks ``docs`` with ``check`` (the writer's ``validate``), then writes them as one YAML file,
+    atomically."""
+    docs = list(docs)
+    check(docs)
+    return write_text(path, dump_yaml(docs))

@@ -1,0 +1,74 @@
+"""The shared Kubernetes helper: argument checks, validation of every object (custom kinds by their
+own validator), YAML round trip and the atomic write that leaves nothing behind when invalid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensorfleet import kube
+
+CLAIM = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+
+
+def test_custom_kinds_go_to_their_validator_and_core_kinds_to_the_schemas() -> None:
+    seen = []
+    custom = {"apiVersion": "example.org/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    assert kube.validate([CLAIM, custom], expected="a Widget", kinds={"Widget": seen.append}) == [CLAIM, custom]
+    assert seen == [custom]
+    with pytest.raises(kube.ManifestError) as info:
+        kube.validate([CLAIM, custom], expected="a Widget")
+    assert str(info.value) == ("Document 1 (Widget) is not a valid Kubernetes Widget: Kubernetes 1.37.0 has no "
+                               "'Widget' in 'example.org/v1'")
+
+
+@pytest.mark.parametrize(("docs", "message"), [
+    ([], "The manifest is empty; expected a claim."),
+    ([CLAIM, "text"], "Document 1 is not a Kubernetes object (no 'kind'). Received: 'text'"),
+    ({**CLAIM, "spec": {**CLAIM["spec"], "accessModes": "ReadWriteOnce"}},
+     "Document 0 (PersistentVolumeClaim) is not a valid Kubernetes PersistentVolumeClaim: 'ReadWriteOnce' is not of "
+     "type 'array', 'null' (at spec/accessModes)"),
+])
+def test_invalid_manifests_are_one_clear_error(docs, message) -> None:
+    with pytest.raises(kube.ManifestError) as info:
+        kube.validate(docs, expected="a claim")
+    assert str(info.value) == message
+
+
+def test_write_checks_first_and_leaves_nothing_behind_when_invalid(tmp_path: Path) -> None:
+    path = kube.write([CLAIM], tmp_path / "claim.yaml", check=lambda d: kube.validate(d, expected="a claim"))
+    assert kube.load_yaml(path.read_text()) == [CLAIM]
+
+    def refuse(docs) -> None:
+        raise kube.ManifestError("no")
+
+    with pytest.raises(kube.ManifestError, match="^no$"):
+        kube.write([CLAIM], tmp_path / "other.yaml", check=refuse)
+    assert [p.name for p in tmp_path.iterdir()] == ["claim.yaml"]
+
+
+def test_invalid_yaml_is_a_manifest_error() -> None:
+    with pytest.raises(kube.ManifestError, match=r"^The manifest is not valid YAML: "):
+        kube.load_yaml("kind: [unclosed")
+
+
+@pytest.mark.parametrize(("check", "value", "message"), [
+    (lambda v: kube.dns_label("name", v, max_length=5), "abcdef",
+     "name must be a DNS label of at most 5 characters (lower-case letters, digits and '-', starting and ending "
+     "with a letter or digit). Received: name='abcdef'"),
+    (lambda v: kube.dns_label("name", v), "-a", "name must be a DNS label of at most 63 characters"),
+    (lambda v: kube.quantity("cpu", v), 2, "cpu must be a Kubernetes quantity such as '1', '500m' or '2Gi'. "
+                                           "Received: cpu=2"),
+    (kube.image, " ", "image must be a container image reference without spaces. Received: image=' '"),
+])
+def test_argument_checks_name_the_value(check, value, message) -> None:
+    with pytest.raises(ValueError) as info:
+        check(value)
+    assert str(info.value).startswith(message)
+
+
+def test_argument_checks_return_good_values() -> None:
+    assert (kube.dns_label("name", "a-1"), kube.quantity("memory", "500Mi"), kube.image("reg.example/x:1")) == (
+        "a-1", "500Mi", "reg.example/x:1")
