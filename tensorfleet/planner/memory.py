@@ -58,6 +58,7 @@ __all__ = [
     "layer_table",
     "plot_layers",
     "split_stages",
+    "value_bytes",
 ]
 
 
@@ -113,6 +114,16 @@ def bytes_per_parameter(optimizer: str | Optimizer = "adam", precision: str | Pr
     if prec is Precision.FLOAT32:
         return {"parameters": 4, "gradients": 4, "optimizer_state": 4 * states}
     return {"parameters": 2, "gradients": 2, "optimizer_state": 4 + 4 * states}
+
+
+def value_bytes(precision: str | Precision = "float32") -> int:
+    """Bytes of one activation value at the compute precision: 4, or 2 under mixed precision.
+
+    Example:
+        >>> value_bytes("float32"), value_bytes("mixed_bfloat16")
+        (4, 2)
+    """
+    return 4 if choice(Precision, "precision", precision) is Precision.FLOAT32 else 2
 
 
 @dataclass(frozen=True)
@@ -295,7 +306,7 @@ def estimate_from_counts(
                          f"micro_batches={micro_batches}")
     micro = per_replica / micro_batches if pp > 1 else per_replica
     per_param = bytes_per_parameter(optimizer, precision)
-    act_bytes = 4 if choice(Precision, "precision", precision) is Precision.FLOAT32 else 2
+    act_bytes = value_bytes(precision)
     worst = None
     trainables = list(stage_parameters) if stage_trainable is None else list(stage_trainable)
     if len(trainables) != pipeline:
@@ -406,7 +417,7 @@ def plot_layers(model: Any, path: str, *, batch_size: int, optimizer: Any = "ada
     positive_int("batch_size", batch_size)
     table = layer_table(model)
     per_param = sum(bytes_per_parameter(optimizer, precision).values())
-    act_bytes = 4 if choice(Precision, "precision", precision) is Precision.FLOAT32 else 2
+    act_bytes = value_bytes(precision)
     names = [row.name for row in table]
     per_weight = bytes_per_parameter(optimizer, precision)["parameters"]
     states = [row.parameters * per_weight + row.trainable * (per_param - per_weight) for row in table]
