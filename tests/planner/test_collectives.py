@@ -94,7 +94,6 @@ def test_eight_real_logical_devices_in_a_subprocess():
         devices = simulate_devices(8)
         import numpy as np
         from tensorfleet.planner import collectives as C, traffic as T
-from tensorfleet.planner import traffic as T
         values = [np.full(16, i, np.float32) for i in range(8)]
         for name in C.COLLECTIVES.names():
             r = C.all_reduce(values, algorithm=name, devices=devices)
