@@ -5,15 +5,17 @@ at import time; TensorFlow 2.13 moved that function to ``tensor_conversion_regis
 removed the alias, so ``import mesh_tensorflow`` fails with an ``AttributeError`` on the
 TensorFlow 2.14 stack. :func:`import_mesh_tensorflow` restores the alias (only if it is
 missing) and then imports the package. Every tensorfleet module that needs Mesh-TF goes
-through it, never through a bare ``import mesh_tensorflow``.
+through it, never through a bare ``import mesh_tensorflow``; what tensorfleet reads from inside
+mesh-tensorflow's objects is read here too (:func:`layout_pairs`).
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
-__all__ = ["apply_compat_fix", "import_mesh_tensorflow", "needs_compat_fix"]
+__all__ = ["apply_compat_fix", "import_mesh_tensorflow", "layout_pairs", "needs_compat_fix"]
 
 
 def needs_compat_fix() -> bool:
@@ -53,3 +55,14 @@ def import_mesh_tensorflow() -> ModuleType:
             "Mesh-TensorFlow layouts need the mesh-tensorflow package. Install it with "
             "`pip install 'tensorfleet[mesh]'` (mesh-tensorflow==0.1.21)."
         ) from exc
+
+
+def layout_pairs(rules: Any) -> list[tuple[str, str]]:
+    """The sorted ``(tensor_dim, mesh_dim)`` pairs of an ``mtf.LayoutRules``.
+
+    Example:
+        >>> layout_pairs(import_mesh_tensorflow().convert_to_layout_rules("hidden:b2;batch:b1"))
+        [('batch', 'b1'), ('hidden', 'b2')]
+    """
+    # mtf.LayoutRules keeps its pairs in a set with no public accessor.
+    return sorted(rules._pairs)

@@ -36,6 +36,8 @@ from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
+from tensorfleet.validation import positive_int
+
 __all__ = [
     "ColumnParallelDense",
     "RowParallelDense",
@@ -120,10 +122,8 @@ class ColumnParallelDense(tf.keras.layers.Layer):
     def __init__(self, units: int, *, devices: Sequence[str], activation: Any = None, use_bias: bool = True,
                  kernel_initializer: Any = "glorot_uniform", gather_output: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-            raise ValueError(f"units must be a positive integer. Received: units={units!r}")
+        self.units = positive_int("units", units)
         self.devices = check_devices(devices)
-        self.units = units
         self.shard_units = split_evenly(units, len(self.devices), what="units")
         self.activation = tf.keras.activations.get(activation)
         self.use_bias = use_bias
@@ -198,10 +198,8 @@ class RowParallelDense(tf.keras.layers.Layer):
     def __init__(self, units: int, *, devices: Sequence[str], activation: Any = None, use_bias: bool = True,
                  kernel_initializer: Any = "glorot_uniform", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-            raise ValueError(f"units must be a positive integer. Received: units={units!r}")
+        self.units = positive_int("units", units)
         self.devices = check_devices(devices)
-        self.units = units
         self.activation = tf.keras.activations.get(activation)
         self.use_bias = use_bias
         self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
@@ -312,12 +310,9 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
     def __init__(self, num_heads: int, key_dim: int, *, devices: Sequence[str], output_dim: int | None = None,
                  use_bias: bool = True, kernel_initializer: Any = "glorot_uniform", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        for key, value in (("num_heads", num_heads), ("key_dim", key_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{key} must be a positive integer. Received: {key}={value!r}")
+        self.num_heads = positive_int("num_heads", num_heads)
+        self.key_dim = positive_int("key_dim", key_dim)
         self.devices = check_devices(devices)
-        self.num_heads = num_heads
-        self.key_dim = key_dim
         self.shard_heads = split_evenly(num_heads, len(self.devices), what="num_heads")
         self.output_dim = output_dim
         self.use_bias = use_bias

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tensorfleet import models
 from tensorfleet.models.datasets import load_digits
 from tensorfleet.model_parallel import mesh as tfmesh
-from tensorfleet.model_parallel.mtf_compat import apply_compat_fix, import_mesh_tensorflow
+from tensorfleet.model_parallel.mtf_compat import apply_compat_fix, import_mesh_tensorflow, layout_pairs
 
 STEPS, BATCH, LR = 5, 32, 0.5
 
@@ -44,6 +44,12 @@ def test_compat_fix_is_idempotent():
     assert apply_compat_fix() is False
     assert ops.register_tensor_conversion_function is tensor_conversion_registry.register_tensor_conversion_function
     assert mtf.__name__ == "mesh_tensorflow"
+
+
+def test_layout_pairs_reads_the_rules_mesh_tensorflow_parsed():
+    rules = import_mesh_tensorflow().convert_to_layout_rules("hidden:b2;batch:b1")
+    assert layout_pairs(rules) == [("batch", "b1"), ("hidden", "b2")]
+    assert layout_pairs(import_mesh_tensorflow().convert_to_layout_rules("")) == []
 
 
 def test_layout_is_parsed_by_mesh_tensorflow():
@@ -286,7 +292,7 @@ def test_fit_rejects_bad_arguments(logical_cpus):
     mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2")
     with pytest.raises(ValueError, match=r"batch_size must be a positive integer. Received: batch_size=0"):
         mesh.fit(models.build("digits_mlp"), x, y, batch_size=0)
-    with pytest.raises(ValueError, match=r"learning_rate must be positive. Received: learning_rate=-1"):
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0. Received: learning_rate=-1"):
         mesh.fit(models.build("digits_mlp"), x, y, learning_rate=-1)
     with pytest.raises(ValueError, match=r"Mesh layouts support inputs of shape \(batch, features\) or \(batch, seq, "
                                          r"features\). Received: input shape \(None, 8, 8, 1\)"):
@@ -343,6 +349,8 @@ def test_fit_mtf_checks_dims_against_the_layout(logical_cpus):
         mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 33, "classes": 10}, batch_size=BATCH)
     with pytest.raises(ValueError, match=r"dims must map dimension names to sizes and include 'classes'"):
         mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 32}, batch_size=BATCH)
+    with pytest.raises(ValueError, match=r"dims\['hidden'\] must be a positive integer. Received: dims\['hidden'\]=0"):
+        mesh.fit_mtf(_mtf_mlp, x, y, dims={"hidden": 0, "classes": 10}, batch_size=BATCH)
 
 
 def test_history_records_each_step_wall_time(logical_cpus):

@@ -8,9 +8,9 @@ import tensorflow as tf
 
 from tensorfleet.models.datasets import load_digits
 from tensorfleet.model_parallel import pipeline as pl
-from tensorfleet.model_parallel.pipeline import Op, Phase
+from tensorfleet.model_parallel.pipeline import Pass, ScheduledOp
 
-F, B = Phase.FORWARD, Phase.BACKWARD
+F, B = Pass.FORWARD, Pass.BACKWARD
 
 
 def _mlp(depth: int = 8, width: int = 16, seed: int = 0) -> tf.keras.Model:
@@ -38,18 +38,18 @@ def _reference(model, x, y):
 
 def test_one_f_one_b_orders_are_exact():
     orders = pl.schedule_orders("1f1b", 3, 4)
-    assert orders[0] == [Op(F, 0, 0), Op(F, 0, 1), Op(F, 0, 2), Op(B, 0, 0), Op(F, 0, 3), Op(B, 0, 1),
-                         Op(B, 0, 2), Op(B, 0, 3)]
-    assert orders[2] == [op for j in range(4) for op in (Op(F, 2, j), Op(B, 2, j))]
+    assert orders[0] == [ScheduledOp(F, 0, 0), ScheduledOp(F, 0, 1), ScheduledOp(F, 0, 2), ScheduledOp(B, 0, 0),
+                         ScheduledOp(F, 0, 3), ScheduledOp(B, 0, 1), ScheduledOp(B, 0, 2), ScheduledOp(B, 0, 3)]
+    assert orders[2] == [op for j in range(4) for op in (ScheduledOp(F, 2, j), ScheduledOp(B, 2, j))]
     gpipe = pl.schedule_orders("gpipe", 2, 2)
-    assert gpipe[1] == [Op(F, 1, 0), Op(F, 1, 1), Op(B, 1, 0), Op(B, 1, 1)]
+    assert gpipe[1] == [ScheduledOp(F, 1, 0), ScheduledOp(F, 1, 1), ScheduledOp(B, 1, 0), ScheduledOp(B, 1, 1)]
 
 
 def test_interleaved_device_holds_chunks_p_apart():
     orders = pl.schedule_orders("interleaved", 2, 4, virtual_stages=2)
     assert {op.stage for op in orders[0]} == {0, 2}
     assert {op.stage for op in orders[1]} == {1, 3}
-    assert orders[0][:4] == [Op(F, 0, 0), Op(F, 0, 1), Op(F, 2, 0), Op(F, 2, 1)]
+    assert orders[0][:4] == [ScheduledOp(F, 0, 0), ScheduledOp(F, 0, 1), ScheduledOp(F, 2, 0), ScheduledOp(F, 2, 1)]
     assert all(len(order) == 2 * 4 * 2 for order in orders)
 
 
@@ -167,8 +167,13 @@ def test_bad_pipeline_arguments_are_clear_errors(logical_cpus):
         pl.Pipeline(model, num_stages=4, data_parallel=2)
     with pytest.raises(ValueError, match=r"boundaries must be 1 increasing layer indices .* Received: boundaries=\[4\]"):
         pl.Pipeline(model, num_stages=2, boundaries=[4])
-    with pytest.raises(ValueError, match=r"micro_batches must be an integer >= 1. Received: micro_batches=0"):
+    with pytest.raises(ValueError, match=r"micro_batches must be a positive integer. Received: micro_batches=0"):
         pl.Pipeline(model, num_stages=2, micro_batches=0)
+    with pytest.raises(ValueError, match=r"op_cost\[1\] must be a finite number >= 0. Received: op_cost\[1\]=-0.5"):
+        pl.Pipeline(model, num_stages=2, op_cost=(0.1, -0.5))
+    with pytest.raises(ValueError,
+                       match=r"op_cost must be \(forward_seconds, backward_seconds\). Received: op_cost=\(0.1,\)"):
+        pl.Pipeline(model, num_stages=2, op_cost=(0.1,))
     unbuilt = tf.keras.Sequential([tf.keras.layers.Dense(3)])
     with pytest.raises(ValueError, match=r"must be built"):
         pl.Pipeline(unbuilt, num_stages=1)

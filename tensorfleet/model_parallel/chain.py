@@ -1,0 +1,45 @@
+"""A Keras model read as one chain of layers, each feeding the next.
+
+Mesh layouts and pipeline stages both split a model along its layers, so both need the model to
+be a chain: a ``Sequential``, or a functional model without branches (a branching block can be
+one custom layer). :func:`chain_layers` returns that chain or says which layer breaks it.
+
+Example:
+    >>> import tensorflow as tf
+    >>> model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="a"),
+    ...                              tf.keras.layers.Dense(2, name="b")])
+    >>> [layer.name for layer in chain_layers(model)]
+    ['a', 'b']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["chain_layers"]
+
+
+def chain_layers(model: Any) -> list[Any]:
+    """The layers of ``model`` in order, without its ``InputLayer``.
+
+    Raises:
+        ValueError: the model has no layers, or a layer does not take the previous layer's
+            output as its only input.
+    """
+    import tensorflow as tf
+
+    layers = [layer for layer in model.layers if not isinstance(layer, tf.keras.layers.InputLayer)]
+    if not layers:
+        raise ValueError(f"Model {model.name!r} has no layers to split across devices.")
+    if not isinstance(model, tf.keras.Sequential):
+        previous = None
+        for layer in layers:
+            inbound = [l for node in layer.inbound_nodes for l in tf.nest.flatten(node.inbound_layers)]
+            if len(layer.inbound_nodes) != 1 or len(inbound) != 1 or (
+                    previous is not None and inbound[0] is not previous):
+                raise ValueError(
+                    f"Splitting a model across devices needs a model whose layers form one chain (each layer "
+                    f"feeding the next); layer {layer.name!r} of model {model.name!r} does not. Wrap branching "
+                    f"parts in one layer.")
+            previous = layer
+    return layers

@@ -1,0 +1,105 @@
+"""The Keras models a mesh layout can split, and the names of their tensor dimensions.
+
+Supported models are chains of ``Dense``, ``GlobalAveragePooling1D`` and
+:class:`~tensorfleet.models.transformer.TransformerBlock` layers (the ``digits_mlp`` and
+``transformer_block`` models). :func:`mesh_steps` describes such a model once for every
+backend, one :class:`MeshStep` per layer. The tensor dimensions are named ``batch``, ``seq``,
+``features`` (the input), ``hidden`` (the output of a Dense that feeds another Dense, and the
+block's MLP), ``hidden_2`` (a second hidden Dense in a row), ``d_model`` (the embedding),
+``heads``, ``kv`` (per-head channels), ``memory_seq`` and ``classes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tensorfleet.model_parallel.chain import chain_layers
+
+__all__ = ["ACTIVATIONS", "MeshStep", "mesh_steps", "model_dimensions"]
+
+ACTIVATIONS = frozenset({"linear", "relu", "tanh", "sigmoid"})
+"""The Dense activations every backend can run."""
+
+_HIDDEN = ("hidden", "hidden_2")
+
+
+@dataclasses.dataclass
+class MeshStep:
+    """One layer of a supported model, as the mesh backends see it."""
+
+    kind: str  # "dense" | "block" | "pool"
+    layer: Any
+    out_dim: str = ""
+    """A Dense layer's output dimension name (``hidden``, ``hidden_2``, ``d_model`` or ``classes``)."""
+
+
+def _dense_out_dim(layers: list[Any], i: int, steps: list[MeshStep]) -> str:
+    from tensorfleet.models.transformer import TransformerBlock
+
+    if i == len(layers) - 1:
+        return "classes"
+    if isinstance(layers[i + 1], TransformerBlock):
+        return "d_model"
+    if steps and steps[-1].out_dim in _HIDDEN and steps[-1].kind == "dense":
+        return _HIDDEN[1 - _HIDDEN.index(steps[-1].out_dim)]
+    return "hidden"
+
+
+def mesh_steps(model: Any) -> list[MeshStep]:
+    """``model`` as a list of :class:`MeshStep`; a clear error for anything the backends cannot run.
+
+    Example:
+        >>> import tensorfleet as tfl
+        >>> [(s.kind, s.out_dim) for s in mesh_steps(tfl.models.build("digits_mlp"))]
+        [('dense', 'hidden'), ('dense', 'classes')]
+    """
+    import tensorflow as tf
+
+    from tensorfleet.models.transformer import TransformerBlock
+
+    layers = chain_layers(model)
+    if len(model.inputs[0].shape) not in (2, 3):
+        raise ValueError(f"Mesh layouts support inputs of shape (batch, features) or (batch, seq, features). "
+                         f"Received: input shape {tuple(model.inputs[0].shape)}")
+    steps: list[MeshStep] = []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, tf.keras.layers.Dense):
+            if layer.activation.__name__ not in ACTIVATIONS:
+                raise ValueError(f"Mesh layouts support Dense activations {sorted(ACTIVATIONS)}. "
+                                 f"Received: layer {layer.name!r} with activation {layer.activation.__name__!r}")
+            steps.append(MeshStep("dense", layer, _dense_out_dim(layers, i, steps)))
+        elif isinstance(layer, TransformerBlock):
+            steps.append(MeshStep("block", layer, "d_model"))
+        elif isinstance(layer, tf.keras.layers.GlobalAveragePooling1D):
+            steps.append(MeshStep("pool", layer))
+        else:
+            raise ValueError(f"Mesh layouts support Dense, GlobalAveragePooling1D and TransformerBlock layers. "
+                             f"Received: layer {layer.name!r} of type {type(layer).__name__}")
+    if steps[-1].kind != "dense":
+        raise ValueError(f"The model must end in a Dense layer that outputs class logits. Received: last layer "
+                         f"{layers[-1].name!r}")
+    return steps
+
+
+def model_dimensions(model: Any, batch_size: int) -> dict[str, int]:
+    """Names and sizes of the tensor dimensions of a supported Keras model (see module docstring).
+
+    Example:
+        >>> import tensorfleet as tfl
+        >>> model_dimensions(tfl.models.build("digits_mlp"), 32)
+        {'batch': 32, 'features': 64, 'hidden': 64, 'classes': 10}
+    """
+    shape = model.inputs[0].shape
+    dims = {"batch": batch_size}
+    if len(shape) == 3:
+        dims["seq"] = int(shape[1])
+        dims["memory_seq"] = int(shape[1])
+    dims["features"] = int(shape[-1])
+    for step in mesh_steps(model):
+        if step.kind == "dense":
+            dims[step.out_dim] = int(step.layer.units)
+        elif step.kind == "block":
+            block = step.layer
+            dims.update(heads=block.num_heads, kv=block.key_dim, hidden=block.hidden)
+    return dims
