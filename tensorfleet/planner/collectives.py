@@ -37,7 +37,6 @@ __all__ = [
     "AllReduceAlgorithm",
     "COLLECTIVES",
     "CollectiveResult",
-    "POWER_OF_TWO_ALGORITHMS",
     "Trace",
     "algorithm_name",
     "all_gather",
@@ -297,7 +296,7 @@ COLLECTIVES.register("butterfly", _butterfly, aliases=("recursive_doubling",),
 COLLECTIVES.register("halving_doubling", _halving_doubling, aliases=("rabenseifner",),
                      description="Recursive-halving reduce-scatter, then recursive-doubling all-gather.")
 
-POWER_OF_TWO_ALGORITHMS = frozenset({"butterfly", "halving_doubling"})
+_POWER_OF_TWO = frozenset({"butterfly", "halving_doubling"})
 
 
 def algorithm_name(algorithm: str | AllReduceAlgorithm) -> str:
@@ -313,7 +312,7 @@ def algorithm_name(algorithm: str | AllReduceAlgorithm) -> str:
 def check_node_count(name: str, n: int) -> None:
     """Refuses ``n`` nodes for an algorithm that cannot run on them (recursive doubling and
     halving need a power of two)."""
-    if name in POWER_OF_TWO_ALGORITHMS and n & (n - 1):
+    if name in _POWER_OF_TWO and n & (n - 1):
         raise ValueError(f"The {name} algorithm needs a power-of-two number of nodes. Received: N={n}")
 
 
