@@ -36,10 +36,10 @@ class MeshHistory:
     """Wall time of each training step (the first includes tracing or session warm-up)."""
 
     @classmethod
-    def from_steps(cls, steps: tuple[list[float], list[float]], *, epochs: int, backend: str, devices: list[str],
+    def from_steps(cls, run: tuple[list[float], list[float]], *, epochs: int, backend: str, devices: list[str],
                    **recorded: Any) -> "MeshHistory":
-        """The history of ``epochs`` epochs from :func:`run_steps`' (losses, seconds)."""
-        step_loss, seconds = steps
+        """The history of ``epochs`` epochs from what :func:`run_steps` returned: (losses, seconds)."""
+        step_loss, seconds = run
         per_epoch = len(step_loss) // epochs
         loss = [sum(step_loss[e * per_epoch:(e + 1) * per_epoch]) / per_epoch for e in range(epochs)]
         return cls(loss=loss, step_loss=step_loss, backend=backend, devices=devices, step_seconds=seconds, **recorded)

@@ -8,9 +8,11 @@ step. With equal per-stage cost the bubble fraction (idle share of device time) 
 
 Example:
     >>> from tensorfleet.model_parallel.pipeline.schedules import schedule_orders
-    >>> events = simulate(schedule_orders("gpipe", 2, 2))
-    >>> round(bubble_fraction(events), 4), round(theoretical_bubble(2, 2), 4), peak_activations(events)
-    (0.3333, 0.3333, 2)
+    >>> gpipe, one_f_one_b = (simulate(schedule_orders(name, 4, 8)) for name in ("gpipe", "1f1b"))
+    >>> peak_activations(gpipe), peak_activations(one_f_one_b)  # m for GPipe, at most p for 1F1B
+    (8, 4)
+    >>> round(bubble_fraction(one_f_one_b), 4), round(theoretical_bubble(4, 8), 4)
+    (0.2727, 0.2727)
 """
 
 from __future__ import annotations
