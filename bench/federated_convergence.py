@@ -30,7 +30,7 @@ def rounds_to_target(algorithm: str, scheme: str, *, target: float, cap: int) ->
     reached, best, last = None, 0.0, 0.0
     for round_num in range(1, cap + 1):
         who = sim.sample(round_num)
-        state = process.next(state, [sim._client_dataset(clients, c, round_num) for c in who["participants"]]).state
+        state = process.next(state, [sim.sampler.client_dataset(clients, c, round_num) for c in who["participants"]]).state
         last = sim.evaluate_central(state)["test_accuracy"]
         best = max(best, last)
         if last >= target:

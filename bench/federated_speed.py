@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -71,7 +72,7 @@ def contender_raw(rounds: int) -> dict:
     import tensorflow_federated as tff
 
     import tensorfleet as tfl
-    from tensorfleet.federated.simulation import _stable_hash
+    from tensorfleet.federated.sampling import stable_hash
 
     start = time.perf_counter()
     split, clients = _data()
@@ -95,7 +96,7 @@ def contender_raw(rounds: int) -> dict:
         data = []
         for i in picked:
             x, y = clients.arrays(ids[i])
-            order = np.random.default_rng([SEED, r, _stable_hash(ids[i])]).permutation(len(y))
+            order = np.random.default_rng([SEED, r, stable_hash(ids[i])]).permutation(len(y))
             data.append(tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x[order], y=y[order])).batch(BATCH))
         state = process.next(state, data).state
         if r == 1:
@@ -124,7 +125,7 @@ def _stop_own_children() -> None:
                 continue
 
 
-def contender_tensorfleet(rounds: int) -> dict:
+def contender_tensorfleet(rounds: int, on_round: Any = None) -> dict:
     import numpy as np
 
     import tensorfleet as tfl
@@ -134,6 +135,8 @@ def contender_tensorfleet(rounds: int) -> dict:
     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds,
                                    clients_per_round=PER_ROUND, seed=SEED, batch_size=BATCH, progress=False,
                                    backend="compiled")
+    if on_round is not None:
+        sim.round_listeners.append(on_round)
     history = sim.run()
     end = time.perf_counter()
     assert len(history.rounds) == rounds
@@ -155,19 +158,12 @@ def _child(which: str, rounds: int) -> None:
 
 
 def _run_tensorfleet_with_rss(rounds: int) -> dict:
-    import tensorfleet.federated.simulation as simulation_module
-
-    original_log = simulation_module.Simulation._log
-
-    def log_with_rss(self, writer, record):  # RSS at the same rounds as the raw loop
+    def rss_and_time(record: dict) -> None:  # RSS at the same rounds as the raw loop
         if record["round"] in (10, rounds):
             sim_rss[record["round"]] = _rss_mb(os.getpid())
-        result = original_log(self, writer, record)
         sim_times[record["round"]] = time.perf_counter()
-        return result
 
-    simulation_module.Simulation._log = log_with_rss
-    return contender_tensorfleet(rounds)
+    return contender_tensorfleet(rounds, on_round=rss_and_time)
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ def run(
 @app.command("plot")
 def plot(out: Path = typer.Argument(..., help="The --out directory of a run.")) -> None:
     """Re-draws accuracy.png and loss.png from a run's metrics.json."""
-    from tensorfleet.federated.simulation import load_history, plot_history
+    from tensorfleet.federated.history import load_history, plot_history
 
     for path in plot_history(load_history(out), out):
         typer.echo(str(path))
@@ -123,12 +123,10 @@ def partition_cmd(
 
 def _run_on_workers(cfg: dict, workers: str) -> object:
     """The experiment of ``cfg`` with each round's clients split across ``workers``."""
-    from tensorfleet.federated.backends.remote import AllWorkersLostError, WorkerError, parse_addresses
+    from tensorfleet.federated.backends.addresses import AllWorkersLostError, WorkerError
     from tensorfleet.federated.experiment import build_simulation
 
-    addresses = [str(a) for a in parse_addresses(workers)]
-    sim = build_simulation(cfg)
-    sim.workers = addresses
+    sim = build_simulation(cfg, workers=workers)
     try:
         return sim.run()
     except (WorkerError, AllWorkersLostError) as err:
@@ -146,7 +144,7 @@ def worker(
     """Serves one TFF C++ worker (TFF's worker_binary) until SIGTERM or Ctrl-C, then stops it."""
     import sys
 
-    from tensorfleet.federated.backends.worker import PortInUseError, serve
+    from tensorfleet.federated.backends.worker import WorkerPortInUseError, serve
 
     def ready(w: object) -> None:
         typer.echo(f"TFF worker serving on {w.address} (pid {w.pid}); SIGTERM or Ctrl-C stops it")  # type: ignore[attr-defined]
@@ -154,7 +152,7 @@ def worker(
 
     try:
         status = serve(port, host=host, max_concurrent=max_concurrent, log_path=log, on_ready=ready)
-    except (PortInUseError, RuntimeError) as err:
+    except (WorkerPortInUseError, RuntimeError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     if status:

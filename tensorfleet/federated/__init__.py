@@ -5,8 +5,10 @@
   :func:`plot_label_distribution` describe any ClientData.
 * :data:`ALGORITHMS` (fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, fedadagrad) and
   :data:`AGGREGATORS` (mean, DP, compression, median, trimmed mean, Krum) are registries.
-* :class:`Simulation` runs the rounds; :mod:`~tensorfleet.federated.backends.tff` owns TFF's C++
-  worker process so that none outlives Python.
+* :class:`Simulation` runs the rounds as its :class:`SimulationConfig` says; :class:`History`
+  holds its metrics (:func:`load_history`, :func:`plot_history`);
+  :mod:`~tensorfleet.federated.backends` is where rounds run, and
+  :mod:`~tensorfleet.federated.backends.tff` owns TFF's C++ worker process so that none outlives Python.
 
 TensorFlow and TFF are imported only when something needs them.
 
@@ -22,38 +24,27 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from tensorfleet.federated.aggregators import AGGREGATORS, build_aggregator
 from tensorfleet.federated.algorithms import ALGORITHMS, OPTIMIZERS, build_process
 from tensorfleet.federated.clients.partition import PARTITIONERS, Scheme, parse_scheme, partition, partition_indices
+from tensorfleet.lazy import attach
+
+__getattr__, _LAZY_NAMES = attach(__name__, names={
+    "Simulation": "simulation",
+    "SimulationConfig": "config",
+    "History": "history",
+    "load_history": "history",
+    "plot_history": "history",
+    "ArrayClientData": "clients.clientdata",
+    "summarize": "clients.clientdata",
+    "plot_label_distribution": "clients.clientdata",
+    "epsilon": "aggregators.dp",
+    "LazyClientData": "clients.lazy",
+    "digits_clients": "clients.lazy",
+    "emnist_like_clients": "clients.lazy",
+})
 
 __all__ = [
-    "AGGREGATORS", "ALGORITHMS", "OPTIMIZERS", "PARTITIONERS", "Scheme", "Simulation", "History",
-    "ArrayClientData", "build_aggregator", "build_process", "epsilon", "load_history", "parse_scheme",
-    "partition", "partition_indices", "plot_history", "plot_label_distribution", "summarize",
-    "LazyClientData", "digits_clients", "emnist_like_clients",
+    "AGGREGATORS", "ALGORITHMS", "OPTIMIZERS", "PARTITIONERS", "Scheme", "build_aggregator", "build_process",
+    "parse_scheme", "partition", "partition_indices", *_LAZY_NAMES,
 ]
-
-_LAZY = {
-    "Simulation": "tensorfleet.federated.simulation",
-    "History": "tensorfleet.federated.simulation",
-    "load_history": "tensorfleet.federated.simulation",
-    "plot_history": "tensorfleet.federated.simulation",
-    "ArrayClientData": "tensorfleet.federated.clients.clientdata",
-    "summarize": "tensorfleet.federated.clients.clientdata",
-    "plot_label_distribution": "tensorfleet.federated.clients.clientdata",
-    "epsilon": "tensorfleet.federated.aggregators.dp",
-    "LazyClientData": "tensorfleet.federated.clients.lazy",
-    "digits_clients": "tensorfleet.federated.clients.lazy",
-    "emnist_like_clients": "tensorfleet.federated.clients.lazy",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tensorfleet.federated' has no attribute {name!r}")

@@ -68,8 +68,8 @@ def _aggregator(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     return None, {}
 
 
-def build_simulation(config: dict[str, Any]) -> Any:
-    """The :class:`~tensorfleet.federated.Simulation` a config describes."""
+def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None = None) -> Any:
+    """The :class:`~tensorfleet.federated.Simulation` a config describes, on TFF ``workers`` when given."""
     from tensorfleet import models
     from tensorfleet.federated.clients.datasets import load_federated
     from tensorfleet.federated.simulation import Simulation
@@ -92,7 +92,8 @@ def build_simulation(config: dict[str, Any]) -> Any:
         server_learning_rate=cfg["server_lr"], aggregator=aggregator, aggregator_options=options,
         dropout=float(cfg["dropout"]), straggler_deadline=cfg["straggler_deadline"], test_data=test,
         eval_clients=int(cfg["eval_clients"]) or None, eval_every=int(cfg["eval_every"]), out_dir=cfg["out"],
-        checkpoint_every=int(cfg["checkpoint_every"]), progress=bool(cfg["progress"]), backend=str(cfg["backend"]))
+        checkpoint_every=int(cfg["checkpoint_every"]), progress=bool(cfg["progress"]), backend=str(cfg["backend"]),
+        workers=workers)
 
 
 def run_experiment(config: dict[str, Any]) -> Any:

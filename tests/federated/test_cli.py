@@ -32,7 +32,7 @@ def test_partition_writes_summary_and_plot(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--algorithm", "fedsdg"], "error: Unknown algorithm 'fedsdg'. Did you mean 'fedsgd'?"),
-    (["--partition", "dirichlet:0"], "error: alpha must be a positive number. Received: alpha=0.0"),
+    (["--partition", "dirichlet:0"], "error: alpha must be a finite number > 0. Received: alpha=0.0"),
     (["--clients", "2000"], "error: num_clients must not exceed the number of samples (1438)"),
     (["--clients", "5", "--clients-per-round", "6"],
      "error: clients_per_round must not exceed the number of training clients (5). Received: clients_per_round=6"),

@@ -15,22 +15,18 @@ from tensorfleet.registry import UnknownNameError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def digits():
-    return models.datasets.load_digits(flat=True)
-
-
-@pytest.fixture(scope="module")
-def clients(digits):
-    return partition(digits.x_train, digits.y_train, num_clients=20, scheme="iid", seed=0)
+def clients(digits_flat):
+    return partition(digits_flat.x_train, digits_flat.y_train, num_clients=20, scheme="iid", seed=0)
 
 
 def tiny():
     return models.build("digits_mlp", hidden=16)
 
 
-def test_run_writes_history_metrics_plots_and_checkpoint(digits, clients, tmp_path):
-    sim = Simulation(tiny, clients, "fedavg", rounds=3, clients_per_round=5, test_data=(digits.x_test, digits.y_test),
-                     eval_clients=4, eval_every=2, out_dir=tmp_path, checkpoint_every=2, progress=False)
+def test_run_writes_history_metrics_plots_and_checkpoint(digits_flat, clients, tmp_path):
+    sim = Simulation(tiny, clients, "fedavg", rounds=3, clients_per_round=5,
+                     test_data=(digits_flat.x_test, digits_flat.y_test), eval_clients=4, eval_every=2, out_dir=tmp_path,
+                     checkpoint_every=2, progress=False)
     history = sim.run()
     assert [r["round"] for r in history.rounds] == [1, 2, 3]
     assert [("test_accuracy" in r, "fed_eval_accuracy" in r) for r in history.rounds] == \
@@ -79,7 +75,7 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
     Simulation(tiny, clients, rounds=1, clients_per_round=5, out_dir=tmp_path, checkpoint_every=1, progress=False).run()
     other = Simulation(tiny, clients, rounds=2, clients_per_round=6, out_dir=tmp_path, checkpoint_every=1,
                        progress=False)
-    from tensorfleet.federated.simulation import CheckpointMismatchError
+    from tensorfleet.federated.checkpoint import CheckpointMismatchError
 
     with pytest.raises(CheckpointMismatchError, match=r"different configuration \(clients_per_round: checkpoint 5 vs now 6\)"):
         other.run()
@@ -92,13 +88,17 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
 @pytest.mark.parametrize("kwargs,error,message", [
     ({"clients_per_round": 21}, ValueError,
      r"clients_per_round must not exceed the number of training clients \(20\). Received: clients_per_round=21"),
-    ({"rounds": 0}, ValueError, r"rounds must be an integer positive. Received: rounds=0"),
-    ({"dropout": 1.0}, ValueError, r"dropout must be a number in \[0, 1\). Received: dropout=1.0"),
+    ({"rounds": 0}, ValueError, r"rounds must be a positive integer. Received: rounds=0"),
+    ({"dropout": 1.0}, ValueError, r"dropout must be a finite number >= 0 and < 1. Received: dropout=1.0"),
     ({"algorithm": "fedavgg"}, UnknownNameError, r"Unknown algorithm 'fedavgg'. Did you mean 'fedavg'\? Available: "
                                                  r"fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, fedadagrad."),
     ({"aggregator": "medain"}, UnknownNameError, r"Unknown aggregator 'medain'. Did you mean 'median'\?"),
     ({"algorithm": "fedavg", "algorithm_options": {"mu": 0.1}}, TypeError,
      r"Algorithm 'fedavg' takes no option 'mu' \(its options: none\). Received: mu=0.1"),
+    ({"colour": "blue"}, TypeError, r"Simulation takes no option 'colour'. Its options: algorithm, rounds, "),
+    ({"checkpoint_every": 1}, ValueError, r"checkpoint_every needs an out_dir. Received: checkpoint_every=1, out_dir=None"),
+    ({"eval_clients": 20}, ValueError,
+     r"eval_clients must leave at least one training client \(20 clients\). Received: eval_clients=20"),
 ])
 def test_bad_arguments_fail_at_construction(clients, kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -139,15 +139,16 @@ def test_compression_run_reports_fewer_upload_bytes(clients):
     assert history.rounds[0]["upload_bytes"] == 5 * per_client < 5 * 4 * 1210
 
 
-def test_one_scaled_client_breaks_fedavg_but_not_the_robust_aggregators(digits):
+def test_one_scaled_client_breaks_fedavg_but_not_the_robust_aggregators(digits_flat):
     from tensorfleet.federated.clients.attacks import scale_clients
 
-    honest = partition(digits.x_train, digits.y_train, num_clients=10, scheme="iid", seed=0)
+    honest = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, scheme="iid", seed=0)
     attacked = scale_clients(honest, ["client_000"], factor=1000.0)
 
     def accuracy(data, aggregator=None):
         sim = Simulation(lambda: models.build("digits_mlp", hidden=32), data, "fedavg", rounds=6, clients_per_round=10,
-                         aggregator=aggregator, test_data=(digits.x_test, digits.y_test), eval_every=6, progress=False)
+                         aggregator=aggregator, test_data=(digits_flat.x_test, digits_flat.y_test), eval_every=6,
+                         progress=False)
         return sim.run().final("test_accuracy")
 
     # Clean FedAvg with this set-up reaches about 0.7 after 6 rounds (measured); one attacker

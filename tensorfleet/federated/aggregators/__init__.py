@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from tensorfleet.registry import Registry
 
-__all__ = ["AGGREGATORS", "build_aggregator", "parse_options", "aggregator_options"]
+__all__ = ["AGGREGATORS", "aggregator_options", "build_aggregator", "check_aggregator_options", "parse_options"]
 
 AGGREGATORS: Registry[Callable[..., Any]] = Registry("aggregator")
 
@@ -102,14 +102,19 @@ def aggregator_options(name: str) -> list[str]:
     return [p for p in params if p != "clients_per_round"]
 
 
+def check_aggregator_options(name: str, options: dict[str, Any]) -> None:
+    """TypeError naming the first of ``options`` that aggregator ``name`` (canonical) does not take."""
+    allowed = aggregator_options(name)
+    for key in options:
+        if key not in allowed:
+            raise TypeError(f"Aggregator {name!r} takes no option {key!r} (its options: "
+                            f"{', '.join(allowed) or 'none'}). Received: {key}={options[key]!r}")
+
+
 def build_aggregator(name: str, *, clients_per_round: int, **options: Any) -> Any:
     """The TFF aggregation factory ``name`` with ``options``; unknown options raise TypeError."""
     canonical = AGGREGATORS.canonical(name)
-    allowed = aggregator_options(canonical)
-    for key in options:
-        if key not in allowed:
-            raise TypeError(f"Aggregator {canonical!r} takes no option {key!r} (its options: "
-                            f"{', '.join(allowed) or 'none'}). Received: {key}={options[key]!r}")
+    check_aggregator_options(canonical, options)
     return AGGREGATORS.get(canonical)(clients_per_round=clients_per_round, **options)
 
 

@@ -33,6 +33,8 @@ import math
 
 import numpy as np
 
+from tensorfleet.validation import integer, number, positive_int
+
 __all__ = [
     "finite_rows", "coordinate_median", "trimmed_mean", "krum_scores", "krum", "weighted_mean",
     "quantize", "sparsify", "kept_count", "compressed_bytes", "clip_by_l2_norm",
@@ -72,8 +74,7 @@ def trimmed_mean(updates: np.ndarray, beta: float = 0.1) -> np.ndarray:
 
     With nothing left after trimming the result is the median; zeros when no row is finite.
     """
-    if not 0.0 <= beta < 0.5:
-        raise ValueError(f"beta must be in [0, 0.5). Received: beta={beta}")
+    number("beta", beta, minimum=0, below=0.5)
     u = finite_rows(updates)
     n = len(u)
     if n == 0:
@@ -97,10 +98,8 @@ def krum_scores(updates: np.ndarray, num_byzantine: int) -> np.ndarray:
 
 def krum(updates: np.ndarray, num_byzantine: int = 1, num_selected: int = 1) -> np.ndarray:
     """Multi-Krum: the mean of the ``num_selected`` rows with the lowest Krum scores (Krum when 1)."""
-    if num_byzantine < 0:
-        raise ValueError(f"num_byzantine must be non-negative. Received: num_byzantine={num_byzantine}")
-    if num_selected < 1:
-        raise ValueError(f"num_selected must be at least 1. Received: num_selected={num_selected}")
+    integer("num_byzantine", num_byzantine, minimum=0)
+    positive_int("num_selected", num_selected)
     u = finite_rows(updates)
     if len(u) == 0:
         return np.zeros(np.shape(updates)[1])
@@ -117,8 +116,7 @@ def clip_by_l2_norm(update: np.ndarray, clip: float) -> np.ndarray:
 
 def quantize(values: np.ndarray, bits: int) -> np.ndarray:
     """Uniform quantization to ``2**bits`` levels over ``[min, max]``, returned dequantized."""
-    if not 1 <= bits <= 32:
-        raise ValueError(f"bits must be in [1, 32]. Received: bits={bits}")
+    integer("bits", bits, minimum=1, maximum=32)
     v = np.asarray(values, dtype=np.float64)
     lo, hi = float(v.min()), float(v.max())
     if hi == lo:
@@ -130,8 +128,7 @@ def quantize(values: np.ndarray, bits: int) -> np.ndarray:
 
 def kept_count(size: int, sparsity: float) -> int:
     """How many values top-k keeps of ``size`` at ``sparsity`` (at least one)."""
-    if not 0.0 <= sparsity < 1.0:
-        raise ValueError(f"sparsity must be in [0, 1). Received: sparsity={sparsity}")
+    number("sparsity", sparsity, minimum=0, below=1)
     return max(1, int(math.ceil(round(size * (1.0 - sparsity), 9))))  # round: 10 * (1 - 0.7) is 3.0000000000000004
 
 

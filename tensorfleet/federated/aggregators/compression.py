@@ -21,6 +21,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tensorfleet.federated.aggregators.aggregate import kept_count
+from tensorfleet.validation import integer, number
 
 __all__ = ["CompressionFactory", "compression_factory", "tf_quantize", "tf_sparsify"]
 
@@ -53,12 +54,8 @@ class CompressionFactory(tff.aggregators.UnweightedAggregationFactory):
     """
 
     def __init__(self, *, bits: int = 8, sparsity: float = 0.0) -> None:
-        if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 32:
-            raise ValueError(f"bits must be an integer in [1, 32]. Received: bits={bits!r}")
-        if not isinstance(sparsity, (int, float)) or not 0.0 <= sparsity < 1.0:
-            raise ValueError(f"sparsity must be in [0, 1). Received: sparsity={sparsity!r}")
-        self.bits = bits
-        self.sparsity = float(sparsity)
+        self.bits = integer("bits", bits, minimum=1, maximum=32)
+        self.sparsity = number("sparsity", sparsity, minimum=0, below=1)
 
     def create(self, value_type: Any) -> Any:
         value_type = tff.to_type(value_type)

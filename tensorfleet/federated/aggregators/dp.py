@@ -17,24 +17,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tensorfleet.validation import integer, number
+
 __all__ = ["dp_fixed", "dp_adaptive", "epsilon"]
-
-
-def _positive(name: str, value: Any) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number. Received: {name}={value!r}")
-    return float(value)
 
 
 def dp_fixed(*, noise_multiplier: float, clients_per_round: int, clip: float = 1.0) -> Any:
     """Fixed L2 clipping at ``clip`` with Gaussian noise of stddev ``noise_multiplier * clip``."""
     import tensorflow_federated as tff
 
-    if noise_multiplier < 0:
-        raise ValueError(f"noise_multiplier must be non-negative. Received: noise_multiplier={noise_multiplier!r}")
     return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-        noise_multiplier=float(noise_multiplier), clients_per_round=float(clients_per_round),
-        clip=_positive("clip", clip))
+        noise_multiplier=number("noise_multiplier", noise_multiplier, minimum=0),
+        clients_per_round=float(clients_per_round), clip=number("clip", clip, above=0))
 
 
 def dp_adaptive(*, noise_multiplier: float, clients_per_round: int, clip: float = 0.1,
@@ -42,14 +36,11 @@ def dp_adaptive(*, noise_multiplier: float, clients_per_round: int, clip: float 
     """Adaptive clipping tracking the ``target_quantile`` of update norms, starting at ``clip``."""
     import tensorflow_federated as tff
 
-    if noise_multiplier < 0:
-        raise ValueError(f"noise_multiplier must be non-negative. Received: noise_multiplier={noise_multiplier!r}")
-    if not 0.0 < target_quantile < 1.0:
-        raise ValueError(f"target_quantile must be in (0, 1). Received: target_quantile={target_quantile!r}")
     return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
-        noise_multiplier=float(noise_multiplier), clients_per_round=float(clients_per_round),
-        initial_l2_norm_clip=_positive("clip", clip), target_unclipped_quantile=float(target_quantile),
-        learning_rate=_positive("clip_learning_rate", clip_learning_rate))
+        noise_multiplier=number("noise_multiplier", noise_multiplier, minimum=0),
+        clients_per_round=float(clients_per_round), initial_l2_norm_clip=number("clip", clip, above=0),
+        target_unclipped_quantile=number("target_quantile", target_quantile, above=0, below=1),
+        learning_rate=number("clip_learning_rate", clip_learning_rate, above=0))
 
 
 def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta: float = 1e-5) -> float:
@@ -64,14 +55,10 @@ def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta
     Returns:
         Epsilon; ``inf`` when ``noise_multiplier`` is 0.
     """
-    if not 0.0 < sampling_rate <= 1.0:
-        raise ValueError(f"sampling_rate must be in (0, 1]. Received: sampling_rate={sampling_rate!r}")
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1). Received: delta={delta!r}")
-    if not isinstance(rounds, int) or rounds < 0:
-        raise ValueError(f"rounds must be a non-negative integer. Received: rounds={rounds!r}")
-    if noise_multiplier < 0:
-        raise ValueError(f"noise_multiplier must be non-negative. Received: noise_multiplier={noise_multiplier!r}")
+    number("sampling_rate", sampling_rate, above=0, maximum=1)
+    number("delta", delta, above=0, below=1)
+    integer("rounds", rounds, minimum=0)
+    number("noise_multiplier", noise_multiplier, minimum=0)
     if rounds == 0:
         return 0.0
     if noise_multiplier == 0:

@@ -12,11 +12,11 @@ algorithms use TFF's unweighted variants with them.
 Example (five clients, one of them sending a huge update; the trimmed mean ignores it):
     >>> import numpy as np
     >>> import tensorflow_federated as tff
-    >>> from tensorfleet.federated.backends import tff as runtime
+    >>> from tensorfleet.federated.backends.tff import managed_context
     >>> factory = RobustFactory("trimmed_mean", beta=0.2)
     >>> process = factory.create(tff.to_type((np.float32, (3,))))
     >>> updates = [np.full(3, v, np.float32) for v in (1, 2, 3, 4)] + [np.array([100, -100, 100], np.float32)]
-    >>> with runtime.managed_context():
+    >>> with managed_context():
     ...     out = process.next(process.initialize(), updates)
     >>> out.result
     array([3., 2., 3.], dtype=float32)
@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tensorfleet.validation import choice
+from tensorfleet.validation import choice, integer, number, positive_int
 
 __all__ = ["RobustRule", "RobustFactory", "tf_median", "tf_trimmed_mean", "tf_krum"]
 
@@ -126,15 +126,9 @@ class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
     def __init__(self, rule: str | RobustRule, *, beta: float = 0.1, num_byzantine: int = 1,
                  num_selected: int = 1) -> None:
         self.rule = choice(RobustRule, "rule", rule)
-        if not isinstance(beta, (int, float)) or not 0.0 <= beta < 0.5:
-            raise ValueError(f"beta must be in [0, 0.5). Received: beta={beta!r}")
-        if not isinstance(num_byzantine, int) or num_byzantine < 0:
-            raise ValueError(f"num_byzantine must be a non-negative integer. Received: num_byzantine={num_byzantine!r}")
-        if not isinstance(num_selected, int) or num_selected < 1:
-            raise ValueError(f"num_selected must be a positive integer. Received: num_selected={num_selected!r}")
-        self.beta = float(beta)
-        self.num_byzantine = num_byzantine
-        self.num_selected = num_selected
+        self.beta = number("beta", beta, minimum=0, below=0.5)
+        self.num_byzantine = integer("num_byzantine", num_byzantine, minimum=0)
+        self.num_selected = positive_int("num_selected", num_selected)
 
     def _statistic(self, u: tf.Tensor) -> tf.Tensor:
         if self.rule is RobustRule.MEDIAN:

@@ -103,7 +103,7 @@ def build_process(name: str, model_fn: Callable[[], Any], *, aggregator: Any = N
         >>> import numpy as np
         >>> import tensorflow as tf
         >>> import tensorflow_federated as tff
-        >>> from tensorfleet.federated.backends import tff as runtime
+        >>> from tensorfleet.federated.backends.tff import managed_context
         >>> def model_fn():
         ...     model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))])
         ...     return tff.learning.models.from_keras_model(
@@ -112,7 +112,7 @@ def build_process(name: str, model_fn: Callable[[], Any], *, aggregator: Any = N
         >>> process = build_process("fedprox", model_fn, mu=0.1)
         >>> x, y = np.ones((10, 64), np.float32), np.arange(10, dtype=np.int32)
         >>> client_data = [tf.data.Dataset.from_tensor_slices((x, y)).batch(5)] * 2
-        >>> with runtime.managed_context():
+        >>> with managed_context():
         ...     out = process.next(process.initialize(), client_data)
         >>> int(out.metrics["client_work"]["train"]["num_examples"])
         20

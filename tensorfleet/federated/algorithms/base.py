@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tensorfleet.registry import Registry
+from tensorfleet.validation import number
 
 __all__ = ["OPTIMIZERS", "OptimizerSpec", "Algorithm", "make_optimizer", "is_unweighted"]
 
@@ -46,11 +47,7 @@ class Algorithm:
 
 def make_optimizer(spec: OptimizerSpec) -> Any:
     """A ``tff.learning.optimizers.Optimizer`` from a spec; checks the learning rate."""
-    lr = spec.learning_rate
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
-        raise ValueError(f"A learning rate must be a positive number. Received: learning_rate={lr!r} "
-                         f"(optimizer {spec.name!r})")
-    return OPTIMIZERS.get(spec.name)(float(lr), **spec.options)
+    return OPTIMIZERS.get(spec.name)(number("learning_rate", spec.learning_rate, above=0), **spec.options)
 
 
 def is_unweighted(aggregator: Any) -> bool:

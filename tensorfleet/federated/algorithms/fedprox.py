@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensorfleet.federated.algorithms.base import is_unweighted
+from tensorfleet.validation import number
 
 __all__ = ["build"]
 
@@ -20,8 +21,7 @@ def build(model_fn: Any, *, client_optimizer: Any, server_optimizer: Any, aggreg
     """FedProx learning process with proximal strength ``mu`` (>= 0)."""
     import tensorflow_federated as tff
 
-    if not isinstance(mu, (int, float)) or isinstance(mu, bool) or mu < 0:
-        raise ValueError(f"mu must be a non-negative number. Received: mu={mu!r}")
+    number("mu", mu, minimum=0)
     if aggregator is not None and is_unweighted(aggregator):
         return tff.learning.algorithms.build_unweighted_fed_prox(
             model_fn, proximal_strength=float(mu), client_optimizer_fn=client_optimizer,

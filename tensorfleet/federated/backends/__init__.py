@@ -1,3 +1,101 @@
-"""Where a simulation's rounds run: ``tff`` (TFF's runtime on a worker tensorfleet owns),
-``remote`` (rounds split across TFF workers), ``worker`` (one such worker), ``compiled`` (a
-whole round as one TensorFlow function) and ``k8s`` (workers on Kubernetes)."""
+"""Where a simulation's rounds run, chosen in one place: :func:`choose_backend`.
+
+Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
+
+* ``tff`` (the default): every round on TFF's runtime, on a worker this process owns
+  (:mod:`~tensorfleet.federated.backends.tff`);
+* ``tff`` with ``workers=["host:port", ...]``: each round's clients split across running TFF
+  workers (:mod:`~tensorfleet.federated.backends.remote`; a worker is started with
+  :mod:`~tensorfleet.federated.backends.worker`, on Kubernetes with
+  :mod:`~tensorfleet.federated.backends.k8s`);
+* ``compiled``: a whole FedAvg-family round as one TensorFlow function in this process
+  (:mod:`~tensorfleet.federated.backends.compiled`); TFF still makes the initial model and runs
+  federated evaluation on its own worker.
+
+Example:
+    >>> choose_backend("compiled", algorithm="fedavg")
+    BackendChoice(backend=<Backend.COMPILED: 'compiled'>, workers=None)
+    >>> choose_backend("tff", "127.0.0.1:8471,127.0.0.1:8472", algorithm="fedprox").workers
+    ('127.0.0.1:8471', '127.0.0.1:8472')
+    >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
+    Traceback (most recent call last):
+    ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Sequence
+
+from tensorfleet.validation import choice
+
+__all__ = ["Backend", "BackendChoice", "choose_backend"]
+
+
+class Backend(str, Enum):
+    """What runs the rounds: TFF's runtime, or one compiled TensorFlow function."""
+
+    TFF = "tff"
+    COMPILED = "compiled"
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """A checked choice of where rounds run (made by :func:`choose_backend`).
+
+    Attributes:
+        backend: ``tff`` or ``compiled``.
+        workers: ``host:port`` of the TFF workers the rounds are split across; None: one worker
+            this process owns.
+    """
+
+    backend: Backend
+    workers: tuple[str, ...] | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether rounds run as one compiled TensorFlow function in this process."""
+        return self.backend is Backend.COMPILED
+
+    def install(self) -> Any:
+        """Makes TFF's default context run on this choice's workers; returns the runtime (``stop()``
+        ends or closes what it started)."""
+        if self.workers is None:
+            from tensorfleet.federated.backends import tff
+
+            return tff.install_default()
+        from tensorfleet.federated.backends import remote
+
+        return remote.install_default(list(self.workers))
+
+
+def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] | str | None = None, *,
+                   algorithm: str, aggregator: str | None = None) -> BackendChoice:
+    """Checks the user's ``backend`` and ``workers`` against each other and the algorithm.
+
+    Args:
+        backend: ``tff`` or ``compiled``.
+        workers: ``host:port`` addresses of running TFF workers (a list or one comma-separated
+            string), or None.
+        algorithm: the (canonical) algorithm name; ``compiled`` runs only the FedAvg family.
+        aggregator: the (canonical) aggregator name; ``compiled`` runs only the mean.
+
+    Raises:
+        ValueError: an unknown backend, a bad address, or a combination that cannot run.
+    """
+    chosen = choice(Backend, "backend", backend)
+    addresses = None
+    if workers is not None:
+        from tensorfleet.federated.backends.addresses import parse_addresses
+
+        addresses = tuple(str(a) for a in parse_addresses(workers))
+    if chosen is Backend.COMPILED:
+        from tensorfleet.federated.backends.compiled import SUPPORTED_ALGORITHMS, unsupported
+
+        if algorithm not in SUPPORTED_ALGORITHMS or aggregator not in (None, "mean"):
+            raise unsupported(f"algorithm={algorithm!r}, aggregator={aggregator!r}")
+        if addresses is not None:
+            raise ValueError("workers= runs rounds on TFF workers; backend='compiled' runs them in this process. "
+                             f"Received: backend='compiled', workers={list(addresses)}; drop one of them.")
+    return BackendChoice(chosen, addresses)

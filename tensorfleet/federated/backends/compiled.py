@@ -27,9 +27,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["SUPPORTED_ALGORITHMS", "CompiledFedAvg"]
+__all__ = ["SUPPORTED_ALGORITHMS", "CompiledFedAvg", "unsupported"]
 
 SUPPORTED_ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+
+
+def unsupported(received: str) -> ValueError:
+    """The error for a simulation this backend does not run; ``received`` names what was asked."""
+    return ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the mean aggregator on "
+                      f"partition() client data. Received: {received}")
 
 
 class CompiledFedAvg:

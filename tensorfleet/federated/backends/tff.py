@@ -21,11 +21,11 @@ worker.
 Example:
     >>> import numpy as np
     >>> import tensorflow_federated as tff
-    >>> from tensorfleet.federated.backends import tff as runtime
+    >>> from tensorfleet.federated.backends.tff import managed_context
     >>> @tff.tensorflow.computation(np.int32)
     ... def double(x):
     ...     return x * 2
-    >>> with runtime.managed_context() as rt:
+    >>> with managed_context() as rt:
     ...     result = double(21)   # runs on rt's own worker
     ...     rt.worker.running
     True
@@ -48,9 +48,11 @@ import weakref
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from tensorfleet import validation
+
 __all__ = [
-    "LocalWorker", "Runtime", "default_runtime", "install_default", "managed_context", "worker_binary_path",
-    "live_workers", "stop_all", "close_channel",
+    "GRPC_OPTIONS", "LocalWorker", "Runtime", "close_channel", "default_runtime", "install_default", "live_workers",
+    "managed_context", "stop_all", "worker_binary_path",
 ]
 
 _LIVE: "weakref.WeakSet[LocalWorker]" = weakref.WeakSet()
@@ -58,7 +60,8 @@ _LOCK = threading.Lock()
 _ATEXIT_REGISTERED = False
 _DEFAULT: "Runtime | None" = None
 _PR_SET_PDEATHSIG = 1
-_GRPC_OPTIONS = [
+# gRPC channel options for talking to a worker: TFF's messages (a model, a round's data) can be large.
+GRPC_OPTIONS = [
     ("grpc.max_message_length", 2 * 1000 * 1000 * 1000),
     ("grpc.max_receive_message_length", 2 * 1000 * 1000 * 1000),
     ("grpc.max_send_message_length", 2 * 1000 * 1000 * 1000),
@@ -131,15 +134,12 @@ class LocalWorker:
 
     def __init__(self, *, port: int | None = None, max_concurrent_computation_calls: int = -1,
                  log_path: str | os.PathLike[str] | None = None, startup_timeout: float = 60.0) -> None:
-        if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
-            raise ValueError(f"port must be an integer in [1, 65535]. Received: port={port!r}")
-        if startup_timeout <= 0:
-            raise ValueError(f"startup_timeout must be positive. Received: startup_timeout={startup_timeout}")
-        self._requested_port = port
+        self._requested_port = None if port is None else validation.port("port", port)
         self.port: int | None = None
-        self.max_concurrent_computation_calls = int(max_concurrent_computation_calls)
+        self.max_concurrent_computation_calls = validation.integer("max_concurrent_computation_calls",
+                                                                   max_concurrent_computation_calls)
         self.log_path = Path(log_path) if log_path is not None else None
-        self.startup_timeout = float(startup_timeout)
+        self.startup_timeout = validation.number("startup_timeout", startup_timeout, above=0)
         self._process: subprocess.Popen[bytes] | None = None
         self._stub: Any = None
         self._channel: Any = None
@@ -150,6 +150,11 @@ class LocalWorker:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes] | None:
+        """The ``subprocess.Popen`` of the worker process (None when it is not started)."""
+        return self._process
 
     @property
     def running(self) -> bool:
@@ -185,7 +190,7 @@ class LocalWorker:
             while not _port_open(port):
                 self._check_alive_or_raise(port, deadline)
                 time.sleep(0.02)
-            self._channel = grpc.insecure_channel(f"localhost:{port}", _GRPC_OPTIONS)
+            self._channel = grpc.insecure_channel(f"localhost:{port}", GRPC_OPTIONS)
             self._stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(self._channel)
             while not self._stub.is_ready:
                 self._check_alive_or_raise(port, deadline)

@@ -39,16 +39,19 @@ import warnings
 from types import FrameType
 from typing import Any, Callable
 
+from tensorfleet import validation
 from tensorfleet.federated.backends.tff import LocalWorker
 from tensorfleet.netbind import bind_shim_path, loopback_env
 
-__all__ = ["PortInUseError", "Worker", "bind_shim_path", "check_port_free", "serve", "start_worker"]
+__all__ = ["Worker", "WorkerPortInUseError", "bind_shim_path", "check_port_free", "serve", "start_worker"]
 
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
 # The worker is checked on "localhost", which resolves to 127.0.0.1 here; other addresses would not answer.
 _HOSTS = ("127.0.0.1", "localhost", *_WILDCARD_HOSTS)
 _ENV_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _bound_to(host: str) -> Any:
     """The environment a worker bound to ``host`` starts with.
@@ -80,23 +83,17 @@ def _bound_to(host: str) -> Any:
                     os.environ[key] = value
 
 
-class PortInUseError(OSError):
+class WorkerPortInUseError(OSError):
     """The port a worker was asked to serve on is taken by another process."""
 
 
-def _check_port(port: Any) -> int:
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise ValueError(f"port must be an integer in [1, 65535]. Received: port={port!r}")
-    return port
-
-
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """Raises :class:`PortInUseError` when ``port`` is taken on any interface.
+    """Raises :class:`WorkerPortInUseError` when ``port`` is taken on any interface.
 
     Bound without ``SO_REUSEPORT``, so a port held by another TFF worker (whose gRPC server
     sets it) counts as taken. ``host`` only names the worker in the message.
     """
-    _check_port(port)
+    validation.port("port", port)
     for family, address in ((socket.AF_INET6, ("::", port)), (socket.AF_INET, ("0.0.0.0", port))):
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
@@ -107,7 +104,7 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(address)
         except OSError:
-            raise PortInUseError(
+            raise WorkerPortInUseError(
                 f"Port {port} is in use on {host}: TFF's worker cannot serve there. Pick another port "
                 f"(or port=None for a free one), or stop the process that holds it.") from None
         finally:
@@ -137,22 +134,19 @@ class Worker:
     def __init__(self, port: int | None = None, *, host: str = "127.0.0.1", max_concurrent: int = -1,
                  log_path: str | os.PathLike[str] | None = None, startup_timeout: float = 60.0) -> None:
         if port is not None:
-            _check_port(port)
+            validation.port("port", port)
         if host not in _HOSTS:
             raise ValueError(f"host must be 127.0.0.1 (or localhost) or every interface (0.0.0.0, ::): TFF's worker "
                              f"binds one of those. Received: host={host!r}")
-        if not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool):
-            raise ValueError(f"max_concurrent must be an integer (nonpositive: no limit). "
-                             f"Received: max_concurrent={max_concurrent!r}")
         self.host = host
         self._requested_port = port
-        self._process = LocalWorker(port=port, max_concurrent_computation_calls=max_concurrent,
-                                    log_path=log_path, startup_timeout=startup_timeout)
+        self._worker = LocalWorker(port=port, max_concurrent_computation_calls=validation.integer(
+            "max_concurrent", max_concurrent), log_path=log_path, startup_timeout=startup_timeout)
 
     @property
     def port(self) -> int | None:
         """The port served on (None before the first start when none was asked for)."""
-        return self._process.port if self._process.port is not None else self._requested_port
+        return self._worker.port if self._worker.port is not None else self._requested_port
 
     @property
     def address(self) -> str:
@@ -162,22 +156,22 @@ class Worker:
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid
+        return self._worker.pid
 
     @property
     def running(self) -> bool:
-        return self._process.running
+        return self._worker.running
 
     @property
     def process(self) -> LocalWorker:
         """The underlying :class:`~tensorfleet.federated.backends.tff.LocalWorker`."""
-        return self._process
+        return self._worker
 
     def start(self) -> "Worker":
         """Starts the worker and waits until it serves; returns self.
 
         Raises:
-            PortInUseError: the port is taken.
+            WorkerPortInUseError: the port is taken.
             RuntimeError: the binary exited or did not serve within ``startup_timeout``.
         """
         if self.running:
@@ -186,14 +180,14 @@ class Worker:
             check_port_free(self._requested_port, self.host)
         try:
             with _bound_to(self.host):
-                self._process.start()
+                self._worker.start()
         except RuntimeError as err:
-            raise RuntimeError(f"TFF worker on {self.host}:{self._process.port}: {err}") from None
+            raise RuntimeError(f"TFF worker on {self.host}:{self._worker.port}: {err}") from None
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stops the worker (SIGINT, SIGKILL after ``timeout``) and reaps it. Idempotent."""
-        self._process.stop(timeout)
+        self._worker.stop(timeout)
 
     def kill(self) -> None:
         """Kills the worker at once (SIGKILL), as a crash would, and reaps it."""
@@ -205,7 +199,7 @@ class Worker:
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Waits until the worker process exits; its exit status, or None on timeout."""
-        process = self._process._process  # noqa: SLF001 - the Popen that LocalWorker owns
+        process = self._worker.popen
         if process is None:
             return None
         try:
@@ -234,12 +228,12 @@ def start_worker(port: int | None = None, *, host: str = "127.0.0.1", max_concur
     Example (a sum over four clients split across two workers, both stopped after):
         >>> import numpy as np
         >>> import tensorflow_federated as tff
-        >>> from tensorfleet.federated.backends import remote as distributed
+        >>> from tensorfleet.federated.backends.remote import installed
         >>> @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
         ... def total(values):
         ...     return tff.federated_sum(values)
         >>> with start_worker() as a, start_worker() as b:
-        ...     with distributed.installed([a.address, b.address]):
+        ...     with installed([a.address, b.address]):
         ...         result = total([1, 2, 3, 4])
         >>> int(result), a.running or b.running
         (10, False)

@@ -36,6 +36,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tensorfleet.validation import number, positive_int
+
 __all__ = ["LazyClientData", "digits_clients", "emnist_like_clients"]
 
 MakeClient = Callable[[int], "tuple[np.ndarray, np.ndarray]"]
@@ -64,8 +66,7 @@ class LazyClientData(tff.simulation.datasets.ClientData):
         super().__init__()
         if not callable(make_client):
             raise TypeError(f"make_client must be a callable taking a client index. Received: {make_client!r}")
-        if not isinstance(num_clients, (int, np.integer)) or isinstance(num_clients, bool) or num_clients < 1:
-            raise ValueError(f"num_clients must be a positive integer. Received: num_clients={num_clients!r}")
+        positive_int("num_clients", num_clients)
         width = max(4, len(str(int(num_clients) - 1)))
         ids = list(client_ids) if client_ids is not None else [f"client_{i:0{width}d}" for i in range(num_clients)]
         if len(ids) != num_clients or len(set(ids)) != len(ids):
@@ -149,13 +150,9 @@ def emnist_like_clients(num_clients: int = 3400, *, examples_per_client: int = 2
         >>> clients.arrays("client_3399")[0].shape
         (20, 28, 28, 1)
     """
-    for name, value in (("examples_per_client", examples_per_client),):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-    if not noise >= 0:
-        raise ValueError(f"noise must be >= 0. Received: noise={noise!r}")
-    if not label_alpha > 0:
-        raise ValueError(f"label_alpha must be positive. Received: label_alpha={label_alpha!r}")
+    positive_int("examples_per_client", examples_per_client)
+    number("noise", noise, minimum=0)
+    number("label_alpha", label_alpha, above=0)
     templates = _emnist_templates()
 
     def make(index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -179,9 +176,7 @@ def digits_clients(num_clients: int, *, examples_per_client: int = 20, seed: int
         >>> clients.arrays("client_0000")[0].shape
         (20, 8, 8, 1)
     """
-    if not isinstance(examples_per_client, int) or examples_per_client < 1:
-        raise ValueError(f"examples_per_client must be a positive integer. "
-                         f"Received: examples_per_client={examples_per_client!r}")
+    positive_int("examples_per_client", examples_per_client)
     if x is None or y is None:
         from tensorfleet.models import datasets
 

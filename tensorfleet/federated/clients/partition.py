@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from tensorfleet.registry import Registry
+from tensorfleet.validation import number, positive_int
 
 if TYPE_CHECKING:
     from tensorfleet.federated.clients.clientdata import ArrayClientData
@@ -97,8 +98,7 @@ def parse_scheme(spec: str) -> PartitionSpec:
 
 
 def _check_common(num_samples: int, num_clients: int) -> None:
-    if not isinstance(num_clients, (int, np.integer)) or isinstance(num_clients, bool) or num_clients <= 0:
-        raise ValueError(f"num_clients must be a positive integer. Received: num_clients={num_clients!r}")
+    positive_int("num_clients", num_clients)
     if num_clients > num_samples:
         raise ValueError(
             f"num_clients must not exceed the number of samples ({num_samples}); every client needs at least "
@@ -114,8 +114,7 @@ def iid(labels: np.ndarray, num_clients: int, *, rng: np.random.Generator) -> li
 def dirichlet(labels: np.ndarray, num_clients: int, *, rng: np.random.Generator, alpha: float = 0.5,
               min_samples: int = 1) -> list[np.ndarray]:
     """Label skew with concentration ``alpha`` (smaller: fewer labels per client)."""
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not np.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"alpha must be a positive number. Received: alpha={alpha!r}")
+    number("alpha", alpha, above=0)
     if min_samples * num_clients > len(labels):
         raise ValueError(f"min_samples * num_clients must not exceed the number of samples ({len(labels)}). "
                          f"Received: min_samples={min_samples}, num_clients={num_clients}")
@@ -139,9 +138,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, *, rng: np.random.Generator,
 def shards(labels: np.ndarray, num_clients: int, *, rng: np.random.Generator,
            shards_per_client: int = 2) -> list[np.ndarray]:
     """Sort by label, cut into ``num_clients * shards_per_client`` shards, deal them out."""
-    if not isinstance(shards_per_client, (int, np.integer)) or isinstance(shards_per_client, bool) \
-            or shards_per_client <= 0:
-        raise ValueError(f"shards_per_client must be a positive integer. Received: shards_per_client={shards_per_client!r}")
+    positive_int("shards_per_client", shards_per_client)
     num_shards = num_clients * shards_per_client
     if num_shards > len(labels):
         raise ValueError(
@@ -158,8 +155,7 @@ def shards(labels: np.ndarray, num_clients: int, *, rng: np.random.Generator,
 def quantity(labels: np.ndarray, num_clients: int, *, rng: np.random.Generator, beta: float = 0.5,
              min_samples: int = 1) -> list[np.ndarray]:
     """Unequal sizes in proportions from Dirichlet(``beta``) over clients; labels IID."""
-    if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not np.isfinite(beta) or beta <= 0:
-        raise ValueError(f"beta must be a positive number. Received: beta={beta!r}")
+    number("beta", beta, above=0)
     n = len(labels)
     if min_samples * num_clients > n:
         raise ValueError(f"min_samples * num_clients must not exceed the number of samples ({n}). "

@@ -11,18 +11,13 @@ from tensorfleet import models  # noqa: E402
 from tensorfleet.federated import Simulation, partition  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def digits():
-    return models.datasets.load_digits(flat=True)
-
-
-def test_compiled_backend_equals_tff_after_the_same_rounds(digits):
-    clients = partition(digits.x_train, digits.y_train, num_clients=20, scheme="dirichlet:0.5", seed=1)
+def test_compiled_backend_equals_tff_after_the_same_rounds(digits_flat):
+    clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=20, scheme="dirichlet:0.5", seed=1)
     runs = {}
     for backend in ("tff", "compiled"):
         sim = Simulation(lambda: models.build("digits_mlp", hidden=16), clients, "fedadam", rounds=3,
                          clients_per_round=5, local_epochs=2, batch_size=8, dropout=0.2, seed=4, progress=False,
-                         backend=backend, test_data=(digits.x_test, digits.y_test))
+                         backend=backend, test_data=(digits_flat.x_test, digits_flat.y_test))
         history = sim.run()
         runs[backend] = (sim.final_weights(), history.rounds)
     (w_tff, h_tff), (w_fast, h_fast) = runs["tff"], runs["compiled"]
@@ -35,8 +30,8 @@ def test_compiled_backend_equals_tff_after_the_same_rounds(digits):
         assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], abs=1e-9)
 
 
-def test_compiled_backend_refuses_what_it_does_not_run(digits):
-    clients = partition(digits.x_train, digits.y_train, num_clients=10, seed=0)
+def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
+    clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedavgm, fedadam, fedyogi, fedadagrad with "
                                          r"the mean aggregator on partition\(\) client data. Received: "
                                          r"algorithm='fedprox'"):
@@ -48,8 +43,8 @@ def test_compiled_backend_refuses_what_it_does_not_run(digits):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="compiled", workers=["127.0.0.1:8000"])
 
 
-def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digits, tmp_path):
-    clients = partition(digits.x_train, digits.y_train, num_clients=10, scheme="iid", seed=2)
+def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digits_flat, tmp_path):
+    clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, scheme="iid", seed=2)
 
     def sim(rounds, out):
         return Simulation(lambda: models.build("digits_mlp", hidden=8), clients, "fedavgm", rounds=rounds,

@@ -14,10 +14,9 @@ import numpy as np
 import portpicker
 import pytest
 
-from tensorfleet.federated.backends import remote as distributed
-from tensorfleet.federated.backends.remote import (
-    AllWorkersLostError, DistributedContext, WorkerUnreachableError, WorkerVersionError, parse_address,
-    parse_addresses)
+from tensorfleet.federated.backends.addresses import (
+    AllWorkersLostError, WorkerAddress, WorkerUnreachableError, WorkerVersionError, parse_address, parse_addresses)
+from tensorfleet.federated.backends.remote import DistributedContext, WorkerEvent
 
 ROUNDS = 3
 CLIENTS_PER_ROUND = 6
@@ -32,16 +31,14 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fedavg() -> dict[str, Any]:
+def fedavg(digits: Any) -> dict[str, Any]:
     """A weighted FedAvg process on a linear digits model, with per-round client datasets."""
     import tensorflow as tf
     import tensorflow_federated as tff
 
     from tensorfleet.federated import partition
-    from tensorfleet.models import datasets
 
-    split = datasets.load_digits()
-    clients = partition(split.x_train, split.y_train, num_clients=24, scheme="iid", seed=0)
+    clients = partition(digits.x_train, digits.y_train, num_clients=24, scheme="iid", seed=0)
     spec = collections.OrderedDict(x=tf.TensorSpec([None, 8, 8, 1], tf.float32), y=tf.TensorSpec([None], tf.int32))
 
     def model_fn() -> Any:
@@ -90,13 +87,13 @@ def two_workers() -> Any:
 @pytest.fixture(scope="module")
 def reference(fedavg: dict[str, Any]) -> dict[str, list[np.ndarray]]:
     """Final weights after ROUNDS rounds: in one process (one worker) and on 2 workers."""
-    from tensorfleet.federated.backends import tff as runtime
+    from tensorfleet.federated.backends.tff import Runtime
     from tensorfleet.federated.backends.worker import Worker
 
     workers = [Worker(portpicker.pick_unused_port()).start() for _ in range(2)]
     pids = [w.pid for w in workers]
     try:
-        single = _run(fedavg, runtime.Runtime(workers[0].process).installed())
+        single = _run(fedavg, Runtime(workers[0].process).installed())
         ctx = DistributedContext([w.address for w in workers])
         multi = _run(fedavg, ctx.installed())
         dispatched = {e.address for e in ctx.events if e.kind == "dispatch"}
@@ -127,7 +124,7 @@ def test_worker_killed_during_a_round_is_retried_and_model_equals_undisturbed(
     ctx = DistributedContext([w.address for w in two_workers], lost_timeout=1.0)
     armed = {"round": -1, "killed_in": None}
 
-    def kill_when_round_1_reaches_victim(event: distributed.Event) -> None:
+    def kill_when_round_1_reaches_victim(event: WorkerEvent) -> None:
         if event.kind == "dispatch" and event.address == victim.address and armed["round"] == 1 \
                 and armed["killed_in"] is None:
             armed["killed_in"] = armed["round"]
@@ -218,7 +215,7 @@ def test_bad_address_is_refused_with_the_value(address: str) -> None:
 
 
 def test_address_parsing() -> None:
-    assert parse_address("127.0.0.1:8471") == distributed.WorkerAddress("127.0.0.1", 8471)
+    assert parse_address("127.0.0.1:8471") == WorkerAddress("127.0.0.1", 8471)
     assert parse_address("[::1]:8471").target == "[::1]:8471"
     assert [str(a) for a in parse_addresses("10.0.0.1:1, 10.0.0.2:2")] == ["10.0.0.1:1", "10.0.0.2:2"]
     with pytest.raises(TypeError, match="Received: 8471 of type int"):
@@ -229,7 +226,7 @@ def test_address_parsing() -> None:
         parse_addresses(["127.0.0.1:1", "127.0.0.1:1"])
     with pytest.raises(ValueError, match="num_subrounds must be a positive integer. Received: num_subrounds=0"):
         DistributedContext(["127.0.0.1:1"], num_subrounds=0, check=False)
-    with pytest.raises(ValueError, match=r"round_timeout must be a positive number of seconds or None. "
+    with pytest.raises(ValueError, match=r"round_timeout must be a finite number > 0. "
                                          r"Received: round_timeout=0"):
         DistributedContext(["127.0.0.1:1"], round_timeout=0, check=False)
 
@@ -243,13 +240,11 @@ def _linear_digits() -> Any:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_simulation_with_workers_equals_simulation_in_one_process(two_workers: list[Any]) -> None:
+def test_simulation_with_workers_equals_simulation_in_one_process(two_workers: list[Any], digits: Any) -> None:
     from tensorfleet.federated import Simulation, partition
-    from tensorfleet.federated.backends import tff as runtime
-    from tensorfleet.models import datasets
+    from tensorfleet.federated.backends.tff import default_runtime, live_workers
 
-    split = datasets.load_digits()
-    clients = partition(split.x_train, split.y_train, num_clients=20, scheme="iid", seed=1)
+    clients = partition(digits.x_train, digits.y_train, num_clients=20, scheme="iid", seed=1)
     options = dict(rounds=2, clients_per_round=6, seed=3, progress=False)
     local = Simulation(_linear_digits, clients, "fedavg", **options)
     local.run()
@@ -265,17 +260,15 @@ def test_simulation_with_workers_equals_simulation_in_one_process(two_workers: l
     # Afterwards TFF's default context is tensorfleet's local runtime again, not the workers.
     import tensorflow_federated as tff
 
-    assert tff.framework.get_context_stack().current is runtime.default_runtime().context
+    assert tff.framework.get_context_stack().current is default_runtime().context
     # The local run's own worker is stopped; only the two test workers still run.
-    assert {id(w) for w in runtime.live_workers()} == {id(w.process) for w in two_workers}
+    assert {id(w) for w in live_workers()} == {id(w.process) for w in two_workers}
 
 
-def test_simulation_refuses_bad_worker_addresses() -> None:
+def test_simulation_refuses_bad_worker_addresses(digits: Any) -> None:
     from tensorfleet.federated import Simulation, partition
-    from tensorfleet.models import datasets
 
-    split = datasets.load_digits()
-    clients = partition(split.x_train[:100], split.y_train[:100], num_clients=4, scheme="iid", seed=0)
+    clients = partition(digits.x_train[:100], digits.y_train[:100], num_clients=4, scheme="iid", seed=0)
     with pytest.raises(ValueError, match=r"Received: 'localhost'$"):
         Simulation(_linear_digits, clients, workers=["localhost"], clients_per_round=2)
 
@@ -283,12 +276,10 @@ def test_simulation_refuses_bad_worker_addresses() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_the_same_model(
-        two_workers: list[Any], tmp_path: Any) -> None:
+        two_workers: list[Any], tmp_path: Any, digits: Any) -> None:
     from tensorfleet.federated import Simulation, partition
-    from tensorfleet.models import datasets
 
-    split = datasets.load_digits()
-    clients = partition(split.x_train, split.y_train, num_clients=20, scheme="iid", seed=1)
+    clients = partition(digits.x_train, digits.y_train, num_clients=20, scheme="iid", seed=1)
     options = dict(rounds=3, clients_per_round=6, seed=5, progress=False)
     undisturbed = Simulation(_linear_digits, clients, "fedavg", **options)
     undisturbed.run()
@@ -300,7 +291,7 @@ def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_th
     sim.runtime.lost_timeout = 1.0
     killed_in_round: list[int] = []
 
-    def kill_in_round_2(event: distributed.Event) -> None:
+    def kill_in_round_2(event: WorkerEvent) -> None:
         # Round 1 is done once its record exists; the next dispatch to the victim is round 2's.
         if event.kind == "dispatch" and event.address == victim.address and not killed_in_round \
                 and len(sim.history.rounds) == 1:
@@ -353,7 +344,7 @@ def test_frozen_worker_is_dropped_after_the_round_timeout_and_model_equals_undis
     ctx = DistributedContext([w.address for w in two_workers], lost_timeout=2.0, round_timeout=4.0)
     armed = {"round": -1, "frozen": False}
 
-    def freeze_in_round_1(event: distributed.Event) -> None:
+    def freeze_in_round_1(event: WorkerEvent) -> None:
         if event.kind == "dispatch" and event.address == victim.address and armed["round"] == 1 \
                 and not armed["frozen"]:
             armed["frozen"] = True

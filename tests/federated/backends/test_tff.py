@@ -121,7 +121,7 @@ def test_local_worker_start_stop_in_process():
 def test_bad_worker_arguments_are_refused():
     from tensorfleet.federated.backends.tff import LocalWorker
 
-    with pytest.raises(ValueError, match=r"port must be an integer in \[1, 65535\]. Received: port=70000"):
+    with pytest.raises(ValueError, match=r"port must be an integer from 1 to 65535. Received: port=70000"):
         LocalWorker(port=70000)
 
 

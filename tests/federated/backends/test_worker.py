@@ -14,7 +14,7 @@ from typing import Any
 import portpicker
 import pytest
 
-from tensorfleet.federated.backends.worker import PortInUseError, Worker, check_port_free
+from tensorfleet.federated.backends.worker import Worker, WorkerPortInUseError, check_port_free
 
 
 def _gone(pid: int) -> bool:
@@ -78,7 +78,7 @@ def test_second_worker_on_a_busy_port_is_refused_naming_the_port() -> None:
     port = portpicker.pick_unused_port()
     with Worker(port) as first:
         first_pid = first.pid
-        with pytest.raises(PortInUseError) as info:
+        with pytest.raises(WorkerPortInUseError) as info:
             Worker(port).start()
         assert str(info.value) == (
             f"Port {port} is in use on 127.0.0.1: TFF's worker cannot serve there. Pick another port "
@@ -93,7 +93,7 @@ def test_port_held_by_any_socket_counts_as_busy() -> None:
     holder.listen(1)
     port = holder.getsockname()[1]
     try:
-        with pytest.raises(PortInUseError, match=f"Port {port} is in use on 127.0.0.1"):
+        with pytest.raises(WorkerPortInUseError, match=f"Port {port} is in use on 127.0.0.1"):
             check_port_free(port)
     finally:
         holder.close()
@@ -101,13 +101,13 @@ def test_port_held_by_any_socket_counts_as_busy() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"port": 0}, "port must be an integer in [1, 65535]. Received: port=0"),
-    ({"port": 70000}, "port must be an integer in [1, 65535]. Received: port=70000"),
-    ({"port": "8471"}, "port must be an integer in [1, 65535]. Received: port='8471'"),
+    ({"port": 0}, "port must be an integer from 1 to 65535. Received: port=0"),
+    ({"port": 70000}, "port must be an integer from 1 to 65535. Received: port=70000"),
+    ({"port": "8471"}, "port must be an integer from 1 to 65535. Received: port='8471'"),
     ({"port": 8471, "host": "192.0.2.1"}, "host must be 127.0.0.1 (or localhost) or every interface (0.0.0.0, "
                                           "::): TFF's worker binds one of those. "
                                           "Received: host='192.0.2.1'"),
-    ({"port": 8471, "max_concurrent": 1.5}, "max_concurrent must be an integer (nonpositive: no limit). "
+    ({"port": 8471, "max_concurrent": 1.5}, "max_concurrent must be an integer. "
                                             "Received: max_concurrent=1.5"),
 ])
 def test_bad_worker_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None:

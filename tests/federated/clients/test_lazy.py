@@ -68,7 +68,7 @@ def test_emnist_like_clients_have_emnist_shapes_and_are_seeded() -> None:
     np.testing.assert_array_equal(x, again)
     other, _ = clients.arrays("client_0001")
     assert not np.array_equal(x, other)
-    with pytest.raises(ValueError, match="label_alpha must be positive. Received: label_alpha=0"):
+    with pytest.raises(ValueError, match="label_alpha must be a finite number > 0. Received: label_alpha=0"):
         emnist_like_clients(10, label_alpha=0)
 
 

@@ -63,7 +63,7 @@ def test_more_clients_than_samples_is_refused():
 
 @pytest.mark.parametrize("alpha", [0, -1.0])
 def test_non_positive_alpha_is_refused(alpha):
-    with pytest.raises(ValueError, match=rf"alpha must be a positive number. Received: alpha={alpha}"):
+    with pytest.raises(ValueError, match=rf"alpha must be a finite number > 0. Received: alpha={alpha}"):
         partition_indices(LABELS, 10, "dirichlet", alpha=alpha)
 
 

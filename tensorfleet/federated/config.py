@@ -1,0 +1,178 @@
+"""A simulation's configuration as one validated object: :class:`SimulationConfig`.
+
+Every option of :class:`~tensorfleet.federated.Simulation` apart from its model and data is a field
+here, checked once when the object is made: numbers and their ranges, the algorithm and its
+options, the aggregator and its options, and where the rounds run
+(:func:`~tensorfleet.federated.backends.choose_backend`). A bad value fails with one error that
+names it, before anything is built.
+
+Example:
+    >>> config = SimulationConfig(algorithm="FedProx", algorithm_options={"mu": 0.1}, rounds=5)
+    >>> config.algorithm, config.hyperparameters, config.rounds
+    ('fedprox', {'mu': 0.1}, 5)
+    >>> SimulationConfig(rounds=0)
+    Traceback (most recent call last):
+    ValueError: rounds must be a positive integer. Received: rounds=0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
+from tensorfleet.validation import integer, number, positive_int
+
+__all__ = ["SimulationConfig"]
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """How a simulation runs (everything apart from its model and data).
+
+    Args:
+        algorithm: a name in :data:`~tensorfleet.federated.algorithms.ALGORITHMS`.
+        rounds: rounds to run in total.
+        clients_per_round: clients sampled per round (at most the number of training clients).
+        seed: seeds client sampling, dropout, latencies and local shuffling.
+        batch_size: local batch size.
+        local_epochs: local passes over a client's data per round.
+        client_optimizer, client_learning_rate, server_optimizer, server_learning_rate: override
+            the algorithm's defaults.
+        algorithm_options: the algorithm's hyperparameters (``{"mu": 0.1}`` for ``fedprox``).
+        aggregator: a name in :data:`~tensorfleet.federated.aggregators.AGGREGATORS`, or a
+            ``tff.aggregators`` factory, or None for the algorithm's mean.
+        aggregator_options: options of a named aggregator (``{"noise_multiplier": 1.0}``).
+        dp_delta: the delta for the epsilon reported with a DP aggregator.
+        dropout: probability that a sampled client drops out of a round.
+        straggler_deadline: simulated seconds; a client whose latency exceeds it is left out.
+        client_speed: median simulated client speed in examples per second (latencies are
+            log-normal around it, fixed per client by the seed).
+        eval_every: evaluation period in rounds.
+        out_dir: where metrics, plots, TensorBoard logs and checkpoints go (None: nowhere).
+        checkpoint_every: checkpoint period in rounds (0: none; needs ``out_dir``).
+        resume: continue from a checkpoint in ``out_dir`` when there is one.
+        progress: show a tqdm progress bar.
+        tensorboard: also write TensorBoard summaries into ``out_dir/tensorboard``.
+        backend: ``tff`` runs every round on TFF's runtime; ``compiled`` runs the same
+            FedAvg-family arithmetic as one compiled TensorFlow function (fedavg, fedavgm,
+            fedadam, fedyogi, fedadagrad with the mean aggregator and ``partition()`` data; the
+            initial model still comes from TFF). Both give the same model.
+        workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``); each
+            round's clients are split across them (:mod:`~tensorfleet.federated.backends.remote`).
+            None: one worker this process owns.
+
+    Besides the fields, a config holds what they resolve to: ``client_opt`` and ``server_opt``
+    (optimizer specs after overrides), ``hyperparameters`` (the algorithm's options with its
+    defaults), ``aggregator_name`` and ``where`` (the :class:`~tensorfleet.federated.backends.BackendChoice`).
+    """
+
+    algorithm: str = "fedavg"
+    rounds: int = 10
+    clients_per_round: int = 10
+    seed: int = 0
+    batch_size: int = 20
+    local_epochs: int = 1
+    client_optimizer: str | None = None
+    client_learning_rate: float | None = None
+    server_optimizer: str | None = None
+    server_learning_rate: float | None = None
+    algorithm_options: dict[str, Any] | None = None
+    aggregator: Any = None
+    aggregator_options: dict[str, Any] | None = None
+    dp_delta: float = 1e-5
+    dropout: float = 0.0
+    straggler_deadline: float | None = None
+    client_speed: float = 100.0
+    eval_every: int = 1
+    out_dir: str | os.PathLike[str] | None = None
+    checkpoint_every: int = 0
+    resume: bool = True
+    progress: bool = True
+    tensorboard: bool = True
+    backend: str | Backend = Backend.TFF
+    workers: Sequence[str] | str | None = None
+    client_opt: Any = field(init=False, repr=False)
+    server_opt: Any = field(init=False, repr=False)
+    hyperparameters: dict[str, Any] = field(init=False, repr=False)
+    aggregator_name: str | None = field(init=False, repr=False)
+    where: BackendChoice = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from tensorfleet.federated import algorithms
+
+        checked: dict[str, Any] = {
+            "rounds": positive_int("rounds", self.rounds),
+            "clients_per_round": positive_int("clients_per_round", self.clients_per_round),
+            "seed": integer("seed", self.seed, minimum=0),
+            "batch_size": positive_int("batch_size", self.batch_size),
+            "local_epochs": positive_int("local_epochs", self.local_epochs),
+            "eval_every": positive_int("eval_every", self.eval_every),
+            "checkpoint_every": integer("checkpoint_every", self.checkpoint_every, minimum=0),
+            "dropout": number("dropout", self.dropout, minimum=0, below=1),
+            "straggler_deadline": number("straggler_deadline", self.straggler_deadline, above=0, optional=True),
+            "client_speed": number("client_speed", self.client_speed, above=0),
+            "dp_delta": float(self.dp_delta),
+            "out_dir": None if self.out_dir is None else Path(self.out_dir),
+            "resume": bool(self.resume), "progress": bool(self.progress), "tensorboard": bool(self.tensorboard),
+            "algorithm_options": dict(self.algorithm_options or {}),
+        }
+        if checked["checkpoint_every"] and checked["out_dir"] is None:
+            raise ValueError(f"checkpoint_every needs an out_dir. Received: checkpoint_every={self.checkpoint_every}, "
+                             f"out_dir=None")
+        checked["algorithm"], checked["client_opt"], checked["server_opt"], checked["hyperparameters"] = \
+            algorithms.resolve(self.algorithm, client_optimizer=self.client_optimizer,
+                               client_learning_rate=self.client_learning_rate, server_optimizer=self.server_optimizer,
+                               server_learning_rate=self.server_learning_rate, **checked["algorithm_options"])
+        checked["aggregator_options"], checked["aggregator_name"] = self._check_aggregator()
+        checked["where"] = choose_backend(self.backend, self.workers, algorithm=checked["algorithm"],
+                                          aggregator=checked["aggregator_name"])
+        checked["backend"], checked["workers"] = checked["where"].backend, checked["where"].workers
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def _check_aggregator(self) -> tuple[dict[str, Any], str | None]:
+        from tensorfleet.federated import aggregators
+
+        options = dict(self.aggregator_options or {})
+        if self.aggregator is not None and not isinstance(self.aggregator, str):
+            return options, type(self.aggregator).__name__  # a tff.aggregators factory, used as it is
+        if self.aggregator is None:
+            if options:
+                raise ValueError(f"aggregator_options need an aggregator name. Received: aggregator_options={options}")
+            return options, None
+        name = aggregators.AGGREGATORS.canonical(self.aggregator)
+        aggregators.check_aggregator_options(name, options)
+        return options, name
+
+    @classmethod
+    def from_options(cls, algorithm: str = "fedavg", **options: Any) -> "SimulationConfig":
+        """The config of ``Simulation(..., algorithm, **options)``; an unknown option raises TypeError."""
+        known = [f.name for f in dataclasses.fields(cls) if f.init]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"Simulation takes no option {unknown[0]!r}. Its options: {', '.join(known)}.")
+        return cls(algorithm=algorithm, **options)
+
+    @property
+    def optimizer_overrides(self) -> dict[str, Any]:
+        """The optimizer arguments given, as :func:`~tensorfleet.federated.algorithms.build_process` takes them."""
+        return dict(client_optimizer=self.client_optimizer, client_learning_rate=self.client_learning_rate,
+                    server_optimizer=self.server_optimizer, server_learning_rate=self.server_learning_rate)
+
+    def trajectory(self) -> dict[str, Any]:
+        """The options that decide the model a run ends with, as plain data (plus ``rounds``)."""
+        client = self.client_opt
+        return {
+            "algorithm": self.algorithm, "algorithm_options": self.hyperparameters,
+            "client_optimizer": None if client is None else [client.name, client.learning_rate, client.options],
+            "server_optimizer": [self.server_opt.name, self.server_opt.learning_rate, self.server_opt.options],
+            "aggregator": self.aggregator_name, "aggregator_options": self.aggregator_options,
+            "rounds": self.rounds, "clients_per_round": self.clients_per_round, "seed": self.seed,
+            "batch_size": self.batch_size, "local_epochs": self.local_epochs, "dropout": self.dropout,
+            "straggler_deadline": self.straggler_deadline, "client_speed": self.client_speed,
+            "backend": self.backend.value,
+        }
