@@ -30,6 +30,7 @@ import numpy as np
 from tensorfleet.edge.artifact import TFLiteArtifact, verify_int8
 from tensorfleet.edge.errors import QuantizationError
 from tensorfleet.registry import Registry
+from tensorfleet.validation import positive_int
 
 __all__ = ["Quantization", "QUANTIZATIONS", "QuantizationMode", "convert", "load_keras_model",
            "representative_dataset"]
@@ -111,8 +112,7 @@ def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, nu
         input_shape: the model's input shape including the batch dimension (``model.input_shape``).
         num_samples: at most this many samples are used.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples <= 0:
-        raise ValueError(f"num_samples must be a positive integer. Received: num_samples={num_samples!r}")
+    positive_int("num_samples", num_samples)
     expected = tuple(input_shape[1:])
     if hasattr(data, "as_numpy_iterator"):  # tf.data.Dataset
         data = np.stack(list(data.take(num_samples).as_numpy_iterator()))

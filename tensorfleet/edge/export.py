@@ -26,8 +26,9 @@ from pathlib import Path
 
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import UnsupportedOpError
-from tensorfleet.edge.ops import MICRO_CUSTOM_OPS, MICRO_OPS, advice
+from tensorfleet.edge.ops import MICRO_CUSTOM_OPS, MICRO_OPS, unsupported_ops, with_advice
 from tensorfleet.io import write_text
+from tensorfleet.validation import integer
 
 __all__ = ["sanitize_c_identifier", "export_c", "model_data_source", "op_resolver_source"]
 
@@ -88,21 +89,12 @@ def model_data_source(artifact: TFLiteArtifact, ident: str, *, arena_size: int |
 
 def op_resolver_source(artifact: TFLiteArtifact, ident: str) -> str:
     """A header with ``<Ident>OpResolver`` (exactly the model's ops) and ``Register<Ident>Ops``."""
-    methods: list[tuple[str, str]] = []
-    missing: list[str] = []
-    for op in artifact.graph.operators:
-        table = MICRO_CUSTOM_OPS if op.custom else MICRO_OPS
-        if op.op not in table:
-            if op.op not in missing:
-                missing.append(op.op)
-            continue
-        if (op.op, table[op.op]) not in methods:
-            methods.append((op.op, table[op.op]))
+    operators = artifact.graph.operators
+    missing = unsupported_ops([(op.op, op.custom) for op in operators])
     if missing:
         raise UnsupportedOpError(
-            "Cannot generate an op resolver: TFLite Micro has no kernel for "
-            + "; ".join(f"{m} ({advice(m)})" for m in missing) + ".", missing)
-    methods.sort()
+            f"Cannot generate an op resolver: TFLite Micro has no kernel for {with_advice(missing)}.", missing)
+    methods = sorted({(op.op, (MICRO_CUSTOM_OPS if op.custom else MICRO_OPS)[op.op]) for op in operators})
     camel = _camel(ident)
     guard = f"TENSORFLEET_{ident.upper()}_OP_RESOLVER_H_"
     adds = "\n".join(f"  if (resolver.{method}() != kTfLiteOk) return kTfLiteError;  // {op}"
@@ -137,9 +129,7 @@ def export_c(artifact: TFLiteArtifact, out_dir: str | os.PathLike[str], name: st
     """
     if not isinstance(artifact, TFLiteArtifact):
         raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
-    if arena_size is not None and (isinstance(arena_size, bool) or not isinstance(arena_size, int)
-                                   or arena_size <= 0):
-        raise ValueError(f"arena_size must be a positive integer (bytes). Received: arena_size={arena_size!r}")
+    integer("arena_size", arena_size, minimum=1, optional=True)
     ident = sanitize_c_identifier(name)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

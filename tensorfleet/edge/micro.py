@@ -29,11 +29,11 @@ import numpy as np
 
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
-from tensorfleet.edge.ops import advice, unsupported_ops
+from tensorfleet.edge.ops import unsupported_ops, with_advice
+from tensorfleet.validation import integer
 
 __all__ = ["MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
-           "run_micro",
-           "run_tflite", "validate_micro", "ArenaProber"]
+           "run_micro", "run_tflite", "validate_micro", "ArenaProber"]
 
 _MAX_ARENA = 64 * 1024 * 1024
 
@@ -49,9 +49,9 @@ def check_micro_compatible(artifact: TFLiteArtifact) -> None:
     graph = artifact.graph
     missing = unsupported_ops([(op.op, op.custom) for op in graph.operators])
     if missing:
-        lines = "; ".join(f"{op} ({advice(op)})" for op in missing)
         raise UnsupportedOpError(
-            f"TFLite Micro has no kernel for {len(missing)} operator(s) of this model: {lines}.", missing)
+            f"TFLite Micro has no kernel for {len(missing)} operator(s) of this model: {with_advice(missing)}.",
+            missing)
     half = [t.name for t in graph.tensors if t.dtype == "float16"]
     if half:
         raise MicroIncompatibleError(
@@ -332,9 +332,7 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
     """
     if not isinstance(artifact, TFLiteArtifact):
         raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
-    if arena_size is not None and (isinstance(arena_size, bool) or not isinstance(arena_size, int)
-                                   or arena_size <= 0):
-        raise ValueError(f"arena_size must be a positive integer (bytes). Received: arena_size={arena_size!r}")
+    integer("arena_size", arena_size, minimum=1, optional=True)
     x = None if samples is None else _as_batch(samples, artifact)
     y = None
     if labels is not None:

@@ -7,7 +7,7 @@ The set is the kernels compiled into the installed ``tflite-micro`` interpreter 
 
 from __future__ import annotations
 
-__all__ = ["MICRO_OPS", "MICRO_CUSTOM_OPS", "resolver_method", "unsupported_ops", "advice"]
+__all__ = ["MICRO_OPS", "MICRO_CUSTOM_OPS", "unsupported_ops", "advice", "with_advice"]
 
 MICRO_OPS: dict[str, str] = {
     "ABS": "AddAbs", "ADD": "AddAdd", "ADD_N": "AddAddN", "ARG_MAX": "AddArgMax", "ARG_MIN": "AddArgMin",
@@ -61,14 +61,6 @@ _ADVICE: dict[str, str] = {
 }
 
 
-def resolver_method(op: str, *, custom: bool = False) -> str:
-    """The ``MicroMutableOpResolver`` method that registers ``op``; KeyError if TFLM lacks it."""
-    table = MICRO_CUSTOM_OPS if custom else MICRO_OPS
-    if op not in table:
-        raise KeyError(f"TFLite Micro has no kernel for operator {op!r}.")
-    return table[op]
-
-
 def advice(op: str) -> str:
     """A suggestion for replacing an operator TFLM lacks."""
     if op.startswith("Flex"):
@@ -76,6 +68,11 @@ def advice(op: str) -> str:
                                 "replace the layer that produces it")
     return _ADVICE.get(op, "replace the layer that produces it with one built from TFLM's builtins, "
                            "or register a custom kernel on the device")
+
+
+def with_advice(ops: list[str]) -> str:
+    """``"OP (what to do instead); ..."`` for operators TFLM lacks, for error messages."""
+    return "; ".join(f"{op} ({advice(op)})" for op in ops)
 
 
 def unsupported_ops(ops: list[tuple[str, bool]] | list[str]) -> list[str]:

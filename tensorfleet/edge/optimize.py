@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tensorfleet.registry import Registry
+from tensorfleet.validation import integer, number, positive_int
 
 __all__ = ["Technique", "TECHNIQUES", "finetune", "apply_qat", "apply_pruning", "apply_clustering",
            "strip_wrappers", "weight_sparsity", "unique_weights", "distill", "freeze_layers"]
@@ -47,13 +48,6 @@ class _TechniqueSpec:
     callbacks: Callable[[], list[Any]]
 
 
-def _check_fraction(name: str, value: float, *, low_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-        (0.0 < value < 1.0) if low_open else (0.0 <= value < 1.0))
-    if not ok:
-        raise ValueError(f"{name} must be in {'(0, 1)' if low_open else '[0, 1)'}. Received: {name}={value!r}")
-
-
 def apply_qat(model: Any) -> Any:
     """Wraps ``model`` for quantization-aware training (tfmot ``quantize_model``)."""
     import tensorflow_model_optimization as tfmot
@@ -63,7 +57,7 @@ def apply_qat(model: Any) -> Any:
 
 def apply_pruning(model: Any, *, sparsity: float = 0.5, begin_step: int = 0, frequency: int = 10) -> Any:
     """Wraps ``model`` for magnitude pruning to a constant ``sparsity`` (fraction of zero weights)."""
-    _check_fraction("sparsity", sparsity, low_open=True)
+    number("sparsity", sparsity, above=0, below=1)
     import tensorflow_model_optimization as tfmot
 
     schedule = tfmot.sparsity.keras.ConstantSparsity(float(sparsity), begin_step=begin_step, frequency=frequency)
@@ -72,8 +66,7 @@ def apply_pruning(model: Any, *, sparsity: float = 0.5, begin_step: int = 0, fre
 
 def apply_clustering(model: Any, *, clusters: int = 16) -> Any:
     """Wraps ``model`` for weight clustering: each kernel shares ``clusters`` values."""
-    if isinstance(clusters, bool) or not isinstance(clusters, int) or clusters < 2:
-        raise ValueError(f"clusters must be an integer >= 2. Received: clusters={clusters!r}")
+    integer("clusters", clusters, minimum=2)
     import tensorflow_model_optimization as tfmot
 
     init = tfmot.clustering.keras.CentroidInitialization.KMEANS_PLUS_PLUS
@@ -147,8 +140,7 @@ def finetune(model: Any, technique: str | Technique, x: Any, y: Any, *, epochs: 
         >>> tensorfleet.edge.convert(qat, "int8", representative_data=x_train)            # doctest: +SKIP
     """
     name = TECHNIQUES.canonical(technique.value if isinstance(technique, Technique) else technique)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
-        raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}")
+    positive_int("epochs", epochs)
     spec = TECHNIQUES.get(name)
     import tensorflow as tf
 
@@ -177,11 +169,9 @@ def distill(teacher: Any, student: Any, x: Any, y: Any, *, temperature: float = 
         >>> small = tensorfleet.models.build("digits_cnn", filters=4)        # doctest: +SKIP
         >>> losses = distill(big, small, x_train, y_train, epochs=5)          # doctest: +SKIP
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be positive. Received: temperature={temperature!r}")
-    _check_fraction("alpha", alpha)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
-        raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}")
+    number("temperature", temperature, above=0)
+    number("alpha", alpha, minimum=0, below=1)
+    positive_int("epochs", epochs)
     if teacher.output_shape != student.output_shape:
         raise ValueError(f"teacher and student must have the same output shape. Received: "
                          f"teacher={teacher.output_shape}, student={student.output_shape}")

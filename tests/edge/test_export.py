@@ -142,7 +142,7 @@ def test_export_bad_arguments(int8_artifact: Any, tmp_path: Path) -> None:
     a_file.write_text("x")
     with pytest.raises(ValueError, match=r"out_dir must be a directory. Received: out_dir='.*file' \(a file\)"):
         edge.export_c(int8_artifact, a_file, "kws")
-    with pytest.raises(ValueError, match=r"arena_size must be a positive integer \(bytes\). Received: arena_size=-1"):
+    with pytest.raises(ValueError, match=r"arena_size must be a positive integer. Received: arena_size=-1"):
         edge.export_c(int8_artifact, tmp_path, "kws", arena_size=-1)
     with pytest.raises(TypeError, match="name must be a string. Received: 3"):
         edge.export_c(int8_artifact, tmp_path, 3)  # type: ignore[arg-type]

@@ -114,7 +114,7 @@ def test_arena_too_small_says_what_is_required(int8_artifact: Any, int8_validati
 
 
 def test_bad_arguments(int8_artifact: Any, digits: Any) -> None:
-    with pytest.raises(ValueError, match=r"arena_size must be a positive integer \(bytes\). Received: arena_size=0"):
+    with pytest.raises(ValueError, match=r"arena_size must be a positive integer. Received: arena_size=0"):
         edge.validate_micro(int8_artifact, arena_size=0)
     with pytest.raises(ValueError, match=r"samples must have shape \(n, 8, 8, 1\).*Received: shape=\(3, 64\)"):
         edge.validate_micro(int8_artifact, np.zeros((3, 64)))

@@ -92,7 +92,7 @@ def test_freezing_keeps_the_first_layers_fixed(small: Any) -> None:
 
 def test_bad_options() -> None:
     model = models.build("digits_mlp")
-    with pytest.raises(ValueError, match=r"sparsity must be in \(0, 1\). Received: sparsity=1.5"):
+    with pytest.raises(ValueError, match=r"sparsity must be a finite number > 0 and < 1. Received: sparsity=1.5"):
         opt.apply_pruning(model, sparsity=1.5)
     with pytest.raises(ValueError, match=r"clusters must be an integer >= 2. Received: clusters=1"):
         opt.apply_clustering(model, clusters=1)
@@ -106,7 +106,7 @@ def test_bad_options() -> None:
         opt.freeze_layers(model, names=["nope"])
     with pytest.raises(ValueError, match=r"first must be between 1 and the 2 layers with weights. Received: first=3"):
         opt.freeze_layers(model, first=3)
-    with pytest.raises(ValueError, match="temperature must be positive. Received: temperature=0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0. Received: temperature=0"):
         opt.distill(model, model, None, None, temperature=0)
     with pytest.raises(ValueError, match=r"same output shape.*teacher=\(None, 10\), student=\(None, 12\)"):
         opt.distill(model, models.build("ds_cnn"), None, None)
