@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tensorfleet.validation import number
+
 __all__ = ["Split", "load_digits"]
 
 
@@ -27,8 +29,7 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, flat: bool = False
         >>> split.x_train.shape, split.x_test.shape
         ((1438, 8, 8, 1), (359, 8, 8, 1))
     """
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1). Received: test_fraction={test_fraction}")
+    number("test_fraction", test_fraction, above=0, below=1)
     from sklearn.datasets import load_digits as _load
 
     bunch = _load()

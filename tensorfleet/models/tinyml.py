@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tensorfleet.models.zoo import MODELS
+from tensorfleet.models.zoo import MODELS, seeded_glorot
 from tensorfleet.validation import positive_int
 
 __all__ = [
@@ -71,11 +71,6 @@ REFERENCE: dict[str, Reference] = {
 }
 
 
-def _check_positive(**values: int) -> None:
-    for key, value in values.items():
-        positive_int(key, value)
-
-
 def _init(seed: int | None, k: int, *, relu: bool = False, depthwise: bool = False) -> Any:
     import tensorflow as tf
 
@@ -86,13 +81,14 @@ def _init(seed: int | None, k: int, *, relu: bool = False, depthwise: bool = Fal
     # explicit He standard deviation.
     if depthwise:
         return tf.keras.initializers.RandomNormal(stddev=float(np.sqrt(2.0 / 9.0)), seed=s)
-    return tf.keras.initializers.HeNormal(seed=s) if relu else tf.keras.initializers.GlorotUniform(seed=s)
+    return tf.keras.initializers.HeNormal(seed=s) if relu else seeded_glorot(seed, k)
 
 
 def ds_cnn(*, num_classes: int = 12, filters: int = 64, input_shape: tuple[int, int, int] = (49, 10, 1),
            seed: int | None = 0) -> Any:
     """Depthwise-separable CNN for keyword spotting (MLPerf Tiny KWS reference), softmax out."""
-    _check_positive(num_classes=num_classes, filters=filters)
+    positive_int("num_classes", num_classes)
+    positive_int("filters", filters)
     import tensorflow as tf
 
     layers = tf.keras.layers
@@ -122,7 +118,7 @@ def ds_cnn(*, num_classes: int = 12, filters: int = 64, input_shape: tuple[int, 
 def resnet8(*, num_classes: int = 10, input_shape: tuple[int, int, int] = (32, 32, 3),
             seed: int | None = 0) -> Any:
     """ResNet-8 for CIFAR-10 shaped images (MLPerf Tiny image classification reference)."""
-    _check_positive(num_classes=num_classes)
+    positive_int("num_classes", num_classes)
     import tensorflow as tf
 
     layers = tf.keras.layers
@@ -155,7 +151,9 @@ def resnet8(*, num_classes: int = 10, input_shape: tuple[int, int, int] = (32, 3
 def anomaly_autoencoder(*, input_dim: int = 640, hidden: int = 128, bottleneck: int = 8,
                         seed: int | None = 0) -> Any:
     """Fully-connected autoencoder for anomaly detection (MLPerf Tiny AD reference)."""
-    _check_positive(input_dim=input_dim, hidden=hidden, bottleneck=bottleneck)
+    positive_int("input_dim", input_dim)
+    positive_int("hidden", hidden)
+    positive_int("bottleneck", bottleneck)
     import tensorflow as tf
 
     layers = tf.keras.layers
@@ -173,7 +171,7 @@ def anomaly_autoencoder(*, input_dim: int = 640, hidden: int = 128, bottleneck: 
 def mobilenet_v1_025(*, num_classes: int = 2, input_shape: tuple[int, int, int] = (96, 96, 3),
                      seed: int | None = 0) -> Any:
     """MobileNetV1 with width multiplier 0.25 for visual wake words (MLPerf Tiny VWW reference)."""
-    _check_positive(num_classes=num_classes)
+    positive_int("num_classes", num_classes)
     import tensorflow as tf
 
     layers = tf.keras.layers
@@ -216,7 +214,7 @@ def synthetic(name: str, *, n: int = 64, seed: int = 0, num_classes: int | None 
         >>> data.x.shape, data.y.shape
         ((8, 49, 10, 1), (8,))
     """
-    _check_positive(n=n)
+    positive_int("n", n)
     canonical = MODELS.canonical(name)
     if canonical not in REFERENCE:
         raise ValueError(f"synthetic() has data for {sorted(REFERENCE)}. Received: name={name!r}")

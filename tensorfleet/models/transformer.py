@@ -9,9 +9,11 @@ Mesh-TensorFlow or split with Megatron-style tensor parallelism matches it exact
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from tensorfleet.models.zoo import MODELS, _check_positive
+from tensorfleet.models.zoo import MODELS, seeded_glorot
+from tensorfleet.validation import positive_int
 
 __all__ = ["TransformerBlock", "transformer_block"]
 
@@ -25,7 +27,7 @@ def _block_class() -> Any:
         def __init__(self, *, num_heads: int, key_dim: int, hidden: int, seed: int | None = 0,
                      **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            init = lambda k: tf.keras.initializers.GlorotUniform(seed=None if seed is None else seed + k)  # noqa: E731
+            init = partial(seeded_glorot, seed)
             self.num_heads, self.key_dim, self.hidden, self.seed = num_heads, key_dim, hidden, seed
             self.attention = tf.keras.layers.MultiHeadAttention(
                 num_heads, key_dim, kernel_initializer=init(10), name="attention")
@@ -73,11 +75,16 @@ def transformer_block(*, num_classes: int = 10, seq_len: int = 8, features: int 
         >>> model.output_shape
         (None, 10)
     """
-    _check_positive(num_classes=num_classes, seq_len=seq_len, features=features, d_model=d_model,
-                    num_heads=num_heads, key_dim=key_dim, hidden=hidden)
+    positive_int("num_classes", num_classes)
+    positive_int("seq_len", seq_len)
+    positive_int("features", features)
+    positive_int("d_model", d_model)
+    positive_int("num_heads", num_heads)
+    positive_int("key_dim", key_dim)
+    positive_int("hidden", hidden)
     import tensorflow as tf
 
-    init = lambda k: tf.keras.initializers.GlorotUniform(seed=None if seed is None else seed + k)  # noqa: E731
+    init = partial(seeded_glorot, seed)
     block_cls = __getattr__("TransformerBlock")
     inputs = tf.keras.Input(shape=(seq_len, features), name="rows")
     x = tf.keras.layers.Dense(d_model, kernel_initializer=init(0), name="embed")(inputs)
