@@ -24,10 +24,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from tensorfleet.cluster.contract import ENV_BATCH_POLICY, ENV_STOP_AFTER_EPOCH
 from tensorfleet.validation import choice, positive_int
+
+if TYPE_CHECKING:
+    from tensorfleet.cluster.result import LaunchResult
 
 __all__ = ["BatchPolicy", "BatchSizes", "ElasticPhase", "batch_sizes", "launch_elastic", "policy_from_env"]
 
@@ -105,7 +108,7 @@ def launch_elastic(
     policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
     sink: Callable[[str], None] | None = None,
     **launch_kwargs: Any,
-) -> list[Any]:
+) -> list[LaunchResult]:
     """Runs ``script`` through a schedule of worker counts, all sharing one backup directory.
 
     Each phase launches the job at its number of workers; with ``until_epoch`` it passes

@@ -18,14 +18,14 @@ __all__ = ["serve"]
 def serve(tf_config: str | Mapping[str, Any] | None = None) -> None:
     """Runs this process's task of a parameter-server cluster as a ``tf.distribute.Server``.
 
-    The server gets :func:`tensorfleet.strategies.data_parallel.worker_server_config` (at
+    The server gets :func:`tensorfleet.strategies.servers.worker_server_config` (at
     least ``workers + 1`` inter-op threads: with fewer, a 2-core machine deadlocks in the
     first epoch). Blocks until the process is stopped.
 
     Example (reads TF_CONFIG; what the launcher runs for ps and worker tasks):
         >>> serve()  # doctest: +SKIP
     """
-    from tensorfleet.strategies.data_parallel import start_server
+    from tensorfleet.strategies.servers import start_server
 
     raw = tf_config if tf_config is not None else os.environ.get("TF_CONFIG", "")
     config = parse_tf_config(raw)
