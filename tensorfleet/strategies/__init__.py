@@ -4,7 +4,10 @@ Data parallelism through TensorFlow's distribution strategies, chosen by name fr
 registry (``build``, ``available``, ``describe``, ``register``); cluster specs and
 TF_CONFIG (:mod:`tensorfleet.strategies.tf_config`); the inputs ``model.fit`` needs under each
 strategy (``fit_inputs``); logical devices for machines without accelerators
-(``simulate_devices``).
+(``simulate_devices``); the task servers of a parameter-server cluster
+(:mod:`~tensorfleet.strategies.servers`) and its ``staleness`` option
+(:mod:`~tensorfleet.strategies.staleness`, measured runs in
+:mod:`~tensorfleet.strategies.staleness_run`).
 
 Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
     >>> import tensorflow as tf

@@ -2,7 +2,9 @@
 
 Each factory returns the real ``tf.distribute`` strategy. Options are the ones TensorFlow
 offers, under the words users type (``cross_device_ops="nccl"``,
-``implementation="ring"``), checked before TensorFlow sees them.
+``implementation="ring"``), checked before TensorFlow sees them. The parameter server's task
+servers are in :mod:`tensorfleet.strategies.servers`, the TPU strategy in
+:mod:`tensorfleet.strategies.tpu`.
 """
 
 from __future__ import annotations
@@ -253,10 +255,10 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
     """``ParameterServerStrategy``: workers train asynchronously against variables on ps tasks.
 
     The cluster comes from ``cluster`` (a :class:`ClusterSpec`, e.g. from
-    :func:`~tensorfleet.strategies.servers.start_in_process_cluster`) or from TF_CONFIG. When TF_CONFIG says this process is a
-    ``worker`` or ``ps`` task and ``serve`` is true, its server is started and this call
-    blocks serving it, as those tasks only serve; only the chief (the coordinator) gets a
-    strategy back.
+    :func:`~tensorfleet.strategies.servers.start_in_process_cluster`) or from TF_CONFIG. When
+    TF_CONFIG says this process is a ``worker`` or ``ps`` task and ``serve`` is true, its server
+    is started and this call blocks serving it, as those tasks only serve; only the chief (the
+    coordinator) gets a strategy back.
 
     Args:
         cluster: the cluster; default TF_CONFIG.
