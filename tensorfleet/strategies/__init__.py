@@ -45,8 +45,9 @@ from tensorfleet.strategies.registry import STRATEGIES, Availability, available,
 from tensorfleet.strategies.servers import start_in_process_cluster, start_server
 from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
 
-# The parameter server's staleness option and its measured training runs, loaded on first use.
-__getattr__, _lazy = attach(__name__, modules=("staleness", "staleness_run"))
+# The memory savers, the parameter server's staleness option and its measured training runs,
+# loaded on first use.
+__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "staleness_run"))
 
 __all__ = [
     "STRATEGIES",
