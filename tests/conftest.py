@@ -49,6 +49,13 @@ def digits_flat() -> Any:
     return load_digits(flat=True)
 
 
+def reap(process: Any) -> None:
+    """Kills ``process`` (a ``subprocess.Popen``) if it still runs, and waits for it: no test leaves a child."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
 def compile_digits(model: Any) -> None:
     import tensorflow as tf
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import reap
+
 pytest.importorskip("tensorflow_federated")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,9 +52,7 @@ def _finish(proc: subprocess.Popen[bytes], timeout: float) -> int:
     try:
         return proc.wait(timeout=timeout)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 @pytest.mark.slow
@@ -70,9 +70,7 @@ def test_killed_run_resumes_and_ends_with_the_uninterrupted_model(tmp_path):
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
     finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
+        reap(victim)
     stopped_at = _checkpoint_round(killed)
     assert 3 <= stopped_at < ROUNDS and not (killed / "final.npz").exists()
     assert _finish(reference, 300) == 0

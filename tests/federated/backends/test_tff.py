@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import reap
+
 pytest.importorskip("tensorflow_federated")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,9 +77,7 @@ def test_worker_stops_when_the_simulation_ends_and_the_pipe_closes():
     try:
         out, _ = proc.communicate(timeout=200)  # returns only when every holder of the pipe has closed it
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     pid, port = (int(v) for v in out.splitlines()[0].split())
     assert out.splitlines()[-1] == "done" and proc.returncode == 0
     assert pid not in before
@@ -97,9 +97,7 @@ def test_worker_dies_with_a_sigkilled_parent():
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
         proc.stdout.close()
     assert _wait_gone(pid, 10.0), f"worker_binary {pid} (port {port}) outlived its SIGKILLed parent"
 

@@ -16,6 +16,8 @@ import pytest
 
 from tensorfleet.federated.backends.worker import Worker, WorkerPortInUseError, check_port_free
 
+from tests.conftest import reap
+
 
 def _gone(pid: int) -> bool:
     try:
@@ -161,9 +163,7 @@ def test_cli_worker_serves_until_sigterm_and_leaves_no_worker_behind() -> None:
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(timeout=30) == 0
     finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait()
+        reap(cli)
     deadline = time.monotonic() + 5
     while not _gone(worker_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
