@@ -36,9 +36,7 @@ def positive_int(name: str, value: Any) -> int:
         Traceback (most recent call last):
         ValueError: num_clients must be a positive integer. Received: num_clients=0
     """
-    if not _is_int(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-    return int(value)
+    return integer(name, value, minimum=1)
 
 
 def integer(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,

@@ -70,13 +70,10 @@ def layout_violations(sources: dict[str, str]) -> list[str]:
         room = _room(module)
         for target, names, line in imports_of(module, source):
             other = _room(target)
-            if other == room or not other:
-                continue
-            if other in FORBIDDEN.get(room, set()):
+            if other and other != room and other in FORBIDDEN.get(room, set()):
                 problems.append(f"{module}:{line} imports {target} ({room} must not import {other})")
             elif other == "cli" and room in LIBRARY_ROOMS:
                 problems.append(f"{module}:{line} imports {target} (no library module imports cli)")
-        for target, names, line in imports_of(module, source):
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private and target != module:
                 problems.append(f"{module}:{line} imports private {', '.join(private)} from {target}")
