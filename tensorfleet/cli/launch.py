@@ -6,6 +6,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import List, Optional
 
@@ -14,7 +15,21 @@ import typer
 __all__ = ["register", "launch_command"]
 
 
+def _reject_unknown_option(ctx: typer.Context, script: Path) -> None:
+    """Options of ``launch`` come before the script; a misspelt one must not pass for the script."""
+    text = str(script)
+    if not text.startswith("-"):
+        return
+    from tensorfleet.cli.main import click_exceptions
+
+    known = sorted(opt for param in ctx.command.params for opt in getattr(param, "opts", ()) if opt.startswith("--"))
+    close = difflib.get_close_matches(text.split("=", 1)[0], known, n=1)
+    message = f"No such option: {text}" + (f". Did you mean {close[0]}?" if close else "")
+    raise click_exceptions().NoSuchOption(text, message=message, ctx=ctx)
+
+
 def launch_command(
+    ctx: typer.Context,
     script: Path = typer.Argument(..., help="The training script every trainer task runs."),
     args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script."),  # noqa: UP006,UP007
     workers: int = typer.Option(2, "--workers", "-n", help="Number of worker tasks."),
@@ -38,6 +53,7 @@ def launch_command(
     Output lines are prefixed with their task (e.g. worker:1); Ctrl-C and SIGTERM reach every
     task (SIGKILL follows after a grace period); the exit status is the chief's (worker 0's without a chief) or the first failure's.
     """
+    _reject_unknown_option(ctx, script)
     from tensorfleet.cluster.launcher import launch
 
     port_list = None

@@ -22,7 +22,7 @@ import tensorfleet
 # user wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-__all__ = ["app", "main", "GROUPS", "COMMANDS"]
+__all__ = ["app", "main", "click_exceptions", "GROUPS", "COMMANDS"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated")
@@ -64,7 +64,8 @@ class UsageError(Exception):
     """Raised by commands for a bad combination of arguments."""
 
 
-def _click_exceptions() -> Any:
+def click_exceptions() -> Any:
+    """The click exceptions module typer uses (vendored by typer >= 0.26)."""
     try:  # typer >= 0.26 vendors click
         from typer._click import exceptions
     except ImportError:  # pragma: no cover - older typer
@@ -74,7 +75,7 @@ def _click_exceptions() -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the CLI; input errors print ``error: ...`` and exit with status 2."""
-    exceptions = _click_exceptions()
+    exceptions = click_exceptions()
     try:
         result = app(args=argv, standalone_mode=False)
     except (ValueError, KeyError, TypeError, FileNotFoundError, UsageError) as exc:

@@ -67,3 +67,16 @@ def test_launch_conflicting_tf_config_is_one_clear_error(script: Path, capsys, m
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["10.1.1.1:2222"]}, "task": {"type": "worker", "index": 0}}')
     assert main(["launch", str(script)]) == 2
     assert capsys.readouterr().err.startswith("error: TF_CONFIG is already set in the environment with another cluster")
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("--wokers", "Error: No such option: --wokers. Did you mean --workers?"),
+    ("--max-restart=2", "Error: No such option: --max-restart=2. Did you mean --max-restarts?"),
+    ("--frobnicate", "Error: No such option: --frobnicate"),
+])
+def test_launch_unknown_option_before_the_script_is_reported_as_an_option(script: Path, capsys, option,
+                                                                          message) -> None:
+    assert main(["launch", option, "2", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().splitlines()[-1] == message
+    assert "does not exist" not in err
