@@ -15,8 +15,11 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator, Mapping
@@ -86,13 +89,64 @@ def _check_address(role: str, index: int, address: Any) -> str:
     return address
 
 
+@functools.lru_cache(maxsize=256)
+def _host_addresses(host: str) -> frozenset[str]:
+    """The addresses ``host`` stands for; every loopback address counts as one, ``"loopback"``.
+
+    TensorFlow's servers listen on every interface (``[::]:port``), so two loopback addresses
+    with one port are one listening socket. A name that does not resolve stands for itself.
+    """
+    name = host.strip("[]").lower()
+    try:
+        candidates = {name} if _is_ip(name) else {info[4][0] for info in socket.getaddrinfo(name, None)}
+    except (OSError, UnicodeError):
+        return frozenset({name})
+    addresses = set()
+    for candidate in candidates:
+        ip = ipaddress.ip_address(candidate.split("%", 1)[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        addresses.add("loopback" if ip.is_loopback else str(ip))
+    return frozenset(addresses)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _check_distinct_hosts(tasks: list[tuple[str, str]]) -> None:
+    """No two tasks (name, address) with one port on hosts that are one machine's address.
+
+    Only tasks that share a port are resolved, so a cluster of distinct ports does no lookup.
+    """
+    by_port: dict[str, list[tuple[str, str]]] = {}
+    for name, address in tasks:
+        by_port.setdefault(address.rsplit(":", 1)[1], []).append((name, address))
+    for group in by_port.values():
+        for i, (name, address) in enumerate(group):
+            mine = _host_addresses(address.rsplit(":", 1)[0])
+            for other_name, other in group[:i]:
+                shared = mine & _host_addresses(other.rsplit(":", 1)[0])
+                if shared:
+                    what = "loopback addresses" if "loopback" in shared else f"{', '.join(sorted(shared))}"
+                    raise TFConfigError(
+                        f"Two tasks share one address: {other_name} at {other!r} and {name} at {address!r} are "
+                        f"the same host ({what}) and port. Every task needs its own host:port."
+                    )
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """An immutable, validated cluster: role -> list of ``host:port`` addresses.
 
     Build one with :meth:`local` (free ports on one host) or from a mapping; invalid specs
     (unknown roles, bad addresses, two tasks on one address, several chiefs) raise
-    :class:`TFConfigError`.
+    :class:`TFConfigError`. Two addresses are one when their hosts are the same machine's:
+    ``localhost``, ``127.0.0.1`` and ``::1``, or two names that resolve to one address.
     """
 
     jobs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -122,6 +176,7 @@ class ClusterSpec:
                     )
                 seen[address] = f"{role}:{i}"
             normalised[role] = checked
+        _check_distinct_hosts([(task, address) for address, task in seen.items()])
         for single in (Role.CHIEF.value, Role.EVALUATOR.value):
             if len(normalised.get(single, ())) > 1:
                 raise TFConfigError(
