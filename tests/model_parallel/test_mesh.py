@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorfleet import models
 from tensorfleet.models.datasets import load_digits
 from tensorfleet.model_parallel import mesh as tfmesh
+from tensorfleet.model_parallel.mesh.training import count_devices as count_devices_of
 from tensorfleet.model_parallel.mtf_compat import apply_compat_fix, import_mesh_tensorflow, layout_pairs
 
 STEPS, BATCH, LR = 5, 32, 0.5
@@ -359,3 +360,47 @@ def test_history_records_each_step_wall_time(logical_cpus):
         models.build("digits_mlp"), x, y, epochs=2, batch_size=BATCH, verbose=False)
     assert len(history.step_seconds) == 2 * STEPS
     assert all(t > 0 for t in history.step_seconds)
+
+
+def _executed_matmuls(run):
+    """Runs ``run()`` with TensorFlow's run metadata on; returns, for the training step's function,
+    the device every matmul/einsum executed on, and the device each op was traced for."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        run()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    step = next(f for f in metadata.function_graphs
+                if any(n.name.startswith("gradient") for n in f.pre_optimization_graph.node))
+    def short(device):
+        return next(iter(count_devices_of([device]))) if device else ""
+
+    executed = {n.name: short(n.device) for p in step.partition_graphs for n in p.node
+                if "MatMul" in n.op or "Einsum" in n.op}
+    traced = {n.name: short(n.device) for n in step.pre_optimization_graph.node}
+    return executed, traced
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_keras_backend_runs_each_gradient_matmul_on_its_shards_device(case, logical_cpus):
+    # Read from the partitioned graphs TensorFlow executed, not from where the variables live.
+    name, layout = CASES[case]
+    x, y = _data(name)
+    mesh = tfmesh.Mesh("b1:2;b2:2", layout, backend="keras")
+    executed, traced = _executed_matmuls(
+        lambda: mesh.fit(models.build(name), x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=False))
+    backward = {op: device for op, device in executed.items() if op.startswith("gradient")}
+    forward = {op: device for op, device in executed.items() if not op.startswith("gradient")}
+    assert forward and all(device == traced[op] for op, device in forward.items()), forward
+    per_device = count_devices_of(backward.values())
+    if case == "mlp":  # per replica and shard: d(row kernel), d(hidden), d(column kernel)
+        assert per_device == {f"/device:CPU:{i}": 3 for i in range(4)}, backward
+    else:  # 16 per shard of the block; the unsplit embedding and classifier (3) on each replica's first device
+        assert per_device == {"/device:CPU:0": 19, "/device:CPU:1": 16, "/device:CPU:2": 19, "/device:CPU:3": 16}
+    for op, device in backward.items():  # gradients/<forward op>_grad/...: with the op it differentiates
+        differentiated = op[len("gradients/"):].split("_grad/")[0]
+        assert device == traced[differentiated], (op, device, traced[differentiated])

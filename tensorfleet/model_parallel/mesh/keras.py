@@ -5,7 +5,8 @@ the MLP hidden units and attention heads over the mesh dimension that ``hidden``
 to (:mod:`tensorfleet.model_parallel.tensor_parallel`), each shard's weights on its device.
 Weight shards are kept once and read by every data replica; the replicas' gradient
 contributions are summed; the step is one ``tf.function``, whose graph keeps every shard's and
-replica's device. Split layers are Megatron's: the layout may split only ``batch``, ``hidden``
+replica's device, for the backward pass as for the forward one (each gradient op runs where the
+op it differentiates runs). Split layers are Megatron's: the layout may split only ``batch``, ``hidden``
 and ``heads``.
 """
 
@@ -112,16 +113,19 @@ def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs:
     @tf.function
     def train_step(xb: Any, yb: Any) -> Any:
         # Traced once: the device placements of every shard and replica are kept in the graph.
-        with tf.GradientTape() as tape:
-            parts = []
-            for r, row in enumerate(grid):
-                a, b = bounds[r], bounds[r + 1]
-                with tf.device(row[0]):
-                    logits = forward(xb[a:b], row)
-                    parts.append(loss_fn(yb[a:b], logits) * ((b - a) / n))
-            with tf.device(grid[0][0]):
-                loss = tf.add_n(parts)
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        parts = []
+        for r, row in enumerate(grid):
+            a, b = bounds[r], bounds[r + 1]
+            with tf.device(row[0]):
+                logits = forward(xb[a:b], row)
+                parts.append(loss_fn(yb[a:b], logits) * ((b - a) / n))
+        with tf.device(grid[0][0]):
+            loss = tf.add_n(parts)
+        # Not a GradientTape: a tape builds the backward pass under the device scope of its
+        # gradient() call, which put every gradient op on the first device. tf.gradients (in a
+        # tf.function) colocates each gradient op with the forward op it differentiates, so the
+        # backward pass of a shard runs on the shard's device, and a replica's on its row.
+        optimizer.apply_gradients(zip(tf.gradients(loss, variables), variables))
         return loss
 
     run = run_steps(lambda xb, yb: train_step(tf.constant(xb), tf.constant(yb)), batches, epochs=epochs,

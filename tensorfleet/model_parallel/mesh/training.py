@@ -27,7 +27,7 @@ class MeshHistory:
     devices: list[str]
     placement: dict[str, int] = dataclasses.field(default_factory=dict)
     """Per device: graph ops placed there (mtf: the lowered graph; keras: the traced training
-    step) or weight elements held there (dtensor)."""
+    step, backward pass included) or weight elements held there (dtensor)."""
     grid: list[list[str]] = dataclasses.field(default_factory=list)
     """keras backend: the devices as [data replica][model shard]; each replica computes on its row."""
     weights: dict[str, Any] = dataclasses.field(default_factory=dict)
