@@ -65,6 +65,21 @@ def dns_label(name: str, value: Any, *, max_length: int = 63) -> str:
     return value
 
 
+def dns_subdomain(name: str, value: Any) -> str:
+    """``value`` if it is a DNS subdomain (dot-separated DNS labels, at most 253 characters), the
+    form of names such as a StorageClass's; else ``ValueError`` naming it.
+
+    Example:
+        >>> dns_subdomain("storage_class", "nfs.csi.k8s.io")
+        'nfs.csi.k8s.io'
+    """
+    if (not isinstance(value, str) or not value or len(value) > 253
+            or not all(re.match(DNS_LABEL, part) and len(part) <= 63 for part in value.split("."))):
+        raise ValueError(f"{name} must be a DNS subdomain of at most 253 characters (DNS labels joined by '.': "
+                         f"lower-case letters, digits and '-'). Received: {name}={value!r}")
+    return value
+
+
 def quantity(name: str, value: Any) -> str:
     """``value`` if it is a Kubernetes quantity (``"1"``, ``"500m"``, ``"2Gi"``); else ``ValueError``.
 

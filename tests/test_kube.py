@@ -62,6 +62,10 @@ def test_invalid_yaml_is_a_manifest_error() -> None:
     (lambda v: kube.quantity("cpu", v), 2, "cpu must be a Kubernetes quantity such as '1', '500m' or '2Gi'. "
                                            "Received: cpu=2"),
     (kube.image, " ", "image must be a container image reference without spaces. Received: image=' '"),
+    (lambda v: kube.dns_subdomain("storage_class", v), "nfs..io",
+     "storage_class must be a DNS subdomain of at most 253 characters (DNS labels joined by '.': lower-case "
+     "letters, digits and '-'). Received: storage_class='nfs..io'"),
+    (lambda v: kube.dns_subdomain("storage_class", v), "a" * 64, "storage_class must be a DNS subdomain"),
 ])
 def test_argument_checks_name_the_value(check, value, message) -> None:
     with pytest.raises(ValueError) as info:
@@ -70,5 +74,5 @@ def test_argument_checks_name_the_value(check, value, message) -> None:
 
 
 def test_argument_checks_return_good_values() -> None:
-    assert (kube.dns_label("name", "a-1"), kube.quantity("memory", "500Mi"), kube.image("reg.example/x:1")) == (
-        "a-1", "500Mi", "reg.example/x:1")
+    assert (kube.dns_label("name", "a-1"), kube.quantity("memory", "500Mi"), kube.image("reg.example/x:1"),
+            kube.dns_subdomain("storage_class", "nfs.csi.k8s.io")) == ("a-1", "500Mi", "reg.example/x:1", "nfs.csi.k8s.io")

@@ -63,6 +63,9 @@ def tfjob_command(
     backup_claim: Optional[str] = typer.Option(  # noqa: UP007
         None, "--backup-claim", help="An existing ReadWriteMany claim for backups (default: write one)."),
     backup_size: str = typer.Option("1Gi", "--backup-size"),
+    storage_class: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--storage-class", help="Storage class of the claim written (one with ReadWriteMany volumes; "
+                                      "default: the cluster's default class)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated TFJob (kubeflow.org/v1) and the claim for its backups."""
@@ -82,7 +85,7 @@ def tfjob_command(
     docs = k8s.tfjob(name=name, image=image, command=argv, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
                      namespace=namespace, restart_policy=restart_policy, max_restarts=max_restarts, cpu=cpu,
                      memory=memory, gpus=gpus, env=_parse_env(env or []), backup_claim=backup_claim,
-                     backup_size=backup_size)
+                     backup_size=backup_size, storage_class=storage_class)
     if output is None:
         k8s.validate(docs)
         typer.echo(kube.dump_yaml(docs), nl=False)

@@ -3,8 +3,9 @@
 :func:`tfjob` writes the job the local launcher runs as a TFJob of the Kubeflow training
 operator: one replica spec per task type, the operator's restart policy and backoff limit,
 container resources, a shared volume for ``BackupAndRestore`` (a ReadWriteMany
-``PersistentVolumeClaim`` mounted in every pod, exported as ``TENSORFLEET_BACKUP_DIR``) and the
-environment the script needs. As with the launcher, in a parameter-server job only the chief
+``PersistentVolumeClaim`` of a storage class the user may name, mounted in every pod that runs
+the script and exported there as ``TENSORFLEET_BACKUP_DIR``; the servers of a parameter-server
+job never write backups and get no mount) and the environment the script needs. As with the launcher, in a parameter-server job only the chief
 runs the command; workers and ps run tensorfleet's server (``python -m
 tensorfleet.cluster.launcher --serve``).
 
@@ -168,7 +169,8 @@ def tfjob(
         backup_claim: an existing ReadWriteMany claim for the backups; by default a claim
             ``<name>-backup`` of ``backup_size`` is written too.
         backup_size: the size of the claim written by default.
-        storage_class: the storage class of that claim (the cluster's default if None).
+        storage_class: the storage class of that claim (the cluster's default if None); it
+            must offer ReadWriteMany volumes (e.g. NFS or CephFS).
         port: the port every task listens on.
 
     Returns:
@@ -185,6 +187,11 @@ def tfjob(
     integer("max_restarts", max_restarts, minimum=0)
     policy = choice(RestartPolicy, "restart_policy", restart_policy)
     kube.quantity("backup_size", backup_size)
+    if storage_class is not None:
+        kube.dns_subdomain("storage_class", storage_class)
+        if backup_claim is not None:
+            raise ValueError(f"storage_class applies to the claim tensorfleet writes, not to an existing one. Received: "
+                             f"storage_class={storage_class!r} with backup_claim={backup_claim!r}; drop one of them.")
     pod = _Pod(image=kube.image(image), command=_check_command(command), cpu=kube.quantity("cpu", cpu),
                memory=kube.quantity("memory", memory), gpus=integer("gpus", gpus, minimum=0),
                env=_container_env(env), port=validation.port("port", port), claim=backup_claim or f"{name}-backup",
@@ -230,6 +237,11 @@ def _container_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return {ENV_BACKUP_DIR: BACKUP_MOUNT, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
 
 
+def _servers_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A server's environment: no backup directory, which only the tasks running the script use."""
+    return {k: v for k, v in env.items() if k != ENV_BACKUP_DIR}
+
+
 def _replica_spec(pod: _Pod, task_type: str, count: int, policy: RestartPolicy, *, serves: bool) -> dict[str, Any]:
     # In a parameter-server job, workers and ps only serve; only the chief runs the command.
     server = serves and task_type in ("worker", "ps")
@@ -237,25 +249,23 @@ def _replica_spec(pod: _Pod, task_type: str, count: int, policy: RestartPolicy, 
                                  "limits": {"cpu": pod.cpu, "memory": pod.memory}}
     if pod.gpus and not server and task_type != "ps":
         resources["limits"]["nvidia.com/gpu"] = str(pod.gpus)
-    container = {
+    env = _servers_env(pod.env) if server else pod.env
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": pod.image,
         "command": list(SERVE_COMMAND if server else pod.command),
-        "env": [{"name": k, "value": str(v)} for k, v in pod.env.items()],
+        "env": [{"name": k, "value": str(v)} for k, v in env.items()],
         "ports": [{"name": PORT_NAME, "containerPort": pod.port}],
         "resources": resources,
-        "volumeMounts": [{"name": "backup", "mountPath": BACKUP_MOUNT}],
     }
+    spec: dict[str, Any] = {"containers": [container]}
+    if not server:  # the backups are written by the tasks that run the script (the chief, in a ps job)
+        container["volumeMounts"] = [{"name": "backup", "mountPath": BACKUP_MOUNT}]
+        spec["volumes"] = [{"name": "backup", "persistentVolumeClaim": {"claimName": pod.claim}}]
     return {
         "replicas": count,
         "restartPolicy": policy.value,
-        "template": {
-            "metadata": {"labels": dict(pod.labels)},
-            "spec": {
-                "containers": [container],
-                "volumes": [{"name": "backup", "persistentVolumeClaim": {"claimName": pod.claim}}],
-            },
-        },
+        "template": {"metadata": {"labels": dict(pod.labels)}, "spec": spec},
     }
 
 

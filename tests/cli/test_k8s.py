@@ -60,3 +60,14 @@ def test_tfjob_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
     assert capsys.readouterr().err.strip() == "error: --env takes KEY=VALUE. Received: --env 'NOEQUALS'"
     assert main(["k8s", "validate", str(tmp_path / "none.yaml")]) == 2
     assert capsys.readouterr().err.startswith("error: The manifest does not exist.")
+
+
+def test_tfjob_storage_class_names_the_class_of_the_claim(capsys) -> None:
+    assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "2",
+                 "--storage-class", "nfs-client", "--command", "python t.py"]) == 0
+    pvc, job = kube.load_yaml(capsys.readouterr().out)
+    k8s.validate([pvc, job])
+    assert pvc["spec"]["storageClassName"] == "nfs-client"
+    assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "2",
+                 "--storage-class", "Fast_SSD", "--command", "python t.py"]) == 2
+    assert capsys.readouterr().err.strip().endswith("Received: storage_class='Fast_SSD'")

@@ -54,7 +54,34 @@ def test_parameter_server_job_runs_the_command_on_the_chief_and_servers_elsewher
                        "PS": ["python", "-m", "tensorfleet.cluster.launcher", "--serve"]}
     limits = {k: v["template"]["spec"]["containers"][0]["resources"]["limits"] for k, v in specs.items()}
     assert limits["Chief"]["nvidia.com/gpu"] == "1" and "nvidia.com/gpu" not in limits["PS"]
-    assert specs["Worker"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shared-nfs"}
+    # Only the chief writes backups in a ps job: the servers get neither the claim nor the directory.
+    chief = specs["Chief"]["template"]["spec"]
+    assert chief["volumes"] == [{"name": "backup", "persistentVolumeClaim": {"claimName": "shared-nfs"}}]
+    assert chief["containers"][0]["volumeMounts"] == [{"name": "backup", "mountPath": "/backup"}]
+    assert {"name": "TENSORFLEET_BACKUP_DIR", "value": "/backup"} in chief["containers"][0]["env"]
+    for server in ("Worker", "PS"):
+        pod = specs[server]["template"]["spec"]
+        assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0], server
+        assert {e["name"]: e["value"] for e in pod["containers"][0]["env"]} == {
+            "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}, server
+
+
+def test_storage_class_names_the_class_of_the_claim_and_is_schema_checked() -> None:
+    pvc, job = _job(storage_class="nfs-client")
+    k8s.validate([pvc, job])
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}},
+                           "storageClassName": "nfs-client"}
+    bad = copy.deepcopy(pvc)
+    bad["spec"]["storageClassName"] = 7
+    with pytest.raises(kube.ManifestError, match="storageClassName"):
+        k8s.validate([bad, job])
+
+
+def test_storage_class_with_an_existing_claim_is_a_clear_error() -> None:
+    with pytest.raises(ValueError) as info:
+        _job(storage_class="nfs-client", backup_claim="shared-nfs")
+    assert str(info.value) == ("storage_class applies to the claim tensorfleet writes, not to an existing one. "
+                               "Received: storage_class='nfs-client' with backup_claim='shared-nfs'; drop one of them.")
 
 
 @pytest.mark.parametrize(("workers", "ps", "chief", "evaluator"),
@@ -158,6 +185,8 @@ def test_manifest_without_a_tfjob_is_rejected() -> None:
                                       "Received: restart_policy='Sometimes'"),
     ({"memory": "lots"}, "memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='lots'"),
     ({"env": {"TF_CONFIG": "{}"}}, "env must not set TF_CONFIG: the training operator gives each pod its own."),
+    ({"storage_class": "Fast_SSD"}, "storage_class must be a DNS subdomain of at most 253 characters (DNS labels "
+                                    "joined by '.': lower-case letters, digits and '-'). Received: storage_class='Fast_SSD'"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, message) -> None:
     with pytest.raises(ValueError) as info:
