@@ -2,7 +2,10 @@
 
 Every file tensorfleet writes (checkpoints, metrics, plots, C sources, manifests) goes
 through :func:`atomic_write` or one of its helpers: the data goes to a temporary file in the
-same directory, is flushed and fsynced, then renamed over the target.
+same directory, is flushed and fsynced, then renamed over the target. The file is created with
+mode 0666 less the process's umask, as ``open()`` would create it (not ``mkstemp``'s 0600).
+Commands that work long before they write call :func:`check_writable` first, so an unwritable
+destination fails at once, named as the user gave it.
 """
 
 from __future__ import annotations
@@ -10,11 +13,69 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-__all__ = ["atomic_write", "write_bytes", "write_text", "write_json", "save_figure"]
+__all__ = ["UnwritablePathError", "atomic_write", "check_writable", "write_bytes", "write_text", "write_json",
+           "save_figure"]
+
+
+class UnwritablePathError(PermissionError, ValueError):
+    """A file cannot be written where asked (read-only, not a directory, no permission).
+
+    A ``ValueError`` too, so command lines report it as bad input in one line.
+    """
+
+
+def _create_temporary(directory: Path, name: str) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``name`` in ``directory``, opened for writing.
+
+    ``os.open`` with mode 0o666 lets the kernel apply the umask (and default ACLs) exactly as
+    for any file a program creates; ``O_EXCL`` keeps the name ours.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = directory / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _unwritable(target: Path, reason: str) -> UnwritablePathError:
+    return UnwritablePathError(f"Cannot write {str(target)!r}: {reason}. Choose a path you can write to.")
+
+
+def check_writable(path: str | os.PathLike[str]) -> Path:
+    """Raises :class:`UnwritablePathError` unless a file can be written at ``path``; returns it.
+
+    Tries what :func:`atomic_write` will do (create a file in the directory, or the missing
+    directories' first existing parent), so a read-only file system or a directory without
+    permission is found before any long work, and the message names ``path``, not a temporary.
+
+    Example:
+        >>> check_writable("/sys/model.tflite")      # doctest: +SKIP
+        Traceback (most recent call last):
+        UnwritablePathError: Cannot write '/sys/model.tflite': permission denied in '/sys'. ...
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise _unwritable(target, "it is a directory; give a file name")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise _unwritable(target, "the file is read-only")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise _unwritable(target, f"{str(parent)!r} is a file, not a directory")
+    try:
+        fd, tmp = _create_temporary(parent, target.name)
+    except OSError as exc:
+        raise _unwritable(target, f"{(exc.strerror or str(exc)).lower()} in {str(parent)!r}") from exc
+    os.close(fd)
+    os.unlink(tmp)
+    return target
 
 
 @contextlib.contextmanager
@@ -22,6 +83,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", encoding: str | 
     """Opens a temporary file beside ``path``; renames it onto ``path`` only on success.
 
     If the block raises, the target keeps its previous content and no temporary file is left.
+    A destination that cannot be written raises :class:`UnwritablePathError` naming ``path``.
 
     Example:
         >>> import os
@@ -44,14 +106,22 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", encoding: str | 
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write supports mode 'w' or 'wb'. Received: mode={mode!r}")
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temporary(target.parent, target.name)
+    except OSError as exc:
+        check_writable(target)  # names the cause and the user's path
+        raise _unwritable(target, exc.strerror or str(exc)) from exc
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:  # e.g. the target is a directory
+            check_writable(target)
+            raise _unwritable(target, (exc.strerror or str(exc)).lower()) from exc
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -1,9 +1,11 @@
 import json
 import os
+import stat
+from pathlib import Path
 
 import pytest
 
-from tensorfleet.io import atomic_write, write_bytes, write_json, write_text
+from tensorfleet.io import UnwritablePathError, atomic_write, check_writable, write_bytes, write_json, write_text
 
 
 def test_write_helpers_create_parents_and_leave_no_temporary_files(tmp_path) -> None:
@@ -38,3 +40,47 @@ def test_bad_mode_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="mode 'w' or 'wb'. Received: mode='a'"):
         with atomic_write(tmp_path / "x", "a"):
             pass
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_files_are_created_with_the_umasks_mode(tmp_path, umask, expected) -> None:
+    old = os.umask(umask)
+    try:
+        written = [write_text(tmp_path / "t.txt", "x"), write_bytes(tmp_path / "b.bin", b"x"),
+                   write_json(tmp_path / "j.json", {})]
+    finally:
+        os.umask(old)
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == {oct(expected)}
+
+
+def test_unwritable_destinations_are_named_as_given_not_as_a_temporary(tmp_path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(UnwritablePathError, match=rf"Cannot write '{a_file}/m.tflite': '{a_file}' is a file, "
+                                                  r"not a directory\. Choose a path you can write to\.") as info:
+        write_bytes(a_file / "m.tflite", b"x")
+    assert ".tmp" not in str(info.value) and isinstance(info.value, ValueError)
+    with pytest.raises(UnwritablePathError, match=rf"Cannot write '{tmp_path}': it is a directory; give a file name"):
+        check_writable(tmp_path)
+    with pytest.raises(UnwritablePathError, match=rf"Cannot write '{tmp_path}': it is a directory"):
+        write_text(tmp_path, "x")
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+    assert check_writable(tmp_path / "new" / "deeper" / "m.tflite") == tmp_path / "new" / "deeper" / "m.tflite"
+    assert sorted(os.listdir(tmp_path)) == ["file"]  # the check leaves nothing behind
+
+
+@pytest.mark.skipif(not Path("/sys").is_dir(), reason="needs sysfs, where not even root may create files")
+def test_a_directory_nobody_may_write_is_refused_before_writing() -> None:
+    with pytest.raises(UnwritablePathError, match=r"Cannot write '/sys/m.tflite': permission denied in '/sys'\."):
+        check_writable("/sys/m.tflite")
+    with pytest.raises(UnwritablePathError, match=r"Cannot write '/sys/m.tflite': permission denied in '/sys'\."):
+        write_bytes("/sys/m.tflite", b"x")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write read-only files")
+def test_a_read_only_file_is_refused(tmp_path) -> None:
+    target = tmp_path / "m.tflite"
+    target.write_text("old")
+    target.chmod(0o444)
+    with pytest.raises(UnwritablePathError, match="the file is read-only"):
+        check_writable(target)
