@@ -8,6 +8,12 @@ with a tiny ``LD_PRELOAD`` library that turns a bind to the wildcard address int
 so clients of ``127.0.0.1:port`` still connect). It is compiled with the machine's C compiler
 on first use into ``~/.cache/tensorfleet``; without a compiler, :func:`bind_shim_path` returns
 None and callers warn.
+
+A library preloaded into every task must be the one tensorfleet built: the cached file is named
+after the hash of its source, the compiler and the flags (a new compiler or source builds a new
+one), and the SHA-256 of the built library is recorded beside it (``<name>.so.sha256``). Before
+each use the file is hashed again; a file that does not match its record (changed, truncated,
+replaced) or has no record is rebuilt, and one that cannot be rebuilt is not used.
 """
 
 from __future__ import annotations
@@ -60,31 +66,58 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
 """
 
 
+_FLAGS = ("-shared", "-fPIC", "-O2")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _build_key(compiler: str) -> str:
+    """Hash of what decides the library's bytes: source, flags and the compiler (path, size, mtime)."""
+    real = os.path.realpath(compiler)
+    stat = os.stat(real)
+    identity = f"{real}\0{stat.st_size}\0{stat.st_mtime_ns}\0{' '.join(_FLAGS)}\0{_BIND_SHIM_SOURCE}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def _verified(path: Path, record: Path) -> bool:
+    try:
+        return record.read_text().split()[0] == _sha256(path)
+    except (OSError, IndexError):
+        return False
+
+
 def bind_shim_path() -> Path | None:
     """The ``LD_PRELOAD`` library that binds a worker to one address; built on first use.
 
-    None when there is no C compiler (or it fails).
+    The cached library is used only when its SHA-256 matches the one recorded when it was
+    built; otherwise it is built again. None when there is no C compiler (or it fails).
     """
-    digest = hashlib.sha256(_BIND_SHIM_SOURCE.encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tensorfleet"
-    path = cache / f"bindhost-{digest}.so"
-    if path.is_file():
-        return path
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tensorfleet"
     try:
+        path = cache / f"bindhost-{_build_key(compiler)}.so"
+        record = path.with_name(path.name + ".sha256")
+        if path.is_file() and _verified(path, record):
+            return path
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             src = Path(tmp) / "bindhost.c"
             src.write_text(_BIND_SHIM_SOURCE)
             out = Path(tmp) / "bindhost.so"
-            subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"],
+            subprocess.run([compiler, *_FLAGS, "-o", str(out), str(src), "-ldl"],
                            check=True, capture_output=True, timeout=120)
-            os.replace(out, path)  # atomic: another process may build the same file
+            digest_file = Path(tmp) / "bindhost.so.sha256"
+            digest_file.write_text(f"{_sha256(out)}  {path.name}\n")
+            # Atomic, library first: a concurrent reader sees an old record fail and rebuilds.
+            os.replace(out, path)
+            os.replace(digest_file, record)
     except (OSError, subprocess.SubprocessError):
         return None
-    return path
+    return path if _verified(path, record) else None
 
 
 def loopback_env(host: str = "127.0.0.1", *, shim: Path | None = None,
