@@ -127,14 +127,14 @@ class SimulationConfig:
             algorithms.resolve(self.algorithm, client_optimizer=self.client_optimizer,
                                client_learning_rate=self.client_learning_rate, server_optimizer=self.server_optimizer,
                                server_learning_rate=self.server_learning_rate, **checked["algorithm_options"])
-        checked["aggregator_options"], checked["aggregator_name"] = self._check_aggregator()
+        checked["aggregator_options"], checked["aggregator_name"] = self._check_aggregator(checked["clients_per_round"])
         checked["where"] = choose_backend(self.backend, self.workers, algorithm=checked["algorithm"],
                                           aggregator=checked["aggregator_name"])
         checked["backend"], checked["workers"] = checked["where"].backend, checked["where"].workers
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
-    def _check_aggregator(self) -> tuple[dict[str, Any], str | None]:
+    def _check_aggregator(self, clients_per_round: int) -> tuple[dict[str, Any], str | None]:
         from tensorfleet.federated import aggregators
 
         options = dict(self.aggregator_options or {})
@@ -145,7 +145,7 @@ class SimulationConfig:
                 raise ValueError(f"aggregator_options need an aggregator name. Received: aggregator_options={options}")
             return options, None
         name = aggregators.AGGREGATORS.canonical(self.aggregator)
-        aggregators.check_aggregator_options(name, options)
+        aggregators.check_aggregator_options(name, options, clients_per_round=clients_per_round)
         return options, name
 
     @classmethod

@@ -326,6 +326,7 @@ class Simulation:
         """One round: sampling, training, the round's bytes and epsilon, evaluation when due."""
         t0 = time.perf_counter()
         who = self.sample(round_num)
+        self._check_participants(who, round_num)
         record: dict[str, Any] = {"round": round_num, "clients": len(who["sampled"]),
                                   "participants": len(who["participants"]), "dropped": len(who["dropped"]),
                                   "stragglers": len(who["stragglers"])}
@@ -343,6 +344,19 @@ class Simulation:
                 record.update(self.evaluate_federated(state, round_num))
         record["seconds"] = time.perf_counter() - t0
         return state, record
+
+    def _check_participants(self, who: dict[str, list[str]], round_num: int) -> None:
+        """ValueError when dropouts and stragglers leave Krum fewer clients than its bound needs."""
+        if self.config.aggregator_name != "krum" or not who["participants"]:
+            return
+        from tensorfleet.federated.aggregators.aggregate import check_krum_clients
+
+        try:
+            check_krum_clients(len(who["participants"]), int(self.config.aggregator_options.get("num_byzantine", 1)),
+                               name="participants")
+        except ValueError as err:
+            raise ValueError(f"Round {round_num}: {err} ({len(who['dropped'])} of {len(who['sampled'])} sampled clients dropped out, "
+                             f"{len(who['stragglers'])} missed the straggler deadline)") from None
 
     def _run(self) -> History:
         from tqdm.auto import tqdm

@@ -97,6 +97,9 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
      r"Algorithm 'fedavg' takes no option 'mu' \(its options: none\). Received: mu=0.1"),
     ({"colour": "blue"}, TypeError, r"Simulation takes no option 'colour'. Its options: algorithm, rounds, "),
     ({"checkpoint_every": 1}, ValueError, r"checkpoint_every needs an out_dir. Received: checkpoint_every=1, out_dir=None"),
+    ({"aggregator": "krum", "aggregator_options": {"num_byzantine": 2}, "clients_per_round": 6}, ValueError,
+     r"Krum needs more than 2 \* num_byzantine \+ 2 clients \(n > 2f \+ 2, Blanchard et al. 2017\): with "
+     r"num_byzantine=2, at least 7. Received: clients_per_round=6, num_byzantine=2"),
     ({"eval_clients": 20}, ValueError,
      r"eval_clients must leave at least one training client \(20 clients\). Received: eval_clients=20"),
 ])
@@ -156,3 +159,15 @@ def test_one_scaled_client_breaks_fedavg_but_not_the_robust_aggregators(digits_f
     assert accuracy(attacked) < 0.2
     assert accuracy(attacked, "median") > 0.55
     assert accuracy(attacked, "krum") > 0.5
+
+
+def test_krum_round_left_with_too_few_clients_by_dropout_fails_before_training(clients):
+    sim = Simulation(tiny, clients, rounds=2, clients_per_round=5, aggregator="krum", dropout=0.5, seed=0,
+                     progress=False)
+    who = sim.sample(1)
+    assert len(who["participants"]) == 3 and len(who["dropped"]) == 2  # seed 0, measured
+    with pytest.raises(ValueError, match=r"^Round 1: Krum needs more than 2 \* num_byzantine \+ 2 clients .* "
+                                         r"Received: participants=3, num_byzantine=1 \(2 of 5 sampled clients "
+                                         r"dropped out, 0 missed the straggler deadline\)$"):
+        sim.run()
+    assert sim.history.rounds == []

@@ -26,6 +26,7 @@ import inspect
 from typing import Any, Callable
 
 from tensorfleet.registry import Registry
+from tensorfleet.validation import integer
 
 __all__ = ["AGGREGATORS", "aggregator_options", "build_aggregator", "check_aggregator_options", "parse_options"]
 
@@ -74,10 +75,13 @@ def _trimmed_mean(*, clients_per_round: int, beta: float = 0.1) -> Any:
     return RobustFactory("trimmed_mean", beta=beta)
 
 
-def _krum(*, clients_per_round: int, num_byzantine: int = 1, num_selected: int = 1) -> Any:
+_KRUM_BYZANTINE = 1
+
+
+def _krum(*, clients_per_round: int, num_byzantine: int = _KRUM_BYZANTINE, num_selected: int = 1) -> Any:
     from tensorfleet.federated.aggregators.robust import RobustFactory
 
-    del clients_per_round
+    check_aggregator_options("krum", {"num_byzantine": num_byzantine}, clients_per_round=clients_per_round)
     return RobustFactory("krum", num_byzantine=num_byzantine, num_selected=num_selected)
 
 
@@ -102,13 +106,19 @@ def aggregator_options(name: str) -> list[str]:
     return [p for p in params if p != "clients_per_round"]
 
 
-def check_aggregator_options(name: str, options: dict[str, Any]) -> None:
-    """TypeError naming the first of ``options`` that aggregator ``name`` (canonical) does not take."""
+def check_aggregator_options(name: str, options: dict[str, Any], *, clients_per_round: int | None = None) -> None:
+    """TypeError naming the first of ``options`` that aggregator ``name`` (canonical) does not take;
+    ValueError when ``krum``'s ``num_byzantine`` needs more than ``clients_per_round`` (when given)."""
     allowed = aggregator_options(name)
     for key in options:
         if key not in allowed:
             raise TypeError(f"Aggregator {name!r} takes no option {key!r} (its options: "
                             f"{', '.join(allowed) or 'none'}). Received: {key}={options[key]!r}")
+    if name == "krum" and clients_per_round is not None:
+        from tensorfleet.federated.aggregators.aggregate import check_krum_clients
+
+        byzantine = integer("num_byzantine", options.get("num_byzantine", _KRUM_BYZANTINE), minimum=0)
+        check_krum_clients(clients_per_round, byzantine, name="clients_per_round")
 
 
 def build_aggregator(name: str, *, clients_per_round: int, **options: Any) -> Any:

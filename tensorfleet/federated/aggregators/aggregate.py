@@ -15,7 +15,8 @@ Robust rules:
 * Krum and Multi-Krum: Blanchard, El Mhamdi, Guerraoui and Stainer, "Machine Learning with
   Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017. Client ``i`` scores
   ``sum of its n - f - 2 smallest squared distances to the others``; Krum returns the update with
-  the lowest score, Multi-Krum the mean of the ``m`` lowest.
+  the lowest score, Multi-Krum the mean of the ``m`` lowest. Their guarantee needs
+  ``n > 2f + 2`` updates (:func:`check_krum_clients`).
 
 Compression (client side, before summation): uniform quantization to ``bits`` per value over
 each tensor's ``[min, max]`` (the rule of TFF's ``EncodedSumFactory.quantize_above_threshold``),
@@ -36,7 +37,7 @@ import numpy as np
 from tensorfleet.validation import integer, number, positive_int
 
 __all__ = [
-    "finite_rows", "coordinate_median", "trimmed_mean", "krum_scores", "krum", "weighted_mean",
+    "finite_rows", "coordinate_median", "trimmed_mean", "check_krum_clients", "krum_scores", "krum", "weighted_mean",
     "quantize", "sparsify", "kept_count", "compressed_bytes", "clip_by_l2_norm",
 ]
 
@@ -86,6 +87,22 @@ def trimmed_mean(updates: np.ndarray, beta: float = 0.1) -> np.ndarray:
     return s[k:n - k].mean(axis=0)
 
 
+def check_krum_clients(num_clients: int, num_byzantine: int, *, name: str = "clients") -> None:
+    """ValueError unless ``num_clients > 2 * num_byzantine + 2``, the bound of Krum's guarantee.
+
+    ``name`` is what ``num_clients`` is called where it was given (``clients_per_round``, ...).
+
+    Example:
+        >>> check_krum_clients(4, 1, name="clients_per_round")
+        Traceback (most recent call last):
+        ValueError: Krum needs more than 2 * num_byzantine + 2 clients (n > 2f + 2, Blanchard et al. 2017): with num_byzantine=1, at least 5. Received: clients_per_round=4, num_byzantine=1
+    """
+    if num_clients <= 2 * num_byzantine + 2:
+        raise ValueError(f"Krum needs more than 2 * num_byzantine + 2 clients (n > 2f + 2, Blanchard et al. 2017): "
+                         f"with num_byzantine={num_byzantine}, at least {2 * num_byzantine + 3}. "
+                         f"Received: {name}={num_clients}, num_byzantine={num_byzantine}")
+
+
 def krum_scores(updates: np.ndarray, num_byzantine: int) -> np.ndarray:
     """Krum score of every (finite) row: sum of its ``max(n - f - 2, 1)`` smallest squared distances."""
     u = finite_rows(updates)
@@ -97,9 +114,13 @@ def krum_scores(updates: np.ndarray, num_byzantine: int) -> np.ndarray:
 
 
 def krum(updates: np.ndarray, num_byzantine: int = 1, num_selected: int = 1) -> np.ndarray:
-    """Multi-Krum: the mean of the ``num_selected`` rows with the lowest Krum scores (Krum when 1)."""
+    """Multi-Krum: the mean of the ``num_selected`` rows with the lowest Krum scores (Krum when 1).
+
+    Non-finite rows count among the ``n`` updates (they are Byzantine) and are then dropped.
+    """
     integer("num_byzantine", num_byzantine, minimum=0)
     positive_int("num_selected", num_selected)
+    check_krum_clients(len(_as_updates(updates)), num_byzantine, name="updates")
     u = finite_rows(updates)
     if len(u) == 0:
         return np.zeros(np.shape(updates)[1])

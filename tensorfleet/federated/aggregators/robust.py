@@ -78,8 +78,15 @@ def tf_trimmed_mean(u: tf.Tensor, beta: float) -> tf.Tensor:
 
 
 def tf_krum(u: tf.Tensor, num_byzantine: int, num_selected: int) -> tf.Tensor:
-    """TensorFlow twin of :func:`tensorfleet.federated.aggregators.aggregate.krum`."""
-    u = _finite(u)
+    """TensorFlow twin of :func:`tensorfleet.federated.aggregators.aggregate.krum` (fails the
+    computation with that function's message when ``n <= 2f + 2``)."""
+    bound = 2 * num_byzantine + 2
+    enough = tf.debugging.assert_greater(
+        tf.shape(u)[0], bound, summarize=1,
+        message=f"Krum needs more than 2 * num_byzantine + 2 clients (n > 2f + 2, Blanchard et al. 2017): "
+                f"with num_byzantine={num_byzantine}, at least {bound + 1}. Received updates")
+    with tf.control_dependencies([enough]):
+        u = tf.identity(_finite(u))
     n = tf.shape(u)[0]
     d = tf.shape(u)[1]
 

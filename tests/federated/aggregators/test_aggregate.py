@@ -33,12 +33,13 @@ def test_trimmed_mean_rejects_beta_out_of_range():
 
 
 def test_krum_scores_by_hand_and_picks_an_honest_update():
-    u = np.array([[0.0], [1.0], [2.0], [100.0]])
-    # f=1: each row sums its n - f - 2 = 1 smallest squared distances to others.
-    assert agg.krum_scores(u, 1).tolist() == [1.0, 1.0, 1.0, 98.0 ** 2]
-    assert agg.krum(u, 1).tolist() == [0.0]              # lowest score, ties broken by index
-    assert agg.krum(u, 1, num_selected=3).tolist() == [1.0]
-    assert agg.krum(np.vstack([u, [[np.nan]]]), 1).tolist() == [0.0]
+    u = np.array([[0.0], [1.0], [2.0], [3.0], [100.0]])
+    # f=1: each row sums its n - f - 2 = 2 smallest squared distances to others.
+    assert agg.krum_scores(u, 1).tolist() == [5.0, 2.0, 2.0, 5.0, 97.0 ** 2 + 98.0 ** 2]
+    assert agg.krum(u, 1).tolist() == [1.0]              # lowest score, ties broken by index
+    assert agg.krum(u, 1, num_selected=3).tolist() == [1.0]   # rows 1, 2, 0
+    # a NaN row counts among the n updates, then is dropped (n - f - 2 = 2 neighbours of 5 finite rows)
+    assert agg.krum(np.vstack([u, [[np.nan]]]), 1).tolist() == [1.0]
 
 
 def test_weighted_mean_is_fedavgs_rule():
@@ -81,3 +82,14 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
     assert e(2.0, 100) < e(1.0, 100)
     with pytest.raises(ValueError, match=r"sampling_rate must be a finite number > 0 and <= 1. Received: sampling_rate=1.5"):
         epsilon(noise_multiplier=1.0, sampling_rate=1.5, rounds=1)
+
+
+def test_krum_refuses_too_few_updates_for_its_bound():
+    # n > 2f + 2: with f=1, 4 updates are too few and 5 are enough.
+    with pytest.raises(ValueError, match=r"^Krum needs more than 2 \* num_byzantine \+ 2 clients \(n > 2f \+ 2, "
+                                         r"Blanchard et al. 2017\): with num_byzantine=1, at least 5. "
+                                         r"Received: updates=4, num_byzantine=1$"):
+        agg.krum(np.zeros((4, 2)), 1)
+    assert agg.krum(np.zeros((5, 2)), 1).tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match=r"with num_byzantine=2, at least 7. Received: clients_per_round=6"):
+        agg.check_krum_clients(6, 2, name="clients_per_round")

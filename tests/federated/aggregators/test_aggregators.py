@@ -91,3 +91,14 @@ def test_robust_factory_rejects_bad_options():
         RobustFactory("trimmed_mean", beta=0.7)
     with pytest.raises(ValueError, match=r"rule must be one of 'median', 'trimmed_mean', 'krum'. Received: rule='mode'"):
         RobustFactory("mode")
+
+
+def test_krum_factory_fails_the_round_with_too_few_updates(tff_env):
+    from tensorfleet.federated.aggregators.robust import RobustFactory
+
+    tff = tff_env
+    process = RobustFactory("krum", num_byzantine=1).create(tff.to_type((np.float32, (2,))))
+    assert process.next(process.initialize(), [np.full(2, v, np.float32) for v in range(5)]).result.tolist() == [1, 1]
+    with pytest.raises(Exception, match=r"Krum needs more than 2 \* num_byzantine \+ 2 clients \(n > 2f \+ 2, "
+                                        r"Blanchard et al. 2017\): with num_byzantine=1, at least 5. Received updates"):
+        process.next(process.initialize(), [np.full(2, v, np.float32) for v in range(4)])
