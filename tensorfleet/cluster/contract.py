@@ -41,8 +41,11 @@ STOPPED_STATUS = 75
 HUNG_STATUS = 124
 
 #: The interpreter arguments that run a parameter-server job's worker or ps task (a
-#: ``tf.distribute.Server``; see :func:`tensorfleet.cluster.server.serve`).
-SERVE_ARGS = ("-m", "tensorfleet.cluster.launcher", "--serve")
+#: ``tf.distribute.Server``; see :func:`tensorfleet.cluster.server.serve`). ``-P`` (Python 3.11)
+#: keeps the working directory off ``sys.path``, so a file there named like a standard-library
+#: module (``bisect.py``) cannot shadow the library. User scripts keep their own directory on
+#: ``sys.path``, as Python gives it to every script.
+SERVE_ARGS = ("-P", "-m", "tensorfleet.cluster.launcher", "--serve")
 
 
 def describe_exit(code: int) -> str:

@@ -6,7 +6,7 @@ container resources, a shared volume for ``BackupAndRestore`` (a ReadWriteMany
 ``PersistentVolumeClaim`` of a storage class the user may name, mounted in every pod that runs
 the script and exported there as ``TENSORFLEET_BACKUP_DIR``; the servers of a parameter-server
 job never write backups and get no mount) and the environment the script needs. As with the launcher, in a parameter-server job only the chief
-runs the command; workers and ps run tensorfleet's server (``python -m
+runs the command; workers and ps run tensorfleet's server (``python -P -m
 tensorfleet.cluster.launcher --serve``).
 
 :func:`validate` checks a manifest before it reaches a cluster: the TFJob against a JSON

@@ -25,7 +25,7 @@ catches it (the coordination service treats it as a preemption notice), so after
 SIGINT or SIGTERM the launcher waits ``grace`` seconds and then SIGKILLs what is left.
 
 In a parameter-server job only the chief runs the script; workers and ps run tensorfleet's
-server (``python -m tensorfleet.cluster.launcher --serve``, :func:`~tensorfleet.cluster.server.serve`),
+server (``python -P -m tensorfleet.cluster.launcher --serve``, :func:`~tensorfleet.cluster.server.serve`),
 which sets ``inter_op_parallelism_threads`` to ``workers + 1`` (without it a 2-core machine hangs
 in the first epoch). The processes are :mod:`~tensorfleet.cluster.processes`, the record
 they leave is :mod:`~tensorfleet.cluster.result`, and what the tasks are told and tell back
@@ -292,4 +292,4 @@ if __name__ == "__main__":  # pragma: no cover - the process the launcher (and a
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         serve()
     else:
-        sys.exit("usage: python -m tensorfleet.cluster.launcher --serve  (reads TF_CONFIG)")
+        sys.exit("usage: python -P -m tensorfleet.cluster.launcher --serve  (reads TF_CONFIG)")

@@ -2,7 +2,7 @@
 
 In a parameter-server job only the chief (the coordinator) runs the training script; workers and
 ps tasks serve a ``tf.distribute.Server``. The launcher and a TFJob start them with
-``python -m tensorfleet.cluster.launcher --serve`` (:data:`~tensorfleet.cluster.contract.SERVE_ARGS`).
+``python -P -m tensorfleet.cluster.launcher --serve`` (:data:`~tensorfleet.cluster.contract.SERVE_ARGS`).
 """
 
 from __future__ import annotations

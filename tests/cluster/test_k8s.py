@@ -50,8 +50,8 @@ def test_parameter_server_job_runs_the_command_on_the_chief_and_servers_elsewher
     assert sorted(specs) == ["Chief", "PS", "Worker"]
     command = {k: v["template"]["spec"]["containers"][0]["command"] for k, v in specs.items()}
     assert command == {"Chief": ["python", "train.py", "--epochs", "6"],
-                       "Worker": ["python", "-m", "tensorfleet.cluster.launcher", "--serve"],
-                       "PS": ["python", "-m", "tensorfleet.cluster.launcher", "--serve"]}
+                       "Worker": ["python", "-P", "-m", "tensorfleet.cluster.launcher", "--serve"],
+                       "PS": ["python", "-P", "-m", "tensorfleet.cluster.launcher", "--serve"]}
     limits = {k: v["template"]["spec"]["containers"][0]["resources"]["limits"] for k, v in specs.items()}
     assert limits["Chief"]["nvidia.com/gpu"] == "1" and "nvidia.com/gpu" not in limits["PS"]
     # Only the chief writes backups in a ps job: the servers get neither the claim nor the directory.
