@@ -57,9 +57,12 @@ def convert_cmd(
 ) -> None:
     """Convert MODEL to TFLite with one quantization mode and write it to --out."""
     from tensorfleet import edge
-    from tensorfleet.io import write_json
+    from tensorfleet.io import check_writable, write_json
 
-    mode = edge.QUANTIZATIONS.canonical(quantization)  # fail on a bad mode before loading anything
+    mode = edge.QUANTIZATIONS.canonical(quantization)  # fail on a bad mode or destination before converting
+    for destination in (out, metadata):
+        if destination is not None:
+            check_writable(destination)
     rep = None
     if edge.QUANTIZATIONS.get(mode).needs_representative_data:
         if data is not None:
@@ -80,7 +83,8 @@ def convert_cmd(
 @app.command("validate")
 def validate_cmd(
     model: Path = typer.Argument(..., help="A .tflite file."),
-    arena_size: Optional[int] = typer.Option(None, "--arena-size", help="The target's arena in bytes."),  # noqa: UP007
+    arena_size: Optional[int] = typer.Option(None, "--arena-size",  # noqa: UP007
+                                             help="The target's arena in bytes (at most 64 MiB)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Samples (.npy) to run on TFLM and tflite_runtime."),  # noqa: UP007
 ) -> None:
     """Check that TFLite Micro runs the model: ops, smallest arena, agreement with tflite_runtime."""
@@ -105,7 +109,11 @@ def report_cmd(
 ) -> None:
     """Flash, RAM (TFLM arena), per-layer parameters, MACs and activations; whether it fits --target."""
     from tensorfleet import edge
+    from tensorfleet.io import check_writable
 
+    for destination in (json_path, plot):
+        if destination is not None:
+            check_writable(destination)
     artifact = edge.TFLiteArtifact.from_file(model)
     rep = edge.report(artifact, target=target)
     typer.echo(rep.table())
@@ -120,13 +128,16 @@ def report_cmd(
 @app.command("export")
 def export_cmd(
     model: Path = typer.Argument(..., help="A .tflite file."),
-    name: str = typer.Option(..., "--name", "-n", help="Base name of the C files and symbols."),
+    name: str = typer.Option(..., "--name", "-n", help="Base name of the C files and symbols: letters, digits and "
+                                                      "single underscores, starting with a letter."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for the C sources."),
     arena: bool = typer.Option(True, "--arena/--no-arena", help="Measure the arena and declare it in the header."),
 ) -> None:
     """Write <name>_model_data.cc/.h and <name>_op_resolver.h for a TFLite Micro build."""
     from tensorfleet import edge
+    from tensorfleet.io import check_writable
 
+    check_writable(out / f"{edge.check_c_name(name)}_model_data.h")  # before the arena search
     artifact = edge.TFLiteArtifact.from_file(model)
     arena_size = edge.find_arena_size(artifact) if arena else None
     for path in edge.export_c(artifact, out, name, arena_size=arena_size):

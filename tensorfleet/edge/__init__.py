@@ -23,8 +23,8 @@ from tensorfleet.edge.errors import (
     QuantizationError,
     UnsupportedOpError,
 )
-from tensorfleet.edge.export import export_c, sanitize_c_identifier
-from tensorfleet.edge.micro import MicroValidation, check_micro_compatible, find_arena_size, validate_micro
+from tensorfleet.edge.export import check_c_name, export_c, sanitize_c_identifier
+from tensorfleet.edge.micro import MAX_ARENA_BYTES, MicroValidation, check_micro_compatible, find_arena_size, validate_micro
 from tensorfleet.edge.optimize import TECHNIQUES, Technique, distill, finetune, freeze_layers
 from tensorfleet.edge.report import BOARDS, Board, EdgeReport, report
 
@@ -33,8 +33,8 @@ __all__ = [
     "QUANTIZATIONS", "Quantization", "convert", "load_keras_model",
     "ArenaTooSmallError", "EdgeError", "InvalidModelError", "MicroIncompatibleError", "QuantizationError",
     "UnsupportedOpError",
-    "export_c", "sanitize_c_identifier",
-    "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",
+    "check_c_name", "export_c", "sanitize_c_identifier",
+    "MAX_ARENA_BYTES", "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",
     "TECHNIQUES", "Technique", "distill", "finetune", "freeze_layers",
     "BOARDS", "Board", "EdgeReport", "report",
 ]

@@ -27,10 +27,11 @@ from pathlib import Path
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import UnsupportedOpError
 from tensorfleet.edge.ops import MICRO_CUSTOM_OPS, MICRO_OPS, unsupported_ops, with_advice
-from tensorfleet.io import write_text
+from tensorfleet.edge.micro import MAX_ARENA_BYTES
+from tensorfleet.io import check_writable, write_text
 from tensorfleet.validation import integer
 
-__all__ = ["sanitize_c_identifier", "export_c", "model_data_source", "op_resolver_source"]
+__all__ = ["check_c_name", "sanitize_c_identifier", "export_c", "model_data_source", "op_resolver_source"]
 
 _C_KEYWORDS = frozenset("""alignas alignof and asm auto bool break case catch char class const constexpr
 continue decltype default delete do double else enum explicit export extern false float for friend goto if
@@ -56,6 +57,45 @@ def sanitize_c_identifier(name: str) -> str:
     if ident in _C_KEYWORDS or keyword.iskeyword(ident):
         ident = f"{ident}_model"
     return ident
+
+
+_C_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*")
+
+
+def check_c_name(name: str) -> str:
+    """``name`` if it can name the exported files and symbols as it is; else ``ValueError`` with why.
+
+    The name becomes ``g_<name>_model_data``, ``k<Name>TensorArenaSize``, ``<Name>OpResolver``
+    and ``<name>_model_data.h``, so it must be letters, digits and single underscores, starting
+    with a letter (a leading digit breaks ``<Name>OpResolver``; ``__`` is reserved in C++).
+    Nothing is rewritten silently: the error suggests a name that works.
+
+    Example:
+        >>> check_c_name("kws_v2")
+        'kws_v2'
+        >>> check_c_name("kws-v2")
+        Traceback (most recent call last):
+        ValueError: name must be letters, digits and single underscores, starting with a letter (it becomes g_<name>_model_data and <Name>OpResolver); '-' is not allowed. Received: name='kws-v2'. Use e.g. name='kws_v2'.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string. Received: {name!r} ({type(name).__name__})")
+    if _C_NAME.fullmatch(name):
+        return name
+    bad = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c == "_"))})
+    if bad:
+        reason = f"{', '.join(repr(c) for c in bad)} {'is' if len(bad) == 1 else 'are'} not allowed"
+    elif not name:
+        reason = "it is empty"
+    elif not name[0].isalpha():
+        reason = f"it starts with {name[0]!r}"
+    else:
+        reason = "'__' and a trailing '_' are reserved in C++ once it is part of g_<name>_model_data"
+    try:
+        suggestion = f" Use e.g. name={sanitize_c_identifier(name)!r}."
+    except ValueError:
+        suggestion = ""
+    raise ValueError(f"name must be letters, digits and single underscores, starting with a letter (it becomes "
+                     f"g_<name>_model_data and <Name>OpResolver); {reason}. Received: name={name!r}.{suggestion}")
 
 
 def _camel(ident: str) -> str:
@@ -115,25 +155,31 @@ def export_c(artifact: TFLiteArtifact, out_dir: str | os.PathLike[str], name: st
     Args:
         artifact: the converted model.
         out_dir: directory to write into (created if missing).
-        name: base name, sanitised to a C identifier (``"kws-v2"`` -> ``kws_v2``).
-        arena_size: if given, the header also declares ``k<Name>TensorArenaSize``.
+        name: base name of the files and symbols, used as given: letters, digits and single
+            underscores, starting with a letter (see :func:`check_c_name`; ``"kws-v2"`` is refused
+            with ``kws_v2`` suggested).
+        arena_size: if given, the header also declares ``k<Name>TensorArenaSize`` (1 byte to
+            :data:`~tensorfleet.edge.micro.MAX_ARENA_BYTES`).
 
     Returns:
         The paths written, header first.
 
     Raises:
         UnsupportedOpError: the model has an op TFLM lacks (nothing is written).
+        ValueError: ``name`` is not usable as it is, or ``arena_size`` is out of range.
+        UnwritablePathError: ``out_dir`` cannot be written (nothing is written).
 
     Example:
         >>> export_c(artifact, "firmware/model", name="kws")   # doctest: +SKIP
     """
     if not isinstance(artifact, TFLiteArtifact):
         raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
-    integer("arena_size", arena_size, minimum=1, optional=True)
-    ident = sanitize_c_identifier(name)
+    integer("arena_size", arena_size, minimum=1, maximum=MAX_ARENA_BYTES, optional=True)
+    ident = check_c_name(name)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir must be a directory. Received: out_dir={str(out)!r} (a file)")
+    check_writable(out / f"{ident}_model_data.h")
     resolver = op_resolver_source(artifact, ident)  # fails before any file is written
     header, source = model_data_source(artifact, ident, arena_size=arena_size)
     return [write_text(out / f"{ident}_model_data.h", header),

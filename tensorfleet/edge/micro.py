@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -32,10 +33,24 @@ from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, 
 from tensorfleet.edge.ops import unsupported_ops, with_advice
 from tensorfleet.validation import integer
 
-__all__ = ["MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
+__all__ = ["MAX_ARENA_BYTES", "MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
            "run_micro", "run_tflite", "validate_micro", "ArenaProber"]
 
-_MAX_ARENA = 64 * 1024 * 1024
+# The largest arena tensorfleet asks TFLM for: 64 MiB is far beyond any microcontroller's RAM, and
+# much larger values crash the TFLM Python interpreter (SIGSEGV, std::bad_alloc) or overflow the
+# ``unsigned int`` constant of the exported header.
+MAX_ARENA_BYTES = 64 * 1024 * 1024
+
+
+def safe_python() -> list[str]:
+    """The command that starts a child Python for a worker script of this package.
+
+    ``-P`` (Python 3.11) keeps the working directory and the script's folder off ``sys.path``,
+    so a user's ``bisect.py`` or ``random.py`` there cannot shadow the standard library. The
+    worker scripts import only the standard library, numpy and tflite-micro, never tensorfleet,
+    so they run by path and need no ``-m``.
+    """
+    return [sys.executable, "-P"]
 
 
 def check_micro_compatible(artifact: TFLiteArtifact) -> None:
@@ -101,7 +116,7 @@ class ArenaProber:
         if self._proc is None or self._proc.poll() is not None:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tensorfleet.edge._arena_worker", self._path],
+                [*safe_python(), str(Path(__file__).with_name("_arena_worker.py")), self._path],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         return self._proc
 
@@ -198,8 +213,8 @@ def find_arena_size(artifact: TFLiteArtifact, *, progress: bool = True) -> int:
             bar.update()
             if ok:
                 break
-            if hi >= _MAX_ARENA:
-                raise RuntimeError(f"TFLite Micro cannot run the model even with a {_MAX_ARENA}-byte arena: "
+            if hi >= MAX_ARENA_BYTES:
+                raise RuntimeError(f"TFLite Micro cannot run the model even with a {MAX_ARENA_BYTES}-byte arena: "
                                    f"{message}")
             hi *= 4
         lo = hi // 4 if hi > 1024 else 0  # largest size known (or assumed) to fail
@@ -247,6 +262,7 @@ def run_micro(artifact: TFLiteArtifact, samples: Any, *, arena_size: int, progre
     from tflite_micro.python.tflite_micro import runtime
     from tqdm.auto import tqdm
 
+    integer("arena_size", arena_size, minimum=1, maximum=MAX_ARENA_BYTES)
     x = _as_batch(samples, artifact)
     with _quiet_fd2():
         interpreter = runtime.Interpreter.from_bytes(artifact.data, arena_size=int(arena_size))
@@ -332,7 +348,7 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
     """
     if not isinstance(artifact, TFLiteArtifact):
         raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
-    integer("arena_size", arena_size, minimum=1, optional=True)
+    integer("arena_size", arena_size, minimum=1, maximum=MAX_ARENA_BYTES, optional=True)
     x = None if samples is None else _as_batch(samples, artifact)
     y = None
     if labels is not None:

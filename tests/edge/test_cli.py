@@ -50,7 +50,7 @@ def test_report_with_target_json_and_plot(converted: Path, tmp_path: Path,
 
 
 def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["edge", "export", str(converted), "--name", "digits-v1", "--out", str(tmp_path / "c")]) == 0
+    assert main(["edge", "export", str(converted), "--name", "digits_v1", "--out", str(tmp_path / "c")]) == 0
     names = sorted(p.name for p in (tmp_path / "c").iterdir())
     assert names == ["digits_v1_model_data.cc", "digits_v1_model_data.h", "digits_v1_op_resolver.h"]
     assert "kDigitsV1TensorArenaSize" in (tmp_path / "c" / "digits_v1_model_data.h").read_text()
@@ -99,3 +99,47 @@ def test_convert_a_saved_keras_model(digits_model: object, digits: object, tmp_p
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["quantization"] == "int8" and meta["bytes"] == out.stat().st_size
     assert meta["ops"] == ["CONV_2D", "CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED", "FULLY_CONNECTED"]
+
+
+def test_a_name_that_is_not_a_c_identifier_is_refused_with_a_suggestion(
+        converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["edge", "export", str(converted), "--name", "digits-v1", "--out", str(tmp_path / "c")]) == 2
+    assert capsys.readouterr().err == (
+        "error: name must be letters, digits and single underscores, starting with a letter (it becomes "
+        "g_<name>_model_data and <Name>OpResolver); '-' is not allowed. Received: name='digits-v1'. "
+        "Use e.g. name='digits_v1'.\n")
+    assert not (tmp_path / "c").exists()
+
+
+def test_unwritable_out_is_named_before_any_conversion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    wrong_shape = tmp_path / "bad.npy"
+    np.save(wrong_shape, np.zeros((5, 7, 7, 1), np.float32))  # would fail the conversion, which must not start
+    assert main(["edge", "convert", "digits_cnn", "-q", "int8", "--data", str(wrong_shape),
+                 "--out", str(a_file / "kws.tflite")]) == 2
+    assert capsys.readouterr().err == (f"error: Cannot write '{a_file}/kws.tflite': '{a_file}' is a file, not a "
+                                       f"directory. Choose a path you can write to.\n")
+    if Path("/sys").is_dir():  # a directory not even root may write to
+        assert main(["edge", "convert", "digits_cnn", "-q", "int8", "--data", str(wrong_shape),
+                     "--out", "/sys/kws.tflite"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: Cannot write '/sys/kws.tflite': permission denied in '/sys'.") and ".tmp" not in err
+
+
+def test_unwritable_report_and_export_destinations_fail_before_measuring(
+        converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert main(["edge", "report", str(converted), "--json", str(a_file / "r.json")]) == 2
+    assert f"error: Cannot write '{a_file}/r.json'" in capsys.readouterr().err
+    assert main(["edge", "export", str(converted), "--name", "kws", "--out", str(a_file / "c")]) == 2
+    assert f"error: Cannot write '{a_file}/c/kws_model_data.h': '{a_file}' is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["99999999999999999999", "67108865"])
+def test_huge_arena_size_is_refused_with_the_bound(converted: Path, size: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["edge", "validate", str(converted), "--arena-size", size]) == 2
+    assert capsys.readouterr().err == (f"error: arena_size must be an integer from 1 to 67108864. "
+                                       f"Received: arena_size={size}\n")

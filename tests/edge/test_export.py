@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -142,8 +143,15 @@ def test_export_bad_arguments(int8_artifact: Any, tmp_path: Path) -> None:
     a_file.write_text("x")
     with pytest.raises(ValueError, match=r"out_dir must be a directory. Received: out_dir='.*file' \(a file\)"):
         edge.export_c(int8_artifact, a_file, "kws")
-    with pytest.raises(ValueError, match=r"arena_size must be a positive integer. Received: arena_size=-1"):
+    with pytest.raises(ValueError, match=r"arena_size must be an integer from 1 to 67108864. Received: arena_size=-1"):
         edge.export_c(int8_artifact, tmp_path, "kws", arena_size=-1)
+    with pytest.raises(ValueError, match=r"from 1 to 67108864. Received: arena_size=4294967296"):
+        edge.export_c(int8_artifact, tmp_path, "kws", arena_size=2**32)  # would overflow the unsigned int constant
+    for name, reason in [("kws-v2", "'-' is not allowed"), ("9lives", "it starts with '9'"),
+                         ("kws__v2", "'__' and a trailing '_' are reserved"), ("", "it is empty")]:
+        with pytest.raises(ValueError, match=rf"; {re.escape(reason)}.* Received: name='{name}'"):
+            edge.export_c(int8_artifact, tmp_path / "c", name)
+    assert not (tmp_path / "c").exists()
     with pytest.raises(TypeError, match="name must be a string. Received: 3"):
         edge.export_c(int8_artifact, tmp_path, 3)  # type: ignore[arg-type]
 

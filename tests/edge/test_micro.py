@@ -114,7 +114,7 @@ def test_arena_too_small_says_what_is_required(int8_artifact: Any, int8_validati
 
 
 def test_bad_arguments(int8_artifact: Any, digits: Any) -> None:
-    with pytest.raises(ValueError, match=r"arena_size must be a positive integer. Received: arena_size=0"):
+    with pytest.raises(ValueError, match=r"arena_size must be an integer from 1 to 67108864. Received: arena_size=0"):
         edge.validate_micro(int8_artifact, arena_size=0)
     with pytest.raises(ValueError, match=r"samples must have shape \(n, 8, 8, 1\).*Received: shape=\(3, 64\)"):
         edge.validate_micro(int8_artifact, np.zeros((3, 64)))
@@ -122,3 +122,11 @@ def test_bad_arguments(int8_artifact: Any, digits: Any) -> None:
         edge.validate_micro(int8_artifact, digits.x_test[:3], digits.y_test[:2])
     with pytest.raises(TypeError, match="artifact must be a TFLiteArtifact. Received: bytes"):
         edge.validate_micro(int8_artifact.data)
+
+
+def test_a_users_stdlib_named_file_in_the_working_directory_does_not_break_the_probe(
+        sine_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # random (imported by tempfile, which the worker needs) does "from bisect import bisect"
+    (tmp_path / "bisect.py").write_text("print('my own bisection script')\n")
+    monkeypatch.chdir(tmp_path)
+    assert edge.find_arena_size(edge.TFLiteArtifact.from_file(sine_path), progress=False) == 1936
