@@ -41,7 +41,7 @@ from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_STOP_AFTER_EPOCH, S
 from tensorfleet.io import write_bytes, write_json
 from tensorfleet.validation import positive_int
 
-__all__ = ["BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch", "backup_dir", "callbacks",
+__all__ = ["BackupCleanup", "BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch", "backup_dir", "callbacks",
            "resumed_epoch"]
 
 _PREFIX = "tensorfleet:"
@@ -75,6 +75,36 @@ def backup_dir(base: str | os.PathLike[str] | None = None, *,
         cluster = json.dumps(parse_tf_config(raw).cluster.as_dict(), sort_keys=True)
     digest = hashlib.sha1(cluster.encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / "tensorfleet-backup" / digest
+
+
+def _default_backup(base: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether :func:`backup_dir` picks the directory itself (under the temporary directory)."""
+    env = os.environ if environ is None else environ
+    return base is None and not env.get(ENV_BACKUP_DIR)
+
+
+class BackupCleanup(tf.keras.callbacks.Callback):
+    """Removes the backup directory tensorfleet chose, once ``fit`` has ended successfully.
+
+    ``BackupAndRestore`` deletes its files when ``fit`` ends but leaves the directory; a run
+    that used :func:`backup_dir`'s default (under the temporary directory) would leave an empty
+    ``tensorfleet-backup/<job>`` behind every time. Only empty directories are removed, so
+    another worker's files still being cleaned up, or anything else put there, stay; a
+    directory the user named is never touched (``callbacks`` adds this only for the default).
+    A failed or stopped run does not reach ``on_train_end``: its backup stays for the restart.
+    Must come after ``BackupAndRestore``.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.directory = Path(directory)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        for path in (self.directory, self.directory.parent):
+            try:
+                path.rmdir()
+            except OSError:  # not empty (another worker's, or not ours), or already gone
+                return
 
 
 def _should_write(model: Any) -> bool:
@@ -222,8 +252,10 @@ def callbacks(
         log_steps: log with :class:`StepLog` (a line per step too) instead of :class:`EpochLog`.
 
     Returns:
-        ``[BackupAndRestore, BestModelCheckpoint?, EpochLog?, StopAfterEpoch?]``; the last
-        when ``$TENSORFLEET_STOP_AFTER_EPOCH`` is set (elastic phases set it).
+        ``[BackupAndRestore, BackupCleanup?, BestModelCheckpoint?, EpochLog?, StopAfterEpoch?]``;
+        :class:`BackupCleanup` when the backup directory is the default one (neither ``backup``
+        nor ``$TENSORFLEET_BACKUP_DIR``), the last when ``$TENSORFLEET_STOP_AFTER_EPOCH`` is set
+        (elastic phases set it).
 
     Example:
         >>> cbs = callbacks("/tmp/backup", save_freq=50, best_model="/tmp/best.keras")  # doctest: +SKIP
@@ -232,6 +264,8 @@ def callbacks(
         raise ValueError(f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}")
     directory = backup_dir(backup)
     result: list[Any] = [tf.keras.callbacks.BackupAndRestore(str(directory), save_freq=save_freq)]
+    if _default_backup(backup):
+        result.append(BackupCleanup(directory))
     if best_model is not None:
         result.append(BestModelCheckpoint(best_model, monitor=monitor, mode=mode))
     if log:

@@ -209,3 +209,46 @@ def test_parameter_server_worker_killed_is_restarted_alone_and_training_complete
     assert epochs * steps <= iterations <= epochs * steps + 1
     assert float(re.search(r"test_accuracy=([\d.]+)", done).group(1)) > 0.9
 
+
+
+# ---------------------------------------------------------------- cleaning up after a successful run
+
+
+def _fit_with(cbs: list) -> None:
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    model.compile("sgd", "mse")
+    model.fit(np.zeros((8, 2)), np.zeros((8, 1)), epochs=2, verbose=0, callbacks=cbs)
+
+
+def test_a_successful_run_leaves_no_default_backup_directory(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("TENSORFLEET_BACKUP_DIR", raising=False)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    cbs = ft.callbacks(log=False)
+    assert [type(c).__name__ for c in cbs] == ["BackupAndRestore", "BackupCleanup"]
+    assert Path(cbs[0].backup_dir).parent == tmp_path / "tensorfleet-backup"
+    _fit_with(cbs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_cleanup_keeps_what_is_not_empty_and_what_the_user_named(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TENSORFLEET_BACKUP_DIR", raising=False)
+    (tmp_path / "tensorfleet-backup").mkdir()
+    (tmp_path / "tensorfleet-backup" / "other-job").mkdir()  # another job's backup stays
+    _fit_with(ft.callbacks(log=False))
+    assert [p.name for p in (tmp_path / "tensorfleet-backup").iterdir()] == ["other-job"]
+    # A directory the user named (argument or environment) is theirs: it stays, even empty.
+    cbs = ft.callbacks(tmp_path / "mine", log=False)
+    assert [type(c).__name__ for c in cbs] == ["BackupAndRestore"]
+    _fit_with(cbs)
+    monkeypatch.setenv("TENSORFLEET_BACKUP_DIR", str(tmp_path / "from-env"))
+    _fit_with(ft.callbacks(log=False))
+    assert (tmp_path / "mine").is_dir() and (tmp_path / "from-env").is_dir()
