@@ -19,12 +19,16 @@ from typing import Any
 __all__ = ["chain_layers"]
 
 
-def chain_layers(model: Any) -> list[Any]:
+def chain_layers(model: Any, *, supported: str = "") -> list[Any]:
     """The layers of ``model`` in order, without its ``InputLayer``.
+
+    Args:
+        model: a Keras model.
+        supported: what the caller can split, added to the error (e.g. the layers a Mesh supports).
 
     Raises:
         ValueError: the model has no layers, or a layer does not take the previous layer's
-            output as its only input.
+            output as its only input (the error names the layer, its type and its inputs).
     """
     import tensorflow as tf
 
@@ -34,12 +38,26 @@ def chain_layers(model: Any) -> list[Any]:
     if not isinstance(model, tf.keras.Sequential):
         previous = None
         for layer in layers:
-            inbound = [l for node in layer.inbound_nodes for l in tf.nest.flatten(node.inbound_layers)]
-            if len(layer.inbound_nodes) != 1 or len(inbound) != 1 or (
-                    previous is not None and inbound[0] is not previous):
+            breaks = _how_it_breaks_the_chain(layer, previous)
+            if breaks:
                 raise ValueError(
                     f"Splitting a model across devices needs a model whose layers form one chain (each layer "
                     f"feeding the next); layer {layer.name!r} of model {model.name!r} does not. Wrap branching "
-                    f"parts in one layer.")
+                    f"parts in one layer.{' ' + supported if supported else ''} Received: layer {layer.name!r} of "
+                    f"type {type(layer).__name__}, which {breaks}")
             previous = layer
     return layers
+
+
+def _how_it_breaks_the_chain(layer: Any, previous: Any) -> str:
+    """Why ``layer`` is not the next link after ``previous`` ("" when it is)."""
+    import tensorflow as tf
+
+    if len(layer.inbound_nodes) != 1:
+        return f"is called {len(layer.inbound_nodes)} times"
+    inbound = tf.nest.flatten(layer.inbound_nodes[0].inbound_layers)
+    if len(inbound) != 1:
+        return f"takes {len(inbound)} inputs ({', '.join(repr(source.name) for source in inbound)})"
+    if previous is not None and inbound[0] is not previous:
+        return f"takes {inbound[0].name!r} instead of the layer before it ({previous.name!r})"
+    return ""

@@ -138,9 +138,20 @@ class Mesh:
 
         Returns:
             A :class:`MeshHistory` with per-epoch and per-step losses.
+
+        Raises:
+            ValueError: a model that is not built, not a chain, or has a layer no backend runs (the
+                message names the layer, its type and what a Mesh supports:
+                :data:`~tensorfleet.model_parallel.mesh.dimensions.SUPPORTED`), ``x`` of another
+                shape than the model's input, or a layout the model or the devices do not fit.
+            TypeError: ``model`` is not a Keras model.
         """
-        _, _, batches = training_batches(x, y, epochs, batch_size, learning_rate)
+        x, _, batches = training_batches(x, y, epochs, batch_size, learning_rate)
         dims = self.check(model, batch_size)
+        expected = tuple(model.inputs[0].shape[1:])
+        if len(expected) != x.ndim - 1 or any(e is not None and e != g for e, g in zip(expected, x.shape[1:])):
+            raise ValueError(f"x must hold examples of the model's input shape {expected}. Received: x of shape "
+                             f"{x.shape} for model {model.name!r}")
         backend = importlib.import_module(f"{__name__}.{self.backend.value}")
         return backend.train(self, model, dims, batches, epochs=epochs, learning_rate=learning_rate, verbose=verbose)
 

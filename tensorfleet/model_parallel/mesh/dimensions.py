@@ -1,6 +1,6 @@
 """The Keras models a mesh layout can split, and the names of their tensor dimensions.
 
-Supported models are chains of ``Dense``, ``GlobalAveragePooling1D`` and
+Supported models (:data:`SUPPORTED`) are chains of ``Dense``, ``GlobalAveragePooling1D`` and
 :class:`~tensorfleet.models.transformer.TransformerBlock` layers (the ``digits_mlp`` and
 ``transformer_block`` models). :func:`mesh_steps` describes such a model once for every
 backend, one :class:`MeshStep` per layer. The tensor dimensions are named ``batch``, ``seq``,
@@ -16,10 +16,15 @@ from typing import Any
 
 from tensorfleet.model_parallel.chain import chain_layers
 
-__all__ = ["ACTIVATIONS", "MeshStep", "mesh_steps", "model_dimensions"]
+__all__ = ["ACTIVATIONS", "SUPPORTED", "MeshStep", "mesh_steps", "model_dimensions"]
 
 ACTIVATIONS = frozenset({"linear", "relu", "tanh", "sigmoid"})
 """The Dense activations every backend can run."""
+
+SUPPORTED = (f"A Mesh supports Sequential and functional models that are chains of Dense (activation "
+             f"{', '.join(sorted(ACTIVATIONS))}), GlobalAveragePooling1D and tensorfleet's TransformerBlock "
+             f"layers (the block keeps its residual connections inside), ending in a Dense of class logits.")
+"""What a mesh can split, as every error about an unsupported model says it."""
 
 _HIDDEN = ("hidden", "hidden_2")
 
@@ -58,7 +63,8 @@ def mesh_steps(model: Any) -> list[MeshStep]:
 
     from tensorfleet.models.transformer import TransformerBlock
 
-    layers = chain_layers(model)
+    _check_keras_model(model)
+    layers = chain_layers(model, supported=SUPPORTED)
     if len(model.inputs[0].shape) not in (2, 3):
         raise ValueError(f"Mesh layouts support inputs of shape (batch, features) or (batch, seq, features). "
                          f"Received: input shape {tuple(model.inputs[0].shape)}")
@@ -66,20 +72,36 @@ def mesh_steps(model: Any) -> list[MeshStep]:
     for i, layer in enumerate(layers):
         if isinstance(layer, tf.keras.layers.Dense):
             if layer.activation.__name__ not in ACTIVATIONS:
-                raise ValueError(f"Mesh layouts support Dense activations {sorted(ACTIVATIONS)}. "
-                                 f"Received: layer {layer.name!r} with activation {layer.activation.__name__!r}")
+                raise ValueError(f"{SUPPORTED} Received: layer {layer.name!r} of type Dense with activation "
+                                 f"{layer.activation.__name__!r}")
             steps.append(MeshStep("dense", layer, _dense_out_dim(layers, i, steps)))
         elif isinstance(layer, TransformerBlock):
             steps.append(MeshStep("block", layer, "d_model"))
         elif isinstance(layer, tf.keras.layers.GlobalAveragePooling1D):
             steps.append(MeshStep("pool", layer))
         else:
-            raise ValueError(f"Mesh layouts support Dense, GlobalAveragePooling1D and TransformerBlock layers. "
-                             f"Received: layer {layer.name!r} of type {type(layer).__name__}")
+            raise ValueError(f"{SUPPORTED} Received: layer {layer.name!r} of type {type(layer).__name__}")
     if steps[-1].kind != "dense":
-        raise ValueError(f"The model must end in a Dense layer that outputs class logits. Received: last layer "
-                         f"{layers[-1].name!r}")
+        raise ValueError(f"{SUPPORTED} Received: last layer {layers[-1].name!r} of type {type(layers[-1]).__name__}")
     return steps
+
+
+def _check_keras_model(model: Any) -> None:
+    """A Keras model whose input shape and layer order Keras knows, or one error that says what to do."""
+    import tensorflow as tf
+
+    if not isinstance(model, tf.keras.Model):
+        raise TypeError(f"A Mesh trains a Keras model. Received: model={model!r} of type {type(model).__name__}")
+    if model.inputs:
+        return
+    if isinstance(model, tf.keras.Sequential):
+        raise ValueError(f"A Mesh lays out tensor dimensions from the model's input shape, and model {model.name!r} "
+                         f"has none yet: build the model first (model.build(input_shape), e.g. model.build((None,) + x.shape[1:])) "
+                         f"or give it an Input (tf.keras.Input(shape) as its first layer). Received: Sequential "
+                         f"model {model.name!r} with built={model.built}")
+    raise ValueError(f"A Mesh reads the model's layers in the order they run, which Keras records only for "
+                     f"Sequential and functional models; write model {model.name!r} as one of those. "
+                     f"Received: subclassed model {model.name!r} of type {type(model).__name__}")
 
 
 def model_dimensions(model: Any, batch_size: int) -> dict[str, int]:
@@ -90,13 +112,14 @@ def model_dimensions(model: Any, batch_size: int) -> dict[str, int]:
         >>> model_dimensions(tfl.models.build("digits_mlp"), 32)
         {'batch': 32, 'features': 64, 'hidden': 64, 'classes': 10}
     """
+    steps = mesh_steps(model)
     shape = model.inputs[0].shape
     dims = {"batch": batch_size}
     if len(shape) == 3:
         dims["seq"] = int(shape[1])
         dims["memory_seq"] = int(shape[1])
     dims["features"] = int(shape[-1])
-    for step in mesh_steps(model):
+    for step in steps:
         if step.kind == "dense":
             dims[step.out_dim] = int(step.layer.units)
         elif step.kind == "block":
