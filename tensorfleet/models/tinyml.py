@@ -14,8 +14,8 @@ NeurIPS Datasets and Benchmarks 2021):
 No machine this package is tested on reaches a dataset hub, so each model has a small
 generated dataset with the right shapes and a learnable signal (:func:`synthetic`). The real
 datasets load from their usual on-disk layouts, nothing is downloaded:
-:func:`load_speech_commands` (MFCC features as MLPerf Tiny computes them), :func:`load_cifar10`,
-:func:`load_toyadmos` (DCASE 2020 task 2 log-mel frames) and :func:`load_vww`.
+:func:`load_speech_commands` (MFCC features as MLPerf Tiny computes them), :func:`load_cifar10` (the binary
+version; nothing is unpickled), :func:`load_toyadmos` (DCASE 2020 task 2 log-mel frames) and :func:`load_vww`.
 
 Example:
     >>> import tensorfleet as tfl
@@ -47,6 +47,7 @@ __all__ = [
     "mfcc_features",
     "load_speech_commands",
     "load_cifar10",
+    "CIFAR10_RECORD_BYTES",
     "log_mel_frames",
     "load_toyadmos",
     "load_vww",
@@ -330,24 +331,41 @@ def load_speech_commands(directory: str | os.PathLike[str], *, words: tuple[str,
             for split, (x, y) in buckets.items()}
 
 
-def load_cifar10(directory: str | os.PathLike[str]) -> dict[str, TinyData]:
-    """CIFAR-10, python version (``data_batch_1..5`` and ``test_batch`` pickles), as float32 NHWC in [0, 1]."""
-    import pickle
+CIFAR10_RECORD_BYTES = 1 + 32 * 32 * 3
 
+
+def _read_cifar10_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One ``cifar-10-batches-bin`` file: records of 1 label byte and 3,072 pixel bytes (1,024
+    red, then green, then blue, row by row) -> NHWC uint8 images and int32 labels."""
+    raw = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    if raw.size == 0 or raw.size % CIFAR10_RECORD_BYTES:
+        raise ValueError(f"{str(path)!r} is not a CIFAR-10 binary batch: its {raw.size} bytes are not a whole "
+                         f"number of {CIFAR10_RECORD_BYTES}-byte records (1 label byte + 3,072 pixel bytes).")
+    records = raw.reshape(-1, CIFAR10_RECORD_BYTES)
+    labels = records[:, 0].astype(np.int32)
+    if labels.max() > 9:
+        raise ValueError(f"{str(path)!r} is not a CIFAR-10 binary batch: label {int(labels.max())} is not in 0..9.")
+    return records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
+
+
+def load_cifar10(directory: str | os.PathLike[str]) -> dict[str, TinyData]:
+    """CIFAR-10, binary version (the extracted ``cifar-10-batches-bin`` folder: ``data_batch_1.bin``
+    .. ``data_batch_5.bin`` and ``test_batch.bin``), as float32 NHWC in [0, 1].
+
+    The binary files are plain bytes, read with numpy; the python version's pickles are not
+    read, because unpickling a file can run arbitrary code.
+    """
     root = _check_dir(directory, "CIFAR-10")
     out = {}
-    for split, pattern in (("train", "data_batch_*"), ("test", "test_batch")):
+    for split, pattern in (("train", "data_batch_*.bin"), ("test", "test_batch.bin")):
         files = sorted(root.glob(pattern))
         if not files:
-            raise FileNotFoundError(f"No CIFAR-10 {pattern!r} file in {str(root)!r} "
-                                    f"(expected the extracted cifar-10-batches-py folder).")
-        xs, ys = [], []
-        for file in files:
-            with open(file, "rb") as handle:
-                batch = pickle.load(handle, encoding="bytes")
-            xs.append(np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-            ys.append(np.asarray(batch[b"labels"], np.int32))
-        out[split] = TinyData(np.concatenate(xs).astype(np.float32) / 255.0, np.concatenate(ys))
+            hint = ("; this folder holds the python version's pickles, which tensorfleet does not read: use the "
+                    "binary version (cifar-10-binary.tar.gz)") if any(root.glob("data_batch_[0-9]")) else ""
+            raise FileNotFoundError(f"No CIFAR-10 {pattern!r} file in {str(root)!r} (expected the extracted "
+                                    f"cifar-10-batches-bin folder){hint}.")
+        images, labels = zip(*(_read_cifar10_batch(file) for file in files))
+        out[split] = TinyData(np.concatenate(images).astype(np.float32) / 255.0, np.concatenate(labels))
     return out
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pickle
+import re
 import wave
 from pathlib import Path
 
@@ -50,22 +50,52 @@ def test_mfcc_features_shape_and_rate_check() -> None:
         tinyml.mfcc_features(_tone(1000), sample_rate=8000)
 
 
-def test_cifar10_python_batches(tmp_path: Path) -> None:
+def _write_cifar10_bin(path: Path, labels: list[int], images: np.ndarray) -> None:
+    """The cifar-10-batches-bin layout: per record 1 label byte, then 1,024 red, green, blue bytes."""
+    records = np.concatenate([np.asarray(labels, np.uint8)[:, None], images.reshape(len(labels), 3072)], axis=1)
+    path.write_bytes(records.astype(np.uint8).tobytes())
+
+
+def test_cifar10_binary_batches(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    for name, n in (("data_batch_1", 3), ("data_batch_2", 2), ("test_batch", 4)):
-        images = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
-        with open(tmp_path / name, "wb") as handle:
-            pickle.dump({b"data": images, b"labels": list(range(n))}, handle)
+    first_test = None
+    for name, labels in (("data_batch_1.bin", [3, 1, 4]), ("data_batch_2.bin", [1, 5]),
+                         ("test_batch.bin", [9, 2, 6, 5])):
+        images = rng.integers(0, 256, size=(len(labels), 3, 32, 32), dtype=np.uint8)
+        _write_cifar10_bin(tmp_path / name, labels, images)
+        first_test = images[0] if name == "test_batch.bin" else first_test
+    (tmp_path / "batches.meta.txt").write_text("airplane\nautomobile\n")  # shipped beside them; ignored
     data = tinyml.load_cifar10(tmp_path)
     assert data["train"].x.shape == (5, 32, 32, 3) and data["test"].x.shape == (4, 32, 32, 3)
-    assert data["train"].y.tolist() == [0, 1, 2, 0, 1]
-    with open(tmp_path / "test_batch", "rb") as handle:
-        first = pickle.load(handle)[b"data"][0]
-    # channel-first rows of 1024 become NHWC: red plane first
-    assert data["test"].x[0, 0, 0, 0] == pytest.approx(first[0] / 255.0)
-    assert data["test"].x[0, 0, 0, 1] == pytest.approx(first[1024] / 255.0)
+    assert data["train"].y.tolist() == [3, 1, 4, 1, 5] and data["test"].y.tolist() == [9, 2, 6, 5]
+    assert data["train"].x.dtype == np.float32 and data["train"].y.dtype == np.int32
+    # channel-first planes of 1,024 bytes become NHWC: pixel (row 1, column 2) of each plane
+    assert data["test"].x[0, 1, 2].tolist() == pytest.approx((first_test[:, 1, 2] / 255.0).tolist())
+
+
+def test_cifar10_bad_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="No CIFAR-10 directory"):
         tinyml.load_cifar10(tmp_path / "missing")
+    (tmp_path / "data_batch_1").write_bytes(b"\x80\x04")  # the python version's pickles
+    with pytest.raises(FileNotFoundError, match=r"No CIFAR-10 'data_batch_\*\.bin' file .*; this folder holds "
+                                                r"the python version's pickles, which tensorfleet does not read"):
+        tinyml.load_cifar10(tmp_path)
+    (tmp_path / "data_batch_1.bin").write_bytes(bytes(3073 + 10))
+    (tmp_path / "test_batch.bin").write_bytes(bytes(3073))
+    with pytest.raises(ValueError, match=r"its 3083 bytes are not a whole number of 3073-byte records"):
+        tinyml.load_cifar10(tmp_path)
+    _write_cifar10_bin(tmp_path / "data_batch_1.bin", [10], np.zeros((1, 3072), np.uint8))
+    with pytest.raises(ValueError, match=r"label 10 is not in 0\.\.9"):
+        tinyml.load_cifar10(tmp_path)
+
+
+def test_no_module_of_the_package_unpickles() -> None:
+    import tensorfleet
+
+    root = Path(tensorfleet.__file__).parent
+    users = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if re.search(r"\bimport pickle\b|\bpickle\.loads?\(|allow_pickle=True", p.read_text())]
+    assert users == []
 
 
 def test_toyadmos_normal_and_anomaly_vectors(tmp_path: Path) -> None:
