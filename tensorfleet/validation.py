@@ -150,7 +150,7 @@ _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
 
 
-def _split(text: str, what: str, example: str) -> tuple[float, str]:
+def _split(text: str, what: str, example: str, require_unit: bool = False) -> tuple[float, str]:
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise TypeError(f"{what} must be a string such as {example!r} or a number. Received: {text!r}")
     if isinstance(text, (int, float)):
@@ -163,17 +163,22 @@ def _split(text: str, what: str, example: str) -> tuple[float, str]:
     match = _NUMBER.match(stripped)
     if not match:
         raise ValueError(f"{what} must be a number with a unit such as {example!r}. Received: {text!r}")
+    if require_unit and not match.group(2):
+        # A bare "100" is as likely meant in the usual unit (Gbps, GB, us) as in the base one.
+        raise ValueError(f"{what} needs a unit, such as {example!r}. Received: {text!r}")
     return float(match.group(1)), match.group(2)
 
 
-def parse_bytes(text: str | int | float) -> float:
+def parse_bytes(text: str | int | float, *, require_unit: bool = False) -> float:
     """Bytes from ``"16GB"``, ``"512MiB"``, ``"1.5e9"`` or a number (decimal GB = 1e9).
+
+    With ``require_unit``, a string without a unit (``"16"``) is refused; a number is still bytes.
 
     Example:
         >>> parse_bytes("16GB"), parse_bytes("1KiB")
         (16000000000.0, 1024.0)
     """
-    value, unit = _split(text, "A memory size", "16GB")
+    value, unit = _split(text, "A memory size", "16GB", require_unit)
     if unit == "":
         return value
     # "B" alone is bytes; a lone lowercase "b" (bits) is not a memory unit.
@@ -185,14 +190,19 @@ def parse_bytes(text: str | int | float) -> float:
     return value * factor
 
 
-def parse_bandwidth(text: str | int | float) -> float:
+def parse_bandwidth(text: str | int | float, *, require_unit: bool = False) -> float:
     """Bytes per second from ``"100Gbps"``, ``"25Gbit/s"``, ``"10GB/s"`` or a number (bytes/s).
+
+    With ``require_unit``, a string without a unit (``"100"``) is refused; a number is still bytes/s.
 
     Example:
         >>> parse_bandwidth("100Gbps"), parse_bandwidth("10GB/s")
         (12500000000.0, 10000000000.0)
+        >>> parse_bandwidth("100", require_unit=True)
+        Traceback (most recent call last):
+        ValueError: A bandwidth needs a unit, such as '100Gbps'. Received: '100'
     """
-    value, unit = _split(text, "A bandwidth", "100Gbps")
+    value, unit = _split(text, "A bandwidth", "100Gbps", require_unit)
     if unit == "":
         rate = value
     elif unit.lower() in _BIT_RATE_UNITS and not unit.endswith("B/s"):
@@ -209,14 +219,16 @@ def parse_bandwidth(text: str | int | float) -> float:
     return rate
 
 
-def parse_duration(text: str | int | float) -> float:
+def parse_duration(text: str | int | float, *, require_unit: bool = False) -> float:
     """Seconds from ``"5us"``, ``"2ms"``, ``"0.1s"`` or a number of seconds.
+
+    With ``require_unit``, a string without a unit (``"5"``) is refused; a number is still seconds.
 
     Example:
         >>> parse_duration("2ms")
         0.002
     """
-    value, unit = _split(text, "A latency", "5us")
+    value, unit = _split(text, "A latency", "5us", require_unit)
     if unit == "":
         return value
     if unit not in _TIME_UNITS:

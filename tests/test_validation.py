@@ -25,3 +25,30 @@ def test_choice_takes_members_and_names_in_any_case_and_lists_the_choices() -> N
             choice(RestartPolicy, "restart_policy", bad)
         assert str(info.value) == ("restart_policy must be one of 'Always', 'OnFailure', 'Never', 'ExitCode'. "
                                    f"Received: restart_policy={bad!r}")
+
+
+@pytest.mark.parametrize(
+    "parse,text,message",
+    [
+        ("parse_bandwidth", "100", "A bandwidth needs a unit, such as '100Gbps'. Received: '100'"),
+        ("parse_bytes", " 16 ", "A memory size needs a unit, such as '16GB'. Received: ' 16 '"),
+        ("parse_duration", "5", "A latency needs a unit, such as '5us'. Received: '5'"),
+    ],
+)
+def test_require_unit_refuses_a_bare_number_string(parse, text, message) -> None:
+    from tensorfleet import validation
+
+    with pytest.raises(ValueError) as info:
+        getattr(validation, parse)(text, require_unit=True)
+    assert str(info.value) == message
+
+
+def test_without_require_unit_bare_strings_and_numbers_keep_their_base_unit() -> None:
+    from tensorfleet.validation import parse_bandwidth, parse_bytes, parse_duration
+
+    assert (parse_bandwidth("100"), parse_bytes("16"), parse_duration("5")) == (100.0, 16.0, 5.0)
+    # A Python number is explicit about its unit (bytes/s, bytes, seconds) even with require_unit.
+    assert parse_bandwidth(12.5e9, require_unit=True) == 12.5e9
+    assert parse_bytes(1024, require_unit=True) == 1024.0
+    assert parse_duration(5e-6, require_unit=True) == 5e-6
+    assert parse_bandwidth("100Gbps", require_unit=True) == 12.5e9
