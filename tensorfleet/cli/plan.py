@@ -17,10 +17,13 @@ def plan_command(
     model: Optional[str] = typer.Option(None, "--model", help="A registered model name (tensorfleet models)."),  # noqa: UP007
     params: Optional[str] = typer.Option(  # noqa: UP007
         None, "--params", help="A transformer's parameter count instead of --model: 1.5B, 350M, 175e9."),
+    transformer: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--transformer", help="A known transformer instead of --model: gpt2, gpt2-medium, gpt2-large, "
+        "gpt2-xl, gpt3-175b, bert-base, bert-large."),
     batch: int = typer.Option(..., "--batch", help="Global batch size (sequences for a transformer)."),
     devices: int = typer.Option(..., "--devices", help="Devices in all, spread evenly over --nodes."),
-    device_memory: str = typer.Option(..., "--device-memory", help="Memory of one device: 16GB, 80GB, 512MiB."),
-    bandwidth: str = typer.Option(..., "--bandwidth", help="Network bandwidth: 100Gbps, 25Gbit/s, 10GB/s."),
+    device_memory: str = typer.Option(..., "--device-memory", help="Memory of one device, with a unit: 16GB, 512MiB."),
+    bandwidth: str = typer.Option(..., "--bandwidth", help="Network bandwidth, with a unit: 100Gbps, 25Gbit/s, 10GB/s."),
     nodes: int = typer.Option(1, "--nodes", help="Machines; with more than one, --bandwidth is between them."),
     intra_bandwidth: Optional[str] = typer.Option(  # noqa: UP007
         None, "--intra-bandwidth", help="Links inside a machine (default --bandwidth)."),
@@ -28,15 +31,22 @@ def plan_command(
     device_tflops: float = typer.Option(100.0, "--device-tflops", help="Sustained TFLOP/s of one device."),
     optimizer: str = typer.Option("adam", "--optimizer", help="sgd, momentum or adam."),
     precision: str = typer.Option("mixed_float16", "--precision", help="float32, mixed_float16 or mixed_bfloat16."),
-    seq_len: int = typer.Option(1024, "--seq-len", help="Sequence length (--params)."),
+    seq_len: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--seq-len", help="Sequence length (default: --transformer's, or 1024 with --params)."),
     layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (--params)."),  # noqa: UP007
-    hidden: Optional[int] = typer.Option(None, "--hidden", help="Transformer hidden size (--params)."),  # noqa: UP007
+    hidden: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--hidden", help="Transformer hidden size (--params, with --heads)."),
+    heads: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--heads", help="Attention heads (--params, with --hidden)."),
+    ps_servers: int = typer.Option(1, "--ps-servers", help="Parameter servers of the data_ps layout."),
+    server_memory: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--server-memory", help="Memory of one parameter server (default --device-memory): 256GB."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the plan as JSON to this file."),  # noqa: UP007
 ) -> None:
     """Memory per device and time per step of every strategy, and a recommendation.
 
-    Example: tensorfleet plan --params 1.5B --batch 32 --devices 8 --device-memory 16GB --bandwidth 100Gbps
+    Example: tensorfleet plan --transformer gpt2-xl --batch 32 --devices 8 --device-memory 16GB --bandwidth 100Gbps
     """
     from tensorfleet.io import write_json
     from tensorfleet.planner import plans as planner
@@ -44,10 +54,11 @@ def plan_command(
 
     result = planner.plan(
         model,
-        parameters=None if params is None else parse_count(params),
+        parameters=None if params is None else parse_count(params), transformer=transformer,
         batch_size=batch, devices=devices, device_memory=device_memory, bandwidth=bandwidth, nodes=nodes,
         intra_bandwidth=intra_bandwidth, latency=latency, device_tflops=device_tflops, optimizer=optimizer,
-        precision=precision, seq_len=seq_len, layers=layers, hidden=hidden,
+        precision=precision, seq_len=seq_len, layers=layers, hidden=hidden, heads=heads, ps_servers=ps_servers,
+        server_memory=server_memory,
     )
     if output is not None:
         write_json(output, result.as_dict())

@@ -45,6 +45,7 @@ __all__ = [
     "last_level_cache_bytes",
     "predict",
     "predict_hierarchical",
+    "predict_parameter_server",
     "step_bytes",
 ]
 
@@ -127,6 +128,25 @@ def predict(
     steps = step_bytes(algorithm, n, nbytes)
     shared = float(nbytes) if working_set is None else working_set
     return sum(link.time(b, shared) for b in steps)
+
+
+def predict_parameter_server(workers: int, servers: int, nbytes: float, link: Link) -> float:
+    """Seconds for ``workers`` to push ``nbytes`` of gradients to ``servers`` and pull the weights back.
+
+    Two steps (push, then pull), each as long as the busiest end: a server takes ``workers /
+    servers`` shards of ``nbytes / servers``, a worker sends all ``nbytes``. With one server this
+    is :func:`predict` of ``"ps"``; unlike an all-reduce, one worker still communicates.
+
+    Example:
+        >>> link = Link(alpha=1e-5, beta=1e-9)
+        >>> round(predict_parameter_server(1, 1, 1000.0, link), 9)   # one worker: 2 (alpha + M beta)
+        2.2e-05
+        >>> predict_parameter_server(4, 1, 1000.0, link) == predict("ps", 4, 1000.0, link)
+        True
+    """
+    workers, servers = positive_int("workers", workers), positive_int("servers", servers)
+    nbytes = number("nbytes", nbytes, minimum=0)
+    return 2 * link.time(max(workers / servers, 1.0) * nbytes)
 
 
 def predict_hierarchical(nodes: int, devices_per_node: int, nbytes: float, *, intra: Link, inter: Link) -> float:

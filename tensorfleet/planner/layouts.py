@@ -6,10 +6,12 @@ device holds (:meth:`ParallelLayout.memory`) and what one step communicates
 (:meth:`ParallelLayout.comm_seconds`):
 
 * memory per device from :mod:`tensorfleet.planner.memory` (ZeRO's model-state accounting,
-  activations per micro-batch); a parameter server keeps the optimizer state, not the workers;
+  activations per micro-batch); parameter servers keep the float32 weights and the optimizer
+  state, sharded evenly over them (as TensorFlow's variable partitioners do), and must fit
+  their own memory;
 * communication per step from the alpha-beta model of :mod:`tensorfleet.planner.cost_model`:
   data parallel all-reduces the gradients (ring; two-level when there are several machines)
-  or pushes and pulls them through one parameter server; tensor parallelism all-reduces
+  or pushes gradients to the parameter servers and pulls weights back (one worker too); tensor parallelism all-reduces
   activations (Megatron-LM: 4 per transformer layer per step); a pipeline sends activations
   and their gradients between neighbouring stages once per micro-batch;
 * compute per step, for every layout, as ``6 x parameters x tokens / (devices x device FLOP/s)``
@@ -30,7 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 from tensorfleet.planner import cost_model
-from tensorfleet.planner.memory import MemoryEstimate, estimate_from_counts, split_stages
+from tensorfleet.planner.memory import (MemoryEstimate, bytes_per_parameter, estimate_from_counts, format_bytes,
+                                       split_stages)
 from tensorfleet.planner.workload import Workload
 from tensorfleet.registry import Registry
 
@@ -73,6 +76,12 @@ class PlanSetup:
     precision: str
     value_bytes: int
     recompute: bool | None
+    ps_servers: int = 1
+    server_memory: float | None = None  # None: as much as a device
+
+    @property
+    def server_capacity(self) -> float:
+        return self.device_memory if self.server_memory is None else self.server_memory
 
     @property
     def per_node(self) -> int:
@@ -102,7 +111,8 @@ class PlanSetup:
                 "device_memory_bytes": self.device_memory, "bandwidth_bytes_per_s": self.inter.bandwidth,
                 "intra_bandwidth_bytes_per_s": self.intra.bandwidth, "latency_s": self.inter.alpha,
                 "device_tflops": self.device_tflops, "optimizer": self.optimizer, "precision": self.precision,
-                "recompute": self.recompute}
+                "recompute": self.recompute, "ps_servers": self.ps_servers,
+                "server_memory_bytes": self.server_capacity, "server_memory_given": self.server_memory is not None}
 
 
 @dataclass
@@ -116,6 +126,7 @@ class PlanRow:
     comm_seconds: float
     compute_seconds: float
     note: str = ""
+    server_memory: float | None = None  # bytes per parameter server, for layouts that have them
 
     @property
     def step_seconds(self) -> float:
@@ -132,6 +143,7 @@ class PlanRow:
             "compute_seconds": self.compute_seconds,
             "step_seconds": self.step_seconds,
             "note": self.note,
+            "server_memory_bytes": self.server_memory,
         }
 
 
@@ -178,7 +190,9 @@ class ParallelLayout:
             tensor=tensor, micro_batches=micro)
         if not recompute:
             return est
-        extra = max(work.layer_activations) * est.micro_batch * setup.value_bytes / tensor
+        # The layer being rebuilt holds its full activations; its checkpoint is counted already.
+        rebuilt = max(a - c for a, c in zip(work.layer_activations, work.checkpoint_activations))  # type: ignore[arg-type]
+        extra = rebuilt * est.micro_batch * setup.value_bytes / tensor
         return replace(est, activations=est.activations + extra)
 
     def cost(self, setup: PlanSetup) -> PlanRow | str | None:
@@ -267,17 +281,39 @@ class DataAllReduceLayout(DataParallelLayout):
 
 
 @_layout("data_ps", aliases=("parameter_server", "ps"),
-         description="Data parallel through one parameter server holding the optimizer state.")
+         description="Data parallel through parameter servers holding the weights and optimizer state.")
 class ParameterServerLayout(DataParallelLayout):
-    def note(self, setup: PlanSetup) -> str:
-        return "1 parameter server"
+    """Workers hold the weights they compute with, their gradients and activations; the servers
+    hold the float32 weights and the optimizer state, which must fit the servers' memory. With one
+    worker the gradients still go to the servers and the weights back every step: the only gain
+    is the memory the servers take off the device."""
+
+    def server_bytes(self, setup: PlanSetup) -> float:
+        """What one server holds: float32 weights and optimizer state, sharded evenly."""
+        per_param = bytes_per_parameter(setup.optimizer, "float32")
+        return setup.work.parameters * (per_param["parameters"] + per_param["optimizer_state"]) / setup.ps_servers
 
     def memory(self, setup: PlanSetup, degrees: Degrees, micro: int, *, recompute: bool = False) -> MemoryEstimate:
         return replace(super().memory(setup, degrees, micro, recompute=recompute), optimizer_state=0.0)
 
     def comm_seconds(self, setup: PlanSetup, degrees: Degrees, micro: int) -> float:
-        return cost_model.predict("ps", degrees.data, setup.gradient_bytes,
-                                  setup.inter if setup.nodes > 1 else setup.intra)
+        return cost_model.predict_parameter_server(degrees.data, setup.ps_servers, setup.gradient_bytes,
+                                                   setup.inter if setup.nodes > 1 else setup.intra)
+
+    def cost_degrees(self, setup: PlanSetup, degrees: Degrees) -> PlanRow | str:
+        row = super().cost_degrees(setup, degrees)
+        if isinstance(row, str):
+            return row
+        held, capacity = self.server_bytes(setup), setup.server_capacity
+        servers = f"{setup.ps_servers} parameter server{'s' if setup.ps_servers > 1 else ''}"
+        notes = [f"{servers}, {format_bytes(held)} of {format_bytes(capacity)} each"
+                 + ("" if setup.server_memory is not None else " (server memory not given: a device's)")]
+        if held > capacity:
+            notes.append("servers do not fit")
+        if degrees.data == 1:
+            notes.append("1 worker: the traffic buys only the memory the servers hold")
+        notes += [row.note] if row.note else []
+        return replace(row, fits=row.fits and held <= capacity, server_memory=held, note="; ".join(notes))
 
 
 @_layout("tensor", aliases=("tensor_parallel",), description="Every weight sharded over all devices (Megatron-LM).")

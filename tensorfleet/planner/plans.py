@@ -19,14 +19,16 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from tensorfleet.planner.cost_model import Link
 from tensorfleet.planner.layouts import LAYOUTS, PlanRow, PlanSetup
-from tensorfleet.planner.memory import bytes_per_parameter, format_bytes
-from tensorfleet.planner.workload import Workload, format_count, transformer_workload, workload_from_model
-from tensorfleet.validation import number, parse_bandwidth, parse_bytes, parse_duration, positive_int
+from tensorfleet.planner.memory import Optimizer, bytes_per_parameter, format_bytes
+from tensorfleet.planner.workload import (Workload, format_count, preset_workload, transformer_workload,
+                                         workload_from_model)
+from tensorfleet.validation import choice, number, parse_bandwidth, parse_bytes, parse_duration, positive_int
 
 __all__ = ["Plan", "plan"]
 
@@ -81,6 +83,7 @@ def plan(
     model: str | None = None,
     *,
     parameters: float | None = None,
+    transformer: str | None = None,
     batch_size: int,
     devices: int,
     device_memory: str | float,
@@ -91,16 +94,26 @@ def plan(
     device_tflops: float = 100.0,
     optimizer: str = "adam",
     precision: str = "mixed_float16",
-    seq_len: int = 1024,
+    seq_len: int | None = None,
     layers: int | None = None,
     hidden: int | None = None,
+    heads: int | None = None,
     recompute: bool | None = None,
+    ps_servers: int = 1,
+    server_memory: str | float | None = None,
 ) -> Plan:
     """Costs every layout of ``LAYOUTS`` for a model on ``devices`` devices and recommends one.
 
+    Sizes, bandwidths and latencies given as strings need a unit (``"100"`` is refused: bytes/s
+    or Gbps?); numbers are bytes, bytes/s and seconds.
+
     Args:
-        model: a registered model name (``tensorfleet.models``), or None with ``parameters``.
-        parameters: a transformer's parameter count (e.g. ``1.5e9``), instead of ``model``.
+        model: a registered model name (``tensorfleet.models``); or instead:
+        parameters: a transformer's parameter count (e.g. ``1.5e9``), with ``layers``,
+            ``hidden`` and ``heads`` if known; or instead:
+        transformer: a known transformer of :data:`~tensorfleet.planner.workload.TRANSFORMERS`
+            (``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``, ``gpt3-175b``, ``bert-base``,
+            ``bert-large``), with its real shape and parameter count.
         batch_size: global batch (sequences for a transformer).
         devices: devices in all, spread evenly over ``nodes`` machines.
         device_memory: memory of one device, e.g. ``"16GB"``.
@@ -112,12 +125,18 @@ def plan(
         device_tflops: sustained TFLOP/s of one device, for compute time.
         optimizer: ``sgd``, ``momentum`` or ``adam``.
         precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
-        seq_len, layers, hidden: the transformer's shape (``parameters`` only).
+        seq_len: sequence length (default: the preset's, or 1024 with ``parameters``).
+        layers, hidden, heads: the transformer's shape (``parameters`` only; ``hidden`` and
+            ``heads`` together).
         recompute: full activation recomputation for a transformer: None = only for a
             strategy that does not fit without it, False = never.
+        ps_servers: parameter servers of the ``data_ps`` layout (hosts besides the devices).
+        server_memory: memory of one parameter server (default: as much as a device, said so
+            in the row's note).
 
     Returns:
-        A :class:`Plan`. Raises ValueError when no layout fits, saying how much is missing.
+        A :class:`Plan`. Raises ValueError when no layout fits, saying how much is missing and
+        what could help with the settings given.
 
     Example:
         >>> print(plan("digits_cnn", batch_size=256, devices=4, device_memory="16GB",
@@ -126,34 +145,31 @@ def plan(
         strategy         layout                  memory/device  fits   comm/step        step  note
         ------------------------------------------------------------------------------------------
         data_allreduce   d=4 t=1 p=1                   1.15 MB   yes    0.122 ms    0.122 ms  ring all-reduce
-        data_ps          d=4 t=1 p=1                 695.08 KB   yes    0.500 ms    0.500 ms  1 parameter server
+        data_ps          d=4 t=1 p=1                 695.08 KB   yes    0.500 ms    0.500 ms  1 parameter server, 459.38 KB of 16.00 GB each (server memory not given: a device's)
         tensor           d=1 t=4 p=1                 695.08 KB   yes    3.896 ms    3.896 ms
         pipeline         d=1 t=1 p=4                 529.41 KB   yes    2.182 ms    2.182 ms  16 micro-batches, bubble 16%
         hybrid           d=2 t=1 p=2                 538.08 KB   yes    1.074 ms    1.075 ms  8 micro-batches, bubble 11%
         recommendation: data_allreduce -- fits (1.15 MB of 16.00 GB per device) with the shortest
         estimated step, 0.122 ms (0.122 ms communication); next: data_ps at 0.500 ms
     """
-    if (model is None) == (parameters is None):
-        raise ValueError(f"Give exactly one of model (a name) or parameters (a count). Received: model={model!r}, "
-                         f"parameters={parameters!r}")
     batch_size = positive_int("batch_size", batch_size)
     devices = positive_int("devices", devices)
     nodes = positive_int("nodes", nodes)
+    ps_servers = positive_int("ps_servers", ps_servers)
     if devices % nodes:
         raise ValueError(f"devices must be a multiple of nodes. Received: devices={devices}, nodes={nodes}")
     number("device_tflops", device_tflops, above=0)
-    memory_bytes = parse_bytes(device_memory)
-    if memory_bytes <= 0:  # parse_bytes takes 0; the message echoes what the user wrote
-        raise ValueError(f"device_memory must be positive. Received: device_memory={device_memory!r}")
-    alpha = parse_duration(latency)
-    inter = Link(alpha=alpha, beta=1.0 / parse_bandwidth(bandwidth))
-    intra = inter if intra_bandwidth is None else Link(alpha=alpha, beta=1.0 / parse_bandwidth(intra_bandwidth))
-    work = (workload_from_model(model) if model is not None
-            else transformer_workload(parameters, layers=layers, hidden=hidden, seq_len=seq_len))  # type: ignore[arg-type]
+    memory_bytes = _positive_bytes("device_memory", device_memory)
+    servers_bytes = None if server_memory is None else _positive_bytes("server_memory", server_memory)
+    alpha = parse_duration(latency, require_unit=True)
+    inter = Link(alpha=alpha, beta=1.0 / parse_bandwidth(bandwidth, require_unit=True))
+    intra = inter if intra_bandwidth is None else Link(
+        alpha=alpha, beta=1.0 / parse_bandwidth(intra_bandwidth, require_unit=True))
+    work = _workload(model, parameters, transformer, seq_len=seq_len, layers=layers, hidden=hidden, heads=heads)
     setup = PlanSetup(work=work, batch_size=batch_size, devices=devices, nodes=nodes, device_memory=memory_bytes,
                       intra=intra, inter=inter, device_tflops=device_tflops, optimizer=optimizer, precision=precision,
                       value_bytes=bytes_per_parameter(optimizer, precision)["parameters"],  # also checks both
-                      recompute=recompute)
+                      recompute=recompute, ps_servers=ps_servers, server_memory=servers_bytes)
     result = Plan(workload=work, inputs=setup.inputs())
     for entry in LAYOUTS.entries():
         costed = entry.obj.cost(setup)
@@ -164,18 +180,81 @@ def plan(
     return _recommend(result, setup)
 
 
+def _positive_bytes(name: str, value: str | float) -> float:
+    nbytes = parse_bytes(value, require_unit=True)
+    if nbytes <= 0:  # parse_bytes takes 0; the message echoes what the user wrote
+        raise ValueError(f"{name} must be positive. Received: {name}={value!r}")
+    return nbytes
+
+
+def _workload(model: str | None, parameters: float | None, transformer: str | None, *, seq_len: int | None,
+              layers: int | None, hidden: int | None, heads: int | None) -> Workload:
+    """The workload of exactly one of a Keras model, a parameter count or a known transformer."""
+    given = {k: v for k, v in (("model", model), ("parameters", parameters), ("transformer", transformer))
+             if v is not None}
+    if len(given) != 1:
+        raise ValueError("Give exactly one of model (a registered Keras model), parameters (a transformer's "
+                         f"count) or transformer (a known one). Received: model={model!r}, "
+                         f"parameters={parameters!r}, transformer={transformer!r}")
+    shape = {k: v for k, v in (("seq_len", seq_len), ("layers", layers), ("hidden", hidden), ("heads", heads))
+             if v is not None}
+    if model is not None:
+        if shape:
+            raise ValueError(f"{', '.join(shape)} describe a transformer (parameters= or transformer=); a Keras "
+                             f"model has its own shape. Received: model={model!r}, "
+                             + ", ".join(f"{k}={v!r}" for k, v in shape.items()))
+        return workload_from_model(model)
+    if transformer is not None:
+        fixed = {k: v for k, v in shape.items() if k != "seq_len"}
+        if fixed:
+            raise ValueError(f"transformer={transformer!r} fixes layers, hidden and heads; for another shape "
+                             "give parameters= with them. Received: " + ", ".join(f"{k}={v!r}" for k, v in fixed.items()))
+        return preset_workload(transformer, seq_len=seq_len)
+    return transformer_workload(parameters, layers=layers, hidden=hidden, heads=heads,  # type: ignore[arg-type]
+                                seq_len=1024 if seq_len is None else seq_len)
+
+
+def _advice(setup: PlanSetup, rows: list[PlanRow]) -> str:
+    """What could make the model fit, from the settings given (none that are already in use)."""
+    work, optimizer = setup.work, choice(Optimizer, "optimizer", setup.optimizer).value
+    per_param = bytes_per_parameter(optimizer, setup.precision)
+    states = sum(per_param.values()) * work.parameters
+    needed = math.ceil(states / setup.device_memory)
+    tips = [f"at least {needed} devices of this memory (the model states alone are {format_bytes(states)})"
+            if needed > setup.devices else "more devices"]
+    if setup.value_bytes == 4:
+        tips.append(f"mixed precision, which halves the activations (not the model states: {optimizer} "
+                    f"keeps {sum(per_param.values())} bytes per parameter either way)")
+    lighter = [(o, sum(bytes_per_parameter(o, setup.precision).values())) for o in ("momentum", "sgd")]
+    lighter = [(o, b) for o, b in lighter if b < sum(per_param.values())]
+    if lighter:
+        tips.append(f"an optimizer with less state than {optimizer}: "
+                    + " or ".join(f"{o} ({b} bytes per parameter)" for o, b in lighter))
+    if setup.batch_size > 1 and any(r.memory.activations for r in rows):
+        tips.append("a smaller batch")
+    if setup.recompute is False and work.checkpoint_activations is not None:
+        tips.append("activation recomputation (recompute=None)")
+    short = [r for r in rows if r.server_memory is not None and r.server_memory > setup.server_capacity
+             and r.memory.total <= setup.device_memory]  # the servers are all that does not fit
+    if short:
+        tips.append(f"more parameter servers or more memory on them ({format_bytes(short[0].server_memory)} each "
+                    f"needed with {setup.ps_servers})")
+    return "What could help: " + "; ".join(tips) + "."
+
+
 def _recommend(result: Plan, setup: PlanSetup) -> Plan:
     """Fills in the fitting layout with the shortest step, or says how much memory is missing."""
     rows, work, memory_bytes = result.rows, setup.work, setup.device_memory
     fitting = [r for r in rows if r.fits]
     if not fitting:
-        smallest = min(rows, key=lambda r: r.memory.total)
+        # A parameter-server row may fit its workers and not its servers; the advice says so.
+        short = [r for r in rows if r.memory.total > memory_bytes] or rows
+        smallest = min(short, key=lambda r: r.memory.total)
         raise ValueError(
             f"{work.name} ({format_count(work.parameters)} parameters, batch {setup.batch_size}) fits nowhere on "
             f"{setup.devices} device(s) of {format_bytes(memory_bytes)}: the smallest need is "
             f"{format_bytes(smallest.memory.total)} per device ({smallest.strategy}), "
-            f"{format_bytes(smallest.memory.total - memory_bytes)} missing. "
-            "Add devices, use mixed precision, a smaller batch or a lighter optimizer."
+            f"{format_bytes(smallest.memory.total - memory_bytes)} missing. " + _advice(setup, rows)
         )
     best = min(fitting, key=lambda r: r.step_seconds)
     others = sorted((r for r in fitting if r is not best), key=lambda r: r.step_seconds)

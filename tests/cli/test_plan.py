@@ -42,3 +42,35 @@ def test_plan_errors_exit_2_with_one_line(capsys):
     assert err.startswith("error: transformer-175B (175B parameters, batch 8) fits nowhere") and "missing" in err
     assert main([*BASE, "--params", "1B", "--model", "digits_cnn"]) == 2
     assert "exactly one of model" in capsys.readouterr().err
+
+
+def test_plan_takes_a_known_transformer_and_its_sequence_length(capsys):
+    xl = ["plan", "--transformer", "gpt2-xl", "--batch", "1", "--devices", "1", "--device-memory", "32GB",
+          "--bandwidth", "100Gbps", "--json"]
+    assert main(xl) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"] == "gpt2_xl" and printed["parameters"] == 1_557_611_200
+    allreduce = next(s for s in printed["strategies"] if s["strategy"] == "data_allreduce")
+    assert allreduce["note"] == "ring all-reduce; full recomputation"  # 34.10 GB without it
+    assert main([*xl, "--seq-len", "256"]) == 0
+    allreduce = next(s for s in json.loads(capsys.readouterr().out)["strategies"] if s["strategy"] == "data_allreduce")
+    assert allreduce["memory"]["activations"] == 48 * 256 * (34 * 1600 + 5 * 25 * 256) + 5 * 256 * 1600 + 4 * 256 * 50257
+    assert allreduce["fits"] and allreduce["note"] == "ring all-reduce"
+
+
+def test_plan_takes_heads_and_parameter_servers(capsys):
+    args = ["plan", "--params", "1557611200", "--layers", "48", "--hidden", "1600", "--heads", "25", "--batch", "1",
+            "--devices", "1", "--device-memory", "32GB", "--bandwidth", "100Gbps", "--ps-servers", "2",
+            "--server-memory", "16GB", "--json"]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    ps = next(s for s in printed["strategies"] if s["strategy"] == "data_ps")
+    assert ps["server_memory_bytes"] == 6 * 1_557_611_200 and ps["fits"]
+    assert (printed["inputs"]["ps_servers"], printed["inputs"]["server_memory_bytes"]) == (2, 16e9)
+    assert main([a for a in args if a not in ("--heads", "25")]) == 2
+    assert capsys.readouterr().err.startswith("error: Give hidden and heads together: ")
+
+
+def test_plan_refuses_a_bandwidth_without_a_unit(capsys):
+    assert main([*BASE[:-1], "100", "--params", "1B"]) == 2
+    assert capsys.readouterr().err.strip() == "error: A bandwidth needs a unit, such as '100Gbps'. Received: '100'"

@@ -13,7 +13,7 @@ LINK = cost_model.Link(alpha=5e-6, beta=1 / 12.5e9)
 
 
 def _setup(devices: int = 8, nodes: int = 1, batch_size: int = 64, layers: int = 24) -> L.PlanSetup:
-    return L.PlanSetup(work=transformer_workload(1e9, layers=layers, hidden=1864), batch_size=batch_size,
+    return L.PlanSetup(work=transformer_workload(1e9, layers=layers, hidden=1864, heads=8), batch_size=batch_size,
                        devices=devices, nodes=nodes, device_memory=80e9, intra=LINK, inter=LINK, device_tflops=100.0,
                        optimizer="adam", precision="mixed_float16", value_bytes=2, recompute=None)
 

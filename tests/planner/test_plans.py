@@ -23,7 +23,7 @@ def test_famous_transformers_match_16_bytes_per_parameter_for_mixed_precision_ad
 
 
 def test_175b_fits_only_when_split_over_many_devices():
-    result = planner.plan(parameters=175e9, layers=96, hidden=12288, seq_len=2048, batch_size=1024,
+    result = planner.plan(parameters=175e9, layers=96, hidden=12288, heads=96, seq_len=2048, batch_size=1024,
                           devices=1024, nodes=128, device_memory="80GB", bandwidth="200Gbps",
                           intra_bandwidth="300GB/s")
     assert not result.row("data_allreduce").fits  # 2.8 TB of model states per device
@@ -36,7 +36,7 @@ def test_175b_fits_only_when_split_over_many_devices():
 
 def test_data_parallel_communication_is_the_ring_all_reduce_of_the_gradients():
     result = planner.plan(parameters=1e9, batch_size=64, devices=8, device_memory="80GB", bandwidth="100Gbps",
-                          latency="5us", layers=24, hidden=1864)
+                          latency="5us", layers=24, hidden=1864, heads=8)
     link = cost_model.Link(alpha=5e-6, beta=1 / 12.5e9)
     assert result.row("data_allreduce").comm_seconds == pytest.approx(cost_model.predict("ring", 8, 2e9, link))
     assert result.row("data_ps").comm_seconds == pytest.approx(cost_model.predict("ps", 8, 2e9, link))
@@ -74,6 +74,92 @@ def test_a_keras_model_by_name_uses_its_real_counts():
         "data_allreduce", "data_ps", "tensor", "pipeline", "hybrid"]
 
 
+XL = {"transformer": "gpt2-xl", "batch_size": 1, "devices": 1, "device_memory": "32GB", "bandwidth": "100Gbps",
+      "recompute": False}
+XL_PARAMETERS = 1_557_611_200
+
+
+def test_gpt2_xl_that_does_not_fit_32gb_is_reported_as_not_fitting():
+    # With 12 heads (hidden // 128) this was 30.62 GB and "fits"; GPT-2 XL has 25.
+    result = planner.plan(**XL)
+    row = result.row("data_allreduce")
+    assert row.memory.model_states == 16 * XL_PARAMETERS
+    assert row.memory.activations == 48 * 186_777_600 + 5 * 1024 * 1600 + 4 * 1024 * 50257 == 9_179_369_472
+    assert row.memory.total == 34_101_148_672 and not row.fits
+    assert result.as_dict()["model"] == "gpt2_xl" and result.workload.shape.heads == 25
+    # Allowed to recompute, it fits: only each layer's input (s x h) is kept, plus one layer rebuilt.
+    saved = planner.plan(**{**XL, "recompute": None}).row("data_allreduce")
+    assert saved.fits and "full recomputation" in saved.note
+    # Every layer's 16-bit input, what lies outside the blocks, and one block rebuilt beyond its input.
+    assert saved.memory.activations == (48 * 1024 * 1600 * 2 + 5 * 1024 * 1600 + 4 * 1024 * 50257
+                                        + 186_777_600 - 1024 * 1600 * 2) == 554_831_872
+
+
+def test_sequence_length_and_heads_are_inputs():
+    short = planner.plan(**{**XL, "seq_len": 256}).row("data_allreduce")
+    assert short.memory.activations == 48 * 256 * (34 * 1600 + 5 * 25 * 256) + 5 * 256 * 1600 + 4 * 256 * 50257
+    by_count = planner.plan(**{**XL, "transformer": None, "parameters": XL_PARAMETERS, "layers": 48, "hidden": 1600,
+                               "heads": 25}).row("data_allreduce")
+    assert by_count.memory.activations == 48 * 186_777_600 + 5 * 1024 * 1600  # no vocabulary given
+    with pytest.raises(ValueError, match=r"^transformer='gpt2-xl' fixes layers, hidden and heads; for another shape "
+                                         r"give parameters= with them. Received: heads=16$"):
+        planner.plan(**{**XL, "heads": 16})
+    with pytest.raises(ValueError, match=r"^seq_len describe a transformer .* Received: model='digits_cnn', "
+                                         r"seq_len=128$"):
+        planner.plan(**{**XL, "transformer": None, "model": "digits_cnn", "seq_len": 128})
+
+
+def test_parameter_servers_must_hold_the_weights_and_optimizer_state():
+    result = planner.plan(**XL)
+    ps = result.row("data_ps")
+    # Workers: fp16 weights and gradients and the activations; servers: fp32 weights + 2 Adam states.
+    assert ps.memory.total == 4 * XL_PARAMETERS + 9_179_369_472 and ps.server_memory == 12 * XL_PARAMETERS
+    assert ps.fits and result.recommendation == "data_ps"
+    assert ps.note == ("1 parameter server, 18.69 GB of 32.00 GB each (server memory not given: a device's); "
+                       "1 worker: the traffic buys only the memory the servers hold")
+    small = planner.plan(**{**XL, "server_memory": "16GB", "ps_servers": 2}).row("data_ps")
+    assert small.fits and small.server_memory == 6 * XL_PARAMETERS
+    assert small.note.startswith("2 parameter servers, 9.35 GB of 16.00 GB each; ")
+    with pytest.raises(ValueError) as info:
+        planner.plan(**{**XL, "server_memory": "16GB"})
+    assert str(info.value).endswith("more parameter servers or more memory on them (18.69 GB each needed with 1).")
+
+
+def test_one_worker_still_pushes_gradients_to_the_server_and_pulls_weights_back():
+    ps = planner.plan(**XL).row("data_ps")
+    gradient_bytes = 2 * XL_PARAMETERS
+    assert ps.comm_seconds == pytest.approx(2 * (5e-6 + gradient_bytes / 12.5e9), rel=1e-12)  # was 0
+    assert planner.plan(**XL).row("data_allreduce").comm_seconds == 0.0
+    link = cost_model.Link(alpha=5e-6, beta=1 / 12.5e9)
+    # Several servers share the load of many workers; a worker still sends all its gradients.
+    assert cost_model.predict_parameter_server(8, 2, 1e6, link) == pytest.approx(2 * (5e-6 + 4e6 / 12.5e9))
+    assert cost_model.predict_parameter_server(2, 8, 1e6, link) == pytest.approx(2 * (5e-6 + 1e6 / 12.5e9))
+
+
+@pytest.mark.parametrize(
+    "kwargs,tips",
+    [
+        ({}, "What could help: at least 175 devices of this memory (the model states alone are 2.80 TB); an "
+             "optimizer with less state than adam: momentum (12 bytes per parameter) or sgd (8 bytes per parameter); "
+             "a smaller batch."),
+        ({"precision": "float32", "optimizer": "sgd"},
+         "What could help: at least 88 devices of this memory (the model states alone are 1.40 TB); mixed precision, "
+         "which halves the activations (not the model states: sgd keeps 8 bytes per parameter either way); a smaller "
+         "batch."),
+        ({"optimizer": "momentum", "batch_size": 1, "devices": 1},
+         "What could help: at least 132 devices of this memory (the model states alone are 2.10 TB); an optimizer "
+         "with less state than momentum: sgd (8 bytes per parameter)."),
+        ({"optimizer": "sgd", "batch_size": 1, "devices": 1},
+         "What could help: at least 88 devices of this memory (the model states alone are 1.40 TB)."),
+    ],
+)
+def test_fits_nowhere_suggests_only_what_is_not_already_in_use(kwargs, tips):
+    args = {"parameters": 175e9, "batch_size": 8, "devices": 8, "device_memory": "16GB", "bandwidth": "100Gbps"}
+    with pytest.raises(ValueError) as info:
+        planner.plan(**{**args, **kwargs})
+    assert str(info.value).split(" missing. ")[1] == tips
+
+
 def test_fits_nowhere_says_how_much_memory_is_missing():
     with pytest.raises(ValueError) as info:
         planner.plan(parameters=175e9, batch_size=8, devices=8, device_memory="16GB", bandwidth="100Gbps")
@@ -96,6 +182,13 @@ def test_fits_nowhere_says_how_much_memory_is_missing():
         ({"device_tflops": 0}, "device_tflops must be a finite number > 0. Received: device_tflops=0"),
         ({"parameters": -1}, "parameters must be a finite number > 0. Received: parameters=-1"),
         ({"seq_len": True}, "seq_len must be a positive integer. Received: seq_len=True"),
+        ({"bandwidth": "100"}, "A bandwidth needs a unit, such as '100Gbps'. Received: '100'"),
+        ({"intra_bandwidth": "300"}, "A bandwidth needs a unit, such as '100Gbps'. Received: '300'"),
+        ({"device_memory": "80"}, "A memory size needs a unit, such as '16GB'. Received: '80'"),
+        ({"latency": "5"}, "A latency needs a unit, such as '5us'. Received: '5'"),
+        ({"server_memory": "0GB"}, "server_memory must be positive. Received: server_memory='0GB'"),
+        ({"ps_servers": 0}, "ps_servers must be a positive integer. Received: ps_servers=0"),
+        ({"parameters": None, "transformer": "gpt5"}, "Unknown transformer 'gpt5'"),
     ],
 )
 def test_bad_input_gets_one_clear_error(kwargs, message):
@@ -111,5 +204,8 @@ def test_parse_count_and_model_or_params_exclusive():
         validation.parse_count("3Q")
     with pytest.raises(ValueError, match="must be positive. Received: '-2B'"):
         validation.parse_count("-2B")
+    with pytest.raises(ValueError, match="exactly one of model"):
+        planner.plan(transformer="gpt2", parameters=1e6, batch_size=8, devices=1, device_memory="1GB",
+                     bandwidth="1Gbps")
     with pytest.raises(ValueError, match="exactly one of model"):
         planner.plan("digits_cnn", parameters=1e6, batch_size=8, devices=1, device_memory="1GB", bandwidth="1Gbps")
