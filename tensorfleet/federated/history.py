@@ -11,6 +11,11 @@ Example:
     True
     >>> [p.name for p in plot_history(history, "runs/a")]
     ['accuracy.png', 'loss.png']
+    >>> run_title({"algorithm": "fedavg", "aggregator": "dp_fixed", "aggregator_options": {"noise_multiplier": 0.5},
+    ...            "dp_delta": 1e-5}, epsilon=2.5)
+    'fedavg with DP (dp_fixed, noise_multiplier=0.5), ε=2.5 at δ=1e-05'
+
+A DP run also gets ``epsilon.png`` (the privacy spent per round).
 """
 
 from __future__ import annotations
@@ -25,9 +30,13 @@ from typing import Any
 
 from tensorfleet.io import save_figure, write_json, write_text
 
-__all__ = ["HISTORY_FILE", "History", "load_history", "plot_history"]
+__all__ = ["HISTORY_FILE", "History", "history_figures", "load_history", "plot_history", "run_title"]
 
 HISTORY_FILE = "metrics.json"
+# What a plot's title says an aggregator makes of the run (the mean says nothing).
+_AGGREGATOR_KINDS = {"dp_fixed": "DP", "dp_adaptive": "DP", "median": "robust aggregation",
+                     "trimmed_mean": "robust aggregation", "krum": "robust aggregation",
+                     "compression": "compressed updates"}
 
 
 @dataclass
@@ -90,28 +99,60 @@ def load_history(out_dir: str | os.PathLike[str]) -> History:
     return History(rounds=data["rounds"], config=data.get("config", {}))
 
 
-def plot_history(history: History, out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Writes ``accuracy.png`` and ``loss.png`` (train, central test, federated eval per round)."""
+def run_title(config: dict[str, Any], *, epsilon: float | None = None) -> str:
+    """What a run is, for plot titles: the algorithm, then DP, robust or compressed aggregation
+    with its options, then the final ``epsilon`` (at the config's ``dp_delta``) when given."""
+    title = str(config.get("algorithm", ""))
+    aggregator = config.get("aggregator")
+    if aggregator and aggregator != "mean":
+        options = "".join(f", {k}={v}" for k, v in (config.get("aggregator_options") or {}).items())
+        kind = _AGGREGATOR_KINDS.get(aggregator, "aggregator")
+        title += f" with {kind} ({aggregator}{options})"
+    if epsilon is not None:
+        title += f", ε={epsilon:.3g}" + (f" at δ={config['dp_delta']:g}" if config.get("dp_delta") else "")
+    return title
+
+
+def _figure(history: History, what: str, ylabel: str) -> Any:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    written = []
+    epsilons = history.column("epsilon")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+    ax.set_ylabel(ylabel)
+    label = run_title(history.config, epsilon=epsilons[-1] if epsilons else None)
+    ax.set_title(f"{label}\n{what}" if label else what, fontsize="medium")
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def history_figures(history: History) -> dict[str, Any]:
+    """The run's matplotlib figures by name: ``accuracy`` and ``loss`` (train, central test and
+    federated eval per round), and ``epsilon`` when the run recorded the privacy it spent."""
+    figures = {}
     for metric in ("accuracy", "loss"):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = _figure(history, f"{metric} per round", metric)
         for prefix, label in (("train", "train (clients)"), ("test", "central test"), ("fed_eval", "federated eval")):
             pts = [(r["round"], r[f"{prefix}_{metric}"]) for r in history.rounds if r.get(f"{prefix}_{metric}") is not None]
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, markersize=3, label=label)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
-        ax.set_ylabel(metric)
-        title = history.config.get("algorithm", "")
-        ax.set_title(f"{title} {metric} per round".strip())
-        ax.grid(alpha=0.3)
         ax.legend()
-        written.append(save_figure(fig, Path(out_dir) / f"{metric}.png"))
-    return written
+        figures[metric] = fig
+    pts = [(r["round"], r["epsilon"]) for r in history.rounds if r.get("epsilon") is not None]
+    if pts:
+        fig, ax = _figure(history, "privacy spent per round", "ε")
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, markersize=3)
+        figures["epsilon"] = fig
+    return figures
+
+
+def plot_history(history: History, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Writes the :func:`history_figures` as ``accuracy.png``, ``loss.png`` (and ``epsilon.png``)."""
+    return [save_figure(fig, Path(out_dir) / f"{name}.png") for name, fig in history_figures(history).items()]

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tensorfleet.federated import checkpoint, tff_model
+from tensorfleet.federated import checkpoint, records, tff_model
 from tensorfleet.federated.config import SimulationConfig
 from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.sampling import ClientSampler
@@ -107,7 +107,7 @@ class Simulation:
         self.runtime: Any = None
         self.state: Any = None
         self.weights: Any = None
-        self.history = History(config=self.describe())
+        self.history = History(config=self._history_config())
         self.round_listeners: list[Callable[[dict[str, Any]], None]] = []  # called with each round's record
 
     # ----------------------------------------------------------------- configuration
@@ -116,6 +116,11 @@ class Simulation:
         return {**self.config.trajectory(), "num_train_clients": len(self.train_ids),
                 "num_eval_clients": len(self.eval_ids),
                 "clients": getattr(self.clients, "description", type(self.clients).__name__)}
+
+    def _history_config(self) -> dict[str, Any]:
+        """:meth:`describe` plus what the records need to be read (the delta of a DP run's epsilon)."""
+        dp = self.config.aggregator_name in records.DP_AGGREGATORS
+        return {**self.describe(), **({"dp_delta": self.config.dp_delta} if dp else {})}
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the trajectory (not ``rounds``) plus the data."""
@@ -252,25 +257,6 @@ class Simulation:
         return tf.nest.pack_sequence_as(template, leaves), round_num, rounds
 
     # ----------------------------------------------------------------- the loop
-    def _epsilon(self, rounds_done: int) -> float | None:
-        if self.config.aggregator_name not in ("dp_fixed", "dp_adaptive"):
-            return None
-        from tensorfleet.federated.aggregators.dp import epsilon
-
-        nm = float(self.config.aggregator_options.get("noise_multiplier", 1.0))
-        return epsilon(noise_multiplier=nm, sampling_rate=self.config.clients_per_round / len(self.train_ids),
-                       rounds=rounds_done, delta=self.config.dp_delta)
-
-    def _upload_bytes(self) -> int | None:
-        """Bytes one client uploads per round: compressed, or the full float32 model."""
-        sizes = [int(np.prod(w.shape)) for w in self._keras_model.trainable_weights]
-        if self.config.aggregator_name != "compression":
-            return 4 * sum(sizes)
-        from tensorfleet.federated.aggregators.aggregate import compressed_bytes
-
-        options = self.config.aggregator_options
-        return compressed_bytes(sizes, bits=int(options.get("bits", 8)), sparsity=float(options.get("sparsity", 0.0)))
-
     def run(self, *, stop_worker: bool = True) -> History:
         """Runs the remaining rounds and returns the :class:`~tensorfleet.federated.history.History`.
 
@@ -297,7 +283,7 @@ class Simulation:
             if self.runtime is not None and not self.eval_ids:
                 self.runtime.stop()  # rounds run in this process; the worker is needed again only for eval
         start_round = 0
-        self.history = History(config=self.describe())
+        self.history = History(config=self._history_config())
         if self.config.resume:
             loaded = self.load_checkpoint(state)
             if loaded is not None:
@@ -326,15 +312,16 @@ class Simulation:
         """One round: sampling, training, the round's bytes and epsilon, evaluation when due."""
         t0 = time.perf_counter()
         who = self.sample(round_num)
-        self._check_participants(who, round_num)
+        records.check_participants(self.config, who, round_num)
         record: dict[str, Any] = {"round": round_num, "clients": len(who["sampled"]),
                                   "participants": len(who["participants"]), "dropped": len(who["dropped"]),
                                   "stragglers": len(who["stragglers"])}
         state, trained = self._train(process, state, round_num, who["participants"])
         record.update(trained)
         if self._keras_model is not None:
-            record["upload_bytes"] = int(self._upload_bytes()) * len(who["participants"])
-        eps = self._epsilon(round_num)
+            sizes = [int(np.prod(w.shape)) for w in self._keras_model.trainable_weights]
+            record["upload_bytes"] = records.upload_bytes(self.config, sizes) * len(who["participants"])
+        eps = records.round_epsilon(self.config, num_clients=len(self.train_ids), rounds_done=round_num)
         if eps is not None:
             record["epsilon"] = eps
         if round_num % self.config.eval_every == 0 or round_num == self.config.rounds:
@@ -344,19 +331,6 @@ class Simulation:
                 record.update(self.evaluate_federated(state, round_num))
         record["seconds"] = time.perf_counter() - t0
         return state, record
-
-    def _check_participants(self, who: dict[str, list[str]], round_num: int) -> None:
-        """ValueError when dropouts and stragglers leave Krum fewer clients than its bound needs."""
-        if self.config.aggregator_name != "krum" or not who["participants"]:
-            return
-        from tensorfleet.federated.aggregators.aggregate import check_krum_clients
-
-        try:
-            check_krum_clients(len(who["participants"]), int(self.config.aggregator_options.get("num_byzantine", 1)),
-                               name="participants")
-        except ValueError as err:
-            raise ValueError(f"Round {round_num}: {err} ({len(who['dropped'])} of {len(who['sampled'])} sampled clients dropped out, "
-                             f"{len(who['stragglers'])} missed the straggler deadline)") from None
 
     def _run(self) -> History:
         from tqdm.auto import tqdm

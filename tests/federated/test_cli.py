@@ -63,7 +63,9 @@ def test_run_from_yaml_with_flag_override_then_plot(capsys, tmp_path):
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["config"]["aggregator"] == "dp_fixed" and saved["config"]["dropout"] == 0.1
     (out / "accuracy.png").unlink()
+    capsys.readouterr()
     assert main(["federated", "plot", str(out)]) == 0
+    assert capsys.readouterr().out.split() == [str(out / f"{name}.png") for name in ("accuracy", "loss", "epsilon")]
     assert (out / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 

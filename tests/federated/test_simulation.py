@@ -129,7 +129,10 @@ def test_dp_run_reports_epsilon(clients):
 
     history = Simulation(tiny, clients, rounds=2, clients_per_round=5, aggregator="dp_adaptive",
                          aggregator_options={"noise_multiplier": 0.1}, progress=False).run()
-    assert history.rounds[-1]["epsilon"] == epsilon(noise_multiplier=0.1, sampling_rate=5 / 20, rounds=2, delta=1e-5)
+    # 5 of the 20 clients drawn without replacement each round, as the simulation samples them
+    assert history.rounds[-1]["epsilon"] == epsilon(noise_multiplier=0.1, clients_per_round=5, num_clients=20,
+                                                    rounds=2, delta=1e-5)
+    assert history.config["dp_delta"] == 1e-5
     assert history.rounds[0]["epsilon"] < history.rounds[1]["epsilon"]
 
 

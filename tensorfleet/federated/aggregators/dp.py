@@ -4,22 +4,36 @@ DP-FedAvg: McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private R
 Models", ICLR 2018 (per-client L2 clipping, Gaussian noise on the sum). Adaptive clipping:
 Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with Adaptive Clipping",
 NeurIPS 2021. Both are TFF's ``tff.aggregators.DifferentiallyPrivateFactory``; tensorfleet
-adds the accounting: :func:`epsilon` composes ``rounds`` Poisson-subsampled Gaussian mechanisms
-with dp-accounting's RDP accountant (Mironov 2017) and converts to ``(epsilon, delta)``.
+adds the accounting, :func:`epsilon`, with dp-accounting's RDP accountant (Mironov 2017).
+
+What is accounted is what the simulation does: each round samples exactly ``clients_per_round``
+of ``num_clients`` clients uniformly without replacement. That sampling is analysed under
+replace-one adjacency (one client's data swapped for another's; the number of clients is public):
+Wang, Balle and Kasiviswanathan, "Subsampled Renyi Differential Privacy and Analytical Moments
+Accountant", AISTATS 2019 (dp-accounting's ``SampledWithoutReplacementDpEvent``). Swapping one
+client moves the clipped sum by up to ``2 * clip``, so the accountant is given half the noise
+multiplier (noise stddev over that sensitivity). ``sampling="poisson"`` gives instead the figure
+most papers and TFF's tutorials report, Poisson sampling at rate ``clients_per_round / num_clients``
+under add-or-remove adjacency: an approximation for this simulation, and not comparable one to one
+(replace-one is the stronger adjacency).
 
 Example:
-    >>> round(epsilon(noise_multiplier=1.0, sampling_rate=0.1, rounds=50, delta=1e-5), 2) > 0
-    True
+    >>> exact = epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5)
+    >>> poisson = epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5,
+    ...                   sampling="poisson")
+    >>> round(exact, 2), round(poisson, 2)
+    (47.03, 5.88)
 """
 
 from __future__ import annotations
 
 import math
+from enum import Enum
 from typing import Any
 
-from tensorfleet.validation import integer, number
+from tensorfleet.validation import choice, integer, number, positive_int
 
-__all__ = ["dp_fixed", "dp_adaptive", "epsilon"]
+__all__ = ["DpSampling", "dp_fixed", "dp_adaptive", "epsilon"]
 
 
 def dp_fixed(*, noise_multiplier: float, clients_per_round: int, clip: float = 1.0) -> Any:
@@ -43,19 +57,32 @@ def dp_adaptive(*, noise_multiplier: float, clients_per_round: int, clip: float 
         learning_rate=number("clip_learning_rate", clip_learning_rate, above=0))
 
 
-def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta: float = 1e-5) -> float:
-    """The epsilon spent after ``rounds`` rounds at client ``sampling_rate`` for the given ``delta``.
+class DpSampling(str, Enum):
+    """How the clients of a round are drawn, for :func:`epsilon`."""
+
+    WITHOUT_REPLACEMENT = "without_replacement"  # what Simulation does
+    POISSON = "poisson"
+
+
+def epsilon(*, noise_multiplier: float, clients_per_round: int, num_clients: int, rounds: int, delta: float = 1e-5,
+            sampling: str | DpSampling = DpSampling.WITHOUT_REPLACEMENT) -> float:
+    """The epsilon spent after ``rounds`` rounds of ``clients_per_round`` of ``num_clients`` clients.
 
     Args:
         noise_multiplier: Gaussian noise stddev over the clip (user-level DP).
-        sampling_rate: clients per round over total clients, in (0, 1].
+        clients_per_round: clients sampled per round.
+        num_clients: clients sampled from.
         rounds: rounds run.
         delta: the delta of (epsilon, delta)-DP, in (0, 1).
+        sampling: ``without_replacement`` (what the simulation does; replace-one adjacency) or
+            ``poisson`` (the usual approximation; add-or-remove adjacency). See the module docstring.
 
     Returns:
         Epsilon; ``inf`` when ``noise_multiplier`` is 0.
     """
-    number("sampling_rate", sampling_rate, above=0, maximum=1)
+    how = choice(DpSampling, "sampling", sampling)
+    population = positive_int("num_clients", num_clients)
+    sampled = integer("clients_per_round", clients_per_round, minimum=1, maximum=population)
     number("delta", delta, above=0, below=1)
     integer("rounds", rounds, minimum=0)
     number("noise_multiplier", noise_multiplier, minimum=0)
@@ -65,8 +92,14 @@ def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta
         return math.inf
     import dp_accounting
 
-    event = dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)), rounds)
-    accountant = dp_accounting.rdp.RdpAccountant()
-    accountant.compose(event)
+    if how is DpSampling.POISSON:
+        accountant = dp_accounting.rdp.RdpAccountant()
+        event: Any = dp_accounting.PoissonSampledDpEvent(
+            sampled / population, dp_accounting.GaussianDpEvent(noise_multiplier))
+    else:
+        accountant = dp_accounting.rdp.RdpAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        event = dp_accounting.SampledWithoutReplacementDpEvent(
+            population, sampled, dp_accounting.GaussianDpEvent(noise_multiplier / 2))
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
     return float(accountant.get_epsilon(delta))

@@ -75,13 +75,35 @@ def test_compressed_bytes_counts_values_indices_and_ranges():
 def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
     from tensorfleet.federated.aggregators.dp import epsilon
 
-    e = lambda nm, r: epsilon(noise_multiplier=nm, sampling_rate=0.1, rounds=r, delta=1e-5)  # noqa: E731
+    e = lambda nm, r: epsilon(noise_multiplier=nm, clients_per_round=10, num_clients=100, rounds=r)  # noqa: E731
     assert e(1.0, 0) == 0.0
     assert math.isinf(e(0.0, 10))
     assert 0 < e(1.0, 10) < e(1.0, 100)
     assert e(2.0, 100) < e(1.0, 100)
-    with pytest.raises(ValueError, match=r"sampling_rate must be a finite number > 0 and <= 1. Received: sampling_rate=1.5"):
-        epsilon(noise_multiplier=1.0, sampling_rate=1.5, rounds=1)
+    with pytest.raises(ValueError, match=r"clients_per_round must be an integer from 1 to 100. Received: clients_per_round=150"):
+        epsilon(noise_multiplier=1.0, clients_per_round=150, num_clients=100, rounds=1)
+    with pytest.raises(ValueError, match=r"sampling must be one of 'without_replacement', 'poisson'. Received: sampling='shuffle'"):
+        epsilon(noise_multiplier=1.0, clients_per_round=1, num_clients=100, rounds=1, sampling="shuffle")
+
+
+def test_epsilon_accounts_sampling_without_replacement_as_dp_accounting_does():
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from tensorfleet.federated.aggregators.dp import epsilon
+
+    # 10 of 100 clients without replacement, 50 rounds: replace-one adjacency, whose sensitivity of
+    # the clipped sum is 2 * clip, so the accountant sees noise_multiplier / 2.
+    exact = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    exact.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SampledWithoutReplacementDpEvent(100, 10, dp_accounting.GaussianDpEvent(0.5)), 50))
+    poisson = RdpAccountant()
+    poisson.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)), 50))
+    ours = epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5)
+    assert ours == exact.get_epsilon(1e-5) == pytest.approx(47.0318, abs=1e-4)
+    assert epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5,
+                   sampling="poisson") == poisson.get_epsilon(1e-5) == pytest.approx(5.8810, abs=1e-4)
 
 
 def test_krum_refuses_too_few_updates_for_its_bound():

@@ -1,0 +1,59 @@
+"""What a round records besides its training metrics, from the configuration alone: the privacy
+spent (:func:`round_epsilon`), the bytes clients upload (:func:`upload_bytes`), and the check that
+a round's participants are enough for Krum (:func:`check_participants`).
+
+Example:
+    >>> from tensorfleet.federated.config import SimulationConfig
+    >>> config = SimulationConfig(clients_per_round=5, aggregator="dp_fixed", aggregator_options={"noise_multiplier": 2.0})
+    >>> round(round_epsilon(config, num_clients=20, rounds_done=3), 3)
+    5.251
+    >>> upload_bytes(SimulationConfig(aggregator="compression", aggregator_options={"bits": 8}), [100, 10])
+    126
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+__all__ = ["DP_AGGREGATORS", "check_participants", "round_epsilon", "upload_bytes"]
+
+DP_AGGREGATORS = ("dp_fixed", "dp_adaptive")
+
+
+def round_epsilon(config: Any, *, num_clients: int, rounds_done: int) -> float | None:
+    """The epsilon (at ``config.dp_delta``) after ``rounds_done`` rounds; None without a DP aggregator.
+
+    Accounted as simulated: ``clients_per_round`` of ``num_clients`` drawn without replacement
+    (:func:`tensorfleet.federated.aggregators.dp.epsilon`).
+    """
+    if config.aggregator_name not in DP_AGGREGATORS:
+        return None
+    from tensorfleet.federated.aggregators.dp import epsilon
+
+    return epsilon(noise_multiplier=float(config.aggregator_options.get("noise_multiplier", 1.0)),
+                   clients_per_round=config.clients_per_round, num_clients=num_clients, rounds=rounds_done,
+                   delta=config.dp_delta)
+
+
+def upload_bytes(config: Any, sizes: Sequence[int]) -> int:
+    """Bytes one client uploads per round for tensors of ``sizes`` values: compressed, or float32."""
+    if config.aggregator_name != "compression":
+        return 4 * int(sum(sizes))
+    from tensorfleet.federated.aggregators.aggregate import compressed_bytes
+
+    options = config.aggregator_options
+    return compressed_bytes(list(sizes), bits=int(options.get("bits", 8)), sparsity=float(options.get("sparsity", 0.0)))
+
+
+def check_participants(config: Any, who: dict[str, list[str]], round_num: int) -> None:
+    """ValueError when dropouts and stragglers leave Krum fewer clients than its bound needs."""
+    if config.aggregator_name != "krum" or not who["participants"]:
+        return
+    from tensorfleet.federated.aggregators.aggregate import check_krum_clients
+
+    try:
+        check_krum_clients(len(who["participants"]), int(config.aggregator_options.get("num_byzantine", 1)),
+                           name="participants")
+    except ValueError as err:
+        raise ValueError(f"Round {round_num}: {err} ({len(who['dropped'])} of {len(who['sampled'])} sampled clients "
+                         f"dropped out, {len(who['stragglers'])} missed the straggler deadline)") from None
