@@ -1,0 +1,34 @@
+"""Serving what was trained: a TF Serving-compatible model server.
+
+* :func:`export` writes a Keras model (built under any strategy or none) as a SavedModel in TF
+  Serving's versioned layout, ``BASE/<version>/``, with a ``serving_default`` signature whose
+  input and output names it states.
+* :class:`ModelServer` / :func:`serve` serve ``BASE`` over TF Serving's gRPC API (grpcio, with
+  tensorflow-serving-api's own protos) and REST API (aiohttp), with dynamic batching
+  (:mod:`~tensorfleet.serving.batching`) and TF Serving's status codes for bad requests.
+* The parts: :mod:`~tensorfleet.serving.servable` (one loaded version and its checks),
+  :mod:`~tensorfleet.serving.repository` (versions and labels), :mod:`~tensorfleet.serving.predictor`
+  (what both fronts call), :mod:`~tensorfleet.serving.rest`, :mod:`~tensorfleet.serving.grpc_api`.
+
+Example:
+    >>> import tensorfleet as tfl
+    >>> result = tfl.serving.export(model, "models/digits", version=1)  # doctest: +SKIP
+    >>> tfl.serving.serve("models/digits", port=8500, rest_api_port=8501)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from tensorfleet.lazy import attach
+
+__getattr__, _LAZY = attach(
+    __name__,
+    modules=("batching", "errors", "grpc_api", "predictor", "repository", "rest", "saved_model", "servable", "server"),
+    names={
+        "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
+        "TensorSignature": "saved_model",
+        "ModelServer": "server", "serve": "server", "BatchingOptions": "batching", "Batcher": "batching",
+        "ServingError": "errors", "ModelRepository": "repository", "Predictor": "predictor",
+    },
+)
+
+__all__ = list(dict.fromkeys(_LAZY))

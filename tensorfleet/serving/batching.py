@@ -1,0 +1,234 @@
+"""Dynamic batching: concurrent requests queued and run as one signature call.
+
+A batch thread takes the oldest request, then keeps taking requests until the batch holds
+``max_batch_size`` rows or ``batch_timeout_micros`` have passed since it took the first (TF
+Serving's shared batch scheduler works the same way). The rows are stacked and padded with zeros
+to the next of a few allowed batch sizes, so the signature only ever sees those shapes and its
+kernels are chosen once per size; every caller gets back exactly its own rows.
+
+The smallest allowed size is 2: on CPU a one-row matmul takes another kernel path than a
+many-row one (results differ in the last bit), so padding a lone row to 2 makes every row's
+result independent of how it was batched. The math (sizes, padding, stacking, splitting) is in
+small pure functions that tests check with numpy alone.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from tensorfleet.serving.errors import Code, ServingError
+from tensorfleet.validation import integer, positive_int
+
+__all__ = ["Batcher", "BatchingOptions", "allowed_batch_sizes", "merge_rows", "padded_size", "split_rows"]
+
+Arrays = Mapping[str, np.ndarray]
+
+
+def allowed_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two from 2 up to ``max_batch_size``, and ``max_batch_size`` itself.
+
+    Example:
+        >>> allowed_batch_sizes(32), allowed_batch_sizes(12), allowed_batch_sizes(1)
+        ((2, 4, 8, 16, 32), (2, 4, 8, 12), (1,))
+    """
+    positive_int("max_batch_size", max_batch_size)
+    sizes = {max_batch_size}
+    size = 2
+    while size < max_batch_size:
+        sizes.add(size)
+        size *= 2
+    return tuple(sorted(sizes))
+
+
+def padded_size(rows: int, allowed: Sequence[int]) -> int:
+    """The smallest allowed size that holds ``rows``; ``rows`` itself when none does (run unpadded).
+
+    Example:
+        >>> padded_size(1, (2, 4, 8)), padded_size(5, (2, 4, 8)), padded_size(9, (2, 4, 8))
+        (2, 8, 9)
+    """
+    return next((size for size in sorted(allowed) if size >= rows), rows)
+
+
+def merge_rows(requests: Sequence[Arrays], size: int) -> dict[str, np.ndarray]:
+    """Each input of ``requests`` stacked along the batch axis, then zero-padded to ``size`` rows.
+
+    Example:
+        >>> merge_rows([{"x": np.ones((1, 2))}, {"x": np.full((2, 2), 2.0)}], 4)["x"].tolist()
+        [[1.0, 1.0], [2.0, 2.0], [2.0, 2.0], [0.0, 0.0]]
+    """
+    merged = {}
+    for name in requests[0]:
+        stacked = np.concatenate([r[name] for r in requests]) if len(requests) > 1 else requests[0][name]
+        if size > stacked.shape[0]:
+            pad = np.zeros((size - stacked.shape[0], *stacked.shape[1:]), stacked.dtype)
+            stacked = np.concatenate([stacked, pad])
+        merged[name] = stacked
+    return merged
+
+
+def split_rows(outputs: Arrays, counts: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """The batch's outputs cut back into one dict per request (``counts`` rows each, padding dropped).
+
+    Example:
+        >>> [r["y"].tolist() for r in split_rows({"y": np.arange(4)}, [1, 2])]
+        [[0], [1, 2]]
+    """
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return [{k: v[starts[i]:starts[i + 1]] for k, v in outputs.items()} for i in range(len(counts))]
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """TF Serving's batching parameters.
+
+    Args:
+        max_batch_size: the most rows one signature call takes.
+        batch_timeout_micros: how long the first request of a batch waits for others.
+        num_batch_threads: batches that may run at once.
+        allowed_batch_sizes: sizes batches are padded to (default: :func:`allowed_batch_sizes`).
+        max_enqueued_batches: queued requests beyond this many batches' worth are refused
+            (RESOURCE_EXHAUSTED / HTTP 429) instead of waiting without bound.
+    """
+
+    max_batch_size: int = 32
+    batch_timeout_micros: int = 1000
+    num_batch_threads: int = 2
+    allowed_batch_sizes: tuple[int, ...] | None = None
+    max_enqueued_batches: int = 100
+
+    def __post_init__(self) -> None:
+        positive_int("max_batch_size", self.max_batch_size)
+        integer("batch_timeout_micros", self.batch_timeout_micros, minimum=0)
+        positive_int("num_batch_threads", self.num_batch_threads)
+        positive_int("max_enqueued_batches", self.max_enqueued_batches)
+        if self.allowed_batch_sizes is not None:
+            sizes = tuple(positive_int("allowed_batch_sizes", s) for s in self.allowed_batch_sizes)
+            if not sizes or max(sizes) != self.max_batch_size:
+                raise ValueError("allowed_batch_sizes must end with max_batch_size "
+                                 f"({self.max_batch_size}). Received: allowed_batch_sizes={list(sizes)}")
+            object.__setattr__(self, "allowed_batch_sizes", tuple(sorted(sizes)))
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.allowed_batch_sizes or allowed_batch_sizes(self.max_batch_size)
+
+
+class _Task:
+    __slots__ = ("arrays", "rows", "future")
+
+    def __init__(self, arrays: Arrays) -> None:
+        self.arrays = arrays
+        self.rows = next(iter(arrays.values())).shape[0]
+        self.future: Future = Future()
+
+
+_STOP = object()
+
+
+class Batcher:
+    """Queues requests for one signature and runs them in batches on ``num_batch_threads`` threads.
+
+    Example:
+        >>> batcher = Batcher(lambda a: {"y": a["x"] * 2}, BatchingOptions(max_batch_size=4))
+        >>> batcher.submit({"x": np.array([1.0, 2.0])}).result()["y"].tolist()
+        [2.0, 4.0]
+        >>> batcher.close()
+    """
+
+    def __init__(self, run: Callable[[Arrays], Mapping[str, np.ndarray]], options: BatchingOptions,
+                 *, name: str = "batcher") -> None:
+        self._run = run
+        self.options = options
+        self._queue: queue.Queue = queue.Queue()
+        self._limit = options.max_enqueued_batches * options.max_batch_size
+        self._closed = False
+        self._lock = threading.Lock()
+        self.batches = 0
+        self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
+                         for i in range(options.num_batch_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, arrays: Arrays) -> Future:
+        """Queues one request's checked arrays; the future holds exactly its rows of every output."""
+        task = _Task(arrays)
+        with self._lock:
+            if self._closed:
+                raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
+            if self._queue.qsize() >= self._limit:
+                raise ServingError(f"The batch queue is full ({self._limit} requests waiting); retry later.",
+                                   Code.RESOURCE_EXHAUSTED)
+            self._queue.put(task)
+        return task.future
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stops taking requests, runs every queued one, then stops the threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for _ in self._threads:
+                self._queue.put(_STOP)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _next(self, timeout: float) -> object | None:
+        try:
+            return self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _collect(self, first: _Task, carry: list) -> tuple[list[_Task], bool]:
+        """The batch that starts with ``first``; a request that would overflow it goes to ``carry``."""
+        batch, rows, stop = [first], first.rows, False
+        deadline = time.monotonic() + self.options.batch_timeout_micros / 1e6
+        while rows < self.options.max_batch_size:
+            item = self._next(deadline - time.monotonic())
+            if item is None:
+                break
+            if item is _STOP:
+                stop = True
+                break
+            if rows + item.rows > self.options.max_batch_size:
+                carry.append(item)
+                break
+            batch.append(item)
+            rows += item.rows
+        return batch, stop
+
+    def _loop(self) -> None:
+        carry: list[_Task] = []
+        while True:
+            item = carry.pop() if carry else self._queue.get()
+            if item is _STOP:
+                return
+            batch, stop = self._collect(item, carry)
+            self._execute([t for t in batch if t.future.set_running_or_notify_cancel()])
+            if stop:
+                while carry:  # a request carried over still runs before this thread stops
+                    self._execute([t for t in [carry.pop()] if t.future.set_running_or_notify_cancel()])
+                return
+
+    def _execute(self, batch: list[_Task]) -> None:
+        if not batch:
+            return
+        counts = [t.rows for t in batch]
+        size = padded_size(sum(counts), self.options.sizes)
+        try:
+            outputs = self._run(merge_rows([t.arrays for t in batch], size))
+        except Exception as exc:  # every caller of the batch gets the failure, the thread lives on
+            for task in batch:
+                task.future.set_exception(exc)
+            return
+        with self._lock:
+            self.batches += 1
+        for task, rows in zip(batch, split_rows(outputs, counts)):
+            task.future.set_result(rows)

@@ -1,0 +1,97 @@
+"""What both fronts call: find the servable, check the request, run it (batched or not).
+
+:meth:`Predictor.submit` checks a request at once (raising
+:class:`~tensorfleet.serving.errors.ServingError`) and returns a future of the outputs, which the
+REST front awaits on its event loop and the gRPC front waits on in its handler thread. With
+batching, the future is a batcher's; without, one signature call on a small thread pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from tensorfleet.serving.batching import Batcher, BatchingOptions
+from tensorfleet.serving.errors import Code, ServingError
+from tensorfleet.serving.repository import ModelRepository
+from tensorfleet.serving.servable import Servable, Signature
+from tensorfleet.validation import positive_int
+
+__all__ = ["Prediction", "Predictor"]
+
+
+@dataclass
+class Prediction:
+    """A request accepted for running: where it runs and the future of its outputs."""
+
+    servable: Servable
+    signature: Signature
+    outputs: list[str]
+    future: Future
+
+    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """The requested outputs, once computed (``output_filter`` applied)."""
+        values = self.future.result(timeout)
+        return {k: values[k] for k in self.outputs}
+
+
+class Predictor:
+    """Runs requests against a :class:`~tensorfleet.serving.repository.ModelRepository`.
+
+    Example:
+        >>> predictor = Predictor(repository, batching=BatchingOptions(max_batch_size=32))  # doctest: +SKIP
+        >>> predictor.submit("digits", {"image": x}).result()["logits"]                       # doctest: +SKIP
+    """
+
+    def __init__(self, repository: ModelRepository, *, batching: BatchingOptions | None = None,
+                 request_threads: int = 4) -> None:
+        self.repository = repository
+        self.batching = batching
+        self._pool = ThreadPoolExecutor(positive_int("request_threads", request_threads),
+                                        thread_name_prefix="tfl-serving")
+        self._batchers: dict[tuple[int, str], Batcher] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, model: str, inputs: Mapping[str, Any], *, version: int | None = None, label: str | None = None,
+               signature_name: str | None = None, output_filter: list[str] | None = None,
+               strict_dtype: bool = False) -> Prediction:
+        """Checks the request and starts it; every problem with it raises ServingError here."""
+        servable = self.repository.get(model, version, label)
+        signature = servable.signature(signature_name)
+        outputs = signature.filter_outputs(output_filter)
+        arrays = signature.check(inputs, strict_dtype=strict_dtype)
+        if self._closed:
+            raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
+        if self.batching is None:
+            future = self._pool.submit(servable.run, signature.name, arrays)
+        else:
+            future = self._batcher(servable, signature.name).submit(arrays)
+        return Prediction(servable, signature, outputs, future)
+
+    def _batcher(self, servable: Servable, signature: str) -> Batcher:
+        key = (servable.version, signature)
+        with self._lock:
+            if key not in self._batchers:
+                self._batchers[key] = Batcher(lambda arrays: servable.run(signature, arrays), self.batching,
+                                              name=f"batch-{servable.name}-{servable.version}")
+            return self._batchers[key]
+
+    @property
+    def batches(self) -> int:
+        """Batches run so far, over every batcher."""
+        with self._lock:
+            return sum(b.batches for b in self._batchers.values())
+
+    def close(self) -> None:
+        """Runs what is queued, then stops the batchers and the request threads."""
+        self._closed = True
+        with self._lock:
+            batchers = list(self._batchers.values())
+        for batcher in batchers:
+            batcher.close()
+        self._pool.shutdown(wait=True)

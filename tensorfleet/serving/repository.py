@@ -1,0 +1,105 @@
+"""A model's base directory and the versions loaded from it, found by name, version or label.
+
+The layout is TF Serving's: ``BASE/<integer version>/saved_model.pb``; other entries are ignored.
+The version policy is TF Serving's too: ``latest`` serves the highest version, ``all`` every one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from enum import Enum
+from pathlib import Path
+from typing import Mapping
+
+from tensorfleet.serving.errors import Code, ServingError
+from tensorfleet.serving.servable import Servable
+from tensorfleet.validation import choice
+
+__all__ = ["ModelRepository", "VersionPolicy", "versions_on_disk"]
+
+
+class VersionPolicy(str, Enum):
+    """Which versions under the base directory are served (TF Serving's model_version_policy)."""
+
+    LATEST = "latest"
+    ALL = "all"
+
+
+def versions_on_disk(base: str | os.PathLike[str]) -> list[int]:
+    """The complete versions under ``base`` (integer directories holding a saved_model.pb), ascending."""
+    base = Path(base)
+    if not base.is_dir():
+        return []
+    return sorted(int(p.name) for p in base.iterdir()
+                  if p.name.isdigit() and (p / "saved_model.pb").is_file())
+
+
+class ModelRepository:
+    """One served model: its name, base directory and loaded versions.
+
+    Example:
+        >>> repo = ModelRepository("digits", "models/digits")  # doctest: +SKIP
+        >>> repo.get("digits").version                           # doctest: +SKIP
+        1
+    """
+
+    def __init__(self, name: str, base_path: str | os.PathLike[str], *, policy: str | VersionPolicy = "latest",
+                 labels: Mapping[str, int] | None = None) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"model_name must be a non-empty name without '/'. Received: model_name={name!r}")
+        self.name = name
+        self.base = Path(base_path)
+        self.policy = choice(VersionPolicy, "model_version_policy", policy)
+        self.labels = dict(labels or {})
+        self._lock = threading.Lock()
+        self.servables: dict[int, Servable] = {}
+
+    def load(self) -> list[int]:
+        """Loads the versions the policy selects; returns them. Fails clearly when there is none."""
+        if not self.base.is_dir():
+            raise FileNotFoundError(f"No model base directory at {str(self.base)!r}.")
+        found = versions_on_disk(self.base)
+        if not found:
+            raise FileNotFoundError(f"No version under {str(self.base)!r}: expected {self.base}/<integer>/"
+                                    "saved_model.pb (write one with `tensorfleet serving export`).")
+        wanted = found[-1:] if self.policy is VersionPolicy.LATEST else found
+        loaded = {v: Servable(self.name, v, self.base / str(v)) for v in wanted}
+        unknown = {k: v for k, v in self.labels.items() if v not in loaded}
+        if unknown:
+            raise ValueError(f"Labels point at versions that are not served: {unknown}; served: {sorted(loaded)}.")
+        with self._lock:
+            self.servables = loaded
+        return sorted(loaded)
+
+    @property
+    def versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self.servables)
+
+    def get(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
+        """The servable for a request: the latest version unless a version or a label pins one."""
+        if name != self.name:
+            raise ServingError(f"Servable not found for request: model {name!r} is not served (this server "
+                               f"serves {self.name!r}).", Code.NOT_FOUND)
+        if label:
+            if label not in self.labels:
+                raise ServingError(f"Unrecognized servable version label: {label!r}; labels: "
+                                   f"{sorted(self.labels)}.", Code.NOT_FOUND)
+            version = self.labels[label]
+        with self._lock:
+            if version is None:
+                if not self.servables:
+                    raise ServingError(f"No version of {name!r} is loaded.", Code.UNAVAILABLE)
+                return self.servables[max(self.servables)]
+            if version not in self.servables:
+                raise ServingError(f"Servable not found for request: Specific({name}, {version}); served "
+                                   f"versions: {sorted(self.servables)}.", Code.NOT_FOUND)
+            return self.servables[version]
+
+    def status(self, name: str, version: int | None = None) -> list[tuple[int, str]]:
+        """(version, state) pairs as TF Serving reports them: AVAILABLE for every loaded version."""
+        if name != self.name:
+            raise ServingError(f"Could not find any versions of model {name!r}.", Code.NOT_FOUND)
+        versions = self.versions if version is None else [self.get(name, version).version]
+        return [(v, "AVAILABLE") for v in versions]

@@ -1,0 +1,161 @@
+"""A Keras model as a SavedModel in TF Serving's versioned layout (``BASE/<version>/``).
+
+TF Serving loads ``BASE/<version>/saved_model.pb`` and serves its ``serving_default`` signature; a
+directory whose name is not an integer is ignored. The version is written under a temporary name
+in ``BASE`` and renamed into place when complete, so a server polling ``BASE`` never sees half a
+model.
+
+Only the model's variables and one ``tf.function`` are saved (not Keras' own per-layer traces), so
+export is quick, and a model built under any ``tf.distribute`` strategy scope exports the same way:
+its mirrored variables are saved once, as plain variables.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from tensorfleet.validation import integer
+
+__all__ = ["DEFAULT_SIGNATURE", "ExportResult", "TensorSignature", "export", "load_keras_model"]
+
+DEFAULT_SIGNATURE = "serving_default"
+
+
+@dataclass(frozen=True)
+class TensorSignature:
+    """One named input or output of a signature: its dtype name and shape (``None`` = any size)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    def __str__(self) -> str:
+        dims = ", ".join("None" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export` wrote: the version directory and the signature's named tensors."""
+
+    path: Path
+    version: int
+    signature_name: str
+    inputs: tuple[TensorSignature, ...] = field(default_factory=tuple)
+    outputs: tuple[TensorSignature, ...] = field(default_factory=tuple)
+
+    def summary(self) -> str:
+        """Lines stating where the model went and the names a client must use."""
+        lines = [f"exported version {self.version} to {self.path} (signature {self.signature_name!r})"]
+        lines += [f"  input  {t}" for t in self.inputs]
+        lines += [f"  output {t}" for t in self.outputs]
+        return "\n".join(lines)
+
+
+def _unique(names: Sequence[str], what: str) -> list[str]:
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} must be distinct. Received: {what}={list(names)!r}")
+    return list(names)
+
+
+def _names(given: Sequence[str] | None, default: Sequence[str], what: str) -> list[str]:
+    if given is None:
+        return _unique(default, what)
+    given = [given] if isinstance(given, str) else list(given)
+    if len(given) != len(default):
+        raise ValueError(f"{what} must name each of the model's {len(default)} tensors. "
+                         f"Received: {what}={given!r}")
+    return _unique(given, what)
+
+
+def _signature_function(model: Any, input_names: list[str], output_names: list[str]) -> Any:
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec([None, *x.shape[1:]], x.dtype, name=n) for x, n in zip(model.inputs, input_names)]
+
+    @tf.function(input_signature=specs)
+    def serve(*tensors: Any) -> dict[str, Any]:
+        outputs = model(list(tensors) if len(tensors) > 1 else tensors[0], training=False)
+        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        return dict(zip(output_names, outputs))
+
+    return serve
+
+
+def _describe(named: Any) -> tuple[TensorSignature, ...]:
+    return tuple(TensorSignature(name, spec.dtype.name, tuple(spec.shape.as_list())) for name, spec in named)
+
+
+def _check_model(model: Any) -> None:
+    if not hasattr(model, "inputs") or not getattr(model, "inputs", None):
+        raise ValueError("export needs a built Keras model with known inputs (a functional or Sequential "
+                         f"model with an input shape). Received: {type(model).__name__}")
+
+
+def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
+           input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
+           overwrite: bool = False) -> ExportResult:
+    """Writes ``model`` to ``base_dir/<version>/`` with a ``serving_default`` signature.
+
+    Args:
+        model: a built Keras model (functional or Sequential with an input shape), built under
+            any strategy scope or none.
+        base_dir: the model's base directory, as ``tensorfleet serve`` and TF Serving take it.
+        version: a positive integer; TF Serving serves the highest by default.
+        input_names: the signature's input names (default: the model's input layer names).
+        output_names: the signature's output names (default: the model's output layer names).
+        overwrite: replace an existing version directory instead of refusing.
+
+    Returns:
+        An :class:`ExportResult` naming the inputs and outputs a client sends and receives.
+
+    Example:
+        >>> import tensorfleet as tfl
+        >>> result = tfl.serving.export(tfl.models.build("digits_cnn"), "models/digits", version=1)  # doctest: +SKIP
+        >>> print(result.summary())                                                                # doctest: +SKIP
+        exported version 1 to models/digits/1 (signature 'serving_default')
+          input  image: float32[None, 8, 8, 1]
+          output logits: float32[None, 10]
+    """
+    import tensorflow as tf
+
+    version = integer("version", version, minimum=1)
+    _check_model(model)
+    inputs = _names(input_names, model.input_names, "input_names")
+    outputs = _names(output_names, model.output_names, "output_names")
+    base = Path(base_dir)
+    target = base / str(version)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"Version {version} already exists at {target}; pick another version or pass "
+                              "overwrite=True.")
+    base.mkdir(parents=True, exist_ok=True)
+    module = tf.Module()
+    module.weights = list(model.variables)  # tracked so the signature's captured variables are saved
+    module.serve = _signature_function(model, inputs, outputs)
+    signature = module.serve.get_concrete_function()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".tmp", dir=base))
+    try:
+        tf.saved_model.save(module, str(tmp), signatures={DEFAULT_SIGNATURE: signature})
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(target, version, DEFAULT_SIGNATURE,
+                        _describe((spec.name, spec) for spec in module.serve.input_signature),
+                        _describe(signature.structured_outputs.items()))
+
+
+def load_keras_model(path: str | os.PathLike[str]) -> Any:
+    """Loads a ``.keras``/``.h5`` file or a Keras SavedModel directory for export (no compile needed)."""
+    import tensorflow as tf
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"No Keras model at {str(path)!r}.")
+    return tf.keras.models.load_model(path, compile=False)

@@ -1,0 +1,140 @@
+"""The model server: a model's base directory served over TF Serving's gRPC and REST APIs.
+
+:class:`ModelServer` loads the versions, starts the gRPC front (grpcio) and the REST front
+(aiohttp) on 127.0.0.1 unless told otherwise, and stops in order: both fronts stop listening and
+finish the requests in flight, then the batchers run what is queued. :func:`serve` does the same
+until SIGTERM or SIGINT, as ``tensorfleet serve`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Callable, Mapping
+
+from tensorfleet.serving.batching import BatchingOptions
+from tensorfleet.serving.grpc_api import GrpcServer
+from tensorfleet.serving.predictor import Predictor
+from tensorfleet.serving.repository import ModelRepository, VersionPolicy
+from tensorfleet.serving.rest import RestServer
+from tensorfleet.validation import integer, number, positive_int
+from tensorfleet.validation import port as check_port
+
+__all__ = ["ModelServer", "serve"]
+
+
+class ModelServer:
+    """One model served over gRPC (``port``) and REST (``rest_api_port``; 0 turns REST off).
+
+    Args:
+        base_path: the model's base directory (``BASE/<version>/saved_model.pb``).
+        model_name: the name clients ask for (default: the base directory's name).
+        host: the address both fronts bind; 127.0.0.1 unless another is asked for.
+        port: gRPC port (TF Serving's 8500). rest_api_port: REST port (8501).
+        batching: dynamic batching options; None runs one signature call per request.
+        model_version_policy: ``latest`` (the highest version) or ``all``.
+        labels: version labels (``{"stable": 1}``) for ``/labels/{label}`` and ``version_label``.
+        max_request_bytes: the largest request body (REST, 413) or message (gRPC, RESOURCE_EXHAUSTED).
+        drain_seconds: how long stopping waits for requests in flight.
+
+    Example:
+        >>> with ModelServer("models/digits", port=8500, rest_api_port=8501) as server:  # doctest: +SKIP
+        ...     print(server.versions)
+        [1]
+    """
+
+    def __init__(self, base_path: str | os.PathLike[str], *, model_name: str | None = None,
+                 host: str = "127.0.0.1", port: int = 8500, rest_api_port: int = 8501,
+                 batching: BatchingOptions | None = None, model_version_policy: str | VersionPolicy = "latest",
+                 labels: Mapping[str, int] | None = None, max_request_bytes: int = 4 << 20,
+                 drain_seconds: float = 10.0, request_threads: int = 4,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.base_path = Path(base_path)
+        self.model_name = model_name or self.base_path.resolve().name
+        self.host = host
+        self.port = check_port("port", port)
+        self.rest_api_port = integer("rest_api_port", rest_api_port, minimum=0, maximum=65535)
+        self.max_request_bytes = positive_int("max_request_bytes", max_request_bytes)
+        self.drain_seconds = number("drain_seconds", drain_seconds, minimum=0)
+        self.repository = ModelRepository(self.model_name, self.base_path, policy=model_version_policy,
+                                          labels=labels)
+        self.predictor = Predictor(self.repository, batching=batching, request_threads=request_threads)
+        self.log = log or (lambda line: None)
+        self._grpc: GrpcServer | None = None
+        self._rest: RestServer | None = None
+        self._stopped = threading.Event()
+
+    @property
+    def versions(self) -> list[int]:
+        return self.repository.versions
+
+    def start(self) -> ModelServer:
+        """Loads the model and starts both fronts; a port in use fails here, with nothing left running."""
+        versions = self.repository.load()
+        self.log(f"loaded {self.model_name!r} version(s) {versions} from {self.base_path}")
+        try:
+            self._grpc = GrpcServer(self.predictor, self.host, self.port, max_message_bytes=self.max_request_bytes,
+                                    drain_seconds=self.drain_seconds)
+            self._grpc.start()
+            self.log(f"gRPC  {self.host}:{self.port} (tensorflow.serving.PredictionService, ModelService)")
+            if self.rest_api_port:
+                self._rest = RestServer(self.predictor, self.host, self.rest_api_port,
+                                        max_body_bytes=self.max_request_bytes, drain_seconds=self.drain_seconds)
+                self._rest.start()
+                self.log(f"REST  http://{self.host}:{self.rest_api_port}/v1/models/{self.model_name}")
+        except BaseException:
+            self.stop()
+            raise
+        batching = self.predictor.batching
+        self.log("batching: " + ("off (one signature call per request)" if batching is None else
+                                  f"max_batch_size={batching.max_batch_size}, "
+                                  f"batch_timeout_micros={batching.batch_timeout_micros}, "
+                                  f"num_batch_threads={batching.num_batch_threads}, sizes={list(batching.sizes)}"))
+        return self
+
+    def stop(self) -> None:
+        """Stops listening, finishes requests in flight (up to ``drain_seconds``), then the batchers."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        fronts = [f for f in (self._rest, self._grpc) if f is not None]
+        threads = [threading.Thread(target=front.stop) for front in fronts]  # both drain at once
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.predictor.close()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until :meth:`stop` has been called (or ``timeout``); True if it was."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(base_path: str | os.PathLike[str], **options: object) -> None:
+    """Runs a :class:`ModelServer` until SIGTERM or SIGINT, then drains it and returns.
+
+    Takes :class:`ModelServer`'s arguments. Must run in the main thread (it installs the signal handlers).
+
+    Example:
+        >>> serve("models/digits", model_name="digits", port=8500, rest_api_port=8501)  # doctest: +SKIP
+    """
+    server = ModelServer(base_path, **options)  # type: ignore[arg-type]
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.start()
+        while not stop.wait(0.5):
+            pass
+        server._log("stopping: draining requests in flight")
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
