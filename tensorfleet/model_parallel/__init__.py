@@ -11,13 +11,19 @@
 * :mod:`~tensorfleet.model_parallel.chain`: a Keras model read as one chain of layers, which
   mesh layouts and pipeline stages both split.
 * :mod:`~tensorfleet.model_parallel.mtf_compat`: the one place that imports mesh-tensorflow.
+  mesh-tensorflow 0.1.21 does not import on TensorFlow 2.14 as shipped; once this package is
+  imported, a plain ``import mesh_tensorflow`` works (or call :func:`import_mesh_tensorflow`).
 
-Submodules load on first use, so ``import tensorfleet.model_parallel`` touches no device.
+Submodules load on first use, so ``import tensorfleet.model_parallel`` touches no device and
+loads no TensorFlow.
 """
 
 from __future__ import annotations
 
 from tensorfleet.lazy import attach
+from tensorfleet.model_parallel.mtf_compat import fix_on_import
+
+fix_on_import()  # registers an import hook only; see mtf_compat
 
 __getattr__, __all__ = attach(__name__, modules=("chain", "mesh", "mtf_compat", "pipeline", "tensor_parallel"), names={
     "Mesh": "mesh", "MeshLayout": "mesh", "MeshBackend": "mesh", "MeshHistory": "mesh",

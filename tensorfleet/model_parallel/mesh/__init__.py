@@ -162,7 +162,8 @@ class Mesh:
 
         Args:
             model_fn: ``model_fn(mtf, mesh, inputs, dims) -> logits``: builds the model with
-                ``mtf`` (the mesh-tensorflow module, already import-fixed) on ``mesh`` from
+                ``mtf`` (the mesh-tensorflow module; a plain ``import mesh_tensorflow`` in the
+                user's own code works too once this package is imported) on ``mesh`` from
                 ``inputs`` (dimensions ``batch``, [``seq``,] ``features``); ``dims`` maps
                 every dimension name to its ``mtf.Dimension``. The logits must have a
                 ``classes`` dimension.
