@@ -133,8 +133,9 @@ def serve(base_path: str | os.PathLike[str], **options: object) -> None:
         server.start()
         while not stop.wait(0.5):
             pass
-        server._log("stopping: draining requests in flight")
+        server.log("stopping: draining requests in flight")
     finally:
         server.stop()
+        server.log("stopped")
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,0 +1,83 @@
+"""``tensorfleet serve``: a model's base directory over TF Serving's gRPC and REST APIs.
+
+The flags are TF Serving's where it has them (``--port`` 8500 for gRPC, ``--rest-api-port``
+8501, ``--model-name``, ``--enable-batching`` with ``--max-batch-size``, ``--batch-timeout-micros``,
+``--num-batch-threads``); TF Serving's underscore spellings are accepted too. Both fronts bind
+127.0.0.1 unless ``--host`` says otherwise. SIGTERM or Ctrl-C drains the requests in flight, then exits.
+
+Example:
+    $ tensorfleet serve models/digits --model-name digits --enable-batching --max-batch-size 32
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+__all__ = ["register", "serve_command"]
+
+
+def _labels(pairs: list[str]) -> dict[str, int]:
+    labels = {}
+    for pair in pairs:
+        label, sep, version = pair.partition("=")
+        if not sep or not label or not version.isdigit():
+            raise ValueError(f"--label takes LABEL=VERSION (e.g. stable=1). Received: --label {pair!r}")
+        labels[label] = int(version)
+    return labels
+
+
+def _sizes(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"--allowed-batch-sizes takes comma-separated integers. Received: {text!r}") from None
+
+
+def serve_command(
+    base: Path = typer.Argument(..., help="The model's base directory (BASE/<version>/saved_model.pb)."),
+    model_name: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--model-name", "--model_name", help="The name clients ask for (default: BASE's name)."),
+    port: int = typer.Option(8500, "--port", help="gRPC port."),
+    rest_api_port: int = typer.Option(8501, "--rest-api-port", "--rest_api_port", help="REST port; 0 turns REST off."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; 0.0.0.0 serves every interface."),
+    enable_batching: bool = typer.Option(False, "--enable-batching", "--enable_batching",
+                                         help="Run concurrent requests as one batch."),
+    max_batch_size: int = typer.Option(32, "--max-batch-size", "--max_batch_size", help="Rows per batch at most."),
+    batch_timeout_micros: int = typer.Option(1000, "--batch-timeout-micros", "--batch_timeout_micros",
+                                             help="How long a batch waits to fill."),
+    num_batch_threads: int = typer.Option(2, "--num-batch-threads", "--num_batch_threads",
+                                          help="Batches run at once."),
+    allowed_batch_sizes: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--allowed-batch-sizes", help="Sizes batches are padded to, e.g. 2,8,32 (default: powers of 2)."),
+    model_version_policy: str = typer.Option("latest", "--model-version-policy",
+                                             help="latest (the highest version) or all."),
+    label: Optional[List[str]] = typer.Option(  # noqa: UP006,UP007
+        None, "--label", help="A version label, LABEL=VERSION (repeatable)."),
+    max_request_size: str = typer.Option("4MiB", "--max-request-size",
+                                         help="Largest request body or gRPC message (e.g. 4MiB)."),
+    drain_seconds: float = typer.Option(10.0, "--drain-seconds", help="How long SIGTERM waits for requests in flight."),
+) -> None:
+    """Serve BASE over TF Serving's gRPC (PredictionService, ModelService) and REST APIs until SIGTERM."""
+    from tensorfleet.serving.batching import BatchingOptions
+    from tensorfleet.serving.server import serve
+    from tensorfleet.validation import parse_bytes
+
+    if not base.is_dir():
+        raise FileNotFoundError(f"No model base directory at {str(base)!r}.")
+    batching = BatchingOptions(max_batch_size=max_batch_size, batch_timeout_micros=batch_timeout_micros,
+                               num_batch_threads=num_batch_threads,
+                               allowed_batch_sizes=_sizes(allowed_batch_sizes)) if enable_batching else None
+    serve(base, model_name=model_name, host=host, port=port, rest_api_port=rest_api_port, batching=batching,
+          model_version_policy=model_version_policy, labels=_labels(label or []),
+          max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds,
+          log=lambda line: typer.echo(f"[serve] {line}"))
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``serve`` to the ``tensorfleet`` command."""
+    app.command("serve")(serve_command)
