@@ -25,9 +25,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 __all__ = ["app", "main", "click_exceptions", "GROUPS", "COMMANDS"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
-GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated")
+GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving")
 # Top-level commands: each module defines register(app).
-COMMANDS: tuple[str, ...] = ("launch", "plan")
+COMMANDS: tuple[str, ...] = ("launch", "plan", "serve")
 
 app = typer.Typer(
     name="tensorfleet",
