@@ -7,9 +7,13 @@
    logical CPU devices (MirroredStrategy), and a 2-process ``MultiWorkerMirroredStrategy``
    with the RING implementation over 127.0.0.1, for tensors of 1 KB to 256 MB. Contenders are
    alternated within each repetition and the median is kept. Two models are fitted per
-   implementation on every other size, side by side: the plain alpha-beta line and the
-   cache-aware link (a second rate once the buffer leaves this machine's last-level cache). The prediction error of both is reported on all sizes (held-out ones marked), and a
-   PNG plots time against size.
+   implementation on the same sizes (``FIT_SIZES``), side by side: the plain alpha-beta line
+   and the cache-aware link (a second rate once the buffer leaves this machine's last-level
+   cache). Errors on the held-out sizes are reported apart from those on the fitted sizes,
+   which are not evidence; a rate that one fitted size alone decides is named with the
+   held-out sizes that test it; the target is judged on the model of record of each
+   implementation (``OF_RECORD``, fixed in this file before measuring), never on the better
+   of the two (``tensorfleet.planner.fit_check``). A PNG plots time against size.
 
 Run: ``.venv/bin/python bench/collectives.py [--quick] [--out out/bench]``
 """
@@ -159,11 +163,15 @@ def measure_ring(sizes: list[int], repeats: int, timeout: float = 600.0) -> dict
     return {int(k): _median(v) for k, v in json.loads(line[6:]).items()}
 
 
-# The model of record per implementation: the logical devices of one process copy through
-# memory and fall off the last-level cache (cache-aware link); the RING between processes goes
-# through gRPC at a fraction of memory speed, where the cache does not show (plain alpha-beta).
-OF_RECORD = {"ReductionToOneDevice": "cache-aware", "HierarchicalCopyAllReduce": "cache-aware",
-             "MultiWorker RING": "alpha-beta"}
+# The model of record per implementation, fixed by how the implementation moves its bytes and
+# not by any run's errors: the logical devices of one process copy through memory, where a
+# buffer larger than the last-level cache costs more per byte (cache-aware link); the RING
+# between processes goes through gRPC at a fraction of memory speed, where the cache cannot show
+# (plain alpha-beta). Set on 2026-11-23 at 06:00 UTC, after the runs recorded in
+# bench/RESULTS.md before then had been seen; fixed here since, so later runs judge it unchanged.
+# The report judges only this model; the other is printed for comparison.
+TRANSPORT = {"ReductionToOneDevice": "memory", "HierarchicalCopyAllReduce": "memory", "MultiWorker RING": "grpc"}
+OF_RECORD = {name: {"memory": "cache-aware", "grpc": "alpha-beta"}[way] for name, way in TRANSPORT.items()}
 TARGET_MAX = 64 * 2**20  # the target's range: 1 KB to 64 MB
 
 # Each TensorFlow implementation as the algorithm of the step model it follows:
@@ -173,69 +181,82 @@ TARGET_MAX = 64 * 2**20  # the target's range: 1 KB to 64 MB
 MODEL = {"ReductionToOneDevice": ("ps", 4), "HierarchicalCopyAllReduce": ("ps", 4), "MultiWorker RING": ("ring", 2)}
 
 
-def _fits(measured: dict[str, dict[int, float]], cache: int | None) -> dict[str, dict[str, object]]:
-    """Both links per implementation, fitted on every other size."""
-    from tensorfleet.planner import cost_model
+def fit_all(measured: dict[str, dict[int, float]], cache: int | None) -> dict[str, dict[str, object]]:
+    """Both models per implementation, fitted on FIT_SIZES, or why one could not be fitted."""
+    from tensorfleet.planner import fit_check
 
-    links: dict[str, dict[str, object]] = {}
+    checks: dict[str, dict[str, object]] = {}
     for name, by_size in measured.items():
         algorithm, n = MODEL[name]
-        train = [s for s in sorted(by_size) if s in FIT_SIZES]
-        times = [by_size[s] for s in train]
-        links[name] = {"alpha-beta": cost_model.fit_link(algorithm, n, train, times)}
-        if cache is not None and max(train) > cache:
-            links[name]["cache-aware"] = cost_model.fit_link(algorithm, n, train, times, cache_bytes=cache)
-    return links
+        checks[name] = {}
+        for model in fit_check.MODELS:
+            try:
+                checks[name][model] = fit_check.check_link(algorithm, n, by_size, FIT_SIZES, model=model,
+                                                           cache_bytes=cache)
+            except ValueError as error:
+                checks[name][model] = str(error)
+    return checks
 
 
-def validate(measured: dict[str, dict[int, float]], links: dict[str, dict[str, object]]
-             ) -> tuple[list[str], dict[str, object], dict[str, dict[str, dict[int, float]]]]:
-    """The table, a summary per implementation and link, and every relative error by size."""
-    from tensorfleet.planner import cost_model
+def table(measured: dict[str, dict[int, float]], checks: dict[str, dict[str, object]]) -> list[str]:
+    """Measured and predicted time of every size, each size marked fitted or held out."""
+    from tensorfleet.planner import fit_check
 
-    kinds = ["alpha-beta", "cache-aware"]
-    lines = ["| implementation | size | measured ms | " + " | ".join(f"{k} ms | {k} error" for k in kinds)
-             + " | fit/held-out |", "|---|---|---|---|---|---|---|---|"]
-    summary: dict[str, object] = {}
-    all_errors: dict[str, dict[str, dict[int, float]]] = {}
+    lines = ["| implementation | size | fitted or held out | measured ms | "
+             + " | ".join(f"{m} ms | {m} error" for m in fit_check.MODELS) + " |", "|---" * 7 + "|"]
     for name, by_size in measured.items():
-        algorithm, n = MODEL[name]
-        sizes = sorted(by_size)
-        train = FIT_SIZES
-        errors = all_errors[name] = {k: {} for k in links[name]}
-        for s in sizes:
+        for size in sorted(by_size):
             cells = []
-            for kind in kinds:
-                link = links[name].get(kind)
-                if link is None:
+            for model in fit_check.MODELS:
+                check = checks[name][model]
+                if isinstance(check, str):
                     cells.append("n/a | n/a")
                     continue
-                predicted = cost_model.predict(algorithm, n, float(s), link)  # type: ignore[arg-type]
-                errors[kind][s] = (predicted - by_size[s]) / by_size[s]
-                cells.append(f"{predicted * 1e3:.3f} | {errors[kind][s]:+.0%}")
-            lines.append(f"| {name} | {_human(s)} | {by_size[s] * 1e3:.3f} | " + " | ".join(cells)
-                         + f" | {'fit' if s in train else 'held-out'} |")
-        summary[name] = {}
-        for kind, errs in errors.items():
-            link = links[name][kind]
-            held = [abs(e) for s, e in errs.items() if s not in train]
-            summary[name][kind] = {  # type: ignore[index]
-                "alpha_s": link.alpha, "bandwidth_GBps": link.bandwidth / 1e9,  # type: ignore[attr-defined]
-                "uncached_GBps": None if link.beta_uncached is None else 1 / link.beta_uncached / 1e9,  # type: ignore[attr-defined]
-                "cache_bytes": link.cache_bytes,  # type: ignore[attr-defined]
-                "within_25pct": sum(abs(e) <= 0.25 for e in errs.values()), "sizes": len(errs),
-                "held_out_within_25pct": sum(e <= 0.25 for e in held), "held_out": len(held),
-                "median_abs_error": _median([abs(e) for e in errs.values()]),
-                "max_abs_error": max(abs(e) for e in errs.values()),
-            }
-    return lines, summary, all_errors
+                error = check.errors[size]  # type: ignore[attr-defined]
+                cells.append(f"{by_size[size] * (1 + error) * 1e3:.3f} | {error:+.0%}")
+            lines.append(f"| {name} | {_human(size)} | {'fitted' if size in FIT_SIZES else 'held out'} | "
+                         f"{by_size[size] * 1e3:.3f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def report(checks: dict[str, dict[str, object]]) -> list[str]:
+    """The fitted links, their held-out and fitted errors apart, the single-point rates, and the
+    target judged on the model of record's held-out sizes only."""
+    from tensorfleet.planner import fit_check
+
+    lines = ["## Fitted links (errors on held-out sizes; the fitted sizes are not evidence)", ""]
+    for name, by_model in checks.items():
+        for model, check in by_model.items():
+            role = "of record" if OF_RECORD[name] == model else "comparison only"
+            if isinstance(check, str):
+                lines.append(f"- {name}, {model} ({role}): not fitted: {check}")
+                continue
+            link = check.link  # type: ignore[attr-defined]
+            beyond = "" if link.beta_uncached is None else f", beyond the cache {1 / link.beta_uncached / 1e9:.2f} GB/s"
+            lines.append(f"- {name}, {model} ({role}): alpha = {link.alpha * 1e6:.1f} us, bandwidth = "
+                         f"{link.bandwidth / 1e9:.2f} GB/s{beyond}; held-out: {check.held_out.describe()}; "  # type: ignore[attr-defined]
+                         f"fitted: {check.fitted.describe()}")  # type: ignore[attr-defined]
+            lines += [f"  - {caveat}" for caveat in check.caveats()]  # type: ignore[attr-defined]
+    lines += ["", f"## Target: held-out sizes within 25% up to {_human(TARGET_MAX)}, model of record "
+              "(fixed in bench/collectives.py before measuring)", ""]
+    hits = total = 0
+    for name, by_model in checks.items():
+        lines.append("- " + fit_check.verdict(name, by_model, OF_RECORD[name], max_size=TARGET_MAX))  # type: ignore[arg-type]
+        check = by_model.get(OF_RECORD[name])
+        if not isinstance(check, str) and check is not None:
+            held = check.held_out.upto(TARGET_MAX)  # type: ignore[attr-defined]
+            hits, total = hits + held.within, total + held.count
+    lines.append(f"- all: {hits}/{total} held-out sizes within 25%")
+    return lines
 
 
 def _human(size: int) -> str:
-    return f"{size // 2**20} MiB" if size >= 2**20 else f"{size // 2**10} KiB"
+    from tensorfleet.planner.fit_check import human_size
+
+    return human_size(size)
 
 
-def plot(measured: dict[str, dict[int, float]], links: dict[str, dict[str, object]], cache: int | None,
+def plot(measured: dict[str, dict[int, float]], checks: dict[str, dict[str, object]], cache: int | None,
          path: str) -> None:
     import matplotlib
 
@@ -252,10 +273,12 @@ def plot(measured: dict[str, dict[int, float]], links: dict[str, dict[str, objec
         dense = sorted({2.0**k for k in range(10, int(max(sizes)).bit_length())} | {float(max(sizes))}
                        | ({float(cache), float(cache) + 1} if cache else set()))
         line, = ax.plot(sizes, [by_size[s] for s in sizes], "o", label=f"{name} measured")
-        for kind, style in (("alpha-beta", ":"), ("cache-aware", "-")):
-            if kind in links[name]:
-                ax.plot(dense, [cost_model.predict(algorithm, n, s, links[name][kind]) for s in dense],  # type: ignore[arg-type]
-                        style, color=line.get_color(), label=f"{name} {kind} ({algorithm}, N={n})")
+        for model, style in (("alpha-beta", ":"), ("cache-aware", "-")):
+            check = checks[name][model]
+            if not isinstance(check, str):
+                role = "of record" if OF_RECORD[name] == model else "comparison"
+                ax.plot(dense, [cost_model.predict(algorithm, n, s, check.link) for s in dense],  # type: ignore[attr-defined]
+                        style, color=line.get_color(), label=f"{name} {model}, {role} ({algorithm}, N={n})")
     if cache is not None:
         ax.axvline(cache, color="grey", lw=0.6, ls="--")
         ax.text(cache, 0.98, f"last-level cache {cache // 2**20} MiB", rotation=90, fontsize=6,
@@ -269,6 +292,27 @@ def plot(measured: dict[str, dict[int, float]], links: dict[str, dict[str, objec
     save_figure(fig, path)
 
 
+def summary(checks: dict[str, dict[str, object]]) -> dict[str, object]:
+    """The JSON of the fits: each model's link, errors by size (fitted and held out apart) and role."""
+    out: dict[str, object] = {}
+    for name, by_model in checks.items():
+        out[name] = {}
+        for model, check in by_model.items():
+            if isinstance(check, str):
+                out[name][model] = {"not_fitted": check}  # type: ignore[index]
+                continue
+            link = check.link  # type: ignore[attr-defined]
+            out[name][model] = {  # type: ignore[index]
+                "of_record": OF_RECORD[name] == model, "alpha_s": link.alpha, "bandwidth_Bps": link.bandwidth,
+                "uncached_Bps": None if link.beta_uncached is None else 1 / link.beta_uncached,
+                "cache_bytes": link.cache_bytes,
+                "fitted_errors": {str(int(s)): e for s, e in check.fitted.errors.items()},  # type: ignore[attr-defined]
+                "held_out_errors": {str(int(s)): e for s, e in check.held_out.errors.items()},  # type: ignore[attr-defined]
+                "single_point": {p: int(v) for p, v in check.single_point.items()},  # type: ignore[attr-defined]
+            }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sizes up to 1 MB, 3 repeats")
@@ -277,8 +321,9 @@ def main() -> None:
     parser.add_argument("--out", default="out/bench")
     args = parser.parse_args()
     from tensorfleet.planner import cost_model
+    from tensorfleet.validation import parse_bytes
 
-    largest = cost_model.parse_bytes(args.max_size)
+    largest = parse_bytes(args.max_size, require_unit=True)
     sizes = SIZES[:6] if args.quick else sorted(s for s in SIZES + EXTRA_SIZES if s <= largest)
     cache = cost_model.last_level_cache_bytes()
     repeats = 3 if args.quick else args.repeats
@@ -293,39 +338,20 @@ def main() -> None:
     print("\n".join(counts_table()))
     measured = measure_local(sizes, repeats)
     measured["MultiWorker RING"] = measure_ring(sizes, repeats)
-    links = _fits(measured, cache)
-    lines, summary, errors = validate(measured, links)
-    print(f"\n## Predicted vs measured (median of {repeats} repetitions, {repeats * 5} below 1 MB; both links fitted on every other size)\n")
-    print("\n".join(lines))
-    print("\n## Fitted links\n")
-    for name, kinds in summary.items():
-        for kind, fit in kinds.items():  # type: ignore[attr-defined]
-            beyond = "" if fit["uncached_GBps"] is None else f", beyond the cache {fit['uncached_GBps']:.2f} GB/s"
-            print(f"- {name}, {kind}: alpha = {fit['alpha_s'] * 1e6:.1f} us, bandwidth = {fit['bandwidth_GBps']:.2f} GB/s"
-                  f"{beyond}; {fit['within_25pct']}/{fit['sizes']} sizes within 25% (held-out "
-                  f"{fit['held_out_within_25pct']}/{fit['held_out']}), median |error| {fit['median_abs_error']:.0%}, "
-                  f"worst {fit['max_abs_error']:.0%}")
-        if len(kinds) == 2:  # type: ignore[arg-type]
-            a, c = kinds["alpha-beta"], kinds["cache-aware"]  # type: ignore[index]
-            print(f"  worst |error| cache-aware / alpha-beta = {c['max_abs_error'] / a['max_abs_error']:.2f}")
-    print("\n## Target: within 25% from 1 KiB to 64 MiB, model of record per implementation\n")
-    hits = total = 0
-    for name, kind in OF_RECORD.items():
-        if kind not in errors[name]:
-            continue
-        errs = {s: e for s, e in errors[name][kind].items() if s <= TARGET_MAX}
-        missed = [f"{_human(s)} {e:+.0%}" for s, e in sorted(errs.items()) if abs(e) > 0.25]
-        hits, total = hits + len(errs) - len(missed), total + len(errs)
-        print(f"- {name} ({kind}): {len(errs) - len(missed)}/{len(errs)} within 25%"
-              + (f"; missed: {', '.join(missed)}" if missed else ""))
-    print(f"- all: {hits}/{total} within 25%")
+    checks = fit_all(measured, cache)
+    print(f"\n## Predicted vs measured (median of {repeats} repetitions, {repeats * 5} below 1 MiB; both models "
+          f"fitted on {', '.join(_human(s) for s in sorted(FIT_SIZES) if s in sizes)}, every other size held out)\n")
+    print("\n".join(table(measured, checks)))
+    print()
+    print("\n".join(report(checks)))
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "collectives_time_vs_size.png")
-    plot(measured, links, cache, png)
+    plot(measured, checks, cache, png)
     from tensorfleet.io import write_json
 
     write_json(os.path.join(args.out, "collectives.json"),
-               {"measured": {k: {str(s): t for s, t in v.items()} for k, v in measured.items()}, "fits": summary})
+               {"measured": {k: {str(s): t for s, t in v.items()} for k, v in measured.items()},
+                "fit_sizes": sorted(FIT_SIZES), "of_record": OF_RECORD, "fits": summary(checks)})
     print(f"\nplot: {png}")
 
 

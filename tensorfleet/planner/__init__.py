@@ -6,7 +6,8 @@
   :mod:`~tensorfleet.planner.workload`\\ s.
 * :mod:`~tensorfleet.planner.memory`: per-device memory of training a model (the savers that
   change it are :mod:`tensorfleet.strategies.memory_savers`).
-* :mod:`~tensorfleet.planner.cost_model`: the alpha-beta cost of collective communication.
+* :mod:`~tensorfleet.planner.cost_model`: the alpha-beta cost of collective communication;
+  :mod:`~tensorfleet.planner.fit_check` judges a link fitted to measurements on held-out sizes.
 * :mod:`~tensorfleet.planner.collectives`: the all-reduce algorithms themselves, run over
   logical devices with real tensors; :mod:`~tensorfleet.planner.traffic`: what they send, by formula.
 """
@@ -17,7 +18,7 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("collectives", "cost_model", "layouts", "memory", "plans", "traffic", "workload"),
+    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "plans", "traffic", "workload"),
     names={"plan": "plans", "Plan": "plans", "Workload": "workload"},
 )
 

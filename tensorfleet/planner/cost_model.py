@@ -42,6 +42,7 @@ __all__ = [
     "Link",
     "fit_alpha_beta",
     "fit_link",
+    "fit_support",
     "last_level_cache_bytes",
     "predict",
     "predict_hierarchical",
@@ -258,13 +259,7 @@ def fit_link(
                 f"fitted. Received: largest working set {int(w.max())} B, cache_bytes={cache_bytes!r}; "
                 f"measure a larger size or pass cache_bytes=None"
             )
-    probe = Link(0.0, 0.0, cache_bytes, 0.0) if cached else Link(0.0, 0.0)
-    rows = []
-    for size, shared in zip(x, w):
-        steps = step_bytes(algorithm, n, float(size))
-        beyond = probe.beyond_cache(float(shared))
-        rows.append([len(steps), 0.0 if beyond else sum(steps), sum(steps) if beyond else 0.0][: 3 if cached else 2])
-    design = np.asarray(rows)
+    design = np.asarray(_design(algorithm, n, x, w, cache_bytes))
     if design.shape[0] < design.shape[1]:
         raise ValueError(
             f"fit_link needs at least {design.shape[1]} measurements for {design.shape[1]} parameters. "
@@ -275,6 +270,49 @@ def fit_link(
         return Link(alpha=float(coef[0]), beta=float(coef[1]), cache_bytes=float(cache_bytes),
                     beta_uncached=float(coef[2]))
     return Link(alpha=float(coef[0]), beta=float(coef[1]))
+
+
+def _design(algorithm: str | AllReduceAlgorithm, n: int, nbytes: Any, working_sets: Any,
+            cache_bytes: float | None) -> list[list[float]]:
+    """One row per measurement: its steps (alpha's column), its bytes within the cache (beta's)
+    and, for a cache-aware fit, its bytes beyond the cache (beta_uncached's)."""
+    cached = cache_bytes is not None
+    probe = Link(0.0, 0.0, cache_bytes, 0.0) if cached else Link(0.0, 0.0)
+    rows = []
+    for size, shared in zip(nbytes, working_sets):
+        steps = step_bytes(algorithm, n, float(size))
+        beyond = probe.beyond_cache(float(shared))
+        rows.append([len(steps), 0.0 if beyond else sum(steps), sum(steps) if beyond else 0.0][: 3 if cached else 2])
+    return rows
+
+
+def fit_support(
+    algorithm: str | AllReduceAlgorithm,
+    n: int,
+    nbytes: Sequence[float],
+    *,
+    cache_bytes: float | None = None,
+    working_sets: Sequence[float] | None = None,
+) -> dict[str, tuple[float, ...]]:
+    """The sizes that inform each parameter :func:`fit_link` fits from measurements of ``nbytes``.
+
+    ``alpha`` is informed by every size, ``beta`` by those within the cache and
+    ``beta_uncached`` by those beyond it. A parameter informed by one size alone is decided by
+    it: the fit passes through that point, so its error there is zero by construction and
+    says nothing about the model.
+
+    Example:
+        >>> fit_support("ps", 4, [2.0**10, 2.0**20, 2.0**26], cache_bytes=2**25)["beta_uncached"]
+        (67108864.0,)
+    """
+    sizes = [float(s) for s in nbytes]
+    shared = sizes if working_sets is None else [float(w) for w in working_sets]
+    if len(shared) != len(sizes):
+        raise ValueError(f"fit_support needs one working set per size. Received: {len(sizes)} sizes, "
+                         f"{len(shared)} working sets")
+    names = ("alpha", "beta", "beta_uncached")[: 2 if cache_bytes is None else 3]
+    rows = _design(algorithm, n, sizes, shared, cache_bytes)
+    return {name: tuple(s for s, row in zip(sizes, rows) if row[i]) for i, name in enumerate(names)}
 
 
 def _parse_cache_size(text: str) -> int:
