@@ -1,0 +1,98 @@
+"""`tensorfleet serving export` and `tensorfleet serve` through the CLI: the stated names, clear
+errors, and a served process that drains a request in flight on SIGTERM and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tensorfleet.cli.main import main
+
+from tests.conftest import reap
+from .conftest import free_ports
+
+
+@pytest.fixture(scope="module")
+def keras_file(tmp_path_factory, digits_models) -> Path:
+    path = tmp_path_factory.mktemp("keras") / "digits.keras"
+    digits_models[1].save(path)
+    return path
+
+
+def test_serving_export_writes_the_version_and_prints_the_names(keras_file, tmp_path, capsys):
+    assert main(["serving", "export", str(keras_file), str(tmp_path / "digits"), "--version", "4"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"exported version 4 to {tmp_path / 'digits' / '4'} (signature 'serving_default')",
+        "  input  image: float32[None, 8, 8, 1]",
+        "  output logits: float32[None, 10]",
+    ]
+    assert (tmp_path / "digits" / "4" / "saved_model.pb").is_file()
+
+
+def test_bad_arguments_end_in_one_clear_line(keras_file, tmp_path, capsys):
+    assert main(["serving", "export", str(keras_file), str(tmp_path), "--version", "0"]) == 2
+    assert capsys.readouterr().err == "error: --version must be a positive integer. Received: --version=0\n"
+    assert main(["serving", "export", str(tmp_path / "none.keras"), str(tmp_path)]) == 2
+    assert "error: No Keras model at" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err == f"error: No model base directory at {str(tmp_path / 'missing')!r}.\n"
+    assert main(["serve", str(tmp_path), "--port", "70000"]) == 2
+    assert capsys.readouterr().err == "error: port must be an integer from 1 to 65535. Received: port=70000\n"
+    assert main(["serve", str(tmp_path), "--label", "stable"]) == 2
+    assert "--label takes LABEL=VERSION" in capsys.readouterr().err
+
+
+def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 60) -> list[str]:
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if text in line:
+            return lines
+    raise AssertionError(f"{text!r} not printed within {timeout}s: {lines}")
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_request_in_flight_then_exits(model_base, digits_models, images):
+    grpc_port, rest_port = free_ports()
+    # A lone request waits the whole batch timeout (1.5 s) in the queue: SIGTERM lands while it is in flight.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tensorfleet.cli.main", "serve", str(model_base), "--model-name", "digits",
+         "--port", str(grpc_port), "--rest-api-port", str(rest_port), "--enable-batching",
+         "--batch-timeout-micros", "1500000"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait_for_line(process, "[serve] batching:")
+        reply: dict = {}
+
+        def predict() -> None:
+            body = json.dumps({"instances": images[:3].tolist()}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{rest_port}/v1/models/digits:predict", data=body)
+            with urllib.request.urlopen(request, timeout=30) as response:
+                reply.update(status=response.status, body=json.loads(response.read()))
+
+        caller = threading.Thread(target=predict)
+        caller.start()
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        caller.join(30)
+        assert process.wait(30) == 0
+        assert reply["status"] == 200
+        np.testing.assert_array_equal(np.array(reply["body"]["predictions"], np.float32),
+                                      digits_models[2].predict(images[:3], verbose=0))
+        rest = process.stdout.read().splitlines()
+        assert rest == ["[serve] stopping: draining requests in flight", "[serve] stopped"]
+    finally:
+        reap(process)
