@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tensorfleet.planner.cost_model import Link
@@ -52,6 +52,9 @@ class Plan:
         return {
             "model": self.workload.name,
             "parameters": self.workload.parameters,
+            "shape": None if self.workload.shape is None else {
+                **asdict(self.workload.shape), "seq_len_planned": self.workload.seq_len,
+                "assumed": self.workload.shape_assumed},
             "inputs": self.inputs,
             "strategies": [r.as_dict() for r in self.rows],
             "impossible": self.impossible,
@@ -62,7 +65,10 @@ class Plan:
     def table(self) -> str:
         """A plain-text table, one strategy per line, then the recommendation."""
         header = f"{'strategy':<16} {'layout':<22} {'memory/device':>14} {'fits':>5} {'comm/step':>11} {'step':>11}  note"
-        lines = [f"{self.workload.name}: {format_count(self.workload.parameters)} parameters", header, "-" * len(header)]
+        shape = self.workload.describe_shape()
+        title = f"{self.workload.name}: {format_count(self.workload.parameters)} parameters" + (
+            f" ({shape})" if shape else "")
+        lines = [title, header, "-" * len(header)]
         for r in self.rows:
             layout = " ".join(f"{k[0]}={v}" for k, v in r.layout.items())
             lines.append(

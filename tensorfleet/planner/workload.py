@@ -60,6 +60,16 @@ class Workload:
     flops_per_example: float
     checkpoint_activations: tuple[float, ...] | None = None
     shape: TransformerShape | None = None
+    seq_len: int | None = None  # the sequence length planned for (the shape's is its longest)
+    shape_assumed: bool = False
+
+    def describe_shape(self) -> str:
+        """``48 layers, hidden 1600, 25 heads, seq_len 1024`` (said to be assumed when it is), or ``""``."""
+        if self.shape is None:
+            return ""
+        s = self.shape
+        text = f"{s.layers} layers, hidden {s.hidden}, {s.heads} heads, seq_len {self.seq_len}"
+        return text + ("; shape assumed GPT-3-like, give layers, hidden and heads" if self.shape_assumed else "")
 
     @property
     def activation_values(self) -> float:
@@ -125,7 +135,7 @@ def layer_activation_bytes(*, seq_len: int, hidden: int, heads: int, batch: int 
 
 
 def _workload(name: str, parameters: float, shape: TransformerShape, seq_len: int,
-              layer_parameters: tuple[float, ...]) -> Workload:
+              layer_parameters: tuple[float, ...], *, assumed: bool = False) -> Workload:
     layers, hidden = shape.layers, shape.hidden
     per_layer = layer_activation_bytes(seq_len=seq_len, hidden=hidden, heads=shape.heads)
     acts = [float(per_layer)] * layers
@@ -145,6 +155,8 @@ def _workload(name: str, parameters: float, shape: TransformerShape, seq_len: in
         # Full recomputation keeps only each layer's input (s x h) and rebuilds one layer at a time.
         checkpoint_activations=tuple(float(seq_len * hidden) + extra / 2 for extra in outside),
         shape=shape,
+        seq_len=seq_len,
+        shape_assumed=assumed,
     )
 
 
@@ -175,6 +187,7 @@ def transformer_workload(parameters: float, *, layers: int | None = None, hidden
     if hidden is not None and hidden % heads:  # type: ignore[operator]
         raise ValueError(f"hidden must be a multiple of heads (each head is hidden/heads wide). Received: "
                          f"hidden={hidden}, heads={heads}")
+    assumed = hidden is None
     if layers is None and hidden is None:
         layers = max(1, round((parameters / (12 * 128**2)) ** (1 / 3)))
     if hidden is None:
@@ -184,7 +197,7 @@ def transformer_workload(parameters: float, *, layers: int | None = None, hidden
         layers = max(1, round(parameters / (12 * hidden**2)))
     shape = TransformerShape(layers=layers, hidden=hidden, heads=heads, seq_len=seq_len)  # type: ignore[arg-type]
     return _workload(name or f"transformer-{format_count(parameters)}", parameters, shape, seq_len,
-                     tuple([parameters / layers] * layers))
+                     tuple([parameters / layers] * layers), assumed=assumed)
 
 
 def preset_workload(preset: str, *, seq_len: int | None = None) -> Workload:

@@ -12,7 +12,8 @@ BASE = ["plan", "--batch", "32", "--devices", "8", "--device-memory", "16GB", "-
 def test_plan_prints_a_table_with_a_recommendation(capsys):
     assert main([*BASE, "--params", "1.5B"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("transformer-1.5B: 1.5B parameters")
+    assert out.startswith("transformer-1.5B: 1.5B parameters (20 layers, hidden 2500, 19 heads, seq_len 1024; shape "
+                          "assumed GPT-3-like, give layers, hidden and heads)\n")
     for name in ("data_allreduce", "data_ps", "tensor", "pipeline", "hybrid"):
         assert name in out
     assert "recommendation: pipeline -- fits (" in out
@@ -50,6 +51,8 @@ def test_plan_takes_a_known_transformer_and_its_sequence_length(capsys):
     assert main(xl) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["model"] == "gpt2_xl" and printed["parameters"] == 1_557_611_200
+    assert printed["shape"] == {"layers": 48, "hidden": 1600, "heads": 25, "seq_len": 1024, "vocab": 50257,
+                                "encoder": False, "seq_len_planned": 1024, "assumed": False}
     allreduce = next(s for s in printed["strategies"] if s["strategy"] == "data_allreduce")
     assert allreduce["note"] == "ring all-reduce; full recomputation"  # 34.10 GB without it
     assert main([*xl, "--seq-len", "256"]) == 0
