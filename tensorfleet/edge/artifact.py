@@ -23,7 +23,8 @@ import numpy as np
 from tensorfleet.edge.errors import InvalidModelError, QuantizationError
 from tensorfleet.io import write_bytes
 
-__all__ = ["TensorInfo", "OpInfo", "Graph", "TFLiteArtifact", "parse_graph", "verify_int8"]
+__all__ = ["TensorInfo", "OpInfo", "Graph", "TFLiteArtifact", "activation_dtype", "infer_quantization", "parse_graph",
+           "verify_int8", "weight_dtypes"]
 
 _DTYPES = {
     "FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "UINT8": "uint8", "INT64": "int64",
@@ -220,7 +221,8 @@ class TFLiteArtifact:
         return tuple(sorted(set(self.ops)))
 
     def quantize_input(self, x: np.ndarray, index: int = 0) -> np.ndarray:
-        """Maps float inputs to the model's input dtype (identity for float inputs)."""
+        """Maps float inputs to the model's input dtype with its scale and zero point; inputs without
+        quantization (float, or raw integers such as int16 audio samples) are only cast."""
         return _quantize(np.asarray(x), self.inputs[index])
 
     def dequantize_output(self, y: np.ndarray, index: int = 0) -> np.ndarray:
@@ -232,16 +234,16 @@ class TFLiteArtifact:
         return y.astype(np.float32)
 
     def metadata(self) -> dict[str, Any]:
-        """JSON-ready summary: size, mode, inputs/outputs (dtype, shape, scale, zero point), ops."""
+        """JSON-ready summary: size, mode, activation and weight dtypes, inputs/outputs (dtype, shape,
+        scale, zero point), ops."""
         return {"bytes": self.size, "quantization": self.quantization,
+                "activations": activation_dtype(self.graph), "weights": list(weight_dtypes(self.graph)),
                 "inputs": [t.as_dict() for t in self.inputs], "outputs": [t.as_dict() for t in self.outputs],
                 "ops": list(self.ops), "op_types": list(self.op_types)}
 
 
 def _quantize(x: np.ndarray, info: TensorInfo) -> np.ndarray:
-    if info.dtype in ("int8", "int16", "uint8"):
-        if not info.scales:
-            raise QuantizationError(f"Input {info.name!r} is {info.dtype} but has no scale.")
+    if info.dtype in ("int8", "int16", "uint8") and info.scales:
         limits = np.iinfo(np.dtype(info.dtype))
         q = np.round(x.astype(np.float64) / info.scales[0]) + info.zero_points[0]
         return np.clip(q, limits.min, limits.max).astype(info.dtype)
@@ -251,19 +253,51 @@ def _quantize(x: np.ndarray, info: TensorInfo) -> np.ndarray:
 _FLOAT = {"float32", "float16", "float64", "bfloat16"}
 
 
+# Constant inputs of these types are weights; int32/int64 constants are biases, shapes and indices.
+_WEIGHT_TYPES = {"float32", "float16", "bfloat16", "float64", "int8", "int16", "int4", "uint8"}
+
+
+def weight_dtypes(graph: Graph) -> tuple[str, ...]:
+    """The dtypes of the weights: constant operator inputs other than biases, shapes and indices."""
+    return tuple(sorted({graph.tensors[i].dtype for op in graph.operators for i in op.inputs
+                         if i >= 0 and graph.tensors[i].is_constant and graph.tensors[i].dtype in _WEIGHT_TYPES}))
+
+
+def activation_dtype(graph: Graph) -> str:
+    """The dtype the model computes in: the first variable input of each operator that has weights,
+    most common first (else of every operator). An int8 LSTM's int16 cell state or an int16 input
+    requantized to int8 does not change it."""
+    def first_variable(op: OpInfo) -> str | None:
+        return next((graph.tensors[i].dtype for i in op.inputs if i >= 0 and not graph.tensors[i].is_constant),
+                    None)
+
+    weighted = [op for op in graph.operators if any(
+        i >= 0 and graph.tensors[i].is_constant and graph.tensors[i].dtype in _WEIGHT_TYPES for i in op.inputs)]
+    for ops in (weighted, graph.operators):
+        found = [d for d in map(first_variable, ops) if d is not None]
+        if found:
+            return max(dict.fromkeys(found), key=found.count)
+    return graph.tensors[graph.inputs[0]].dtype if graph.inputs else "unknown"
+
+
 def infer_quantization(graph: Graph) -> str:
-    """Names the quantization mode a graph was converted with, from its tensor types."""
-    tensors = graph.tensors
-    if any(t.dtype == "float16" for t in tensors):
+    """Names the quantization mode of a graph from its tensors: the activation dtype and the weights'.
+
+    ``float16`` for float16 weights; ``dynamic`` for float activations with int8 weights;
+    ``float32``; ``int8`` for int8 activations; ``int16x8`` for int16 activations with int8
+    weights; otherwise ``"<activations> activations, <weights> weights"`` (e.g. an int16 audio
+    front end of TFLM Signal ops).
+    """
+    act, weights = activation_dtype(graph), set(weight_dtypes(graph))
+    if "float16" in weights:
         return "float16"
-    io_types = {tensors[i].dtype for i in (*graph.inputs, *graph.outputs)}
-    if "int16" in io_types and not any(t.dtype in _FLOAT for t in tensors):
-        return "int16x8"
-    if not any(t.dtype in _FLOAT for t in tensors):
+    if act in _FLOAT:
+        return "dynamic" if weights & {"int8", "int4"} else "float32"
+    if act == "int8" and weights <= {"int8", "int4"}:
         return "int8"
-    if any(t.dtype == "int8" and t.is_constant for t in tensors):
-        return "dynamic"
-    return "float32"
+    if act == "int16" and weights and weights <= {"int8", "int4"}:
+        return "int16x8"
+    return f"{act} activations, {'/'.join(sorted(weights)) or 'no'} weights"
 
 
 def verify_int8(artifact: TFLiteArtifact) -> None:

@@ -20,17 +20,15 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
-from tensorfleet.edge.ops import unsupported_ops, with_advice
+from tensorfleet.edge.ops import interpreter_lacks, safe_python, with_advice
 from tensorfleet.validation import integer
 
 __all__ = ["MAX_ARENA_BYTES", "MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
@@ -42,27 +40,17 @@ __all__ = ["MAX_ARENA_BYTES", "MicroValidation", "arena_allocations", "check_mic
 MAX_ARENA_BYTES = 64 * 1024 * 1024
 
 
-def safe_python() -> list[str]:
-    """The command that starts a child Python for a worker script of this package.
-
-    ``-P`` (Python 3.11) keeps the working directory and the script's folder off ``sys.path``,
-    so a user's ``bisect.py`` or ``random.py`` there cannot shadow the standard library. The
-    worker scripts import only the standard library, numpy and tflite-micro, never tensorfleet,
-    so they run by path and need no ``-m``.
-    """
-    return [sys.executable, "-P"]
-
-
 def check_micro_compatible(artifact: TFLiteArtifact) -> None:
-    """Raises if TFLM cannot run the model: unknown ops, hybrid ops, float16 tensors, several subgraphs
-    without control flow.
+    """Raises if TFLM cannot run the model: ops its interpreter does not register, hybrid ops, float16
+    tensors, an int8 softmax of too small a scale.
 
     Raises:
-        UnsupportedOpError: operators TFLM has no kernel for, named, with what to do.
+        UnsupportedOpError: operators the installed TFLM interpreter has no kernel for (asked of the
+            interpreter, see :func:`~tensorfleet.edge.ops.interpreter_lacks`), named, with what to do.
         MicroIncompatibleError: dynamic-range (hybrid) ops or float16 weights.
     """
     graph = artifact.graph
-    missing = unsupported_ops([(op.op, op.custom) for op in graph.operators])
+    missing = interpreter_lacks([(op.op, op.custom) for op in graph.operators])
     if missing:
         raise UnsupportedOpError(
             f"TFLite Micro has no kernel for {len(missing)} operator(s) of this model: {with_advice(missing)}.",
@@ -116,7 +104,7 @@ class ArenaProber:
         if self._proc is None or self._proc.poll() is not None:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
             self._proc = subprocess.Popen(
-                [*safe_python(), str(Path(__file__).with_name("_arena_worker.py")), self._path],
+                [*safe_python(), self._path],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         return self._proc
 

@@ -1,13 +1,24 @@
-"""The operators TFLite Micro has kernels for, with their ``MicroMutableOpResolver`` methods.
+"""The operators TFLite Micro has kernels for: what the installed interpreter registers, and the
+``MicroMutableOpResolver`` method that registers each in a firmware.
 
-The set is the kernels compiled into the installed ``tflite-micro`` interpreter (its
-``Register_*`` symbols); each maps to the ``Add*`` method of ``tflite::MicroMutableOpResolver``
-(tensorflow/lite/micro/micro_mutable_op_resolver.h) that registers it.
+Whether TFLM can run an operator is asked of the installed ``tflite-micro`` interpreter itself
+(:func:`interpreter_lacks`: its op resolver is consulted with a one-operator model in a child
+process). The tables below map each operator to the ``Add*`` method of
+``tflite::MicroMutableOpResolver`` (tensorflow/lite/micro/micro_mutable_op_resolver.h) that a
+firmware calls to register it; they cover exactly what the installed interpreter registers
+(a test compares them), plus ``ethos-u``, which only Arm Ethos-U builds of TFLM have. Custom
+operators include TFLM's Signal library (``SignalWindow``, ``SignalRfft``, ...), which its audio
+front ends use.
 """
 
 from __future__ import annotations
 
-__all__ = ["MICRO_OPS", "MICRO_CUSTOM_OPS", "unsupported_ops", "advice", "with_advice"]
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["MICRO_OPS", "MICRO_CUSTOM_OPS", "safe_python", "interpreter_lacks", "unsupported_ops", "advice",
+           "with_advice"]
 
 MICRO_OPS: dict[str, str] = {
     "ABS": "AddAbs", "ADD": "AddAdd", "ADD_N": "AddAddN", "ARG_MAX": "AddArgMax", "ARG_MIN": "AddArgMin",
@@ -28,7 +39,7 @@ MICRO_OPS: dict[str, str] = {
     "LOG_SOFTMAX": "AddLogSoftmax", "MAXIMUM": "AddMaximum", "MAX_POOL_2D": "AddMaxPool2D", "MEAN": "AddMean",
     "MINIMUM": "AddMinimum", "MIRROR_PAD": "AddMirrorPad", "MUL": "AddMul", "NEG": "AddNeg",
     "NOT_EQUAL": "AddNotEqual", "PACK": "AddPack", "PAD": "AddPad", "PADV2": "AddPadV2", "PRELU": "AddPrelu",
-    "QUANTIZE": "AddQuantize", "READ_VARIABLE": "AddReadVariable", "REDUCE_MAX": "AddReduceMax",
+    "QUANTIZE": "AddQuantize", "READ_VARIABLE": "AddReadVariable", "REDUCE_ALL": "AddReduceAll", "REDUCE_MAX": "AddReduceMax",
     "REDUCE_MIN": "AddReduceMin", "RELU": "AddRelu", "RELU6": "AddRelu6", "RESHAPE": "AddReshape",
     "RESIZE_BILINEAR": "AddResizeBilinear", "RESIZE_NEAREST_NEIGHBOR": "AddResizeNearestNeighbor",
     "REVERSE_V2": "AddReverseV2", "ROUND": "AddRound", "RSQRT": "AddRsqrt", "SELECT_V2": "AddSelectV2",
@@ -45,7 +56,60 @@ MICRO_CUSTOM_OPS: dict[str, str] = {
     "CIRCULAR_BUFFER": "AddCircularBuffer",
     "TFLite_Detection_PostProcess": "AddDetectionPostprocess",
     "ethos-u": "AddEthosU",
+    "TFLM_DECODE": "AddDecode",  # decompresses tensors of models compressed with TFLM's compression tool
+    # TFLM's Signal library (signal/micro/kernels), registered under these names by the resolver.
+    "SignalDelay": "AddDelay", "SignalEnergy": "AddEnergy", "SignalFftAutoScale": "AddFftAutoScale",
+    "SignalFilterBank": "AddFilterBank", "SignalFilterBankLog": "AddFilterBankLog",
+    "SignalFilterBankSpectralSubtraction": "AddFilterBankSpectralSubtraction",
+    "SignalFilterBankSquareRoot": "AddFilterBankSquareRoot", "SignalFramer": "AddFramer",
+    "SignalIrfft": "AddIrfft", "SignalOverlapAdd": "AddOverlapAdd", "SignalPCAN": "AddPCAN",
+    "SignalRfft": "AddRfft", "SignalStacker": "AddStacker", "SignalWindow": "AddWindow",
 }
+
+# Registered only by TFLM builds for an Arm Ethos-U NPU; the host interpreter cannot run it.
+ETHOS_U = "ethos-u"
+
+
+def safe_python() -> list[str]:
+    """The command that starts a child Python for a worker script of this package.
+
+    ``-P`` (Python 3.11) keeps the working directory and the script's folder off ``sys.path``,
+    so a user's ``bisect.py`` or ``random.py`` there cannot shadow the standard library. The
+    worker script imports only the standard library, numpy and tflite-micro, never tensorfleet,
+    so it runs by path and needs no ``-m``.
+    """
+    return [sys.executable, "-P", str(Path(__file__).with_name("_arena_worker.py"))]
+
+
+# What the installed interpreter answered, per (name, is_custom): it cannot change while the process runs.
+_REGISTERED: dict[tuple[str, bool], bool] = {}
+
+
+def _ask_interpreter(ops: list[tuple[str, bool]]) -> list[str]:
+    questions = "".join(f"{'custom' if custom else 'builtin'} {name}\n" for name, custom in ops)
+    result = subprocess.run([*safe_python(), "--ops"], input=questions, capture_output=True, text=True,
+                            timeout=120, check=False)
+    replies = result.stdout.split()
+    if result.returncode != 0 or len(replies) != len(ops):
+        raise RuntimeError(f"The TFLM op check exited with status {result.returncode}: "
+                           f"{result.stderr.strip()[-500:]}")
+    return [name for (name, _), reply in zip(ops, replies) if reply != "yes"]
+
+
+def interpreter_lacks(ops: list[tuple[str, bool]]) -> list[str]:
+    """Distinct operators (``(name, is_custom)``) that the installed TFLM interpreter has no
+    registration for, in order; asked of the interpreter (one child process for the unknown ones).
+
+    Example:
+        >>> interpreter_lacks([("CONV_2D", False), ("TOPK_V2", False), ("SignalWindow", True)])  # doctest: +SKIP
+        ['TOPK_V2']
+    """
+    distinct = list(dict.fromkeys((str(name), bool(custom)) for name, custom in ops))
+    unknown = [op for op in distinct if op not in _REGISTERED]
+    if unknown:
+        missing = set(_ask_interpreter(unknown))
+        _REGISTERED.update({(name, custom): name not in missing for name, custom in unknown})
+    return [name for name, custom in distinct if not _REGISTERED[(name, custom)]]
 
 # What to do instead, for operators that Keras models commonly produce and TFLM lacks.
 _ADVICE: dict[str, str] = {
@@ -58,6 +122,7 @@ _ADVICE: dict[str, str] = {
     "NON_MAX_SUPPRESSION_V5": "use the TFLite_Detection_PostProcess custom op",
     "SCATTER_ND": "express the update with DYNAMIC_UPDATE_SLICE or arithmetic on masks",
     "ATAN2": "approximate with arithmetic ops or move it out of the model",
+    ETHOS_U: "it runs only on an Arm Ethos-U NPU build of TFLM; this host interpreter cannot validate it",
 }
 
 
