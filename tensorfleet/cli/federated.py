@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -24,12 +24,14 @@ app = typer.Typer(help="Federated learning simulations on tensorflow-federated."
 def run(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML file with the same keys as the flags."),
     model: Optional[str] = typer.Option(None, "--model", help="A model name (default digits_mlp)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="digits | emnist-synthetic."),
-    clients: Optional[int] = typer.Option(None, "--clients", help="Number of clients (default 100)."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="iid | dirichlet:ALPHA | shards:K | quantity:BETA."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="digits | emnist-synthetic (TFF's own 2 clients)."),
+    clients: Optional[int] = typer.Option(None, "--clients",
+                                          help="Clients to split digits into (default 100); of a TFF dataset, the first N."),
+    partition: Optional[str] = typer.Option(None, "--partition",
+                                            help="iid (default) | dirichlet:ALPHA | shards:K | quantity:BETA (digits)."),
     algorithm: Optional[str] = typer.Option(None, "--algorithm", help="See 'tensorfleet federated algorithms'."),
     rounds: Optional[int] = typer.Option(None, "--rounds"),
-    clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round"),
+    clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", help="Default 10 (or all, when fewer)."),
     dropout: Optional[float] = typer.Option(None, "--dropout", help="Per-round client dropout rate."),
     straggler_deadline: Optional[float] = typer.Option(None, "--straggler-deadline", help="Simulated seconds."),
     dp: Optional[str] = typer.Option(None, "--dp", help="'noise_multiplier=1.0,clip=0.5' or 'adaptive:noise_multiplier=1.0'."),
@@ -44,11 +46,14 @@ def run(
     eval_clients: Optional[int] = typer.Option(None, "--eval-clients", help="Clients held out for federated eval."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every"),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
+    resume: Optional[bool] = typer.Option(None, "--resume/--fresh",
+                                          help="Continue from the checkpoint in --out (default), or start over and "
+                                               "overwrite it."),
     workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
     backend: Optional[str] = typer.Option(None, "--backend", help="tff (default) | compiled (FedAvg family, faster)."),
 ) -> None:
     """Runs one simulation; prints one JSON line with the final metrics last."""
-    from tensorfleet.federated.experiment import load_config, resolve_config, run_experiment
+    from tensorfleet.federated.experiment import load_config, resolve_config
 
     cfg = load_config(config) if config is not None else {}
     flags = dict(model=model, dataset=dataset, clients=clients, partition=partition, algorithm=algorithm,
@@ -56,12 +61,12 @@ def run(
                  straggler_deadline=straggler_deadline, dp=dp, aggregator=aggregator,
                  out=None if out is None else str(out), seed=seed, batch_size=batch_size, local_epochs=local_epochs,
                  client_lr=client_lr, server_lr=server_lr, eval_every=eval_every, eval_clients=eval_clients,
-                 checkpoint_every=checkpoint_every, backend=backend)
+                 checkpoint_every=checkpoint_every, backend=backend, resume=resume)
     cfg.update({k: v for k, v in flags.items() if v is not None})
     if no_progress:
         cfg["progress"] = False
     cfg = resolve_config(cfg)
-    history = run_experiment(cfg) if not workers else _run_on_workers(cfg, workers)
+    history = _run_or_explain(cfg, workers)
     last = history.rounds[-1] if history.rounds else {}
     summary = {"algorithm": cfg["algorithm"], "rounds": last.get("round", 0)}
     for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
@@ -104,21 +109,36 @@ def aggregators() -> None:
 
 @app.command("partition")
 def partition_cmd(
-    dataset: str = typer.Option("digits", "--dataset"),
-    clients: int = typer.Option(100, "--clients"),
-    partition: str = typer.Option("iid", "--partition"),
+    dataset: str = typer.Option("digits", "--dataset", help="digits | emnist-synthetic (TFF's own 2 clients)."),
+    clients: Optional[int] = typer.Option(None, "--clients", help="Default 100 for digits; all of a TFF dataset's."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="Default iid (digits only)."),
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for partition.json and partition.png."),
 ) -> None:
     """Summarizes a partition; with --out also writes its JSON summary and label-distribution PNG."""
+    from tensorfleet.federated.clients.clientdata import summarize
     from tensorfleet.federated.clients.datasets import load_federated
 
     data, _ = load_federated(dataset, num_clients=clients, scheme=partition, seed=seed)
-    summary = data.summary()
+    summary = summarize(data)
     typer.echo(str(summary))
     if out is not None:
         typer.echo(str(summary.save(out / "partition.json")))
         typer.echo(str(summary.plot(out / "partition.png")))
+
+
+def _run_or_explain(cfg: dict, workers: Optional[str]) -> Any:
+    """The run's history; a checkpoint in --out that cannot be continued is explained in the CLI's words."""
+    from tensorfleet.federated.checkpoint import CheckpointAheadError, CheckpointMismatchError
+    from tensorfleet.federated.experiment import run_experiment
+
+    try:
+        return run_experiment(cfg) if not workers else _run_on_workers(cfg, workers)
+    except CheckpointMismatchError as err:
+        more = f"Run with --rounds {err.checkpoint_round} or more to continue it, or use another --out, " \
+            if isinstance(err, CheckpointAheadError) else "Use another --out, "
+        typer.echo(f"error: {err.reason} {more}or --fresh to start over (it overwrites the checkpoint).", err=True)
+        raise typer.Exit(2) from None
 
 
 def _run_on_workers(cfg: dict, workers: str) -> object:

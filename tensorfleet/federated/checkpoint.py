@@ -32,14 +32,40 @@ import numpy as np
 
 from tensorfleet.io import write_bytes
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointMismatchError", "check_shapes", "fingerprint", "read_checkpoint",
+__all__ = ["CHECKPOINT_FILE", "CheckpointAheadError", "CheckpointMismatchError", "check_shapes", "fingerprint", "read_checkpoint",
            "save_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 
 
 class CheckpointMismatchError(ValueError):
-    """A checkpoint in ``out_dir`` was written by a simulation of another configuration."""
+    """A checkpoint in ``out_dir`` was written by a simulation of another configuration.
+
+    Attributes:
+        reason: what does not match, without the remedy (the CLI words its own:
+            ``--out`` and ``--fresh`` for ``out_dir`` and ``resume=False``).
+    """
+
+    remedy = "Use another out_dir, or resume=False to start over."
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason} {self.remedy}")
+        self.reason = reason
+
+
+class CheckpointAheadError(CheckpointMismatchError):
+    """The checkpoint in ``out_dir`` is past the rounds asked for: it cannot be continued to them.
+
+    Attributes:
+        checkpoint_round: the round the checkpoint was written after.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike[str], checkpoint_round: int, rounds: int) -> None:
+        self.checkpoint_round = checkpoint_round
+        self.remedy = (f"Ask for rounds={checkpoint_round} or more to continue it, or use another out_dir, "
+                       f"or resume=False to start over.")
+        super().__init__(f"The checkpoint in {Path(out_dir)} was written after round {checkpoint_round}, past "
+                         f"rounds={rounds}.")
 
 
 def fingerprint(config: dict[str, Any], train_ids: Sequence[str], clients: Any = None) -> str:
@@ -87,8 +113,7 @@ def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str,
             diff = sorted(k for k in set(theirs) | set(config) if k != "rounds" and theirs.get(k) != config.get(k))
             detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {config.get(k)!r}" for k in diff)
             raise CheckpointMismatchError(
-                f"The checkpoint in {path.parent} comes from a different configuration ({detail or 'client data'}). "
-                f"Use another out_dir, or resume=False to start over.")
+                f"The checkpoint in {path.parent} comes from a different configuration ({detail or 'client data'}).")
         leaves = [data[f"leaf_{i:05d}"] for i in range(len(data.files) - 1)]
     return leaves, int(meta["round"]), list(meta["history"])
 

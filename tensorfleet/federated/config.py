@@ -24,9 +24,47 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
+from tensorfleet.io import UnwritablePathError, check_writable
 from tensorfleet.validation import integer, number, positive_int
 
-__all__ = ["SimulationConfig"]
+__all__ = ["SimulationConfig", "check_flag", "check_out_dir"]
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool; else ValueError naming it (``"no"`` or ``1`` are not taken for one).
+
+    Example:
+        >>> check_flag("progress", "no")
+        Traceback (most recent call last):
+        ValueError: progress must be true or false. Received: progress='no'
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
+    return value
+
+
+def check_out_dir(name: str, value: Any) -> Path | None:
+    """``value`` as a Path when a run can write its files there (None passes); else ValueError naming it.
+
+    Example:
+        >>> from pathlib import Path
+        >>> _ = Path("notes.txt").write_text("")
+        >>> check_out_dir("out_dir", "notes.txt")
+        Traceback (most recent call last):
+        ValueError: out_dir must be a directory; 'notes.txt' is a file. Received: out_dir='notes.txt'
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError(f"{name} must be a directory path. Received: {name}={value!r}")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name} must be a directory; {str(path)!r} is a file. Received: {name}={str(value)!r}")
+    try:
+        check_writable(path / "metrics.json")
+    except UnwritablePathError as err:
+        raise ValueError(f"{name} cannot hold the run's files: {err} Received: {name}={str(value)!r}") from None
+    return path
 
 
 @dataclass(frozen=True)
@@ -115,9 +153,10 @@ class SimulationConfig:
             "dropout": number("dropout", self.dropout, minimum=0, below=1),
             "straggler_deadline": number("straggler_deadline", self.straggler_deadline, above=0, optional=True),
             "client_speed": number("client_speed", self.client_speed, above=0),
-            "dp_delta": float(self.dp_delta),
-            "out_dir": None if self.out_dir is None else Path(self.out_dir),
-            "resume": bool(self.resume), "progress": bool(self.progress), "tensorboard": bool(self.tensorboard),
+            "dp_delta": number("dp_delta", self.dp_delta, above=0, below=1),
+            "out_dir": check_out_dir("out_dir", self.out_dir),
+            "resume": check_flag("resume", self.resume), "progress": check_flag("progress", self.progress),
+            "tensorboard": check_flag("tensorboard", self.tensorboard),
             "algorithm_options": dict(self.algorithm_options or {}),
         }
         if checked["checkpoint_every"] and checked["out_dir"] is None:

@@ -1,8 +1,16 @@
 """One federated experiment from plain settings (the CLI flags and the YAML config keys).
 
+Every key is checked for its type and range when the settings are resolved, and a bad one is
+named: ``rounds: 2.5`` is refused (not rounded), ``progress: "no"`` is refused (not taken for
+true), a YAML file that does not parse is reported with its line, and ``out`` must be a
+directory that can be written.
+
 Example:
+    >>> resolve_config({"rounds": 2.5})
+    Traceback (most recent call last):
+    ValueError: rounds must be a positive integer. Received: rounds=2.5
     >>> history = run_experiment({"dataset": "digits", "clients": 100, "partition": "dirichlet:0.3",
-    ...                           "algorithm": "fedavg", "rounds": 20, "out": "runs/a"})
+    ...                           "algorithm": "fedavg", "rounds": 20, "out": "runs/a"})  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -10,17 +18,49 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from tensorfleet.federated.config import check_flag, check_out_dir
+from tensorfleet.validation import integer, number, positive_int
 
 __all__ = ["DEFAULTS", "KEYS", "load_config", "resolve_config", "run_experiment", "build_simulation"]
 
+# None: the dataset decides (clients: 100 for a pooled dataset, all of a TFF dataset's own;
+# clients_per_round: 10, or all training clients when fewer).
 DEFAULTS: dict[str, Any] = {
-    "model": "digits_mlp", "dataset": "digits", "clients": 100, "partition": "iid", "algorithm": "fedavg",
-    "rounds": 10, "clients_per_round": 10, "dropout": 0.0, "straggler_deadline": None, "dp": None,
+    "model": "digits_mlp", "dataset": "digits", "clients": None, "partition": None, "algorithm": "fedavg",
+    "rounds": 10, "clients_per_round": None, "dropout": 0.0, "straggler_deadline": None, "dp": None,
     "aggregator": None, "out": None, "seed": 0, "batch_size": 20, "local_epochs": 1, "client_lr": None,
-    "server_lr": None, "eval_every": 1, "eval_clients": 0, "checkpoint_every": 0, "progress": True, "backend": "tff",
+    "server_lr": None, "eval_every": 1, "eval_clients": 0, "checkpoint_every": 0, "progress": True, "resume": True,
+    "backend": "tff",
 }
 KEYS = tuple(DEFAULTS)
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a name (text). Received: {name}={value!r}")
+    return value
+
+
+def _dp(name: str, value: Any) -> Any:
+    if not isinstance(value, (str, dict)):
+        raise ValueError(f"{name} must be options such as 'noise_multiplier=1.0,clip=0.5' or a mapping of them. "
+                         f"Received: {name}={value!r}")
+    return value
+
+
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "model": _text, "dataset": _text, "clients": positive_int, "partition": _text, "algorithm": _text,
+    "rounds": positive_int, "clients_per_round": positive_int,
+    "dropout": lambda k, v: number(k, v, minimum=0, below=1), "straggler_deadline": lambda k, v: number(k, v, above=0),
+    "dp": _dp, "aggregator": _text, "out": lambda k, v: str(check_out_dir(k, v)),
+    "seed": lambda k, v: integer(k, v, minimum=0), "batch_size": positive_int, "local_epochs": positive_int,
+    "client_lr": lambda k, v: number(k, v, above=0), "server_lr": lambda k, v: number(k, v, above=0),
+    "eval_every": positive_int, "eval_clients": lambda k, v: integer(k, v, minimum=0),
+    "checkpoint_every": lambda k, v: integer(k, v, minimum=0), "progress": check_flag, "resume": check_flag,
+    "backend": _text,
+}
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -30,18 +70,25 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"No config file at {p}.")
-    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"The config file {p} is not valid YAML{where}: {problem}.") from None
     if not isinstance(data, dict):
         raise ValueError(f"A config file must hold a mapping of keys to values. Received: {type(data).__name__} in {p}")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def resolve_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Defaults filled in; unknown keys raise ValueError naming the known ones."""
+    """Defaults filled in, every value checked; an unknown key or a bad value raises ValueError naming it."""
     unknown = sorted(set(config) - set(KEYS))
     if unknown:
         raise ValueError(f"Unknown config key {unknown[0]!r}. Known keys: {', '.join(KEYS)}.")
-    return {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    given = {k: _CHECKS[k](k, v) for k, v in config.items() if v is not None}
+    return {**DEFAULTS, **given}
 
 
 def _aggregator(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
@@ -54,16 +101,15 @@ def _aggregator(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
         spec = cfg["dp"]
         if isinstance(spec, dict):
             opts = dict(spec)
-            kind = "dp_adaptive" if opts.pop("adaptive", False) else "dp_fixed"
+            kind = "dp_adaptive" if check_flag("dp.adaptive", opts.pop("adaptive", False)) else "dp_fixed"
             return kind, opts
-        spec = str(spec)
         kind = "dp_fixed"
         if spec.startswith(("adaptive", "fixed")):
             head, _, spec = spec.partition(":")
             kind = f"dp_{head}"
         return kind, parse_options(spec)
     if cfg["aggregator"]:
-        name, _, opts = str(cfg["aggregator"]).partition(":")
+        name, _, opts = cfg["aggregator"].partition(":")
         return AGGREGATORS.canonical(name), parse_options(opts)
     return None, {}
 
@@ -78,22 +124,23 @@ def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None 
     factory = models.MODELS.get(cfg["model"])
     params = inspect.signature(factory).parameters
     flat = "input_dim" in params and "input_shape" not in params
-    clients, test = load_federated(cfg["dataset"], num_clients=int(cfg["clients"]), scheme=str(cfg["partition"]),
-                                   seed=int(cfg["seed"]), flat=flat)
-    x_shape = tuple(clients.x.shape[1:])
+    clients, test = load_federated(cfg["dataset"], num_clients=cfg["clients"], scheme=cfg["partition"],
+                                   seed=cfg["seed"], flat=flat)
+    x_shape = tuple(clients.element_type_structure["x"].shape)
     model_kwargs: dict[str, Any] = {"input_dim": x_shape[0]} if flat else (
         {"input_shape": x_shape} if "input_shape" in params else {})
     name = cfg["model"]
     aggregator, options = _aggregator(cfg)
+    per_round = cfg["clients_per_round"] or max(1, min(10, len(clients.client_ids) - cfg["eval_clients"]))
     return Simulation(
-        lambda: models.build(name, **model_kwargs), clients, cfg["algorithm"], rounds=int(cfg["rounds"]),
-        clients_per_round=int(cfg["clients_per_round"]), seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]),
-        local_epochs=int(cfg["local_epochs"]), client_learning_rate=cfg["client_lr"],
+        lambda: models.build(name, **model_kwargs), clients, cfg["algorithm"], rounds=cfg["rounds"],
+        clients_per_round=per_round, seed=cfg["seed"], batch_size=cfg["batch_size"],
+        local_epochs=cfg["local_epochs"], client_learning_rate=cfg["client_lr"],
         server_learning_rate=cfg["server_lr"], aggregator=aggregator, aggregator_options=options,
-        dropout=float(cfg["dropout"]), straggler_deadline=cfg["straggler_deadline"], test_data=test,
-        eval_clients=int(cfg["eval_clients"]) or None, eval_every=int(cfg["eval_every"]), out_dir=cfg["out"],
-        checkpoint_every=int(cfg["checkpoint_every"]), progress=bool(cfg["progress"]), backend=str(cfg["backend"]),
-        workers=workers)
+        dropout=cfg["dropout"], straggler_deadline=cfg["straggler_deadline"], test_data=test,
+        eval_clients=cfg["eval_clients"] or None, eval_every=cfg["eval_every"], out_dir=cfg["out"],
+        checkpoint_every=cfg["checkpoint_every"], progress=cfg["progress"], resume=cfg["resume"],
+        backend=cfg["backend"], workers=workers)
 
 
 def run_experiment(config: dict[str, Any]) -> Any:

@@ -57,12 +57,18 @@ class Simulation:
     Args:
         model_fn: no-argument callable returning an uncompiled Keras model whose output is logits
             (or probabilities, when its last layer is a softmax) over integer classes.
-        clients: the training clients, a ``tff.simulation.datasets.ClientData`` whose examples
-            are ``OrderedDict(x=..., y=...)`` (as :func:`~tensorfleet.federated.clients.partition` makes).
+        clients: the training clients, a ``tff.simulation.datasets.ClientData``: made by
+            :func:`~tensorfleet.federated.clients.partition`, or TFF's own (such as
+            ``tff.simulation.datasets.emnist.get_synthetic()``), batched or not; its model input
+            and label are found by name or given with ``x_key``/``y_key``
+            (:func:`~tensorfleet.federated.clients.xy.xy_clients`).
         algorithm: a name in :data:`~tensorfleet.federated.algorithms.ALGORITHMS`.
         test_data: ``(x, y)`` central test set, evaluated every ``eval_every`` rounds.
         eval_clients: held-out clients for federated evaluation: a ``ClientData``, or an int to
             hold out that many of ``clients`` (the last ids).
+        x_key, y_key: the names of the model input and the label in the examples of ``clients``
+            (and of ``eval_clients``), when their names do not tell (``pixels`` and ``label``
+            do; the error lists the names found).
         **options: the fields of :class:`~tensorfleet.federated.config.SimulationConfig`
             (``rounds``, ``clients_per_round``, ``seed``, ``dropout``, ``out_dir``, ``backend``,
             ``workers``, ...), checked there; the checked object is :attr:`config`.
@@ -79,7 +85,10 @@ class Simulation:
     """
 
     def __init__(self, model_fn: Callable[[], Any], clients: Any, algorithm: str = "fedavg", *,
-                 test_data: tuple[Any, Any] | None = None, eval_clients: Any = None, **options: Any) -> None:
+                 test_data: tuple[Any, Any] | None = None, eval_clients: Any = None, x_key: str | None = None,
+                 y_key: str | None = None, **options: Any) -> None:
+        from tensorfleet.federated.clients.xy import xy_clients
+
         if not callable(model_fn):
             raise TypeError(f"model_fn must be a no-argument callable returning a Keras model. Received: {model_fn!r}")
         if not hasattr(clients, "client_ids") or not hasattr(clients, "create_tf_dataset_for_client"):
@@ -87,7 +96,9 @@ class Simulation:
                             f"Received: {type(clients).__name__}")
         self.model_fn = model_fn
         self.config = SimulationConfig.from_options(algorithm, **options)
-        self.clients = clients
+        clients = self.clients = xy_clients(clients, x_key=x_key, y_key=y_key)
+        if hasattr(eval_clients, "client_ids"):
+            eval_clients = xy_clients(eval_clients, x_key=x_key, y_key=y_key)
         self.train_ids, self.eval_ids, self.eval_clients = _split_clients(clients, eval_clients)
         if self.config.clients_per_round > len(self.train_ids):
             raise ValueError(f"clients_per_round must not exceed the number of training clients "
@@ -288,6 +299,8 @@ class Simulation:
             loaded = self.load_checkpoint(state)
             if loaded is not None:
                 state, start_round, rounds = loaded
+                if start_round > self.config.rounds:
+                    raise checkpoint.CheckpointAheadError(self.config.out_dir, start_round, self.config.rounds)
                 self.history.rounds = [r for r in rounds if r["round"] <= start_round]
         self.state = state
         return process, state, start_round

@@ -74,8 +74,66 @@ def test_plot_of_a_directory_without_metrics_fails_cleanly(capsys, tmp_path):
     assert capsys.readouterr().err.startswith(f"error: No metrics.json in {tmp_path}")
 
 
-def test_run_on_tffs_synthetic_emnist(capsys):
-    assert main(["federated", "run", "--dataset", "emnist-synthetic", "--model", "digits_cnn", "--clients", "4",
-                 "--clients-per-round", "2", "--rounds", "1", "--batch-size", "4", "--no-progress"]) == 0
+def test_run_on_tffs_synthetic_emnist_keeps_tffs_two_clients(capsys, tmp_path):
+    assert main(["federated", "run", "--dataset", "emnist-synthetic", "--model", "digits_cnn", "--rounds", "1",
+                 "--batch-size", "4", "--no-progress", "--out", str(tmp_path)]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert last["rounds"] == 1 and 0.0 <= last["test_accuracy"] <= 1.0
+    assert last["rounds"] == 1 and 0.0 <= last["train_accuracy"] <= 1.0 and "test_accuracy" not in last
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["config"]["num_train_clients"] == 2 and saved["config"]["clients_per_round"] == 2
+    assert saved["config"]["clients"] == ("tff.simulation.datasets.emnist.get_synthetic() (pixels as x, label as y, "
+                                          "x reshaped to (28, 28, 1))")
+    assert saved["rounds"][0]["num_examples"] == 20  # TFF's 2 clients of 10 examples, not a re-split pool
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--partition", "iid"], "error: emnist_synthetic keeps TFF's own clients; a partition scheme re-splits pooled "
+                             "data (digits). Received: partition='iid'"),
+    (["--clients", "4"], "error: num_clients must not exceed emnist_synthetic's 2 clients (TFF's own). "
+                         "Received: num_clients=4"),
+])
+def test_tffs_synthetic_emnist_refuses_a_re_split(capsys, argv, message):
+    assert main(["federated", "run", "--dataset", "emnist-synthetic", "--rounds", "1", *argv]) == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_out_that_is_a_file_is_refused_before_the_run(capsys, tmp_path):
+    taken = tmp_path / "taken.txt"
+    taken.write_text("")
+    assert main(["federated", "run", "--rounds", "1", "--out", str(taken)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: out must be a directory; '{taken}' is a file. Received: out='{taken}'"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("rounds: 2\nclients: [3\n", "is not valid YAML at line 3, column 1: expected ',' or ']', but got '<stream end>'."),
+    ("rounds: 2.5\n", "rounds must be a positive integer. Received: rounds=2.5"),
+    ("rounds: '3'\n", "rounds must be a positive integer. Received: rounds='3'"),
+    ("progress: 'no'\n", "progress must be true or false. Received: progress='no'"),
+    ("dropout: high\n", "dropout must be a finite number >= 0 and < 1. Received: dropout='high'"),
+    ("model: 7\n", "model must be a name (text). Received: model=7"),
+    ("dp: 1.0\n", "dp must be options such as 'noise_multiplier=1.0,clip=0.5' or a mapping of them. Received: dp=1.0"),
+])
+def test_bad_yaml_and_wrong_typed_values_name_the_key(capsys, tmp_path, text, message):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    assert main(["federated", "run", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.strip().endswith(message) and "Traceback" not in err
+
+
+def test_fewer_rounds_than_the_checkpoint_is_an_error_and_fresh_starts_over(capsys, tmp_path):
+    base = ["federated", "run", "--clients", "10", "--clients-per-round", "2", "--no-progress", "--out", str(tmp_path),
+            "--checkpoint-every", "1"]
+    assert main([*base, "--rounds", "2"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--rounds", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: The checkpoint in {tmp_path} was written after round 2, past rounds=1. Run with --rounds 2 or more "
+        f"to continue it, or use another --out, or --fresh to start over (it overwrites the checkpoint).")
+    assert main([*base, "--rounds", "2", "--seed", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: The checkpoint in {tmp_path} comes from a different configuration (seed: checkpoint 0 vs now 1). "
+        f"Use another --out, or --fresh to start over (it overwrites the checkpoint).")
+    assert main([*base, "--rounds", "1", "--fresh"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"] == 1
+    assert [r["round"] for r in json.loads((tmp_path / "metrics.json").read_text())["rounds"]] == [1]

@@ -85,6 +85,21 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
         other_model.run()
 
 
+def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(clients, tmp_path):
+    from tensorfleet.federated.checkpoint import CheckpointAheadError
+
+    Simulation(tiny, clients, rounds=2, clients_per_round=2, out_dir=tmp_path, checkpoint_every=1,
+               progress=False).run()
+    with pytest.raises(CheckpointAheadError, match=rf"^The checkpoint in {tmp_path} was written after round 2, past "
+                                                   r"rounds=1. Ask for rounds=2 or more to continue it, or use another "
+                                                   r"out_dir, or resume=False to start over.$"):
+        Simulation(tiny, clients, rounds=1, clients_per_round=2, out_dir=tmp_path, checkpoint_every=1,
+                   progress=False).run()
+    history = Simulation(tiny, clients, rounds=1, clients_per_round=2, out_dir=tmp_path, checkpoint_every=1,
+                         resume=False, progress=False).run()
+    assert [r["round"] for r in history.rounds] == [1]
+
+
 @pytest.mark.parametrize("kwargs,error,message", [
     ({"clients_per_round": 21}, ValueError,
      r"clients_per_round must not exceed the number of training clients \(20\). Received: clients_per_round=21"),
@@ -100,6 +115,11 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
     ({"aggregator": "krum", "aggregator_options": {"num_byzantine": 2}, "clients_per_round": 6}, ValueError,
      r"Krum needs more than 2 \* num_byzantine \+ 2 clients \(n > 2f \+ 2, Blanchard et al. 2017\): with "
      r"num_byzantine=2, at least 7. Received: clients_per_round=6, num_byzantine=2"),
+    ({"progress": "no"}, ValueError, r"progress must be true or false. Received: progress='no'"),
+    ({"resume": 0}, ValueError, r"resume must be true or false. Received: resume=0"),
+    ({"dp_delta": 1}, ValueError, r"dp_delta must be a finite number > 0 and < 1. Received: dp_delta=1"),
+    ({"out_dir": "/proc/version"}, ValueError,
+     r"out_dir must be a directory; '/proc/version' is a file. Received: out_dir='/proc/version'"),
     ({"eval_clients": 20}, ValueError,
      r"eval_clients must leave at least one training client \(20 clients\). Received: eval_clients=20"),
 ])

@@ -232,7 +232,7 @@ def summarize(client_data: Any, *, label_key: str | None = None, max_clients: in
     labels = [np.asarray(client_arrays(client_data, cid, label_key=label_key)[1]).astype(np.int64).ravel() for cid in ids]
     num_classes = int(max(int(l.max()) for l in labels if l.size)) + 1
     counts = np.stack([np.bincount(l, minlength=num_classes) for l in labels])
-    return PartitionSummary(ids, counts, type(client_data).__name__)
+    return PartitionSummary(ids, counts, getattr(client_data, "description", "") or type(client_data).__name__)
 
 
 def plot_label_distribution(summary: PartitionSummary, path: str | os.PathLike[str], *, max_clients: int = 100) -> Path:

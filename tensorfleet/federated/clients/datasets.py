@@ -1,14 +1,18 @@
 """Named federated datasets for the CLI and scripts, in :data:`DATASETS`.
 
-* ``digits``: scikit-learn's 8x8 digits (offline), partitioned with any scheme.
-* ``emnist_synthetic``: TFF's own ``tff.simulation.datasets.emnist.get_synthetic()`` (offline),
-  its examples gathered and re-partitioned into the requested number of clients. The real EMNIST
-  loader (``tff.simulation.datasets.emnist.load_data``) needs the network; its ClientData can be
-  passed to :class:`~tensorfleet.federated.Simulation` after ``preprocess`` renames its
-  ``pixels``/``label`` to ``x``/``y``.
+* ``digits``: scikit-learn's 8x8 digits (offline), pooled, partitioned with any scheme into
+  ``num_clients`` (default 100), with a central test split.
+* ``emnist_synthetic``: TFF's own ``tff.simulation.datasets.emnist.get_synthetic()`` (offline) with
+  TFF's client structure kept (2 clients of 10 examples each; ``num_clients`` takes the first ones);
+  a partition scheme does not apply and no central test set exists. The real EMNIST
+  (``tff.simulation.datasets.emnist.load_data``, which needs the network) is passed to
+  :class:`~tensorfleet.federated.Simulation` as it is: its ``pixels``/``label`` are found by name.
 
 Example:
     >>> clients, test = load_federated("digits", num_clients=100, scheme="shards:2")
+    >>> clients, test = load_federated("emnist_synthetic")
+    >>> clients.client_ids, test
+    (['synthetic1', 'synthetic2'], None)
 """
 
 from __future__ import annotations
@@ -18,51 +22,58 @@ from typing import Any, Callable
 import numpy as np
 
 from tensorfleet.registry import Registry
+from tensorfleet.validation import positive_int
 
-__all__ = ["DATASETS", "load_federated", "load_arrays"]
+__all__ = ["DATASETS", "load_federated"]
 
-DATASETS: Registry[Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = Registry("dataset")
+Loader = Callable[..., tuple[Any, "tuple[np.ndarray, np.ndarray] | None"]]
+DATASETS: Registry[Loader] = Registry("dataset")
 
 
-def _digits(*, flat: bool, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _digits(*, num_clients: int | None, scheme: str | None, seed: int, flat: bool,
+            **options: Any) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+    from tensorfleet.federated.clients.partition import partition
     from tensorfleet.models.datasets import load_digits
 
     s = load_digits(flat=flat, seed=seed)
-    return s.x_train, s.y_train, s.x_test, s.y_test
+    clients = partition(s.x_train, s.y_train, 100 if num_clients is None else num_clients, scheme or "iid", seed=seed,
+                        **options)
+    return clients, (s.x_test, s.y_test)
 
 
-def _emnist_synthetic(*, flat: bool, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _emnist_synthetic(*, num_clients: int | None, scheme: str | None, seed: int, flat: bool,
+                      **options: Any) -> tuple[Any, None]:
     import tensorflow_federated as tff
 
-    cd = tff.simulation.datasets.emnist.get_synthetic()
-    xs, ys = [], []
-    for cid in cd.client_ids:
-        for element in cd.create_tf_dataset_for_client(cid).as_numpy_iterator():
-            xs.append(element["pixels"])
-            ys.append(element["label"])
-    x = np.asarray(xs, dtype=np.float32)
-    y = np.asarray(ys, dtype=np.int32)
-    x = x.reshape(len(x), -1) if flat else x[..., None]
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    n_test = max(1, len(x) // 5)
-    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+    from tensorfleet.federated.clients.xy import xy_clients
+
+    del seed
+    if scheme is not None or options:
+        raise ValueError(f"emnist_synthetic keeps TFF's own clients; a partition scheme re-splits pooled data "
+                         f"(digits). Received: partition={scheme!r}")
+    data = tff.simulation.datasets.emnist.get_synthetic()
+    ids = list(data.client_ids)
+    if num_clients is not None and positive_int("num_clients", num_clients) > len(ids):
+        raise ValueError(f"num_clients must not exceed emnist_synthetic's {len(ids)} clients (TFF's own). "
+                         f"Received: num_clients={num_clients}")
+    if num_clients is not None and num_clients < len(ids):
+        data = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids[:num_clients],
+                                                                        data.create_tf_dataset_for_client)
+    data.description = "tff.simulation.datasets.emnist.get_synthetic()"
+    return xy_clients(data, x_shape=(784,) if flat else (28, 28, 1)), None
 
 
-DATASETS.register("digits", _digits, description="scikit-learn digits, 8x8, 10 classes (offline).")
+DATASETS.register("digits", _digits, description="scikit-learn digits, 8x8, 10 classes (offline), partitioned.")
 DATASETS.register("emnist_synthetic", _emnist_synthetic,
-                  description="TFF's synthetic EMNIST, 28x28 (offline), re-partitioned.")
+                  description="TFF's synthetic EMNIST, 28x28 (offline), TFF's own 2 clients.")
 
 
-def load_arrays(name: str, *, flat: bool = False, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(x_train, y_train, x_test, y_test)`` of dataset ``name``."""
-    return DATASETS.get(name)(flat=flat, seed=seed)
+def load_federated(name: str, *, num_clients: int | None = None, scheme: str | None = None, seed: int = 0,
+                   flat: bool = False, **options: Any) -> tuple[Any, tuple[np.ndarray, np.ndarray] | None]:
+    """``(clients, (x_test, y_test) or None)`` of dataset ``name``.
 
-
-def load_federated(name: str, *, num_clients: int, scheme: str = "iid", seed: int = 0, flat: bool = False,
-                   **options: Any) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
-    """``(clients, (x_test, y_test))``: dataset ``name`` partitioned into ``num_clients``."""
-    from tensorfleet.federated.clients.partition import partition
-
-    x, y, x_test, y_test = load_arrays(name, flat=flat, seed=seed)
-    return partition(x, y, num_clients, scheme, seed=seed, **options), (x_test, y_test)
+    ``num_clients`` and ``scheme`` split a pooled dataset (``digits``: default 100 clients, ``iid``);
+    a dataset with clients of its own keeps them (``num_clients`` takes the first ones) and
+    refuses a scheme. ``flat`` gives features as vectors (for MLPs).
+    """
+    return DATASETS.get(name)(num_clients=num_clients, scheme=scheme, seed=seed, flat=flat, **options)
