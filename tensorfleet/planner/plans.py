@@ -206,7 +206,8 @@ def _workload(model: str | None, parameters: float | None, transformer: str | No
              if v is not None}
     if model is not None:
         if shape:
-            raise ValueError(f"{', '.join(shape)} describe a transformer (parameters= or transformer=); a Keras "
+            raise ValueError(f"{', '.join(shape)} describe{'s' if len(shape) == 1 else ''} a transformer "
+                             "(parameters= or transformer=); a Keras "
                              f"model has its own shape. Received: model={model!r}, "
                              + ", ".join(f"{k}={v!r}" for k, v in shape.items()))
         return workload_from_model(model)

@@ -104,9 +104,14 @@ def test_sequence_length_and_heads_are_inputs():
     with pytest.raises(ValueError, match=r"^transformer='gpt2-xl' fixes layers, hidden and heads; for another shape "
                                          r"give parameters= with them. Received: heads=16$"):
         planner.plan(**{**XL, "heads": 16})
-    with pytest.raises(ValueError, match=r"^seq_len describe a transformer .* Received: model='digits_cnn', "
-                                         r"seq_len=128$"):
+    with pytest.raises(ValueError, match=r"^seq_len describes a transformer \(parameters= or transformer=\); a Keras "
+                                         r"model has its own shape. Received: model='digits_cnn', seq_len=128$"):
         planner.plan(**{**XL, "transformer": None, "model": "digits_cnn", "seq_len": 128})
+    with pytest.raises(ValueError, match=r"^seq_len, heads describe a transformer"):
+        planner.plan(**{**XL, "transformer": None, "model": "digits_cnn", "seq_len": 128, "heads": 2})
+    with pytest.raises(ValueError, match=r"^gpt2_xl takes sequences of at most 1024 tokens \(its position table\). "
+                                         r"Received: seq_len=2048$"):
+        planner.plan(**{**XL, "seq_len": 2048})
 
 
 def test_parameter_servers_must_hold_the_weights_and_optimizer_state():
