@@ -4,8 +4,10 @@ The per-layer numbers come from the flatbuffer: parameters are the elements of e
 constant inputs, activations are the bytes of its outputs, MACs are counted for the
 operators that do multiply-accumulates (convolutions, depthwise convolutions, fully connected,
 transposed convolutions, batch matmul). Flash is the flatbuffer length; RAM is the smallest
-arena with which TFLite Micro runs the model (measured, see :func:`find_arena_size`). Neither
-counts the application's code or the TFLM library itself.
+arena with which the TFLite Micro Python interpreter runs the model (measured, see
+:func:`find_arena_size`): its RecordingMicroAllocator keeps records in the arena, so a firmware
+with the plain MicroAllocator needs a little less, and the number is a safe size to declare.
+Neither counts the application's code or the TFLM library itself.
 
 Example:
     >>> rep = report(artifact, target="arduino_nano_33_ble")    # doctest: +SKIP
@@ -25,8 +27,10 @@ import numpy as np
 
 from tensorfleet.edge.artifact import Graph, OpInfo, TFLiteArtifact
 from tensorfleet.edge.errors import MicroIncompatibleError
+from tensorfleet.edge.micro import ARENA_ALLOCATOR, ARENA_NOTE, MAX_ARENA_BYTES, arena_allocations, find_arena_size
 from tensorfleet.io import save_figure, write_json
 from tensorfleet.registry import Registry
+from tensorfleet.validation import integer
 
 __all__ = ["Board", "BOARDS", "LayerInfo", "EdgeReport", "FitResult", "report", "layer_table", "parse_board"]
 
@@ -159,6 +163,7 @@ class EdgeReport:
     fit: FitResult | None = None
     notes: list[str] = field(default_factory=list)
     arena_allocations: dict[str, int] = field(default_factory=dict)
+    arena_allocator: str = ARENA_ALLOCATOR  # whose smallest arena arena_bytes is ("as given" when passed in)
 
     @property
     def total_params(self) -> int:
@@ -174,7 +179,9 @@ class EdgeReport:
 
     def as_dict(self) -> dict[str, Any]:
         out = {"quantization": self.quantization, "flash_bytes": self.flash_bytes,
-               "arena_bytes": self.arena_bytes, "total_params": self.total_params,
+               "arena_bytes": self.arena_bytes, "arena_allocator": self.arena_allocator,
+               "arena_note": ARENA_NOTE if self.arena_allocator == ARENA_ALLOCATOR else "",
+               "total_params": self.total_params,
                "total_macs": self.total_macs, "peak_activation_bytes": self.peak_activation_bytes,
                "arena_allocations": dict(self.arena_allocations),
                "layers": [asdict(layer) for layer in self.layers], "notes": list(self.notes)}
@@ -196,8 +203,11 @@ class EdgeReport:
         lines.append(f"     {'total':<20} {'':<16} {self.total_params:>9,} {self.total_macs:>11,} "
                      f"{self.peak_activation_bytes:>10,} (peak)")
         arena = f"{self.arena_bytes:,} bytes" if self.arena_bytes is not None else "n/a (TFLM cannot run it)"
-        lines.append(f"flash (model): {self.flash_bytes:,} bytes   RAM (TFLM arena): {arena}   "
-                     f"quantization: {self.quantization}")
+        lines.append(f"flash (model): {self.flash_bytes:,} bytes   RAM (TFLM arena, {self.arena_allocator}): "
+                     f"{arena}   quantization: {self.quantization}")
+        if self.arena_bytes is not None and self.arena_allocator == ARENA_ALLOCATOR:
+            lines.append("arena: a safe size for a firmware; with TFLM's plain MicroAllocator it needs 240-424 bytes "
+                         "less (the Python interpreter's recording allocator keeps its records in the arena)")
         alloc = self.arena_allocations
         if {"total", "head", "tail"} <= set(alloc):
             lines.append(f"TFLM allocation record: {alloc['total']:,} bytes = head {alloc['head']:,} (planned "
@@ -270,7 +280,9 @@ def report(artifact: TFLiteArtifact, *, target: str | Board | None = None, arena
     Args:
         artifact: the converted model.
         target: a board from :data:`BOARDS` (or ``"flash=1M,ram=256K"``); the report says whether it fits.
-        arena_bytes: a known arena size; otherwise it is measured on TFLM when ``measure_arena``.
+        arena_bytes: a known arena size (reported "as given"); otherwise, with ``measure_arena``, the
+            smallest with which the TFLM Python interpreter runs the model, a safe size for a firmware
+            (see :data:`~tensorfleet.edge.micro.ARENA_NOTE`).
 
     Example:
         >>> rep = report(artifact, target="nano33ble")   # doctest: +SKIP
@@ -279,22 +291,20 @@ def report(artifact: TFLiteArtifact, *, target: str | Board | None = None, arena
     """
     if not isinstance(artifact, TFLiteArtifact):
         raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
+    integer("arena_bytes", arena_bytes, minimum=1, maximum=MAX_ARENA_BYTES, optional=True)
     board = parse_board(target) if target is not None else None
     notes: list[str] = []
+    measured = arena_bytes is None
     if arena_bytes is None and measure_arena:
-        from tensorfleet.edge.micro import find_arena_size
-
         try:
             arena_bytes = find_arena_size(artifact, progress=progress)
         except MicroIncompatibleError as exc:
             notes.append(str(exc))
     allocations: dict[str, int] = {}
     if arena_bytes is not None and measure_arena:
-        from tensorfleet.edge.micro import arena_allocations
-
         allocations = arena_allocations(artifact, arena_bytes)
     rep = EdgeReport(artifact.quantization, artifact.size, arena_bytes, layer_table(artifact), notes=notes,
-                     arena_allocations=allocations)
+                     arena_allocations=allocations, arena_allocator=ARENA_ALLOCATOR if measured else "as given")
     if board is not None:
         rep.fit = _fit(board, artifact.size, arena_bytes)
     return rep

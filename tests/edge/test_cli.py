@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,10 @@ def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.Cap
     names = sorted(p.name for p in (tmp_path / "c").iterdir())
     assert names == ["digits_v1_model_data.cc", "digits_v1_model_data.h", "digits_v1_op_resolver.h"]
     assert "kDigitsV1TensorArenaSize" in (tmp_path / "c" / "digits_v1_model_data.h").read_text()
+    assert main(["edge", "validate", str(converted)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"; smallest arena [\d,]+ bytes for the TFLM Python interpreter's RecordingMicroAllocator - a "
+                     r"safe size for a firmware, whose plain MicroAllocator needs 240-424 bytes less\n$", out), out
     assert main(["edge", "validate", str(converted), "--arena-size", "100"]) == 2
     err = capsys.readouterr().err
     assert "error: The tensor arena is too small" in err and "Received: arena_size=100" in err

@@ -44,6 +44,8 @@ def test_report_totals_flash_ram_and_fit(int8_report: Any, int8_artifact: Any) -
 def test_too_small_target_says_why(int8_artifact: Any, int8_report: Any) -> None:
     rep = edge.report(int8_artifact, target="flash=16K,ram=4K", arena_bytes=int8_report.arena_bytes)
     assert not rep.fit.fits
+    assert rep.arena_allocator == "as given" and rep.as_dict()["arena_note"] == ""
+    assert "RAM (TFLM arena, as given)" in rep.table() and "arena: a safe size" not in rep.table()
     assert rep.fit.reasons == (f"model needs {int8_artifact.size:,} bytes of flash, board has 16,384",
                                f"arena needs {int8_report.arena_bytes:,} bytes of RAM, board has 4,096")
     assert "does NOT fit" in rep.table()
@@ -52,9 +54,15 @@ def test_too_small_target_says_why(int8_artifact: Any, int8_report: Any) -> None
 def test_table_json_and_png(int8_report: Any, tmp_path: Path) -> None:
     table = int8_report.table()
     assert "FULLY_CONNECTED" in table and "337,536" in table
-    assert f"RAM (TFLM arena): {int8_report.arena_bytes:,} bytes" in table
+    assert (f"RAM (TFLM arena, TFLM Python interpreter's RecordingMicroAllocator): {int8_report.arena_bytes:,} "
+            f"bytes") in table
+    assert ("arena: a safe size for a firmware; with TFLM's plain MicroAllocator it needs 240-424 bytes less (the "
+            "Python interpreter's recording allocator keeps its records in the arena)") in table.splitlines()
     data = json.loads(int8_report.save_json(tmp_path / "r.json").read_text())
     assert data["total_macs"] == 337_536 and data["target"]["fits"] is True
+    assert data["arena_allocator"] == "TFLM Python interpreter's RecordingMicroAllocator"
+    assert data["arena_note"].startswith("smallest arena with which the TFLM Python interpreter runs the model; its "
+                                         "RecordingMicroAllocator keeps its records in the arena")
     assert len(data["layers"]) == 6
     png = int8_report.plot(tmp_path / "r.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -76,3 +84,9 @@ def test_boards_and_bad_targets() -> None:
         parse_board("flash=1M,ram=lots")
     with pytest.raises(ValueError, match=r"needs exactly flash= and ram=.*Received: target='flash=1M'"):
         parse_board("flash=1M")
+
+
+def test_a_huge_given_arena_is_refused(int8_artifact: Any) -> None:
+    with pytest.raises(ValueError, match=r"arena_bytes must be an integer from 1 to 67108864. "
+                                         r"Received: arena_bytes=4294967296"):
+        edge.report(int8_artifact, arena_bytes=2**32)
