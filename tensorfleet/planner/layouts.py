@@ -11,9 +11,10 @@ device holds (:meth:`ParallelLayout.memory`) and what one step communicates
   their own memory;
 * communication per step from the alpha-beta model of :mod:`tensorfleet.planner.cost_model`:
   data parallel all-reduces the gradients (ring; two-level when there are several machines)
-  or pushes gradients to the parameter servers and pulls weights back (one worker too); tensor parallelism all-reduces
-  activations (Megatron-LM: 4 per transformer layer per step); a pipeline sends activations
-  and their gradients between neighbouring stages once per micro-batch;
+  or pushes gradients to the parameter servers and pulls weights back (one worker too);
+  tensor parallelism all-reduces activations (Megatron-LM: 4 per transformer layer per
+  step); a pipeline sends activations and their gradients between neighbouring stages once
+  per micro-batch;
 * compute per step, for every layout, as ``6 x parameters x tokens / (devices x device FLOP/s)``
   (Kaplan et al. 2020), stretched by the pipeline bubble ``(P-1) / (m+P-1)`` (Huang et al.,
   GPipe, 2019) and by one more forward pass (8/6) under full recomputation, which a layout
