@@ -50,10 +50,12 @@ def launch_command(
 ) -> None:
     """Start one process per task on 127.0.0.1, each with its TF_CONFIG; restart on failure.
 
-    Output lines are prefixed with their task (e.g. worker:1); Ctrl-C and SIGTERM reach every
+    Output lines are prefixed with their task (e.g. worker:1); a progress bar shows its state every
+    2 s, one line each; TensorFlow's start-up noise is left out (shown with --verbose); Ctrl-C and SIGTERM reach every
     task (SIGKILL follows after a grace period); the exit status is the chief's (worker 0's without a chief) or the first failure's.
     """
     _reject_unknown_option(ctx, script)
+    from tensorfleet.cli.main import verbose
     from tensorfleet.cluster.launcher import launch
 
     port_list = None
@@ -68,7 +70,7 @@ def launch_command(
     result = launch(
         script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list,
         mode=mode, max_restarts=max_restarts, backoff=backoff, timeout=timeout, hang_timeout=hang_timeout,
-        backup_dir=backup_dir, check=False,
+        backup_dir=backup_dir, quiet=not verbose(ctx), check=False,
     )
     if result.returncode != 0 and result.error:
         typer.echo(f"error: {result.error}", err=True)

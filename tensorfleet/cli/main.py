@@ -5,11 +5,19 @@ Each command group lives in its own module of this package and exposes ``app`` (
 Errors that tensorfleet raises for bad input (``ValueError``, ``KeyError``, ``TypeError``,
 ``FileNotFoundError``) are turned into one clean line on stderr and exit status 2 here, at
 the CLI boundary, instead of a traceback.
+
+Every command shows what the user needs and nothing else: TensorFlow's C++ logs below ERROR are
+off (``TF_CPP_MIN_LOG_LEVEL=2`` unless the user set it), and the lines TensorFlow prints on
+every start or conversion that say nothing (:data:`tensorfleet.cluster.console.NOISE`, among
+them the three "Unable to register cuDNN/cuFFT/cuBLAS factory" errors that level 2 keeps) are
+filtered out of stderr and out of launched tasks' output. ``tensorfleet --verbose <command>``
+shows everything: C++ logs at every level, those lines, and INFO logs.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from typing import Any, Optional
@@ -18,11 +26,7 @@ import typer
 
 import tensorfleet
 
-# TensorFlow's C++ start-up chatter is noise on a command line; TF_CPP_MIN_LOG_LEVEL set by the
-# user wins.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-__all__ = ["app", "main", "click_exceptions", "GROUPS", "COMMANDS"]
+__all__ = ["app", "main", "click_exceptions", "verbose", "GROUPS", "COMMANDS"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving")
@@ -46,11 +50,26 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Optional[bool] = typer.Option(  # noqa: UP007 - typer needs Optional here
         None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show everything: TensorFlow's C++ logs and start-up lines, INFO logs."),
 ) -> None:
     """Distributed, federated and on-device TensorFlow from plain Keras."""
+    from tensorfleet.cluster.console import quiet_stderr
+
+    # Before any command imports TensorFlow, which reads the level once; the user's setting wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    ctx.with_resource(quiet_stderr(enabled=not verbose))
+
+
+def verbose(ctx: typer.Context) -> bool:
+    """Whether ``tensorfleet --verbose`` was given (for commands that start processes)."""
+    return bool(ctx.find_root().params.get("verbose"))
 
 
 for _module_name in GROUPS:

@@ -118,6 +118,8 @@ def launch(
     faults: Sequence[Fault] = (),
     stop_when: str | None = None,
     sink: Callable[[str], None] | None = _default_sink,
+    quiet: bool = True,
+    progress_interval: float = 2.0,
     check: bool = True,
     python: str | None = None,
 ) -> LaunchResult:
@@ -150,6 +152,11 @@ def launch(
             writes the backups: a line it prints after a backup means the backup is complete.
         sink: receives every prefixed output line and launcher event; ``None`` keeps them only
             in the result.
+        quiet: leave TensorFlow's known start-up noise (the "Unable to register cuDNN factory"
+            lines every task prints; :data:`tensorfleet.cluster.console.NOISE`) out of what
+            ``sink`` gets and of the log tail of an error; the result keeps every line.
+        progress_interval: a progress bar a task redraws with ``\r`` (Keras' ``fit``) reaches
+            ``sink`` as one line of its state at most this often (seconds), and its final state.
         check: raise :class:`LaunchFailedError` when the job fails for good.
         python: the interpreter for the tasks (default: this one).
 
@@ -187,7 +194,9 @@ def launch(
         _check_ports_free(spec)
     task_env = _task_env(spec, env, backup_dir)
     argv = [python or sys.executable, str(script_path), *map(str, args)]
-    job = LocalJob(spec=spec, mode=job_mode, argv=argv, env=task_env, sink=sink, faults=faults, stop_when=stop_when)
+    number("progress_interval", progress_interval, minimum=0)
+    job = LocalJob(spec=spec, mode=job_mode, argv=argv, env=task_env, sink=sink, faults=faults, stop_when=stop_when,
+                   quiet=quiet, progress_interval=progress_interval)
     with forwarded_signals(job) as received:
         try:
             outcome = Supervisor(job, max_restarts=max_restarts, backoff=backoff, max_backoff=max_backoff,

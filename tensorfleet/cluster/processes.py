@@ -1,12 +1,19 @@
 """The processes of a launched job: one per task, each leading its own process group, with a
 thread that prefixes and records its output, and the faults injected into them.
 
+A task's output is read as it comes, not line by line, so that a progress bar redrawn with
+``\r`` (Keras' ``fit``) shows as its state every few seconds, one line each, instead of one
+line of every redraw at the end of the epoch (:class:`~tensorfleet.cluster.console.ProgressLines`);
+TensorFlow's known start-up noise (:func:`~tensorfleet.cluster.console.is_noise`) is left out
+of what is shown unless the job is not ``quiet``.
+
 A task's process dies with the launcher (Linux ``PR_SET_PDEATHSIG``), even when the launcher
 is SIGKILLed; signals reach the task's whole group, so its own children stop with it.
 """
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
 import ctypes
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Sequence
 
+from tensorfleet.cluster.console import ProgressLines, is_noise
 from tensorfleet.cluster.contract import ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, SERVE_ARGS
 from tensorfleet.cluster.result import LogLine, TaskSpan
 from tensorfleet.strategies.tf_config import ClusterSpec, Role
@@ -87,11 +95,21 @@ class TaskProcess:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            self.tail.append(text)
-            self.job.on_line(self, text)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        lines = ProgressLines(interval=self.job.progress_interval)
+        for raw in iter(lambda: self.proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            self._show(lines.feed(decoder.decode(raw), now=self.job.now()))
+        self._show(lines.feed(decoder.decode(b"", final=True), now=self.job.now()) + lines.flush())
         self.proc.stdout.close()
+
+    def _show(self, lines: list[tuple[str, bool]]) -> None:
+        for text, complete in lines:
+            if not complete:
+                self.job.on_progress(self, text)
+                continue
+            if not (self.job.quiet and is_noise(text)):
+                self.tail.append(text)
+            self.job.on_line(self, text)
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -129,9 +147,11 @@ class LocalJob:
     """The processes, output and events of one launched job on this machine."""
 
     def __init__(self, *, spec: ClusterSpec, mode: JobMode, argv: list[str], env: dict[str, str],
-                 sink: Callable[[str], None] | None, faults: Sequence[Fault], stop_when: str | None) -> None:
+                 sink: Callable[[str], None] | None, faults: Sequence[Fault], stop_when: str | None,
+                 quiet: bool = True, progress_interval: float = 2.0) -> None:
         self.spec, self.mode, self.argv, self.base_env = spec, mode, argv, env
         self.sink = sink
+        self.quiet, self.progress_interval = quiet, progress_interval
         self.faults = list(faults)
         self.fired: set[int] = set()
         self.stop_regex = re.compile(stop_when) if stop_when else None
@@ -153,11 +173,18 @@ class LocalJob:
     def now(self) -> float:
         return time.monotonic() - self.start
 
+    def on_progress(self, task: TaskProcess, text: str) -> None:
+        """A progress bar's current state: shown, not recorded (its final state is a line)."""
+        self.activity = time.monotonic()
+        if self.sink is not None:
+            with self.lock:
+                self.sink(f"[{task.name}] {text}")
+
     def on_line(self, task: TaskProcess, text: str) -> None:
         self.activity = time.monotonic()
         with self.lock:
             self.lines.append(LogLine(self.now(), task.name, task.attempt, text))
-            if self.sink is not None:
+            if self.sink is not None and not (self.quiet and is_noise(text)):
                 self.sink(f"[{task.name}] {text}")
         for i, fault in enumerate(self.faults):
             if (i not in self.fired and (fault.watch or fault.task) == task.name

@@ -1,0 +1,83 @@
+"""What people see of a launched job: Keras' progress bar as readable lines per task, TensorFlow's
+start-up noise left out (but kept in the record), and the pieces that do it."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import portpicker
+import pytest
+
+from tensorfleet.cluster.console import ProgressLines, is_noise
+from tensorfleet.cluster.launcher import launch
+
+# Plain Keras fit with its default progress bar (verbose="auto" is 1 here): 2 epochs of 20 steps,
+# each step slowed down so that an epoch takes about a second.
+KERAS_SCRIPT = textwrap.dedent("""
+    import time
+    import numpy as np
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")  # no warning that the slowing callback is slow
+
+    class Slow(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.05)
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    model.compile("sgd", "mse")
+    model.fit(np.zeros((40, 2)), np.zeros((40, 1)), batch_size=2, epochs=2, callbacks=[Slow()])
+    print("done")
+""")
+
+FINAL = re.compile(r"^20/20 \[==============================\] - \d+s \d+ms/step - loss: 0\.0000e\+00$")
+
+
+def test_a_launched_keras_fit_shows_its_progress_as_lines_per_task(tmp_path: Path) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(KERAS_SCRIPT)
+    shown: list[str] = []
+    result = launch(script, workers=1, sink=shown.append, progress_interval=0.3, ports=[portpicker.pick_unused_port()],
+                    env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0
+    task_lines = [line[len("[worker:0] "):] for line in shown if line.startswith("[worker:0] ")]
+    assert all("\r" not in line and "\b" not in line and len(line) < 200 for line in task_lines), task_lines
+    # The record holds each epoch's final state once, as the last line of that epoch.
+    recorded = [line.text for line in result.lines]
+    assert [line for line in recorded if line.startswith("Epoch ")] == ["Epoch 1/2", "Epoch 2/2"]
+    assert len([line for line in recorded if FINAL.match(line)]) == 2, recorded
+    assert recorded[-1] == "done"
+    # Between them, the bar's state at most every 0.3 s: a few lines per epoch, not one per step.
+    states = [line for line in task_lines if re.match(r"^\d+/20 \[", line) and not FINAL.match(line)]
+    assert 1 <= len(states) <= 12, states
+    assert all(re.match(r"^\d+/20 \[[=>.]{30}\] - ETA: \d+s - loss: 0\.0000e\+00$", s) for s in states), states
+    # TensorFlow's CUDA-factory lines are not shown, and stay in the record.
+    assert not any(is_noise(line) for line in task_lines)
+    assert sum(is_noise(line) for line in recorded) == 3
+
+
+
+@pytest.mark.parametrize(("chunks", "expected"), [
+    (["a\r", "b\r", "c\r", "\n"], [("a", False), ("c", False), ("c", True)]),
+    (["\b\b\r1/3 [=", "=>] x", "\b\b\b\r3/3 done\n"], [("1/3 [=", False), ("3/3 done", True)]),  # 0.8 s < 1 s
+    (["plain\nmore"], [("plain", True), ("more", True)]),
+    (["x" * 5 + "y" * 3], [("xxxxx", True), ("yyy", True)]),
+])
+def test_progress_lines_collapse_redraws_at_a_bounded_rate(chunks: list[str], expected: list) -> None:
+    progress = ProgressLines(interval=1.0, limit=5)
+    out = []
+    for i, chunk in enumerate(chunks):
+        out += progress.feed(chunk, now=0.8 * i)
+    assert out + progress.flush() == expected
+
+
+def test_noise_is_only_tensorflows_known_lines() -> None:
+    assert is_noise("2026-11-23 14:20:22.950590: E tensorflow/compiler/xla/stream_executor/cuda/cuda_fft.cc:609] "
+                    "Unable to register cuFFT factory: Attempting to register factory for plugin cuFFT when one has "
+                    "already been registered")
+    assert is_noise("fully_quantize: 0, inference_type: 6, input_inference_type: INT8, output_inference_type: INT8")
+    assert not is_noise("2026-11-23 14:20:22.950590: E tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc:1] "
+                        "Unable to bind 127.0.0.1:2222")
+    assert not is_noise("Unable to register cuFFT factory")
