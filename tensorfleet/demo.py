@@ -8,7 +8,9 @@
    exported as C sources; prints size, arena and accuracy.
 
 Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
-Run with ``python -m tensorfleet.demo [--devices N] [--epochs E] [--rounds R] [--out DIR]``.
+Run with ``python -m tensorfleet.demo [--devices N] [--epochs E] [--rounds R] [--out DIR] [--verbose]``;
+TensorFlow's start-up and converter noise is left out unless ``--verbose``
+(:mod:`tensorfleet.cluster.console`).
 """
 
 from __future__ import annotations
@@ -115,18 +117,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=5, help="timed epochs after a warm-up epoch (default 5)")
     parser.add_argument("--rounds", type=int, default=10, help="federated rounds (default 10)")
     parser.add_argument("--out", default="out/demo", help="where outputs go (default out/demo)")
+    parser.add_argument("--verbose", action="store_true", help="also show TensorFlow's logs and start-up lines")
     args = parser.parse_args(argv)
     if args.devices < 1 or args.epochs < 1 or args.rounds < 1:
         parser.error("--devices, --epochs and --rounds must be positive. Received: "
                      f"devices={args.devices}, epochs={args.epochs}, rounds={args.rounds}")
-    print("== 1. strategies: plain Keras fit under a distribution strategy")
-    _, model = run(devices=args.devices, epochs=args.epochs, return_model=True)
-    print("== 2. federated: FedAvg on tensorflow-federated")
-    run_federated(rounds=args.rounds, out_dir=f"{args.out}/federated")
-    print("== 3. edge: int8 for a microcontroller, checked on TFLite Micro")
-    run_edge(model, out_dir=f"{args.out}/edge")
+    from tensorfleet.cluster.console import quiet_stderr
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")  # before TensorFlow starts
+    with quiet_stderr(enabled=not args.verbose):
+        print("== 1. strategies: plain Keras fit under a distribution strategy")
+        _, model = run(devices=args.devices, epochs=args.epochs, return_model=True)
+        print("== 2. federated: FedAvg on tensorflow-federated")
+        run_federated(rounds=args.rounds, out_dir=f"{args.out}/federated")
+        print("== 3. edge: int8 for a microcontroller, checked on TFLite Micro")
+        run_edge(model, out_dir=f"{args.out}/edge")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     main()

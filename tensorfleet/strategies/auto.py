@@ -3,12 +3,18 @@
 The order, first match wins: TF_CONFIG with ``ps`` tasks -> parameter_server; TF_CONFIG with
 several workers -> multi_worker_mirrored; a TPU (attached, or named by ``TPU_NAME``) -> tpu;
 more than one local device -> mirrored; else one_device.
+
+The choice is printed (one line on stderr, ``tensorfleet: strategy 'auto' chose 'mirrored'
+(2 local CPU devices)``): a user who asked tensorfleet to choose wants to see what it chose,
+without configuring logging first. ``announce=False`` keeps it quiet; the choice is also
+logged at INFO.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any, Mapping
 
 from tensorfleet.strategies.devices import local_devices, local_tpu_devices
@@ -43,11 +49,16 @@ def choose(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
     return "one_device", f"one local {kind} device"
 
 
-def auto(**options: Any) -> Any:
-    """Builds the strategy :func:`choose` picks, passing ``options`` through."""
+def auto(*, announce: bool = True, **options: Any) -> Any:
+    """Builds the strategy :func:`choose` picks, passing ``options`` through.
+
+    With ``announce`` (the default) the choice and its reason are printed on stderr.
+    """
     name, reason = choose()
     log.info("tensorfleet auto strategy: chose %r because %s", name, reason)
+    if announce:
+        print(f"tensorfleet: strategy 'auto' chose {name!r} ({reason})", file=sys.stderr, flush=True)
     return build(name, **options)
 
 
-register("auto", auto, description="Chooses from TF_CONFIG, TPUs and local devices; logs its choice.")
+register("auto", auto, description="Chooses from TF_CONFIG, TPUs and local devices; prints its choice.")
