@@ -203,7 +203,7 @@ def table(measured: dict[str, dict[int, float]], checks: dict[str, dict[str, obj
     from tensorfleet.planner import fit_check
 
     lines = ["| implementation | size | fitted or held out | measured ms | "
-             + " | ".join(f"{m} ms | {m} error" for m in fit_check.MODELS) + " |", "|---" * 7 + "|"]
+             + " | ".join(f"{m} ms | {m} error" for m in fit_check.MODELS) + " |", "|---" * (4 + 2 * len(fit_check.MODELS)) + "|"]
     for name, by_size in measured.items():
         for size in sorted(by_size):
             cells = []
