@@ -1,13 +1,14 @@
-"""`tensorfleet serve`: one signature call per request vs dynamic batching, side by side.
+"""`tensorfleet serve`: one signature call per request vs dynamic batching vs 2 replicas, side by side.
 
-The digits CNN (digits_cnn, seed 0) is exported once and served by two `tensorfleet serve`
-processes on 127.0.0.1 at the same time: one without batching, one with --enable-batching. A
+The digits CNN (digits_cnn, seed 0) is exported once and served by three `tensorfleet serve`
+processes on 127.0.0.1 at the same time: one without batching, one with --enable-batching, one
+with --enable-batching and --replicas 2 (the model in two worker processes). A
 closed-loop load generator (aiohttp, one event loop, CONCURRENCY callers each sending its next
 one-image REST :predict as soon as the last is answered) drives each server for SECONDS at every
-concurrency; the two servers alternate ROUNDS times at each level and the medians are reported.
+concurrency; the servers alternate ROUNDS times at each level and the medians are reported.
 Every request is bounded (timeout) and every run stops by itself (duration and request cap).
 Prints requests/s and p50/p99 latency per server and concurrency, and the batching/per-request
-ratios (target at concurrency 32: >= 3x the requests/s with p99 no worse).
+ratios to per-request (target at concurrency 32: >= 3x the requests/s with p99 no worse).
 
 Run: .venv/bin/python bench/serving.py [--concurrency 1,4,16,32,64] [--seconds 3] [--rounds 2]
 """
@@ -27,10 +28,11 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+BATCHING = ["--enable-batching", "--max-batch-size", "32", "--batch-timeout-micros", "2000"]
 SERVERS = {
     "per-request": [],
-    "dynamic batching": ["--enable-batching", "--max-batch-size", "32", "--batch-timeout-micros", "2000",
-                         "--num-batch-threads", "1"],
+    "dynamic batching": [*BATCHING, "--num-batch-threads", "1"],
+    "batching+2 replicas": [*BATCHING, "--num-batch-threads", "2", "--replicas", "2"],
 }
 MAX_REQUESTS = 50_000  # per run, whatever the duration
 
@@ -126,18 +128,19 @@ def report(results: dict, levels: list[int], args: argparse.Namespace) -> None:
     print(f"tensorfleet serve, digits_cnn, one image per REST :predict, closed loop on 127.0.0.1; "
           f"{args.seconds:g} s per run, medians of {args.rounds} alternating rounds; {os.cpu_count()} cores "
           "shared by both servers and the load generator")
-    print(f"{'server':<18}{'concurrency':>12}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
+    print(f"{'server':<21}{'concurrency':>12}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
     medians = {}
     for concurrency in levels:
         for name in SERVERS:
             runs = results[(name, concurrency)]
             medians[(name, concurrency)] = tuple(statistics.median(r[i] for r in runs) for i in range(3))
             rate, p50, p99 = medians[(name, concurrency)]
-            print(f"{name:<18}{concurrency:>12}{rate:>10.0f}{p50:>9.2f}{p99:>9.2f}")
-    print("dynamic batching / per-request:")
-    for concurrency in levels:
-        (r1, _, q1), (r2, _, q2) = medians[("per-request", concurrency)], medians[("dynamic batching", concurrency)]
-        print(f"  concurrency {concurrency:>2}: {r2 / r1:.2f}x requests/s, p99 {q2:.2f} ms vs {q1:.2f} ms")
+            print(f"{name:<21}{concurrency:>12}{rate:>10.0f}{p50:>9.2f}{p99:>9.2f}")
+    for name in list(SERVERS)[1:]:
+        print(f"{name} / per-request:")
+        for concurrency in levels:
+            (r1, _, q1), (r2, _, q2) = medians[("per-request", concurrency)], medians[(name, concurrency)]
+            print(f"  concurrency {concurrency:>2}: {r2 / r1:.2f}x requests/s, p99 {q2:.2f} ms vs {q1:.2f} ms")
 
 
 if __name__ == "__main__":

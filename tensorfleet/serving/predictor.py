@@ -8,18 +8,20 @@ batching, the future is a batcher's; without, one signature call on a small thre
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from tensorfleet.serving.batching import Batcher, BatchingOptions
 from tensorfleet.serving.errors import Code, ServingError
+from tensorfleet.serving.replicas import ReplicaPool
 from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.servable import Servable, Signature
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import integer, positive_int
 
 __all__ = ["Prediction", "Predictor"]
 
@@ -48,12 +50,16 @@ class Predictor:
     """
 
     def __init__(self, repository: ModelRepository, *, batching: BatchingOptions | None = None,
-                 request_threads: int = 4) -> None:
+                 request_threads: int = 4, replicas: int = 0) -> None:
         self.repository = repository
+        self.replicas = integer("replicas", replicas, minimum=0)
+        if batching is not None and batching.num_batch_threads < self.replicas:  # keep every replica busy
+            batching = dataclasses.replace(batching, num_batch_threads=self.replicas)
         self.batching = batching
-        self._pool = ThreadPoolExecutor(positive_int("request_threads", request_threads),
-                                        thread_name_prefix="tfl-serving")
+        threads = max(positive_int("request_threads", request_threads), self.replicas)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tfl-serving")
         self._batchers: dict[tuple[int, str], Batcher] = {}
+        self.pools: dict[int, ReplicaPool] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -68,7 +74,7 @@ class Predictor:
         if self._closed:
             raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
         if self.batching is None:
-            future = self._pool.submit(servable.run, signature.name, arrays)
+            future = self._pool.submit(self._runner(servable), signature.name, arrays)
         else:
             future = self._batcher(servable, signature.name).submit(arrays)
         return Prediction(servable, signature, outputs, future)
@@ -77,9 +83,23 @@ class Predictor:
         key = (servable.version, signature)
         with self._lock:
             if key not in self._batchers:
-                self._batchers[key] = Batcher(lambda arrays: servable.run(signature, arrays), self.batching,
+                run = self._runner(servable)
+                self._batchers[key] = Batcher(lambda arrays: run(signature, arrays), self.batching,
                                               name=f"batch-{servable.name}-{servable.version}")
             return self._batchers[key]
+
+    def _runner(self, servable: Servable) -> Callable[..., dict[str, np.ndarray]]:
+        pool = self.pools.get(servable.version)
+        return servable.run if pool is None else pool.run
+
+    def start_replicas(self, log: Callable[[str], None] | None = None) -> None:
+        """Starts ``replicas`` worker processes for every loaded version (none when ``replicas`` is 0)."""
+        if not self.replicas:
+            return
+        for version, servable in self.repository.servables.items():
+            if version not in self.pools:
+                self.pools[version] = ReplicaPool(servable.name, version, servable.path, replicas=self.replicas,
+                                                  intra_op_threads=1, log=log)
 
     @property
     def batches(self) -> int:
@@ -95,3 +115,5 @@ class Predictor:
         for batcher in batchers:
             batcher.close()
         self._pool.shutdown(wait=True)
+        for pool in self.pools.values():
+            pool.close()

@@ -38,6 +38,8 @@ class ModelServer:
         labels: version labels (``{"stable": 1}``) for ``/labels/{label}`` and ``version_label``.
         max_request_bytes: the largest request body (REST, 413) or message (gRPC, RESOURCE_EXHAUSTED).
         drain_seconds: how long stopping waits for requests in flight.
+        replicas: model replicas in worker processes (0: the model runs in this process); a replica
+            that dies is restarted and its calls retried on another.
 
     Example:
         >>> with ModelServer("models/digits", port=8500, rest_api_port=8501) as server:  # doctest: +SKIP
@@ -49,7 +51,7 @@ class ModelServer:
                  host: str = "127.0.0.1", port: int = 8500, rest_api_port: int = 8501,
                  batching: BatchingOptions | None = None, model_version_policy: str | VersionPolicy = "latest",
                  labels: Mapping[str, int] | None = None, max_request_bytes: int = 4 << 20,
-                 drain_seconds: float = 10.0, request_threads: int = 4,
+                 drain_seconds: float = 10.0, request_threads: int = 4, replicas: int = 0,
                  log: Callable[[str], None] | None = None) -> None:
         self.base_path = Path(base_path)
         self.model_name = model_name or self.base_path.resolve().name
@@ -60,7 +62,8 @@ class ModelServer:
         self.drain_seconds = number("drain_seconds", drain_seconds, minimum=0)
         self.repository = ModelRepository(self.model_name, self.base_path, policy=model_version_policy,
                                           labels=labels)
-        self.predictor = Predictor(self.repository, batching=batching, request_threads=request_threads)
+        self.predictor = Predictor(self.repository, batching=batching, request_threads=request_threads,
+                                   replicas=replicas)
         self.log = log or (lambda line: None)
         self._grpc: GrpcServer | None = None
         self._rest: RestServer | None = None
@@ -75,6 +78,10 @@ class ModelServer:
         versions = self.repository.load()
         self.log(f"loaded {self.model_name!r} version(s) {versions} from {self.base_path}")
         try:
+            self.predictor.start_replicas(self.log)
+            if self.predictor.replicas:
+                self.log(f"replicas: {self.predictor.replicas} worker processes per version, pids "
+                         f"{ {v: p.pids() for v, p in self.predictor.pools.items()} }")
             self._grpc = GrpcServer(self.predictor, self.host, self.port, max_message_bytes=self.max_request_bytes,
                                     drain_seconds=self.drain_seconds)
             self._grpc.start()
