@@ -70,11 +70,14 @@ def quiet_stderr(enabled: bool = True) -> Iterator[None]:
     A line still without its end after 50 ms is passed on as it is. TFLite's calibration warning
     is ignored too. ``enabled=False`` changes nothing (``--verbose``).
     """
-    if not enabled:
+    try:
+        saved = os.dup(2) if enabled else -1
+    except OSError:  # no stderr at all (closed by the caller): nothing to filter
+        saved = -1
+    if saved < 0:
         yield
         return
     sys.stderr.flush()
-    saved = os.dup(2)
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)

@@ -81,3 +81,22 @@ def test_noise_is_only_tensorflows_known_lines() -> None:
     assert not is_noise("2026-11-23 14:20:22.950590: E tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc:1] "
                         "Unable to bind 127.0.0.1:2222")
     assert not is_noise("Unable to register cuFFT factory")
+
+
+def test_quiet_stderr_drops_noise_written_to_the_file_descriptor_and_passes_the_rest(capfd) -> None:
+    import os
+    import warnings
+
+    from tensorfleet.cluster.console import quiet_stderr
+
+    noise = ("2026-11-23 14:20:22.950590: E tensorflow/compiler/xla/stream_executor/cuda/cuda_fft.cc:609] Unable to "
+             "register cuFFT factory: Attempting to register factory for plugin cuFFT when one has already been "
+             "registered\n")
+    with quiet_stderr():
+        os.write(2, noise.encode() + b"kept\n\rbar 1/2\rbar 2/2\rfully_quantize: 0, inference_type: 6, "
+                 b"input_inference_type: INT8, output_inference_type: INT8\nend without newline")
+        warnings.warn("Statistics for quantized inputs were expected, but not specified; continuing anyway.")
+    assert capfd.readouterr().err == "kept\n\rbar 1/2\rbar 2/2\rend without newline"
+    with quiet_stderr(enabled=False):
+        os.write(2, noise.encode())
+    assert capfd.readouterr().err == noise
