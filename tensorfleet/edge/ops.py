@@ -141,7 +141,9 @@ def with_advice(ops: list[str]) -> str:
 
 
 def unsupported_ops(ops: list[tuple[str, bool]] | list[str]) -> list[str]:
-    """Distinct operators (``name`` or ``(name, is_custom)``) that TFLM has no kernel for, in order."""
+    """Distinct operators (``name`` or ``(name, is_custom)``) with no ``MicroMutableOpResolver`` method in
+    the tables, in order: what a firmware could not register (the C export's check; whether the
+    installed interpreter runs an op is :func:`interpreter_lacks`)."""
     missing: list[str] = []
     for item in ops:
         name, custom = (item, False) if isinstance(item, str) else item
