@@ -50,7 +50,9 @@ def run(
                                           help="Continue from the checkpoint in --out (default), or start over and "
                                                "overwrite it."),
     workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="tff (default) | compiled (FedAvg family, faster)."),
+    backend: Optional[str] = typer.Option(None, "--backend",
+                                          help="tff (default) | compiled (FedAvg family, faster) | auto (compiled "
+                                               "where it equals tff)."),
 ) -> None:
     """Runs one simulation; prints one JSON line with the final metrics last."""
     from tensorfleet.federated.experiment import load_config, resolve_config

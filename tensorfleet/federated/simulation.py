@@ -36,6 +36,7 @@ Example (two quick rounds; the digits MLP is already well above chance, 0.1):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any, Callable
@@ -103,12 +104,9 @@ class Simulation:
         if self.config.clients_per_round > len(self.train_ids):
             raise ValueError(f"clients_per_round must not exceed the number of training clients "
                              f"({len(self.train_ids)}). Received: clients_per_round={self.config.clients_per_round}")
-        if self.config.where.compiled and not hasattr(clients, "arrays"):
-            from tensorfleet.federated.backends.compiled import unsupported
-
-            raise unsupported(f"clients={type(clients).__name__}")
         self.test_data = _check_test_data(test_data)
         self.sampler = ClientSampler(clients, self.train_ids, self.config)
+        self._settle_backend()
         self._element_spec = clients.element_type_structure
         self._process: Any = None
         self._eval_process: Any = None
@@ -138,6 +136,12 @@ class Simulation:
         return checkpoint.fingerprint(self.describe(), self.train_ids, self.clients)
 
     # ----------------------------------------------------------------- building
+    def _settle_backend(self, model: Any = None) -> None:
+        """Checks ``compiled`` against the data (and the model), and decides ``auto``."""
+        where = self.config.where.resolve(self.clients, model)
+        if where != self.config.where:
+            self.config = self.sampler.config = dataclasses.replace(self.config, backend=where.backend)
+
     def tff_model_fn(self) -> Any:
         """The ``model_fn`` TFF needs: the Keras model wrapped with ``from_keras_model``."""
         return tff_model.tff_model_fn(self.model_fn, self._element_spec)
@@ -162,6 +166,7 @@ class Simulation:
             if not hasattr(model, "input_shape"):
                 raise TypeError(f"model_fn must return a Keras model. Received: {type(model).__name__}")
             tff_model.check_model(model, self._element_spec)
+            self._settle_backend(model)
             self._keras_model = model
             self._process = algorithms.build_process(
                 self.config.algorithm, self.tff_model_fn(), aggregator=self._aggregator(),

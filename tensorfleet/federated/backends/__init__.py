@@ -10,7 +10,10 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
   :mod:`~tensorfleet.federated.backends.k8s`);
 * ``compiled``: a whole FedAvg-family round as one TensorFlow function in this process
   (:mod:`~tensorfleet.federated.backends.compiled`); TFF still makes the initial model and runs
-  federated evaluation on its own worker.
+  federated evaluation on its own worker. It refuses what it cannot run as TFF does.
+* ``auto``: ``compiled`` where it gives TFF's result (a FedAvg-family algorithm with the mean,
+  ``partition()`` data, no workers, a model without batch-dependent layers), else ``tff``; the
+  model part is decided when the simulation is built (:meth:`BackendChoice.resolve`).
 
 Example:
     >>> choose_backend("compiled", algorithm="fedavg")
@@ -20,6 +23,8 @@ Example:
     >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
     Traceback (most recent call last):
     ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
+    >>> choose_backend("auto", algorithm="fedprox").backend, choose_backend("auto", algorithm="fedadam").backend
+    (<Backend.TFF: 'tff'>, <Backend.AUTO: 'auto'>)
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class Backend(str, Enum):
 
     TFF = "tff"
     COMPILED = "compiled"
+    AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,21 @@ class BackendChoice:
         """Whether rounds run as one compiled TensorFlow function in this process."""
         return self.backend is Backend.COMPILED
 
+    def resolve(self, clients: Any, model: Any = None) -> "BackendChoice":
+        """This choice checked against the data (and the model, once built): ``compiled`` raises
+        ValueError for what it cannot run as TFF does; ``auto`` becomes ``tff`` or ``compiled``
+        (``auto`` again while ``model`` is None and the data allow ``compiled``)."""
+        if self.backend is Backend.TFF:
+            return self
+        from tensorfleet.federated.backends.compiled import compiled_refusal, unsupported
+
+        reason = compiled_refusal(clients, model)
+        if reason is not None and self.backend is Backend.COMPILED:
+            raise unsupported(reason)
+        if reason is not None:
+            return BackendChoice(Backend.TFF)
+        return self if model is None else BackendChoice(Backend.COMPILED)
+
     def install(self) -> Any:
         """Makes TFF's default context run on this choice's workers; returns the runtime (``stop()``
         ends or closes what it started)."""
@@ -75,7 +96,7 @@ def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] 
     """Checks the user's ``backend`` and ``workers`` against each other and the algorithm.
 
     Args:
-        backend: ``tff`` or ``compiled``.
+        backend: ``tff``, ``compiled`` or ``auto``.
         workers: ``host:port`` addresses of running TFF workers (a list or one comma-separated
             string), or None.
         algorithm: the (canonical) algorithm name; ``compiled`` runs only the FedAvg family.
@@ -90,10 +111,13 @@ def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] 
         from tensorfleet.federated.backends.addresses import parse_addresses
 
         addresses = tuple(str(a) for a in parse_addresses(workers))
-    if chosen is Backend.COMPILED:
+    if chosen is not Backend.TFF:
         from tensorfleet.federated.backends.compiled import SUPPORTED_ALGORITHMS, unsupported
 
-        if algorithm not in SUPPORTED_ALGORITHMS or aggregator not in (None, "mean"):
+        runnable = algorithm in SUPPORTED_ALGORITHMS and aggregator in (None, "mean")
+        if chosen is Backend.AUTO:
+            return BackendChoice(Backend.AUTO if runnable and addresses is None else Backend.TFF, addresses)
+        if not runnable:
             raise unsupported(f"algorithm={algorithm!r}, aggregator={aggregator!r}")
         if addresses is not None:
             raise ValueError("workers= runs rounds on TFF workers; backend='compiled' runs them in this process. "

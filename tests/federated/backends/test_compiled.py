@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -36,7 +38,7 @@ def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
                                          r"the mean aggregator on partition\(\) client data. Received: "
                                          r"algorithm='fedprox'"):
         Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled")
-    with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled'. Received: backend='gpu'"):
+    with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled', 'auto'. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
     with pytest.raises(ValueError, match=r"workers= runs rounds on TFF workers; backend='compiled' runs them in this "
                                          r"process. Received: backend='compiled', workers=\['127.0.0.1:8000'\]"):
@@ -59,3 +61,49 @@ def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digi
     assert [r["round"] for r in history.rounds] == [1, 2, 3, 4]
     for a, b in zip(straight.final_weights(), resumed.final_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def _with_batch_norm():
+    import tensorflow as tf
+
+    inner = tf.keras.Sequential([tf.keras.layers.BatchNormalization(name="bn")], name="block")
+    return tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(64,)), inner, tf.keras.layers.ReLU(),
+                                tf.keras.layers.Dense(10)])
+
+
+def _centering():
+    import tensorflow as tf
+
+    # Subtracts the batch mean: a row's output depends on the other rows, with no BatchNormalization.
+    return tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,)),
+                                tf.keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0))])
+
+
+@pytest.mark.parametrize("model_fn,found", [
+    (_with_batch_norm, "BatchNormalization 'bn'"),
+    (_centering, "a layer of the model (its output for a row changes when zero rows join the batch)"),
+])
+def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(digits_flat, model_fn, found):
+    clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
+    sim = Simulation(model_fn, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
+    with pytest.raises(ValueError, match=r"^backend='compiled' runs fedavg, fedavgm, fedadam, fedyogi, fedadagrad with "
+                                         r"the mean aggregator on partition\(\) client data. Received: a model with "
+                                         rf"batch-dependent layers \({re.escape(found)}\): the padded rows of a round "
+                                         r"would enter their batch statistics and the result would differ from TFF's; "
+                                         r"backend='tff' or 'auto' runs it$"):
+        sim.run()
+    assert sim.history.rounds == [] and sim._engine is None
+
+
+def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits_flat):
+    clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
+
+    def backend(model_fn, algorithm="fedavg", data=clients):
+        sim = Simulation(model_fn, data, algorithm, rounds=1, clients_per_round=2, backend="auto", progress=False)
+        sim.run()
+        return sim.config.backend.value, sim.history.config["backend"]
+
+    assert backend(lambda: models.build("digits_mlp", hidden=8)) == ("compiled", "compiled")
+    assert backend(_with_batch_norm) == ("tff", "tff")
+    assert backend(_centering) == ("tff", "tff")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), "fedprox") == ("tff", "tff")
