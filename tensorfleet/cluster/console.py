@@ -92,7 +92,8 @@ def quiet_stderr(enabled: bool = True) -> Iterator[None]:
         sys.stderr.flush()
         os.dup2(saved, 2)  # the pipe's last writer here is gone: the pump sees its end
         pump.join(timeout=2.0)  # a child still holding the pipe keeps it open; do not wait for it
-        os.close(saved)
+        if not pump.is_alive():  # else it still writes there: closing could hand the number to another file
+            os.close(saved)
 
 
 def _pump(read_end: int, out: int) -> None:
