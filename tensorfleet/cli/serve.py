@@ -61,6 +61,8 @@ def serve_command(
     max_request_size: str = typer.Option("4MiB", "--max-request-size",
                                          help="Largest request body or gRPC message (e.g. 4MiB)."),
     drain_seconds: float = typer.Option(10.0, "--drain-seconds", help="How long SIGTERM waits for requests in flight."),
+    poll_seconds: float = typer.Option(1.0, "--file-system-poll-wait-seconds", "--file_system_poll_wait_seconds",
+                                       help="How often BASE is checked for new versions (0: never)."),
     replicas: int = typer.Option(0, "--replicas", help="Model replicas in worker processes (0: in the server's "
                                  "process); a dead replica is restarted and its requests retried."),
 ) -> None:
@@ -77,6 +79,7 @@ def serve_command(
     serve(base, model_name=model_name, host=host, port=port, rest_api_port=rest_api_port, batching=batching,
           model_version_policy=model_version_policy, labels=_labels(label or []),
           max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds, replicas=replicas,
+          poll_seconds=poll_seconds,
           log=lambda line: typer.echo(f"[serve] {line}"))
 
 

@@ -60,7 +60,9 @@ class Predictor:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tfl-serving")
         self._batchers: dict[tuple[int, str], Batcher] = {}
         self.pools: dict[int, ReplicaPool] = {}
+        self._inflight: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._closed = False
 
     def submit(self, model: str, inputs: Mapping[str, Any], *, version: int | None = None, label: str | None = None,
@@ -73,11 +75,23 @@ class Predictor:
         arrays = signature.check(inputs, strict_dtype=strict_dtype)
         if self._closed:
             raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
-        if self.batching is None:
-            future = self._pool.submit(self._runner(servable), signature.name, arrays)
-        else:
-            future = self._batcher(servable, signature.name).submit(arrays)
+        self._count(servable.version, +1)
+        try:
+            if self.batching is None:
+                future = self._pool.submit(self._runner(servable), signature.name, arrays)
+            else:
+                future = self._batcher(servable, signature.name).submit(arrays)
+        except BaseException:
+            self._count(servable.version, -1)
+            raise
+        future.add_done_callback(lambda _: self._count(servable.version, -1))
         return Prediction(servable, signature, outputs, future)
+
+    def _count(self, version: int, delta: int) -> None:
+        with self._idle:
+            self._inflight[version] = self._inflight.get(version, 0) + delta
+            if not self._inflight[version]:
+                self._idle.notify_all()
 
     def _batcher(self, servable: Servable, signature: str) -> Batcher:
         key = (servable.version, signature)
@@ -94,12 +108,28 @@ class Predictor:
 
     def start_replicas(self, log: Callable[[str], None] | None = None) -> None:
         """Starts ``replicas`` worker processes for every loaded version (none when ``replicas`` is 0)."""
-        if not self.replicas:
-            return
-        for version, servable in self.repository.servables.items():
-            if version not in self.pools:
-                self.pools[version] = ReplicaPool(servable.name, version, servable.path, replicas=self.replicas,
-                                                  intra_op_threads=1, log=log)
+        for servable in list(self.repository.servables.values()):
+            self.prepare(servable, log)
+
+    def prepare(self, servable: Servable, log: Callable[[str], None] | None = None) -> None:
+        """Gets a version ready before it is routed to: its replica processes, if any."""
+        if self.replicas and servable.version not in self.pools:
+            self.pools[servable.version] = ReplicaPool(servable.name, servable.version, servable.path,
+                                                       replicas=self.replicas, intra_op_threads=1, log=log)
+
+    def retire(self, version: int, timeout: float = 30.0) -> bool:
+        """After ``version`` stopped being routed to: waits for its requests in flight (up to
+        ``timeout``), then stops its batchers and replicas. True if it drained in time."""
+        with self._idle:
+            drained = self._idle.wait_for(lambda: not self._inflight.get(version), timeout)
+            batchers = [b for (v, _), b in self._batchers.items() if v == version]
+            self._batchers = {k: b for k, b in self._batchers.items() if k[0] != version}
+        for batcher in batchers:
+            batcher.close()
+        pool = self.pools.pop(version, None)
+        if pool is not None:
+            pool.close()
+        return drained
 
     @property
     def batches(self) -> int:

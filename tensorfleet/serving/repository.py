@@ -63,14 +63,27 @@ class ModelRepository:
         if not found:
             raise FileNotFoundError(f"No version under {str(self.base)!r}: expected {self.base}/<integer>/"
                                     "saved_model.pb (write one with `tensorfleet serving export`).")
-        wanted = found[-1:] if self.policy is VersionPolicy.LATEST else found
-        loaded = {v: Servable(self.name, v, self.base / str(v)) for v in wanted}
+        loaded = {v: Servable(self.name, v, self.base / str(v)) for v in self.wanted(found)}
         unknown = {k: v for k, v in self.labels.items() if v not in loaded}
         if unknown:
             raise ValueError(f"Labels point at versions that are not served: {unknown}; served: {sorted(loaded)}.")
         with self._lock:
             self.servables = loaded
         return sorted(loaded)
+
+    def wanted(self, found: list[int]) -> list[int]:
+        """The versions of ``found`` (ascending) that the policy serves."""
+        return found[-1:] if self.policy is VersionPolicy.LATEST else list(found)
+
+    def add(self, servable: Servable) -> None:
+        """Starts serving a loaded version (it becomes the latest if it is the highest)."""
+        with self._lock:
+            self.servables[servable.version] = servable
+
+    def remove(self, version: int) -> Servable | None:
+        """Stops routing requests to ``version``; requests already given it finish on it."""
+        with self._lock:
+            return self.servables.pop(version, None)
 
     @property
     def versions(self) -> list[int]:

@@ -19,6 +19,7 @@ from tensorfleet.serving.grpc_api import GrpcServer
 from tensorfleet.serving.predictor import Predictor
 from tensorfleet.serving.repository import ModelRepository, VersionPolicy
 from tensorfleet.serving.rest import RestServer
+from tensorfleet.serving.versions import VersionWatcher
 from tensorfleet.validation import integer, number, positive_int
 from tensorfleet.validation import port as check_port
 
@@ -40,6 +41,7 @@ class ModelServer:
         drain_seconds: how long stopping waits for requests in flight.
         replicas: model replicas in worker processes (0: the model runs in this process); a replica
             that dies is restarted and its calls retried on another.
+        poll_seconds: how often the base directory is checked for new versions (0: never).
 
     Example:
         >>> with ModelServer("models/digits", port=8500, rest_api_port=8501) as server:  # doctest: +SKIP
@@ -52,7 +54,7 @@ class ModelServer:
                  batching: BatchingOptions | None = None, model_version_policy: str | VersionPolicy = "latest",
                  labels: Mapping[str, int] | None = None, max_request_bytes: int = 4 << 20,
                  drain_seconds: float = 10.0, request_threads: int = 4, replicas: int = 0,
-                 log: Callable[[str], None] | None = None) -> None:
+                 poll_seconds: float = 1.0, log: Callable[[str], None] | None = None) -> None:
         self.base_path = Path(base_path)
         self.model_name = model_name or self.base_path.resolve().name
         self.host = host
@@ -60,6 +62,7 @@ class ModelServer:
         self.rest_api_port = integer("rest_api_port", rest_api_port, minimum=0, maximum=65535)
         self.max_request_bytes = positive_int("max_request_bytes", max_request_bytes)
         self.drain_seconds = number("drain_seconds", drain_seconds, minimum=0)
+        self.poll_seconds = number("poll_seconds", poll_seconds, minimum=0)
         self.repository = ModelRepository(self.model_name, self.base_path, policy=model_version_policy,
                                           labels=labels)
         self.predictor = Predictor(self.repository, batching=batching, request_threads=request_threads,
@@ -67,6 +70,7 @@ class ModelServer:
         self.log = log or (lambda line: None)
         self._grpc: GrpcServer | None = None
         self._rest: RestServer | None = None
+        self.watcher: VersionWatcher | None = None
         self._stopped = threading.Event()
 
     @property
@@ -91,6 +95,9 @@ class ModelServer:
                                         max_body_bytes=self.max_request_bytes, drain_seconds=self.drain_seconds)
                 self._rest.start()
                 self.log(f"REST  http://{self.host}:{self.rest_api_port}/v1/models/{self.model_name}")
+            if self.poll_seconds:
+                self.watcher = VersionWatcher(self.predictor, seconds=self.poll_seconds,
+                                              drain_seconds=self.drain_seconds, log=self.log).start()
         except BaseException:
             self.stop()
             raise
@@ -106,6 +113,8 @@ class ModelServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self.watcher is not None:
+            self.watcher.stop()
         fronts = [f for f in (self._rest, self._grpc) if f is not None]
         threads = [threading.Thread(target=front.stop) for front in fronts]  # both drain at once
         for thread in threads:
