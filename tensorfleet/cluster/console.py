@@ -23,8 +23,9 @@ through as written; the launcher leaves them out of its tasks' output. Both are 
 state at most every ``interval`` seconds plus its final state, each a line of its own.
 
 Example:
-    >>> is_noise("2026-11-23 14:20:22.950483: E tensorflow/compiler/xla/stream_executor/cuda/"
-    ...          "cuda_fft.cc:609] Unable to register cuFFT factory: Attempting to register ...")
+    >>> is_noise("2026-11-23 14:20:22.950483: E tensorflow/compiler/xla/stream_executor/cuda/cuda_fft.cc:609] "
+    ...          "Unable to register cuFFT factory: Attempting to register factory for plugin cuFFT when one "
+    ...          "has already been registered")
     True
     >>> progress = ProgressLines(interval=1.0)
     >>> progress.feed("1/3 [==>...]\\b\\b\\r2/3 [====>.]\\b\\b\\r3/3 [======] - loss: 0.5\\n", now=0.0)
