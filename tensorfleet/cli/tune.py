@@ -1,0 +1,69 @@
+"""``tensorfleet tune``: a distributed Keras Tuner search of a script's ``build_model(hp)``.
+
+The script defines ``build_model(hp)`` (a compiled Keras model from Keras Tuner's
+hyperparameters) and ``data()`` (``(x, y, x_val, y_val)`` or ``(train_dataset, val_dataset)``).
+Keras Tuner's chief oracle and ``--workers`` tuner workers run as processes on 127.0.0.1; the
+table, JSON, plots and the best model are written to ``--out``.
+
+Example:
+    $ tensorfleet tune examples/tune_digits.py --workers 2 --max-trials 8 --objective val_accuracy
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register", "tune_command"]
+
+
+def tune_command(
+    ctx: typer.Context,
+    script: Path = typer.Argument(..., help="The search script: defines build_model(hp) and data()."),
+    workers: int = typer.Option(2, "--workers", "-n", help="Tuner worker processes (trials run at once)."),
+    max_trials: int = typer.Option(10, "--max-trials", help="Trials in all (Hyperband: at most)."),
+    objective: str = typer.Option("val_accuracy", "--objective", help="The metric to optimize, as fit logs it."),
+    direction: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--direction", help="max or min (default: Keras Tuner infers it from the metric's name)."),
+    algorithm: str = typer.Option("random", "--algorithm", help="random, bayesian or hyperband."),
+    strategy: str = typer.Option("one_device", "--strategy", help="The strategy each trial trains under "
+                                 "(one_device, mirrored, central_storage, auto)."),
+    devices_per_trial: int = typer.Option(1, "--devices-per-trial", help="Devices of each trial's strategy "
+                                          "(logical CPUs where there is no accelerator)."),
+    epochs: int = typer.Option(5, "--epochs", help="Epochs per trial (Hyperband: its max_epochs)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Batch size for data() given as arrays."),
+    out: Path = typer.Option(Path("tune_out"), "--out", help="Directory for the oracle's state and the results."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the search saved in --out."),
+    fresh: bool = typer.Option(False, "--fresh", help="Delete the search saved in --out and begin again."),
+    seed: int = typer.Option(0, "--seed", help="The oracle's random seed."),
+    max_restarts: int = typer.Option(3, "--max-restarts", help="Times one worker may die and be started again."),
+    pin_cores: bool = typer.Option(False, "--pin-cores", help="Pin each worker to one CPU core."),
+) -> None:
+    """Search hyperparameters with Keras Tuner's chief oracle and N tuner workers on 127.0.0.1.
+
+    Shows each trial as it begins and ends with the trials done, running and the best so far;
+    writes results.txt (the table), results.json, objective.png, hyperparameters.png and
+    best_model.keras to --out. A worker that dies is started again and its trial runs again;
+    after a chief that died, --resume continues from the oracle's saved state.
+    """
+    from tensorfleet.tuning.distributed import TuningError, describe, search
+
+    verbose = bool(ctx.find_root().params.get("verbose"))
+    try:
+        result = search(script, out=out, workers=workers, max_trials=max_trials, objective=objective,
+                        direction=direction, algorithm=algorithm, strategy=strategy,
+                        devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, seed=seed,
+                        max_restarts=max_restarts, pin_cores=pin_cores, resume=resume, fresh=fresh,
+                        log=typer.echo, verbose=verbose)
+    except TuningError as exc:  # the search ran and could not finish: status 1, not a usage error
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo((result.out / "results.txt").read_text().rstrip())
+    typer.echo(describe(result))
+    typer.echo(f"results: {result.out}/results.json, objective.png, hyperparameters.png")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune_command)

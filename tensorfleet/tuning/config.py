@@ -1,0 +1,156 @@
+"""What a distributed search is: its options, checked once at the boundary, and the user's script.
+
+A search script is plain Python that defines two functions:
+
+* ``build_model(hp)``: Keras Tuner's convention, a compiled Keras model built from the
+  hyperparameters ``hp`` (``hp.Int``, ``hp.Float``, ``hp.Choice``, ...);
+* ``data()``: the training and validation data, either ``(x, y, x_val, y_val)`` (arrays, fitted
+  with ``--batch-size``) or ``(train_dataset, val_dataset)`` (batched ``tf.data`` datasets).
+
+The options are written to ``OUT/search.json``, which the chief and every tuner worker read,
+so that all processes of one search agree and ``--resume`` can check it continues the same search.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from tensorfleet.io import write_json
+from tensorfleet.validation import choice, integer, positive_int
+
+__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "check_script", "SCRIPT_FUNCTIONS"]
+
+# Strategies a trial can run under inside one tuner worker process (no cluster of its own).
+TRIAL_STRATEGIES = ("one_device", "mirrored", "central_storage", "auto")
+SCRIPT_FUNCTIONS = ("build_model", "data")
+CONFIG_FILE = "search.json"
+
+
+class SearchAlgorithm(str, Enum):
+    """Keras Tuner's search algorithms (its oracles)."""
+
+    RANDOM = "random"
+    BAYESIAN = "bayesian"
+    HYPERBAND = "hyperband"
+
+
+class Direction(str, Enum):
+    """Whether a larger or a smaller objective is better."""
+
+    MAX = "max"
+    MIN = "min"
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The options of one search, validated on construction.
+
+    ``epochs`` is each trial's number of epochs (Hyperband's ``max_epochs``); ``max_restarts``
+    is how often one tuner worker may die and be restarted (its trial then runs again);
+    ``pin_cores`` pins worker ``i`` to core ``i`` modulo the machine's cores, one core per trial.
+    """
+
+    script: str
+    out: str
+    workers: int = 2
+    max_trials: int = 10
+    objective: str = "val_accuracy"
+    direction: Direction | None = None
+    algorithm: SearchAlgorithm = SearchAlgorithm.RANDOM
+    strategy: str = "one_device"
+    devices_per_trial: int = 1
+    epochs: int = 5
+    batch_size: int = 32
+    seed: int = 0
+    max_restarts: int = 3
+    pin_cores: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "max_trials", "devices_per_trial", "epochs", "batch_size"):
+            positive_int(name, getattr(self, name))
+        integer("seed", self.seed, minimum=0)
+        integer("max_restarts", self.max_restarts, minimum=0)
+        if not isinstance(self.objective, str) or not self.objective.strip():
+            raise ValueError(f"objective must be a metric name such as 'val_accuracy'. Received: {self.objective!r}")
+        object.__setattr__(self, "algorithm", choice(SearchAlgorithm, "algorithm", self.algorithm))
+        if self.direction is not None:
+            object.__setattr__(self, "direction", choice(Direction, "direction", self.direction))
+        object.__setattr__(self, "strategy", _trial_strategy(self.strategy, self.devices_per_trial))
+        object.__setattr__(self, "script", str(Path(self.script).resolve()))
+        object.__setattr__(self, "out", str(Path(self.out).resolve()))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["algorithm"] = self.algorithm.value
+        data["direction"] = self.direction.value if self.direction else None
+        return data
+
+    def save(self) -> Path:
+        return write_json(Path(self.out) / CONFIG_FILE, self.to_dict())
+
+    @classmethod
+    def load(cls, out: str | Path) -> "SearchConfig":
+        return cls(**json.loads((Path(out) / CONFIG_FILE).read_text()))
+
+    def differences(self, other: "SearchConfig") -> list[str]:
+        """The options that make ``other`` a different search (the ones a resume must keep)."""
+        keep = ("script", "objective", "direction", "algorithm", "max_trials", "epochs", "seed")
+        return [f"{k}={getattr(other, k)!r} (the search has {getattr(self, k)!r})"
+                for k in keep if getattr(self, k) != getattr(other, k)]
+
+
+def _trial_strategy(name: str, devices: int) -> str:
+    from tensorfleet.strategies.registry import STRATEGIES
+
+    canonical = STRATEGIES.canonical(name)  # unknown names: the registry's did-you-mean error
+    if canonical not in TRIAL_STRATEGIES:
+        raise ValueError(f"strategy must run inside one tuner worker: one of {', '.join(TRIAL_STRATEGIES)}. "
+                         f"Received: strategy={name!r}")
+    if canonical == "one_device" and devices > 1:
+        raise ValueError(f"devices_per_trial={devices} needs a strategy over several devices "
+                         "(mirrored or central_storage). Received: strategy='one_device'")
+    return canonical
+
+
+def check_script(path: str | Path) -> Path:
+    """``path`` if it is a Python file that defines ``build_model`` and ``data`` at top level.
+
+    Read with ``ast``, without running it (running it imports TensorFlow), so a wrong script is
+    refused before any process starts; the tuner processes check again what they load.
+    """
+    script = Path(path)
+    if not script.is_file():
+        raise FileNotFoundError(f"No search script at {str(path)!r}.")
+    try:
+        tree = ast.parse(script.read_text(), filename=str(script))
+    except SyntaxError as exc:
+        raise ValueError(f"The search script {str(path)!r} is not valid Python: {exc.msg} (line {exc.lineno}).")
+    missing = [name for name in SCRIPT_FUNCTIONS if name not in _top_level_names(tree)]
+    if missing:
+        raise ValueError(missing_functions_message(str(path), missing))
+    return script
+
+
+def missing_functions_message(path: str, missing: list[str]) -> str:
+    return (f"The search script {path!r} defines no {' and no '.join(missing)}. It must define build_model(hp), "
+            "returning a compiled Keras model built from the hyperparameters hp, and data(), returning "
+            "(x, y, x_val, y_val) or (train_dataset, val_dataset).")
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names

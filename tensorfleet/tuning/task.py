@@ -1,0 +1,180 @@
+"""One process of a distributed search: Keras Tuner's chief oracle or one of its tuner workers.
+
+Run as ``python -m tensorfleet.tuning.task OUT`` with Keras Tuner's own settings in the
+environment: ``KERASTUNER_TUNER_ID`` (``chief`` for the oracle, ``tuner0``, ``tuner1``, ... for
+the workers), ``KERASTUNER_ORACLE_IP`` and ``KERASTUNER_ORACLE_PORT``. The options come from
+``OUT/search.json``. Both roles build the same Keras Tuner tuner (``RandomSearch``,
+``BayesianOptimization`` or ``Hyperband``) over ``OUT/oracle``; a worker then runs
+``tuner.search``, which Keras Tuner turns into asking the chief for trials over gRPC, and
+trains each trial under the search's tensorfleet strategy; the chief serves the oracle
+(:mod:`tensorfleet.tuning.chief`).
+
+Errors in what the user gave (a script without ``build_model``, an objective the model does not
+report) are printed as one line starting with :data:`ERROR_MARK` and end the process with
+status :data:`EXIT_USER_ERROR`; the supervisor ends the search with that message.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, missing_functions_message
+
+__all__ = ["ERROR_MARK", "EXIT_USER_ERROR", "MARK", "TuneScriptError", "main", "make_tuner", "load_script",
+           "split_data"]
+
+MARK = "tensorfleet-tune:"
+ERROR_MARK = "tensorfleet-tune-error:"
+EXIT_USER_ERROR = 3
+PROJECT = "oracle"
+IDLE_PAUSE = 0.5
+
+
+class TuneScriptError(ValueError):
+    """What the user's script or options give cannot be searched (reported, not retried)."""
+
+
+def say(text: str) -> None:
+    print(f"{MARK} {text}", flush=True)
+
+
+def load_script(path: str) -> dict[str, Callable[..., Any]]:
+    """The script's ``build_model`` and ``data``, run as a module that is not ``__main__``."""
+    namespace = runpy.run_path(path, run_name="__tensorfleet_tune__")
+    missing = [name for name in ("build_model", "data") if not callable(namespace.get(name))]
+    if missing:
+        raise TuneScriptError(missing_functions_message(path, missing))
+    return {"build_model": namespace["build_model"], "data": namespace["data"]}
+
+
+def split_data(data: Any, batch_size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``data()``'s result as the arguments of ``tuner.search``."""
+    if isinstance(data, (tuple, list)) and len(data) == 4:
+        x, y, x_val, y_val = data
+        return (x, y), {"validation_data": (x_val, y_val), "batch_size": batch_size}
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return (data[0],), {"validation_data": data[1]}
+    shape = f"a {type(data).__name__} of {len(data)}" if isinstance(data, (tuple, list)) else type(data).__name__
+    raise TuneScriptError("data() must return (x, y, x_val, y_val) or (train_dataset, val_dataset). "
+                          f"Received: {shape}")
+
+
+def _objective(config: SearchConfig) -> Any:
+    import keras_tuner as kt
+    from keras_tuner.src.engine.objective import create_objective
+
+    if config.direction is not None:
+        return kt.Objective(config.objective, config.direction.value)
+    try:
+        return create_objective(config.objective)
+    except ValueError:
+        raise TuneScriptError(
+            f"Keras Tuner cannot tell whether objective {config.objective!r} is better larger or smaller; "
+            "pass --direction max or --direction min.") from None
+
+
+def make_tuner(config: SearchConfig, build_model: Callable[..., Any], *, strategy: Any = None) -> Any:
+    """Keras Tuner's tuner of ``config.algorithm`` over ``OUT/oracle``, reloading what is there."""
+    import keras_tuner as kt
+
+    common = {"hypermodel": build_model, "objective": _objective(config), "directory": config.out,
+              "project_name": PROJECT, "overwrite": False, "distribution_strategy": strategy, "seed": config.seed}
+    if config.algorithm is SearchAlgorithm.HYPERBAND:
+        tuner = kt.Hyperband(max_epochs=config.epochs, **common)
+        tuner.oracle.max_trials = config.max_trials  # Keras Tuner's own cap on created trials
+    elif config.algorithm is SearchAlgorithm.BAYESIAN:
+        tuner = kt.BayesianOptimization(max_trials=config.max_trials, **common)
+    else:
+        tuner = kt.RandomSearch(max_trials=config.max_trials, **common)
+    return tuner
+
+
+def _objective_check(name: str) -> Any:
+    import keras_tuner as kt
+    import tensorflow as tf
+
+    class ObjectiveCheck(tf.keras.callbacks.Callback):
+        """Ends the search after the first epoch when the model does not report the objective."""
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if name not in (logs or {}):
+                reported = ", ".join(sorted(logs or {})) or "nothing"
+                raise kt.errors.FatalError(
+                    f"The model does not report the objective {name!r}; it reports: {reported}. Choose one of "
+                    "these with --objective, or compile the model with the metric (validation metrics need data() "
+                    "to return validation data).")
+
+    return ObjectiveCheck()
+
+
+def _paced(client: Any, tuner_id: str) -> None:
+    """Announces each trial this worker runs, and waits a little when the oracle says IDLE (a
+    Hyperband bracket waiting for others' trials) instead of asking again at once."""
+    create = client.create_trial
+
+    def create_trial(tuner_id_: str) -> Any:
+        trial = create(tuner_id_)
+        if trial.status == "RUNNING":
+            say(f"{tuner_id} runs trial {trial.trial_id}")
+        elif trial.status == "IDLE":
+            time.sleep(IDLE_PAUSE)
+        return trial
+
+    client.create_trial = create_trial
+
+
+def run_worker(config: SearchConfig, script: dict[str, Callable[..., Any]], tuner_id: str) -> None:
+    from tensorfleet.strategies.registry import build
+
+    strategy = build(config.strategy, **({"announce": False} if config.strategy == "auto" else {}))
+    tuner = make_tuner(config, script["build_model"], strategy=strategy)
+    _paced(tuner.oracle, tuner_id)
+    args, kwargs = split_data(script["data"](), config.batch_size)
+    tuner.search(*args, epochs=config.epochs, callbacks=[_objective_check(config.objective)], verbose=0, **kwargs)
+    say(f"{tuner_id} done")
+
+
+def _pin(tuner_id: str) -> None:
+    index = int(tuner_id.removeprefix("tuner") or 0)
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[index % len(cores)]})
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    config = SearchConfig.load(Path(argv[0]))
+    tuner_id = os.environ["KERASTUNER_TUNER_ID"]
+    chief = "chief" in tuner_id
+    import keras_tuner as kt
+
+    try:
+        if not chief and config.devices_per_trial > 1:
+            from tensorfleet.strategies.devices import simulate_devices
+
+            simulate_devices(config.devices_per_trial)
+        if not chief and config.pin_cores:
+            _pin(tuner_id)
+        script = load_script(config.script)
+        if chief:
+            from tensorfleet.tuning.chief import run_chief
+
+            run_chief(config, script["build_model"])
+        else:
+            run_worker(config, script, tuner_id)
+    except (TuneScriptError, kt.errors.FatalError) as exc:
+        print(f"{ERROR_MARK} {exc}", flush=True)
+        return EXIT_USER_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Real distributed searches: Keras Tuner's chief oracle and tuner workers as processes on 127.0.0.1,
+a tiny MLP on scikit-learn's digits, with a worker and a chief killed mid-search."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tensorfleet.cluster.processes import Fault
+from tensorfleet.tuning.distributed import TuningError, search
+
+SCRIPT = str(Path(__file__).with_name("digits_search.py"))
+FAST = {"epochs": 1, "batch_size": 64, "timeout": 150, "log": lambda line: None}
+
+
+def _oracle_trials(out: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted((out / "oracle").glob("trial_*/trial.json"))}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes(tmp_path, digits_flat):
+    import tensorflow as tf
+
+    lines: list[str] = []
+    result = search(SCRIPT, out=tmp_path, workers=2, max_trials=4, epochs=2, batch_size=32, timeout=200,
+                    log=lines.append, faults=[Fault(task="tuner:1", when="runs trial", delay=1.5)])
+    # The oracle recorded every trial, each completed once with a score; the killed one ran twice.
+    trials = _oracle_trials(tmp_path)
+    assert sorted(trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
+    assert [t["status"] for t in trials.values()] == ["COMPLETED"] * 4
+    assert len({json.dumps(t["hyperparameters"]["values"], sort_keys=True) for t in trials.values()}) == 4
+    assert result.restarts == 1
+    assert sorted(r.runs for r in result.trials) == [1, 1, 1, 2]
+    assert [r.score for r in result.trials] == [t["score"] for t in trials.values()]
+    assert any("runs again (its worker was restarted)" in line for line in lines)
+    # The best is the highest score, and the exported model scores exactly that on the validation data.
+    assert result.best.score == max(t["score"] for t in trials.values())
+    model = tf.keras.models.load_model(result.best_model)
+    _, accuracy = model.evaluate(digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
+    assert accuracy == pytest.approx(result.best.score, abs=1e-7)
+    assert model.layers[0].units == result.best.hyperparameters["units"]
+    table = (tmp_path / "results.txt").read_text().splitlines()
+    assert table[0].split() == ["trial", "units", "learning_rate", "val_accuracy", "time", "(s)", "status"]
+    assert len(table) == 5
+    for name in ("objective.png", "hyperparameters.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_chief_resumes_from_the_oracles_saved_state(tmp_path):
+    kill_chief = Fault(task="chief:0", when=r"trial \d+ completed", signal=signal.SIGKILL)
+    with pytest.raises(TuningError, match="The chief oracle exited with status -9.*run the same command with --resume"):
+        search(SCRIPT, out=tmp_path, workers=2, max_trials=3, faults=[kill_chief], **FAST)
+    before = _oracle_trials(tmp_path)
+    done = {k: t for k, t in before.items() if t["status"] == "COMPLETED"}
+    assert len(done) >= 1
+    result = search(SCRIPT, out=tmp_path, workers=2, max_trials=3, resume=True, **FAST)
+    after = _oracle_trials(tmp_path)
+    assert sorted(after) == ["trial_0", "trial_1", "trial_2"]
+    assert [t["status"] for t in after.values()] == ["COMPLETED"] * 3
+    for key, trial in done.items():  # what finished before the kill is kept, not run again
+        assert after[key]["score"] == trial["score"]
+        assert after[key]["hyperparameters"] == trial["hyperparameters"]
+    assert result.completed == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_objective_the_model_does_not_report_ends_the_search_naming_what_it_reports(tmp_path):
+    with pytest.raises(ValueError, match=r"The model does not report the objective 'val_auc'; it reports: "
+                                         r"accuracy, loss, val_accuracy, val_loss\. Choose one of these"):
+        search(SCRIPT, out=tmp_path, workers=1, max_trials=2, objective="val_auc", direction="max", **FAST)
