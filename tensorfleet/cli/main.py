@@ -1,0 +1,116 @@
+"""Entry point of the ``tensorfleet`` command.
+
+Each command group lives in its own module of this package and exposes ``app`` (a
+``typer.Typer``) and ``NAME``; top-level commands (such as ``launch``) expose ``register(app)``.
+Errors that tensorfleet raises for bad input (``ValueError``, ``KeyError``, ``TypeError``,
+``FileNotFoundError``) are turned into one clean line on stderr and exit status 2 here, at
+the CLI boundary, instead of a traceback.
+
+Every command shows what the user needs and nothing else: TensorFlow's C++ logs below ERROR are
+off (``TF_CPP_MIN_LOG_LEVEL=2`` unless the user set it), and the lines TensorFlow prints on
+every start or conversion that say nothing (:data:`tensorfleet.cluster.console.NOISE`, among
+them the three "Unable to register cuDNN/cuFFT/cuBLAS factory" errors that level 2 keeps) are
+filtered out of stderr and out of launched tasks' output. ``tensorfleet --verbose <command>``
+shows everything: C++ logs at every level, those lines, and INFO logs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+import typer
+
+import tensorfleet
+
+__all__ = ["app", "main", "click_exceptions", "verbose", "GROUPS", "COMMANDS"]
+
+# Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
+GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving")
+# Top-level commands: each module defines register(app).
+COMMANDS: tuple[str, ...] = ("launch", "plan", "serve", "tune")
+
+app = typer.Typer(
+    name="tensorfleet",
+    help="Distributed, federated and on-device TensorFlow from plain Keras.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tensorfleet {tensorfleet.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    version: Optional[bool] = typer.Option(  # noqa: UP007 - typer needs Optional here
+        None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show everything: TensorFlow's C++ logs and start-up lines, INFO logs."),
+) -> None:
+    """Distributed, federated and on-device TensorFlow from plain Keras."""
+    from tensorfleet.cluster.console import quiet_stderr
+
+    # Before any command imports TensorFlow, which reads the level once; the user's setting wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    ctx.with_resource(quiet_stderr(enabled=not verbose))
+
+
+def verbose(ctx: typer.Context) -> bool:
+    """Whether ``tensorfleet --verbose`` was given (for commands that start processes)."""
+    return bool(ctx.find_root().params.get("verbose"))
+
+
+for _module_name in GROUPS:
+    _module = importlib.import_module(f"tensorfleet.cli.{_module_name}")
+    app.add_typer(_module.app, name=_module.NAME)
+for _module_name in COMMANDS:
+    importlib.import_module(f"tensorfleet.cli.{_module_name}").register(app)
+
+
+class UsageError(Exception):
+    """Raised by commands for a bad combination of arguments."""
+
+
+def click_exceptions() -> Any:
+    """The click exceptions module typer uses (vendored by typer >= 0.26)."""
+    try:  # typer >= 0.26 vendors click
+        from typer._click import exceptions
+    except ImportError:  # pragma: no cover - older typer
+        from click import exceptions
+    return exceptions
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the CLI; input errors print ``error: ...`` and exit with status 2."""
+    exceptions = click_exceptions()
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except (ValueError, KeyError, TypeError, FileNotFoundError, UsageError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        typer.echo(f"error: {message}", err=True)
+        return 2
+    except exceptions.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        typer.echo("Aborted.", err=True)
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
