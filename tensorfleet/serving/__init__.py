@@ -22,7 +22,7 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("batching", "errors", "grpc_api", "predictor", "repository", "rest", "replicas", "saved_model", "servable", "server", "versions"),
+    modules=("batching", "errors", "grpc_api", "metrics", "predictor", "repository", "rest", "replicas", "saved_model", "servable", "server", "versions"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
         "TensorSignature": "saved_model",

@@ -169,6 +169,11 @@ class Batcher:
             self._queue.put(task)
         return task.future
 
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting to join a batch."""
+        return self._queue.qsize()
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Stops taking requests, runs every queued one, then stops the threads."""
         with self._lock:

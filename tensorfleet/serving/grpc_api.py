@@ -9,6 +9,7 @@ Each refusal is the gRPC status TF Serving uses, with a message naming what was 
 from __future__ import annotations
 
 import functools
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -32,11 +33,15 @@ def _aborts_on_error(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        start, status = time.perf_counter(), "OK"
         try:
             return method(self, request, context)
         except Exception as exc:
             error = as_serving_error(exc)
+            status = error.code.value
             context.abort(grpc.StatusCode[error.code.value], error.message)
+        finally:
+            self.predictor.metrics.observe_request("grpc", status, time.perf_counter() - start)
 
     return wrapper
 
@@ -100,6 +105,7 @@ class ModelStatusServicer(model_service_pb2_grpc.ModelServiceServicer):
     """``tensorflow.serving.ModelService.GetModelStatus`` (reloading config is not served)."""
 
     def __init__(self, predictor: Predictor) -> None:
+        self.predictor = predictor
         self.repository = predictor.repository
 
     @_aborts_on_error

@@ -18,6 +18,7 @@ import numpy as np
 
 from tensorfleet.serving.batching import Batcher, BatchingOptions
 from tensorfleet.serving.errors import Code, ServingError
+from tensorfleet.serving.metrics import ServingMetrics
 from tensorfleet.serving.replicas import ReplicaPool
 from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.servable import Servable, Signature
@@ -64,6 +65,16 @@ class Predictor:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._closed = False
+        self.metrics = ServingMetrics(repository.name, queue_depth=self.queue_depth)
+
+    @property
+    def ready(self) -> bool:
+        """True while a version is loaded and the server is not shutting down."""
+        return not self._closed and bool(self.repository.versions)
+
+    def queue_depth(self) -> int:
+        with self._lock:
+            return sum(b.queue_depth for b in self._batchers.values())
 
     def submit(self, model: str, inputs: Mapping[str, Any], *, version: int | None = None, label: str | None = None,
                signature_name: str | None = None, output_filter: list[str] | None = None,
@@ -104,7 +115,13 @@ class Predictor:
 
     def _runner(self, servable: Servable) -> Callable[..., dict[str, np.ndarray]]:
         pool = self.pools.get(servable.version)
-        return servable.run if pool is None else pool.run
+        run = servable.run if pool is None else pool.run
+
+        def observed(signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.metrics.observe_batch(next(iter(arrays.values())).shape[0])
+            return run(signature, arrays)
+
+        return observed
 
     def start_replicas(self, log: Callable[[str], None] | None = None) -> None:
         """Starts ``replicas`` worker processes for every loaded version (none when ``replicas`` is 0)."""

@@ -2,7 +2,8 @@
 
 ``GET /v1/models/{name}[/versions/{v}]`` (version status), ``GET .../metadata`` (signatures) and
 ``POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict`` with the row (``instances``) or
-columnar (``inputs``) format, answered with ``predictions`` or ``outputs``. Every refusal is
+columnar (``inputs``) format, answered with ``predictions`` or ``outputs``; metrics at TF Serving's
+``/monitoring/prometheus/metrics``, liveness at ``/healthz`` and readiness at ``/readyz``. Every refusal is
 ``{"error": "..."}`` with TF Serving's HTTP status (400 bad input, 404 unknown model or version,
 413 body over the limit, 405 wrong method).
 
@@ -16,17 +17,20 @@ import asyncio
 import json
 import re
 import threading
+import time
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from tensorfleet.serving.errors import ServingError, as_serving_error
+from tensorfleet.serving.metrics import ServingMetrics
 from tensorfleet.serving.predictor import Predictor
 from tensorfleet.serving.servable import Signature
 
 __all__ = ["RestServer", "make_app", "parse_predict_body", "predict_reply", "status_reply"]
 
+_METRICS = web.AppKey("metrics", ServingMetrics)
 _PATH = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
                    r"(?:(?P<meta>/metadata)|:(?P<verb>[A-Za-z]+))?$")
 
@@ -161,8 +165,12 @@ class _Handlers:
                 "metadata": {"signature_def": {"signature_def": defs}}}
 
 
-@web.middleware
-async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+# HTTP status -> the status name the request metrics count it under.
+_STATUS_NAMES = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "UNIMPLEMENTED", 413: "RESOURCE_EXHAUSTED",
+                 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:  # aiohttp's own refusals (413, 404 ...) in TF Serving's shape too
@@ -174,10 +182,36 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
         return _error(exc.status, exc.reason)
 
 
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    start = time.perf_counter()
+    response = await _answer(request, handler)
+    if request.path.startswith("/v1/"):
+        request.app[_METRICS].observe_request("rest", _STATUS_NAMES.get(response.status, str(response.status)),
+                                               time.perf_counter() - start)
+    return response
+
+
 def make_app(predictor: Predictor, *, max_body_bytes: int = 4 << 20) -> web.Application:
     """The aiohttp application serving ``predictor`` (bodies over ``max_body_bytes`` get 413)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
+    app[_METRICS] = predictor.metrics
     app.router.add_route("*", "/v1/models/{rest:.*}", _Handlers(predictor).route)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=predictor.metrics.render(), content_type="text/plain")
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        ready = predictor.ready
+        return web.json_response({"ready": ready, "versions": predictor.repository.versions},
+                                 status=200 if ready else 503)
+
+    app.router.add_get("/monitoring/prometheus/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     return app
 
 
