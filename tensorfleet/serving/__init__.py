@@ -8,7 +8,10 @@
   (:mod:`~tensorfleet.serving.batching`) and TF Serving's status codes for bad requests.
 * The parts: :mod:`~tensorfleet.serving.servable` (one loaded version and its checks),
   :mod:`~tensorfleet.serving.repository` (versions and labels), :mod:`~tensorfleet.serving.predictor`
-  (what both fronts call), :mod:`~tensorfleet.serving.rest`, :mod:`~tensorfleet.serving.grpc_api`.
+  (what both fronts call), :mod:`~tensorfleet.serving.rest`, :mod:`~tensorfleet.serving.grpc_api`,
+  :mod:`~tensorfleet.serving.replicas` (the model in worker processes, restarted when one dies),
+  :mod:`~tensorfleet.serving.versions` (new versions picked up while serving) and
+  :mod:`~tensorfleet.serving.metrics` (Prometheus text at TF Serving's monitoring path).
 
 Example:
     >>> import tensorfleet as tfl
@@ -22,12 +25,14 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("batching", "errors", "grpc_api", "metrics", "predictor", "repository", "rest", "replicas", "saved_model", "servable", "server", "versions"),
+    modules=("batching", "errors", "grpc_api", "metrics", "predictor", "replicas", "repository", "rest",
+             "saved_model", "servable", "server", "versions"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
         "TensorSignature": "saved_model",
         "ModelServer": "server", "serve": "server", "BatchingOptions": "batching", "Batcher": "batching",
         "ServingError": "errors", "ModelRepository": "repository", "Predictor": "predictor",
+        "ReplicaPool": "replicas", "VersionWatcher": "versions", "ServingMetrics": "metrics",
     },
 )
 
