@@ -62,6 +62,7 @@ class Predictor:
         self._batchers: dict[tuple[int, str], Batcher] = {}
         self.pools: dict[int, ReplicaPool] = {}
         self._inflight: dict[int, int] = {}
+        self._retired: set[int] = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._closed = False
@@ -78,15 +79,27 @@ class Predictor:
 
     def submit(self, model: str, inputs: Mapping[str, Any], *, version: int | None = None, label: str | None = None,
                signature_name: str | None = None, output_filter: list[str] | None = None,
-               strict_dtype: bool = False) -> Prediction:
-        """Checks the request and starts it; every problem with it raises ServingError here."""
-        servable = self.repository.get(model, version, label)
-        signature = servable.signature(signature_name)
-        outputs = signature.filter_outputs(output_filter)
-        arrays = signature.check(inputs, strict_dtype=strict_dtype)
-        if self._closed:
-            raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
-        self._count(servable.version, +1)
+               strict_dtype: bool = False, servable: Servable | None = None) -> Prediction:
+        """Checks the request and starts it; every problem with it raises ServingError here.
+
+        ``servable``, when given, is the version already picked for the request (REST reads the
+        signature's input names from it). A request not pinned to a version that picked one just
+        unloaded goes to the version that replaced it.
+        """
+        pinned = version is not None or label is not None
+        for _ in range(3):
+            servable = servable or self.repository.get(model, version, label)
+            signature = servable.signature(signature_name)
+            outputs = signature.filter_outputs(output_filter)
+            arrays = signature.check(inputs, strict_dtype=strict_dtype)
+            if self._reserve(servable.version):
+                break
+            if pinned:
+                raise ServingError(f"Servable not found for request: Specific({model}, {servable.version}) was "
+                                   "just unloaded.", Code.NOT_FOUND)
+            servable = None
+        else:
+            raise ServingError(f"The versions of {model!r} are changing too fast; retry.", Code.UNAVAILABLE)
         try:
             if self.batching is None:
                 future = self._pool.submit(self._runner(servable), signature.name, arrays)
@@ -95,8 +108,19 @@ class Predictor:
         except BaseException:
             self._count(servable.version, -1)
             raise
-        future.add_done_callback(lambda _: self._count(servable.version, -1))
+        version_run = servable.version
+        future.add_done_callback(lambda _: self._count(version_run, -1))
         return Prediction(servable, signature, outputs, future)
+
+    def _reserve(self, version: int) -> bool:
+        """Counts a request in flight on ``version``, unless that version is being unloaded."""
+        with self._lock:
+            if self._closed:
+                raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
+            if version in self._retired:
+                return False
+            self._inflight[version] = self._inflight.get(version, 0) + 1
+            return True
 
     def _count(self, version: int, delta: int) -> None:
         with self._idle:
@@ -138,6 +162,7 @@ class Predictor:
         """After ``version`` stopped being routed to: waits for its requests in flight (up to
         ``timeout``), then stops its batchers and replicas. True if it drained in time."""
         with self._idle:
+            self._retired.add(version)
             drained = self._idle.wait_for(lambda: not self._inflight.get(version), timeout)
             batchers = [b for (v, _), b in self._batchers.items() if v == version]
             self._batchers = {k: b for k, b in self._batchers.items() if k[0] != version}

@@ -151,7 +151,8 @@ class _Handlers:
         servable = self.repository.get(name, version, label)
         sig_name = body.get("signature_name") if isinstance(body, dict) else None
         inputs, rows = parse_predict_body(body, servable.signature(sig_name))
-        prediction = self.predictor.submit(name, inputs, version=servable.version, signature_name=sig_name)
+        prediction = self.predictor.submit(name, inputs, version=version, label=label, signature_name=sig_name,
+                                           servable=servable)
         outputs = await asyncio.wrap_future(prediction.future)
         reply = predict_reply({k: outputs[k] for k in prediction.outputs}, rows)
         return web.Response(text=json.dumps(reply), content_type="application/json")
