@@ -1,0 +1,181 @@
+"""Recording a profiler trace for chosen steps, one directory per task.
+
+TensorFlow's profiler (``tf.profiler.experimental.start``/``stop``) records everything that runs
+while it is on. These helpers turn it on for a chosen range of training steps only, so a long job
+pays nothing outside them, and mark each chosen step with the ``train`` step annotation
+(``tf.profiler.experimental.Trace(..., step_num=n, _r=1)``, as Keras' ``fit`` does) that the analysis
+cuts steps by. Each task writes under ``<logdir>/<role>-<index>/`` (from TF_CONFIG; ``local``
+without one), so every worker of a job can share one ``logdir``:
+
+    logdir/worker-0/plugins/profile/<run>/<host>.xplane.pb
+    logdir/worker-1/plugins/profile/<run>/<host>.xplane.pb
+
+A step range is ``"20-30"`` (both ends included), one step ``"25"`` or ``25``, or a ``range``.
+Steps count the batches of the whole ``fit`` from 0, across epochs.
+
+Jobs started by a launcher choose the steps from the environment: :func:`callbacks` returns a
+:class:`~tensorfleet.profiling.callback.ProfileCallback` when ``TENSORFLEET_PROFILE_STEPS`` is set (directory
+``TENSORFLEET_PROFILE_DIR``, default ``profile``), and an empty list otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from tensorfleet.validation import integer
+
+__all__ = ["StepRange", "Capture", "capture", "callbacks", "task_directory", "ENV_STEPS", "ENV_DIR"]
+
+ENV_STEPS = "TENSORFLEET_PROFILE_STEPS"
+ENV_DIR = "TENSORFLEET_PROFILE_DIR"
+STEP_NAME = "train"
+
+
+@dataclass(frozen=True)
+class StepRange:
+    """Steps ``first`` to ``last``, both included."""
+
+    first: int
+    last: int
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and self.first <= step <= self.last
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+    @classmethod
+    def parse(cls, value: Any, *, name: str = "steps") -> StepRange:
+        """A step range from ``"20-30"``, ``"25"``, ``25``, ``range(20, 31)`` or a :class:`StepRange`.
+
+        Example:
+            >>> StepRange.parse("20-30"), StepRange.parse(range(5, 8))
+            (StepRange(first=20, last=30), StepRange(first=5, last=7))
+            >>> StepRange.parse("30-20")
+            Traceback (most recent call last):
+            ValueError: steps must be a step range FIRST-LAST with FIRST <= LAST, such as '20-30'. Received: steps='30-20'
+        """
+        if isinstance(value, StepRange):
+            return value
+        if isinstance(value, range) and value.step == 1 and len(value):
+            return cls(integer(name, value.start, minimum=0), value.stop - 1)
+        if isinstance(value, str):
+            text = value.strip()
+            first, sep, last = text.partition("-")
+            try:
+                bounds = (int(first), int(last) if sep else int(first))
+            except ValueError:
+                bounds = None
+            if bounds and 0 <= bounds[0] <= bounds[1]:
+                return cls(*bounds)
+        elif not isinstance(value, (range, bool)) and isinstance(value, int) and value >= 0:
+            return cls(int(value), int(value))
+        raise ValueError(f"{name} must be a step range FIRST-LAST with FIRST <= LAST, such as '20-30'. "
+                         f"Received: {name}={value!r}")
+
+
+def task_directory(logdir: str | os.PathLike[str], task: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> Path:
+    """``logdir/<task>``: ``task`` if given, else ``<role>-<index>`` from TF_CONFIG, else ``local``.
+
+    Example:
+        >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+        ...        '"task": {"type": "worker", "index": 1}}'}
+        >>> task_directory("profile", environ=env).as_posix()
+        'profile/worker-1'
+    """
+    from tensorfleet.strategies.tf_config import tf_config_from_env
+
+    if task is None:
+        config = tf_config_from_env(environ)
+        task = f"{config.task.role}-{config.task.index}" if config and config.task else "local"
+    if not task or "/" in task or task in (".", ".."):
+        raise ValueError(f"task must be a folder name such as 'worker-1'. Received: task={task!r}")
+    return Path(logdir) / task
+
+
+class Capture:
+    """The profiler, on for the steps of ``steps`` only (see :func:`capture`)."""
+
+    def __init__(self, directory: Path, steps: StepRange | None) -> None:
+        self.directory = directory
+        self.steps = steps
+        self.running = False
+        self.recorded: list[int] = []
+
+    def start(self) -> None:
+        import tensorflow as tf
+
+        if not self.running:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tf.profiler.experimental.start(str(self.directory))
+            self.running = True
+
+    def stop(self) -> None:
+        import tensorflow as tf
+
+        if self.running:
+            self.running = False
+            tf.profiler.experimental.stop()
+
+    @contextlib.contextmanager
+    def step(self, number: int) -> Iterator[None]:
+        """Runs one training step of a custom loop; records it when ``number`` is a chosen step."""
+        if self.steps is None or number not in self.steps:
+            yield
+            return
+        import tensorflow as tf
+
+        self.start()
+        with tf.profiler.experimental.Trace(STEP_NAME, step_num=number, _r=1):
+            yield
+        self.recorded.append(number)
+        if number >= self.steps.last:
+            self.stop()
+
+
+@contextlib.contextmanager
+def capture(logdir: str | os.PathLike[str], steps: Any = None, *, task: str | None = None) -> Iterator[Capture]:
+    """Records a profiler trace into ``logdir/<task>``.
+
+    Without ``steps`` the whole block is recorded (``fit`` marks its own steps). With ``steps``,
+    wrap each step of a custom loop in ``cap.step(n)``: only the chosen steps are recorded, and
+    outside them the profiler is off.
+
+    Example:
+        >>> import tensorfleet as tfl
+        >>> with tfl.profiling.capture("profile/", steps="20-30") as cap:   # doctest: +SKIP
+        ...     for n, batch in enumerate(dataset):
+        ...         with cap.step(n):
+        ...             train_step(batch)
+        >>> tfl.profiling.analyze("profile/").verdict                       # doctest: +SKIP
+    """
+    chosen = None if steps is None else StepRange.parse(steps)
+    session = Capture(task_directory(logdir, task), chosen)
+    if chosen is None:
+        session.start()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def callbacks(environ: Mapping[str, str] | None = None) -> list[Any]:
+    """``[ProfileCallback]`` when ``TENSORFLEET_PROFILE_STEPS`` is set in the environment, else ``[]``.
+
+    Example:
+        >>> callbacks({})
+        []
+    """
+    env = os.environ if environ is None else environ
+    steps = env.get(ENV_STEPS, "").strip()
+    if not steps:
+        return []
+    from tensorfleet.profiling.callback import ProfileCallback
+
+    return [ProfileCallback(env.get(ENV_DIR) or "profile", StepRange.parse(steps, name=ENV_STEPS),
+                            task=task_directory("", environ=env).name)]

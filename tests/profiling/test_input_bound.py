@@ -1,0 +1,82 @@
+"""A sleep injected in the input pipeline, recorded with the Keras callback and read back from the trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.profiling.slow_worker_job import sleepy_dataset
+
+SLEEP_MS = 40.0
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    import tensorflow as tf
+
+    from tensorfleet import profiling
+
+    logdir = tmp_path_factory.mktemp("profile")
+    model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
+                                 tf.keras.layers.Dense(10)])
+    model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = profiling.ProfileCallback(logdir, steps="3-8")
+    model.fit(sleepy_dataset(SLEEP_MS / 1000), steps_per_epoch=11, epochs=1, verbose=0, callbacks=[callback])
+    return logdir, callback
+
+
+def test_only_the_chosen_steps_are_recorded_into_the_task_directory(recorded):
+    from tensorfleet.profiling.xspace import task_traces
+
+    logdir, callback = recorded
+    assert callback.directory == logdir / "local"
+    (trace,) = task_traces(logdir)
+    assert trace.task == "local"
+    assert [s.number for s in trace.steps] == [3, 4, 5, 6, 7, 8]
+
+
+def test_the_injected_sleep_is_recovered_as_input_time_and_judged_input_bound(recorded):
+    from tensorfleet import profiling
+
+    profile = profiling.analyze(recorded[0])
+    (task,) = profile.tasks
+    assert task.steps == 5  # the first recorded step carries the profiler's start-up and is left out
+    assert task.input_ms == pytest.approx(SLEEP_MS, rel=0.15)
+    assert task.exposed_communication_ms == 0.0 and task.communication_ms == 0.0
+    assert profile.verdict.bottleneck is profiling.Bottleneck.INPUT
+    assert profile.verdict.advice.startswith(f"prefetch: each step waits {task.input_ms:.1f} ms for its batch")
+    for row in profile.steps:  # the parts of every step add up to the step
+        assert row.compute_ms + row.exposed_communication_ms + row.input_ms + row.idle_ms == pytest.approx(row.step_ms)
+
+
+def test_report_writes_json_png_and_a_trace_that_perfetto_reads(recorded, tmp_path):
+    from tensorfleet import profiling
+
+    profile = profiling.analyze(recorded[0])
+    paths = profiling.write_report(profile, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert data["verdict"]["bottleneck"] == "input-bound"
+    assert [s["step"] for s in data["steps"]] == [4, 5, 6, 7, 8]
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads(paths["trace"].read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert "local /host:CPU" in names
+    assert any(e.get("name") == "IteratorGetNextOp::DoCompute" and e.get("ph") == "X" for e in trace["traceEvents"])
+
+
+def test_capture_records_only_the_chosen_steps_of_a_custom_loop(tmp_path):
+    import tensorflow as tf
+
+    from tensorfleet import profiling
+    from tensorfleet.profiling.xspace import task_traces
+
+    variable = tf.Variable(1.0)
+    with profiling.capture(tmp_path, steps="2-4", task="worker-3") as cap:
+        for step in range(7):
+            with cap.step(step):
+                variable.assign_add(tf.reduce_sum(tf.random.normal((64, 64))))
+        assert not cap.running
+    (trace,) = task_traces(tmp_path)
+    assert trace.task == "worker-3"
+    assert [s.number for s in trace.steps] == [2, 3, 4] == cap.recorded
