@@ -34,3 +34,16 @@ def test_the_check_holds_across_roles_in_a_tf_config() -> None:
 ])
 def test_distinct_tasks_are_accepted(jobs: dict[str, list[str]]) -> None:
     assert ClusterSpec(jobs).as_dict() == jobs
+
+
+def test_a_name_and_the_address_it_resolves_to_are_one_host() -> None:
+    import socket
+
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        pytest.skip(f"this machine's name {name!r} does not resolve")
+    with pytest.raises(TFConfigError, match=rf"^Two tasks share one address: worker:0 at '{name}:2222' and "
+                                            rf"worker:1 at '{address}:2222' are the same host"):
+        ClusterSpec({"worker": [f"{name}:2222", f"{address}:2222"]})
