@@ -29,7 +29,7 @@ import tensorfleet
 __all__ = ["app", "main", "click_exceptions", "verbose", "GROUPS", "COMMANDS"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
-GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving")
+GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving", "profile")
 # Top-level commands: each module defines register(app).
 COMMANDS: tuple[str, ...] = ("launch", "plan", "serve", "tune")
 
