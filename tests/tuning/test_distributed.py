@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorfleet.cli.main import main
 from tensorfleet.cluster.processes import Fault
 from tensorfleet.tuning.distributed import TuningError, search
 
@@ -52,21 +53,27 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_killed_chief_resumes_from_the_oracles_saved_state(tmp_path):
+def test_a_killed_chief_resumes_from_the_oracles_saved_state(tmp_path, capsys):
     kill_chief = Fault(task="chief:0", when=r"trial \d+ completed", signal=signal.SIGKILL)
     with pytest.raises(TuningError, match="The chief oracle exited with status -9.*run the same command with --resume"):
         search(SCRIPT, out=tmp_path, workers=2, max_trials=3, faults=[kill_chief], **FAST)
     before = _oracle_trials(tmp_path)
     done = {k: t for k, t in before.items() if t["status"] == "COMPLETED"}
     assert len(done) >= 1
-    result = search(SCRIPT, out=tmp_path, workers=2, max_trials=3, resume=True, **FAST)
+    capsys.readouterr()
+    # The resume goes through the command line, which prints the progress and the table.
+    assert main(["tune", SCRIPT, "--out", str(tmp_path), "--workers", "2", "--max-trials", "3", "--epochs", "1",
+                 "--batch-size", "64", "--resume"]) == 0
+    printed = capsys.readouterr().out
     after = _oracle_trials(tmp_path)
     assert sorted(after) == ["trial_0", "trial_1", "trial_2"]
     assert [t["status"] for t in after.values()] == ["COMPLETED"] * 3
     for key, trial in done.items():  # what finished before the kill is kept, not run again
         assert after[key]["score"] == trial["score"]
         assert after[key]["hyperparameters"] == trial["hyperparameters"]
-    assert result.completed == 3
+    assert "trial  units  learning_rate  val_accuracy  time (s)  status" in printed
+    assert "3 of 3 trials completed" in printed
+    assert " began on tuner" in printed or "runs again" in printed
 
 
 @pytest.mark.slow
@@ -75,3 +82,9 @@ def test_an_objective_the_model_does_not_report_ends_the_search_naming_what_it_r
     with pytest.raises(ValueError, match=r"The model does not report the objective 'val_auc'; it reports: "
                                          r"accuracy, loss, val_accuracy, val_loss\. Choose one of these"):
         search(SCRIPT, out=tmp_path, workers=1, max_trials=2, objective="val_auc", direction="max", **FAST)
+
+
+def test_the_command_refuses_an_unknown_algorithm_in_one_line(tmp_path, capsys):
+    assert main(["tune", SCRIPT, "--out", str(tmp_path), "--algorithm", "grid"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: algorithm must be one of 'random', 'bayesian', 'hyperband'. Received: algorithm='grid'"]
