@@ -7,8 +7,9 @@ closed-loop load generator (aiohttp, one event loop, CONCURRENCY callers each se
 one-image REST :predict as soon as the last is answered) drives each server for SECONDS at every
 concurrency; the servers alternate ROUNDS times at each level and the medians are reported.
 Every request is bounded (timeout) and every run stops by itself (duration and request cap).
-Prints requests/s and p50/p99 latency per server and concurrency, and the batching/per-request
-ratios to per-request (target at concurrency 32: >= 3x the requests/s with p99 no worse).
+Prints requests/s, p50/p99 latency and the server's CPU time per request for each server and
+concurrency, and the ratios to per-request (target at concurrency 32: >= 3x the requests/s with
+p99 no worse).
 
 Run: .venv/bin/python bench/serving.py [--concurrency 1,4,16,32,64] [--seconds 3] [--rounds 2]
 """
@@ -82,6 +83,20 @@ async def run_load(port: int, body: bytes, concurrency: int, seconds: float) -> 
     return len(latencies) / elapsed, latencies
 
 
+def server_cpu_seconds(pid: int) -> float:
+    """CPU time of the server and its replica processes so far."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = sum(process.cpu_times()[:2])
+    for child in process.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -113,34 +128,45 @@ def main() -> None:
             asyncio.run(run_load(port, body, 8, 1.0))
         for concurrency in levels:
             for _ in range(args.rounds):
-                for name, (_, port) in servers.items():
+                for name, (process, port) in servers.items():
+                    cpu = server_cpu_seconds(process.pid)
                     rate, latencies = asyncio.run(run_load(port, body, concurrency, args.seconds))
+                    cpu_us = (server_cpu_seconds(process.pid) - cpu) / len(latencies) * 1e6
                     results.setdefault((name, concurrency), []).append(
-                        (rate, percentile(latencies, 0.50) * 1e3, percentile(latencies, 0.99) * 1e3))
+                        (rate, percentile(latencies, 0.50) * 1e3, percentile(latencies, 0.99) * 1e3, cpu_us))
     finally:
         for process, _ in servers.values():
             process.terminate()
-            process.wait(30)
+        for name, (process, _) in servers.items():
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                print(f"note: the {name} server had not exited 60 s after SIGTERM; killed")
+                process.kill()
+                process.wait(30)
     report(results, levels, args)
 
 
 def report(results: dict, levels: list[int], args: argparse.Namespace) -> None:
     print(f"tensorfleet serve, digits_cnn, one image per REST :predict, closed loop on 127.0.0.1; "
           f"{args.seconds:g} s per run, medians of {args.rounds} alternating rounds; {os.cpu_count()} cores "
-          "shared by both servers and the load generator")
-    print(f"{'server':<21}{'concurrency':>12}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
+          f"shared by the servers and the load generator (load average {os.getloadavg()[0]:.1f} at the end). "
+          "'server CPU/req' is the server's (and its replicas') CPU time per answered request, which other "
+          "load on the machine disturbs less than requests/s")
+    print(f"{'server':<21}{'concurrency':>12}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'server CPU/req us':>19}")
     medians = {}
     for concurrency in levels:
         for name in SERVERS:
             runs = results[(name, concurrency)]
-            medians[(name, concurrency)] = tuple(statistics.median(r[i] for r in runs) for i in range(3))
-            rate, p50, p99 = medians[(name, concurrency)]
-            print(f"{name:<21}{concurrency:>12}{rate:>10.0f}{p50:>9.2f}{p99:>9.2f}")
+            medians[(name, concurrency)] = tuple(statistics.median(r[i] for r in runs) for i in range(4))
+            rate, p50, p99, cpu_us = medians[(name, concurrency)]
+            print(f"{name:<21}{concurrency:>12}{rate:>10.0f}{p50:>9.2f}{p99:>9.2f}{cpu_us:>19.0f}")
     for name in list(SERVERS)[1:]:
         print(f"{name} / per-request:")
         for concurrency in levels:
-            (r1, _, q1), (r2, _, q2) = medians[("per-request", concurrency)], medians[(name, concurrency)]
-            print(f"  concurrency {concurrency:>2}: {r2 / r1:.2f}x requests/s, p99 {q2:.2f} ms vs {q1:.2f} ms")
+            (r1, _, q1, c1), (r2, _, q2, c2) = medians[("per-request", concurrency)], medians[(name, concurrency)]
+            print(f"  concurrency {concurrency:>2}: {r2 / r1:.2f}x requests/s, p99 {q2:.2f} ms vs {q1:.2f} ms, "
+                  f"server CPU per request {c2 / c1:.2f}x")
 
 
 if __name__ == "__main__":
