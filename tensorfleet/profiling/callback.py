@@ -28,6 +28,8 @@ class ProfileCallback(tf.keras.callbacks.Callback):
 
     def __init__(self, logdir: str | os.PathLike[str], steps: Any, *, task: str | None = None) -> None:
         super().__init__()
+        # Keras then passes its logs as tensors, as without callbacks, instead of fetching them every step.
+        self._supports_tf_logs = True
         self.capture = Capture(task_directory(logdir, task), StepRange.parse(steps))
         self.seen = 0  # batches of this fit finished so far: the number of the next step
 
