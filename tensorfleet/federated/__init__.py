@@ -2,7 +2,8 @@
 
 * :func:`partition` splits ``(x, y)`` into clients (``iid``, ``dirichlet``, ``shards``,
   ``quantity``) as a ``tff.simulation.datasets.ClientData``; :func:`summarize` and
-  :func:`plot_label_distribution` describe any ClientData.
+  :func:`plot_label_distribution` describe any ClientData, and :func:`xy_clients` shows how a
+  Simulation reads TFF's own (element names mapped to ``x``/``y``, batches unbatched).
 * :data:`ALGORITHMS` (fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, fedadagrad) and
   :data:`AGGREGATORS` (mean, DP, compression, median, trimmed mean, Krum) are registries.
 * :class:`Simulation` runs the rounds as its :class:`SimulationConfig` says; :class:`History`
@@ -38,6 +39,7 @@ __getattr__, _LAZY_NAMES = attach(__name__, names={
     "ArrayClientData": "clients.clientdata",
     "summarize": "clients.clientdata",
     "plot_label_distribution": "clients.clientdata",
+    "xy_clients": "clients.xy",
     "epsilon": "aggregators.dp",
     "LazyClientData": "clients.lazy",
     "digits_clients": "clients.lazy",
