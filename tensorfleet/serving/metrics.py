@@ -1,7 +1,7 @@
 """The server's metrics in Prometheus' text format, at TF Serving's path ``/monitoring/prometheus/metrics``.
 
 Named after TF Serving's own (``:tensorflow:serving:request_count``, ``...:request_latency`` in
-microseconds) plus the batcher's batch sizes and queue depth. Counting is a few additions under a
+microseconds) plus the batcher's batch sizes and queue depth and the requests in flight. Counting is a few additions under a
 lock; the text is made only when scraped.
 """
 
@@ -57,9 +57,11 @@ class Histogram:
 class ServingMetrics:
     """Request counts and latencies by API and status, batch sizes and the batch queue's depth."""
 
-    def __init__(self, model_name: str, *, queue_depth: Callable[[], int] | None = None) -> None:
+    def __init__(self, model_name: str, *, queue_depth: Callable[[], int] | None = None,
+                 in_flight: Callable[[], int] | None = None) -> None:
         self.model_name = model_name
         self.queue_depth = queue_depth or (lambda: 0)
+        self.in_flight = in_flight or (lambda: 0)
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, str]] = Counter()
         self.latency: dict[str, Histogram] = {}
@@ -87,5 +89,7 @@ class ServingMetrics:
                 lines += histogram.lines(f"{_PREFIX}request_latency", [model, ("entrypoint", api)])
             lines.append(f"# TYPE {_PREFIX}batch_size histogram")
             lines += self.batch_sizes.lines(f"{_PREFIX}batch_size", [model])
-        lines += [f"# TYPE {_PREFIX}queue_depth gauge", f"{_PREFIX}queue_depth{_labels([model])} {self.queue_depth()}"]
+        lines += [f"# TYPE {_PREFIX}queue_depth gauge", f"{_PREFIX}queue_depth{_labels([model])} {self.queue_depth()}",
+                  f"# TYPE {_PREFIX}requests_in_flight gauge",
+                  f"{_PREFIX}requests_in_flight{_labels([model])} {self.in_flight()}"]
         return "\n".join(lines) + "\n"

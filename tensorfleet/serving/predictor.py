@@ -66,12 +66,17 @@ class Predictor:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._closed = False
-        self.metrics = ServingMetrics(repository.name, queue_depth=self.queue_depth)
+        self.metrics = ServingMetrics(repository.name, queue_depth=self.queue_depth, in_flight=self.in_flight)
 
     @property
     def ready(self) -> bool:
         """True while a version is loaded and the server is not shutting down."""
         return not self._closed and bool(self.repository.versions)
+
+    def in_flight(self) -> int:
+        """Requests accepted and not yet answered, over every version."""
+        with self._lock:
+            return sum(self._inflight.values())
 
     def queue_depth(self) -> int:
         with self._lock:

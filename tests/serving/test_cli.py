@@ -64,14 +64,24 @@ def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 60) ->
     raise AssertionError(f"{text!r} not printed within {timeout}s: {lines}")
 
 
+def _wait_in_flight(port: int, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/monitoring/prometheus/metrics", timeout=10) as reply:
+            if ':tensorflow:serving:requests_in_flight{model_name="digits"} 1' in reply.read().decode():
+                return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.mark.slow
 def test_sigterm_drains_the_request_in_flight_then_exits(model_base, digits_models, images):
     grpc_port, rest_port = free_ports()
-    # A lone request waits the whole batch timeout (1.5 s) in the queue: SIGTERM lands while it is in flight.
+    # A lone request waits the whole batch timeout (3 s) for others: SIGTERM lands while it is in flight.
     process = subprocess.Popen(
         [sys.executable, "-m", "tensorfleet.cli.main", "serve", str(model_base), "--model-name", "digits",
          "--port", str(grpc_port), "--rest-api-port", str(rest_port), "--enable-batching",
-         "--batch-timeout-micros", "1500000"],
+         "--batch-timeout-micros", "3000000"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         _wait_for_line(process, "[serve] batching:")
@@ -85,7 +95,7 @@ def test_sigterm_drains_the_request_in_flight_then_exits(model_base, digits_mode
 
         caller = threading.Thread(target=predict)
         caller.start()
-        time.sleep(0.5)
+        assert _wait_in_flight(rest_port), "the request never reached the server"
         process.send_signal(signal.SIGTERM)
         caller.join(30)
         assert process.wait(30) == 0

@@ -30,7 +30,9 @@ def test_the_text_format_of_every_metric():
     assert ':tensorflow:serving:request_latency_count{model_name="digits",entrypoint="rest"} 2' in text
     assert ':tensorflow:serving:batch_size_bucket{model_name="digits",le="2"} 0' in text
     assert ':tensorflow:serving:batch_size_bucket{model_name="digits",le="4"} 1' in text
-    assert text[-1] == ':tensorflow:serving:queue_depth{model_name="digits"} 3'
+    assert text[-3:] == [':tensorflow:serving:queue_depth{model_name="digits"} 3',
+                         "# TYPE :tensorflow:serving:requests_in_flight gauge",
+                         ':tensorflow:serving:requests_in_flight{model_name="digits"} 0']
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -71,6 +73,7 @@ def test_a_running_server_counts_its_requests_and_batches(model_base, images):
         assert ':tensorflow:serving:batch_size_count{model_name="digits"} 3' in lines
         assert ':tensorflow:serving:batch_size_sum{model_name="digits"} 16' in lines
         assert ':tensorflow:serving:queue_depth{model_name="digits"} 0' in lines
+        assert ':tensorflow:serving:requests_in_flight{model_name="digits"} 0' in lines
     finally:
         server.stop()
     assert server.predictor.ready is False
