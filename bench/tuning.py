@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from tensorfleet.tuning.distributed import search
 
+    load_before = os.getloadavg()[0]
     rates: dict[int, list[float]] = {1: [], 2: []}
     walls: dict[int, list[float]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory() as scratch:
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{workers:>8} {statistics.median(rates[workers]):>12.0f} {statistics.median(walls[workers]):>16.1f}"
               f"   {', '.join(f'{r:.0f}' for r in rates[workers])}")
     print(f"ratio 2 workers / 1 worker: {two / one:.2f}x (target >= 1.6x on 2 cores)")
+    # Other work on the machine takes cores from the workers: the load says how far to trust this.
+    print(f"1-minute load average: {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
 
 
 if __name__ == "__main__":

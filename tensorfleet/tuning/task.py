@@ -133,6 +133,7 @@ def run_worker(config: SearchConfig, script: dict[str, Callable[..., Any]], tune
 
     strategy = build(config.strategy, **({"announce": False} if config.strategy == "auto" else {}))
     tuner = make_tuner(config, script["build_model"], strategy=strategy)
+    say(f"{tuner_id} trains each trial under {config.strategy} over {strategy.num_replicas_in_sync} replica(s)")
     _paced(tuner.oracle, tuner_id)
     args, kwargs = split_data(script["data"](), config.batch_size)
     tuner.search(*args, epochs=config.epochs, callbacks=[_objective_check(config.objective)], verbose=0, **kwargs)

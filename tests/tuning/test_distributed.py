@@ -53,17 +53,17 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_killed_chief_resumes_from_the_oracles_saved_state(tmp_path, capsys):
+def test_a_killed_chief_resumes_a_bayesian_search_from_the_oracles_saved_state(tmp_path, capsys):
     kill_chief = Fault(task="chief:0", when=r"trial \d+ completed", signal=signal.SIGKILL)
     with pytest.raises(TuningError, match="The chief oracle exited with status -9.*run the same command with --resume"):
-        search(SCRIPT, out=tmp_path, workers=2, max_trials=3, faults=[kill_chief], **FAST)
+        search(SCRIPT, out=tmp_path, workers=2, max_trials=3, algorithm="bayesian", faults=[kill_chief], **FAST)
     before = _oracle_trials(tmp_path)
     done = {k: t for k, t in before.items() if t["status"] == "COMPLETED"}
     assert len(done) >= 1
     capsys.readouterr()
     # The resume goes through the command line, which prints the progress and the table.
     assert main(["tune", SCRIPT, "--out", str(tmp_path), "--workers", "2", "--max-trials", "3", "--epochs", "1",
-                 "--batch-size", "64", "--resume"]) == 0
+                 "--batch-size", "64", "--algorithm", "bayesian", "--resume"]) == 0
     printed = capsys.readouterr().out
     after = _oracle_trials(tmp_path)
     assert sorted(after) == ["trial_0", "trial_1", "trial_2"]
@@ -88,3 +88,21 @@ def test_the_command_refuses_an_unknown_algorithm_in_one_line(tmp_path, capsys):
     assert main(["tune", SCRIPT, "--out", str(tmp_path), "--algorithm", "grid"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: algorithm must be one of 'random', 'bayesian', 'hyperband'. Received: algorithm='grid'"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_hyperband_promotes_a_trial_and_trials_train_under_mirrored_over_two_devices(tmp_path):
+    lines: list[str] = []
+    # One worker, so that Hyperband's order is fixed (with two, a fourth trial asked for while the
+    # third still runs opens the next bracket instead of waiting).
+    result = search(SCRIPT, out=tmp_path, workers=1, max_trials=4, algorithm="hyperband", epochs=3,
+                    strategy="mirrored", devices_per_trial=2, batch_size=64, timeout=180, log=lines.append)
+    assert "[tuner:0] tuner0 trains each trial under mirrored over 2 replica(s)" in lines
+    assert result.completed == 4
+    # Hyperband (max_epochs 3, factor 3): three trials of 1 epoch, then the best of them trained on
+    # from its checkpoint at epoch 1 to epoch 3.
+    hps = [r.hyperparameters for r in result.trials]
+    assert [(h["tuner/epochs"], h["tuner/initial_epoch"]) for h in hps] == [(1, 0), (1, 0), (1, 0), (3, 1)]
+    first_round = {r.trial_id: r.score for r in result.trials[:3]}
+    assert hps[3]["tuner/trial_id"] == max(first_round, key=first_round.get)
