@@ -21,11 +21,11 @@ from __future__ import annotations
 from tensorfleet.lazy import attach
 
 __getattr__, __all__ = attach(__name__, modules=("recorder", "callback", "xspace", "breakdown", "report",
-                                                 "intervals"), names={
+                                                 "intervals", "planned"), names={
     "capture": "recorder", "callbacks": "recorder", "StepRange": "recorder", "Capture": "recorder",
     "ProfileCallback": "callback",
     "analyze": "breakdown", "Bottleneck": "breakdown", "JobProfile": "breakdown", "Verdict": "breakdown",
     "StepBreakdown": "breakdown", "TaskSummary": "breakdown",
-    "read_xspace": "xspace", "task_traces": "xspace",
+    "read_xspace": "xspace", "task_traces": "xspace", "compare": "planned", "CommunicationCheck": "planned",
     "format_table": "report", "write_report": "report",
 })
