@@ -16,6 +16,7 @@ status :data:`EXIT_USER_ERROR`; the supervisor ends the search with that message
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import sys
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, missing_functions_message
 
-__all__ = ["ERROR_MARK", "EXIT_USER_ERROR", "MARK", "TuneScriptError", "main", "make_tuner", "load_script",
+__all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "MARK", "TuneScriptError", "main", "make_tuner", "load_script",
            "split_data"]
 
 MARK = "tensorfleet-tune:"
@@ -33,6 +34,7 @@ ERROR_MARK = "tensorfleet-tune-error:"
 EXIT_USER_ERROR = 3
 PROJECT = "oracle"
 IDLE_PAUSE = 0.5
+CONFIG_ENV = "TENSORFLEET_TUNE_CONFIG"
 
 
 class TuneScriptError(ValueError):
@@ -152,9 +154,12 @@ def _pin(tuner_id: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    config = SearchConfig.load(Path(argv[0]))
     tuner_id = os.environ["KERASTUNER_TUNER_ID"]
     chief = "chief" in tuner_id
+    given = os.environ.get(CONFIG_ENV)  # on Kubernetes, the manifests carry the options
+    config = SearchConfig(**json.loads(given)) if given else SearchConfig.load(Path(argv[0]))
+    if given and chief:
+        config.save()
     import keras_tuner as kt
 
     try:
