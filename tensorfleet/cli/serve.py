@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -38,6 +39,17 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
         raise ValueError(f"--allowed-batch-sizes takes comma-separated integers. Received: {text!r}") from None
 
 
+def _threads(intra_op: int, inter_op: int) -> None:
+    """TensorFlow's thread pools for this process; set before its runtime starts, as TF Serving does."""
+    if intra_op or inter_op:
+        import tensorflow as tf
+
+        if intra_op:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        if inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+
+
 def serve_command(
     base: Path = typer.Argument(..., help="The model's base directory (BASE/<version>/saved_model.pb)."),
     model_name: Optional[str] = typer.Option(  # noqa: UP007
@@ -63,24 +75,39 @@ def serve_command(
     drain_seconds: float = typer.Option(10.0, "--drain-seconds", help="How long SIGTERM waits for requests in flight."),
     poll_seconds: float = typer.Option(1.0, "--file-system-poll-wait-seconds", "--file_system_poll_wait_seconds",
                                        help="How often BASE is checked for new versions (0: never)."),
+    intra_op: int = typer.Option(0, "--tensorflow-intra-op-parallelism", "--tensorflow_intra_op_parallelism",
+                                 help="Threads one TensorFlow op may use (0: TensorFlow's choice)."),
+    inter_op: int = typer.Option(0, "--tensorflow-inter-op-parallelism", "--tensorflow_inter_op_parallelism",
+                                 help="TensorFlow ops run at once (0: TensorFlow's choice)."),
     replicas: int = typer.Option(0, "--replicas", help="Model replicas in worker processes (0: in the server's "
                                  "process); a dead replica is restarted and its requests retried."),
 ) -> None:
     """Serve BASE over TF Serving's gRPC (PredictionService, ModelService) and REST APIs until SIGTERM."""
     from tensorfleet.serving.batching import BatchingOptions
     from tensorfleet.serving.server import serve
-    from tensorfleet.validation import parse_bytes
+    from tensorfleet.validation import integer, parse_bytes
 
     if not base.is_dir():
         raise FileNotFoundError(f"No model base directory at {str(base)!r}.")
+    _threads(integer("--tensorflow-intra-op-parallelism", intra_op, minimum=0),
+             integer("--tensorflow-inter-op-parallelism", inter_op, minimum=0))
     batching = BatchingOptions(max_batch_size=max_batch_size, batch_timeout_micros=batch_timeout_micros,
                                num_batch_threads=num_batch_threads,
                                allowed_batch_sizes=_sizes(allowed_batch_sizes)) if enable_batching else None
-    serve(base, model_name=model_name, host=host, port=port, rest_api_port=rest_api_port, batching=batching,
-          model_version_policy=model_version_policy, labels=_labels(label or []),
-          max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds, replicas=replicas,
-          poll_seconds=poll_seconds,
-          log=lambda line: typer.echo(f"[serve] {line}"))
+    # The server's event loop and the threads running the model share the interpreter lock; with
+    # Python's default 5 ms switch interval a request can wait that long for it after a signature
+    # call. 0.5 ms measured 1.5x to 1.7x the requests/s with batching at concurrency 32 on a 2-core
+    # machine, at the same CPU time per request.
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        serve(base, model_name=model_name, host=host, port=port, rest_api_port=rest_api_port, batching=batching,
+              model_version_policy=model_version_policy, labels=_labels(label or []),
+              max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds, replicas=replicas,
+              poll_seconds=poll_seconds,
+              log=lambda line: typer.echo(f"[serve] {line}"))
+    finally:
+        sys.setswitchinterval(previous)
 
 
 def register(app: typer.Typer) -> None:
