@@ -97,6 +97,12 @@ def test_tffs_synthetic_emnist_refuses_a_re_split(capsys, argv, message):
     assert capsys.readouterr().err.strip() == message
 
 
+def test_partition_summary_of_tffs_synthetic_emnist_shows_tffs_clients(capsys):
+    assert main(["federated", "partition", "--dataset", "emnist-synthetic"]) == 0
+    assert capsys.readouterr().out.strip() == ("2 clients, 20 samples; samples per client min 10 / mean 10.0 / max 10; "
+                                               "labels per client min 10 / mean 10.00 / max 10")
+
+
 def test_out_that_is_a_file_is_refused_before_the_run(capsys, tmp_path):
     taken = tmp_path / "taken.txt"
     taken.write_text("")

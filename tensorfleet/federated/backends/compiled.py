@@ -48,8 +48,9 @@ def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
     """What in ``model`` makes a row's output depend on the other rows of its batch.
 
     BatchNormalization and its subclasses are named by class (anywhere in nested models); a
-    model without them is probed: its output for ``rows`` (a few real inputs) alone and with as
-    many zero rows appended (as this backend pads) must agree.
+    model without them is probed in inference mode: its output for ``rows`` (a few real inputs)
+    alone and with as many zero rows appended (as this backend pads) must agree. A custom layer
+    that mixes rows only when training is not seen by the probe.
 
     Example:
         >>> import numpy as np, tensorflow as tf
