@@ -93,7 +93,11 @@ def break_down_step(task: str, device: str, step: Step, spans: DeviceSpans) -> S
 
 @dataclass(frozen=True)
 class TaskSummary:
-    """A task's median step (host device), part by part, in milliseconds."""
+    """A task's mean step (host device), part by part, in milliseconds.
+
+    Means, not medians: the parts of the mean step add up to it, and a pipeline that stalls every
+    other step (a batch split between two replicas) keeps its stalls.
+    """
 
     task: str
     steps: int
@@ -108,20 +112,20 @@ class TaskSummary:
     own_work_ms: float
 
 
-def _median(values: Iterable[float]) -> float:
+def _mean(values: Iterable[float]) -> float:
     values = list(values)
-    return float(statistics.median(values)) if values else 0.0
+    return float(statistics.fmean(values)) if values else 0.0
 
 
 def summarize(task: str, steps: Sequence[StepBreakdown]) -> TaskSummary:
-    comm = _median(b.communication_ms for b in steps)
+    comm = _mean(b.communication_ms for b in steps)
     return TaskSummary(
-        task=task, steps=len(steps), step_ms=_median(b.step_ms for b in steps),
-        compute_ms=_median(b.compute_ms for b in steps),
-        exposed_communication_ms=_median(b.exposed_communication_ms for b in steps),
-        input_ms=_median(b.input_ms for b in steps), idle_ms=_median(b.idle_ms for b in steps),
-        communication_ms=comm, overlap=_median(b.overlap_ms for b in steps) / comm if comm else 0.0,
-        collectives=_median(b.collectives for b in steps), own_work_ms=_median(b.own_work_ms for b in steps))
+        task=task, steps=len(steps), step_ms=_mean(b.step_ms for b in steps),
+        compute_ms=_mean(b.compute_ms for b in steps),
+        exposed_communication_ms=_mean(b.exposed_communication_ms for b in steps),
+        input_ms=_mean(b.input_ms for b in steps), idle_ms=_mean(b.idle_ms for b in steps),
+        communication_ms=comm, overlap=_mean(b.overlap_ms for b in steps) / comm if comm else 0.0,
+        collectives=_mean(b.collectives for b in steps), own_work_ms=_mean(b.own_work_ms for b in steps))
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,13 @@ class Verdict:
     reason: str
     advice: str
     straggler: str | None = None
+
+
+_STRAGGLER_FIX = {
+    "input": "its input pipeline waits for data (prefetch, a parallel map, a faster disk)",
+    "compute": "its ops run slower (a slower or shared device; give it less work or replace it)",
+    "idle": "its host is slow between ops (a busy CPU, Python work in the step)",
+}
 
 
 def _straggler(tasks: Sequence[TaskSummary], step_ms: float) -> Verdict | None:
@@ -147,16 +158,16 @@ def _straggler(tasks: Sequence[TaskSummary], step_ms: float) -> Verdict | None:
     return Verdict(
         Bottleneck.STRAGGLER,
         f"{slow.task}'s own work is {slow.own_work_ms:.1f} ms per step against {fastest.own_work_ms:.1f} ms on "
-        f"{fastest.task} ({spread:.0%} of the {step_ms:.1f} ms step); mostly {cause} ({parts[cause]:.1f} ms)",
-        f"the slow worker is {slow.task}: fix its {cause} (or replace it); the others wait for it every step",
+        f"{fastest.task} ({spread:.0%} of the {step_ms:.1f} ms step); most of it {cause} ({parts[cause]:.1f} ms)",
+        f"the slow worker is {slow.task}: {_STRAGGLER_FIX[cause]}; the others wait for it every step",
         straggler=slow.task)
 
 
 def judge(tasks: Sequence[TaskSummary]) -> Verdict:
-    """The job's verdict from its tasks' median steps (see the module docstring)."""
+    """The job's verdict from its tasks' mean steps (see the module docstring)."""
     if not tasks:
         raise ValueError("No steps to judge: the trace holds no recorded training step.")
-    step = _median(t.step_ms for t in tasks)
+    step = _mean(t.step_ms for t in tasks)
     straggler = _straggler(tasks, step)
     if straggler is not None:
         return straggler
@@ -191,7 +202,7 @@ def judge(tasks: Sequence[TaskSummary]) -> Verdict:
 
 @dataclass
 class JobProfile:
-    """A whole capture analysed: every step of every device of every task, per-task medians, verdict."""
+    """A whole capture analysed: every step of every device of every task, per-task means, verdict."""
 
     directory: Path | None
     steps: list[StepBreakdown]

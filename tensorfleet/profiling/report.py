@@ -2,7 +2,7 @@
 
 :func:`write_report` writes, atomically, beside the tasks' directories:
 
-- ``profile.json``: every step of every device of every task, the per-task medians and the verdict;
+- ``profile.json``: every step of every device of every task, the per-task means and the verdict;
 - ``profile.png``: stacked time per step (compute, exposed communication, input, idle), one panel per
   task, so a straggler's different shape shows at a glance;
 - ``trace.json``: the profiler's own trace-viewer conversion of each task's XSpace
@@ -30,7 +30,7 @@ _PID_STRIDE = 100_000  # keeps each task's processes apart in the merged trace
 
 
 def format_table(profile: JobProfile) -> str:
-    """The per-task medians and the verdict as aligned text.
+    """The per-task means and the verdict as aligned text.
 
     Communication is the exposed part, its overlap with compute in parentheses; "own" is the step
     less the time waiting for other tasks.

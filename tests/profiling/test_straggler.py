@@ -14,7 +14,7 @@ from tensorfleet.strategies.tf_config import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 150
-SLOW_SECONDS = 0.1
+SLOW_SECONDS = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,10 @@ def test_the_slowed_worker_is_named_the_straggler(job_profile):
     verdict = profile.verdict
     assert verdict.bottleneck is profiling.Bottleneck.STRAGGLER
     assert verdict.straggler == "worker-1"
-    assert verdict.advice.startswith("the slow worker is worker-1: fix its input")
+    assert verdict.advice.startswith("the slow worker is worker-1: its input pipeline waits for data")
     healthy, slow = profile.tasks
-    # The healthy worker spends the slow one's input wait inside the all-reduce.
-    assert slow.input_ms > 0.6 * SLOW_SECONDS * 1000 > healthy.input_ms
-    assert healthy.exposed_communication_ms > 0.5 * SLOW_SECONDS * 1000
+    # Keras splits each 16-example batch between the 2 replicas, so the sleep falls on every other
+    # step: 100 ms per step on average. The healthy worker spends it waiting inside the all-reduce.
+    assert slow.input_ms > 0.3 * SLOW_SECONDS * 1000 > healthy.input_ms
+    assert healthy.exposed_communication_ms > 0.3 * SLOW_SECONDS * 1000 > slow.exposed_communication_ms
     assert healthy.collectives >= 1 and slow.collectives >= 1
