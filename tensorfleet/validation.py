@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 __all__ = [
-    "choice", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
+    "boolean", "choice", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
     "port", "positive_int",
 ]
 
@@ -96,6 +96,19 @@ def number(name: str, value: Any, *, minimum: float | None = None, above: float 
         what = "a finite number" + (" " + " and ".join(bounds) if bounds else "")
         raise ValueError(f"{name} must be {what}. Received: {name}={value!r}")
     return float(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``value`` if it is a bool; ``"no"``, ``1`` or ``None`` are not taken for one.
+
+    Example:
+        >>> boolean("progress", "no")
+        Traceback (most recent call last):
+        ValueError: progress must be true or false. Received: progress='no'
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
+    return value
 
 
 def port(name: str, value: Any) -> int:

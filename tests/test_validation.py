@@ -1,6 +1,6 @@
 import pytest
 
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import boolean, positive_int
 
 
 def test_positive_int_returns_the_value() -> None:
@@ -52,3 +52,11 @@ def test_without_require_unit_bare_strings_and_numbers_keep_their_base_unit() ->
     assert parse_bytes(1024, require_unit=True) == 1024.0
     assert parse_duration(5e-6, require_unit=True) == 5e-6
     assert parse_bandwidth("100Gbps", require_unit=True) == 12.5e9
+
+
+@pytest.mark.parametrize("value", ["no", "true", 1, 0, None, 1.0])
+def test_boolean_takes_only_a_bool(value):
+    with pytest.raises(ValueError) as excinfo:
+        boolean("progress", value)
+    assert str(excinfo.value) == f"progress must be true or false. Received: progress={value!r}"
+    assert boolean("progress", False) is False

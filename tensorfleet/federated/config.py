@@ -25,22 +25,9 @@ from typing import Any, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
 from tensorfleet.io import UnwritablePathError, check_writable
-from tensorfleet.validation import integer, number, positive_int
+from tensorfleet.validation import boolean, integer, number, positive_int
 
-__all__ = ["SimulationConfig", "check_flag", "check_out_dir"]
-
-
-def check_flag(name: str, value: Any) -> bool:
-    """``value`` if it is a bool; else ValueError naming it (``"no"`` or ``1`` are not taken for one).
-
-    Example:
-        >>> check_flag("progress", "no")
-        Traceback (most recent call last):
-        ValueError: progress must be true or false. Received: progress='no'
-    """
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
-    return value
+__all__ = ["SimulationConfig", "check_out_dir"]
 
 
 def check_out_dir(name: str, value: Any) -> Path | None:
@@ -157,8 +144,8 @@ class SimulationConfig:
             "client_speed": number("client_speed", self.client_speed, above=0),
             "dp_delta": number("dp_delta", self.dp_delta, above=0, below=1),
             "out_dir": check_out_dir("out_dir", self.out_dir),
-            "resume": check_flag("resume", self.resume), "progress": check_flag("progress", self.progress),
-            "tensorboard": check_flag("tensorboard", self.tensorboard),
+            "resume": boolean("resume", self.resume), "progress": boolean("progress", self.progress),
+            "tensorboard": boolean("tensorboard", self.tensorboard),
             "algorithm_options": dict(self.algorithm_options or {}),
         }
         if checked["checkpoint_every"] and checked["out_dir"] is None:

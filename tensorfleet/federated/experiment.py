@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from tensorfleet.federated.config import check_flag, check_out_dir
-from tensorfleet.validation import integer, number, positive_int
+from tensorfleet.federated.config import check_out_dir
+from tensorfleet.validation import boolean, integer, number, positive_int
 
 __all__ = ["DEFAULTS", "KEYS", "load_config", "resolve_config", "run_experiment", "build_simulation"]
 
@@ -58,7 +58,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "seed": lambda k, v: integer(k, v, minimum=0), "batch_size": positive_int, "local_epochs": positive_int,
     "client_lr": lambda k, v: number(k, v, above=0), "server_lr": lambda k, v: number(k, v, above=0),
     "eval_every": positive_int, "eval_clients": lambda k, v: integer(k, v, minimum=0),
-    "checkpoint_every": lambda k, v: integer(k, v, minimum=0), "progress": check_flag, "resume": check_flag,
+    "checkpoint_every": lambda k, v: integer(k, v, minimum=0), "progress": boolean, "resume": boolean,
     "backend": _text,
 }
 
@@ -101,7 +101,7 @@ def _aggregator(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
         spec = cfg["dp"]
         if isinstance(spec, dict):
             opts = dict(spec)
-            kind = "dp_adaptive" if check_flag("dp.adaptive", opts.pop("adaptive", False)) else "dp_fixed"
+            kind = "dp_adaptive" if boolean("dp.adaptive", opts.pop("adaptive", False)) else "dp_fixed"
             return kind, opts
         kind = "dp_fixed"
         if spec.startswith(("adaptive", "fixed")):
