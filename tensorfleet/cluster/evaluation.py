@@ -1,0 +1,191 @@
+"""The side-car evaluator: a task that evaluates each checkpoint the chief writes while it trains.
+
+TensorFlow's own ``tf.keras.utils.SidecarEvaluator`` does the watching, restoring and evaluating;
+this module adds what a job needs around it, in one call the same script makes in every role:
+
+* :func:`evaluation` returns False at once in a training task; in the ``evaluator`` task of
+  TF_CONFIG (or when asked to) it evaluates checkpoints until the last one (``last_checkpoint``)
+  or until the launcher stops it, then returns True and the script exits;
+* per checkpoint: TensorBoard summaries (``OUT/tensorboard``, Keras' ``evaluation_<metric>_vs_iterations``),
+  a row of ``OUT/evaluation.csv`` (checkpoint, training step, every metric), and
+  ``OUT/best.keras`` replaced when the metric ``monitor`` improves; every file is written atomically;
+* a restarted evaluator reads its CSV and skips the checkpoints it already evaluated (the first
+  checkpoint ``SidecarEvaluator`` restores is the newest, which a killed evaluator may have done).
+
+The trainer writes the checkpoints with :func:`checkpoint_callback` (Keras' ``ModelCheckpoint``
+with weights only, ``ckpt-<epoch>``, the flow ``SidecarEvaluator`` documents), from the chief only.
+
+Example (a training script; the launcher's evaluator task runs the same file):
+    >>> from tensorfleet.cluster import evaluation as ev
+    >>> if ev.evaluation(build_model, (x_val, y_val), checkpoint_dir="ckpt", out="eval",
+    ...                  monitor="accuracy", last_checkpoint=5):                    # doctest: +SKIP
+    ...     raise SystemExit(0)
+    >>> model.fit(x, y, epochs=5, callbacks=[ev.checkpoint_callback("ckpt")])    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from tensorfleet.io import write_bytes, write_text
+from tensorfleet.validation import integer
+
+__all__ = ["CSV_FILE", "BEST_MODEL", "checkpoint_callback", "evaluated_checkpoints", "evaluation", "is_evaluator"]
+
+CSV_FILE = "evaluation.csv"
+BEST_MODEL = "best.keras"
+_NUMBER = re.compile(r"-(\d+)$")
+_STEP_KEY = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def is_evaluator(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process is the ``evaluator`` task of its TF_CONFIG."""
+    text = (os.environ if environ is None else environ).get("TF_CONFIG", "").strip()
+    return bool(text) and json.loads(text).get("task", {}).get("type") == "evaluator"
+
+
+def checkpoint_callback(checkpoint_dir: str | os.PathLike[str]) -> Any:
+    """Keras' ``ModelCheckpoint`` saving weights (and the optimizer's step) as ``ckpt-<epoch>``
+    every epoch, which :func:`evaluation` watches for."""
+    import tensorflow as tf
+
+    return tf.keras.callbacks.ModelCheckpoint(os.path.join(os.fspath(checkpoint_dir), "ckpt-{epoch}"),
+                                              save_weights_only=True)
+
+
+def evaluated_checkpoints(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of ``OUT/evaluation.csv`` (numbers as floats, checkpoint and step as ints)."""
+    path = Path(out) / CSV_FILE
+    if not path.exists():
+        return []
+    rows = list(csv.DictReader(path.read_text().splitlines()))
+    return [{k: int(v) if k in ("checkpoint", "step") else float(v) for k, v in row.items()} for row in rows]
+
+
+class _Recorder:
+    """The callback that records each evaluation (CSV row, best model) and the evaluate hook that
+    skips checkpoints already recorded."""
+
+    def __init__(self, model: Any, checkpoint_dir: Path, out: Path, monitor: str, mode: str,
+                 log: Callable[[str], None]) -> None:
+        self.model, self.checkpoint_dir, self.out = model, checkpoint_dir, out
+        self.monitor, self.mode, self.log = monitor, mode, log
+        self.rows = evaluated_checkpoints(out)
+        self.done = {row["checkpoint"] for row in self.rows}
+        self.current: int | None = None
+
+    def checkpoint_number(self) -> int:
+        """The number of the checkpoint just restored: the one whose training step is the model's
+        (the newest may already be a later one), found among ``ckpt-<n>`` from the newest down."""
+        import tensorflow as tf
+
+        step = int(self.model.optimizer.iterations.numpy()) if self.model.optimizer is not None else None
+        numbers = sorted((int(m.group(1)) for p in self.checkpoint_dir.glob("ckpt-*.index")
+                          if (m := _NUMBER.search(p.name.removesuffix(".index")))), reverse=True)
+        for number in numbers:
+            try:
+                if step is None or int(tf.train.load_variable(str(self.checkpoint_dir / f"ckpt-{number}"),
+                                                              _STEP_KEY)) == step:
+                    return number
+            except (tf.errors.OpError, ValueError):  # being written, or removed meanwhile
+                continue
+        return numbers[0] if numbers else -1
+
+    def hook(self, evaluate: Callable[..., Any]) -> Callable[..., Any]:
+        def evaluate_new(*args: Any, **kwargs: Any) -> Any:
+            self.current = self.checkpoint_number()
+            if self.current in self.done:
+                self.log(f"checkpoint {self.current} was evaluated before this evaluator restarted; skipped")
+                return None
+            return evaluate(*args, **kwargs)
+
+        return evaluate_new
+
+    def record(self, logs: dict[str, Any]) -> None:
+        step = int(self.model.optimizer.iterations.numpy()) if self.model.optimizer is not None else -1
+        row = {"checkpoint": self.current, "step": step, **{k: float(v) for k, v in logs.items()}}
+        best = self.best()
+        self.rows.append(row)
+        self.done.add(self.current)
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(row), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_text(self.out / CSV_FILE, buffer.getvalue())
+        value = row.get(self.monitor)
+        if value is None:
+            raise ValueError(f"monitor {self.monitor!r} is not a metric the evaluation reports; it reports: "
+                             f"{', '.join(sorted(logs))}. Received: monitor={self.monitor!r}")
+        better = best is None or (value > best if self.mode == "max" else value < best)
+        if better:
+            _save_model(self.model, self.out / BEST_MODEL)
+        self.log(f"checkpoint {self.current} (step {step}): "
+                 + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()) + (" (best so far)" if better else ""))
+
+    def best(self) -> float | None:
+        values = [r[self.monitor] for r in self.rows if self.monitor in r]
+        return (max if self.mode == "max" else min)(values) if values else None
+
+
+def _save_model(model: Any, path: Path) -> Path:
+    with tempfile.TemporaryDirectory(prefix="tensorfleet-eval-") as scratch:
+        tmp = Path(scratch) / "model.keras"
+        model.save(tmp)
+        return write_bytes(path, tmp.read_bytes())
+
+
+def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | os.PathLike[str],
+               out: str | os.PathLike[str], monitor: str = "accuracy", mode: str = "max",
+               last_checkpoint: int | None = None, steps: int | None = None, force: bool = False,
+               log: Callable[[str], None] = print) -> bool:
+    """Runs the side-car evaluation in the evaluator task (or with ``force``); False elsewhere.
+
+    Args:
+        model_fn: builds and compiles the model the trainer checkpoints (with its metrics).
+        data: what ``model.evaluate`` takes as ``x``: a dataset, or ``(x, y)`` arrays.
+        checkpoint_dir: where the chief writes ``ckpt-<n>`` (:func:`checkpoint_callback`).
+        out: where the summaries, ``evaluation.csv`` and ``best.keras`` go.
+        monitor, mode: the metric that decides the best model, and whether larger (``max``) or
+            smaller (``min``) is better.
+        last_checkpoint: the number of the last checkpoint (the epochs, with one per epoch):
+            the evaluator stops after it. None: until the launcher stops the evaluator.
+        steps: evaluation steps per checkpoint (needed for a repeating dataset).
+        force: evaluate even outside an evaluator task (for a separate evaluation process).
+
+    Returns:
+        True after evaluating (the script should exit), False when this process trains.
+    """
+    if not (force or is_evaluator()):
+        return False
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min'. Received: mode={mode!r}")
+    integer("last_checkpoint", last_checkpoint, minimum=1, optional=True)
+    import tensorflow as tf
+
+    out_path = Path(out)
+    out_path.mkdir(parents=True, exist_ok=True)
+    model = model_fn()
+    recorder = _Recorder(model, Path(checkpoint_dir), out_path, monitor, mode, log)
+    model.evaluate = recorder.hook(model.evaluate)
+
+    class _Record(tf.keras.callbacks.Callback):
+        def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+            recorder.record(dict(logs or {}))
+
+    x, y = (data if isinstance(data, tuple) and len(data) == 2 else (data, None))
+    evaluator = tf.keras.utils.SidecarEvaluator(
+        model, x if y is None else tf.data.Dataset.from_tensor_slices((x, y)).batch(32), str(checkpoint_dir),
+        steps=steps, max_evaluations=last_checkpoint,
+        callbacks=[tf.keras.callbacks.TensorBoard(str(out_path / "tensorboard")), _Record()])
+    if last_checkpoint is not None and last_checkpoint in recorder.done:
+        log(f"checkpoint {last_checkpoint}, the last, was evaluated before; nothing to do")
+        return True
+    evaluator.start()
+    return True

@@ -1,0 +1,81 @@
+"""The side-car evaluator: each checkpoint's metrics are model.evaluate's on that checkpoint, and a
+killed evaluator, started again, skips what it already evaluated."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorfleet.cluster.evaluation import BEST_MODEL, checkpoint_callback, evaluated_checkpoints, evaluation
+from tests.cluster.evaluation_job import build_model
+from tests.conftest import reap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(checkpoints: Path, out: Path, last: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.cluster.evaluation_job", str(checkpoints), str(out),
+                             str(last)], cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_rows(out: Path, count: int, process: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(evaluated_checkpoints(out)) < count:
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline, "the evaluator recorded no evaluation in time"
+        time.sleep(0.2)
+
+
+def test_a_training_task_returns_false_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
+    assert evaluation(build_model, None, checkpoint_dir=tmp_path, out=tmp_path / "eval") is False
+    assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_did_after_a_kill(tmp_path, digits_flat):
+    import tensorflow as tf
+
+    checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
+    x, y = digits_flat.x_train, digits_flat.y_train
+    model = build_model()
+    model.fit(x, y, epochs=2, batch_size=64, verbose=0, callbacks=[checkpoint_callback(checkpoints)])
+    evaluator = _start(checkpoints, out, last=3)
+    try:
+        _wait_for_rows(out, 1, evaluator)  # the newest checkpoint, ckpt-2, is evaluated first
+        evaluator.kill()
+        evaluator.wait()
+        again = _start(checkpoints, out, last=3)
+        seen = []  # the restarted evaluator restores the newest checkpoint first: ckpt-2 again
+        while not seen or "skipped" not in seen[-1]:
+            seen.append(again.stdout.readline())
+            assert seen[-1], "".join(seen)
+        model.fit(x, y, initial_epoch=2, epochs=3, batch_size=64, verbose=0,
+                  callbacks=[checkpoint_callback(checkpoints)])
+        output = "".join(seen) + again.communicate(timeout=120)[0]
+    finally:
+        reap(evaluator)
+        reap(again)
+    assert again.returncode == 0, output
+    assert "evaluator: checkpoint 2 was evaluated before this evaluator restarted; skipped" in output
+    rows = evaluated_checkpoints(out)
+    steps_per_epoch = -(-len(x) // 64)
+    assert [(r["checkpoint"], r["step"]) for r in rows] == [(2, 2 * steps_per_epoch), (3, 3 * steps_per_epoch)]
+    for row in rows:
+        fresh = build_model()
+        fresh.load_weights(str(checkpoints / f"ckpt-{row['checkpoint']}")).expect_partial()
+        loss, accuracy = fresh.evaluate(digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
+        assert row["accuracy"] == pytest.approx(accuracy, abs=1e-7)
+        assert row["loss"] == pytest.approx(loss, rel=1e-6)
+    best = max(rows, key=lambda r: r["accuracy"])
+    _, best_accuracy = tf.keras.models.load_model(out / BEST_MODEL).evaluate(
+        digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
+    assert best_accuracy == pytest.approx(best["accuracy"], abs=1e-7)
+    assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
