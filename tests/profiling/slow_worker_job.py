@@ -2,7 +2,8 @@
 
 Run by test_straggler.py. The steps to record and the directory come from the environment
 (``TENSORFLEET_PROFILE_STEPS``, ``TENSORFLEET_PROFILE_DIR``) as a launcher sets them, and the
-sleep per batch from ``SLEEP_SECONDS`` (0 on the healthy worker).
+sleep per batch from ``SLEEP_SECONDS`` (0 on the healthy worker). With ``SIZES_DIR`` the workers
+then train, without sleeping, an MLP of each width of ``WIDTHS``, recorded into ``SIZES_DIR/h<width>``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def sleepy_dataset(seconds: float):
     return (data.map(slowed) if seconds else data).repeat()
 
 
+WIDTHS = (64, 1536)
+
+
+def mlp(width: int):
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(width, activation="relu"),
+                                tf.keras.layers.Dense(width, activation="relu"), tf.keras.layers.Dense(10)])
+
+
 def main() -> None:
     import tensorflow as tf
 
@@ -47,6 +58,14 @@ def main() -> None:
                                      tf.keras.layers.Dense(10)])
         model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(data, steps_per_epoch=10, epochs=1, verbose=0, callbacks=profiling.callbacks())
+    if os.environ.get("SIZES_DIR"):
+        steady = sleepy_dataset(0).prefetch(2).with_options(options)
+        for width in WIDTHS:
+            with strategy.scope():
+                model = mlp(width)
+                model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            recorder = profiling.ProfileCallback(os.path.join(os.environ["SIZES_DIR"], f"h{width}"), steps="2-7")
+            model.fit(steady, steps_per_epoch=9, epochs=1, verbose=0, callbacks=[recorder])
 
 
 if __name__ == "__main__":

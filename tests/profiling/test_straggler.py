@@ -1,4 +1,5 @@
-"""Two MultiWorkerMirrored workers in real processes, one slowed on purpose: the analysis names it."""
+"""Two MultiWorkerMirrored workers in real processes: one slowed on purpose is named the straggler;
+then, on models of two sizes, the communication measured grows with the size as the planner predicts."""
 
 from __future__ import annotations
 
@@ -13,20 +14,21 @@ import pytest
 from tensorfleet.strategies.tf_config import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 150
+TIMEOUT = 180
 SLOW_SECONDS = 0.2
 
 
 @pytest.fixture(scope="module")
-def job_profile(tmp_path_factory):
-    logdir = tmp_path_factory.mktemp("profile")
+def job(tmp_path_factory) -> Path:
+    """The job's directory: ``profile/`` (the straggler run, one folder per worker) and ``sizes/h<width>/``."""
+    root = tmp_path_factory.mktemp("job")
     spec = ClusterSpec.local(workers=2)
     procs = []
     try:
         for index in range(2):
             env = {**os.environ, "TF_CONFIG": spec.tf_config_json("worker", index),
-                   "TENSORFLEET_PROFILE_STEPS": "3-8", "TENSORFLEET_PROFILE_DIR": str(logdir),
-                   "SLEEP_SECONDS": str(SLOW_SECONDS if index == 1 else 0)}
+                   "TENSORFLEET_PROFILE_STEPS": "3-8", "TENSORFLEET_PROFILE_DIR": str(root / "profile"),
+                   "SLEEP_SECONDS": str(SLOW_SECONDS if index == 1 else 0), "SIZES_DIR": str(root / "sizes")}
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.profiling.slow_worker_job"], cwd=ROOT, env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
@@ -38,25 +40,26 @@ def job_profile(tmp_path_factory):
                 p.wait()
     for index, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"worker {index} exited {p.returncode}:\n{log[-3000:]}"
-    return logdir
+    return root
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
-def test_each_worker_records_into_its_own_directory(job_profile):
+def test_each_worker_records_into_its_own_directory(job):
     from tensorfleet.profiling.xspace import find_traces, task_traces
 
-    assert sorted(find_traces(job_profile)) == ["worker-0", "worker-1"]
-    for trace in task_traces(job_profile):
+    assert sorted(find_traces(job / "profile")) == ["worker-0", "worker-1"]
+    assert sorted(find_traces(job / "sizes")) == ["h1536/worker-0", "h1536/worker-1", "h64/worker-0", "h64/worker-1"]
+    for trace in task_traces(job / "profile"):
         assert [s.number for s in trace.steps] == [3, 4, 5, 6, 7, 8]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
-def test_the_slowed_worker_is_named_the_straggler(job_profile):
+def test_the_slowed_worker_is_named_the_straggler(job):
     from tensorfleet import profiling
 
-    profile = profiling.analyze(job_profile)
+    profile = profiling.analyze(job / "profile")
     verdict = profile.verdict
     assert verdict.bottleneck is profiling.Bottleneck.STRAGGLER
     assert verdict.straggler == "worker-1"
@@ -67,3 +70,20 @@ def test_the_slowed_worker_is_named_the_straggler(job_profile):
     assert slow.input_ms > 0.3 * SLOW_SECONDS * 1000 > healthy.input_ms
     assert healthy.exposed_communication_ms > 0.3 * SLOW_SECONDS * 1000 > slow.exposed_communication_ms
     assert healthy.collectives >= 1 and slow.collectives >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_communication_grows_with_model_size_as_the_planner_predicts(job):
+    from tensorfleet import profiling
+    from tensorfleet.planner.cost_model import Link
+    from tests.profiling.slow_worker_job import WIDTHS, mlp
+
+    # bench/collectives.py's alpha-beta fit of the 2-process RING on this kind of machine
+    link = Link.from_strings(latency="1290us", bandwidth="0.33GB/s")
+    small, large = (profiling.compare(profiling.analyze(job / "sizes" / f"h{width}"), workers=2, link=link,
+                                      gradient_bytes=4.0 * mlp(width).count_params()) for width in WIDTHS)
+    assert (small.gradient_bytes, large.gradient_bytes) == (4 * 6922, 4 * 2426890)
+    assert large.predicted_ms > 10 * small.predicted_ms
+    assert large.measured_ms > 3 * small.measured_ms
+    assert large.measured_share > small.measured_share
