@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-__all__ = ["register", "tune_command"]
+__all__ = ["k8s_tune_command", "register", "tune_command"]
 
 
 def tune_command(
@@ -63,6 +63,40 @@ def tune_command(
     typer.echo((result.out / "results.txt").read_text().rstrip())
     typer.echo(describe(result))
     typer.echo(f"results: {result.out}/results.json, objective.png, hyperparameters.png")
+
+
+def k8s_tune_command(
+    script: str = typer.Argument(..., help="The search script's absolute path inside the image."),
+    image: str = typer.Option(..., "--image", help="Container image with the script and tensorfleet[tuning]."),
+    workers: int = typer.Option(..., "--workers", help="Tuner worker pods."),
+    max_trials: int = typer.Option(..., "--max-trials", help="Trials in all (Hyperband: at most)."),
+    objective: str = typer.Option("val_accuracy", "--objective"),
+    direction: Optional[str] = typer.Option(None, "--direction", help="max or min."),  # noqa: UP007
+    algorithm: str = typer.Option("random", "--algorithm", help="random, bayesian or hyperband."),
+    strategy: str = typer.Option("one_device", "--strategy"),
+    devices_per_trial: int = typer.Option(1, "--devices-per-trial"),
+    epochs: int = typer.Option(5, "--epochs"),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    name: str = typer.Option("tune", "--name", help="Prefix of the objects' names (a DNS label)."),
+    namespace: str = typer.Option("default", "--namespace"),
+    port: int = typer.Option(8000, "--port", help="The oracle's port."),
+    storage: str = typer.Option("10Gi", "--storage", help="Size of the shared ReadWriteMany claim."),
+    storage_class: Optional[str] = typer.Option(None, "--storage-class"),  # noqa: UP007
+    cpu: str = typer.Option("1", "--cpu"),
+    memory: str = typer.Option("2Gi", "--memory"),
+    output: Path = typer.Option(Path("tune.yaml"), "--output", "-o", help="Where the YAML goes."),
+) -> None:
+    """Write schema-checked manifests for a search on Kubernetes: Keras Tuner's oracle (a Job and its
+    Service), the tuner workers (an Indexed Job) and the claim they share."""
+    from tensorfleet.tuning.k8s import tune_manifests, write
+
+    docs = tune_manifests(script=script, image=image, workers=workers, max_trials=max_trials, objective=objective,
+                          direction=direction, algorithm=algorithm, strategy=strategy,
+                          devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, name=name,
+                          namespace=namespace, port=port, storage=storage, storage_class=storage_class, cpu=cpu,
+                          memory=memory)
+    path = write(docs, output)
+    typer.echo(f"wrote {path}: " + ", ".join(f"{d['kind']} {d['metadata']['name']}" for d in docs))
 
 
 def register(app: typer.Typer) -> None:

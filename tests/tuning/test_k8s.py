@@ -93,3 +93,22 @@ def test_the_pods_settings_run_a_search(tmp_path):
     summary = json.loads((tmp_path / "results.json").read_text())
     assert [t["status"] for t in summary["trials"]] == ["COMPLETED", "COMPLETED"]
     assert (tmp_path / "best_model.keras").exists()
+
+
+def test_the_k8s_tune_command_writes_the_manifests(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from tensorfleet.cli.tune import k8s_tune_command
+
+    app = typer.Typer()
+    app.command("tune")(k8s_tune_command)
+    app.command("other")(lambda: None)  # a group, as `tensorfleet k8s` is
+    out = tmp_path / "tune.yaml"
+    result = CliRunner().invoke(app, ["tune", "/app/search.py", "--image", "tensorfleet:1", "--workers", "2",
+                                      "--max-trials", "8", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (f"wrote {out}: PersistentVolumeClaim tune-data, Job tune-chief, "
+                                     "Service tune-oracle, Job tune-workers")
+    assert kube.load_yaml(out.read_text()) == tune_manifests(script="/app/search.py", image="tensorfleet:1",
+                                                             workers=2, max_trials=8)
