@@ -11,7 +11,8 @@ without one), so every worker of a job can share one ``logdir``:
     logdir/worker-1/plugins/profile/<run>/<host>.xplane.pb
 
 A step range is ``"20-30"`` (both ends included), one step ``"25"`` or ``25``, or a ``range``.
-Steps count the batches of the whole ``fit`` from 0, across epochs.
+Steps count the batches of the whole ``fit`` from 0, across epochs; the trace labels them as
+``fit`` does, by their number within their epoch.
 
 Jobs started by a launcher choose the steps from the environment: :func:`callbacks` returns a
 :class:`~tensorfleet.profiling.callback.ProfileCallback` when ``TENSORFLEET_PROFILE_STEPS`` is set (directory

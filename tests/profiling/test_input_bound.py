@@ -63,3 +63,21 @@ def test_capture_records_only_the_chosen_steps_of_a_custom_loop(tmp_path):
     (trace,) = task_traces(tmp_path)
     assert trace.task == "worker-3"
     assert [s.number for s in trace.steps] == [2, 3, 4] == cap.recorded
+
+
+def test_the_callback_counts_steps_across_epochs_and_records_them_whole(tmp_path):
+    import numpy as np
+    import tensorflow as tf
+
+    from tensorfleet import profiling
+    from tensorfleet.profiling.xspace import task_traces
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))).batch(2)
+    callback = profiling.ProfileCallback(tmp_path, steps="3-5", task="worker-0")
+    model.fit(data.repeat(), steps_per_epoch=4, epochs=3, verbose=0, callbacks=[callback])
+    assert not callback.capture.running
+    (trace,) = task_traces(tmp_path)
+    # fit numbers steps within each epoch: global steps 3, 4, 5 are epoch 0's step 3, epoch 1's 0 and 1
+    assert [s.number for s in trace.steps] == [3, 0, 1]
