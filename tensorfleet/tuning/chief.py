@@ -116,7 +116,8 @@ def run_chief(config: SearchConfig, build_model: Callable[..., Any]) -> None:
     clock.attach()
     tuner.save()
     serve(tuner.oracle, os.environ["KERASTUNER_ORACLE_IP"], int(os.environ["KERASTUNER_ORACLE_PORT"]))
-    records = [TrialRecord.from_trial(trial, clock.times.get(trial_id, {}))
+    space = [hp.name for hp in tuner.oracle.hyperparameters.space]  # the table's columns in build_model's order
+    records = [TrialRecord.from_trial(trial, clock.times.get(trial_id, {}), order=space)
                for trial_id, trial in sorted(tuner.oracle.trials.items())]
     best = [t for t in tuner.oracle.get_best_trials(1) if t.status == "COMPLETED"]
     if best:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tensorfleet.io import save_figure, write_json, write_text
 
@@ -49,11 +49,14 @@ class TrialRecord:
     tuner: str | None = field(default=None)
 
     @classmethod
-    def from_trial(cls, trial: Any, times: dict[str, Any]) -> "TrialRecord":
-        """The record of a Keras Tuner ``Trial`` and its entry of ``times.json``."""
+    def from_trial(cls, trial: Any, times: dict[str, Any], *, order: Sequence[str] = ()) -> "TrialRecord":
+        """The record of a Keras Tuner ``Trial`` and its entry of ``times.json``; its hyperparameters
+        in the order of ``order`` (the search space's), then any others."""
         start, end = times.get("start"), times.get("end")
         score = trial.score if trial.score is not None and math.isfinite(trial.score) else None
-        return cls(trial.trial_id, str(trial.status), dict(trial.hyperparameters.values), score, trial.best_step,
+        values = dict(trial.hyperparameters.values)
+        values = {**{k: values[k] for k in order if k in values}, **values}
+        return cls(trial.trial_id, str(trial.status), values, score, trial.best_step,
                    end - start if start and end else None, int(times.get("runs", 1)),
                    trial.message.strip().splitlines()[-1] if trial.message else None, times.get("tuner"))
 

@@ -45,3 +45,20 @@ def test_write_results_writes_the_table_json_and_both_plots(tmp_path):
     assert (tmp_path / "objective.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again, records = read_results(tmp_path)
     assert records == RECORDS
+
+
+def test_a_keras_tuner_trial_becomes_a_record_with_its_time_and_the_space_order():
+    import keras_tuner as kt
+    from keras_tuner.src.engine.trial import Trial
+
+    hp = kt.HyperParameters()
+    hp.Int("units", 8, 32, step=8)
+    hp.Choice("optimizer", ["adam", "sgd"])
+    trial = Trial(hp.copy(), trial_id="3", status="FAILED")
+    trial.hyperparameters.values = {"optimizer": "sgd", "units": 16}
+    trial.message = "Traceback (most recent call last):\n  ...\nValueError: boom\n"
+    record = TrialRecord.from_trial(trial, {"start": 100.0, "end": 102.5, "runs": 2, "tuner": "tuner1"},
+                                    order=["units", "optimizer"])
+    assert record == TrialRecord("3", "FAILED", {"units": 16, "optimizer": "sgd"}, None, 0, 2.5, 2,
+                                 "ValueError: boom", "tuner1")
+    assert list(record.hyperparameters) == ["units", "optimizer"]
