@@ -1,0 +1,50 @@
+"""An unmodified script run under tensorfleet.profiling.autorun, as a launcher would run each task."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    x, y = np.ones((12, 4), "float32"), np.ones((12, 2), "float32")
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # a second fit is not recorded
+    with open(sys.argv[1], "w") as f:
+        json.dump({"argv": sys.argv, "path0": sys.path[0]}, f)
+""")
+
+
+def test_the_first_fit_of_an_unmodified_script_records_the_chosen_steps(tmp_path):
+    from tensorfleet.profiling.xspace import find_traces, task_traces
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "TENSORFLEET_PROFILE_STEPS": "2-3", "TENSORFLEET_PROFILE_DIR": str(tmp_path / "profile")}
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-m", "tensorfleet.profiling.autorun", str(script), str(tmp_path / "out.json")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "out.json").read_text()) == {
+        "argv": [str(script), str(tmp_path / "out.json")], "path0": str(tmp_path)}
+    assert {task: len(files) for task, files in find_traces(tmp_path / "profile").items()} == {"local": 1}
+    assert len(list((tmp_path / "profile" / "local" / "plugins" / "profile").iterdir())) == 1
+    (trace,) = task_traces(tmp_path / "profile")
+    assert [s.number for s in trace.steps] == [2, 3]
+
+
+def test_without_the_variable_nothing_is_installed():
+    from tensorfleet.profiling.autorun import install
+
+    assert install({}) is False
