@@ -60,6 +60,9 @@ def tune_command(
     except TuningError as exc:  # the search ran and could not finish: status 1, not a usage error
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:  # the processes are stopped by then; the oracle's state is on disk
+        typer.echo(f"interrupted: the search is saved in {str(out)!r}; --resume continues it.", err=True)
+        raise typer.Exit(130) from None
     typer.echo((result.out / "results.txt").read_text().rstrip())
     typer.echo(describe(result))
     typer.echo(f"results: {result.out}/results.json, objective.png, hyperparameters.png")
