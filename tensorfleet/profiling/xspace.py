@@ -178,7 +178,9 @@ def find_traces(directory: str | Path) -> dict[str, list[Path]]:
                                 "Record one with tfl.profiling.capture or ProfileCallback first.")
     found: dict[str, list[Path]] = {}
     for owner, run in sorted(latest.items()):
-        name = owner.relative_to(root).as_posix() if owner != root else root.resolve().name
+        # A task folder below the directory is named by its path from it; the directory itself, or a
+        # run folder given directly (its task folder is above), by its own name.
+        name = owner.relative_to(root).as_posix() if root in owner.parents else root.resolve().name
         found[name] = runs[run]
     return found
 

@@ -81,3 +81,14 @@ def test_the_callback_counts_steps_across_epochs_and_records_them_whole(tmp_path
     (trace,) = task_traces(tmp_path)
     # fit numbers steps within each epoch: global steps 3, 4, 5 are epoch 0's step 3, epoch 1's 0 and 1
     assert [s.number for s in trace.steps] == [3, 0, 1]
+
+
+def test_a_task_folder_or_a_single_capture_folder_reads_as_one_task(recorded):
+    from tensorfleet.profiling.xspace import find_traces
+
+    logdir, _ = recorded
+    (run,) = (logdir / "local" / "plugins" / "profile").iterdir()
+    (pb,) = run.glob("*.xplane.pb")
+    assert find_traces(logdir) == {"local": [pb]}
+    assert find_traces(logdir / "local") == {"local": [pb]}
+    assert find_traces(run) == {run.name: [pb]}
