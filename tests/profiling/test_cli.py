@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from tensorfleet.cli.main import main
 
@@ -43,3 +49,13 @@ def test_report_errors_end_in_one_line(tmp_path, capsys):
     assert main(["profile", "report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {str(bad)!r} is not a profiler trace (an XSpace .xplane.pb): ") and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_report_run_as_users_run_it_prints_nothing_on_stderr(recorded, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}
+    tensorfleet = str(Path(sys.executable).with_name("tensorfleet"))
+    done = subprocess.run([tensorfleet, "profile", "report", str(recorded[0]), "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("task ")
+    assert done.stderr == ""
