@@ -19,6 +19,6 @@ def recorded(tmp_path_factory):
     model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(10)])
     model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = profiling.ProfileCallback(logdir, steps="3-8")
-    model.fit(sleepy_dataset(SLEEP_MS / 1000), steps_per_epoch=11, epochs=1, verbose=0, callbacks=[callback])
+    callback = profiling.ProfileCallback(logdir, steps="3-12")
+    model.fit(sleepy_dataset(SLEEP_MS / 1000), steps_per_epoch=15, epochs=1, verbose=0, callbacks=[callback])
     return logdir, callback

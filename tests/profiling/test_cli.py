@@ -20,7 +20,7 @@ def test_report_prints_the_table_and_verdict_and_writes_the_files(recorded, tmp_
     lines = out.splitlines()
     assert lines[0].split() == ["task", "steps", "step", "ms", "compute", "comm", "(overlap)", "input", "idle", "own",
                                 "work"]
-    assert lines[2].split()[:2] == ["local", "5"]
+    assert lines[2].split()[:2] == ["local", "9"]
     assert "verdict: input-bound" in lines
     assert any(line.startswith("  change: prefetch: each step waits ") for line in lines)
     assert lines[-1] == (f"wrote {tmp_path / 'profile.json'}, {tmp_path / 'profile.png'} and {tmp_path / 'trace.json'} "
@@ -33,7 +33,7 @@ def test_report_json_is_what_the_file_holds(recorded, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads((tmp_path / "profile.json").read_text())
     assert printed["verdict"]["bottleneck"] == "input-bound"
-    assert [t["steps"] for t in printed["tasks"]] == [6]
+    assert [t["steps"] for t in printed["tasks"]] == [10]
 
 
 def test_report_errors_end_in_one_line(tmp_path, capsys):

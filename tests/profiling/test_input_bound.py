@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -16,7 +17,7 @@ def test_only_the_chosen_steps_are_recorded_into_the_task_directory(recorded):
     assert callback.directory == logdir / "local"
     (trace,) = task_traces(logdir)
     assert trace.task == "local"
-    assert [s.number for s in trace.steps] == [3, 4, 5, 6, 7, 8]
+    assert [s.number for s in trace.steps] == list(range(3, 13))
 
 
 def test_the_injected_sleep_is_recovered_as_input_time_and_judged_input_bound(recorded):
@@ -24,8 +25,10 @@ def test_the_injected_sleep_is_recovered_as_input_time_and_judged_input_bound(re
 
     profile = profiling.analyze(recorded[0])
     (task,) = profile.tasks
-    assert task.steps == 5  # the first recorded step carries the profiler's start-up and is left out
-    assert task.input_ms == pytest.approx(SLEEP_MS, rel=0.15)
+    assert task.steps == 9  # the first recorded step carries the profiler's start-up and is left out
+    # The typical step waits the sleep. On a loaded machine a step may stall with no op running (idle),
+    # the pipeline meanwhile gets ahead and the next step waits less: the mean moves, the median does not.
+    assert statistics.median(row.input_ms for row in profile.steps) == pytest.approx(SLEEP_MS, rel=0.15)
     assert task.exposed_communication_ms == 0.0 and task.communication_ms == 0.0
     assert profile.verdict.bottleneck is profiling.Bottleneck.INPUT
     assert profile.verdict.advice.startswith(f"prefetch: each step waits {task.input_ms:.1f} ms for its batch")
@@ -40,7 +43,7 @@ def test_report_writes_json_png_and_a_trace_that_perfetto_reads(recorded, tmp_pa
     paths = profiling.write_report(profile, tmp_path)
     data = json.loads(paths["json"].read_text())
     assert data["verdict"]["bottleneck"] == "input-bound"
-    assert [s["step"] for s in data["steps"]] == [4, 5, 6, 7, 8]
+    assert [s["step"] for s in data["steps"]] == list(range(4, 13))
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads(paths["trace"].read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
