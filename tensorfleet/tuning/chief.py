@@ -25,7 +25,7 @@ from tensorfleet.tuning.config import SearchConfig
 from tensorfleet.tuning.results import TrialRecord, write_results
 from tensorfleet.tuning.task import make_tuner, say
 
-__all__ = ["TrialClock", "serve", "run_chief", "BEST_MODEL", "TIMES_FILE"]
+__all__ = ["TrialClock", "atomic_saves", "export_model", "serve", "run_chief", "BEST_MODEL", "TIMES_FILE"]
 
 BEST_MODEL = "best_model.keras"
 TIMES_FILE = "times.json"
@@ -53,6 +53,9 @@ class TrialClock:
 
         def end_trial(trial: Any) -> None:
             end(trial)
+            # Keras Tuner saves its state before it lets go of the ended trial; saved again here, a
+            # resume does not take a trial that ended for one that was running and run it again.
+            self.oracle.save()
             self.ended(trial.trial_id)
 
         self.oracle.create_trial, self.oracle.end_trial = create_trial, end_trial
@@ -111,6 +114,7 @@ def serve(oracle: Any, host: str, port: int, *, poll: float = POLL_SECONDS) -> N
 def run_chief(config: SearchConfig, build_model: Callable[..., Any]) -> None:
     """Serves the search until it ends, then writes the results and exports the best model."""
     tuner = make_tuner(config, build_model)
+    atomic_saves(tuner.oracle)
     tuner.oracle.verbose = 0  # the progress lines below say what Keras Tuner's tables would
     clock = TrialClock(tuner.oracle, Path(config.out) / TIMES_FILE)
     clock.attach()
@@ -125,6 +129,14 @@ def run_chief(config: SearchConfig, build_model: Callable[..., Any]) -> None:
     write_results(Path(config.out), records, objective=tuner.oracle.objective.name,
                   direction=tuner.oracle.objective.direction, best_model=BEST_MODEL if best else None)
     say(f"search ended: {sum(r.status == 'COMPLETED' for r in records)} of {len(records)} trials completed")
+
+
+def atomic_saves(oracle: Any) -> None:
+    """Makes the oracle write its state and its trials' files atomically. Keras Tuner writes them in
+    place, so a chief killed while writing would leave half a file for ``--resume`` to fail on."""
+    oracle.save = lambda: write_json(oracle._get_oracle_fname(), oracle.get_state())
+    oracle._save_trial = lambda trial: write_json(Path(oracle._get_trial_dir(trial.trial_id)) / "trial.json",
+                                                  trial.get_state())
 
 
 def export_model(model: Any, path: Path) -> Path:

@@ -101,7 +101,11 @@ def _objective_check(name: str) -> Any:
     import tensorflow as tf
 
     class ObjectiveCheck(tf.keras.callbacks.Callback):
-        """Ends the search after the first epoch when the model does not report the objective."""
+        """Ends the search after the first epoch when the model does not report the objective; says
+        when each epoch begins (a line the supervisor keeps, shown with --verbose)."""
+
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            print(f"epoch {epoch + 1}/{self.params.get('epochs')} begins", flush=True)
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             if name not in (logs or {}):

@@ -28,7 +28,7 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
 
     lines: list[str] = []
     result = search(SCRIPT, out=tmp_path, workers=2, max_trials=4, epochs=2, batch_size=32, timeout=200,
-                    log=lines.append, faults=[Fault(task="tuner:1", when="runs trial", delay=1.5)])
+                    log=lines.append, faults=[Fault(task="tuner:1", when=r"^epoch 2/2 begins")])  # mid-trial
     # The oracle recorded every trial, each completed once with a score; the killed one ran twice.
     trials = _oracle_trials(tmp_path)
     assert sorted(trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
@@ -71,6 +71,8 @@ def test_a_killed_chief_resumes_a_bayesian_search_from_the_oracles_saved_state(t
     for key, trial in done.items():  # what finished before the kill is kept, not run again
         assert after[key]["score"] == trial["score"]
         assert after[key]["hyperparameters"] == trial["hyperparameters"]
+    runs = json.loads((tmp_path / "times.json").read_text())
+    assert [runs[key.removeprefix("trial_")]["runs"] for key in done] == [1] * len(done)
     assert "trial  units  learning_rate  val_accuracy  time (s)  status" in printed
     assert "3 of 3 trials completed" in printed
     assert " began on tuner" in printed or "runs again" in printed
