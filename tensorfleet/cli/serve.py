@@ -81,6 +81,14 @@ def serve_command(
                                  help="TensorFlow ops run at once (0: TensorFlow's choice)."),
     replicas: int = typer.Option(0, "--replicas", help="Model replicas in worker processes (0: in the server's "
                                  "process); a dead replica is restarted and its requests retried."),
+    min_replicas: Optional[int] = typer.Option(None, "--min-replicas",  # noqa: UP007
+                                               help="Elastic: the fewest replicas (with --max-replicas)."),
+    max_replicas: Optional[int] = typer.Option(None, "--max-replicas",  # noqa: UP007
+                                               help="Elastic: replicas are added up to this many while requests "
+                                                    "queue longer than --scale-target-ms, removed when idle."),
+    scale_target_ms: float = typer.Option(10.0, "--scale-target-ms", help="Elastic: the queue latency target."),
+    scale_plot: Optional[str] = typer.Option(None, "--scale-plot",  # noqa: UP007
+                                             help="Elastic: write a PNG of the replica count and scale events at exit."),
 ) -> None:
     """Serve BASE over TF Serving's gRPC (PredictionService, ModelService) and REST APIs until SIGTERM."""
     from tensorfleet.serving.batching import BatchingOptions
@@ -89,6 +97,11 @@ def serve_command(
 
     if not base.is_dir():
         raise FileNotFoundError(f"No model base directory at {str(base)!r}.")
+    if (min_replicas is None) != (max_replicas is None):
+        raise ValueError("--min-replicas and --max-replicas go together (elastic serving). "
+                         f"Received: --min-replicas={min_replicas}, --max-replicas={max_replicas}")
+    if min_replicas is not None:
+        replicas = integer("--min-replicas", min_replicas, minimum=1)
     _threads(integer("--tensorflow-intra-op-parallelism", intra_op, minimum=0),
              integer("--tensorflow-inter-op-parallelism", inter_op, minimum=0))
     batching = BatchingOptions(max_batch_size=max_batch_size, batch_timeout_micros=batch_timeout_micros,
@@ -104,6 +117,7 @@ def serve_command(
         serve(base, model_name=model_name, host=host, port=port, rest_api_port=rest_api_port, batching=batching,
               model_version_policy=model_version_policy, labels=_labels(label or []),
               max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds, replicas=replicas,
+              max_replicas=max_replicas, scale_target_ms=scale_target_ms, scale_plot=scale_plot,
               poll_seconds=poll_seconds,
               log=lambda line: typer.echo(f"[serve] {line}"))
     finally:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tensorfleet.serving.batching import Batcher, BatchingOptions
+from tensorfleet.serving.elastic import Autoscaler
 from tensorfleet.serving.errors import Code, ServingError
 from tensorfleet.serving.metrics import ServingMetrics
 from tensorfleet.serving.replicas import ReplicaPool
@@ -51,16 +52,21 @@ class Predictor:
     """
 
     def __init__(self, repository: ModelRepository, *, batching: BatchingOptions | None = None,
-                 request_threads: int = 4, replicas: int = 0) -> None:
+                 request_threads: int = 4, replicas: int = 0, max_replicas: int | None = None,
+                 target_wait: float = 0.01) -> None:
         self.repository = repository
         self.replicas = integer("replicas", replicas, minimum=0)
-        if batching is not None and batching.num_batch_threads < self.replicas:  # keep every replica busy
-            batching = dataclasses.replace(batching, num_batch_threads=self.replicas)
+        self.max_replicas = self.replicas if max_replicas is None else integer(
+            "max_replicas", max_replicas, minimum=max(self.replicas, 1))
+        self.target_wait = target_wait
+        if batching is not None and batching.num_batch_threads < self.max_replicas:  # keep every replica busy
+            batching = dataclasses.replace(batching, num_batch_threads=self.max_replicas)
         self.batching = batching
-        threads = max(positive_int("request_threads", request_threads), self.replicas)
+        threads = max(positive_int("request_threads", request_threads), self.max_replicas)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tfl-serving")
         self._batchers: dict[tuple[int, str], Batcher] = {}
         self.pools: dict[int, ReplicaPool] = {}
+        self.autoscalers: dict[int, Autoscaler] = {}
         self._inflight: dict[int, int] = {}
         self._retired: set[int] = set()
         self._lock = threading.Lock()
@@ -158,10 +164,16 @@ class Predictor:
             self.prepare(servable, log)
 
     def prepare(self, servable: Servable, log: Callable[[str], None] | None = None) -> None:
-        """Gets a version ready before it is routed to: its replica processes, if any."""
+        """Gets a version ready before it is routed to: its replica processes (and their
+        autoscaler, when ``max_replicas`` is above ``replicas``), if any."""
         if self.replicas and servable.version not in self.pools:
-            self.pools[servable.version] = ReplicaPool(servable.name, servable.version, servable.path,
-                                                       replicas=self.replicas, intra_op_threads=1, log=log)
+            pool = ReplicaPool(servable.name, servable.version, servable.path, replicas=self.replicas,
+                               intra_op_threads=1, log=log)
+            self.pools[servable.version] = pool
+            if self.max_replicas > self.replicas:
+                self.autoscalers[servable.version] = Autoscaler(
+                    pool, min_replicas=self.replicas, max_replicas=self.max_replicas, target_wait=self.target_wait,
+                    log=log).start()
 
     def retire(self, version: int, timeout: float = 30.0) -> bool:
         """After ``version`` stopped being routed to: waits for its requests in flight (up to
@@ -173,6 +185,9 @@ class Predictor:
             self._batchers = {k: b for k, b in self._batchers.items() if k[0] != version}
         for batcher in batchers:
             batcher.close()
+        scaler = self.autoscalers.pop(version, None)
+        if scaler is not None:
+            scaler.stop()
         pool = self.pools.pop(version, None)
         if pool is not None:
             pool.close()
@@ -192,5 +207,7 @@ class Predictor:
         for batcher in batchers:
             batcher.close()
         self._pool.shutdown(wait=True)
+        for scaler in self.autoscalers.values():
+            scaler.stop()
         for pool in self.pools.values():
             pool.close()

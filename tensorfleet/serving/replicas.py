@@ -16,6 +16,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -106,6 +107,56 @@ class Replica:
             self.process.join(timeout)
 
 
+class _Waiter:
+    __slots__ = ("event", "item", "since")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.item: Replica | None = None
+        self.since = time.monotonic()
+
+
+class _FairQueue:
+    """Idle replicas handed to waiting callers in arrival order.
+
+    ``queue.Queue`` lets the thread that just put a replica back take it again before a waiter
+    wakes, so one caller can keep a replica while others starve; here a returned replica goes
+    straight to the longest waiter.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: deque[Replica] = deque()
+        self._waiters: deque[_Waiter] = deque()
+
+    def put(self, item: Replica) -> None:
+        with self._lock:
+            if self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.item = item
+                waiter.event.set()
+            else:
+                self._items.append(item)
+
+    def get(self, timeout: float) -> Replica:
+        with self._lock:
+            if self._items:
+                return self._items.popleft()
+            waiter = _Waiter()
+            self._waiters.append(waiter)
+        if not waiter.event.wait(timeout):
+            with self._lock:
+                if not waiter.event.is_set():
+                    self._waiters.remove(waiter)
+                    raise queue.Empty
+        return waiter.item
+
+    def oldest_wait(self) -> float:
+        """Seconds the longest-waiting caller has waited so far (0 when none waits)."""
+        with self._lock:
+            return time.monotonic() - self._waiters[0].since if self._waiters else 0.0
+
+
 class ReplicaPool:
     """``replicas`` processes serving one version; :meth:`run` is a drop-in for ``Servable.run``.
 
@@ -119,22 +170,56 @@ class ReplicaPool:
                  intra_op_threads: int = 0, max_retries: int = 2, call_timeout: float = 60.0,
                  log: Callable[[str], None] | None = None) -> None:
         self.name, self.version, self.path = name, version, Path(path)
-        self.size = positive_int("replicas", replicas)
+        count = positive_int("replicas", replicas)
         self.max_retries = integer("max_retries", max_retries, minimum=0)
         self.intra_op_threads = intra_op_threads
         self.call_timeout = call_timeout
         self.log = log or (lambda line: None)
-        self._idle: queue.Queue = queue.Queue()
+        self._idle = _FairQueue()
         self._lock = threading.Lock()
         self._closed = False
         self.restarts = 0
         self.retries = 0
         self.calls = 0
-        self.replicas: list[Replica] = []
-        for index in range(self.size):
-            replica = self._spawn(index)
-            self.replicas.append(replica)
-            self._idle.put(replica)
+        self.waits: deque[tuple[float, float]] = deque(maxlen=10_000)  # (when, seconds waited for a replica)
+        self.replicas: dict[int, Replica] = {}
+        self._next_index = 0
+        for _ in range(count):
+            self.grow()
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            return len(self.replicas)
+
+    def grow(self) -> int:
+        """Starts one more replica (blocks while it loads); returns the count."""
+        with self._lock:
+            index, self._next_index = self._next_index, self._next_index + 1
+        replica = self._spawn(index)
+        with self._lock:
+            if self._closed:
+                replica.stop()
+                return len(self.replicas)
+            self.replicas[index] = replica
+            count = len(self.replicas)
+        self._idle.put(replica)
+        return count
+
+    def shrink(self, timeout: float = 30.0) -> int:
+        """Stops one replica once it is idle (never the last); returns the count."""
+        with self._lock:
+            if len(self.replicas) <= 1:
+                return len(self.replicas)
+        try:
+            replica = self._idle.get(timeout=timeout)
+        except queue.Empty:
+            return self.size
+        with self._lock:
+            self.replicas.pop(replica.index, None)
+            count = len(self.replicas)
+        replica.stop()
+        return count
 
     def _spawn(self, index: int) -> Replica:
         return Replica(index, self.name, self.version, self.path, intra_op_threads=self.intra_op_threads)
@@ -142,8 +227,11 @@ class ReplicaPool:
     def run(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One call on an idle replica; retried on another if that replica dies meanwhile."""
         for attempt in range(self.max_retries + 1):
+            start = time.monotonic()
             try:
                 replica = self._idle.get(timeout=self.call_timeout)
+                with self._lock:
+                    self.waits.append((start, time.monotonic() - start))
             except queue.Empty:
                 raise ServingError(f"No replica of {self.name!r} became free within {self.call_timeout:g}s.",
                                    Code.UNAVAILABLE) from None
@@ -176,7 +264,8 @@ class ReplicaPool:
                     time.sleep(1.0)
                     continue
                 with self._lock:
-                    self.replicas[dead.index] = fresh
+                    if dead.index in self.replicas:
+                        self.replicas[dead.index] = fresh
                     self.restarts += 1
                 self.log(f"replica {dead.index} restarted (pid {fresh.pid})")
                 if self._closed:
@@ -187,14 +276,22 @@ class ReplicaPool:
 
         threading.Thread(target=restart, name=f"tfl-replica-restart-{dead.index}", daemon=True).start()
 
-    def pids(self) -> list[int]:
+    def waits_since(self, since: float) -> list[float]:
+        """Seconds each call since ``since`` (``time.monotonic()``) waited for a free replica, the
+        call still waiting longest counted with its wait so far."""
+        oldest = self._idle.oldest_wait()
         with self._lock:
-            return [r.pid for r in self.replicas]
+            return [wait for start, wait in self.waits if start >= since] + ([oldest] if oldest else [])
+
+    def pids(self) -> list[int]:
+        """The replicas' process ids, oldest index first."""
+        with self._lock:
+            return [self.replicas[i].pid for i in sorted(self.replicas)]
 
     def close(self) -> None:
         """Stops every replica (calls in flight should have finished: the front drains first)."""
         self._closed = True
         with self._lock:
-            replicas = list(self.replicas)
+            replicas = list(self.replicas.values())
         for replica in replicas:
             replica.stop()

@@ -41,6 +41,9 @@ class ModelServer:
         drain_seconds: how long stopping waits for requests in flight.
         replicas: model replicas in worker processes (0: the model runs in this process); a replica
             that dies is restarted and its calls retried on another.
+        max_replicas: above ``replicas``, replicas are added (up to this many) while requests wait
+            for one longer than ``scale_target_ms`` and removed (down to ``replicas``) when idle;
+            ``scale_plot`` is a PNG of the replica count and scale events written on stop.
         poll_seconds: how often the base directory is checked for new versions (0: never).
 
     Example:
@@ -54,6 +57,7 @@ class ModelServer:
                  batching: BatchingOptions | None = None, model_version_policy: str | VersionPolicy = "latest",
                  labels: Mapping[str, int] | None = None, max_request_bytes: int = 4 << 20,
                  drain_seconds: float = 10.0, request_threads: int = 4, replicas: int = 0,
+                 max_replicas: int | None = None, scale_target_ms: float = 10.0, scale_plot: str | None = None,
                  poll_seconds: float = 1.0, log: Callable[[str], None] | None = None) -> None:
         self.base_path = Path(base_path)
         self.model_name = model_name or self.base_path.resolve().name
@@ -66,7 +70,9 @@ class ModelServer:
         self.repository = ModelRepository(self.model_name, self.base_path, policy=model_version_policy,
                                           labels=labels)
         self.predictor = Predictor(self.repository, batching=batching, request_threads=request_threads,
-                                   replicas=replicas)
+                                   replicas=replicas, max_replicas=max_replicas,
+                                   target_wait=number("scale_target_ms", scale_target_ms, above=0) / 1e3)
+        self.scale_plot = scale_plot
         self.log = log or (lambda line: None)
         self._grpc: GrpcServer | None = None
         self._rest: RestServer | None = None
@@ -84,7 +90,9 @@ class ModelServer:
         try:
             self.predictor.start_replicas(self.log)
             if self.predictor.replicas:
-                self.log(f"replicas: {self.predictor.replicas} worker processes per version, pids "
+                elastic = (f", elastic up to {self.predictor.max_replicas}"
+                           if self.predictor.max_replicas > self.predictor.replicas else "")
+                self.log(f"replicas: {self.predictor.replicas} worker processes per version{elastic}, pids "
                          f"{ {v: p.pids() for v, p in self.predictor.pools.items()} }")
             self._grpc = GrpcServer(self.predictor, self.host, self.port, max_message_bytes=self.max_request_bytes,
                                     drain_seconds=self.drain_seconds)
@@ -121,7 +129,10 @@ class ModelServer:
             thread.start()
         for thread in threads:
             thread.join()
+        scalers = list(self.predictor.autoscalers.values())
         self.predictor.close()
+        if self.scale_plot and scalers:
+            self.log(f"scale events plotted to {scalers[-1].plot(self.scale_plot)}")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until :meth:`stop` has been called (or ``timeout``); True if it was."""

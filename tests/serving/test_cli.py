@@ -50,6 +50,9 @@ def test_bad_arguments_end_in_one_clear_line(keras_file, tmp_path, capsys):
     assert capsys.readouterr().err == "error: port must be an integer from 1 to 65535. Received: port=70000\n"
     assert main(["serve", str(tmp_path), "--label", "stable"]) == 2
     assert "--label takes LABEL=VERSION" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--min-replicas", "1"]) == 2
+    assert capsys.readouterr().err == ("error: --min-replicas and --max-replicas go together (elastic serving). "
+                                       "Received: --min-replicas=1, --max-replicas=None\n")
     assert main(["serve", str(tmp_path), "--tensorflow-intra-op-parallelism", "-1"]) == 2
     assert capsys.readouterr().err == ("error: --tensorflow-intra-op-parallelism must be an integer >= 0. "
                                        "Received: --tensorflow-intra-op-parallelism=-1\n")

@@ -1,0 +1,140 @@
+"""Elastic serving: replicas added while requests queue too long for one, removed when idle.
+
+Every ``interval`` seconds the autoscaler looks at how long calls waited for a free replica over
+the last interval (:meth:`ReplicaPool.waits_since`). A mean wait over ``target_wait`` for
+``up_after`` looks in a row adds a replica (up to ``max_replicas``); no call at all for
+``down_after`` looks in a row removes one (down to ``min_replicas``). Each scale event is logged,
+kept in :attr:`Autoscaler.events` and drawn by :meth:`Autoscaler.plot`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tensorfleet.serving.replicas import ReplicaPool
+from tensorfleet.validation import integer, number
+
+__all__ = ["Autoscaler", "ScaleEvent", "decide"]
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    """One change in the number of replicas: when (seconds since the autoscaler started) and why."""
+
+    seconds: float
+    before: int
+    after: int
+    reason: str
+
+
+def decide(waits: list[float], size: int, *, minimum: int, maximum: int, target_wait: float,
+           hot: int, idle: int, up_after: int, down_after: int) -> tuple[int, int, int]:
+    """(change in replicas: -1, 0 or +1, new hot streak, new idle streak) from one interval's waits.
+
+    Example:
+        >>> decide([0.02, 0.03], 1, minimum=1, maximum=3, target_wait=0.01, hot=1, idle=0, up_after=2, down_after=3)
+        (1, 0, 0)
+        >>> decide([], 2, minimum=1, maximum=3, target_wait=0.01, hot=0, idle=2, up_after=2, down_after=3)
+        (-1, 0, 0)
+        >>> decide([0.001], 2, minimum=1, maximum=3, target_wait=0.01, hot=1, idle=2, up_after=2, down_after=3)
+        (0, 0, 0)
+    """
+    hot = hot + 1 if waits and statistics.fmean(waits) > target_wait else 0
+    idle = idle + 1 if not waits else 0
+    if hot >= up_after and size < maximum:
+        return 1, 0, 0
+    if idle >= down_after and size > minimum:
+        return -1, 0, 0
+    return 0, hot, idle
+
+
+class Autoscaler:
+    """Keeps a :class:`ReplicaPool` between ``min_replicas`` and ``max_replicas`` by its queue latency.
+
+    Example:
+        >>> scaler = Autoscaler(pool, min_replicas=1, max_replicas=4, target_wait=0.01).start()  # doctest: +SKIP
+        >>> scaler.stop(); scaler.plot("scale.png")                                            # doctest: +SKIP
+    """
+
+    def __init__(self, pool: ReplicaPool, *, min_replicas: int, max_replicas: int, target_wait: float = 0.01,
+                 interval: float = 1.0, up_after: int = 2, down_after: int = 5,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.pool = pool
+        self.min_replicas = integer("min_replicas", min_replicas, minimum=1)
+        self.max_replicas = integer("max_replicas", max_replicas, minimum=self.min_replicas)
+        self.target_wait = number("target_wait", target_wait, above=0)
+        self.interval = number("interval", interval, above=0)
+        self.up_after = integer("up_after", up_after, minimum=1)
+        self.down_after = integer("down_after", down_after, minimum=1)
+        self.log = log or (lambda line: None)
+        self.events: list[ScaleEvent] = []
+        self.sizes: list[tuple[float, int]] = []
+        self._start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tfl-serving-autoscaler", daemon=True)
+
+    def start(self) -> Autoscaler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(120)
+
+    def _loop(self) -> None:
+        hot = idle = 0
+        last = time.monotonic()
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            waits, last = self.pool.waits_since(last), now
+            size = self.pool.size
+            self.sizes.append((now - self._start, size))
+            change, hot, idle = decide(waits, size, minimum=self.min_replicas, maximum=self.max_replicas,
+                                       target_wait=self.target_wait, hot=hot, idle=idle,
+                                       up_after=self.up_after, down_after=self.down_after)
+            if change:
+                try:
+                    self._scale(change, size, waits)
+                except Exception as exc:  # a replica that cannot start must not end autoscaling
+                    self.log(f"scaling {self.pool.name!r} from {size} replicas failed: {type(exc).__name__}: {exc}")
+
+    def _scale(self, change: int, size: int, waits: list[float]) -> None:
+        if change > 0:
+            reason = (f"mean wait for a replica {statistics.fmean(waits) * 1e3:.1f} ms > target "
+                      f"{self.target_wait * 1e3:g} ms for {self.up_after} intervals")
+            after = self.pool.grow()
+        else:
+            reason = f"no request for {self.down_after} intervals"
+            after = self.pool.shrink()
+        event = ScaleEvent(time.monotonic() - self._start, size, after, reason)
+        self.events.append(event)
+        self.sizes.append((event.seconds, after))
+        self.log(f"scaled {self.pool.name!r} v{self.pool.version} from {size} to {after} replicas: {reason}")
+
+    def plot(self, path: str | os.PathLike[str]) -> Path:
+        """A PNG of the replica count over time with each scale event marked."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        from tensorfleet.io import save_figure
+
+        fig, ax = plt.subplots(figsize=(7, 3))
+        if self.sizes:
+            times, counts = zip(*self.sizes)
+            ax.step(times, counts, where="post", label="replicas")
+        for event in self.events:
+            ax.axvline(event.seconds, color="tab:green" if event.after > event.before else "tab:red", alpha=0.5)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("replicas")
+        ax.set_ylim(0, self.max_replicas + 1)
+        ax.set_title(f"{self.pool.name} v{self.pool.version}: {len(self.events)} scale events")
+        return save_figure(fig, path)
