@@ -10,6 +10,7 @@
   :mod:`~tensorfleet.serving.repository` (versions and labels), :mod:`~tensorfleet.serving.predictor`
   (what both fronts call), :mod:`~tensorfleet.serving.rest`, :mod:`~tensorfleet.serving.grpc_api`,
   :mod:`~tensorfleet.serving.replicas` (the model in worker processes, restarted when one dies),
+  :mod:`~tensorfleet.serving.elastic` (replicas added under queueing, removed when idle),
   :mod:`~tensorfleet.serving.versions` (new versions picked up while serving) and
   :mod:`~tensorfleet.serving.metrics` (Prometheus text at TF Serving's monitoring path).
 
@@ -25,7 +26,7 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("batching", "errors", "grpc_api", "metrics", "predictor", "replicas", "repository", "rest",
+    modules=("batching", "elastic", "errors", "grpc_api", "metrics", "predictor", "replicas", "repository", "rest",
              "saved_model", "servable", "server", "versions"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
@@ -33,6 +34,7 @@ __getattr__, _LAZY = attach(
         "ModelServer": "server", "serve": "server", "BatchingOptions": "batching", "Batcher": "batching",
         "ServingError": "errors", "ModelRepository": "repository", "Predictor": "predictor",
         "ReplicaPool": "replicas", "VersionWatcher": "versions", "ServingMetrics": "metrics",
+        "Autoscaler": "elastic",
     },
 )
 
