@@ -194,8 +194,8 @@ def judge(tasks: Sequence[TaskSummary]) -> Verdict:
         return Verdict(Bottleneck.COMMUNICATION, numbers, advice)
     if top == "idle":
         return Verdict(Bottleneck.COMPUTE, numbers,
-                       f"larger per-replica batch: {mean['idle']:.1f} ms per step is host overhead outside ops "
-                       "(Python, dispatch) that a larger batch spreads over more examples")
+                       f"larger per-replica batch: {mean['idle']:.1f} ms per step is host time between ops "
+                       "(dispatch, scheduling, Python) that a larger batch spreads over more examples")
     return Verdict(Bottleneck.COMPUTE, numbers,
                    "more replicas (see tensorfleet plan) or mixed precision: the ops themselves fill the step")
 

@@ -101,14 +101,15 @@ def chrome_trace(profile: JobProfile) -> dict[str, Any]:
     return merged
 
 
-def write_report(profile: JobProfile, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Writes ``profile.json``, ``profile.png`` and ``trace.json`` into ``out_dir`` (default: the
-    analysed directory) and returns their paths by kind (``json``, ``png``, ``trace``)."""
+def write_report(profile: JobProfile, out_dir: str | Path | None = None, *,
+                 extra: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Writes ``profile.json`` (with ``extra`` merged in), ``profile.png`` and ``trace.json`` into
+    ``out_dir`` (default: the analysed directory); returns their paths by kind (``json``, ``png``, ``trace``)."""
     if out_dir is None and profile.directory is None:
         raise ValueError("out_dir is needed for a profile that was not read from a directory.")
     out = Path(out_dir if out_dir is not None else profile.directory)
     paths = {kind: out / name for kind, name in REPORT_FILES.items()}
-    write_json(paths["json"], profile.to_dict())
+    write_json(paths["json"], {**profile.to_dict(), **(extra or {})})
     save_figure(plot_steps(profile), paths["png"])
     write_text(paths["trace"], json.dumps(chrome_trace(profile)))
     return paths

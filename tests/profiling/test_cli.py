@@ -59,3 +59,9 @@ def test_report_run_as_users_run_it_prints_nothing_on_stderr(recorded, tmp_path)
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("task ")
     assert done.stderr == ""
+
+
+def test_report_needs_the_link_with_the_model(recorded, capsys):
+    assert main(["profile", "report", str(recorded[0]), "--params", "1M"]) == 2
+    assert capsys.readouterr().err == ("error: --params and --bandwidth go together: the planner needs the model and "
+                                       "the link. Received: --params='1M', --bandwidth=None\n")

@@ -88,3 +88,22 @@ def test_communication_grows_with_model_size_as_the_planner_predicts(job):
     assert large.predicted_ms > 10 * small.predicted_ms
     assert large.measured_ms > 3 * small.measured_ms
     assert large.measured_share > small.measured_share
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_report_sets_the_measured_communication_beside_the_planner(job, tmp_path, capsys):
+    import json
+
+    from tensorfleet.cli.main import main
+    from tensorfleet.planner.cost_model import Link, predict
+
+    args = ["profile", "report", str(job / "sizes" / "h1536"), "--out", str(tmp_path), "--params", "2426890",
+            "--bandwidth", "0.33GB/s", "--latency", "1290us"]
+    assert main(args) == 0
+    predicted = predict("ring", 2, 4 * 2426890, Link.from_strings(latency="1290us", bandwidth="0.33GB/s")) * 1e3
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("communication per step: ")]
+    assert line.split("; ")[1] == f"planner (ring, 2 workers, 9.71 MB) {predicted:.1f} ms"
+    planner = json.loads((tmp_path / "profile.json").read_text())["planner"]
+    assert planner["predicted_ms"] == pytest.approx(predicted) and planner["workers"] == 2
+    assert planner["measured_ms"] > 0 and planner["gradient_bytes"] == 4 * 2426890
