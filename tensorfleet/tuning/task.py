@@ -167,12 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     import keras_tuner as kt
 
     try:
+        if not chief and config.pin_cores:  # first: TensorFlow takes thread counts only before it starts
+            _pin(tuner_id)
         if not chief and config.devices_per_trial > 1:
             from tensorfleet.strategies.devices import simulate_devices
 
             simulate_devices(config.devices_per_trial)
-        if not chief and config.pin_cores:
-            _pin(tuner_id)
         script = load_script(config.script)
         if chief:
             from tensorfleet.tuning.chief import run_chief
