@@ -51,7 +51,7 @@ def run(
                                                "overwrite it."),
     workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
     backend: Optional[str] = typer.Option(None, "--backend",
-                                          help="tff (default) | compiled (FedAvg family, faster) | auto (compiled "
+                                          help="tff (default) | compiled (fedavg family, fedprox, fedsgd with the mean; faster) | auto (compiled "
                                                "where it equals tff)."),
 ) -> None:
     """Runs one simulation; prints one JSON line with the final metrics last."""

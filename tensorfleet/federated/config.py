@@ -83,10 +83,10 @@ class SimulationConfig:
         progress: show a tqdm progress bar.
         tensorboard: also write TensorBoard summaries into ``out_dir/tensorboard``.
         backend: ``tff`` runs every round on TFF's runtime; ``compiled`` runs the same
-            FedAvg-family arithmetic as one compiled TensorFlow function (fedavg, fedavgm,
-            fedadam, fedyogi, fedadagrad with the mean aggregator, ``partition()`` data and a
-            model without batch-dependent layers such as BatchNormalization; the initial model
-            still comes from TFF). Both give the same model. ``auto`` runs ``compiled`` where it
+            arithmetic as one compiled TensorFlow function in this process, without building TFF
+            (fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, fedadagrad with the mean
+            aggregator, ``partition()`` data and a model without batch-dependent layers such as
+            BatchNormalization). Both give the same model. ``auto`` runs ``compiled`` where it
             can, else ``tff`` (decided for the model when the simulation is built).
         workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``); each
             round's clients are split across them (:mod:`~tensorfleet.federated.backends.remote`).

@@ -157,17 +157,19 @@ class Simulation:
                                 **self.config.aggregator_options)
 
     def build(self) -> Any:
-        """Builds (once) and returns the ``tff.learning`` process."""
-        if self._process is None:
-            from tensorfleet.federated import algorithms
-
-            self.runtime = self.config.where.install()
+        """Builds (once) the model and, unless rounds run on the compiled backend (which needs no
+        TFF process, worker or tracing), the ``tff.learning`` process, which it returns (else None)."""
+        if self._keras_model is None:
             model = self.model_fn()
             if not hasattr(model, "input_shape"):
                 raise TypeError(f"model_fn must return a Keras model. Received: {type(model).__name__}")
             tff_model.check_model(model, self._element_spec)
             self._settle_backend(model)
             self._keras_model = model
+        if self._process is None and not self.config.where.compiled:
+            from tensorfleet.federated import algorithms
+
+            self.runtime = self.config.where.install()
             self._process = algorithms.build_process(
                 self.config.algorithm, self.tff_model_fn(), aggregator=self._aggregator(),
                 **self.config.optimizer_overrides, **self.config.hyperparameters)
@@ -191,25 +193,6 @@ class Simulation:
 
             return tff.learning.models.ModelWeights(trainable=self._engine.get_weights(), non_trainable=[])
         return self.build().get_model_weights(state)
-
-    def _make_engine(self, state: Any) -> Any:
-        import tensorflow as tf
-
-        from tensorfleet.federated.algorithms import make_optimizer
-        from tensorfleet.federated.backends.compiled import CompiledFedAvg
-
-        initial = [np.asarray(w) for w in self.build().get_model_weights(state).trainable]
-        model = self._keras_model
-        loss, _ = tff_model.loss_and_metrics(model)
-        per_example = type(loss)(from_logits=loss.get_config()["from_logits"], reduction=tf.keras.losses.Reduction.NONE)
-        max_examples = max(len(self.clients.indices(c)) for c in self.train_ids) * self.config.local_epochs
-        assert self.config.client_opt is not None
-        with tf.init_scope():
-            return CompiledFedAvg(model_fn=self.model_fn, loss_fn=per_example,
-                                  client_optimizer=make_optimizer(self.config.client_opt),
-                                  server_optimizer=make_optimizer(self.config.server_opt), initial_weights=initial,
-                                  batch_size=self.config.batch_size, max_examples=max_examples,
-                                  clients_per_round=self.config.clients_per_round)
 
     def keras_model(self, state: Any) -> Any:
         """A compiled Keras model holding the weights of ``state``."""
@@ -237,9 +220,13 @@ class Simulation:
 
     def evaluate_federated(self, state: Any, round_num: int) -> dict[str, float]:
         self.build()
+        data = [self.sampler.client_dataset(self.eval_clients, cid, round_num, shuffle=False) for cid in self.eval_ids]
+        if self._eval_process is None:
+            from tensorfleet.federated.backends.compiled import evaluate_batches
+
+            return evaluate_batches(self.keras_model(state), data)
         ev = self._eval_process
         ev_state = ev.set_model_weights(ev.initialize(), self.model_weights(state))
-        data = [self.sampler.client_dataset(self.eval_clients, cid, round_num, shuffle=False) for cid in self.eval_ids]
         metrics = ev.next(ev_state, data).metrics["client_work"]["eval"]["current_round_metrics"]
         return {"fed_eval_loss": float(metrics["loss"]), "fed_eval_accuracy": float(metrics["accuracy"])}
 
@@ -288,16 +275,18 @@ class Simulation:
     def _start(self) -> tuple[Any, Any, int]:
         """``(process, state, rounds done)``: the process built, its state initialized or resumed."""
         process = self.build()
-        worker = getattr(self.runtime, "worker", None)
-        if worker is not None and hasattr(worker, "start"):
-            # Started from this thread: PR_SET_PDEATHSIG ties the worker to the thread that
-            # forks it, and TFF would otherwise start it lazily from its own event-loop thread.
-            worker.start()
-        state = process.initialize()
-        if self.config.where.compiled:
-            self._engine = state = self._make_engine(state)
-            if self.runtime is not None and not self.eval_ids:
-                self.runtime.stop()  # rounds run in this process; the worker is needed again only for eval
+        if process is None:
+            from tensorfleet.federated.backends.compiled import build_engine
+
+            max_examples = max(len(self.clients.indices(c)) for c in self.train_ids)
+            self._engine = state = build_engine(self.config, self.model_fn, self._keras_model, max_examples)
+        else:
+            worker = getattr(self.runtime, "worker", None)
+            if worker is not None and hasattr(worker, "start"):
+                # Started from this thread: PR_SET_PDEATHSIG ties the worker to the thread that
+                # forks it, and TFF would otherwise start it lazily from its own event-loop thread.
+                worker.start()
+            state = process.initialize()
         start_round = 0
         self.history = History(config=self._history_config())
         if self.config.resume:

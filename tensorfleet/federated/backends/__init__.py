@@ -8,10 +8,10 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
   workers (:mod:`~tensorfleet.federated.backends.remote`; a worker is started with
   :mod:`~tensorfleet.federated.backends.worker`, on Kubernetes with
   :mod:`~tensorfleet.federated.backends.k8s`);
-* ``compiled``: a whole FedAvg-family round as one TensorFlow function in this process
-  (:mod:`~tensorfleet.federated.backends.compiled`); TFF still makes the initial model and runs
-  federated evaluation on its own worker. It refuses what it cannot run as TFF does.
-* ``auto``: ``compiled`` where it gives TFF's result (a FedAvg-family algorithm with the mean,
+* ``compiled``: a whole FedAvg-family, FedProx or FedSGD round as one TensorFlow function in this
+  process (:mod:`~tensorfleet.federated.backends.compiled`); no TFF process or worker is built,
+  federated evaluation included. It refuses what it cannot run as TFF does.
+* ``auto``: ``compiled`` where it gives TFF's result (an algorithm it runs, with the mean,
   ``partition()`` data, no workers, a model without batch-dependent layers), else ``tff``; the
   model part is decided when the simulation is built (:meth:`BackendChoice.resolve`).
 
@@ -23,8 +23,10 @@ Example:
     >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
     Traceback (most recent call last):
     ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
-    >>> choose_backend("auto", algorithm="fedprox").backend, choose_backend("auto", algorithm="fedadam").backend
-    (<Backend.TFF: 'tff'>, <Backend.AUTO: 'auto'>)
+    >>> choose_backend("auto", algorithm="fedprox", aggregator="median").backend
+    <Backend.TFF: 'tff'>
+    >>> choose_backend("auto", algorithm="fedsgd").backend
+    <Backend.AUTO: 'auto'>
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] 
         backend: ``tff``, ``compiled`` or ``auto``.
         workers: ``host:port`` addresses of running TFF workers (a list or one comma-separated
             string), or None.
-        algorithm: the (canonical) algorithm name; ``compiled`` runs only the FedAvg family.
+        algorithm: the (canonical) algorithm name; ``compiled`` runs those in
+            :data:`~tensorfleet.federated.backends.compiled.SUPPORTED_ALGORITHMS`.
         aggregator: the (canonical) aggregator name; ``compiled`` runs only the mean.
 
     Raises:

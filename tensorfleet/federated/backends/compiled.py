@@ -1,4 +1,4 @@
-"""The ``compiled`` backend: a whole FedAvg-family round as one TensorFlow function, outside TFF.
+"""The ``compiled`` backend: a whole FedAvg-family, FedProx or FedSGD round as one TensorFlow function, outside TFF.
 
 Where the time of a TFF simulation goes, measured on this stack (bench/federated_speed.py):
 every round builds one ``tf.data`` dataset per client, TFF serializes them (with their data) to
@@ -12,12 +12,19 @@ clients' examples come as one padded batch ``[clients, steps * batch, ...]`` wit
 ``tf.while_loop`` trains each client from the server weights with the client optimizer (the same
 ``tff.learning.optimizers`` object), the deltas ``initial - trained`` are averaged weighted by
 examples (a client with a non-finite delta gets weight 0, as in TFF), and the server optimizer
-(again TFF's) applies the mean delta. The initial weights come from the TFF process, so both
-backends start from the same model; ``tests/federated/backends/test_compiled.py`` checks that both give the
-same model after the same rounds.
+(again TFF's) applies the mean delta. FedProx adds TFF 0.87's proximal term to every local
+gradient: ``mu * (w_server - w)`` (TFF's sign, the opposite of the paper's ``mu * (w - w_server)``;
+kept so that both backends give the same model). FedSGD takes no local steps: a client's update
+is its batch gradients at the server weights averaged weighted by batch size (TFF's
+``build_fed_sgd``). The initial weights are ``model_fn()``'s, made eagerly: TFF's ``initialize``
+makes the same model from the same initializers, so no TFF process, worker or tracing is needed
+before the first round, and federated evaluation runs in this process too
+(:func:`evaluate_batches`). ``tests/federated/backends/test_compiled.py`` checks that both
+backends give the same model and metrics after the same rounds.
 
-Supported: algorithms built on weighted FedAvg (``fedavg``, ``fedavgm``, ``fedadam``,
-``fedyogi``, ``fedadagrad``) with the default mean aggregator, on ``partition()`` client data,
+Supported: ``fedsgd``, ``fedprox`` and the algorithms built on weighted FedAvg (``fedavg``,
+``fedavgm``, ``fedadam``, ``fedyogi``, ``fedadagrad``) with the default mean aggregator, with
+client dropout and stragglers, on ``partition()`` client data,
 and models without batch-dependent layers. Padded rows pass through the model (masked out of
 the loss only), so a layer whose output for a row depends on the other rows would see them:
 BatchNormalization and its variants are refused by class (their batch statistics would take in
@@ -31,9 +38,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["SUPPORTED_ALGORITHMS", "CompiledFedAvg", "batch_dependent_layers", "compiled_refusal", "unsupported"]
+__all__ = ["SUPPORTED_ALGORITHMS", "CompiledFedAvg", "batch_dependent_layers", "build_engine", "compiled_refusal",
+           "evaluate_batches", "unsupported"]
 
-SUPPORTED_ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 # Layer classes (and their subclasses, found by name in the MRO) that normalize over the batch.
 BATCH_NORMALIZATION_CLASSES = ("BatchNormalizationBase", "BatchNormalization", "SyncBatchNormalization")
 
@@ -96,11 +104,15 @@ class CompiledFedAvg:
         batch_size: local batch size.
         max_examples: the most examples (times local epochs) any client trains on in a round.
         clients_per_round: the padded number of clients per round.
+        mu: FedProx's proximal strength: ``mu * (w_server - w)`` joins every local gradient, as in
+            TFF 0.87's ``build_weighted_fed_prox`` (0: FedAvg).
+        local_steps: False for FedSGD (TFF's ``build_fed_sgd``): a client takes no steps; its
+            update is its batch gradients averaged weighted by batch size, at the server weights.
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, client_optimizer: Any, server_optimizer: Any,
                  initial_weights: Sequence[np.ndarray], batch_size: int, max_examples: int,
-                 clients_per_round: int) -> None:
+                 clients_per_round: int, mu: float = 0.0, local_steps: bool = True) -> None:
         import tensorflow as tf
 
         self.model = model_fn()
@@ -114,6 +126,8 @@ class CompiledFedAvg:
         self.loss_fn = loss_fn
         self.client_optimizer = client_optimizer
         self.server_optimizer = server_optimizer
+        self.mu = float(mu)
+        self.local_steps = bool(local_steps)
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         self.weights = [tf.constant(w, dtype=v.dtype) for w, v in zip(initial_weights, self.variables)]
         # Tensors from the start, so the compiled round is traced once (not again on round 2).
@@ -138,50 +152,62 @@ class CompiledFedAvg:
             x[k, :n], y[k, :n], mask[k, :n], examples[k] = xk, yk, 1.0, n
         return x, y, mask, examples
 
-    def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any) -> Any:
+    def _client_update(self, weights: list[Any], xk: Any, yk: Any, mk: Any, n: Any) -> tuple[Any, ...]:
+        """One client's ``(update, loss sum, correct sum)``: the delta ``initial - trained`` after
+        local steps, or (FedSGD) the example-weighted mean of its batch gradients."""
         import tensorflow as tf
 
         B = self.batch_size
-        num_clients = tf.shape(x)[0]
-        zero = [tf.zeros_like(w) for w in weights]
+        for v, w in zip(self.variables, weights):
+            v.assign(w)
+        opt_state = self.client_optimizer.initialize(tuple(self._specs)) if self.local_steps else ()
+        grad_sum = [tf.zeros_like(w) for w in weights]
 
-        def client(k: Any, acc: Any) -> Any:
-            delta_sum, weight_sum, loss_sum, correct_sum, seen = acc
-            for v, w in zip(self.variables, weights):
-                v.assign(w)
-            opt_state = self.client_optimizer.initialize(tuple(self._specs))
-            steps = (examples[k] + B - 1) // B
-
-            def step(s: Any, carry: Any) -> Any:
-                opt_state, loss_acc, correct_acc = carry
-                xb = x[k, s * B:(s + 1) * B]
-                yb = y[k, s * B:(s + 1) * B]
-                mb = mask[k, s * B:(s + 1) * B]
-                with tf.GradientTape() as tape:
-                    logits = self.model(xb, training=True)
-                    per_example = self.loss_fn(yb, logits)
-                    loss = tf.reduce_sum(per_example * mb) / tf.reduce_sum(mb)
-                grads = tape.gradient(loss, self.variables)
-                opt_state, updated = self.client_optimizer.next(
-                    opt_state, tuple(v.read_value() for v in self.variables), tuple(grads))
+        def step(s: Any, carry: Any) -> Any:
+            opt_state, grad_sum, loss_acc, correct_acc = carry
+            xb, yb, mb = xk[s * B:(s + 1) * B], yk[s * B:(s + 1) * B], mk[s * B:(s + 1) * B]
+            rows = tf.reduce_sum(mb)
+            with tf.GradientTape() as tape:
+                logits = self.model(xb, training=True)
+                loss = tf.reduce_sum(self.loss_fn(yb, logits) * mb) / rows
+            grads = tape.gradient(loss, self.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            if self.local_steps:
+                current = tuple(v.read_value() for v in self.variables)
+                if self.mu > 0.0:
+                    # TFF 0.87's sign (proximal_client_work): mu * (w_server - w).
+                    grads = [g + self.mu * (w - c) for g, c, w in zip(grads, current, weights)]
+                opt_state, updated = self.client_optimizer.next(opt_state, current, tuple(grads))
                 for v, u in zip(self.variables, updated):
                     v.assign(u)
-                hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=yb.dtype), yb), tf.float32)
-                return opt_state, loss_acc + loss * tf.reduce_sum(mb), correct_acc + tf.reduce_sum(hits * mb)
+            else:
+                grad_sum = [a + rows * g for a, g in zip(grad_sum, grads)]
+            hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=yb.dtype), yb), tf.float32)
+            return opt_state, grad_sum, loss_acc + loss * rows, correct_acc + tf.reduce_sum(hits * mb)
 
-            _, loss_k, correct_k = _fori(steps, step, (opt_state, tf.constant(0.0), tf.constant(0.0)))
-            delta = [w - v.read_value() for w, v in zip(weights, self.variables)]
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
+        zero = tf.constant(0.0)
+        _, grad_sum, loss_k, correct_k = _fori((n + B - 1) // B, step, (opt_state, grad_sum, zero, zero))
+        if self.local_steps:
+            return [w - v.read_value() for w, v in zip(weights, self.variables)], loss_k, correct_k
+        return [g / tf.cast(n, tf.float32) for g in grad_sum], loss_k, correct_k
+
+    def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any) -> Any:
+        import tensorflow as tf
+
+        def client(k: Any, acc: Any) -> Any:
+            update_sum, weight_sum, loss_sum, correct_sum, seen = acc
+            update, loss_k, correct_k = self._client_update(weights, x[k], y[k], mask[k], examples[k])
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in update])
             weight = tf.where(finite, tf.cast(examples[k], tf.float32), 0.0)
-            delta = [tf.where(finite, d, tf.zeros_like(d)) for d in delta]
-            delta_sum = [a + weight * d for a, d in zip(delta_sum, delta)]
-            return (delta_sum, weight_sum + weight, loss_sum + loss_k, correct_sum + correct_k,
+            update = [tf.where(finite, d, tf.zeros_like(d)) for d in update]
+            update_sum = [a + weight * d for a, d in zip(update_sum, update)]
+            return (update_sum, weight_sum + weight, loss_sum + loss_k, correct_sum + correct_k,
                     seen + tf.cast(examples[k], tf.float32))
 
-        acc = (zero, tf.constant(0.0), tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
-        delta_sum, weight_sum, loss_sum, correct_sum, seen = _fori(num_clients, client, acc)
-        mean_delta = [d / tf.maximum(weight_sum, 1e-30) for d in delta_sum]
-        new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights), tuple(mean_delta))
+        zero = tf.constant(0.0)
+        acc = ([tf.zeros_like(w) for w in weights], zero, zero, zero, zero)
+        update_sum, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
+        mean_update = [d / tf.maximum(weight_sum, 1e-30) for d in update_sum]
+        new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights), tuple(mean_update))
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(w)) for w in new_weights])
         new_weights = [tf.where(finite, n, w) for n, w in zip(new_weights, weights)]
         return new_weights, new_state, loss_sum / seen, correct_sum / seen, seen
@@ -214,6 +240,46 @@ class CompiledFedAvg:
             raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another model?).")
         self.weights = [tf.constant(v) for v in leaves[:n]]
         self.server_state = tf.nest.pack_sequence_as(self.server_state, [tf.constant(v) for v in leaves[n:]])
+
+
+def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examples: int) -> CompiledFedAvg:
+    """The engine for a :class:`~tensorfleet.federated.config.SimulationConfig`, starting from the
+    weights of ``model`` (``model_fn()`` made eagerly: TFF's ``initialize`` makes the same model
+    from the same initializers, so no TFF process is built for them)."""
+    import tensorflow as tf
+
+    from tensorfleet.federated import tff_model
+    from tensorfleet.federated.algorithms import make_optimizer
+
+    loss, _ = tff_model.loss_and_metrics(model)
+    per_example = type(loss)(from_logits=loss.get_config()["from_logits"], reduction=tf.keras.losses.Reduction.NONE)
+    local_steps = config.algorithm != "fedsgd"
+    with tf.init_scope():
+        return CompiledFedAvg(model_fn=model_fn, loss_fn=per_example,
+                              client_optimizer=make_optimizer(config.client_opt) if local_steps else None,
+                              server_optimizer=make_optimizer(config.server_opt),
+                              initial_weights=[np.asarray(w) for w in model.trainable_weights],
+                              batch_size=config.batch_size, max_examples=max_examples * config.local_epochs,
+                              clients_per_round=config.clients_per_round,
+                              mu=config.hyperparameters.get("mu", 0.0) if config.algorithm == "fedprox" else 0.0,
+                              local_steps=local_steps)
+
+
+def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:
+    """TFF's federated evaluation (``build_fed_eval``) of ``model`` on the batched ``datasets`` of
+    the evaluation clients, in this process: loss and accuracy over all their examples."""
+    from tensorfleet.federated import tff_model
+
+    loss_fn, _ = tff_model.loss_and_metrics(model)
+    total_loss, correct, count = 0.0, 0, 0
+    for dataset in datasets:
+        for batch in dataset:
+            logits = model(batch["x"], training=False)
+            y = np.asarray(batch["y"])
+            total_loss += float(loss_fn(y, logits)) * len(y)
+            correct += int(np.sum(np.argmax(np.asarray(logits), axis=-1) == y))
+            count += len(y)
+    return {"fed_eval_loss": total_loss / max(count, 1), "fed_eval_accuracy": correct / max(count, 1)}
 
 
 def _fori(n: Any, body: Callable[[Any, Any], Any], init: Any) -> Any:

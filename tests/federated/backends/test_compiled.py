@@ -32,12 +32,39 @@ def test_compiled_backend_equals_tff_after_the_same_rounds(digits_flat):
         assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], abs=1e-9)
 
 
+@pytest.mark.parametrize("algorithm,options", [
+    ("fedsgd", {"straggler_deadline": 0.05, "client_speed": 2000.0}),
+    ("fedprox", {"algorithm_options": {"mu": 0.5}, "eval_clients": 3}),
+])
+def test_fedsgd_and_fedprox_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm, options):
+    clients = partition(digits_flat.x_train[:400], digits_flat.y_train[:400], num_clients=12, scheme="dirichlet:0.5",
+                        seed=3)
+    runs = {}
+    for backend in ("tff", "compiled"):
+        sim = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, algorithm, rounds=5,
+                         clients_per_round=4, batch_size=8, dropout=0.1, seed=7, progress=False, backend=backend,
+                         **options)
+        sim.run()
+        runs[backend] = (sim.final_weights(), sim.history.rounds, sim.runtime)
+    (w_tff, h_tff, _), (w_fast, h_fast, runtime) = runs["tff"], runs["compiled"]
+    assert runtime is None  # no TFF worker started for the compiled run
+    for a, b in zip(w_tff, w_fast):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    assert [r["stragglers"] for r in h_fast] == [r["stragglers"] for r in h_tff]
+    for a, b in zip(h_tff, h_fast):
+        assert a["num_examples"] == b["num_examples"] and a["participants"] == b["participants"]
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
+        assert b["train_accuracy"] == pytest.approx(a["train_accuracy"], abs=1e-6)
+        for key in ("fed_eval_loss", "fed_eval_accuracy"):
+            assert (key in a) == (key in b) and b.get(key) == pytest.approx(a.get(key), abs=1e-5)
+
+
 def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
-    with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedavgm, fedadam, fedyogi, fedadagrad with "
-                                         r"the mean aggregator on partition\(\) client data. Received: "
-                                         r"algorithm='fedprox'"):
-        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled")
+    with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
+                                         r"fedadagrad with the mean aggregator on partition\(\) client data. Received: "
+                                         r"algorithm='fedprox', aggregator='median'"):
+        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled", aggregator="median")
     with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled', 'auto'. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
     with pytest.raises(ValueError, match=r"workers= runs rounds on TFF workers; backend='compiled' runs them in this "
@@ -86,8 +113,8 @@ def _centering():
 def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(digits_flat, model_fn, found):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     sim = Simulation(model_fn, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
-    with pytest.raises(ValueError, match=r"^backend='compiled' runs fedavg, fedavgm, fedadam, fedyogi, fedadagrad with "
-                                         r"the mean aggregator on partition\(\) client data. Received: a model with "
+    with pytest.raises(ValueError, match=r"^backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
+                                         r"fedadagrad with the mean aggregator on partition\(\) client data. Received: a model with "
                                          rf"batch-dependent layers \({re.escape(found)}\): the padded rows of a round "
                                          r"would enter their batch statistics and the result would differ from TFF's; "
                                          r"backend='tff' or 'auto' runs it$"):
@@ -98,12 +125,15 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
 def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits_flat):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
 
-    def backend(model_fn, algorithm="fedavg", data=clients):
-        sim = Simulation(model_fn, data, algorithm, rounds=1, clients_per_round=2, backend="auto", progress=False)
+    def backend(model_fn, algorithm="fedavg", data=clients, **options):
+        sim = Simulation(model_fn, data, algorithm, rounds=1, clients_per_round=4, backend="auto", progress=False,
+                         **options)
         sim.run()
         return sim.config.backend.value, sim.history.config["backend"]
 
     assert backend(lambda: models.build("digits_mlp", hidden=8)) == ("compiled", "compiled")
     assert backend(_with_batch_norm) == ("tff", "tff")
     assert backend(_centering) == ("tff", "tff")
-    assert backend(lambda: models.build("digits_mlp", hidden=8), "fedprox") == ("tff", "tff")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), "fedprox") == ("compiled", "compiled")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), "fedsgd") == ("compiled", "compiled")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="median") == ("tff", "tff")
