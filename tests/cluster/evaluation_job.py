@@ -1,6 +1,8 @@
 """The evaluator side of tests/cluster/test_evaluation.py: a digits MLP's checkpoints, evaluated.
 
-Run as ``python -m tests.cluster.evaluation_job CHECKPOINT_DIR OUT LAST``.
+Run as ``python -m tests.cluster.evaluation_job CHECKPOINT_DIR OUT LAST`` (an evaluator process of
+its own), or under the launcher with ``--launched CHECKPOINT_DIR OUT EPOCHS``: the same script then
+trains in the worker task and evaluates in the evaluator task.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ def build_model():
 
 
 def main() -> int:
-    from tensorfleet.cluster.evaluation import evaluation
+    from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation
     from tensorfleet.models.datasets import load_digits
 
-    checkpoint_dir, out, last = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    launched = sys.argv[1] == "--launched"
+    checkpoint_dir, out, last = sys.argv[1 + launched:4 + launched]
     split = load_digits(flat=True)
-    assert evaluation(build_model, (split.x_test, split.y_test), checkpoint_dir=checkpoint_dir, out=out,
-                      monitor="accuracy", last_checkpoint=last, force=True,
-                      log=lambda line: print(f"evaluator: {line}", flush=True))
+    if evaluation(build_model, (split.x_test, split.y_test), checkpoint_dir=checkpoint_dir, out=out,
+                  monitor="accuracy", last_checkpoint=int(last), force=not launched,
+                  log=lambda line: print(f"evaluator: {line}", flush=True)):
+        return 0
+    build_model().fit(split.x_train, split.y_train, epochs=int(last), batch_size=64, verbose=2,
+                      callbacks=[checkpoint_callback(checkpoint_dir)])
     return 0
 
 

@@ -79,3 +79,20 @@ def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_d
         digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
     assert best_accuracy == pytest.approx(best["accuracy"], abs=1e-7)
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_under_the_launcher_the_same_script_trains_in_the_worker_and_evaluates_in_the_evaluator(tmp_path):
+    from tensorfleet.cluster.launcher import launch
+
+    checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
+    result = launch(ROOT / "tests" / "cluster" / "evaluation_job.py", ["--launched", str(checkpoints), str(out), "3"],
+                    workers=1, evaluator=True, grace=90.0, timeout=150, sink=None,
+                    env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, "\n".join(result.output())
+    rows = evaluated_checkpoints(out)
+    assert rows[-1]["checkpoint"] == 3  # the last checkpoint is evaluated before the evaluator stops
+    assert [r["checkpoint"] for r in rows] == sorted({r["checkpoint"] for r in rows})
+    assert any(line.startswith("evaluator: checkpoint 3 (step 69)") for line in result.output("evaluator:0"))
+    assert not any("evaluator:" in line for line in result.output("worker:0"))
