@@ -117,3 +117,17 @@ def test_every_serving_error_code_is_a_grpc_status_code():
     from tensorfleet.serving.errors import Code
 
     assert all(hasattr(grpc.StatusCode, code.value) for code in Code)
+
+
+def test_a_port_in_use_fails_at_start_and_leaves_nothing_running(server, model_base):
+    from tensorfleet.serving import ModelServer
+
+    from .conftest import free_ports
+
+    second = ModelServer(model_base, model_name="digits", port=server.port, rest_api_port=free_ports(1)[0])
+    with pytest.raises(OSError, match=rf"Could not serve gRPC on 127.0.0.1:{server.port}"):
+        second.start()
+    assert second.predictor.ready is False
+    third = ModelServer(model_base, model_name="digits", port=free_ports(1)[0], rest_api_port=server.rest_api_port)
+    with pytest.raises(OSError, match=rf"Could not serve REST on 127.0.0.1:{server.rest_api_port}"):
+        third.start()
