@@ -3,7 +3,9 @@
 Subpackages are imported lazily so that ``import tensorfleet`` stays cheap and touches
 no device. One subpackage per job: ``strategies`` (data parallelism), ``model_parallel``
 (Mesh-TF layouts, tensor parallelism, pipelines), ``cluster`` (launching and running jobs),
-``planner`` (what fits and what is fastest), ``federated``, ``edge``, and ``models``.
+``planner`` (what fits and what is fastest), ``federated``, ``edge``, ``models``, and for what
+was trained: ``serving`` (a TF Serving-compatible server), ``tuning`` (distributed Keras Tuner) and
+``profiling`` (where a job's step time goes).
 
 Example:
     >>> import tensorfleet as tfl
@@ -17,7 +19,8 @@ from tensorfleet.lazy import attach
 __version__ = "0.1.0"
 
 __getattr__, _SUBPACKAGES = attach(__name__, modules=(
-    "strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli",
+    "strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "serving", "tuning",
+    "profiling", "cli",
 ))
 
 __all__ = ["__version__", *_SUBPACKAGES]

@@ -17,15 +17,23 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tensorfleet"
 CORE = {"io", "registry", "validation", "netbind", "kube", "lazy"}
 
 # room -> rooms it must not import (DESIGN.md "Import direction").
+NEW_ROOMS = {"serving", "tuning", "profiling"}  # the rooms that serve, tune and profile what the others train
 FORBIDDEN = {
-    "models": {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "cli", "demo"},
-    "edge": {"federated", "strategies", "model_parallel", "cluster", "planner", "cli"},
-    "strategies": {"federated", "edge", "cluster", "planner", "model_parallel", "cli"},
-    "federated": {"strategies", "model_parallel", "cluster", "planner", "edge", "cli"},
-    **{core: {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli", "demo"}
+    "models": {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "cli", "demo", *NEW_ROOMS},
+    "edge": {"federated", "strategies", "model_parallel", "cluster", "planner", "cli", *NEW_ROOMS},
+    "strategies": {"federated", "edge", "cluster", "planner", "model_parallel", "cli", *NEW_ROOMS},
+    "federated": {"strategies", "model_parallel", "cluster", "planner", "edge", "cli", *NEW_ROOMS},
+    **{room: {"cli", "demo", *NEW_ROOMS} for room in ("model_parallel", "cluster", "planner")},
+    # Each new room stands on the training rooms and the core; none imports another new room.
+    "serving": {"federated", "edge", "cli", "demo", "tuning", "profiling"},
+    "tuning": {"federated", "edge", "cli", "demo", "serving", "profiling"},
+    "profiling": {"federated", "edge", "model_parallel", "cluster", "cli", "demo", "serving", "tuning"},
+    **{core: {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli", "demo",
+              *NEW_ROOMS}
        for core in CORE},
 }
-LIBRARY_ROOMS = {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", *CORE}
+LIBRARY_ROOMS = {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", *NEW_ROOMS,
+                 *CORE}
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 
@@ -104,7 +112,8 @@ def test_every_module_keeps_the_import_rules():
 
 
 def test_every_room_of_the_design_exists_with_a_docstring():
-    for room in ("strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli"):
+    for room in ("strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli",
+                 *sorted(NEW_ROOMS)):
         init = PACKAGE / room / "__init__.py"
         assert init.exists(), room
         assert ast.get_docstring(ast.parse(init.read_text())), f"{room}/__init__.py has no docstring"
