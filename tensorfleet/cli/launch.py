@@ -47,6 +47,11 @@ def launch_command(
     backup_dir: Optional[Path] = typer.Option(  # noqa: UP007
         None, "--backup-dir", help="Backup directory shared by the tasks (TENSORFLEET_BACKUP_DIR)."),
     mode: str = typer.Option("auto", "--mode", help="auto, collective or parameter_server."),
+    profile_steps: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--profile-steps", help="Record a profiler trace of these steps of the first fit on every task "
+        "(FIRST-LAST, e.g. 20-30); read it with 'tensorfleet profile report DIR'."),
+    profile_dir: Path = typer.Option(Path("profile"), "--profile-dir", help="Where --profile-steps writes, "
+                                     "one folder per task."),
 ) -> None:
     """Start one process per task on 127.0.0.1, each with its TF_CONFIG; restart on failure.
 
@@ -67,15 +72,31 @@ def launch_command(
     script_args = list(args or [])
     if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
         script_args = script_args[1:]
+    env, runner = _profiling(profile_steps, profile_dir)
     result = launch(
         script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list,
         mode=mode, max_restarts=max_restarts, backoff=backoff, timeout=timeout, hang_timeout=hang_timeout,
-        backup_dir=backup_dir, quiet=not verbose(ctx), check=False,
+        backup_dir=backup_dir, quiet=not verbose(ctx), check=False, env=env, runner=runner,
     )
     if result.returncode != 0 and result.error:
         typer.echo(f"error: {result.error}", err=True)
     if result.returncode:
         raise typer.Exit(result.returncode)
+    if profile_steps is not None:
+        typer.echo(f"profile: tensorfleet profile report {env['TENSORFLEET_PROFILE_DIR']}")
+
+
+def _profiling(steps: str | None, directory: Path) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The tasks' environment and runner that record ``steps`` of each task's first fit under ``directory``."""
+    if steps is None:
+        return {}, ()
+    from tensorfleet.io import check_writable
+    from tensorfleet.profiling.recorder import ENV_DIR, ENV_STEPS, StepRange
+
+    parsed = StepRange.parse(steps, name="--profile-steps")
+    check_writable(directory / "worker-0" / "probe")
+    return ({ENV_STEPS: str(parsed), ENV_DIR: str(directory.resolve())},
+            ("-m", "tensorfleet.profiling.autorun"))
 
 
 def register(app: typer.Typer) -> None:

@@ -122,6 +122,7 @@ def launch(
     progress_interval: float = 2.0,
     check: bool = True,
     python: str | None = None,
+    runner: Sequence[str] = (),
 ) -> LaunchResult:
     """Runs ``script`` as a local tf.distribute cluster, one process per task.
 
@@ -159,6 +160,9 @@ def launch(
             ``sink`` as one line of its state at most this often (seconds), and its final state.
         check: raise :class:`LaunchFailedError` when the job fails for good.
         python: the interpreter for the tasks (default: this one).
+        runner: interpreter arguments before the script, such as ``("-m",
+            "tensorfleet.profiling.autorun")``, a module that runs the script as ``python SCRIPT``
+            would, with something added (``tensorfleet launch --profile-steps`` uses that one).
 
     Returns:
         A :class:`LaunchResult`: exit status (the chief's, or the first failure's), restarts,
@@ -193,7 +197,10 @@ def launch(
     if ports is not None:
         _check_ports_free(spec)
     task_env = _task_env(spec, env, backup_dir)
-    argv = [python or sys.executable, str(script_path), *map(str, args)]
+    if isinstance(runner, str) or not all(isinstance(a, str) for a in runner):
+        raise ValueError(f"runner must be a sequence of strings, such as ('-m', 'tensorfleet.profiling.autorun'). "
+                         f"Received: runner={runner!r}")
+    argv = [python or sys.executable, *runner, str(script_path), *map(str, args)]
     number("progress_interval", progress_interval, minimum=0)
     job = LocalJob(spec=spec, mode=job_mode, argv=argv, env=task_env, sink=sink, faults=faults, stop_when=stop_when,
                    quiet=quiet, progress_interval=progress_interval)
