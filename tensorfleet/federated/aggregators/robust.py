@@ -137,7 +137,8 @@ class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
         self.num_byzantine = integer("num_byzantine", num_byzantine, minimum=0)
         self.num_selected = positive_int("num_selected", num_selected)
 
-    def _statistic(self, u: tf.Tensor) -> tf.Tensor:
+    def statistic(self, u: tf.Tensor) -> tf.Tensor:
+        """The rule applied to stacked flattened updates ``u`` ``[clients, d]`` (TensorFlow)."""
         if self.rule is RobustRule.MEDIAN:
             return tf_median(u)
         if self.rule is RobustRule.TRIMMED_MEAN:
@@ -175,7 +176,7 @@ class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
         def merge(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
             return tf.concat([a, b], axis=0)
 
-        statistic = self._statistic
+        statistic = self.statistic
 
         @tff.tensorflow.computation(stacked_type)
         def report(stacked: tf.Tensor) -> Any:

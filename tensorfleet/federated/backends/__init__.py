@@ -11,7 +11,7 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
 * ``compiled``: a whole FedAvg-family, FedProx or FedSGD round as one TensorFlow function in this
   process (:mod:`~tensorfleet.federated.backends.compiled`); no TFF process or worker is built,
   federated evaluation included. It refuses what it cannot run as TFF does.
-* ``auto``: ``compiled`` where it gives TFF's result (an algorithm it runs, with the mean,
+* ``auto``: ``compiled`` where it gives TFF's result (an algorithm and aggregator it runs,
   ``partition()`` data, no workers, a model without batch-dependent layers), else ``tff``; the
   model part is decided when the simulation is built (:meth:`BackendChoice.resolve`).
 
@@ -23,7 +23,7 @@ Example:
     >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
     Traceback (most recent call last):
     ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
-    >>> choose_backend("auto", algorithm="fedprox", aggregator="median").backend
+    >>> choose_backend("auto", algorithm="fedprox", aggregator="dp_fixed").backend
     <Backend.TFF: 'tff'>
     >>> choose_backend("auto", algorithm="fedsgd").backend
     <Backend.AUTO: 'auto'>
@@ -103,7 +103,8 @@ def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] 
             string), or None.
         algorithm: the (canonical) algorithm name; ``compiled`` runs those in
             :data:`~tensorfleet.federated.backends.compiled.SUPPORTED_ALGORITHMS`.
-        aggregator: the (canonical) aggregator name; ``compiled`` runs only the mean.
+        aggregator: the (canonical) aggregator name; ``compiled`` runs those in
+            :data:`~tensorfleet.federated.backends.compiled.AGGREGATORS`.
 
     Raises:
         ValueError: an unknown backend, a bad address, or a combination that cannot run.
@@ -115,9 +116,9 @@ def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] 
 
         addresses = tuple(str(a) for a in parse_addresses(workers))
     if chosen is not Backend.TFF:
-        from tensorfleet.federated.backends.compiled import SUPPORTED_ALGORITHMS, unsupported
+        from tensorfleet.federated.backends.compiled import AGGREGATORS, SUPPORTED_ALGORITHMS, unsupported
 
-        runnable = algorithm in SUPPORTED_ALGORITHMS and aggregator in (None, "mean")
+        runnable = algorithm in SUPPORTED_ALGORITHMS and aggregator in AGGREGATORS
         if chosen is Backend.AUTO:
             return BackendChoice(Backend.AUTO if runnable and addresses is None else Backend.TFF, addresses)
         if not runnable:

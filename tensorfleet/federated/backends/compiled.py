@@ -38,18 +38,21 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["SUPPORTED_ALGORITHMS", "CompiledFedAvg", "batch_dependent_layers", "build_engine", "compiled_refusal",
+__all__ = ["AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "batch_dependent_layers", "build_engine", "compiled_refusal",
            "evaluate_batches", "unsupported"]
 
 SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+# Aggregators compiled runs besides the mean (None): unweighted rules over the stacked updates.
+ROBUST_AGGREGATORS = ("median", "trimmed_mean", "krum")
+AGGREGATORS = (None, "mean", *ROBUST_AGGREGATORS)
 # Layer classes (and their subclasses, found by name in the MRO) that normalize over the batch.
 BATCH_NORMALIZATION_CLASSES = ("BatchNormalizationBase", "BatchNormalization", "SyncBatchNormalization")
 
 
 def unsupported(received: str) -> ValueError:
     """The error for a simulation this backend does not run; ``received`` names what was asked."""
-    return ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the mean aggregator on "
-                      f"partition() client data. Received: {received}")
+    return ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the mean, "
+                      f"{', '.join(ROBUST_AGGREGATORS)} aggregators on partition() client data. Received: {received}")
 
 
 def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
@@ -108,11 +111,16 @@ class CompiledFedAvg:
             TFF 0.87's ``build_weighted_fed_prox`` (0: FedAvg).
         local_steps: False for FedSGD (TFF's ``build_fed_sgd``): a client takes no steps; its
             update is its batch gradients averaged weighted by batch size, at the server weights.
+        statistic: None for the example-weighted mean; else an unweighted rule (such as
+            :meth:`~tensorfleet.federated.aggregators.robust.RobustFactory.statistic`) applied to
+            the round's flattened updates stacked ``[participants, d]``, as TFF's unweighted
+            algorithms apply it (a non-finite update enters as zeros).
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, client_optimizer: Any, server_optimizer: Any,
                  initial_weights: Sequence[np.ndarray], batch_size: int, max_examples: int,
-                 clients_per_round: int, mu: float = 0.0, local_steps: bool = True) -> None:
+                 clients_per_round: int, mu: float = 0.0, local_steps: bool = True,
+                 statistic: Callable[[Any], Any] | None = None) -> None:
         import tensorflow as tf
 
         self.model = model_fn()
@@ -128,6 +136,7 @@ class CompiledFedAvg:
         self.server_optimizer = server_optimizer
         self.mu = float(mu)
         self.local_steps = bool(local_steps)
+        self.statistic = statistic
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         self.weights = [tf.constant(w, dtype=v.dtype) for w, v in zip(initial_weights, self.variables)]
         # Tensors from the start, so the compiled round is traced once (not again on round 2).
@@ -190,23 +199,34 @@ class CompiledFedAvg:
             return [w - v.read_value() for w, v in zip(weights, self.variables)], loss_k, correct_k
         return [g / tf.cast(n, tf.float32) for g in grad_sum], loss_k, correct_k
 
-    def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any) -> Any:
+    def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any,
+                    participants: Any) -> Any:
         import tensorflow as tf
 
         def client(k: Any, acc: Any) -> Any:
-            update_sum, weight_sum, loss_sum, correct_sum, seen = acc
+            update_sum, rows, weight_sum, loss_sum, correct_sum, seen = acc
             update, loss_k, correct_k = self._client_update(weights, x[k], y[k], mask[k], examples[k])
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in update])
             weight = tf.where(finite, tf.cast(examples[k], tf.float32), 0.0)
             update = [tf.where(finite, d, tf.zeros_like(d)) for d in update]
-            update_sum = [a + weight * d for a, d in zip(update_sum, update)]
-            return (update_sum, weight_sum + weight, loss_sum + loss_k, correct_sum + correct_k,
+            if self.statistic is None:
+                update_sum = [a + weight * d for a, d in zip(update_sum, update)]
+            else:
+                flat = tf.concat([tf.reshape(d, [-1]) for d in update], axis=0)
+                rows = tf.tensor_scatter_nd_update(rows, [[k]], flat[None])
+            return (update_sum, rows, weight_sum + weight, loss_sum + loss_k, correct_sum + correct_k,
                     seen + tf.cast(examples[k], tf.float32))
 
         zero = tf.constant(0.0)
-        acc = ([tf.zeros_like(w) for w in weights], zero, zero, zero, zero)
-        update_sum, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
-        mean_update = [d / tf.maximum(weight_sum, 1e-30) for d in update_sum]
+        sizes = [int(np.prod(w.shape)) for w in self._specs]
+        rows = tf.zeros([self.clients_per_round, sum(sizes) if self.statistic is not None else 0])
+        acc = ([tf.zeros_like(w) for w in weights], rows, zero, zero, zero, zero)
+        update_sum, rows, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
+        if self.statistic is None:
+            mean_update = [d / tf.maximum(weight_sum, 1e-30) for d in update_sum]
+        else:
+            pieces = tf.split(self.statistic(rows[:participants]), sizes)
+            mean_update = [tf.reshape(p, w.shape) for p, w in zip(pieces, self._specs)]
         new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights), tuple(mean_update))
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(w)) for w in new_weights])
         new_weights = [tf.where(finite, n, w) for n, w in zip(new_weights, weights)]
@@ -215,7 +235,8 @@ class CompiledFedAvg:
     def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
         """Runs one round over ``clients`` (each ``(x, y)`` in training order); returns train metrics."""
         x, y, mask, examples = self.pack(clients)
-        weights, state, loss, accuracy, seen = self._round(self.weights, self.server_state, x, y, mask, examples)
+        weights, state, loss, accuracy, seen = self._round(self.weights, self.server_state, x, y, mask, examples,
+                                                           np.int32(len(clients)))
         self.weights, self.server_state = list(weights), state
         return {"train_loss": float(loss), "train_accuracy": float(accuracy), "num_examples": int(seen)}
 
@@ -254,6 +275,12 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
     loss, _ = tff_model.loss_and_metrics(model)
     per_example = type(loss)(from_logits=loss.get_config()["from_logits"], reduction=tf.keras.losses.Reduction.NONE)
     local_steps = config.algorithm != "fedsgd"
+    statistic = None
+    if config.aggregator_name in ROBUST_AGGREGATORS:
+        from tensorfleet.federated.aggregators import build_aggregator
+
+        statistic = build_aggregator(config.aggregator_name, clients_per_round=config.clients_per_round,
+                                     **config.aggregator_options).statistic
     with tf.init_scope():
         return CompiledFedAvg(model_fn=model_fn, loss_fn=per_example,
                               client_optimizer=make_optimizer(config.client_opt) if local_steps else None,
@@ -262,7 +289,7 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
                               batch_size=config.batch_size, max_examples=max_examples * config.local_epochs,
                               clients_per_round=config.clients_per_round,
                               mu=config.hyperparameters.get("mu", 0.0) if config.algorithm == "fedprox" else 0.0,
-                              local_steps=local_steps)
+                              local_steps=local_steps, statistic=statistic)
 
 
 def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:

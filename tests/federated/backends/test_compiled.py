@@ -32,25 +32,31 @@ def test_compiled_backend_equals_tff_after_the_same_rounds(digits_flat):
         assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], abs=1e-9)
 
 
+def _tff_and_compiled(clients, algorithm, **options):
+    """Final weights, round records and runtime of the same simulation on both backends."""
+    runs = {}
+    for backend in ("tff", "compiled"):
+        sim = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, algorithm, rounds=5, batch_size=8,
+                         seed=7, progress=False, backend=backend, **options)
+        sim.run()
+        runs[backend] = (sim.final_weights(), sim.history.rounds, sim.runtime)
+    return runs["tff"], runs["compiled"]
+
+
 @pytest.mark.parametrize("algorithm,options", [
-    ("fedsgd", {"straggler_deadline": 0.05, "client_speed": 2000.0}),
+    ("fedsgd", {"straggler_deadline": 0.08, "client_speed": 500.0}),
     ("fedprox", {"algorithm_options": {"mu": 0.5}, "eval_clients": 3}),
 ])
 def test_fedsgd_and_fedprox_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm, options):
     clients = partition(digits_flat.x_train[:400], digits_flat.y_train[:400], num_clients=12, scheme="dirichlet:0.5",
                         seed=3)
-    runs = {}
-    for backend in ("tff", "compiled"):
-        sim = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, algorithm, rounds=5,
-                         clients_per_round=4, batch_size=8, dropout=0.1, seed=7, progress=False, backend=backend,
-                         **options)
-        sim.run()
-        runs[backend] = (sim.final_weights(), sim.history.rounds, sim.runtime)
-    (w_tff, h_tff, _), (w_fast, h_fast, runtime) = runs["tff"], runs["compiled"]
+    (w_tff, h_tff, _), (w_fast, h_fast, runtime) = _tff_and_compiled(clients, algorithm, clients_per_round=4,
+                                                                     dropout=0.1, **options)
     assert runtime is None  # no TFF worker started for the compiled run
     for a, b in zip(w_tff, w_fast):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
     assert [r["stragglers"] for r in h_fast] == [r["stragglers"] for r in h_tff]
+    assert ("straggler_deadline" in options) == (sum(r["stragglers"] for r in h_fast) > 0)
     for a, b in zip(h_tff, h_fast):
         assert a["num_examples"] == b["num_examples"] and a["participants"] == b["participants"]
         assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
@@ -59,12 +65,30 @@ def test_fedsgd_and_fedprox_on_compiled_equal_tff_after_5_rounds(digits_flat, al
             assert (key in a) == (key in b) and b.get(key) == pytest.approx(a.get(key), abs=1e-5)
 
 
+@pytest.mark.parametrize("algorithm,aggregator,options", [
+    ("fedavg", "median", {}),
+    ("fedsgd", "trimmed_mean", {"beta": 0.2}),
+    ("fedprox", "krum", {"num_byzantine": 1, "num_selected": 2}),
+])
+def test_robust_aggregators_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm, aggregator, options):
+    clients = partition(digits_flat.x_train[:400], digits_flat.y_train[:400], num_clients=12, scheme="dirichlet:0.5",
+                        seed=3)
+    (w_tff, h_tff, _), (w_fast, h_fast, _) = _tff_and_compiled(
+        clients, algorithm, clients_per_round=5, aggregator=aggregator, aggregator_options=options)
+    assert h_fast[0]["participants"] == 5
+    for a, b in zip(w_tff, w_fast):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    for a, b in zip(h_tff, h_fast):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
+
+
 def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
-                                         r"fedadagrad with the mean aggregator on partition\(\) client data. Received: "
-                                         r"algorithm='fedprox', aggregator='median'"):
-        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled", aggregator="median")
+                                         r"fedadagrad with the mean, median, trimmed_mean, krum aggregators on "
+                                         r"partition\(\) client data. Received: algorithm='fedprox', "
+                                         r"aggregator='dp_fixed'"):
+        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled", aggregator="dp_fixed")
     with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled', 'auto'. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
     with pytest.raises(ValueError, match=r"workers= runs rounds on TFF workers; backend='compiled' runs them in this "
@@ -114,7 +138,8 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     sim = Simulation(model_fn, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
     with pytest.raises(ValueError, match=r"^backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
-                                         r"fedadagrad with the mean aggregator on partition\(\) client data. Received: a model with "
+                                         r"fedadagrad with the mean, median, trimmed_mean, krum aggregators on "
+                                         r"partition\(\) client data. Received: a model with "
                                          rf"batch-dependent layers \({re.escape(found)}\): the padded rows of a round "
                                          r"would enter their batch statistics and the result would differ from TFF's; "
                                          r"backend='tff' or 'auto' runs it$"):
@@ -136,4 +161,5 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
     assert backend(_centering) == ("tff", "tff")
     assert backend(lambda: models.build("digits_mlp", hidden=8), "fedprox") == ("compiled", "compiled")
     assert backend(lambda: models.build("digits_mlp", hidden=8), "fedsgd") == ("compiled", "compiled")
-    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="median") == ("tff", "tff")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="trimmed_mean") == ("compiled", "compiled")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="dp_fixed") == ("tff", "tff")
