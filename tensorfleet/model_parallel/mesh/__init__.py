@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import enum
 import importlib
-from typing import Any, Mapping, Sequence
+from typing import Any, ContextManager, Mapping, Sequence
 
 from tensorfleet.model_parallel.mesh.dimensions import model_dimensions
+from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout, WeightLayout
 from tensorfleet.model_parallel.mesh.layout import MeshLayout
 from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 from tensorfleet.registry import Registry
@@ -49,6 +50,8 @@ __all__ = [
     "MeshHistory",
     "MeshLayout",
     "BACKENDS",
+    "KerasLayout",
+    "WeightLayout",
     "model_dimensions",
 ]
 
@@ -98,6 +101,9 @@ class Mesh:
         self.layout = MeshLayout(mesh_shape, layout)
         self.backend = BACKENDS.get(backend.value if isinstance(backend, MeshBackend) else backend)
         self._devices = list(devices) if devices is not None else None
+        self._dtensor_mesh: Any = None
+        self.keras_layout: KerasLayout | None = None
+        """The layouts given to the weights built in the last :meth:`scope` (``.summary()`` lists them)."""
 
     @property
     def devices(self) -> list[str]:
@@ -113,6 +119,61 @@ class Mesh:
                              f"{len(available)} are available ({', '.join(available)}); use a smaller mesh or more "
                              f"devices. Received: mesh_shape={self.layout.mesh_shape!r}")
         return list(available[: self.layout.size])
+
+    @property
+    def dtensor_mesh(self) -> Any:
+        """The ``tf.experimental.dtensor`` mesh of these devices, with the Mesh-TF dimension names."""
+        if self._dtensor_mesh is None:
+            from tensorflow.experimental import dtensor
+
+            self._dtensor_mesh = dtensor.create_mesh(list(self.layout.mesh_dims.items()), devices=self.devices)
+        return self._dtensor_mesh
+
+    def scope(self, patterns: Mapping[str, Sequence[str | None]] | None = None) -> ContextManager[KerasLayout]:
+        """Lays out every Keras weight created inside by the layout rules (and ``patterns``).
+
+        Any backend: the weights become DTensor DVariables (see :mod:`.keras_layout` for the
+        dimension names of each layer's weights and why).
+
+        Args:
+            patterns: regular expression over weight paths (``"d1/kernel"``) -> one mesh
+                dimension name (or ``None``) per axis of the weight; wins over the rules.
+
+        Example:
+            >>> import tensorflow as tf
+            >>> mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
+            >>> with mesh.scope() as layout:
+            ...     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4, name="d")])
+            >>> [(w.path, w.mesh_axes) for w in layout.decided]
+            [('d/kernel', (None, 'm')), ('d/bias', ('m',))]
+        """
+        from tensorfleet.model_parallel.mesh.keras_model import mesh_scope
+
+        self.keras_layout = KerasLayout(self.layout.mesh_dims, self.layout.rules, patterns)
+        return mesh_scope(self.keras_layout, self.dtensor_mesh)
+
+    def keras_model(self, model: Any) -> Any:
+        """The Keras model that trains ``model`` (built in :meth:`scope`) with Keras' own
+        ``compile`` / ``fit`` / ``evaluate`` / ``predict``; see
+        :func:`~tensorfleet.model_parallel.mesh.keras_model.keras_mesh_model`.
+
+        Example:
+            >>> import numpy as np, tensorflow as tf
+            >>> mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
+            >>> with mesh.scope():
+            ...     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4)])
+            ...     trainer = mesh.keras_model(model)
+            ...     trainer.compile(optimizer="adam", loss="mse")
+            >>> history = trainer.fit(np.ones((64, 8)), np.zeros((64, 4)), batch_size=16, verbose=0)
+            >>> len(history.history["loss"])
+            1
+        """
+        from tensorfleet.model_parallel.mesh.keras_model import keras_mesh_model
+
+        if self.keras_layout is None:
+            raise ValueError("Build the model inside mesh.scope() first, so that its weights are laid out on the "
+                             f"mesh. Received: model {getattr(model, 'name', model)!r} and no scope entered")
+        return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh)
 
     def check(self, model: Any, batch_size: int) -> dict[str, int]:
         """Validates the layout against ``model`` and the devices; returns the model's dimensions."""

@@ -1,0 +1,176 @@
+"""The Keras model that trains a user's model on a mesh: :class:`MeshTrainer` (``Mesh.keras_model``).
+
+Keras' own ``compile`` / ``fit`` / ``evaluate`` / ``predict`` loops, callbacks and progress bar, with
+what TF 2.14's DTensor lacks supplied underneath (the design is in :mod:`.keras_layout`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
+from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
+from tensorfleet.validation import positive_int
+
+__all__ = ["MeshTrainer"]
+
+
+class MeshTrainer(tf.keras.Model):
+    """Trains ``model`` (built in ``Mesh.scope()``) with its weights laid out on a DTensor mesh.
+
+    ``fit`` and ``evaluate`` take arrays (``x``, ``y``, ``batch_size``; full batches only, the batch
+    split over the ``batch`` rule's mesh dimension) or a ``dtensor.DTensorDataset`` with
+    ``steps_per_epoch``. Each training step runs two functions: the gradients (with Keras'
+    clipping), then the update and the metrics. ``get_weights()`` gathers the shards to the host;
+    ``trainer.model`` is the user's model, whose weights the trainer trains.
+    """
+
+    def __init__(self, model: Any, layout: KerasLayout, dmesh: Any) -> None:
+        with mesh_scope(layout, dmesh):
+            super().__init__(name=f"{model.name}_on_mesh")
+        self.model = model
+        self.layout = layout
+        self.dmesh = dmesh
+        for layer in model.submodules:  # no layout propagation for FusedBatchNormV3: same maths unfused
+            if isinstance(layer, tf.keras.layers.LayerNormalization):
+                layer._fused = False
+            elif isinstance(layer, tf.keras.layers.BatchNormalization):
+                layer.fused = False
+        self._loss_fn = None
+        self._loss_tracker = None
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        return self.model(inputs, training=training)
+
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None, **kwargs: Any) -> None:
+        with mesh_scope(self.layout, self.dmesh):
+            optimizer = with_mesh(optimizer, self.dmesh)
+            super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+            from keras.src.losses import LossFunctionWrapper  # what Keras wraps a loss function in
+
+            loss_fn = tf.keras.losses.get(loss)
+            self._loss_fn = loss_fn if isinstance(loss_fn, tf.keras.losses.Loss) else LossFunctionWrapper(loss_fn)
+            self._loss_tracker = tf.keras.metrics.Mean(name="loss", mesh=self.dmesh)
+
+    @property
+    def metrics(self) -> list[Any]:
+        compiled = getattr(self, "compiled_metrics", None)
+        extra = compiled.metrics if compiled is not None and compiled.built else []
+        return ([self._loss_tracker] if getattr(self, "_loss_tracker", None) is not None else []) + extra
+
+    def _replicated(self, value: Any) -> Any:
+        return dtensor.relayout(value, dtensor.Layout.replicated(self.dmesh, rank=value.shape.rank))
+
+    def _loss(self, y: Any, y_pred: Any) -> Any:
+        loss = self._loss_fn(y, y_pred)
+        return loss + tf.add_n(self.model.losses) if self.model.losses else loss
+
+    def _metrics_update(self, y: Any, y_pred: Any, loss: Any) -> dict[str, Any]:
+        self._loss_tracker.update_state(self._replicated(loss))
+        self.compiled_metrics.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+    def make_train_function(self, force: bool = False) -> Any:
+        if self.train_function is not None and not force:
+            return self.train_function
+        variables = self.trainable_variables
+
+        @tf.function
+        def gradients(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                y_pred = self.model(x, training=True)
+                loss = self._loss(y, y_pred)
+            # Clipping here, not in the update: computed there, it changed the result (TF 2.14).
+            return y_pred, loss, clip_gradients(tape.gradient(loss, variables), self.optimizer.mesh_clipping)
+
+        @tf.function
+        def update(y: Any, y_pred: Any, loss: Any, grads: Any) -> Any:
+            # A separate function that only relays out and applies: in TF 2.14 DTensor, reading an
+            # optimizer slot after its update in the function that also computed the gradients (or
+            # clipped them) sometimes saw the old value.
+            grads = [dtensor.relayout(g, v.layout) for g, v in zip(grads, variables)]
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return self._metrics_update(y, y_pred, loss)
+
+        def train_function(iterator: Any) -> Any:
+            x, y = next(iterator)
+            return update(y, *gradients(x, y))
+
+        self.train_function = train_function
+        return train_function
+
+    def make_test_function(self, force: bool = False) -> Any:
+        if self.test_function is not None and not force:
+            return self.test_function
+        forward = tf.function(lambda x: self.model(x, training=False))
+        update = tf.function(lambda y, y_pred: self._metrics_update(y, y_pred, self._loss(y, y_pred)))
+
+        def test_function(iterator: Any) -> Any:
+            x, y = next(iterator)
+            return update(y, forward(x))
+
+        self.test_function = test_function
+        return test_function
+
+    def _dataset(self, x: Any, y: Any, batch_size: Any, shuffle: bool) -> tuple[Any, int]:
+        import numpy as np
+
+        if isinstance(x, dtensor.DTensorDataset):
+            return x, None
+        if y is None:
+            raise ValueError("A mesh trains on arrays x and y (or a dtensor.DTensorDataset with steps_per_epoch). "
+                             f"Received: x of type {type(x).__name__} and y=None")
+        x, y = np.asarray(x), np.asarray(y)
+        batch_size = positive_int("batch_size", 32 if batch_size is None else batch_size)
+        axis = self.layout.batch_axis
+        parts = self.layout.mesh_dims[axis] if axis else 1
+        if batch_size % parts:
+            raise ValueError(f"batch_size must be a multiple of mesh dimension {axis!r} of size {parts}, over "
+                             f"which the batch is split. Received: batch_size={batch_size}")
+        if len(x) != len(y) or len(x) < batch_size:
+            raise ValueError(f"x and y must hold the same number of examples, at least batch_size ({batch_size}). "
+                             f"Received: {len(x)} and {len(y)}")
+        data = tf.data.Dataset.from_tensor_slices((x, y))
+        if shuffle:
+            data = data.shuffle(len(x), reshuffle_each_iteration=True)
+
+        def layout(rank: int) -> Any:
+            return (dtensor.Layout.batch_sharded(self.dmesh, axis, rank) if axis
+                    else dtensor.Layout.replicated(self.dmesh, rank))
+
+        dataset = dtensor.DTensorDataset(data, mesh=self.dmesh, layouts=(layout(x.ndim), layout(y.ndim)),
+                                         global_batch_size=batch_size, batch_dim=axis)
+        return dataset, len(x) // batch_size
+
+    def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1, verbose: Any = "auto",
+            callbacks: Any = None, shuffle: bool = True, steps_per_epoch: Any = None, **kwargs: Any) -> Any:
+        if kwargs.get("validation_data") is not None or kwargs.get("validation_split"):
+            raise ValueError("Validation inside fit is not supported on a mesh yet; call trainer.evaluate(x_val, "
+                             "y_val) after fit (or from a callback). Received: validation data")
+        dataset, steps = self._dataset(x, y, batch_size, shuffle)
+        return super().fit(dataset, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                           steps_per_epoch=steps_per_epoch or steps, **kwargs)
+
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, verbose: Any = "auto",
+                 steps: Any = None, **kwargs: Any) -> Any:
+        dataset, count = self._dataset(x, y, batch_size, shuffle=False)
+        return super().evaluate(dataset, verbose=verbose, steps=steps or count, **kwargs)
+
+    def predict(self, x: Any, batch_size: Any = None, verbose: Any = 0, **kwargs: Any) -> Any:
+        import numpy as np
+
+        batch_size = positive_int("batch_size", 32 if batch_size is None else batch_size)
+        x = np.asarray(x)
+        forward = tf.function(lambda xb: self.model(xb, training=False))
+        outputs = []
+        for start in range(0, len(x), batch_size):
+            xb = dtensor.copy_to_mesh(x[start:start + batch_size], dtensor.Layout.replicated(self.dmesh, x.ndim))
+            outputs.append(host_value(forward(xb)))
+        return np.concatenate(outputs)
+
+    def get_weights(self) -> list[Any]:
+        return [host_value(v) for v in self.model.weights]
+

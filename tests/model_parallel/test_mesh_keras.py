@@ -1,0 +1,191 @@
+"""Any Keras model on a mesh: which weight is split over which mesh dimension, and Keras' own fit
+on a 2x2 mesh of logical CPUs matching one device (DTensor runs in a process of its own: its
+collectives' group key clashes with tf.distribute strategies other tests build)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from tensorfleet.model_parallel.mesh import KerasLayout, Mesh
+
+_layers = tf.keras.layers
+
+
+def _layout(rules="batch:b;hidden:m;heads:m;vocab:m;channels:m", patterns=None):
+    mesh = Mesh("b:2;m:2", rules)
+    return KerasLayout(mesh.layout.mesh_dims, mesh.layout.rules, patterns)
+
+
+def test_each_layer_kind_names_the_dimension_its_weights_are_split_on():
+    layout = _layout()
+    cases = [
+        (_layers.Dense(8, name="d"), "d/kernel", "kernel", (4, 8), (None, "m")),
+        (_layers.Dense(8, name="d"), "d/bias", "bias", (8,), ("m",)),
+        (_layers.EinsumDense("abc,cde->abde", (None, 4, 2), name="query"), "a/query/kernel", "kernel", (8, 4, 2),
+         (None, "m", None)),
+        (_layers.EinsumDense("abc,cde->abde", (None, 4, 2), name="value"), "a/value/bias", "bias", (4, 2),
+         ("m", None)),
+        (_layers.EinsumDense("abcd,cde->abe", (None, 8), name="attention_output"), "a/attention_output/kernel",
+         "kernel", (4, 2, 8), ("m", None, None)),
+        (_layers.EinsumDense("abcd,cde->abe", (None, 8), name="attention_output"), "a/attention_output/bias",
+         "bias", (8,), (None,)),
+        (_layers.LayerNormalization(name="ln"), "ln/gamma", "gamma", (16,), (None,)),
+        (_layers.BatchNormalization(name="bn"), "bn/moving_mean", "moving_mean", (16,), (None,)),
+    ]
+    for layer, path, name, shape, want in cases:
+        assert layout.weight(layer, path, name, shape).mesh_axes == want, path
+    assert [w.note for w in layout.decided] == [""] * len(cases)
+
+
+def test_what_cannot_be_split_is_replicated_with_a_note():
+    layout = _layout()
+    conv = layout.weight(_layers.Conv2D(8, 3, name="c"), "c/kernel", "kernel", (3, 3, 1, 8))
+    assert conv.mesh_axes == (None,) * 4 and not conv.sharded
+    assert conv.note == ("convolution kernels stay replicated: TF 2.14's DTensor convolves only with a replicated "
+                         "filter")
+    table = layout.weight(_layers.Embedding(32, 16, name="e"), "e/embeddings", "embeddings", (32, 16))
+    assert table.mesh_axes == (None, None)
+    assert table.note == ("embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows "
+                          "are whole (a pattern may split its columns)")
+    assert not _layout("batch:b").weight(_layers.Conv2D(8, 3), "c/kernel", "kernel", (3, 3, 1, 8)).note
+    odd = layout.weight(_layers.Dense(5, name="out"), "out/kernel", "kernel", (16, 5))
+    assert odd.mesh_axes == (None, None)
+    assert odd.note == "mesh dimension 'm' of size 2 does not divide hidden of size 5: replicated"
+    assert "out/kernel" in layout.summary() and "(16, 5)" in layout.summary()
+
+
+def test_a_dimension_no_rule_names_is_replicated():
+    layout = _layout("batch:b")
+    assert layout.weight(_layers.Dense(8, name="d"), "d/kernel", "kernel", (4, 8)).mesh_axes == (None, None)
+    assert layout.batch_axis == "b"
+
+
+def test_path_patterns_win_over_the_rules():
+    layout = _layout(patterns={r"^d1/kernel$": ("m", None), "embed": (None, "b")})
+    assert layout.weight(_layers.Dense(8, name="d1"), "d1/kernel", "kernel", (4, 8)).mesh_axes == ("m", None)
+    assert layout.weight(_layers.Dense(8, name="d2"), "d2/kernel", "kernel", (4, 8)).mesh_axes == (None, "m")
+    decided = layout.weight(_layers.Embedding(6, 4, name="embed"), "embed/embeddings", "embeddings", (6, 4))
+    assert decided.mesh_axes == (None, "b") and decided.note == "pattern 'embed'"
+
+
+@pytest.mark.parametrize("patterns,shape,message", [
+    ({"d1": (None, "x")}, (4, 8), r"patterns\['d1'\] must give one mesh dimension \(b, m\) or None per axis of the "
+                                  r"weight. Received: \(None, 'x'\)"),
+    ({"d1": ("m",)}, (4, 8), r"patterns\['d1'\] gives 1 axes but weight 'd1/kernel' has shape \(4, 8\) \(2 axes\). "
+                             r"Received: \('m',\)"),
+    ({"d1": (None, "m")}, (4, 7), r"Weight 'd1/kernel' of shape \(4, 7\) cannot be split over mesh dimension 'm' of "
+                                  r"size 2 on axis 1 \(size 7\). Received: patterns\['d1'\]=\(None, 'm'\)"),
+    ({"d1[": (None, "m")}, (4, 8), r"patterns keys must be regular expressions over weight paths such as "
+                                   r"'d1/kernel'. Received: 'd1\['"),
+])
+def test_impossible_patterns_are_errors_naming_the_weight_and_axis(patterns, shape, message):
+    with pytest.raises(ValueError, match=f"^{message}"):
+        _layout(patterns=patterns).weight(_layers.Dense(shape[1], name="d1"), "d1/kernel", "kernel", shape)
+
+
+def test_keras_model_before_a_scope_is_a_clear_error():
+    mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
+    with pytest.raises(ValueError, match=r"^Build the model inside mesh.scope\(\) first.*Received: model 'plain' and "
+                                         r"no scope entered$"):
+        mesh.keras_model(tf.keras.Sequential([tf.keras.Input((4,)), _layers.Dense(2)], name="plain"))
+
+
+_FIT_SCRIPT = r"""
+import json
+import numpy as np
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import tensorflow as tf
+from tensorfleet.model_parallel.mesh import Mesh
+from tensorfleet.model_parallel.mesh.keras_model import host_value
+L = tf.keras.layers
+
+def skip_net():  # Conv2D, any activation, Dropout, Add (skip connection), LayerNormalization
+    inputs = tf.keras.Input((8, 8, 1), name="pixels")
+    h = L.Conv2D(8, 3, padding="same", activation="relu", name="conv")(inputs)
+    h = L.Dense(16, activation="gelu", name="d1")(L.Flatten(name="flat")(h))
+    h2 = L.Dense(16, activation="tanh", name="d2")(L.Dropout(0.0, name="drop")(h))
+    h = L.LayerNormalization(name="ln")(L.Add(name="skip")([h, h2]))
+    return tf.keras.Model(inputs, L.Dense(10, name="logits")(h), name="skip_net")
+
+def sequential():
+    return tf.keras.Sequential([tf.keras.Input((8, 8, 1)), L.Flatten(), L.Dense(32, activation="relu", name="h"),
+                                L.Dropout(0.0), L.Dense(10, activation="softmax", name="probs")], name="seq")
+
+class Steps(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses = getattr(self, "losses", []) + [float(logs["loss"])]
+
+rng = np.random.RandomState(0)
+x = rng.rand(160, 8, 8, 1).astype("float32")
+y = (np.arange(160) % 10).astype("int32")
+out = {}
+for key, build, optimizer, loss in [
+        ("adam", skip_net, "tf.keras.optimizers.Adam(1e-2)", tf.keras.losses.SparseCategoricalCrossentropy(True)),
+        ("adamw_clip", skip_net, "tf.keras.optimizers.AdamW(1e-2, weight_decay=0.05, global_clipnorm=0.5)",
+         tf.keras.losses.SparseCategoricalCrossentropy(True)),
+        ("sgd_sequential", sequential, "tf.keras.optimizers.SGD(0.1, momentum=0.9)", "sparse_categorical_crossentropy")]:
+    tf.keras.utils.set_random_seed(1)
+    reference = build()
+    initial = reference.get_weights()
+    reference.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
+    ref_steps = Steps()
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[ref_steps])
+    mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
+    with mesh.scope() as layout:
+        model = build()
+        trainer = mesh.keras_model(model)
+        trainer.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
+    model.set_weights(initial)
+    steps = Steps()
+    history = trainer.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[steps])
+    weights = trainer.get_weights()
+    d1 = next((v for v in model.weights if v.name.startswith(("d1/kernel", "h/kernel"))))
+    out[key] = {
+        "steps": steps.losses, "ref_steps": ref_steps.losses, "history": history.history,
+        "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(weights, reference.get_weights()))),
+        "moved": float(max(np.abs(a - b).max() for a, b in zip(weights, initial))),
+        "evaluate": trainer.evaluate(x, y, batch_size=32, verbose=0),
+        "ref_evaluate": reference.evaluate(x, y, batch_size=32, verbose=0),
+        "predict_diff": float(np.abs(trainer.predict(x[:50], batch_size=16) - reference.predict(x[:50], verbose=0)).max()),
+        "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided},
+        "slots": {v.name: list(v.layout.sharding_specs) for v in trainer.optimizer.variables
+                  if d1.name.split(":")[0] in v.name},
+        "d1_shards": [list(t.shape) for t in tf.experimental.dtensor.unpack(d1.read_value())],
+        "d1_shape": list(d1.shape),
+    }
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_keras_fit_on_a_2x2_mesh_matches_one_device_after_5_steps():
+    result = subprocess.run([sys.executable, "-c", _FIT_SCRIPT], capture_output=True, text=True, timeout=540,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for key, row in out.items():
+        assert len(row["steps"]) == 5 and row["moved"] > 1e-3, key
+        assert max(abs(a - b) for a, b in zip(row["steps"], row["ref_steps"])) < 1e-5, (key, row)
+        assert row["weight_diff"] < 1e-5, (key, row["weight_diff"])
+        assert max(abs(a - b) for a, b in zip(row["evaluate"], row["ref_evaluate"])) < 1e-5, (key, row)
+        assert row["predict_diff"] < 1e-5, key
+        assert list(row["history"]) == ["loss", "accuracy"], key
+    adam = out["adam"]
+    assert adam["layouts"] == {
+        "conv/kernel": ["-"] * 4, "conv/bias": ["-"], "d1/kernel": ["-", "m"], "d1/bias": ["m"],
+        "drop/StateVar": ["-"], "d2/kernel": ["-", "m"], "d2/bias": ["m"], "ln/gamma": ["-"], "ln/beta": ["-"],
+        "logits/kernel": ["-", "m"], "logits/bias": ["m"]}
+    # Adam's slots are laid out like their variable; each device holds half the columns of d1's kernel
+    assert adam["slots"] == {"Adam/m/d1/kernel:0": ["unsharded", "m"], "Adam/v/d1/kernel:0": ["unsharded", "m"]}
+    assert adam["d1_shape"] == [512, 16] and adam["d1_shards"] == [[512, 8]] * 4
+    assert out["sgd_sequential"]["layouts"]["h/kernel"] == ["-", "m"]
+    assert re.fullmatch(r"AdamW/m/d1/kernel:0", next(iter(out["adamw_clip"]["slots"])))
