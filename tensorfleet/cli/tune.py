@@ -11,12 +11,13 @@ Example:
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-__all__ = ["k8s_tune_command", "register", "tune_command"]
+__all__ = ["FederatedObjective", "federated_tune_command", "k8s_tune_command", "register", "tune_command"]
 
 
 def tune_command(
@@ -100,6 +101,68 @@ def k8s_tune_command(
                           memory=memory)
     path = write(docs, output)
     typer.echo(f"wrote {path}: " + ", ".join(f"{d['kind']} {d['metadata']['name']}" for d in docs))
+
+
+class FederatedObjective(str, Enum):
+    """What a federated trial is scored by: the last round's central test accuracy (larger is
+    better) or the first round that reaches ``--target`` (smaller is better; never: rounds + 1)."""
+
+    FINAL_ACCURACY = "final_accuracy"
+    ROUNDS_TO_TARGET = "rounds_to_target"
+
+
+def _federated_space(cfg: dict[str, Any]) -> Any:
+    clients = cfg["clients"] or 100
+    most = max(2, min(20, clients - cfg["eval_clients"]))
+
+    def space(hp: Any) -> None:
+        hp.Float("client_lr", 1e-3, 1.0, sampling="log")
+        hp.Float("server_lr", 0.1, 3.0, sampling="log")
+        hp.Int("local_epochs", 1, 3)
+        hp.Int("clients_per_round", min(2, most), most)
+
+    return space
+
+
+def federated_trial(cfg: dict[str, Any], values: dict[str, Any], objective: FederatedObjective,
+                    target: float) -> float:
+    """One trial: the experiment of ``cfg`` with the trial's ``values``, scored by ``objective``."""
+    from tensorfleet.federated.experiment import run_experiment
+
+    history = run_experiment({**cfg, **values, "out": None, "progress": False, "checkpoint_every": 0})
+    if objective is FederatedObjective.FINAL_ACCURACY:
+        return float(history.final("test_accuracy"))
+    reached = history.rounds_to("test_accuracy", target)
+    return float(reached if reached is not None else cfg["rounds"] + 1)
+
+
+def federated_tune_command(
+    config: Path = typer.Option(..., "--config", help="The experiment's YAML (the keys of 'federated run')."),
+    max_trials: int = typer.Option(10, "--max-trials"),
+    objective: str = typer.Option("final_accuracy", "--objective", help="final_accuracy or rounds_to_target."),
+    target: float = typer.Option(0.8, "--target", help="The test accuracy rounds_to_target counts rounds to."),
+    algorithm: str = typer.Option("random", "--algorithm", help="random or bayesian."),
+    out: Path = typer.Option(Path("federated_tune_out"), "--out"),
+    seed: int = typer.Option(0, "--seed", help="The oracle's random seed."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the search saved in --out."),
+    fresh: bool = typer.Option(False, "--fresh", help="Delete the search saved in --out and begin again."),
+) -> None:
+    """Search client and server learning rates, local epochs and clients per round with Keras Tuner's
+    oracle, each trial a federated simulation of the experiment in --config."""
+    from tensorfleet.federated.experiment import load_config, resolve_config
+    from tensorfleet.tuning.blackbox import search_function
+    from tensorfleet.tuning.distributed import describe
+    from tensorfleet.validation import choice, number
+
+    goal = choice(FederatedObjective, "objective", objective)
+    number("target", target, above=0, maximum=1)
+    cfg = resolve_config(load_config(config))
+    result = search_function(lambda values: federated_trial(cfg, values, goal, target), _federated_space(cfg),
+                             objective=goal.value, direction="max" if goal is FederatedObjective.FINAL_ACCURACY
+                             else "min", max_trials=max_trials, out=out, algorithm=algorithm, seed=seed,
+                             resume=resume, fresh=fresh, log=typer.echo)
+    typer.echo((result.out / "results.txt").read_text().rstrip())
+    typer.echo(describe(result))
 
 
 def register(app: typer.Typer) -> None:

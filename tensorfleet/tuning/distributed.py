@@ -245,4 +245,5 @@ def describe(result: SearchResult) -> str:
     if best is None:
         return f"{head}; no trial completed, so no best model."
     values = ", ".join(f"{k}={v}" for k, v in best.hyperparameters.items() if not k.startswith("tuner/"))
-    return f"{head}\nbest: trial {best.trial_id}, {result.objective}={best.score:.4f} ({values}) -> {result.best_model}"
+    model = f" -> {result.best_model}" if result.best_model else ""
+    return f"{head}\nbest: trial {best.trial_id}, {result.objective}={best.score:.4f} ({values}){model}"
