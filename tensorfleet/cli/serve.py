@@ -75,6 +75,9 @@ def serve_command(
     drain_seconds: float = typer.Option(10.0, "--drain-seconds", help="How long SIGTERM waits for requests in flight."),
     poll_seconds: float = typer.Option(1.0, "--file-system-poll-wait-seconds", "--file_system_poll_wait_seconds",
                                        help="How often BASE is checked for new versions (0: never)."),
+    stages: int = typer.Option(1, "--stages", help="Serve stage to stage through the model's stage_* signatures "
+                               "(export with `serving export --stages K`)."),
+    micro_batches: int = typer.Option(4, "--micro-batches", help="With --stages: micro-batches per request in flight."),
     intra_op: int = typer.Option(0, "--tensorflow-intra-op-parallelism", "--tensorflow_intra_op_parallelism",
                                  help="Threads one TensorFlow op may use (0: TensorFlow's choice)."),
     inter_op: int = typer.Option(0, "--tensorflow-inter-op-parallelism", "--tensorflow_inter_op_parallelism",
@@ -118,6 +121,7 @@ def serve_command(
               model_version_policy=model_version_policy, labels=_labels(label or []),
               max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds, replicas=replicas,
               max_replicas=max_replicas, scale_target_ms=scale_target_ms, scale_plot=scale_plot,
+              stages=stages, micro_batches=micro_batches,
               poll_seconds=poll_seconds,
               log=lambda line: typer.echo(f"[serve] {line}"))
     finally:

@@ -28,6 +28,8 @@ def export_cmd(
     output_names: Optional[List[str]] = typer.Option(  # noqa: UP006,UP007
         None, "--output-name", help="The signature's output name(s) (default: the output layer names)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version directory."),
+    stages: int = typer.Option(1, "--stages", help="Also save the model cut into this many stage signatures "
+                               "(stage_0 ...) for `tensorfleet serve --stages`."),
 ) -> None:
     """Write MODEL as a SavedModel with a serving_default signature to BASE/<version>/, and print its names."""
     from tensorfleet.serving.saved_model import export, load_keras_model
@@ -35,5 +37,5 @@ def export_cmd(
 
     positive_int("--version", version)  # before loading anything
     result = export(load_keras_model(model), base, version, input_names=input_names or None,
-                    output_names=output_names or None, overwrite=overwrite)
+                    output_names=output_names or None, overwrite=overwrite, stages=stages)
     typer.echo(result.summary())

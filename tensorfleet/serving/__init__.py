@@ -11,6 +11,7 @@
   (what both fronts call), :mod:`~tensorfleet.serving.rest`, :mod:`~tensorfleet.serving.grpc_api`,
   :mod:`~tensorfleet.serving.replicas` (the model in worker processes, restarted when one dies),
   :mod:`~tensorfleet.serving.elastic` (replicas added under queueing, removed when idle),
+  :mod:`~tensorfleet.serving.stages` (a model served stage to stage, micro-batches in flight),
   :mod:`~tensorfleet.serving.versions` (new versions picked up while serving) and
   :mod:`~tensorfleet.serving.metrics` (Prometheus text at TF Serving's monitoring path).
 
@@ -27,14 +28,14 @@ from tensorfleet.lazy import attach
 __getattr__, _LAZY = attach(
     __name__,
     modules=("batching", "elastic", "errors", "grpc_api", "metrics", "predictor", "replicas", "repository", "rest",
-             "saved_model", "servable", "server", "versions"),
+             "saved_model", "servable", "server", "stages", "versions"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
         "TensorSignature": "saved_model",
         "ModelServer": "server", "serve": "server", "BatchingOptions": "batching", "Batcher": "batching",
         "ServingError": "errors", "ModelRepository": "repository", "Predictor": "predictor",
         "ReplicaPool": "replicas", "VersionWatcher": "versions", "ServingMetrics": "metrics",
-        "Autoscaler": "elastic",
+        "Autoscaler": "elastic", "StagedRunner": "stages",
     },
 )
 

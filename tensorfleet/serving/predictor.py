@@ -23,6 +23,7 @@ from tensorfleet.serving.metrics import ServingMetrics
 from tensorfleet.serving.replicas import ReplicaPool
 from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.servable import Servable, Signature
+from tensorfleet.serving.stages import StagedRunner
 from tensorfleet.validation import integer, positive_int
 
 __all__ = ["Prediction", "Predictor"]
@@ -53,9 +54,14 @@ class Predictor:
 
     def __init__(self, repository: ModelRepository, *, batching: BatchingOptions | None = None,
                  request_threads: int = 4, replicas: int = 0, max_replicas: int | None = None,
-                 target_wait: float = 0.01) -> None:
+                 target_wait: float = 0.01, stages: int = 1, micro_batches: int = 4) -> None:
         self.repository = repository
         self.replicas = integer("replicas", replicas, minimum=0)
+        self.stages = positive_int("stages", stages)
+        self.micro_batches = positive_int("micro_batches", micro_batches)
+        if self.stages > 1 and self.replicas:
+            raise ValueError(f"Serve either stages or replicas, not both. Received: stages={stages}, "
+                             f"replicas={replicas}")
         self.max_replicas = self.replicas if max_replicas is None else integer(
             "max_replicas", max_replicas, minimum=max(self.replicas, 1))
         self.target_wait = target_wait
@@ -67,6 +73,7 @@ class Predictor:
         self._batchers: dict[tuple[int, str], Batcher] = {}
         self.pools: dict[int, ReplicaPool] = {}
         self.autoscalers: dict[int, Autoscaler] = {}
+        self.staged: dict[int, StagedRunner] = {}
         self._inflight: dict[int, int] = {}
         self._retired: set[int] = set()
         self._lock = threading.Lock()
@@ -149,7 +156,7 @@ class Predictor:
             return self._batchers[key]
 
     def _runner(self, servable: Servable) -> Callable[..., dict[str, np.ndarray]]:
-        pool = self.pools.get(servable.version)
+        pool = self.pools.get(servable.version) or self.staged.get(servable.version)
         run = servable.run if pool is None else pool.run
 
         def observed(signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -159,13 +166,15 @@ class Predictor:
         return observed
 
     def start_replicas(self, log: Callable[[str], None] | None = None) -> None:
-        """Starts ``replicas`` worker processes for every loaded version (none when ``replicas`` is 0)."""
+        """Starts the stage threads or ``replicas`` worker processes of every loaded version (if any)."""
         for servable in list(self.repository.servables.values()):
             self.prepare(servable, log)
 
     def prepare(self, servable: Servable, log: Callable[[str], None] | None = None) -> None:
-        """Gets a version ready before it is routed to: its replica processes (and their
-        autoscaler, when ``max_replicas`` is above ``replicas``), if any."""
+        """Gets a version ready before it is routed to: its stage threads, or its replica processes
+        (and their autoscaler, when ``max_replicas`` is above ``replicas``), if any."""
+        if self.stages > 1 and servable.version not in self.staged:
+            self.staged[servable.version] = StagedRunner(servable, self.stages, micro_batches=self.micro_batches)
         if self.replicas and servable.version not in self.pools:
             pool = ReplicaPool(servable.name, servable.version, servable.path, replicas=self.replicas,
                                intra_op_threads=1, log=log)
@@ -188,6 +197,9 @@ class Predictor:
         scaler = self.autoscalers.pop(version, None)
         if scaler is not None:
             scaler.stop()
+        staged = self.staged.pop(version, None)
+        if staged is not None:
+            staged.close()
         pool = self.pools.pop(version, None)
         if pool is not None:
             pool.close()
@@ -209,5 +221,5 @@ class Predictor:
         self._pool.shutdown(wait=True)
         for scaler in self.autoscalers.values():
             scaler.stop()
-        for pool in self.pools.values():
+        for pool in [*self.pools.values(), *self.staged.values()]:
             pool.close()

@@ -48,12 +48,15 @@ class ExportResult:
     signature_name: str
     inputs: tuple[TensorSignature, ...] = field(default_factory=tuple)
     outputs: tuple[TensorSignature, ...] = field(default_factory=tuple)
+    stages: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """Lines stating where the model went and the names a client must use."""
         lines = [f"exported version {self.version} to {self.path} (signature {self.signature_name!r})"]
         lines += [f"  input  {t}" for t in self.inputs]
         lines += [f"  output {t}" for t in self.outputs]
+        if self.stages:
+            lines.append(f"  stages {', '.join(self.stages)} (for `tensorfleet serve --stages {len(self.stages)}`)")
         return "\n".join(lines)
 
 
@@ -99,7 +102,7 @@ def _check_model(model: Any) -> None:
 
 def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
            input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
-           overwrite: bool = False) -> ExportResult:
+           overwrite: bool = False, stages: int = 1, stage_boundaries: Sequence[int] | None = None) -> ExportResult:
     """Writes ``model`` to ``base_dir/<version>/`` with a ``serving_default`` signature.
 
     Args:
@@ -110,6 +113,10 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
         input_names: the signature's input names (default: the model's input layer names).
         output_names: the signature's output names (default: the model's output layer names).
         overwrite: replace an existing version directory instead of refusing.
+        stages: above 1, the model's chain of layers is also cut into this many stages, each saved
+            as its own signature (``stage_0`` ...) for model-parallel serving
+            (:mod:`~tensorfleet.serving.stages`).
+        stage_boundaries: where the stages start (default: balanced by parameter count).
 
     Returns:
         An :class:`ExportResult` naming the inputs and outputs a client sends and receives.
@@ -138,9 +145,11 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     module.weights = list(model.variables)  # tracked so the signature's captured variables are saved
     module.serve = _signature_function(model, inputs, outputs)
     signature = module.serve.get_concrete_function()
+    signatures = {DEFAULT_SIGNATURE: signature}
+    stage_names = _add_stages(module, model, stages, inputs, outputs, stage_boundaries, signatures)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".tmp", dir=base))
     try:
-        tf.saved_model.save(module, str(tmp), signatures={DEFAULT_SIGNATURE: signature})
+        tf.saved_model.save(module, str(tmp), signatures=signatures)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -149,7 +158,23 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
         raise
     return ExportResult(target, version, DEFAULT_SIGNATURE,
                         _describe((spec.name, spec) for spec in module.serve.input_signature),
-                        _describe(signature.structured_outputs.items()))
+                        _describe(signature.structured_outputs.items()), tuple(stage_names))
+
+
+def _add_stages(module: Any, model: Any, stages: int, inputs: list[str], outputs: list[str],
+                boundaries: Sequence[int] | None, signatures: dict[str, Any]) -> list[str]:
+    from tensorfleet.serving.stages import stage_functions, stage_names
+
+    if integer("stages", stages, minimum=1) == 1:
+        return []
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ValueError(f"Stages need a model with one input and one output (a chain of layers). Received: "
+                         f"inputs {inputs}, outputs {outputs}")
+    names = stage_names(stages)
+    module.stages = stage_functions(model, stages, inputs[0], outputs[0], boundaries=boundaries)
+    for name, function in zip(names, module.stages):
+        signatures[name] = function.get_concrete_function()
+    return names
 
 
 def load_keras_model(path: str | os.PathLike[str]) -> Any:

@@ -44,6 +44,8 @@ class ModelServer:
         max_replicas: above ``replicas``, replicas are added (up to this many) while requests wait
             for one longer than ``scale_target_ms`` and removed (down to ``replicas``) when idle;
             ``scale_plot`` is a PNG of the replica count and scale events written on stop.
+        stages: above 1, requests run stage to stage through the version's ``stage_*`` signatures
+            (export with ``stages=``), ``micro_batches`` of each request in flight.
         poll_seconds: how often the base directory is checked for new versions (0: never).
 
     Example:
@@ -58,6 +60,7 @@ class ModelServer:
                  labels: Mapping[str, int] | None = None, max_request_bytes: int = 4 << 20,
                  drain_seconds: float = 10.0, request_threads: int = 4, replicas: int = 0,
                  max_replicas: int | None = None, scale_target_ms: float = 10.0, scale_plot: str | None = None,
+                 stages: int = 1, micro_batches: int = 4,
                  poll_seconds: float = 1.0, log: Callable[[str], None] | None = None) -> None:
         self.base_path = Path(base_path)
         self.model_name = model_name or self.base_path.resolve().name
@@ -70,7 +73,8 @@ class ModelServer:
         self.repository = ModelRepository(self.model_name, self.base_path, policy=model_version_policy,
                                           labels=labels)
         self.predictor = Predictor(self.repository, batching=batching, request_threads=request_threads,
-                                   replicas=replicas, max_replicas=max_replicas,
+                                   replicas=replicas, max_replicas=max_replicas, stages=stages,
+                                   micro_batches=micro_batches,
                                    target_wait=number("scale_target_ms", scale_target_ms, above=0) / 1e3)
         self.scale_plot = scale_plot
         self.log = log or (lambda line: None)
@@ -89,6 +93,8 @@ class ModelServer:
         self.log(f"loaded {self.model_name!r} version(s) {versions} from {self.base_path}")
         try:
             self.predictor.start_replicas(self.log)
+            if self.predictor.stages > 1:
+                self.log(f"stages: {self.predictor.stages}, {self.predictor.micro_batches} micro-batches per request")
             if self.predictor.replicas:
                 elastic = (f", elastic up to {self.predictor.max_replicas}"
                            if self.predictor.max_replicas > self.predictor.replicas else "")

@@ -1,0 +1,158 @@
+"""Model-parallel serving: a model cut into stages, served stage to stage with micro-batches in flight.
+
+At export (``export(model, base, stages=K)``) the model's chain of layers is cut with the pipeline
+module's :func:`~tensorfleet.model_parallel.pipeline.partition_layers`, and each stage is saved as
+its own signature, ``stage_0`` ... ``stage_{K-1}``, beside ``serving_default`` (the whole model).
+At serving time (``ModelServer(stages=K)``), :class:`StagedRunner` keeps one thread per stage,
+each optionally on its own device; a batch is cut into micro-batches that flow through the
+stages, so stage ``s`` works on micro-batch ``i`` while stage ``s + 1`` works on ``i - 1`` (the
+forward half of GPipe's schedule). The rows come back in order and equal the unsplit model's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tensorfleet.serving.servable import Servable
+from tensorfleet.validation import positive_int
+
+__all__ = ["STAGE_TENSOR", "StagedRunner", "stage_functions", "stage_names"]
+
+STAGE_TENSOR = "activations"  # the name of every tensor passed between stages
+
+
+def stage_names(num_stages: int) -> list[str]:
+    """The stage signatures' names.
+
+    Example:
+        >>> stage_names(3)
+        ['stage_0', 'stage_1', 'stage_2']
+    """
+    return [f"stage_{i}" for i in range(positive_int("stages", num_stages))]
+
+
+def stage_functions(model: Any, num_stages: int, input_name: str, output_name: str, *,
+                    boundaries: Sequence[int] | None = None) -> list[Any]:
+    """One ``tf.function`` per stage: stage 0 takes ``input_name``, the last returns ``output_name``,
+    the others pass :data:`STAGE_TENSOR`."""
+    import tensorflow as tf
+
+    from tensorfleet.model_parallel.chain import chain_layers
+    from tensorfleet.model_parallel.pipeline.stages import partition_layers
+
+    parts = partition_layers(chain_layers(model), num_stages, boundaries=boundaries)
+    spec = tf.TensorSpec([None, *model.inputs[0].shape[1:]], model.inputs[0].dtype, name=input_name)
+    functions = []
+    for index, layers in enumerate(parts):
+        out_name = output_name if index == len(parts) - 1 else STAGE_TENSOR
+        function = tf.function(_stage(layers, out_name), input_signature=[spec])
+        functions.append(function)
+        out = function.get_concrete_function().structured_outputs[out_name]
+        spec = tf.TensorSpec([None, *out.shape[1:]], out.dtype, name=STAGE_TENSOR)
+    return functions
+
+
+def _stage(layers: list, out_name: str) -> Any:
+    def stage(x: Any) -> dict[str, Any]:
+        for layer in layers:
+            x = layer(x, training=False)
+        return {out_name: x}
+
+    return stage
+
+
+class _Job:
+    def __init__(self, count: int) -> None:
+        self.results: list[np.ndarray | None] = [None] * count
+        self.left = count
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def finish(self, index: int, value: np.ndarray | None, error: BaseException | None = None) -> None:
+        with self.lock:
+            self.results[index] = value
+            self.error = self.error or error
+            self.left -= 1
+            if self.left == 0:
+                self.done.set()
+
+
+class StagedRunner:
+    """Runs ``serving_default`` requests through a servable's stage signatures, one thread per stage.
+
+    Example:
+        >>> runner = StagedRunner(servable, num_stages=2, micro_batches=4)  # doctest: +SKIP
+        >>> runner.run("serving_default", {"image": x})                     # doctest: +SKIP
+        >>> runner.close()                                                  # doctest: +SKIP
+    """
+
+    def __init__(self, servable: Servable, num_stages: int, *, micro_batches: int = 4,
+                 devices: Sequence[str] | None = None) -> None:
+        self.servable = servable
+        self.names = stage_names(num_stages)
+        missing = [n for n in self.names if n not in servable.signatures]
+        if missing:
+            raise ValueError(f"Serving {num_stages} stages needs signatures {self.names}; version "
+                             f"{servable.version} has {sorted(servable.signatures)} (export it with stages={num_stages}).")
+        self.micro_batches = positive_int("micro_batches", micro_batches)
+        self.devices = list(devices or [])
+        first, last = servable.signatures[self.names[0]], servable.signatures[self.names[-1]]
+        self.input_name, self.output_name = next(iter(first.inputs)), next(iter(last.outputs))
+        self._queues: list[queue.Queue] = [queue.Queue() for _ in self.names]
+        self._threads = [threading.Thread(target=self._stage, args=(i,), name=f"tfl-stage-{i}", daemon=True)
+                         for i in range(len(self.names))]
+        for thread in self._threads:
+            thread.start()
+
+    def _stage(self, index: int) -> None:
+        import tensorflow as tf
+
+        name = self.names[index]
+        in_name = next(iter(self.servable.signatures[name].inputs))
+        out_name = next(iter(self.servable.signatures[name].outputs))
+        device = self.devices[index % len(self.devices)] if self.devices else None
+        while True:
+            item = self._queues[index].get()
+            if item is None:
+                return
+            job, chunk, value = item
+            if job.error is not None:
+                job.finish(chunk, None)
+                continue
+            try:
+                with tf.device(device) if device else contextlib.nullcontext():
+                    value = self.servable.run(name, {in_name: value})[out_name]
+            except Exception as exc:  # the request fails, the stage goes on
+                job.finish(chunk, None, exc)
+                continue
+            if index + 1 < len(self.names):
+                self._queues[index + 1].put((job, chunk, value))
+            else:
+                job.finish(chunk, value)
+
+    def run(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The request's outputs; ``serving_default`` goes stage to stage, other signatures run whole."""
+        if (signature or "serving_default") != "serving_default":
+            return self.servable.run(signature, arrays)
+        rows = arrays[self.input_name]
+        chunks = [c for c in np.array_split(rows, min(self.micro_batches, max(1, len(rows) // 2))) if len(c)]
+        job = _Job(len(chunks))
+        for index, chunk in enumerate(chunks):
+            self._queues[0].put((job, index, chunk))
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return {self.output_name: np.concatenate(job.results)}
+
+    def close(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for thread in self._threads:
+            thread.join(30)
+

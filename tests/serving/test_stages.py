@@ -1,0 +1,68 @@
+"""Model-parallel serving: a model exported as stage signatures and served stage to stage with
+micro-batches in flight answers exactly what the unsplit model does, over REST and gRPC."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+from .conftest import start_server
+
+
+@pytest.fixture(scope="module")
+def staged_base(tmp_path_factory, digits_models):
+    from tensorfleet.serving import export
+
+    base = tmp_path_factory.mktemp("staged") / "digits"
+    result = export(digits_models[1], base, version=1, stages=3)
+    assert result.stages == ("stage_0", "stage_1", "stage_2")
+    assert result.summary().splitlines()[-1] == "  stages stage_0, stage_1, stage_2 (for `tensorfleet serve --stages 3`)"
+    return base
+
+
+def test_each_stage_signature_feeds_the_next(staged_base, digits_models, images):
+    import tensorflow as tf
+
+    signatures = tf.saved_model.load(str(staged_base / "1")).signatures
+    x = tf.constant(images[:6])
+    a = signatures["stage_0"](image=x)["activations"]
+    b = signatures["stage_1"](activations=a)["activations"]
+    logits = signatures["stage_2"](activations=b)["logits"]
+    np.testing.assert_array_equal(logits.numpy(), digits_models[1].predict(images[:6], verbose=0))
+
+
+def test_a_staged_server_answers_the_unsplit_models_outputs(staged_base, digits_models, images):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    server = start_server(staged_base, stages=3, micro_batches=4)
+    try:
+        expected = digits_models[1].predict(images, verbose=0)
+        body = json.dumps({"instances": images[:17].tolist()}).encode()
+        url = f"http://127.0.0.1:{server.rest_api_port}/v1/models/digits:predict"
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as reply:
+            np.testing.assert_array_equal(np.array(json.loads(reply.read())["predictions"], np.float32),
+                                          expected[:17])
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "digits"
+        request.inputs["image"].CopyFrom(tf.make_tensor_proto(images))
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        np.testing.assert_array_equal(tf.make_ndarray(reply.outputs["logits"]), expected)
+        servable = server.repository.get("digits")
+        assert servable.calls == 3 * (4 + 4)  # every micro-batch of both requests through the 3 stages
+    finally:
+        server.stop()
+
+
+def test_stages_need_stage_signatures_and_not_replicas(model_base):
+    from tensorfleet.serving import ModelServer
+
+    with pytest.raises(ValueError, match=r"Serving 2 stages needs signatures \['stage_0', 'stage_1'\]"):
+        start_server(model_base, stages=2)
+    with pytest.raises(ValueError, match="Serve either stages or replicas, not both"):
+        ModelServer(model_base, stages=2, replicas=2)
