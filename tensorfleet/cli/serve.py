@@ -91,7 +91,7 @@ def serve_command(
                                                     "queue longer than --scale-target-ms, removed when idle."),
     scale_target_ms: float = typer.Option(10.0, "--scale-target-ms", help="Elastic: the queue latency target."),
     scale_plot: Optional[str] = typer.Option(None, "--scale-plot",  # noqa: UP007
-                                             help="Elastic: write a PNG of the replica count and scale events at exit."),
+                                             help="Elastic: a PNG of the replica count and scale events at exit."),
 ) -> None:
     """Serve BASE over TF Serving's gRPC (PredictionService, ModelService) and REST APIs until SIGTERM."""
     from tensorfleet.serving.batching import BatchingOptions

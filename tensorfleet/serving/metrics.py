@@ -1,8 +1,8 @@
 """The server's metrics in Prometheus' text format, at TF Serving's path ``/monitoring/prometheus/metrics``.
 
 Named after TF Serving's own (``:tensorflow:serving:request_count``, ``...:request_latency`` in
-microseconds) plus the batcher's batch sizes and queue depth and the requests in flight. Counting is a few additions under a
-lock; the text is made only when scraped.
+microseconds) plus the batcher's batch sizes and queue depth and the requests in flight.
+Counting is a few additions under a lock; the text is made only when scraped.
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ class StagedRunner:
         missing = [n for n in self.names if n not in servable.signatures]
         if missing:
             raise ValueError(f"Serving {num_stages} stages needs signatures {self.names}; version "
-                             f"{servable.version} has {sorted(servable.signatures)} (export it with stages={num_stages}).")
+                             f"{servable.version} has {sorted(servable.signatures)} "
+                             f"(export it with stages={num_stages}).")
         self.micro_batches = positive_int("micro_batches", micro_batches)
         self.devices = list(devices or [])
         first, last = servable.signatures[self.names[0]], servable.signatures[self.names[-1]]

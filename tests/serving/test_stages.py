@@ -19,7 +19,8 @@ def staged_base(tmp_path_factory, digits_models):
     base = tmp_path_factory.mktemp("staged") / "digits"
     result = export(digits_models[1], base, version=1, stages=3)
     assert result.stages == ("stage_0", "stage_1", "stage_2")
-    assert result.summary().splitlines()[-1] == "  stages stage_0, stage_1, stage_2 (for `tensorfleet serve --stages 3`)"
+    assert result.summary().splitlines()[-1] == (
+        "  stages stage_0, stage_1, stage_2 (for `tensorfleet serve --stages 3`)")
     return base
 
 

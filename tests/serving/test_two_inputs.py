@@ -22,9 +22,10 @@ def two_way(tmp_path_factory):
 
     features = tf.keras.Input(shape=(3,), name="features")
     bucket = tf.keras.Input(shape=(), dtype=tf.int32, name="bucket")
-    embedded = tf.keras.layers.Embedding(5, 3, embeddings_initializer=tf.keras.initializers.RandomNormal(seed=1))(bucket)
+    init = tf.keras.initializers
+    embedded = tf.keras.layers.Embedding(5, 3, embeddings_initializer=init.RandomNormal(seed=1))(bucket)
     summed = tf.keras.layers.Add()([features, embedded])
-    score = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2), name="score")(summed)
+    score = tf.keras.layers.Dense(1, kernel_initializer=init.GlorotUniform(seed=2), name="score")(summed)
     doubled = tf.keras.layers.Lambda(lambda t: t * 2.0, name="doubled")(features)
     model = tf.keras.Model([features, bucket], [score, doubled])
     base = tmp_path_factory.mktemp("two") / "two"
