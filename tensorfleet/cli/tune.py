@@ -148,7 +148,8 @@ def federated_tune_command(
     fresh: bool = typer.Option(False, "--fresh", help="Delete the search saved in --out and begin again."),
 ) -> None:
     """Search client and server learning rates, local epochs and clients per round with Keras Tuner's
-    oracle, each trial a federated simulation of the experiment in --config."""
+    oracle, each trial a federated simulation of the experiment in --config (on the compiled backend
+    where it applies, unless the config names a backend)."""
     from tensorfleet.federated.experiment import load_config, resolve_config
     from tensorfleet.tuning.blackbox import search_function
     from tensorfleet.tuning.distributed import describe
@@ -156,7 +157,9 @@ def federated_tune_command(
 
     goal = choice(FederatedObjective, "objective", objective)
     number("target", target, above=0, maximum=1)
-    cfg = resolve_config(load_config(config))
+    loaded = load_config(config)
+    loaded.setdefault("backend", "auto")  # the compiled backend where it gives TFF's result, TFF elsewhere
+    cfg = resolve_config(loaded)
     result = search_function(lambda values: federated_trial(cfg, values, goal, target), _federated_space(cfg),
                              objective=goal.value, direction="max" if goal is FederatedObjective.FINAL_ACCURACY
                              else "min", max_trials=max_trials, out=out, algorithm=algorithm, seed=seed,

@@ -17,7 +17,6 @@ clients: 10
 partition: iid
 rounds: 3
 batch_size: 32
-backend: compiled
 """
 
 
@@ -47,7 +46,7 @@ def test_each_trial_is_a_simulation_and_the_best_score_is_a_fresh_runs(tmp_path)
     assert best["score"] == max(t["score"] for t in summary["trials"])
     from tensorfleet.federated.experiment import load_config, resolve_config
 
-    cfg = resolve_config(load_config(tmp_path / "exp.yaml"))
+    cfg = resolve_config({**load_config(tmp_path / "exp.yaml"), "backend": "auto"})
     assert federated_trial(cfg, best["hyperparameters"], FederatedObjective.FINAL_ACCURACY, 0.8) == best["score"]
     assert "3 of 3 trials completed" in result.output
 
