@@ -13,8 +13,8 @@ its mirrored variables are saved once, as plain variables.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -147,7 +147,7 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     signature = module.serve.get_concrete_function()
     signatures = {DEFAULT_SIGNATURE: signature}
     stage_names = _add_stages(module, model, stages, inputs, outputs, stage_boundaries, signatures)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".tmp", dir=base))
+    tmp = _new_directory(base, f".{version}")
     try:
         tf.saved_model.save(module, str(tmp), signatures=signatures)
         if target.exists():
@@ -184,3 +184,15 @@ def load_keras_model(path: str | os.PathLike[str]) -> Any:
     if not Path(path).exists():
         raise FileNotFoundError(f"No Keras model at {str(path)!r}.")
     return tf.keras.models.load_model(path, compile=False)
+
+
+def _new_directory(parent: Path, prefix: str) -> Path:
+    """A new empty directory ``parent/<prefix>.<random>.tmp``, mode 0777 less the umask (mkdtemp's is 0700,
+    which a TF Serving run by another user could not read)."""
+    while True:
+        path = parent / f"{prefix}.{secrets.token_hex(4)}.tmp"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue

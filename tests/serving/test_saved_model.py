@@ -61,3 +61,16 @@ def test_a_model_built_under_mirrored_strategy_exports_its_own_outputs(tmp_path,
     result = export(model, tmp_path / "mirrored", version=1)
     out = _signature(result.path)(image=tf.constant(images))["logits"].numpy()
     np.testing.assert_array_equal(out, model.predict(images, verbose=0))
+
+
+def test_the_exported_version_is_readable_as_the_umask_allows(tmp_path, digits_models):
+    import os
+
+    from tensorfleet.serving import export
+
+    old = os.umask(0o022)
+    try:
+        result = export(digits_models[1], tmp_path / "digits", version=1)
+    finally:
+        os.umask(old)
+    assert oct(result.path.stat().st_mode & 0o777) == "0o755"  # mkdtemp's 0700 kept TF Serving's user out
