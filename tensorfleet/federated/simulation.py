@@ -304,7 +304,7 @@ class Simulation:
         if not participants:
             return state, {}
         if self._engine is not None:
-            return state, self._engine.next([self.sampler.client_arrays(c, round_num) for c in participants])
+            return state, self._engine.next([self.sampler.client_arrays(c, round_num) for c in participants], round_num)
         out = process.next(state, [self.sampler.client_dataset(self.clients, cid, round_num) for cid in participants])
         train = out.metrics["client_work"]["train"]
         record = {"train_loss": float(train["loss"]), "train_accuracy": float(train["accuracy"]),

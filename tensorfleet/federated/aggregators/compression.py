@@ -57,21 +57,21 @@ class CompressionFactory(tff.aggregators.UnweightedAggregationFactory):
         self.bits = integer("bits", bits, minimum=1, maximum=32)
         self.sparsity = number("sparsity", sparsity, minimum=0, below=1)
 
+    def compress(self, t: tf.Tensor) -> tf.Tensor:
+        """One tensor as a client sends it: sparsified, then quantized (TensorFlow)."""
+        if self.sparsity > 0:
+            t = tf_sparsify(t, self.sparsity)
+        if self.bits < 32:
+            t = tf_quantize(t, self.bits)
+        return t
+
     def create(self, value_type: Any) -> Any:
         value_type = tff.to_type(value_type)
-        bits, sparsity = self.bits, self.sparsity
         inner = tff.aggregators.SumFactory().create(value_type)
 
         @tff.tensorflow.computation(value_type)
         def compress(value: Any) -> Any:
-            def one(t: tf.Tensor) -> tf.Tensor:
-                if sparsity > 0:
-                    t = tf_sparsify(t, sparsity)
-                if bits < 32:
-                    t = tf_quantize(t, bits)
-                return t
-
-            return tf.nest.map_structure(one, value)
+            return tf.nest.map_structure(self.compress, value)
 
         @tff.federated_computation()
         def init_fn() -> Any:

@@ -23,7 +23,7 @@ Example:
     >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
     Traceback (most recent call last):
     ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
-    >>> choose_backend("auto", algorithm="fedprox", aggregator="dp_fixed").backend
+    >>> choose_backend("auto", algorithm="fedprox", aggregator="dp_adaptive").backend
     <Backend.TFF: 'tff'>
     >>> choose_backend("auto", algorithm="fedsgd").backend
     <Backend.AUTO: 'auto'>
@@ -104,7 +104,7 @@ def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] 
         algorithm: the (canonical) algorithm name; ``compiled`` runs those in
             :data:`~tensorfleet.federated.backends.compiled.SUPPORTED_ALGORITHMS`.
         aggregator: the (canonical) aggregator name; ``compiled`` runs those in
-            :data:`~tensorfleet.federated.backends.compiled.AGGREGATORS`.
+            :data:`~tensorfleet.federated.backends.compiled.COMPILED_AGGREGATORS`.
 
     Raises:
         ValueError: an unknown backend, a bad address, or a combination that cannot run.
@@ -116,9 +116,9 @@ def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] 
 
         addresses = tuple(str(a) for a in parse_addresses(workers))
     if chosen is not Backend.TFF:
-        from tensorfleet.federated.backends.compiled import AGGREGATORS, SUPPORTED_ALGORITHMS, unsupported
+        from tensorfleet.federated.backends.compiled import COMPILED_AGGREGATORS, SUPPORTED_ALGORITHMS, unsupported
 
-        runnable = algorithm in SUPPORTED_ALGORITHMS and aggregator in AGGREGATORS
+        runnable = algorithm in SUPPORTED_ALGORITHMS and aggregator in COMPILED_AGGREGATORS
         if chosen is Backend.AUTO:
             return BackendChoice(Backend.AUTO if runnable and addresses is None else Backend.TFF, addresses)
         if not runnable:

@@ -34,25 +34,26 @@ the padding, and their moving statistics are not trained here), and any other la
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "batch_dependent_layers", "build_engine", "compiled_refusal",
-           "evaluate_batches", "unsupported"]
+__all__ = ["COMPILED_AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "aggregation",
+           "batch_dependent_layers", "build_engine", "compiled_refusal", "evaluate_batches", "unsupported"]
 
 SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 # Aggregators compiled runs besides the mean (None): unweighted rules over the stacked updates.
 ROBUST_AGGREGATORS = ("median", "trimmed_mean", "krum")
-AGGREGATORS = (None, "mean", *ROBUST_AGGREGATORS)
+COMPILED_AGGREGATORS = (None, "mean", "dp_fixed", "compression", *ROBUST_AGGREGATORS)
 # Layer classes (and their subclasses, found by name in the MRO) that normalize over the batch.
 BATCH_NORMALIZATION_CLASSES = ("BatchNormalizationBase", "BatchNormalization", "SyncBatchNormalization")
 
 
 def unsupported(received: str) -> ValueError:
     """The error for a simulation this backend does not run; ``received`` names what was asked."""
-    return ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the mean, "
-                      f"{', '.join(ROBUST_AGGREGATORS)} aggregators on partition() client data. Received: {received}")
+    return ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the "
+                      f"{', '.join(a for a in COMPILED_AGGREGATORS if a)} aggregators on partition() client data. Received: {received}")
 
 
 def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
@@ -115,12 +116,21 @@ class CompiledFedAvg:
             :meth:`~tensorfleet.federated.aggregators.robust.RobustFactory.statistic`) applied to
             the round's flattened updates stacked ``[participants, d]``, as TFF's unweighted
             algorithms apply it (a non-finite update enters as zeros).
+        compress: None, or what is applied to every tensor of ``examples * update`` before the
+            sum of TFF's ``MeanFactory(value_sum_factory=CompressionFactory)`` (the ``compression``
+            aggregator).
+        dp_clip, dp_stddev: DP-FedAvg with fixed clipping (TFF's ``DifferentiallyPrivateFactory.
+            gaussian_fixed``): every update clipped to global L2 norm ``dp_clip``
+            (``tf.clip_by_global_norm``), summed, Gaussian noise of ``dp_stddev`` added (drawn
+            statelessly from ``noise_seed`` and the round), divided by ``clients_per_round``.
+        noise_seed: seeds the DP noise.
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, client_optimizer: Any, server_optimizer: Any,
                  initial_weights: Sequence[np.ndarray], batch_size: int, max_examples: int,
                  clients_per_round: int, mu: float = 0.0, local_steps: bool = True,
-                 statistic: Callable[[Any], Any] | None = None) -> None:
+                 statistic: Callable[[Any], Any] | None = None, compress: Callable[[Any], Any] | None = None,
+                 dp_clip: float | None = None, dp_stddev: float = 0.0, noise_seed: int = 0) -> None:
         import tensorflow as tf
 
         self.model = model_fn()
@@ -137,6 +147,8 @@ class CompiledFedAvg:
         self.mu = float(mu)
         self.local_steps = bool(local_steps)
         self.statistic = statistic
+        self.compress = compress
+        self.dp_clip, self.dp_stddev, self.noise_seed = dp_clip, float(dp_stddev), int(noise_seed)
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         self.weights = [tf.constant(w, dtype=v.dtype) for w, v in zip(initial_weights, self.variables)]
         # Tensors from the start, so the compiled round is traced once (not again on round 2).
@@ -200,7 +212,7 @@ class CompiledFedAvg:
         return [g / tf.cast(n, tf.float32) for g in grad_sum], loss_k, correct_k
 
     def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any,
-                    participants: Any) -> Any:
+                    participants: Any, round_num: Any) -> Any:
         import tensorflow as tf
 
         def client(k: Any, acc: Any) -> Any:
@@ -209,7 +221,12 @@ class CompiledFedAvg:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in update])
             weight = tf.where(finite, tf.cast(examples[k], tf.float32), 0.0)
             update = [tf.where(finite, d, tf.zeros_like(d)) for d in update]
-            if self.statistic is None:
+            if self.dp_clip is not None:
+                update = tf.clip_by_global_norm(update, self.dp_clip)[0]
+                update_sum = [a + d for a, d in zip(update_sum, update)]
+            elif self.compress is not None:
+                update_sum = [a + self.compress(d * weight) for a, d in zip(update_sum, update)]
+            elif self.statistic is None:
                 update_sum = [a + weight * d for a, d in zip(update_sum, update)]
             else:
                 flat = tf.concat([tf.reshape(d, [-1]) for d in update], axis=0)
@@ -222,7 +239,11 @@ class CompiledFedAvg:
         rows = tf.zeros([self.clients_per_round, sum(sizes) if self.statistic is not None else 0])
         acc = ([tf.zeros_like(w) for w in weights], rows, zero, zero, zero, zero)
         update_sum, rows, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
-        if self.statistic is None:
+        if self.dp_clip is not None:
+            seeds = [tf.stack([self.noise_seed, round_num * len(sizes) + i]) for i in range(len(sizes))]
+            noise = [tf.random.stateless_normal(w.shape, seed, stddev=self.dp_stddev) for w, seed in zip(weights, seeds)]
+            mean_update = [(d + z) / float(self.clients_per_round) for d, z in zip(update_sum, noise)]
+        elif self.statistic is None:
             mean_update = [d / tf.maximum(weight_sum, 1e-30) for d in update_sum]
         else:
             pieces = tf.split(self.statistic(rows[:participants]), sizes)
@@ -232,11 +253,11 @@ class CompiledFedAvg:
         new_weights = [tf.where(finite, n, w) for n, w in zip(new_weights, weights)]
         return new_weights, new_state, loss_sum / seen, correct_sum / seen, seen
 
-    def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
-        """Runs one round over ``clients`` (each ``(x, y)`` in training order); returns train metrics."""
+    def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]], round_num: int = 0) -> dict[str, float]:
+        """Runs round ``round_num`` over ``clients`` (each ``(x, y)`` in training order); returns train metrics."""
         x, y, mask, examples = self.pack(clients)
         weights, state, loss, accuracy, seen = self._round(self.weights, self.server_state, x, y, mask, examples,
-                                                           np.int32(len(clients)))
+                                                           np.int32(len(clients)), np.int64(round_num))
         self.weights, self.server_state = list(weights), state
         return {"train_loss": float(loss), "train_accuracy": float(accuracy), "num_examples": int(seen)}
 
@@ -275,12 +296,6 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
     loss, _ = tff_model.loss_and_metrics(model)
     per_example = type(loss)(from_logits=loss.get_config()["from_logits"], reduction=tf.keras.losses.Reduction.NONE)
     local_steps = config.algorithm != "fedsgd"
-    statistic = None
-    if config.aggregator_name in ROBUST_AGGREGATORS:
-        from tensorfleet.federated.aggregators import build_aggregator
-
-        statistic = build_aggregator(config.aggregator_name, clients_per_round=config.clients_per_round,
-                                     **config.aggregator_options).statistic
     with tf.init_scope():
         return CompiledFedAvg(model_fn=model_fn, loss_fn=per_example,
                               client_optimizer=make_optimizer(config.client_opt) if local_steps else None,
@@ -289,7 +304,28 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
                               batch_size=config.batch_size, max_examples=max_examples * config.local_epochs,
                               clients_per_round=config.clients_per_round,
                               mu=config.hyperparameters.get("mu", 0.0) if config.algorithm == "fedprox" else 0.0,
-                              local_steps=local_steps, statistic=statistic)
+                              local_steps=local_steps, noise_seed=config.seed,
+                              **aggregation(config.aggregator_name, config.clients_per_round,
+                                            config.aggregator_options))
+
+
+def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`CompiledFedAvg` arguments of aggregator ``name`` with ``options`` (checked as
+    :func:`~tensorfleet.federated.aggregators.build_aggregator` checks them)."""
+    if name in (None, "mean"):
+        return {}
+    from tensorfleet.federated.aggregators import AGGREGATORS, build_aggregator
+
+    factory = build_aggregator(name, clients_per_round=clients_per_round, **options)
+    if name in ROBUST_AGGREGATORS:
+        return {"statistic": factory.statistic}
+    given = {**{k: p.default for k, p in inspect.signature(AGGREGATORS.get(name)).parameters.items()
+                if k != "clients_per_round"}, **options}
+    if name == "dp_fixed":
+        return {"dp_clip": float(given["clip"]), "dp_stddev": float(given["clip"]) * float(given["noise_multiplier"])}
+    from tensorfleet.federated.aggregators.compression import CompressionFactory
+
+    return {"compress": CompressionFactory(bits=given["bits"], sparsity=given["sparsity"]).compress}
 
 
 def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:

@@ -69,13 +69,18 @@ def test_fedsgd_and_fedprox_on_compiled_equal_tff_after_5_rounds(digits_flat, al
     ("fedavg", "median", {}),
     ("fedsgd", "trimmed_mean", {"beta": 0.2}),
     ("fedprox", "krum", {"num_byzantine": 1, "num_selected": 2}),
+    ("fedavgm", "dp_fixed", {"noise_multiplier": 0.0, "clip": 0.05}),
+    ("fedprox", "compression", {"bits": 4, "sparsity": 0.5}),
+    ("fedsgd", "compression", {"bits": 8}),
 ])
-def test_robust_aggregators_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm, aggregator, options):
+def test_aggregators_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm, aggregator, options):
     clients = partition(digits_flat.x_train[:400], digits_flat.y_train[:400], num_clients=12, scheme="dirichlet:0.5",
                         seed=3)
     (w_tff, h_tff, _), (w_fast, h_fast, _) = _tff_and_compiled(
         clients, algorithm, clients_per_round=5, aggregator=aggregator, aggregator_options=options)
     assert h_fast[0]["participants"] == 5
+    for key in ("upload_bytes", "epsilon"):
+        assert [r.get(key) for r in h_fast] == [r.get(key) for r in h_tff]
     for a, b in zip(w_tff, w_fast):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
     for a, b in zip(h_tff, h_fast):
@@ -85,10 +90,11 @@ def test_robust_aggregators_on_compiled_equal_tff_after_5_rounds(digits_flat, al
 def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
-                                         r"fedadagrad with the mean, median, trimmed_mean, krum aggregators on "
+                                         r"fedadagrad with the mean, dp_fixed, compression, median, trimmed_mean, krum "
+                                         r"aggregators on "
                                          r"partition\(\) client data. Received: algorithm='fedprox', "
-                                         r"aggregator='dp_fixed'"):
-        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled", aggregator="dp_fixed")
+                                         r"aggregator='dp_adaptive'"):
+        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled", aggregator="dp_adaptive")
     with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled', 'auto'. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
     with pytest.raises(ValueError, match=r"workers= runs rounds on TFF workers; backend='compiled' runs them in this "
@@ -138,7 +144,8 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     sim = Simulation(model_fn, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
     with pytest.raises(ValueError, match=r"^backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
-                                         r"fedadagrad with the mean, median, trimmed_mean, krum aggregators on "
+                                         r"fedadagrad with the mean, dp_fixed, compression, median, trimmed_mean, krum "
+                                         r"aggregators on "
                                          r"partition\(\) client data. Received: a model with "
                                          rf"batch-dependent layers \({re.escape(found)}\): the padded rows of a round "
                                          r"would enter their batch statistics and the result would differ from TFF's; "
@@ -162,4 +169,5 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
     assert backend(lambda: models.build("digits_mlp", hidden=8), "fedprox") == ("compiled", "compiled")
     assert backend(lambda: models.build("digits_mlp", hidden=8), "fedsgd") == ("compiled", "compiled")
     assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="trimmed_mean") == ("compiled", "compiled")
-    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="dp_fixed") == ("tff", "tff")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="dp_adaptive",
+                   aggregator_options={"noise_multiplier": 0.0}) == ("tff", "tff")
