@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 __all__ = ["COMPILED_AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "aggregation",
-           "batch_dependent_layers", "build_engine", "compiled_refusal", "evaluate_batches", "unsupported"]
+           "batch_dependent_layers", "build_engine", "compiled_refusal", "dp_noised_mean", "evaluate_batches", "unsupported"]
 
 SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 # Aggregators compiled runs besides the mean (None): unweighted rules over the stacked updates.
@@ -240,9 +240,7 @@ class CompiledFedAvg:
         acc = ([tf.zeros_like(w) for w in weights], rows, zero, zero, zero, zero)
         update_sum, rows, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
         if self.dp_clip is not None:
-            seeds = [tf.stack([self.noise_seed, round_num * len(sizes) + i]) for i in range(len(sizes))]
-            noise = [tf.random.stateless_normal(w.shape, seed, stddev=self.dp_stddev) for w, seed in zip(weights, seeds)]
-            mean_update = [(d + z) / float(self.clients_per_round) for d, z in zip(update_sum, noise)]
+            mean_update = dp_noised_mean(update_sum, self.dp_stddev, self.clients_per_round, self.noise_seed, round_num)
         elif self.statistic is None:
             mean_update = [d / tf.maximum(weight_sum, 1e-30) for d in update_sum]
         else:
@@ -326,6 +324,21 @@ def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any
     from tensorfleet.federated.aggregators.compression import CompressionFactory
 
     return {"compress": CompressionFactory(bits=given["bits"], sparsity=given["sparsity"]).compress}
+
+
+def dp_noised_mean(clipped_sum: Sequence[Any], stddev: float, denominator: int, seed: int, round_num: Any) -> list[Any]:
+    """TFF's DP-FedAvg result from the clipped sum (``NormalizedQuery(GaussianSumQuery)``): every
+    tensor plus Gaussian noise of ``stddev``, over ``denominator``. The noise is drawn statelessly
+    from ``seed`` and ``round_num`` (so a resumed run draws what the uninterrupted one did)."""
+    import tensorflow as tf
+
+    round_num = tf.cast(round_num, tf.int64)
+    out = []
+    for i, total in enumerate(clipped_sum):
+        key = tf.stack([tf.constant(seed, tf.int64), round_num * len(clipped_sum) + i])
+        noise = tf.random.stateless_normal(tf.shape(total), key, stddev=stddev, dtype=total.dtype)
+        out.append((total + noise) / float(denominator))
+    return out
 
 
 def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:

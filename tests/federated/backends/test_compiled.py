@@ -171,3 +171,34 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
     assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="trimmed_mean") == ("compiled", "compiled")
     assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="dp_adaptive",
                    aggregator_options={"noise_multiplier": 0.0}) == ("tff", "tff")
+
+
+def test_dp_noise_on_compiled_matches_tff_distribution():
+    import tensorflow as tf
+    import tensorflow_federated as tff
+
+    from tensorfleet.federated.aggregators import build_aggregator
+    from tensorfleet.federated.backends.compiled import dp_noised_mean
+    from tensorfleet.federated.backends.tff import managed_context
+
+    # 5 clients each sending a vector of norm 2, clipped to 1: the mean is 1/sqrt(d) per
+    # coordinate, the noise's stddev 0.05 * 1 / 5.
+    d, clients, draws, clip, noise_multiplier = 2000, 5, 10, 1.0, 0.05
+    updates = [np.full(d, 2 / np.sqrt(d), np.float32) for _ in range(clients)]
+    factory = build_aggregator("dp_fixed", clients_per_round=clients, noise_multiplier=noise_multiplier, clip=clip)
+    process = factory.create(tff.to_type((np.float32, (d,))))
+    with managed_context():
+        state, theirs = process.initialize(), []
+        for _ in range(draws):
+            out = process.next(state, updates)
+            state, theirs = out.state, theirs + [np.asarray(out.result)]
+    clipped = tf.clip_by_global_norm([tf.constant(u) for u in updates[:1]], clip)[0][0] * clients
+    ours = [np.asarray(dp_noised_mean([clipped], clip * noise_multiplier, clients, 7, r)[0]) for r in range(draws)]
+    theirs, ours = np.concatenate(theirs), np.concatenate(ours)
+    expected_mean, expected_std = 1 / np.sqrt(d), clip * noise_multiplier / clients
+    for sample in (theirs, ours):
+        assert sample.mean() == pytest.approx(expected_mean, rel=0.02)
+        assert sample.std() == pytest.approx(expected_std, rel=0.02)
+    assert ours.mean() == pytest.approx(theirs.mean(), rel=0.02)
+    assert ours.std() == pytest.approx(theirs.std(), rel=0.02)
+    assert len(set(ours[:d].round(6)) & set(ours[d:2 * d].round(6))) < d // 10  # rounds draw fresh noise
