@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tensorfleet.io import check_writable, write_json
-from tensorfleet.tuning.chief import atomic_saves
+from tensorfleet.tuning.chief import atomic_saves, repair_reloaded
 from tensorfleet.tuning.config import Direction, SearchAlgorithm
 from tensorfleet.tuning.distributed import SearchResult
 from tensorfleet.tuning.results import TrialRecord, best_record, write_results
@@ -92,6 +92,7 @@ def search_function(function: Callable[[dict[str, Any]], float], space: Callable
     oracle.verbose = 0  # the lines given to log say what Keras Tuner's tables would
     if resume:
         oracle.reload()  # the trial that was running goes back to the queue
+        repair_reloaded(oracle)
     hp = oracle.get_space()
     space(hp)
     oracle.update_space(hp)

@@ -25,7 +25,7 @@ from tensorfleet.tuning.config import SearchConfig
 from tensorfleet.tuning.results import TrialRecord, write_results
 from tensorfleet.tuning.task import make_tuner, say
 
-__all__ = ["TrialClock", "atomic_saves", "export_model", "serve", "run_chief", "BEST_MODEL", "TIMES_FILE"]
+__all__ = ["TrialClock", "atomic_saves", "export_model", "repair_reloaded", "serve", "run_chief", "BEST_MODEL", "TIMES_FILE"]
 
 BEST_MODEL = "best_model.keras"
 TIMES_FILE = "times.json"
@@ -114,6 +114,7 @@ def serve(oracle: Any, host: str, port: int, *, poll: float = POLL_SECONDS) -> N
 def run_chief(config: SearchConfig, build_model: Callable[..., Any]) -> None:
     """Serves the search until it ends, then writes the results and exports the best model."""
     tuner = make_tuner(config, build_model)
+    repair_reloaded(tuner.oracle)
     atomic_saves(tuner.oracle)
     tuner.oracle.verbose = 0  # the progress lines below say what Keras Tuner's tables would
     clock = TrialClock(tuner.oracle, Path(config.out) / TIMES_FILE)
@@ -137,6 +138,19 @@ def atomic_saves(oracle: Any) -> None:
     oracle.save = lambda: write_json(oracle._get_oracle_fname(), oracle.get_state())
     oracle._save_trial = lambda trial: write_json(Path(oracle._get_trial_dir(trial.trial_id)) / "trial.json",
                                                   trial.get_state())
+
+
+def repair_reloaded(oracle: Any) -> None:
+    """Makes a reloaded oracle's retry queue agree with its trials' own files.
+
+    Keras Tuner writes an ended trial's file before its own state, and its reload sends every
+    trial its state lists as running to be run again. A chief killed between the two writes would
+    run a finished trial again; one whose trial file is still ``RUNNING`` while the state no longer
+    lists it would never run it. Trials that ended leave the queue; running ones not in it join it.
+    """
+    queue = [tid for tid in oracle._retry_queue if oracle.trials[tid].status not in ("COMPLETED", "FAILED")]
+    queue += [tid for tid, trial in sorted(oracle.trials.items()) if trial.status == "RUNNING" and tid not in queue]
+    oracle._retry_queue = queue
 
 
 def export_model(model: Any, path: Path) -> Path:

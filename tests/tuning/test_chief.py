@@ -1,0 +1,44 @@
+"""The chief's repairs of Keras Tuner's saved state (real oracles, no processes)."""
+
+from __future__ import annotations
+
+import json
+
+
+def _oracle(tmp_path):
+    import keras_tuner as kt
+
+    oracle = kt.oracles.RandomSearchOracle(objective=kt.Objective("val_accuracy", "max"), max_trials=5, seed=0)
+    oracle._set_project_dir(str(tmp_path), "oracle")
+    return oracle
+
+
+def test_a_reloaded_queue_drops_trials_that_ended_and_takes_running_ones_it_lacks(tmp_path):
+    from keras_tuner.src.engine.trial import Trial
+
+    from tensorfleet.tuning.chief import repair_reloaded
+
+    oracle = _oracle(tmp_path)
+    for tid, status in (("0", "COMPLETED"), ("1", "RUNNING"), ("2", "INVALID"), ("3", "RUNNING"), ("4", "FAILED")):
+        oracle.trials[tid] = Trial(oracle.get_space(), trial_id=tid, status=status)
+    oracle._retry_queue = ["0", "2", "3", "4"]  # 0 and 4 ended after the state was saved; 1 was left out
+    repair_reloaded(oracle)
+    assert oracle._retry_queue == ["2", "3", "1"]
+
+
+def test_saved_state_and_trial_files_are_whole_json(tmp_path):
+    from tensorfleet.tuning.chief import atomic_saves
+
+    oracle = _oracle(tmp_path)
+    hp = oracle.get_space()
+    hp.Choice("units", [8, 32])
+    oracle.update_space(hp)
+    atomic_saves(oracle)
+    trial = oracle.create_trial("tuner0")
+    oracle.update_trial(trial.trial_id, {"val_accuracy": 0.5})
+    trial.status = "COMPLETED"
+    oracle.end_trial(trial)
+    state = json.loads((tmp_path / "oracle" / "oracle.json").read_text())
+    saved = json.loads((tmp_path / "oracle" / "trial_0" / "trial.json").read_text())
+    assert (state["end_order"], saved["status"], saved["score"]) == (["0"], "COMPLETED", 0.5)
+    assert not list((tmp_path / "oracle").rglob("*.tmp"))
