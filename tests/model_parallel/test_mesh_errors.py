@@ -22,7 +22,8 @@ def _data(name="digits_mlp"):
 
 SUPPORTED = ("A Mesh supports Sequential and functional models that are chains of Dense (activation linear, relu, "
              "sigmoid, tanh), GlobalAveragePooling1D and tensorfleet's TransformerBlock layers (the block keeps its "
-             "residual connections inside), ending in a Dense of class logits.")
+             "residual connections inside), ending in a Dense of class logits. Any other Keras model trains with "
+             "Keras' own fit when built inside mesh.scope() (trainer = mesh.keras_model(model)).")
 _layers = tf.keras.layers
 
 

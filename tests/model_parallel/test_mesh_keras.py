@@ -189,3 +189,56 @@ def test_keras_fit_on_a_2x2_mesh_matches_one_device_after_5_steps():
     assert adam["d1_shape"] == [512, 16] and adam["d1_shards"] == [[512, 8]] * 4
     assert out["sgd_sequential"]["layouts"]["h/kernel"] == ["-", "m"]
     assert re.fullmatch(r"AdamW/m/d1/kernel:0", next(iter(out["adamw_clip"]["slots"])))
+
+
+_CHECKPOINT_SCRIPT = r"""
+import json, sys
+import numpy as np
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import tensorflow as tf
+from tensorfleet.model_parallel.mesh import Mesh
+L = tf.keras.layers
+
+def build():
+    return tf.keras.Sequential([tf.keras.Input((16,)), L.Dense(32, activation="relu", name="h"), L.Dense(8, name="o")])
+
+def on_mesh(shape, rules):
+    mesh = Mesh(shape, rules)
+    with mesh.scope():
+        model = build()
+        trainer = mesh.keras_model(model)
+        trainer.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, trainer
+
+x = np.random.RandomState(0).rand(64, 16).astype("float32")
+y = np.arange(64) % 8
+model, trainer = on_mesh("b:2;m:2", "batch:b;hidden:m")
+trainer.fit(x, y, batch_size=16, verbose=0)
+saved = trainer.get_weights()
+path = sys.argv[1] + "/weights"
+model.save_weights(path)
+out = {}
+for shape, rules in [("m:4", "hidden:m"), ("b:4", "batch:b"), ("one:1", "")]:
+    restored, again = on_mesh(shape, rules)
+    restored.load_weights(path)
+    out[shape] = {"diff": float(max(np.abs(a - b).max() for a, b in zip(again.get_weights(), saved))),
+                  "layouts": [list(v.layout.sharding_specs) for v in restored.weights]}
+plain = build()
+plain.load_weights(path)
+out["plain"] = {"diff": float(max(np.abs(a - b).max() for a, b in zip(plain.get_weights(), saved)))}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_weights_saved_on_a_2x2_mesh_restore_identically_on_other_mesh_shapes(tmp_path):
+    result = subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                            timeout=280, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert {key: row["diff"] for key, row in out.items()} == {"m:4": 0.0, "b:4": 0.0, "one:1": 0.0, "plain": 0.0}
+    assert out["m:4"]["layouts"] == [["unsharded", "m"], ["m"], ["unsharded", "m"], ["m"]]
+    assert out["b:4"]["layouts"] == [["unsharded", "unsharded"], ["unsharded"]] * 2
+    assert any(p.name.startswith("weights.data-") for p in tmp_path.iterdir())

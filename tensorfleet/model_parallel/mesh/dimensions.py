@@ -23,7 +23,9 @@ ACTIVATIONS = frozenset({"linear", "relu", "tanh", "sigmoid"})
 
 SUPPORTED = (f"A Mesh supports Sequential and functional models that are chains of Dense (activation "
              f"{', '.join(sorted(ACTIVATIONS))}), GlobalAveragePooling1D and tensorfleet's TransformerBlock "
-             f"layers (the block keeps its residual connections inside), ending in a Dense of class logits.")
+             f"layers (the block keeps its residual connections inside), ending in a Dense of class logits. "
+             f"Any other Keras model trains with Keras' own fit when built inside mesh.scope() "
+             f"(trainer = mesh.keras_model(model)).")
 """What a mesh can split, as every error about an unsupported model says it."""
 
 _HIDDEN = ("hidden", "hidden_2")
