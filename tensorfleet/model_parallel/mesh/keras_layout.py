@@ -18,10 +18,11 @@ has its dimensions named by the layer's kind (:func:`weight_dimensions`):
 =========================  ======================================  =================================
 layer                      weight (shape)                          dimension names
 =========================  ======================================  =================================
-Dense, EinsumDense         kernel (in, units), bias (units)        ``hidden`` on the units
+Dense, EinsumDense         kernel (in, units), bias (units)        ``hidden`` on the units (a Dense
+                                                                   over sequences: kept whole, 6.)
 MultiHeadAttention         query/key/value kernel (d, heads, k)    ``heads``
                            attention_output kernel (heads, k, d)   ``heads``; its bias replicated
-Embedding                  embeddings (vocab, dim)                 ``vocab``: kept whole, see 6.
+Embedding                  embeddings (vocab, dim)                 ``vocab``: kept whole, see 7.
 Conv1D/2D, DepthwiseConv   kernel (..., in, out), bias (out)       ``channels``: kept whole, see 4.
 LayerNormalization,        gamma, beta, moving statistics          replicated: each is read whole
 BatchNormalization                                                 by every shard of its input
@@ -62,10 +63,13 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
 4. A convolution needs a fully replicated filter ("Filter for convolution must have fully
    replicated layout"): ``channels`` leaves convolution kernels replicated, with a note.
 5. ``get_weights()`` of a sharded DVariable fails; the trainer gathers shards to the host.
-6. A gather from a table split by rows fails ("DTensor does not support sharded 0th dimension
+6. A Dense over inputs of rank 3 (a sequence) with its units split aborts the whole process
+   ("Check failed: size >= 0 (0 vs. -1)", in the reshape of Keras' tensordot): such a Dense stays
+   replicated, with a note; the attention heads of a sequence model split fine.
+7. A gather from a table split by rows fails ("DTensor does not support sharded 0th dimension
    for the resource tensor for ResourceGatherOp"): ``vocab`` leaves embedding tables replicated,
    with a note; a pattern may split their columns.
-7. Some gradients have no layout propagation at all, so models with these layers cannot train on
+8. Some gradients have no layout propagation at all, so models with these layers cannot train on
    a DTensor mesh in TF 2.14, split or not: ``DepthwiseConv2dNativeBackpropFilter``
    (DepthwiseConv2D) and ``AvgPoolGrad`` (AveragePooling1D/2D).
 
@@ -84,7 +88,8 @@ from typing import Any, Mapping, Sequence
 
 __all__ = ["KEPT_WHOLE", "KerasLayout", "WeightLayout", "weight_dimensions"]
 
-def weight_dimensions(layer: Any, name: str, rank: int) -> tuple[tuple[str | None, ...], str]:
+
+def weight_dimensions(layer: Any, name: str, rank: int, input_rank: int = 2) -> tuple[tuple[str | None, ...], str]:
     """The tensor dimension name of each axis of weight ``name`` of ``layer`` (``None``: never split),
     and the dimension a rule may name that this weight keeps whole on purpose (see ``KEPT_WHOLE``).
 
@@ -109,6 +114,8 @@ def weight_dimensions(layer: Any, name: str, rank: int) -> tuple[tuple[str | Non
         axes[0] = "heads"  # (heads, key_dim, d_model)
     elif isinstance(layer, layers.EinsumDense) and layer.name == "attention_output":
         pass  # the output bias is added after the heads are summed
+    elif isinstance(layer, layers.Dense) and input_rank > 2:
+        return tuple(axes), "hidden"
     elif isinstance(layer, (layers.Dense, layers.EinsumDense)) and name in ("kernel", "bias") and rank >= 1:
         axes[-1] = "hidden"
     return tuple(axes), ""
@@ -116,6 +123,8 @@ def weight_dimensions(layer: Any, name: str, rank: int) -> tuple[tuple[str | Non
 
 KEPT_WHOLE = {
     "channels": "convolution kernels stay replicated: TF 2.14's DTensor convolves only with a replicated filter",
+    "hidden": "a Dense over inputs of rank above 2 stays replicated: TF 2.14's DTensor aborts the process on its "
+              "split tensordot (\"Check failed: size >= 0\")",
     "vocab": "embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows are whole "
              "(a pattern may split its columns)",
 }
@@ -179,8 +188,9 @@ class KerasLayout:
         """The mesh dimension the batch is split over, if any."""
         return self.rules.get("batch")
 
-    def weight(self, layer: Any, path: str, name: str, shape: Sequence[int]) -> WeightLayout:
-        """The layout of weight ``name`` (at ``path``) of ``layer``, recorded in :attr:`decided`."""
+    def weight(self, layer: Any, path: str, name: str, shape: Sequence[int], input_rank: int = 2) -> WeightLayout:
+        """The layout of weight ``name`` (at ``path``) of ``layer`` (called on inputs of ``input_rank``),
+        recorded in :attr:`decided`."""
         shape = tuple(int(s) for s in shape)
         for pattern, axes in self.patterns.items():
             if re.search(pattern, path):
@@ -193,7 +203,7 @@ class KerasLayout:
                                          f"{mesh_dim!r} of size {self.mesh_dims[mesh_dim]} on axis {axis} (size "
                                          f"{size}). Received: patterns[{pattern!r}]={axes!r}")
                 return self._record(WeightLayout(path, shape, axes, f"pattern {pattern!r}"))
-        dims, kept = weight_dimensions(layer, name, len(shape))
+        dims, kept = weight_dimensions(layer, name, len(shape), input_rank)
         axes_out: list[str | None] = []
         notes = [KEPT_WHOLE[kept]] if kept in self.rules else []
         used: set[str] = set()

@@ -48,11 +48,13 @@ def _creator(layout: KerasLayout, dmesh: Any) -> Any:
         if dtensor.is_dtensor(init):  # e.g. an optimizer slot made with zeros_like(variable)
             value = init
         else:
-            layer = base_layer_utils.call_context().layer
+            context = base_layer_utils.call_context()
             scope = tf.get_current_name_scope()
             path = f"{scope}/{name}" if scope else name
-            axes = (layout.weight(layer, path, name, init.shape).mesh_axes if layer is not None
-                    else (None,) * init.shape.rank)
+            inputs = tf.nest.flatten(context.inputs) if context.inputs is not None else []
+            input_rank = max((t.shape.rank or 0 for t in inputs if hasattr(t, "shape")), default=2)
+            axes = (layout.weight(context.layer, path, name, init.shape, input_rank).mesh_axes
+                    if context.layer is not None else (None,) * init.shape.rank)
             spec = [a if a is not None else dtensor.UNSHARDED for a in axes]
             value = dtensor.relayout(dtensor.copy_to_mesh(init, dtensor.Layout.replicated(dmesh, init.shape.rank)),
                                      dtensor.Layout(spec, dmesh))
