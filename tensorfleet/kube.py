@@ -31,8 +31,9 @@ from typing import Any, Callable, Iterable, Mapping, Union
 from tensorfleet.io import write_text
 
 __all__ = [
-    "DNS_LABEL", "KUBERNETES_VERSION", "ManifestError", "Manifest", "documents", "dns_label", "dump_yaml", "image",
-    "load_yaml", "quantity", "validate", "validate_object", "write",
+    "DNS_LABEL", "KUBERNETES_VERSION", "ManifestError", "Manifest", "app_labels", "deployment", "documents",
+    "dns_label", "dns_subdomain", "dump_yaml", "env_list", "image", "load_yaml", "quantity", "resources", "service",
+    "validate", "validate_object", "write",
 ]
 
 #: The Kubernetes version whose schemas manifests are checked against.
@@ -104,6 +105,83 @@ def image(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
         raise ValueError(f"image must be a container image reference without spaces. Received: image={value!r}")
     return value
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def app_labels(name: str, component: str) -> dict[str, str]:
+    """The labels of one app's objects: ``app`` (what its selectors match) and the recommended
+    ``app.kubernetes.io`` ones.
+
+    Example:
+        >>> app_labels("digits", "model-server")["app"]
+        'digits'
+    """
+    return {"app": name, "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "tensorfleet"}
+
+
+def resources(cpu: str, memory: str) -> dict[str, dict[str, str]]:
+    """A container's requests, with limits equal to them (so its pod is in the Guaranteed QoS class).
+
+    Example:
+        >>> resources("500m", "1Gi")
+        {'requests': {'cpu': '500m', 'memory': '1Gi'}, 'limits': {'cpu': '500m', 'memory': '1Gi'}}
+    """
+    amounts = {"cpu": quantity("cpu", cpu), "memory": quantity("memory", memory)}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def env_list(variables: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A container's ``env``: ``{"name": ..., "value": ...}`` for each variable, values as strings."""
+    return [{"name": key, "value": str(value)} for key, value in variables.items()]
+
+
+def deployment(name: str, *, namespace: str, labels: Mapping[str, str], replicas: int | None,
+               containers: Iterable[Mapping[str, Any]], volumes: Iterable[Mapping[str, Any]] = (),
+               grace_seconds: int = 30) -> dict[str, Any]:
+    """An ``apps/v1`` Deployment of ``replicas`` pods selected by their ``app`` label.
+
+    Args:
+        labels: of the Deployment and its pods; must hold ``app`` (see :func:`app_labels`).
+        replicas: None leaves ``spec.replicas`` out, for a Deployment a HorizontalPodAutoscaler
+            scales (else every ``kubectl apply`` resets the count the autoscaler chose).
+        grace_seconds: the pods' ``terminationGracePeriodSeconds``, the time between SIGTERM and
+            SIGKILL that a server has to finish what it is doing.
+    """
+    pod: dict[str, Any] = {"terminationGracePeriodSeconds": grace_seconds, "containers": [dict(c) for c in containers]}
+    if volumes:
+        pod["volumes"] = [dict(v) for v in volumes]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            **({} if replicas is None else {"replicas": replicas}),
+            "selector": {"matchLabels": {"app": labels["app"]}},
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+        },
+    }
+
+
+def service(name: str, *, namespace: str, labels: Mapping[str, str], ports: Mapping[str, int],
+            headless: bool = False) -> dict[str, Any]:
+    """A ``v1`` Service in front of the pods with ``labels["app"]``, one TCP port per ``ports`` item
+    (port name -> number, the container port of the same name as its target).
+
+    ``headless`` gives no load balancer (``clusterIP: None``): the name resolves to every ready pod.
+
+    Example:
+        >>> service("digits", namespace="ml", labels=app_labels("digits", "model-server"),
+        ...         ports={"grpc": 8500})["spec"]["ports"]
+        [{'name': 'grpc', 'port': 8500, 'targetPort': 'grpc', 'protocol': 'TCP'}]
+    """
+    spec: dict[str, Any] = {"clusterIP": "None"} if headless else {}
+    spec["selector"] = {"app": labels["app"]}
+    spec["ports"] = [{"name": port_name, "port": number, "targetPort": port_name, "protocol": "TCP"}
+                     for port_name, number in ports.items()]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace,
+                                                                "labels": dict(labels)}, "spec": spec}
 
 
 # --------------------------------------------------------------------------- validation

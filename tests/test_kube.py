@@ -76,3 +76,46 @@ def test_argument_checks_name_the_value(check, value, message) -> None:
 def test_argument_checks_return_good_values() -> None:
     assert (kube.dns_label("name", "a-1"), kube.quantity("memory", "500Mi"), kube.image("reg.example/x:1"),
             kube.dns_subdomain("storage_class", "nfs.csi.k8s.io")) == ("a-1", "500Mi", "reg.example/x:1", "nfs.csi.k8s.io")
+
+
+def test_deployment_and_service_build_valid_objects_selected_by_the_app_label() -> None:
+    labels = kube.app_labels("web", "model-server")
+    assert labels == {"app": "web", "app.kubernetes.io/component": "model-server",
+                      "app.kubernetes.io/part-of": "tensorfleet"}
+    container = {"name": "web", "image": "img:1", "env": kube.env_list({"A": 1, "B": "x"}),
+                 "resources": kube.resources("500m", "1Gi")}
+    deployment = kube.deployment("web", namespace="ml", labels=labels, replicas=2, containers=[container],
+                                 grace_seconds=20)
+    service = kube.service("web", namespace="ml", labels=labels, ports={"grpc": 8500, "rest": 8501})
+    headless = kube.service("web", namespace="ml", labels=labels, ports={"grpc": 8500}, headless=True)
+    assert kube.validate([deployment, service, headless], expected="a Deployment") == [deployment, service, headless]
+    assert deployment["spec"]["selector"] == {"matchLabels": {"app": "web"}}
+    assert deployment["spec"]["template"]["spec"] == {"terminationGracePeriodSeconds": 20, "containers": [container]}
+    assert container["env"] == [{"name": "A", "value": "1"}, {"name": "B", "value": "x"}]
+    assert service["spec"] == {"selector": {"app": "web"}, "ports": [
+        {"name": "grpc", "port": 8500, "targetPort": "grpc", "protocol": "TCP"},
+        {"name": "rest", "port": 8501, "targetPort": "rest", "protocol": "TCP"}]}
+    assert headless["spec"]["clusterIP"] == "None"
+    scaled = kube.deployment("web", namespace="ml", labels=labels, replicas=None, containers=[container])
+    assert list(scaled["spec"]) == ["selector", "template"]
+    kube.validate(scaled, expected="a Deployment")
+
+
+def test_the_helpers_rebuild_the_federated_workers_exactly() -> None:
+    # The TFF workers' Deployment and headless Service are these helpers' objects, so that writer can use them.
+    from tensorfleet.federated.backends.k8s import PORT_NAME, federated_workers
+
+    deployment, service = federated_workers(replicas=3, image="img:1", cpu="2", memory="4Gi")
+    labels = kube.app_labels("tff-workers", "tff-worker")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == kube.resources("2", "4Gi")
+    assert kube.deployment("tff-workers", namespace="default", labels=labels, replicas=3,
+                           containers=[container]) == deployment
+    assert kube.service("tff-workers", namespace="default", labels=labels, ports={PORT_NAME: 8000},
+                        headless=True) == service
+
+
+def test_resources_check_their_quantities() -> None:
+    with pytest.raises(ValueError) as info:
+        kube.resources("1", "2 GB")
+    assert str(info.value) == "memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='2 GB'"

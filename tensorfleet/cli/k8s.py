@@ -1,10 +1,13 @@
-"""``tensorfleet k8s``: Kubeflow TFJob manifests for a training script.
+"""``tensorfleet k8s``: Kubernetes manifests for training (a Kubeflow TFJob), TFF workers, a tuning
+search and a served model, each checked against the Kubernetes schemas before it is written.
 
 Example:
     $ tensorfleet k8s tfjob --name digits --image registry.example/train:1 --workers 2 \\
         --command "python train.py --epochs 6" --output digits.yaml
     $ tensorfleet k8s validate digits.yaml
     $ tensorfleet k8s tf-config digits.yaml --role worker --index 1
+    $ tensorfleet k8s serving --name digits --image registry.example/digits:1 --min-replicas 2 \\
+        --max-replicas 6 -o serving.yaml -- --enable-batching
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
-__all__ = ["NAME", "app"]
+from tensorfleet.cli.tune import k8s_tune_command
+
+__all__ = ["NAME", "app", "serving_command"]
 
 NAME = "k8s"
 
-app = typer.Typer(name=NAME, help="Kubernetes (Kubeflow TFJob) manifests.", no_args_is_help=True)
+app = typer.Typer(name=NAME, help="Kubernetes manifests: TFJob, TFF workers, tuning, serving.", no_args_is_help=True)
 
 
 def _read_manifest(path: Path) -> list[dict]:
@@ -39,6 +44,17 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
             raise ValueError(f"--env takes KEY=VALUE. Received: --env {pair!r}")
         env[key] = value
     return env
+
+
+def _emit(docs: list[dict], output: Optional[Path], write: Callable[..., Any], what: str) -> None:  # noqa: UP007
+    """The manifest as YAML on stdout, or written (checked by ``write``) to ``output`` with a line on stderr."""
+    from tensorfleet import kube
+
+    if output is None:
+        typer.echo(kube.dump_yaml(docs), nl=False)
+    else:
+        write(docs, output)
+        typer.echo(f"wrote {output} ({what}), valid against Kubernetes {kube.KUBERNETES_VERSION}", err=True)
 
 
 @app.command("tfjob", context_settings={"allow_interspersed_args": False})
@@ -130,14 +146,52 @@ def federated_workers_command(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated Deployment and headless Service for N TFF C++ workers."""
-    from tensorfleet import kube
     from tensorfleet.federated.backends import k8s as fk8s
 
     docs = fk8s.federated_workers(replicas=replicas, image=image, name=name, namespace=namespace, port=port,
                                   max_concurrent=max_concurrent, cpu=cpu, memory=memory)
-    if output is None:
-        typer.echo(kube.dump_yaml(docs), nl=False)
-    else:
-        fk8s.write(docs, output)
-        typer.echo(f"wrote {output} (Deployment and headless Service {name}, {replicas} workers on port {port}), "
-                   f"valid against Kubernetes {kube.KUBERNETES_VERSION}", err=True)
+    _emit(docs, output, fk8s.write, f"Deployment and headless Service {name}, {replicas} workers on port {port}")
+
+
+@app.command("serving", context_settings={"allow_interspersed_args": False})
+def serving_command(
+    serve_args: Optional[List[str]] = typer.Argument(  # noqa: UP006,UP007
+        None, help="More `tensorfleet serve` flags, after '--' (e.g. -- --enable-batching)."),
+    name: str = typer.Option(..., "--name", help="Name of the Deployment, Service and autoscaler (a DNS label)."),
+    image: str = typer.Option(..., "--image", help="Container image with tensorfleet (and the model, unless "
+                              "--model-claim)."),
+    replicas: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--replicas", help="Server pods (default 1; with --min/--max-replicas the autoscaler's)."),
+    min_replicas: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--min-replicas", help="With --max-replicas: a HorizontalPodAutoscaler between them."),
+    max_replicas: Optional[int] = typer.Option(None, "--max-replicas"),  # noqa: UP007
+    target_cpu: int = typer.Option(80, "--target-cpu", help="The autoscaler's target: CPU use, percent of the "
+                                   "request."),
+    model_base_path: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--model-base-path", help="The model's base directory in the pod (default /models/NAME)."),
+    model_name: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--model-name", help="The name clients ask for (default NAME)."),
+    model_claim: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--model-claim", help="A claim holding the base directory, mounted read-only at it."),
+    namespace: str = typer.Option("default", "--namespace"),
+    port: int = typer.Option(8500, "--port", help="gRPC port."),
+    rest_api_port: int = typer.Option(8501, "--rest-api-port", help="REST port (the probes use it)."),
+    cpu: str = typer.Option("1", "--cpu"),
+    memory: str = typer.Option("2Gi", "--memory"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
+) -> None:
+    """Write a validated Deployment running `tensorfleet serve`, its Service (gRPC and REST) and, with
+    --min-replicas/--max-replicas, a HorizontalPodAutoscaler (autoscaling/v2)."""
+    from tensorfleet.serving import k8s as sk8s
+
+    argv = list(serve_args or [])
+    docs = sk8s.serving_manifests(name=name, image=image, replicas=replicas, namespace=namespace,
+                                  model_base_path=model_base_path, model_name=model_name, min_replicas=min_replicas,
+                                  max_replicas=max_replicas, target_cpu=target_cpu, grpc_port=port,
+                                  rest_port=rest_api_port, cpu=cpu, memory=memory, model_claim=model_claim,
+                                  serve_args=argv[1:] if argv[:1] == ["--"] else argv)
+    _emit(docs, output, sk8s.write, ", ".join(d["kind"] for d in docs))
+
+
+# Written with the tuning commands (tensorfleet.cli.tune); listed here with the other manifests.
+app.command("tune")(k8s_tune_command)

@@ -71,3 +71,42 @@ def test_tfjob_storage_class_names_the_class_of_the_claim(capsys) -> None:
     assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "2",
                  "--storage-class", "Fast_SSD", "--command", "python t.py"]) == 2
     assert capsys.readouterr().err.strip().endswith("Received: storage_class='Fast_SSD'")
+
+
+def test_serving_writes_a_valid_deployment_service_and_autoscaler(tmp_path: Path, capsys) -> None:
+    from tensorfleet.serving import k8s as sk8s
+
+    out = tmp_path / "serving.yaml"
+    assert main(["k8s", "serving", "--name", "digits", "--image", "img:1", "--min-replicas", "2", "--max-replicas",
+                 "5", "--target-cpu", "70", "--model-name", "mnist", "-o", str(out), "--", "--enable-batching"]) == 0
+    assert capsys.readouterr().err.strip() == (
+        f"wrote {out} (Deployment, Service, HorizontalPodAutoscaler), valid against Kubernetes {kube.KUBERNETES_VERSION}")
+    deployment, service, hpa = kube.load_yaml(out.read_text())
+    sk8s.validate([deployment, service, hpa])
+    assert "replicas" not in deployment["spec"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "tensorfleet", "serve", "/models/digits", "--model-name", "mnist", "--host", "0.0.0.0", "--port", "8500",
+        "--rest-api-port", "8501", "--enable-batching"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
+    assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
+
+
+def test_serving_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
+    base = ["k8s", "serving", "--image", "img:1", "-o", str(tmp_path / "s.yaml")]
+    assert main([*base, "--name", "Digits"]) == 2
+    assert capsys.readouterr().err.strip().endswith("Received: name='Digits'")
+    assert main([*base, "--name", "digits", "--replicas", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: replicas must be a positive integer. Received: replicas=0"
+    assert main([*base, "--name", "digits", "--min-replicas", "3", "--max-replicas", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: min_replicas must not exceed max_replicas. Received: min_replicas=3, max_replicas=2")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_k8s_tune_writes_the_search_manifests(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "tune.yaml"
+    assert main(["k8s", "tune", "/app/tune_digits.py", "--image", "img:1", "--workers", "3", "--max-trials", "6",
+                 "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"wrote {out}: PersistentVolumeClaim tune-data, Job tune-chief, Service tune-oracle, Job tune-workers")
+    assert kube.load_yaml(out.read_text())[3]["spec"]["completions"] == 3
