@@ -112,12 +112,17 @@ def tfjob_command(
 
 
 @app.command("validate")
-def validate_command(manifest: Path = typer.Argument(..., help="A YAML manifest with a TFJob.")) -> None:
-    """Check a TFJob manifest against the TFJob schema and the core Kubernetes schemas."""
+def validate_command(manifest: Path = typer.Argument(..., help="A YAML manifest (a TFJob, serving, workers, ...).")
+                     ) -> None:
+    """Check a manifest against the core Kubernetes schemas, and a TFJob in it against the TFJob schema."""
+    from tensorfleet import kube
     from tensorfleet.cluster import k8s
 
     docs = _read_manifest(manifest)
-    k8s.validate(docs)
+    if any(isinstance(doc, dict) and doc.get("kind") == "TFJob" for doc in docs):
+        k8s.validate(docs)
+    else:
+        kube.validate(docs, expected="Kubernetes objects")
     typer.echo(f"{manifest}: valid ({', '.join(d['kind'] for d in docs)})")
 
 

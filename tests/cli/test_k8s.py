@@ -89,6 +89,13 @@ def test_serving_writes_a_valid_deployment_service_and_autoscaler(tmp_path: Path
         "--rest-api-port", "8501", "--enable-batching"]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
     assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
+    assert main(["k8s", "validate", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"{out}: valid (Deployment, Service, HorizontalPodAutoscaler)"
+    out.write_text(out.read_text().replace("averageUtilization: 70", "averageUtilization: high"))
+    assert main(["k8s", "validate", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: Document 2 (HorizontalPodAutoscaler) is not a valid Kubernetes HorizontalPodAutoscaler: 'high' is not "
+        "of type 'integer', 'null' (at spec/metrics/0/resource/target/averageUtilization)")
 
 
 def test_serving_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
