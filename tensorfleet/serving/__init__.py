@@ -27,15 +27,15 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("batching", "elastic", "errors", "grpc_api", "metrics", "predictor", "replicas", "repository", "rest",
-             "saved_model", "servable", "server", "stages", "versions"),
+    modules=("batching", "elastic", "errors", "grpc_api", "k8s", "metrics", "predictor", "replicas", "repository",
+             "rest", "saved_model", "servable", "server", "stages", "versions"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
         "TensorSignature": "saved_model",
         "ModelServer": "server", "serve": "server", "BatchingOptions": "batching", "Batcher": "batching",
         "ServingError": "errors", "ModelRepository": "repository", "Predictor": "predictor",
         "ReplicaPool": "replicas", "VersionWatcher": "versions", "ServingMetrics": "metrics",
-        "Autoscaler": "elastic", "StagedRunner": "stages",
+        "Autoscaler": "elastic", "StagedRunner": "stages", "serving_manifests": "k8s",
     },
 )
 
