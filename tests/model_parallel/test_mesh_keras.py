@@ -53,7 +53,7 @@ def test_what_cannot_be_split_is_replicated_with_a_note():
     table = layout.weight(_layers.Embedding(32, 16, name="e"), "e/embeddings", "embeddings", (32, 16))
     assert table.mesh_axes == (None, None)
     assert table.note == ("embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows "
-                          "are whole (a pattern may split its columns)")
+                          "are whole")
     sequence = layout.weight(_layers.Dense(16, name="up"), "up/kernel", "kernel", (8, 16), input_rank=3)
     assert sequence.mesh_axes == (None, None)
     assert sequence.note == ("a Dense over inputs of rank above 2 stays replicated: TF 2.14's DTensor aborts the "
@@ -119,6 +119,13 @@ def skip_net():  # Conv2D, any activation, Dropout, Add (skip connection), Layer
     h = L.LayerNormalization(name="ln")(L.Add(name="skip")([h, h2]))
     return tf.keras.Model(inputs, L.Dense(10, name="logits")(h), name="skip_net")
 
+def conv_net():  # Conv2D without bias before BatchNormalization, Concatenate, pooling
+    inputs = tf.keras.Input((8, 8, 1))
+    a = L.Activation("relu")(L.BatchNormalization(name="bn")(L.Conv2D(8, 3, padding="same", use_bias=False)(inputs)))
+    h = L.Concatenate()([a, L.Conv2D(8, 1, name="pw")(a)])
+    h = L.GlobalAveragePooling2D()(L.MaxPooling2D()(h))
+    return tf.keras.Model(inputs, L.Dense(10, name="d1")(h), name="conv_net")
+
 def sequential():
     return tf.keras.Sequential([tf.keras.Input((8, 8, 1)), L.Flatten(), L.Dense(32, activation="relu", name="h"),
                                 L.Dropout(0.0), L.Dense(10, activation="softmax", name="probs")], name="seq")
@@ -134,6 +141,8 @@ out = {}
 for key, build, optimizer, loss in [
         ("adam", skip_net, "tf.keras.optimizers.Adam(1e-2)", tf.keras.losses.SparseCategoricalCrossentropy(True)),
         ("adamw_clip", skip_net, "tf.keras.optimizers.AdamW(1e-2, weight_decay=0.05, global_clipnorm=0.5)",
+         tf.keras.losses.SparseCategoricalCrossentropy(True)),
+        ("adam_batchnorm", conv_net, "tf.keras.optimizers.Adam(1e-2)",
          tf.keras.losses.SparseCategoricalCrossentropy(True)),
         ("sgd_sequential", sequential, "tf.keras.optimizers.SGD(0.1, momentum=0.9)", "sparse_categorical_crossentropy")]:
     tf.keras.utils.set_random_seed(1)
@@ -193,6 +202,7 @@ def test_keras_fit_on_a_2x2_mesh_matches_one_device_after_5_steps():
     assert adam["d1_shape"] == [512, 16] and adam["d1_shards"] == [[512, 8]] * 4
     assert out["sgd_sequential"]["layouts"]["h/kernel"] == ["-", "m"]
     assert re.fullmatch(r"AdamW/m/d1/kernel:0", next(iter(out["adamw_clip"]["slots"])))
+    assert out["adam_batchnorm"]["layouts"]["bn/moving_mean"] == ["-"]
 
 
 _CHECKPOINT_SCRIPT = r"""

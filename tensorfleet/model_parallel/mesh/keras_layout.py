@@ -57,7 +57,8 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
    most other weights unmoved, and Keras' running-mean loss lagged one step). With gradients
    computed in one function and relaid out to their variable's layout and applied in a second,
    5 Adam steps matched one device (losses within 2.4e-7, weights within 2.2e-6). The trainer's
-   ``train_function`` runs those two functions per step under Keras' own ``fit`` loop.
+   ``train_function`` runs those two functions per step under Keras' own ``fit`` loop; gradient
+   clipping computed in the update function was wrong the same way, so it runs in the first.
 3. Fused normalizations (``FusedBatchNormV3``, which LayerNormalization also uses) have no
    layout propagation; the trainer turns the layers' fused path off (same maths).
 4. A convolution needs a fully replicated filter ("Filter for convolution must have fully
@@ -68,16 +69,21 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
    replicated, with a note; the attention heads of a sequence model split fine.
 7. A gather from a table split by rows fails ("DTensor does not support sharded 0th dimension
    for the resource tensor for ResourceGatherOp"): ``vocab`` leaves embedding tables replicated,
-   with a note; a pattern may split their columns.
+   with a note.
 8. Some gradients have no layout propagation at all, so models with these layers cannot train on
    a DTensor mesh in TF 2.14, split or not: ``DepthwiseConv2dNativeBackpropFilter``
-   (DepthwiseConv2D) and ``AvgPoolGrad`` (AveragePooling1D/2D).
+   (DepthwiseConv2D) and ``AvgPoolGrad`` (AveragePooling1D/2D), hence not ResNet-8 (it pools with
+   AveragePooling2D).
+9. Dropout with a rate above 0 draws its masks from a ``tf.random.Generator`` whose stream on a
+   mesh differs from one device's: same distribution, other numbers (the scope turns Keras'
+   generator-based random layers on, as DTensor requires, and restores the choice on exit).
 
-Keras' ``LayoutMap`` path (lazy variables mapped after the model is built) was tried first: the
-weights it creates were not moved by the optimizer at all in TF 2.14, and its keys are object
-paths chosen before the layer kinds are known, so tensorfleet lays weights out when they are
-created instead. tensorfleet's own tensor-parallel layers (the ``keras`` backend) stay for
-Mesh.fit; their hand-written shards cover Dense and TransformerBlock only.
+Keras' ``LayoutMap`` path (lazy variables mapped to layouts by their object paths once the model is
+built) was tried first: its keys are paths such as ``"d1.kernel"`` that say nothing of the layer's
+kind, so no rule can name "the columns of every Dense" with it (and its weights did not move in a
+single-function step, the defect of 2.). tensorfleet therefore lays each weight out when it is
+created, knowing its layer; path patterns still give LayoutMap's fine control. tensorfleet's own
+tensor-parallel layers (the ``keras`` backend of ``Mesh.fit``) stay for the chains they cover.
 """
 
 from __future__ import annotations
@@ -125,8 +131,7 @@ KEPT_WHOLE = {
     "channels": "convolution kernels stay replicated: TF 2.14's DTensor convolves only with a replicated filter",
     "hidden": "a Dense over inputs of rank above 2 stays replicated: TF 2.14's DTensor aborts the process on its "
               "split tensordot (\"Check failed: size >= 0\")",
-    "vocab": "embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows are whole "
-             "(a pattern may split its columns)",
+    "vocab": "embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows are whole",
 }
 """Why a dimension a rule names is not split in some weights, as the note on those weights says it."""
 
