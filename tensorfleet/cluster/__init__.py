@@ -23,7 +23,7 @@ from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConf
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("contract", "elastic", "fault_tolerance", "k8s", "launcher", "processes", "result", "server",
+    modules=("contract", "elastic", "evaluation", "fault_tolerance", "k8s", "launcher", "processes", "result", "server",
              "supervisor"),
     names={"launch": "launcher", "launch_elastic": "elastic", "tfjob": "k8s"},
 )
