@@ -14,7 +14,11 @@ prints rounds/s of both (steady state, after the first round, and including star
 ratio, the final central test accuracy of both, and resident memory after rounds 10 and
 ``--rounds``.
 
-Run with ``python bench/federated_speed.py [--rounds 200]``.
+Then the algorithm x aggregator matrix (fedavg, fedprox, fedsgd x mean, dp_fixed, median, krum,
+compression): the same task on ``backend="compiled"`` and ``backend="tff"``, steady rounds/s of
+each (after the first round) and their ratio, over ``--matrix-rounds`` rounds per cell.
+
+Run with ``python bench/federated_speed.py [--rounds 200] [--matrix-rounds 10] [--only classic|matrix]``.
 """
 
 from __future__ import annotations
@@ -166,28 +170,82 @@ def _run_tensorfleet_with_rss(rounds: int) -> dict:
     return contender_tensorfleet(rounds, on_round=rss_and_time)
 
 
+MATRIX_ALGORITHMS = ("fedavg", "fedprox", "fedsgd")
+MATRIX_AGGREGATORS = {"mean": {}, "dp_fixed": {"noise_multiplier": 0.1, "clip": 1.0}, "median": {},
+                      "krum": {"num_byzantine": 1}, "compression": {"bits": 8, "sparsity": 0.5}}
+
+
+def matrix_cell(algorithm: str, aggregator: str, backend: str, rounds: int) -> dict:
+    """Steady rounds/s (after round 1) and seconds to the end of round 1 of one cell on one backend."""
+    import tensorfleet as tfl
+
+    split, clients = _data()
+    ends: list = []
+    start = time.perf_counter()
+    sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients, algorithm, rounds=rounds,
+                                   clients_per_round=PER_ROUND, seed=SEED, batch_size=BATCH, progress=False,
+                                   backend=backend, aggregator=None if aggregator == "mean" else aggregator,
+                                   aggregator_options=MATRIX_AGGREGATORS[aggregator],
+                                   test_data=(split.x_test, split.y_test), eval_every=rounds)
+    sim.round_listeners.append(lambda record: ends.append(time.perf_counter()))
+    sim.run()
+    return {"steady_rounds_per_s": (rounds - 1) / (ends[-1] - ends[0]), "first_round_end_s": ends[0] - start,
+            "accuracy": sim.history.final("test_accuracy")}
+
+
+def run_matrix(rounds: int) -> list[str]:
+    """The matrix's lines: one per cell, compiled against the tff backend."""
+    lines = [f"algorithm x aggregator, digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {rounds} rounds "
+             f"per cell (steady rounds/s after round 1; s to the end of round 1; test accuracy)",
+             f"{'cell':26}{'compiled r/s':>13}{'tff r/s':>9}{'ratio':>8}{'compiled 1st':>14}{'tff 1st':>9}"
+             f"{'acc compiled':>14}{'acc tff':>9}"]
+    for algorithm in MATRIX_ALGORITHMS:
+        for aggregator in MATRIX_AGGREGATORS:
+            res = {b: matrix_cell(algorithm, aggregator, b, rounds) for b in ("compiled", "tff")}
+            fast, slow = res["compiled"], res["tff"]
+            lines.append(f"{algorithm + ' x ' + aggregator:26}{fast['steady_rounds_per_s']:13.2f}"
+                         f"{slow['steady_rounds_per_s']:9.2f}"
+                         f"{fast['steady_rounds_per_s'] / slow['steady_rounds_per_s']:7.1f}x"
+                         f"{fast['first_round_end_s']:14.2f}{slow['first_round_end_s']:9.2f}"
+                         f"{fast['accuracy']:14.4f}{slow['accuracy']:9.4f}")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--matrix-rounds", type=int, default=10)
+    parser.add_argument("--only", choices=["classic", "matrix"], help="Run only the classic comparison or the matrix.")
     parser.add_argument("--child", choices=["raw", "tensorfleet"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.matrix_rounds < 2:
+        parser.error(f"--matrix-rounds must be at least 2. Received: {args.matrix_rounds}")
     if args.rounds < 10:
         parser.error(f"--rounds must be at least 10. Received: {args.rounds}")
     if args.child:
         _child(args.child, args.rounds)
         return
+    if args.only != "matrix":
+        classic(args.rounds)
+    if args.only != "classic":
+        run_matrix(args.matrix_rounds)
+
+
+def classic(rounds: int) -> None:
+    """Raw TFF against tensorfleet's compiled backend, each in its own process."""
     results = {}
     for which in ("raw", "tensorfleet"):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--child", which],
+        proc = subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--child", which],
                               capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
         line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         if proc.returncode != 0 or not line:
             sys.exit(f"{which} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         results[which] = json.loads(line[-1][7:])
     raw, fast = results["raw"], results["tensorfleet"]
-    r_last = str(args.rounds)
-    print(f"federated speed: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {args.rounds} rounds, seed {SEED}")
+    r_last = str(rounds)
+    print(f"federated speed: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {rounds} rounds, seed {SEED}")
     print(f"{'':13}{'rounds/s steady':>17}{'rounds/s total':>16}{'test acc':>10}{'RSS r10 MB':>12}{f'RSS r{r_last} MB':>14}")
     for name, res in (("raw TFF", raw), ("tensorfleet", fast)):
         print(f"{name:13}{res['steady_rounds_per_s']:17.2f}{res['total_rounds_per_s']:16.2f}{res['accuracy']:10.4f}"

@@ -51,8 +51,8 @@ def run(
                                                "overwrite it."),
     workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
     backend: Optional[str] = typer.Option(None, "--backend",
-                                          help="tff (default) | compiled (fedavg family, fedprox, fedsgd with the mean; faster) | auto (compiled "
-                                               "where it equals tff)."),
+                                          help="auto (default: compiled where it equals tff, else tff) | tff | compiled "
+                                               "(one TensorFlow function per round; faster)."),
 ) -> None:
     """Runs one simulation; prints one JSON line with the final metrics last."""
     from tensorfleet.federated.experiment import load_config, resolve_config
@@ -70,7 +70,7 @@ def run(
     cfg = resolve_config(cfg)
     history = _run_or_explain(cfg, workers)
     last = history.rounds[-1] if history.rounds else {}
-    summary = {"algorithm": cfg["algorithm"], "rounds": last.get("round", 0)}
+    summary = {"algorithm": cfg["algorithm"], "backend": history.config.get("backend"), "rounds": last.get("round", 0)}
     for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
         if key in last:
             summary[key] = round(float(last[key]), 4)

@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "rounds": 10, "clients_per_round": None, "dropout": 0.0, "straggler_deadline": None, "dp": None,
     "aggregator": None, "out": None, "seed": 0, "batch_size": 20, "local_epochs": 1, "client_lr": None,
     "server_lr": None, "eval_every": 1, "eval_clients": 0, "checkpoint_every": 0, "progress": True, "resume": True,
-    "backend": "tff",
+    "backend": "auto",
 }
 KEYS = tuple(DEFAULTS)
 

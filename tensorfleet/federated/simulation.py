@@ -44,10 +44,11 @@ from typing import Any, Callable
 import numpy as np
 
 from tensorfleet.federated import checkpoint, records, tff_model
+from tensorfleet.federated.backends import Backend
 from tensorfleet.federated.config import SimulationConfig
 from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.sampling import ClientSampler
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import choice, positive_int
 
 __all__ = ["Simulation"]
 
@@ -97,6 +98,8 @@ class Simulation:
                             f"Received: {type(clients).__name__}")
         self.model_fn = model_fn
         self.config = SimulationConfig.from_options(algorithm, **options)
+        # What was asked (the config holds what runs: 'auto' is decided there or when built).
+        self.requested_backend = choice(Backend, "backend", options.get("backend", self.config.backend))
         clients = self.clients = xy_clients(clients, x_key=x_key, y_key=y_key)
         if hasattr(eval_clients, "client_ids"):
             eval_clients = xy_clients(eval_clients, x_key=x_key, y_key=y_key)
@@ -129,7 +132,13 @@ class Simulation:
     def _history_config(self) -> dict[str, Any]:
         """:meth:`describe` plus what the records need to be read (the delta of a DP run's epsilon)."""
         dp = self.config.aggregator_name in records.DP_AGGREGATORS
-        return {**self.describe(), **({"dp_delta": self.config.dp_delta} if dp else {})}
+        return {**self.describe(), "backend_requested": self.requested_backend.value,
+                **({"dp_delta": self.config.dp_delta} if dp else {})}
+
+    def header(self) -> str:
+        """What runs, for the progress bar: ``fedavg on compiled (chosen by auto)``."""
+        chosen = " (chosen by auto)" if self.requested_backend is Backend.AUTO else ""
+        return f"{self.config.algorithm} on {self.config.backend.value}{chosen}"
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the trajectory (not ``rounds``) plus the data."""
@@ -345,7 +354,7 @@ class Simulation:
         process, state, start_round = self._start()
         out_dir, every = self.config.out_dir, self.config.checkpoint_every
         writer = self._tensorboard_writer()
-        bar = tqdm(total=self.config.rounds, initial=start_round, desc=f"{self.config.algorithm}", unit="round",
+        bar = tqdm(total=self.config.rounds, initial=start_round, desc=self.header(), unit="round",
                    disable=not self.config.progress, dynamic_ncols=True)
         try:
             for round_num in range(start_round + 1, self.config.rounds + 1):

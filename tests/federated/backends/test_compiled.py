@@ -161,6 +161,8 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
         sim = Simulation(model_fn, data, algorithm, rounds=1, clients_per_round=4, backend="auto", progress=False,
                          **options)
         sim.run()
+        assert sim.history.config["backend_requested"] == "auto"
+        assert sim.header() == f"{algorithm} on {sim.config.backend.value} (chosen by auto)"
         return sim.config.backend.value, sim.history.config["backend"]
 
     assert backend(lambda: models.build("digits_mlp", hidden=8)) == ("compiled", "compiled")
