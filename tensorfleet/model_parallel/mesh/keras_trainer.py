@@ -15,7 +15,31 @@ from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
 from tensorfleet.validation import positive_int
 
-__all__ = ["MeshTrainer"]
+__all__ = ["AVG_POOL_GRADIENT", "MeshTrainer", "avg_pool_gradient"]
+
+AVG_POOL_GRADIENT = "TensorfleetMeshAvgPool"
+"""The registered name of :func:`avg_pool_gradient`."""
+
+
+@tf.RegisterGradient(AVG_POOL_GRADIENT)
+def avg_pool_gradient(op: Any, grad: Any) -> Any:
+    """AvgPool's gradient for non-overlapping windows (``strides == ksize``, VALID padding, NHWC:
+    what AveragePooling1D/2D do by default) as each output gradient spread evenly over its window,
+    ops DTensor lays out; TF 2.14's DTensor has no layout propagation for ``AvgPoolGrad``. Other
+    pools keep TensorFlow's own gradient."""
+    from tensorflow.python.ops import gen_nn_ops
+
+    ksize, strides = list(op.get_attr("ksize")), list(op.get_attr("strides"))
+    x = op.inputs[0]
+    if (op.get_attr("padding") != b"VALID" or op.get_attr("data_format") != b"NHWC" or ksize != strides
+            or ksize[0] != 1 or ksize[3] != 1 or not x.shape.is_fully_defined()):
+        return gen_nn_ops.avg_pool_grad(tf.shape(x), grad, ksize, strides, op.get_attr("padding"),
+                                        data_format=op.get_attr("data_format"))
+    spread = tf.repeat(tf.repeat(grad, ksize[1], axis=1), ksize[2], axis=2) / float(ksize[1] * ksize[2])
+    rest_h, rest_w = x.shape[1] - spread.shape[1], x.shape[2] - spread.shape[2]
+    if rest_h or rest_w:  # rows and columns VALID pooling dropped get no gradient
+        spread = tf.pad(spread, [[0, 0], [0, rest_h], [0, rest_w], [0, 0]])
+    return spread
 
 
 class MeshTrainer(tf.keras.Model):
@@ -80,19 +104,21 @@ class MeshTrainer(tf.keras.Model):
 
         @tf.function
         def gradients(x: Any, y: Any) -> Any:
-            with tf.GradientTape() as tape:
+            # tf.gradients, not a tape, so that the graph's gradient override gives AvgPool a gradient
+            # DTensor can lay out (see avg_pool_gradient).
+            with tf.compat.v1.get_default_graph().gradient_override_map({"AvgPool": AVG_POOL_GRADIENT}):
                 y_pred = self.model(x, training=True)
                 loss = self._loss(y, y_pred)
             # Clipping here, not in the update: computed there, it changed the result (TF 2.14).
-            return y_pred, loss, clip_gradients(tape.gradient(loss, variables), self.optimizer.mesh_clipping)
+            return y_pred, loss, clip_gradients(tf.gradients(loss, variables), self.optimizer.mesh_clipping)
 
         @tf.function
         def update(y: Any, y_pred: Any, loss: Any, grads: Any) -> Any:
             # A separate function that only relays out and applies: in TF 2.14 DTensor, reading an
             # optimizer slot after its update in the function that also computed the gradients (or
             # clipped them) sometimes saw the old value.
-            grads = [dtensor.relayout(g, v.layout) for g, v in zip(grads, variables)]
-            self.optimizer.apply_gradients(zip(grads, variables))
+            pairs = [(dtensor.relayout(g, v.layout), v) for g, v in zip(grads, variables) if g is not None]
+            self.optimizer.apply_gradients(pairs)
             return self._metrics_update(y, y_pred, loss)
 
         def train_function(iterator: Any) -> Any:
