@@ -5,9 +5,15 @@ script on the chief only:
 
     tensorfleet launch --workers 2 --ps 1 --max-restarts 2 examples/train_digits_ps.py -- --epochs 4
 
+Each worker reads its own shard of the training set in its own order (``fit_inputs`` shards by
+the worker's index; TensorFlow gives every worker the same ``InputContext``).
+
 When a worker dies, the launcher restarts that worker alone; TensorFlow's
-``ClusterCoordinator`` re-runs the steps it lost on the other workers, so ``fit`` still runs
-exactly ``epochs * steps_per_epoch`` steps.
+``ClusterCoordinator`` runs the step it lost again on another worker, so every one of the
+``epochs * steps_per_epoch`` steps runs at least once. A step whose update had already reached
+the parameter server when its worker died is applied twice: with F worker failures the
+optimizer counts between ``epochs * steps_per_epoch`` and ``epochs * steps_per_epoch + F``
+iterations (the last line prints both).
 """
 
 from __future__ import annotations
@@ -37,12 +43,6 @@ def main(argv: list[str] | None = None) -> None:
     strategy = strategies.build("parameter_server")  # the cluster from the launcher's TF_CONFIG
     split = load_digits(seed=args.seed)
 
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch = context.get_per_replica_batch_size(args.batch_size)
-        data = tf.data.Dataset.from_tensor_slices((split.x_train, split.y_train))
-        data = data.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return data.shuffle(512, seed=args.seed).repeat().batch(batch).prefetch(2)
-
     with strategy.scope():
         model = build("digits_cnn", seed=args.seed)
         model.compile(
@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> None:
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=args.epochs,
-              steps_per_epoch=args.steps_per_epoch, callbacks=[EpochLog()], verbose=0)
+    inputs = strategies.fit_inputs(split.x_train, split.y_train, batch_size=args.batch_size, strategy=model,
+                                   seed=args.seed, steps_per_epoch=args.steps_per_epoch)
+    model.fit(**inputs, epochs=args.epochs, callbacks=[EpochLog()], verbose=0)
     logits = model.predict(split.x_test, verbose=0, batch_size=128)
     accuracy = float((logits.argmax(axis=1) == split.y_test).mean())
     print(f"tensorfleet: done iterations={int(model.optimizer.iterations.numpy())} "

@@ -265,9 +265,12 @@ def parameter_server(*, cluster: ClusterSpec | dict[str, Any] | None = None,
         max_shards: split each variable into at most this many shards across the ps tasks
             (``tf.distribute.experimental.partitioners.MinSizePartitioner``).
         min_shard_bytes: smallest shard, in bytes (default 256 KiB when max_shards is set).
-        staleness: the consistency model (:mod:`tensorfleet.strategies.staleness`): 0 is
-            bulk-synchronous, k lets a worker run at most k steps ahead of the slowest, None
-            (TensorFlow's behaviour) is fully asynchronous.
+        staleness: the consistency model (:mod:`tensorfleet.strategies.staleness`): k >= 0 is
+            stale-synchronous (SSP), a worker runs at most k steps ahead of the slowest; 0 keeps
+            the workers in lockstep, though each worker's update is still applied on its own (no
+            mode here aggregates them: that is multi_worker_mirrored); None (TensorFlow's
+            behaviour) is fully asynchronous. Worker failures are handled as TensorFlow does
+            under every setting: the lost step runs again, at least once.
         serve: on worker/ps tasks, start the server and block.
 
     Example (the coordinator of a cluster in this process; it cannot run inside the test
@@ -356,6 +359,7 @@ register("multi_worker_mirrored", multi_worker_mirrored, aliases=("mwms", "multi
          check=_check_multi_worker,
          description="MultiWorkerMirroredStrategy: synchronous all-reduce across TF_CONFIG workers.")
 register("parameter_server", parameter_server, aliases=("ps",), check=_check_parameter_server,
-         description="ParameterServerStrategy: asynchronous workers, variables on ps tasks.")
+         description="ParameterServerStrategy: variables on ps tasks; workers asynchronous, or at most "
+                     "staleness=k steps apart (SSP, k=0 lockstep).")
 register("central_storage", central_storage, aliases=("central",),
          description="CentralStorageStrategy: variables on one device, compute mirrored.")

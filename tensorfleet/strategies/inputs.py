@@ -2,11 +2,24 @@
 
 Under every strategy but one, Keras takes a batched ``tf.data.Dataset``. The parameter server
 (Keras 2.14) instead needs a ``DatasetCreator`` that each worker calls to build its own
-shard, repeated, plus an explicit ``steps_per_epoch``. :func:`fit_inputs` and
+input pipeline, repeated, plus an explicit ``steps_per_epoch``. :func:`fit_inputs` and
 :func:`evaluate_inputs` return keyword arguments that fit either case, so the user's call
 stays the same for every strategy::
 
     model.fit(**fit_inputs(x, y, batch_size=64), epochs=5)
+
+Under the parameter server every worker runs the same dataset function, and TensorFlow gives
+each the same ``InputContext`` (pipeline 0 of 1): a plain ``shard(num_input_pipelines,
+input_pipeline_id)`` is a no-op there, and a fixed shuffle seed makes every worker feed the
+identical batch sequence. The pipelines built here therefore read the worker's index at run
+time (``tf.distribute.coordinator.experimental_get_current_worker_index()``): every worker
+shuffles the examples alike (the same seed, reshuffled on every pass) and worker ``w`` of ``W``
+keeps positions ``w, w + W, w + 2W, ...`` of that shared stream. The workers' examples are
+disjoint, together they are the whole stream, and which examples a worker gets changes from pass
+to pass. An epoch of ``ceil(n / batch_size)`` steps therefore feeds every example once when the
+workers run equally many steps of it (``staleness=0`` keeps them within one step of each other);
+when one worker runs more steps (asynchronous training with a straggler), it reads further ahead
+in the stream, and the examples between are read by none or, later, by the slower worker.
 """
 
 from __future__ import annotations
@@ -69,7 +82,15 @@ def _check_arrays(x: Any, y: Any, batch_size: int) -> int:
     return n
 
 
-def _dataset_fn(x: Any, y: Any, batch_size: int, shuffle: bool, seed: int, repeat: bool) -> Callable[[Any], Any]:
+def _num_workers(strategy: Any) -> int:
+    """The worker count of a parameter-server strategy (what its ClusterCoordinator reads)."""
+    return int(strategy._num_workers)
+
+
+def _dataset_fn(x: Any, y: Any, batch_size: int, shuffle: bool, seed: int, repeat: bool,
+                workers: int | None = None) -> Callable[[Any], Any]:
+    """``input_context -> dataset`` of batches; with ``workers`` (a parameter server), the worker
+    that builds it keeps every ``workers``-th element of the stream all workers share."""
     import tensorflow as tf
 
     x = np.asarray(x)
@@ -82,10 +103,14 @@ def _dataset_fn(x: Any, y: Any, batch_size: int, shuffle: bool, seed: int, repea
         if input_context is not None:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
             per_replica = input_context.get_per_replica_batch_size(batch_size)
-        if shuffle:
+        if shuffle:  # a fixed seed: every worker's stream is the same sequence of permutations
             ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
         if repeat:
             ds = ds.repeat()
+        if workers is not None:
+            # TensorFlow gives every worker InputContext(0 of 1); the worker's index is fed in
+            # when the function runs on that worker.
+            ds = ds.shard(workers, tf.distribute.coordinator.experimental_get_current_worker_index())
         return ds.batch(per_replica).prefetch(2)
 
     return make
@@ -111,10 +136,14 @@ def fit_inputs(
         strategy: the Keras model (its strategy is used) or the strategy it was built
             under; default the strategy in scope. Pass it: the parameter server needs
             different inputs than every other strategy.
-        shuffle, seed: shuffling of the examples.
+        shuffle, seed: shuffling of the examples. Under the parameter server every worker
+            shuffles alike and worker ``w`` of ``W`` keeps every W-th example from position
+            ``w`` on: the workers read disjoint examples (see the module docstring).
         validation_data: ``(x_val, y_val)`` arrays.
         dataset_fn: instead of arrays, a function ``(input_context) -> tf.data.Dataset`` of
-            batches; requires ``steps_per_epoch``.
+            batches; requires ``steps_per_epoch``. Under the parameter server it runs on every
+            worker with the same ``input_context``: shard or seed it by
+            ``tf.distribute.coordinator.experimental_get_current_worker_index()``.
         steps_per_epoch: default ``ceil(len(x) / batch_size)``.
 
     Example:
@@ -148,7 +177,8 @@ def fit_inputs(
     else:
         n = _check_arrays(x, y, batch_size)
         steps_per_epoch = steps_per_epoch or math.ceil(n / batch_size)
-        make = _dataset_fn(x, y, batch_size, shuffle, seed, repeat=coordinated)
+        make = _dataset_fn(x, y, batch_size, shuffle, seed, repeat=coordinated,
+                           workers=_num_workers(strategy) if coordinated else None)
     integer("steps_per_epoch", steps_per_epoch, minimum=1, optional=True)
     validation: dict[str, Any] = {}
     if validation_data is not None:
@@ -165,14 +195,19 @@ def fit_inputs(
 
 
 def evaluate_inputs(x: Any, y: Any = None, *, batch_size: int = 32, strategy: Any = None) -> FitInputs:
-    """Keyword arguments for ``model.evaluate`` under ``strategy`` (every example once)."""
+    """Keyword arguments for ``model.evaluate`` under ``strategy``.
+
+    Every example once, except under the parameter server: there worker ``w`` of ``W`` reads
+    every W-th example from position ``w`` on, repeated, for the ``ceil(n / batch_size)`` steps
+    Keras hands out to whichever worker is free, so the examples are covered once only when the
+    workers run equally many of those steps.
+    """
     import tensorflow as tf
 
     strategy = _current_strategy(strategy)
     n = _check_arrays(x, y, batch_size)
     if uses_coordinator(strategy):
-        # Exact evaluation under the coordinator needs a finite per-worker dataset; the
-        # DatasetCreator is repeated and cut at ceil(n / batch) steps.
-        make = _dataset_fn(x, y, batch_size, shuffle=False, seed=0, repeat=True)
+        # Each worker reads every W-th example, repeated; Keras cuts the steps at ceil(n / batch).
+        make = _dataset_fn(x, y, batch_size, shuffle=False, seed=0, repeat=True, workers=_num_workers(strategy))
         return FitInputs(x=tf.keras.utils.experimental.DatasetCreator(make), steps=math.ceil(n / batch_size))
     return FitInputs(x=_dataset_fn(x, y, batch_size, shuffle=False, seed=0, repeat=False)(None))

@@ -1,35 +1,55 @@
-"""Consistency models for parameter-server training: BSP, SSP with staleness k, and ASP.
+"""Consistency models for parameter-server training: stale-synchronous (SSP) with a staleness
+bound k, and fully asynchronous (ASP).
 
 A parameter-server worker reads the variables, computes a gradient and applies it; other
 workers' updates may land in between. How far the workers may drift apart is the
 consistency model, after Ho et al., "More Effective Distributed ML via a Stale Synchronous
-Parallel Parameter Server" (NIPS 2013):
+Parallel Parameter Server" (NIPS 2013). A worker's clock is the number of steps it finished.
 
-* ``staleness=0`` -- bulk-synchronous (BSP): no worker starts step c+1 before every worker
-  has finished step c.
-* ``staleness=k`` -- stale-synchronous (SSP): a worker may run at most k steps ahead of the
-  slowest one (it starts its next step only while ``its clock - slowest clock <= k``).
-* ``staleness=None`` -- fully asynchronous (ASP): every worker runs as fast as it can, the
-  behaviour of ``ClusterCoordinator.schedule``.
+* ``staleness=k`` (k >= 0) -- SSP: a worker starts its next step only while its clock is at
+  most k ahead of the slowest worker's.
+* ``staleness=0`` -- SSP with k=0: the clocks move in lockstep, no worker starts step c+1
+  before every worker finished step c. This is **not** bulk-synchronous training (BSP): each
+  worker's update is applied on its own as it arrives, not summed with the other workers'
+  updates of the same clock and applied once. A worker's step-c gradient is computed on
+  variables that hold every update of clocks before c and possibly some of clock c (the update
+  lag is at most ``workers - 1``); with Adam or momentum, W separate updates are not one
+  averaged update. Synchronous training that aggregates every replica's gradient before one
+  update is ``multi_worker_mirrored`` (or ``mirrored`` on one machine).
+* ``staleness=None`` -- ASP: every worker runs as fast as it can, the behaviour of
+  ``ClusterCoordinator.schedule``.
 
-The rule is enforced on TensorFlow's own :class:`ClusterCoordinator`: each step is sent to one
-chosen worker through the coordinator's per-worker closure queue (the queue it uses to build
-per-worker datasets), and a driver thread per worker holds the worker's next step back until
-the policy allows it. Works on any ``tf.distribute.experimental.ParameterServerStrategy`` and
-its coordinator that the caller passes in:
+The rule is enforced on TensorFlow's own :class:`ClusterCoordinator`, without replacing its
+``schedule`` or ``join``: steps still go into the coordinator's queue, and a worker's thread is
+held back before it takes its next step from the queue until the policy allows it. The
+coordinator's failure handling therefore works unchanged: a step whose worker fails is put
+back into the queue and run again by another worker (or by the same one when it is back),
+exactly as without a gate. Whilst a worker is down it does not count as the slowest; when it is
+back, its clock rejoins at the slowest clock of the others.
+
+Steps are at-least-once, as ``ClusterCoordinator.schedule`` documents: a step whose worker
+dies after its update reached the parameter servers (in full or in part) but before the
+coordinator got its reply is run again. Each worker runs one step at a time, so each worker
+failure repeats at most one step: a run with F worker failures applies between N and N + F
+updates for N planned steps.
+
+Works on any ``tf.distribute.experimental.ParameterServerStrategy`` and its coordinator:
 
 * :func:`attach` (strategy, staleness) -- the ``staleness`` option of a strategy: gates the
   strategy's one ``ClusterCoordinator``, so Keras ``Model.fit`` trains under the policy;
 * :func:`install` (coordinator, staleness) -- the same on a coordinator;
-* :class:`StalenessScheduler` -- runs a step function on the workers under the policy;
-  :func:`tensorfleet.strategies.staleness_run.train` builds a measured training loop (clock gaps,
-  update lags, weight snapshots, an optional straggler) on it for comparing the policies.
+* :class:`~tensorfleet.strategies.staleness_run.StalenessScheduler` -- runs a step function on
+  the workers under the policy and records every step;
+  :func:`tensorfleet.strategies.staleness_run.train` builds a measured training loop (clock
+  gaps, update lags, weight snapshots, an optional straggler) on it.
 
 Example:
     >>> from tensorfleet.strategies import staleness as consistency
     >>> policy = consistency.resolve_staleness(2)
     >>> policy.kind, policy.may_start([5, 3, 4], worker=0), policy.may_start([6, 3, 4], worker=0)
     (<Consistency.SSP: 'ssp'>, True, False)
+    >>> consistency.resolve_staleness(0).label
+    'SSP k=0'
 """
 
 from __future__ import annotations
@@ -38,71 +58,60 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from tensorfleet.validation import positive_int
-
-__all__ = [
-    "Consistency",
-    "StalenessPolicy",
-    "StalenessScheduler",
-    "StepRecord",
-    "StalenessGate",
-    "attach",
-    "install",
-    "installed_gate",
-    "resolve_staleness",
-]
+__all__ = ["Consistency", "StalenessPolicy", "StepRecord", "StalenessGate", "attach", "install", "installed_gate",
+           "num_workers", "resolve_staleness"]
 
 
 class Consistency(str, Enum):
-    """The three consistency models."""
+    """The consistency models: stale-synchronous (a bound k >= 0) or asynchronous (no bound)."""
 
-    BSP = "bsp"
     SSP = "ssp"
     ASP = "asp"
 
 
 _ASP_WORDS = ("none", "asp", "async", "inf", "infinite")
+_OPTION = "staleness must be an integer k >= 0 (SSP: at most k steps ahead of the slowest worker) or None (ASP)."
 
 
 @dataclass(frozen=True)
 class StalenessPolicy:
-    """How many steps a worker may run ahead of the slowest: ``0`` BSP, ``k`` SSP, ``None`` ASP."""
+    """How many steps a worker may run ahead of the slowest: ``k`` SSP (0: lockstep), ``None`` ASP."""
 
     staleness: int | None
 
     @property
     def kind(self) -> Consistency:
-        if self.staleness is None:
-            return Consistency.ASP
-        return Consistency.BSP if self.staleness == 0 else Consistency.SSP
+        return Consistency.ASP if self.staleness is None else Consistency.SSP
 
     @property
     def label(self) -> str:
-        """``"BSP"``, ``"SSP k=2"`` or ``"ASP"``."""
-        return f"SSP k={self.staleness}" if self.kind is Consistency.SSP else self.kind.value.upper()
+        """``"SSP k=0"``, ``"SSP k=2"`` or ``"ASP"``."""
+        return "ASP" if self.staleness is None else f"SSP k={self.staleness}"
 
     def may_start(self, clocks: Sequence[int], worker: int) -> bool:
-        """Whether ``worker`` may start its next step, given every worker's finished steps."""
+        """Whether ``worker`` may start its next step, given the finished steps of every worker
+        that counts (a worker that is down does not)."""
         if self.staleness is None:
             return True
         return clocks[worker] - min(clocks) <= self.staleness
 
 
 def resolve_staleness(staleness: int | str | None) -> StalenessPolicy:
-    """Reads a ``staleness`` option: an int k >= 0, ``None``/``"none"``/``"asp"``, or ``"bsp"``.
+    """Reads a ``staleness`` option: an int k >= 0, or ``None``/``"none"``/``"asp"``.
 
     Args:
-        staleness: 0 for BSP, k > 0 for SSP, None (or "none", "asp", "inf") for ASP; digit
-            strings as from a command line are accepted.
+        staleness: k >= 0 for SSP (0 keeps the workers in lockstep), None (or "none", "asp",
+            "inf") for ASP; digit strings as from a command line are accepted. ``"bsp"`` is
+            refused: no mode here aggregates the workers' gradients (see the module docstring).
 
     Returns:
         The :class:`StalenessPolicy`.
 
     Example:
-        >>> resolve_staleness(None).label, resolve_staleness("bsp").label, resolve_staleness("8").label
-        ('ASP', 'BSP', 'SSP k=8')
+        >>> resolve_staleness(None).label, resolve_staleness(0).label, resolve_staleness("8").label
+        ('ASP', 'SSP k=0', 'SSP k=8')
     """
     if isinstance(staleness, StalenessPolicy):
         return staleness
@@ -113,28 +122,31 @@ def resolve_staleness(staleness: int | str | None) -> StalenessPolicy:
         if word in _ASP_WORDS:
             return StalenessPolicy(None)
         if word == "bsp":
-            return StalenessPolicy(0)
+            raise ValueError(
+                "staleness='bsp' is not offered: the parameter server applies each worker's update on its "
+                "own. staleness=0 keeps the workers' clocks in lockstep (SSP k=0) but does not sum the "
+                "updates of a clock into one; for synchronous training that aggregates every replica's "
+                "gradient, use the multi_worker_mirrored strategy. Received: staleness='bsp'"
+            )
         if word.isdigit():
             return StalenessPolicy(int(word))
-        raise ValueError(
-            "staleness must be an integer >= 0 (0 = BSP, k = SSP) or None/'none' (ASP). "
-            f"Received: staleness={staleness!r}"
-        )
+        raise ValueError(f"{_OPTION} Received: staleness={staleness!r}")
     if isinstance(staleness, bool) or not isinstance(staleness, int):
-        raise TypeError(
-            "staleness must be an integer >= 0 (0 = BSP, k = SSP) or None (ASP). "
-            f"Received: staleness={staleness!r} of type {type(staleness).__name__}"
-        )
+        raise TypeError(f"{_OPTION} Received: staleness={staleness!r} of type {type(staleness).__name__}")
     if staleness < 0:
-        raise ValueError(
-            f"staleness must be an integer >= 0 (0 = BSP, k = SSP) or None (ASP). Received: staleness={staleness}"
-        )
+        raise ValueError(f"{_OPTION} Received: staleness={staleness}")
     return StalenessPolicy(staleness)
 
 
 @dataclass
 class StepRecord:
-    """One executed step: which worker, its clock, how far ahead it was, when, what it returned."""
+    """One finished step: which worker ran it, its clock, how far ahead it was, when, what it returned.
+
+    ``start`` and ``end`` are ``time.perf_counter()`` values: when the worker took the step from
+    the queue, and when the coordinator had its reply. ``outputs`` is the step's ``RemoteValue``
+    in a :class:`StalenessGate`'s records and its fetched value in a
+    :class:`~tensorfleet.strategies.staleness_run.StalenessScheduler`'s.
+    """
 
     worker: int
     clock: int
@@ -144,185 +156,194 @@ class StepRecord:
     outputs: Any = None
 
 
-def _coordinator_workers(coordinator: Any) -> list[Any]:
-    """The workers of a ``ClusterCoordinator``; TypeError for anything else."""
-    workers = getattr(getattr(coordinator, "_cluster", None), "workers", None)
-    if not workers:
+def _coordinator_cluster(coordinator: Any) -> Any:
+    """The ``Cluster`` of a ``ClusterCoordinator``; TypeError for anything else."""
+    cluster = getattr(coordinator, "_cluster", None)
+    if not getattr(cluster, "workers", None) or getattr(cluster, "closure_queue", None) is None:
         raise TypeError(
             "coordinator must be a tf.distribute.experimental.coordinator.ClusterCoordinator. "
             f"Received: {type(coordinator).__name__}"
         )
-    return list(workers)
+    return cluster
 
 
-class StalenessScheduler:
-    """Runs steps on a ``ClusterCoordinator``'s workers under a :class:`StalenessPolicy`.
+def num_workers(coordinator: Any) -> int:
+    """How many workers a ``ClusterCoordinator`` drives; TypeError for anything else.
 
-    Args:
-        coordinator: a ``tf.distribute.experimental.coordinator.ClusterCoordinator``.
-        staleness: 0 (BSP), k (SSP), None (ASP), or a :class:`StalenessPolicy`.
-
-    Example (needs a ParameterServerStrategy cluster and its ClusterCoordinator, so it does not
-    run as a doctest: connecting to a cluster changes the process's eager context for good):
-        >>> coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # doctest: +SKIP
-        >>> scheduler = StalenessScheduler(coordinator, staleness=2)  # doctest: +SKIP
-        >>> records = scheduler.run(step_fn, steps=100, args_for=lambda w: (iterator, w))  # doctest: +SKIP
-        >>> max(record.clock_gap for record in records) <= 2  # doctest: +SKIP
-        True
+    Example:
+        >>> num_workers(object())
+        Traceback (most recent call last):
+        ...
+        TypeError: coordinator must be a tf.distribute.experimental.coordinator.ClusterCoordinator. Received: object
     """
-
-    def __init__(self, coordinator: Any, staleness: int | str | None | StalenessPolicy) -> None:
-        self._workers = _coordinator_workers(coordinator)
-        self.coordinator = coordinator
-        self.policy = resolve_staleness(staleness)
-
-    @property
-    def num_workers(self) -> int:
-        return len(self._workers)
-
-    def run(
-        self,
-        fn: Callable[..., Any],
-        *,
-        steps: int,
-        args_for: Callable[[int], tuple[Any, ...]] = lambda worker: (),
-        progress: bool = True,
-        description: str | None = None,
-    ) -> list[StepRecord]:
-        """Runs ``steps`` steps of ``fn`` in all, each on one worker, honouring the policy.
-
-        Args:
-            fn: a ``tf.function`` run on a worker (as with ``ClusterCoordinator.schedule``).
-            steps: total steps over all workers.
-            args_for: the arguments of a step on worker ``w``; per-worker values (datasets'
-                iterators) are resolved to that worker's own.
-            progress: show a tqdm bar.
-            description: the bar's label (default the policy's label).
-
-        Returns:
-            One :class:`StepRecord` per step, in order of completion.
-        """
-        import numpy as np
-        from tqdm.auto import tqdm
-
-        positive_int("steps", steps)
-        n = self.num_workers
-        clocks = [0] * n
-        issued = [0]
-        records: list[StepRecord] = []
-        errors: list[BaseException] = []
-        condition = threading.Condition()
-        bar = tqdm(total=steps, desc=description or self.policy.label, disable=not progress, leave=False)
-
-        def drive(w: int) -> None:
-            worker = self._workers[w]
-            while True:
-                with condition:
-                    condition.wait_for(lambda: errors or issued[0] >= steps or self.policy.may_start(clocks, w))
-                    if errors or issued[0] >= steps:
-                        return
-                    issued[0] += 1
-                    gap = clocks[w] - min(clocks)
-                start = time.perf_counter()
-                try:
-                    remote = worker.create_resource(fn, args=args_for(w))
-                    outputs = _to_numpy(remote.fetch(), np)
-                    del remote
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                    with condition:
-                        errors.append(exc)
-                        condition.notify_all()
-                    return
-                end = time.perf_counter()
-                with condition:
-                    records.append(StepRecord(worker=w, clock=clocks[w], clock_gap=gap, start=start, end=end,
-                                              outputs=outputs))
-                    clocks[w] += 1
-                    condition.notify_all()
-                bar.update(1)
-
-        threads = [threading.Thread(target=drive, args=(w,), name=f"staleness-driver-{w}", daemon=True)
-                   for w in range(n)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        bar.close()
-        if errors:
-            raise errors[0]
-        return records
+    return len(_coordinator_cluster(coordinator).workers)
 
 
 # Where install() keeps a coordinator's gate: ClusterCoordinator is one object per strategy.
 _GATE_ATTRIBUTE = "_tensorfleet_staleness_gate"
+# The closure queue's methods the gate wraps (instance attributes shadow the class's).
+_WRAPPED = ("get", "put", "mark_finished", "put_back", "mark_failed")
+# A held-back worker re-checks at least this often (the queue's stop() does not notify it).
+_HELD_POLL_SECONDS = 0.5
+
+
+def _no_op() -> None:
+    return None
 
 
 class StalenessGate:
-    """Makes a ``ClusterCoordinator``'s own ``schedule`` obey a :class:`StalenessPolicy`.
+    """Makes a ``ClusterCoordinator``'s workers obey a :class:`StalenessPolicy`.
 
-    Installed by :func:`install`. Each scheduled function runs on one chosen worker through
-    the coordinator's per-worker queue, one at a time per worker; ``schedule`` blocks until
-    some idle worker may start under the policy (the least advanced one is chosen), and
-    ``join`` first waits for every step it dispatched. Everything that schedules through the
-    coordinator -- Keras ``Model.fit`` under a ``ParameterServerStrategy`` included -- then
-    trains under BSP or SSP.
+    Installed by :func:`install`. The coordinator's ``schedule`` and ``join`` are TensorFlow's
+    own; the gate wraps the coordinator's closure queue. When a worker's thread asks the queue
+    for its next step, the gate holds it until the policy allows that worker to start (work
+    tagged for that worker alone, such as rebuilding its datasets after a failure, passes at
+    once). A step the worker finishes advances its clock; a step the coordinator puts back
+    because the worker failed does not, and the worker stops counting as the slowest until it
+    asks for work again. Everything that schedules through the coordinator -- Keras
+    ``Model.fit`` under a ``ParameterServerStrategy`` included -- then trains under the policy,
+    with the coordinator's retries on worker failure.
+
+    Attributes:
+        clocks: each worker's clock: the steps it finished, except that a worker back from a
+            failure rejoins at the slowest other worker's clock.
+        finished: steps finished per worker.
+        gaps: ``(worker, clock gap)`` of every step a worker started, in order.
+        records: a :class:`StepRecord` per finished step, in order of completion (with its
+            ``RemoteValue`` as ``outputs`` when ``keep_outputs``).
+        retried: the worker of every step that was put back to run again (a failure).
     """
 
-    def __init__(self, coordinator: Any, policy: StalenessPolicy) -> None:
+    def __init__(self, coordinator: Any, policy: StalenessPolicy, *, keep_outputs: bool = False) -> None:
+        cluster = _coordinator_cluster(coordinator)
         self.coordinator = coordinator
         self.policy = policy
-        self._workers = _coordinator_workers(coordinator)
-        self._schedule = coordinator.schedule
-        self._join = coordinator.join
-        self.clocks = [0] * len(self._workers)
-        self.busy = [False] * len(self._workers)
-        self.gaps: list[tuple[int, int]] = []  # (worker, clock gap) of every dispatched step
-        self._errors: list[BaseException] = []
-        self._condition = threading.Condition()
+        self._keep_outputs = keep_outputs
+        self._queue = cluster.closure_queue
+        n = len(cluster.workers)
+        self.clocks = [0] * n
+        self.finished = [0] * n
+        self.gaps: list[tuple[int, int]] = []
+        self.records: list[StepRecord] = []
+        self.retried: list[int] = []
+        self._down = [False] * n
+        self._running: dict[int, tuple[Any, int, int, int, float]] = {}  # thread -> step being run
+        # Held-back workers wait on a condition of their own, on the queue's lock: the queue wakes
+        # one waiter per step it is given, and that must be a worker that may take it.
+        self._lock = self._queue._queue_lock
+        self._held = threading.Condition(self._lock)
+        self._active = True
+        self._originals = {name: getattr(self._queue, name) for name in _WRAPPED}
+        self._queue.get = self._get
+        self._queue.put = self._put
+        self._queue.mark_finished = self._mark_finished
+        self._queue.put_back = self._put_back
+        self._queue.mark_failed = self._mark_failed
+        self._nudge(cluster)
 
-    def _can_start(self, w: int) -> bool:
-        return not self.busy[w] and self.policy.may_start(self.clocks, w)
+    def _nudge(self, cluster: Any) -> None:
+        """Gives every worker a no-op of its own: a worker thread already waiting in the queue's
+        ``get`` (it started waiting before the gate was installed) takes it and comes back for
+        its next step through the gate."""
+        from tensorflow.python.distribute.coordinator.cluster_coordinator import ResourceClosure
 
-    def schedule(self, fn: Callable[..., Any], args: Any = None, kwargs: Any = None) -> Any:
-        """Dispatches ``fn`` to a worker the policy allows; returns its ``RemoteValue``."""
-        with self._condition:
-            self._condition.wait_for(lambda: self._errors or any(self._can_start(w) for w in range(len(self.busy))))
-            self._raise_if_failed()
-            w = min((w for w in range(len(self.busy)) if self._can_start(w)), key=lambda w: (self.clocks[w], w))
-            self.busy[w] = True
-            self.gaps.append((w, self.clocks[w] - min(self.clocks)))
-        remote = self._workers[w].create_resource(fn, args=args, kwargs=kwargs)
-        threading.Thread(target=self._watch, args=(w, remote), name=f"staleness-watch-{w}", daemon=True).start()
-        return remote
+        for w in range(len(self.clocks)):
+            self._queue.put(ResourceClosure(_no_op, cluster.resource_cancellation_mgr), tag=w)
 
-    def _watch(self, w: int, remote: Any) -> None:
-        try:
-            remote.get()
-        except BaseException as exc:  # noqa: BLE001 - surfaced by schedule() and join()
-            with self._condition:
-                self._errors.append(exc)
-        with self._condition:
-            self.busy[w] = False
-            self.clocks[w] += 1
-            self._condition.notify_all()
+    # ------------------------------------------------------------------ policy (lock held)
 
-    def _raise_if_failed(self) -> None:
-        if self._errors:
-            error, self._errors = self._errors[0], []
-            raise error
+    def _counted(self) -> list[int]:
+        """The workers that count for "the slowest": all but those that are down."""
+        return [w for w in range(len(self.clocks)) if not self._down[w]]
 
-    def join(self) -> None:
-        """Waits for every dispatched step, then for the coordinator's own queue."""
-        with self._condition:
-            self._condition.wait_for(lambda: not any(self.busy))
-            self._raise_if_failed()
-        self._join()
+    def _gap(self, w: int) -> int:
+        return self.clocks[w] - min(self.clocks[v] for v in self._counted() + [w])
 
-    def uninstall(self) -> None:
-        """Gives the coordinator its own ``schedule`` and ``join`` back."""
-        self.join()
-        for name in ("schedule", "join", _GATE_ATTRIBUTE):
-            self.coordinator.__dict__.pop(name, None)
+    def _may_start(self, w: int) -> bool:
+        return self.policy.staleness is None or self._gap(w) <= self.policy.staleness
+
+    def _back(self, w: int) -> None:
+        """Worker ``w`` asks for work after a failure: it counts again, as the slowest at most."""
+        self._down[w] = False
+        others = [self.clocks[v] for v in self._counted() if v != w]
+        if others:
+            self.clocks[w] = max(self.clocks[w], min(others))
+
+    # ------------------------------------------------------------------ the queue's methods
+
+    def _get(self, timeout: float | None = None, tag: Any = None) -> Any:
+        get = self._originals["get"]
+        if tag is None:
+            return get(timeout=timeout, tag=tag)
+        w = tag
+        queue = self._queue
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self._down[w]:
+                self._back(w)
+            while (self._active and queue._should_process_closures and queue._tagged_queue[w].empty()
+                   and not self._may_start(w)):
+                remaining = _HELD_POLL_SECONDS if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._held.wait(min(remaining, _HELD_POLL_SECONDS))
+        closure = get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()), tag=tag)
+        if closure is not None and closure.tag is None:  # a step from the shared queue, not w's own work
+            with self._lock:
+                gap = self._gap(w)
+                self.gaps.append((w, gap))
+                self._running[threading.get_ident()] = (closure, w, self.clocks[w], gap, time.perf_counter())
+        return closure
+
+    def _put(self, closure: Any, tag: Any = None) -> None:
+        self._originals["put"](closure, tag=tag)
+        if tag is not None:  # work for one worker: it passes the gate even when held back
+            with self._lock:
+                self._held.notify_all()
+
+    def _mark_finished(self) -> None:
+        step = self._running.pop(threading.get_ident(), None)
+        if step is not None:
+            closure, w, clock, gap, start = step
+            reference = closure._output_remote_value_ref if self._keep_outputs else None
+            remote = reference() if reference is not None else None
+            with self._lock:
+                self.records.append(StepRecord(worker=w, clock=clock, clock_gap=gap, start=start,
+                                                end=time.perf_counter(), outputs=remote))
+                self.clocks[w] += 1
+                self.finished[w] += 1
+                self._held.notify_all()
+        self._originals["mark_finished"]()
+
+    def _put_back(self, closure: Any) -> None:
+        step = self._running.pop(threading.get_ident(), None)
+        if step is not None:
+            w = step[1]
+            with self._lock:
+                self.retried.append(w)
+                self._down[w] = True  # until its thread asks for work again (recovered, or at once)
+                self._held.notify_all()
+        self._originals["put_back"](closure)
+
+    def _mark_failed(self, error: BaseException) -> None:
+        self._running.pop(threading.get_ident(), None)
+        with self._lock:
+            self._held.notify_all()
+        self._originals["mark_failed"](error)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def uninstall(self, *, wait: bool = True) -> None:
+        """Gives the queue its own methods back, after waiting for the scheduled steps (``join``)
+        unless ``wait`` is false."""
+        if wait:
+            self.coordinator.join()
+        for name in _WRAPPED:
+            self._queue.__dict__.pop(name, None)
+        with self._lock:
+            self._active = False
+            self._held.notify_all()
+        self.coordinator.__dict__.pop(_GATE_ATTRIBUTE, None)
 
 
 def installed_gate(coordinator: Any) -> StalenessGate | None:
@@ -339,14 +360,15 @@ def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> 
 
     ``ClusterCoordinator`` is one object per strategy, so Keras ``Model.fit`` picks up the
     installed gate. ASP (``staleness=None``) is the coordinator's own behaviour: nothing is
-    installed and None is returned.
+    installed and None is returned. A gate installed before is removed first.
 
     Args:
         coordinator: ``tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)``.
-        staleness: 0 BSP, k SSP, None ASP.
+        staleness: k >= 0 SSP (0: lockstep), None ASP.
 
     Returns:
-        The installed :class:`StalenessGate` (its ``gaps`` record every step), or None for ASP.
+        The installed :class:`StalenessGate` (its ``gaps`` and ``records`` record every step), or
+        None for ASP.
 
     Example (needs a ParameterServerStrategy cluster and its ClusterCoordinator, so it does not
     run as a doctest: connecting to a cluster changes the process's eager context for good):
@@ -358,15 +380,13 @@ def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> 
         True
     """
     policy = resolve_staleness(staleness)
-    _coordinator_workers(coordinator)
+    _coordinator_cluster(coordinator)
     previous = installed_gate(coordinator)
     if previous is not None:
         previous.uninstall()
     if policy.kind is Consistency.ASP:
         return None
     gate = StalenessGate(coordinator, policy)
-    coordinator.schedule = gate.schedule
-    coordinator.join = gate.join
     setattr(coordinator, _GATE_ATTRIBUTE, gate)
     return gate
 
@@ -374,14 +394,14 @@ def install(coordinator: Any, staleness: int | str | None | StalenessPolicy) -> 
 def attach(strategy: Any, staleness: int | str | None | StalenessPolicy) -> StalenessGate | None:
     """Puts a ``ParameterServerStrategy`` under a consistency model: the ``staleness`` option.
 
-    Validates ``staleness`` first (a bad value raises before anything starts). For BSP and SSP
-    it creates the strategy's ``ClusterCoordinator`` (one per strategy; Keras ``fit`` reuses
-    it) and installs the gate on it (:func:`install`); for ASP (None) it does nothing, which is the
+    Validates ``staleness`` first (a bad value raises before anything starts). For SSP it
+    creates the strategy's ``ClusterCoordinator`` (one per strategy; Keras ``fit`` reuses it)
+    and installs the gate on it (:func:`install`); for ASP (None) it does nothing, which is the
     coordinator's own behaviour.
 
     Args:
         strategy: a ``tf.distribute.experimental.ParameterServerStrategy``.
-        staleness: 0 BSP, k SSP, None ASP.
+        staleness: k >= 0 SSP (0: lockstep), None ASP.
 
     Returns:
         The :class:`StalenessGate`, or None for ASP.
@@ -406,7 +426,7 @@ def attach(strategy: Any, staleness: int | str | None | StalenessPolicy) -> Stal
         >>> attach(tf.distribute.get_strategy(), staleness=-1)
         Traceback (most recent call last):
         ...
-        ValueError: staleness must be an integer >= 0 (0 = BSP, k = SSP) or None (ASP). Received: staleness=-1
+        ValueError: staleness must be an integer k >= 0 (SSP: at most k steps ahead of the slowest worker) or None (ASP). Received: staleness=-1
         >>> attach(tf.distribute.get_strategy(), staleness=2)
         Traceback (most recent call last):
         ...
@@ -423,9 +443,3 @@ def attach(strategy: Any, staleness: int | str | None | StalenessPolicy) -> Stal
     import tensorflow as tf
 
     return install(tf.distribute.experimental.coordinator.ClusterCoordinator(strategy), policy)
-
-
-def _to_numpy(value: Any, np: Any) -> Any:
-    import tensorflow as tf
-
-    return tf.nest.map_structure(lambda v: np.asarray(v), value)

@@ -1,13 +1,15 @@
 """A measured parameter-server training run under a consistency model, with an optional straggler.
 
 :func:`train` trains a Keras classifier on a ``ParameterServerStrategy`` cluster through a
-:class:`~tensorfleet.strategies.staleness.StalenessScheduler` and records, for every step, which
+:class:`StalenessScheduler` (steps scheduled under a
+:class:`~tensorfleet.strategies.staleness.StalenessGate`) and records, for every step, which
 worker ran it, how far ahead of the slowest worker it was (the clock gap) and how many other
 updates reached the variables between its read and its own update (the update lag). One worker
 can be made a straggler: it pauses inside each step between reading the variables and applying
-its update, so its updates really arrive late. Comparing BSP, SSP and ASP this way is the
-experiment of Ho et al., "More Effective Distributed ML via a Stale Synchronous Parallel
-Parameter Server" (NIPS 2013); ``bench/consistency_straggler.py`` runs it.
+its update, so its updates really arrive late. Comparing staleness bounds (SSP k=0, the lockstep,
+and k > 0) with ASP this way is the experiment of Ho et al., "More Effective Distributed ML via a
+Stale Synchronous Parallel Parameter Server" (NIPS 2013); ``bench/consistency_straggler.py`` runs
+it.
 """
 
 from __future__ import annotations
@@ -19,10 +21,97 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from tensorfleet.strategies.staleness import StalenessPolicy, StalenessScheduler, StepRecord, resolve_staleness
-from tensorfleet.validation import integer, number
+from tensorfleet.strategies.staleness import (
+    StalenessGate,
+    StalenessPolicy,
+    StepRecord,
+    install,
+    installed_gate,
+    num_workers,
+    resolve_staleness,
+)
+from tensorfleet.validation import integer, number, positive_int
 
-__all__ = ["TrainingRun", "train"]
+__all__ = ["StalenessScheduler", "TrainingRun", "train"]
+
+
+class StalenessScheduler:
+    """Runs steps on a ``ClusterCoordinator``'s workers under a :class:`StalenessPolicy`, recording each.
+
+    :meth:`run` schedules the steps through the coordinator under a :class:`StalenessGate`
+    (even for ASP, to record them), so a worker failure is handled as TensorFlow handles it: the
+    step is run again elsewhere.
+
+    Args:
+        coordinator: a ``tf.distribute.experimental.coordinator.ClusterCoordinator``.
+        staleness: k >= 0 (SSP; 0 lockstep), None (ASP), or a :class:`StalenessPolicy`.
+
+    Example (needs a ParameterServerStrategy cluster and its ClusterCoordinator, so it does not
+    run as a doctest: connecting to a cluster changes the process's eager context for good):
+        >>> coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # doctest: +SKIP
+        >>> scheduler = StalenessScheduler(coordinator, staleness=2)  # doctest: +SKIP
+        >>> records = scheduler.run(step_fn, steps=100, args=(per_worker_iterator,))  # doctest: +SKIP
+        >>> max(record.clock_gap for record in records) <= 2  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, coordinator: Any, staleness: int | str | None | StalenessPolicy) -> None:
+        self.num_workers = num_workers(coordinator)
+        self.coordinator = coordinator
+        self.policy = resolve_staleness(staleness)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *,
+        steps: int,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        progress: bool = True,
+        description: str | None = None,
+    ) -> list[StepRecord]:
+        """Runs ``steps`` steps of ``fn`` in all, each on whichever worker the policy lets start.
+
+        Args:
+            fn: a ``tf.function``, as for ``ClusterCoordinator.schedule``; per-worker values
+                in ``args`` (datasets' iterators) resolve to the running worker's own, and
+                ``tf.distribute.coordinator.experimental_get_current_worker_index()`` tells it
+                which worker runs it.
+            steps: total steps over all workers.
+            args, kwargs: the arguments of every step.
+            progress: show a tqdm bar.
+            description: the bar's label (default the policy's label).
+
+        Returns:
+            One :class:`StepRecord` per step, in order of completion, with fetched outputs.
+        """
+        import numpy as np
+        import tensorflow as tf
+        from tqdm.auto import tqdm
+
+        positive_int("steps", steps)
+        previous = installed_gate(self.coordinator)
+        if previous is not None:
+            previous.uninstall()
+        gate = StalenessGate(self.coordinator, self.policy, keep_outputs=True)
+        bar = tqdm(total=steps, desc=description or self.policy.label, disable=not progress, leave=False)
+        try:
+            # Held until the end: a record keeps its step's RemoteValue only while it lives.
+            remotes = [self.coordinator.schedule(fn, args=args, kwargs=kwargs) for _ in range(steps)]
+            while not self.coordinator.done():  # raises a step's error, as join() would
+                bar.update(len(gate.records) - bar.n)
+                time.sleep(0.05)
+            self.coordinator.join()
+            bar.update(len(gate.records) - bar.n)
+        finally:
+            bar.close()
+            gate.uninstall(wait=False)  # joined above, or failing: the coordinator cancelled the rest
+            if previous is not None:
+                install(self.coordinator, previous.policy)
+        for record in gate.records:
+            record.outputs = tf.nest.map_structure(np.asarray, record.outputs.fetch())
+        del remotes
+        return gate.records
 
 
 @dataclass
@@ -98,15 +187,24 @@ def _delay_pattern(straggler_delay: float | Sequence[float]) -> list[float]:
     return [number(f"straggler_delay[{i}]", delay, minimum=0) for i, delay in enumerate(pattern)]
 
 
-def _measured_step(strategy: Any, model: Any, optimizer: Any, version: Any) -> Callable[[Any, Any], Any]:
-    """The training step: reads ``version``, computes the gradient, pauses ``delay_us``, applies it,
-    counts the update; returns the loss, the version read, the update's number and timestamps."""
+def _measured_step(strategy: Any, model: Any, optimizer: Any, version: Any,
+                   worker_steps: Any) -> Callable[[Any, Any], Any]:
+    """The training step: reads ``version``, computes the gradient, pauses, applies it, counts the
+    update; returns the loss, the version read, the update's number and timestamps.
+
+    The pause of worker ``w`` comes from row ``w`` of ``pauses`` (microseconds), cycling over the
+    steps that worker has run (counted in ``worker_steps`` on the parameter server)."""
     import tensorflow as tf
 
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    num_workers = int(worker_steps.shape[0])
 
     @tf.function
-    def step(iterator: Any, delay_us: Any) -> dict[str, Any]:
+    def step(iterator: Any, pauses: Any) -> dict[str, Any]:
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        counts = worker_steps.assign_add(tf.one_hot(worker, num_workers, dtype=tf.int64))
+        delay_us = pauses[worker, (counts[worker] - 1) % tf.shape(pauses, out_type=tf.int64)[1]]
+
         def replica_fn(x: Any, y: Any) -> dict[str, Any]:
             # Timestamps after each phase, on the worker. They also pin the version read to the
             # start of the step: without a worker-side consumer TensorFlow deferred it.
@@ -136,21 +234,15 @@ def _measured_step(strategy: Any, model: Any, optimizer: Any, version: Any) -> C
     return step
 
 
-def _step_args(iterator: Any, straggler: int | None, pattern: list[float]) -> Callable[[int], tuple[Any, Any]]:
-    """The arguments of a step on worker ``w``: the iterator and its pause (the straggler's cycles)."""
+def _pause_table(num_workers: int, straggler: int | None, pattern: list[float]) -> Any:
+    """Microseconds each worker pauses in its successive steps (cycling): zero but the straggler's row."""
+    import numpy as np
     import tensorflow as tf
 
-    pauses = [tf.constant(int(d * 1e6), tf.int64) for d in pattern]
-    no_pause = tf.constant(0, tf.int64)
-    straggler_steps = [0]
-
-    def args_for(w: int) -> tuple[Any, Any]:
-        if w != straggler:
-            return iterator, no_pause
-        straggler_steps[0] += 1  # only this worker's driver thread touches it
-        return iterator, pauses[(straggler_steps[0] - 1) % len(pauses)]
-
-    return args_for
+    table = np.zeros((num_workers, len(pattern)), np.int64)
+    if straggler is not None:
+        table[straggler] = [int(d * 1e6) for d in pattern]
+    return tf.constant(table)
 
 
 @contextlib.contextmanager
@@ -199,7 +291,7 @@ def train(
         optimizer_fn: builds the Keras optimizer (called under ``strategy.scope()``).
         dataset_fn: ``input_context -> tf.data.Dataset`` of ``(x, y)`` batches, repeated.
         steps: total training steps over all workers.
-        staleness: 0 BSP, k SSP, None ASP (see
+        staleness: k >= 0 SSP (0: lockstep), None ASP (see
             :func:`~tensorfleet.strategies.staleness.resolve_staleness`).
         straggler: index of a worker made slow on purpose, or None.
         straggler_delay: seconds that worker pauses inside every step, between reading the
@@ -234,14 +326,16 @@ def train(
         model = model_fn()
         optimizer = optimizer_fn()
         version = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_count")
+        worker_steps = tf.Variable(tf.zeros([scheduler.num_workers], tf.int64), trainable=False,
+                                   name="worker_steps")
     per_worker = coordinator.create_per_worker_dataset(
         lambda: strategy.distribute_datasets_from_function(dataset_fn))
-    step = _measured_step(strategy, model, optimizer, version)
-    args_for = _step_args(iter(per_worker), straggler, pattern)
+    step = _measured_step(strategy, model, optimizer, version, worker_steps)
+    pauses = _pause_table(scheduler.num_workers, straggler, pattern)
 
     start = time.perf_counter()
     with _weight_snapshots(model, snapshot_interval, start) as snapshots:
-        records = scheduler.run(step, steps=steps, args_for=args_for, progress=progress)
+        records = scheduler.run(step, steps=steps, args=(iter(per_worker), pauses), progress=progress)
     wall = time.perf_counter() - start
     if snapshot_interval is not None:
         snapshots.append((wall, model.get_weights()))

@@ -54,8 +54,11 @@ def main() -> None:
         callback_error = ""
     except ValueError as exc:
         callback_error = str(exc)
-    gate = tfl.strategies.staleness.installed_gate(tf.distribute.experimental.coordinator.ClusterCoordinator(strategy))
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    gate = tfl.strategies.staleness.installed_gate(coordinator)
+    staleness_label, max_clock_gap = gate.policy.label, max(gate.clocks) - min(gate.clocks)
     print(json.dumps({
+        **input_order(strategy, coordinator),
         "input_type": type(inputs["x"]).__name__,
         "steps_per_epoch": inputs["steps_per_epoch"],
         "validation_steps": inputs["validation_steps"],
@@ -66,11 +69,64 @@ def main() -> None:
         "variable_devices": sorted({v.device.split("/device:")[0] for v in model.variables}),
         "dense_kernel_shards": [list(v.shape) for v in model.variables if "dense/kernel" in v.name],
         "callback_error": callback_error,
-        "staleness": gate.policy.label,
-        "max_clock_gap": max(gate.clocks) - min(gate.clocks),
+        "staleness": staleness_label,
+        "max_clock_gap": max_clock_gap,
     }))
     sys.stdout.flush()
     os._exit(0)  # in-process servers would keep the interpreter alive
+
+
+def input_order(strategy, coordinator) -> dict:
+    """Which example ids each worker reads from fit_inputs, and how often a lockstep Keras epoch
+    feeds each example (64 examples tagged by id, batches of 4)."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tensorfleet as tfl
+
+    n, batch = 64, 4
+    ids = np.arange(n, dtype=np.float32)[:, None]
+    creator = tfl.strategies.fit_inputs(ids, np.zeros(n, np.float32), batch_size=batch, strategy=strategy)["x"]
+    per_worker = iter(coordinator.create_per_worker_dataset(
+        lambda: strategy.distribute_datasets_from_function(creator)))
+
+    @tf.function
+    def take(iterator):
+        return next(iterator)[0]
+
+    # Two passes over the examples: n / workers per worker and pass, through each worker's own iterator.
+    workers = coordinator._cluster.workers
+    read = {w: [int(i) for _ in range(2 * n // len(workers) // batch)
+                for i in worker.create_resource(take, args=(per_worker,)).fetch().ravel()]
+            for w, worker in enumerate(workers)}
+
+    class Counting(tf.keras.Model):
+        """Counts how often a training step is fed each example."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = tf.Variable(tf.zeros([n], tf.int32), trainable=False)
+
+        def call(self, x):
+            return x
+
+        def train_step(self, data):
+            x, _ = data
+            ids = tf.cast(tf.reshape(x, [-1]), tf.int32)
+            self.seen.scatter_nd_add(ids[:, None], tf.ones_like(ids))
+            return {}
+
+    previous = tfl.strategies.staleness.installed_gate(coordinator)
+    gate = tfl.strategies.staleness.install(coordinator, 0)  # lockstep: each worker runs half the epoch
+    with strategy.scope():
+        counting = Counting()
+        counting.compile(optimizer="sgd")
+    counting.fit(**tfl.strategies.fit_inputs(ids, np.zeros(n, np.float32), batch_size=batch, strategy=counting),
+                 epochs=1, verbose=0)
+    steps_per_worker = list(gate.finished)
+    tfl.strategies.staleness.install(coordinator, previous.policy if previous else None)
+    return {"ids_read": read, "epoch_counts": counting.seen.numpy().tolist(),
+            "epoch_steps_per_worker": steps_per_worker}
 
 
 if __name__ == "__main__":

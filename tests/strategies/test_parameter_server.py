@@ -61,3 +61,23 @@ def test_batch_level_callbacks_get_a_clear_error(ps_results) -> None:
 def test_staleness_option_puts_keras_fit_under_stale_synchronous_parallel(ps_results) -> None:
     assert ps_results["staleness"] == "SSP k=2"
     assert 0 <= ps_results["max_clock_gap"] <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_workers_read_disjoint_examples_that_together_are_all_of_them(ps_results) -> None:
+    # TensorFlow gives every worker InputContext(0 of 1); without the worker's index each read
+    # the same ids in the same order.
+    first, second = ps_results["ids_read"]["0"], ps_results["ids_read"]["1"]
+    assert len(first) == len(second) == 64  # 32 per pass over the 64 examples, two passes
+    for part in (slice(0, 32), slice(32, 64)):  # in each pass, every example goes to one worker
+        assert not set(first[part]) & set(second[part])
+        assert sorted(first[part] + second[part]) == list(range(64))
+    assert set(first[:32]) != set(first[32:])  # reshuffled on every pass: other examples each pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_lockstep_epoch_feeds_every_example_exactly_once(ps_results) -> None:
+    assert ps_results["epoch_steps_per_worker"] == [8, 8]
+    assert ps_results["epoch_counts"] == [1] * 64
