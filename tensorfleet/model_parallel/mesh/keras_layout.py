@@ -70,10 +70,11 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
 7. A gather from a table split by rows fails ("DTensor does not support sharded 0th dimension
    for the resource tensor for ResourceGatherOp"): ``vocab`` leaves embedding tables replicated,
    with a note.
-8. Some gradients have no layout propagation at all, so models with these layers cannot train on
-   a DTensor mesh in TF 2.14, split or not: ``DepthwiseConv2dNativeBackpropFilter``
-   (DepthwiseConv2D) and ``AvgPoolGrad`` (AveragePooling1D/2D), hence not ResNet-8 (it pools with
-   AveragePooling2D).
+8. Some gradients have no layout propagation at all: ``AvgPoolGrad`` (AveragePooling1D/2D) and
+   ``DepthwiseConv2dNativeBackpropFilter`` (DepthwiseConv2D). The trainer takes gradients with
+   ``tf.gradients`` under a gradient override that spreads each pooled gradient evenly over its
+   window (non-overlapping VALID pools, the Keras default), which DTensor lays out: ResNet-8 (it
+   pools with AveragePooling2D) trains. DepthwiseConv2D still cannot train on a DTensor mesh.
 9. Dropout with a rate above 0 draws its masks from a ``tf.random.Generator`` whose stream on a
    mesh differs from one device's: same distribution, other numbers (the scope turns Keras'
    generator-based random layers on, as DTensor requires, and restores the choice on exit).
