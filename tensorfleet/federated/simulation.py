@@ -4,7 +4,8 @@ A :class:`Simulation` wraps a plain Keras model (``model_fn`` returns an uncompi
 ``tf.keras.Model``) with ``tff.learning.models.from_keras_model`` (the input spec comes from the
 client data), builds the algorithm's ``tff.learning`` process, and runs rounds where its
 :class:`~tensorfleet.federated.config.SimulationConfig` says (:mod:`tensorfleet.federated.backends`;
-by default on a TFF worker it owns):
+by default on a TFF worker it owns; on the compiled backend neither process nor worker is built,
+and :meth:`Simulation.header` names the backend that runs):
 
 * seeded client sampling (round ``r`` draws from ``default_rng([seed, r])``, so a resumed run
   samples as an uninterrupted one), a per-round dropout rate and a straggler deadline on

@@ -23,7 +23,7 @@ Example:
     >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
     Traceback (most recent call last):
     ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
-    >>> choose_backend("auto", algorithm="fedprox", aggregator="dp_adaptive").backend
+    >>> choose_backend("auto", ["127.0.0.1:8000"], algorithm="fedprox").backend
     <Backend.TFF: 'tff'>
     >>> choose_backend("auto", algorithm="fedsgd").backend
     <Backend.AUTO: 'auto'>

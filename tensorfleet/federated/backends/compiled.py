@@ -23,8 +23,10 @@ before the first round, and federated evaluation runs in this process too
 backends give the same model and metrics after the same rounds.
 
 Supported: ``fedsgd``, ``fedprox`` and the algorithms built on weighted FedAvg (``fedavg``,
-``fedavgm``, ``fedadam``, ``fedyogi``, ``fedadagrad``) with the default mean aggregator, with
-client dropout and stragglers, on ``partition()`` client data,
+``fedavgm``, ``fedadam``, ``fedyogi``, ``fedadagrad``) with the aggregators of
+:data:`COMPILED_AGGREGATORS` (the mean; DP with fixed or adaptive clipping, TFF's clipping, noise
+and clip-update rules with the noise drawn statelessly from the seed and the round; compression;
+median, trimmed mean, Krum), client dropout and stragglers, on ``partition()`` client data,
 and models without batch-dependent layers. Padded rows pass through the model (masked out of
 the loss only), so a layer whose output for a row depends on the other rows would see them:
 BatchNormalization and its variants are refused by class (their batch statistics would take in
@@ -40,12 +42,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 __all__ = ["COMPILED_AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "aggregation",
-           "batch_dependent_layers", "build_engine", "compiled_refusal", "dp_noised_mean", "evaluate_batches", "unsupported"]
+           "batch_dependent_layers", "build_engine", "compiled_refusal", "dp_noised_mean", "adapted_clip", "evaluate_batches", "unsupported"]
 
 SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 # Aggregators compiled runs besides the mean (None): unweighted rules over the stacked updates.
 ROBUST_AGGREGATORS = ("median", "trimmed_mean", "krum")
-COMPILED_AGGREGATORS = (None, "mean", "dp_fixed", "compression", *ROBUST_AGGREGATORS)
+COMPILED_AGGREGATORS = (None, "mean", "dp_fixed", "dp_adaptive", "compression", *ROBUST_AGGREGATORS)
 # Layer classes (and their subclasses, found by name in the MRO) that normalize over the batch.
 BATCH_NORMALIZATION_CLASSES = ("BatchNormalizationBase", "BatchNormalization", "SyncBatchNormalization")
 
@@ -119,10 +121,14 @@ class CompiledFedAvg:
         compress: None, or what is applied to every tensor of ``examples * update`` before the
             sum of TFF's ``MeanFactory(value_sum_factory=CompressionFactory)`` (the ``compression``
             aggregator).
-        dp_clip, dp_stddev: DP-FedAvg with fixed clipping (TFF's ``DifferentiallyPrivateFactory.
-            gaussian_fixed``): every update clipped to global L2 norm ``dp_clip``
-            (``tf.clip_by_global_norm``), summed, Gaussian noise of ``dp_stddev`` added (drawn
-            statelessly from ``noise_seed`` and the round), divided by ``clients_per_round``.
+        dp_clip, dp_noise: DP-FedAvg (TFF's ``DifferentiallyPrivateFactory``): every update
+            clipped to global L2 norm ``dp_clip`` (``tf.clip_by_global_norm``), summed, Gaussian
+            noise of ``dp_noise * clip`` added (drawn statelessly from ``noise_seed`` and the
+            round), divided by ``clients_per_round``.
+        dp_adaptive: None (fixed clipping), or ``(target_quantile, learning_rate,
+            clipped_count_stddev)`` of TFF's adaptive clipping (``gaussian_adaptive``, Andrew et
+            al. 2021): after each round the clip becomes ``clip * exp(-lr * (unclipped - target))``
+            where ``unclipped`` is the noised fraction of updates whose norm was at most the clip.
         noise_seed: seeds the DP noise.
     """
 
@@ -130,7 +136,8 @@ class CompiledFedAvg:
                  initial_weights: Sequence[np.ndarray], batch_size: int, max_examples: int,
                  clients_per_round: int, mu: float = 0.0, local_steps: bool = True,
                  statistic: Callable[[Any], Any] | None = None, compress: Callable[[Any], Any] | None = None,
-                 dp_clip: float | None = None, dp_stddev: float = 0.0, noise_seed: int = 0) -> None:
+                 dp_clip: float | None = None, dp_noise: float = 0.0,
+                 dp_adaptive: tuple[float, float, float] | None = None, noise_seed: int = 0) -> None:
         import tensorflow as tf
 
         self.model = model_fn()
@@ -148,7 +155,9 @@ class CompiledFedAvg:
         self.local_steps = bool(local_steps)
         self.statistic = statistic
         self.compress = compress
-        self.dp_clip, self.dp_stddev, self.noise_seed = dp_clip, float(dp_stddev), int(noise_seed)
+        self.dp_clip, self.dp_noise, self.noise_seed = dp_clip, float(dp_noise), int(noise_seed)
+        self.dp_adaptive = dp_adaptive
+        self.clip = tf.constant(float(dp_clip or 0.0), tf.float32)  # the current clip (adaptive: state)
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         self.weights = [tf.constant(w, dtype=v.dtype) for w, v in zip(initial_weights, self.variables)]
         # Tensors from the start, so the compiled round is traced once (not again on round 2).
@@ -212,7 +221,7 @@ class CompiledFedAvg:
         return [g / tf.cast(n, tf.float32) for g in grad_sum], loss_k, correct_k
 
     def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any,
-                    participants: Any, round_num: Any) -> Any:
+                    participants: Any, round_num: Any, clip: Any) -> Any:
         import tensorflow as tf
 
         def client(k: Any, acc: Any) -> Any:
@@ -222,8 +231,10 @@ class CompiledFedAvg:
             weight = tf.where(finite, tf.cast(examples[k], tf.float32), 0.0)
             update = [tf.where(finite, d, tf.zeros_like(d)) for d in update]
             if self.dp_clip is not None:
-                update = tf.clip_by_global_norm(update, self.dp_clip)[0]
+                update, norm = tf.clip_by_global_norm(update, clip)
                 update_sum = [a + d for a, d in zip(update_sum, update)]
+                # Summed: TFF's count of unclipped updates (padding slots past the participants left out).
+                weight = tf.where(k < participants, tf.cast(norm <= clip, tf.float32) - 0.5, 0.0)
             elif self.compress is not None:
                 update_sum = [a + self.compress(d * weight) for a, d in zip(update_sum, update)]
             elif self.statistic is None:
@@ -240,7 +251,11 @@ class CompiledFedAvg:
         acc = ([tf.zeros_like(w) for w in weights], rows, zero, zero, zero, zero)
         update_sum, rows, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
         if self.dp_clip is not None:
-            mean_update = dp_noised_mean(update_sum, self.dp_stddev, self.clients_per_round, self.noise_seed, round_num)
+            mean_update = dp_noised_mean(update_sum, clip * self.dp_noise, self.clients_per_round, self.noise_seed,
+                                         round_num)
+            if self.dp_adaptive is not None:
+                clip = adapted_clip(clip, weight_sum, self.dp_adaptive, self.clients_per_round,
+                                    self.noise_seed, round_num)
         elif self.statistic is None:
             mean_update = [d / tf.maximum(weight_sum, 1e-30) for d in update_sum]
         else:
@@ -249,13 +264,13 @@ class CompiledFedAvg:
         new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights), tuple(mean_update))
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(w)) for w in new_weights])
         new_weights = [tf.where(finite, n, w) for n, w in zip(new_weights, weights)]
-        return new_weights, new_state, loss_sum / seen, correct_sum / seen, seen
+        return new_weights, new_state, loss_sum / seen, correct_sum / seen, seen, clip
 
     def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]], round_num: int = 0) -> dict[str, float]:
         """Runs round ``round_num`` over ``clients`` (each ``(x, y)`` in training order); returns train metrics."""
         x, y, mask, examples = self.pack(clients)
-        weights, state, loss, accuracy, seen = self._round(self.weights, self.server_state, x, y, mask, examples,
-                                                           np.int32(len(clients)), np.int64(round_num))
+        weights, state, loss, accuracy, seen, self.clip = self._round(
+            self.weights, self.server_state, x, y, mask, examples, np.int32(len(clients)), np.int64(round_num), self.clip)
         self.weights, self.server_state = list(weights), state
         return {"train_loss": float(loss), "train_accuracy": float(accuracy), "num_examples": int(seen)}
 
@@ -263,15 +278,18 @@ class CompiledFedAvg:
         return [np.asarray(w) for w in self.weights]
 
     def state_leaves(self) -> list[np.ndarray]:
-        """Weights and server optimizer state, flattened (for checkpoints)."""
+        """Weights, server optimizer state flattened, and the adaptive clip (for checkpoints)."""
         import tensorflow as tf
 
-        return [np.asarray(w) for w in self.weights] + [np.asarray(v) for v in tf.nest.flatten(self.server_state)]
+        clip = [np.asarray(self.clip)] if self.dp_adaptive is not None else []
+        return [np.asarray(w) for w in self.weights] + [np.asarray(v) for v in tf.nest.flatten(self.server_state)] + clip
 
     def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
         import tensorflow as tf
 
         n = len(self.weights)
+        if self.dp_adaptive is not None and len(leaves) > n:
+            self.clip, leaves = tf.constant(leaves[-1], tf.float32), leaves[:-1]
         flat_state = tf.nest.flatten(self.server_state)
         if len(leaves) != n + len(flat_state):
             raise ValueError(f"A checkpoint of this backend holds {n + len(flat_state)} tensors. Received: {len(leaves)}")
@@ -320,7 +338,13 @@ def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any
     given = {**{k: p.default for k, p in inspect.signature(AGGREGATORS.get(name)).parameters.items()
                 if k != "clients_per_round"}, **options}
     if name == "dp_fixed":
-        return {"dp_clip": float(given["clip"]), "dp_stddev": float(given["clip"]) * float(given["noise_multiplier"])}
+        return {"dp_clip": float(given["clip"]), "dp_noise": float(given["noise_multiplier"])}
+    if name == "dp_adaptive":
+        noise = float(given["noise_multiplier"])
+        count_stddev = 0.05 * clients_per_round if noise > 0 else 0.0  # TFF's adaptive_clip_noise_params
+        value_noise = (noise ** -2 - (2 * count_stddev) ** -2) ** -0.5 if noise > 0 else 0.0
+        return {"dp_clip": float(given["clip"]), "dp_noise": value_noise,
+                "dp_adaptive": (float(given["target_quantile"]), float(given["clip_learning_rate"]), count_stddev)}
     from tensorfleet.federated.aggregators.compression import CompressionFactory
 
     return {"compress": CompressionFactory(bits=given["bits"], sparsity=given["sparsity"]).compress}
@@ -339,6 +363,19 @@ def dp_noised_mean(clipped_sum: Sequence[Any], stddev: float, denominator: int, 
         noise = tf.random.stateless_normal(tf.shape(total), key, stddev=stddev, dtype=total.dtype)
         out.append((total + noise) / float(denominator))
     return out
+
+
+def adapted_clip(clip: Any, unclipped_sum: Any, adaptive: tuple[float, float, float], denominator: int, seed: int,
+                 round_num: Any) -> Any:
+    """The next clip of TFF's adaptive clipping (tensorflow_privacy's ``QuantileEstimatorQuery``,
+    geometric update): ``unclipped_sum`` is the sum over clients of ``[norm <= clip] - 0.5``."""
+    import tensorflow as tf
+
+    target, learning_rate, count_stddev = adaptive
+    key = tf.stack([tf.constant(seed, tf.int64), -1 - tf.cast(round_num, tf.int64)])
+    noised = (unclipped_sum + tf.random.stateless_normal([], key, stddev=count_stddev)) / float(denominator)
+    below = tf.minimum(1.0, tf.maximum(0.0, noised + 0.5))
+    return tf.maximum(clip * tf.math.exp(-(learning_rate * (below - target))), 0.0)
 
 
 def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:

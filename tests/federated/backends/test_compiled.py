@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow_federated")
+tff = pytest.importorskip("tensorflow_federated")
 
 from tensorfleet import models  # noqa: E402
 from tensorfleet.federated import Simulation, partition  # noqa: E402
@@ -70,6 +70,7 @@ def test_fedsgd_and_fedprox_on_compiled_equal_tff_after_5_rounds(digits_flat, al
     ("fedsgd", "trimmed_mean", {"beta": 0.2}),
     ("fedprox", "krum", {"num_byzantine": 1, "num_selected": 2}),
     ("fedavgm", "dp_fixed", {"noise_multiplier": 0.0, "clip": 0.05}),
+    ("fedavg", "dp_adaptive", {"noise_multiplier": 0.0, "clip": 0.05, "clip_learning_rate": 0.5}),
     ("fedprox", "compression", {"bits": 4, "sparsity": 0.5}),
     ("fedsgd", "compression", {"bits": 8}),
 ])
@@ -90,11 +91,12 @@ def test_aggregators_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm
 def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
-                                         r"fedadagrad with the mean, dp_fixed, compression, median, trimmed_mean, krum "
+                                         r"fedadagrad with the mean, dp_fixed, dp_adaptive, compression, median, trimmed_mean, krum "
                                          r"aggregators on "
                                          r"partition\(\) client data. Received: algorithm='fedprox', "
-                                         r"aggregator='dp_adaptive'"):
-        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled", aggregator="dp_adaptive")
+                                         r"aggregator='MeanFactory'"):
+        Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled",
+                   aggregator=tff.aggregators.MeanFactory())
     with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled', 'auto'. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
     with pytest.raises(ValueError, match=r"workers= runs rounds on TFF workers; backend='compiled' runs them in this "
@@ -102,13 +104,19 @@ def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="compiled", workers=["127.0.0.1:8000"])
 
 
-def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digits_flat, tmp_path):
+@pytest.mark.parametrize("aggregator,options", [
+    (None, {}),
+    # noise on and the clip adapting: the resumed run draws the same noise and resumes the clip
+    ("dp_adaptive", {"noise_multiplier": 0.1, "clip": 0.05}),
+])
+def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digits_flat, tmp_path, aggregator,
+                                                                             options):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, scheme="iid", seed=2)
 
     def sim(rounds, out):
         return Simulation(lambda: models.build("digits_mlp", hidden=8), clients, "fedavgm", rounds=rounds,
                           clients_per_round=4, seed=5, progress=False, backend="compiled", out_dir=out,
-                          checkpoint_every=1, tensorboard=False)
+                          checkpoint_every=1, tensorboard=False, aggregator=aggregator, aggregator_options=options)
 
     straight = sim(4, tmp_path / "straight")
     straight.run()
@@ -118,6 +126,8 @@ def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digi
     assert [r["round"] for r in history.rounds] == [1, 2, 3, 4]
     for a, b in zip(straight.final_weights(), resumed.final_weights()):
         np.testing.assert_array_equal(a, b)
+    if aggregator is not None:
+        assert resumed._engine.clip == straight._engine.clip != 0.05
 
 
 def _with_batch_norm():
@@ -144,7 +154,7 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     sim = Simulation(model_fn, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
     with pytest.raises(ValueError, match=r"^backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
-                                         r"fedadagrad with the mean, dp_fixed, compression, median, trimmed_mean, krum "
+                                         r"fedadagrad with the mean, dp_fixed, dp_adaptive, compression, median, trimmed_mean, krum "
                                          r"aggregators on "
                                          r"partition\(\) client data. Received: a model with "
                                          rf"batch-dependent layers \({re.escape(found)}\): the padded rows of a round "
@@ -171,13 +181,12 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
     assert backend(lambda: models.build("digits_mlp", hidden=8), "fedprox") == ("compiled", "compiled")
     assert backend(lambda: models.build("digits_mlp", hidden=8), "fedsgd") == ("compiled", "compiled")
     assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="trimmed_mean") == ("compiled", "compiled")
-    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator="dp_adaptive",
-                   aggregator_options={"noise_multiplier": 0.0}) == ("tff", "tff")
+    assert backend(lambda: models.build("digits_mlp", hidden=8), aggregator=tff.aggregators.MeanFactory()) == \
+        ("tff", "tff")
 
 
 def test_dp_noise_on_compiled_matches_tff_distribution():
     import tensorflow as tf
-    import tensorflow_federated as tff
 
     from tensorfleet.federated.aggregators import build_aggregator
     from tensorfleet.federated.backends.compiled import dp_noised_mean
