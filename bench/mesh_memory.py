@@ -6,7 +6,8 @@ read from the variables themselves: each DVariable's shards (``dtensor.unpack``)
 lives on, and its size. Printed per device: parameter bytes, optimizer bytes (Adam's m and v and
 its step counter), and the fraction of the one-device total. A split weight must hold 1/m of its
 elements on each device (checked, within 2%). ZeRO stages (optimizer-state and gradient sharding
-over the batch axis) are not implemented yet; this measures the layout's own sharding.
+over the batch axis): stage 1 (``Mesh(..., zero=1)``) is measured next to stage 0; stages 2 and 3
+are not implemented yet.
 
 Run: ``python bench/mesh_memory.py`` (add ``--json`` for machine-readable output).
 """
@@ -17,7 +18,8 @@ import argparse
 import json
 import sys
 
-MESHES = [("one:1", ""), ("m:2", "heads:m"), ("m:4", "heads:m"), ("b:2;m:2", "batch:b;heads:m")]
+MESHES = [("one:1", "", 0), ("m:2", "heads:m", 0), ("m:4", "heads:m", 0), ("b:2;m:2", "batch:b;heads:m", 0),
+          ("b:2;m:2", "batch:b;heads:m", 1), ("b:4", "batch:b", 0), ("b:4", "batch:b", 1)]
 
 
 def small_gpt(vocab: int = 64, seq: int = 16, width: int = 32, heads: int = 4) -> object:
@@ -46,19 +48,20 @@ def resident_bytes(variables: list) -> dict[str, int]:
     return dict(sorted(per_device.items()))
 
 
-def measure(mesh_shape: str, rules: str) -> dict:
+def measure(mesh_shape: str, rules: str, zero: int) -> dict:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
     from tensorfleet.model_parallel.mesh import Mesh
 
-    mesh = Mesh(mesh_shape, rules)
+    mesh = Mesh(mesh_shape, rules, zero=zero)
     with mesh.scope() as layout:
         model = small_gpt()
         trainer = mesh.keras_model(model)
         trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
                         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    trainer.optimizer.build(model.trainable_variables)
+    if not zero:
+        trainer.optimizer.build(model.trainable_variables)
     worst = 0.0
     by_path = {w.path: w for w in layout.decided}
     for variable in model.weights:
@@ -68,7 +71,7 @@ def measure(mesh_shape: str, rules: str) -> dict:
             parts *= mesh.layout.mesh_dims[axis] if axis else 1
         shard = int(dtensor.unpack(variable.read_value())[0].shape.num_elements())
         worst = max(worst, abs(shard * parts / variable.shape.num_elements() - 1.0))
-    return {"mesh": mesh_shape, "rules": rules, "devices": mesh.layout.size, "params": model.count_params(),
+    return {"mesh": mesh_shape, "rules": rules, "zero": zero, "devices": mesh.layout.size, "params": model.count_params(),
             "parameter_bytes": resident_bytes(model.weights),
             "optimizer_bytes": resident_bytes(trainer.optimizer.variables),
             "split_weights": sum(w.sharded for w in layout.decided), "weights": len(layout.decided),
@@ -82,17 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     from tensorfleet.strategies.devices import simulate_devices
 
     simulate_devices(4)
-    rows = [measure(shape, rules) for shape, rules in MESHES]
+    rows = [measure(shape, rules, zero) for shape, rules, zero in MESHES]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     whole = sum(rows[0]["parameter_bytes"].values()) + sum(rows[0]["optimizer_bytes"].values())
     print(f"small GPT, {rows[0]['params']:,} parameters; bytes resident per device (Adam, float32)")
-    print(f"{'mesh':10s} {'rules':16s} {'device':8s} {'params':>10s} {'optimizer':>10s} {'of 1 device':>12s}")
+    print(f"{'mesh':10s} {'rules':16s} {'zero':4s} {'device':8s} {'params':>10s} {'optimizer':>10s} {'of 1 device':>12s}")
     for row in rows:
         for device, params in row["parameter_bytes"].items():
             optimizer = row["optimizer_bytes"].get(device, 0)
-            print(f"{row['mesh']:10s} {row['rules'] or '-':16s} {device:8s} {params:>10,} {optimizer:>10,} "
+            print(f"{row['mesh']:10s} {row['rules'] or '-':16s} {row['zero']:<4d} {device:8s} {params:>10,} {optimizer:>10,} "
                   f"{(params + optimizer) / whole:>11.1%}")
         print(f"{'':10s} {row['split_weights']} of {row['weights']} weights split; largest deviation of a shard "
               f"from 1/m of its weight: {row['worst_shard_error']:.1%}")

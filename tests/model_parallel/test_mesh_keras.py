@@ -392,3 +392,74 @@ def test_resnet8_fit_on_a_2x2_mesh_matches_one_device_after_5_adam_steps():
     assert sum(d >= 1e-5 for d in rest.values()) <= 1, rest
     assert max(diffs[i] for i in zero_gradient) < 5 * 1e-3
     assert max(diffs[i] for i in moving) < 1e-3
+
+
+def test_zero_stages_beyond_1_are_refused():
+    with pytest.raises(ValueError, match=r"^zero must be an integer from 0 to 1. Received: zero=2$"):
+        Mesh("b:2;m:2", "batch:b;hidden:m", zero=2)
+
+
+_ZERO_SCRIPT = r"""
+import json
+import numpy as np
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+from tensorfleet.model_parallel.mesh import Mesh
+L = tf.keras.layers
+
+def build():
+    return tf.keras.Sequential([tf.keras.Input((16,)), L.Dense(32, activation="relu", name="h"), L.Dense(8, name="o")])
+
+class Steps(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses = getattr(self, "losses", []) + [float(logs["loss"])]
+
+x = np.random.RandomState(0).rand(80, 16).astype("float32")
+y = np.arange(80) % 8
+loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+tf.keras.utils.set_random_seed(1)
+reference = build()
+initial = reference.get_weights()
+reference.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
+ref_steps = Steps()
+reference.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[ref_steps])
+out = {}
+for zero in (0, 1):
+    mesh = Mesh("b:2;m:2", "batch:b;hidden:m", zero=zero)
+    with mesh.scope():
+        model = build()
+        trainer = mesh.keras_model(model)
+        trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
+    model.set_weights(initial)
+    steps = Steps()
+    trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
+    held = {}
+    for slot in trainer.optimizer.variables:
+        for shard in dtensor.unpack(slot.read_value()):
+            held[shard.device] = held.get(shard.device, 0) + int(shard.shape.num_elements())
+    out[zero] = {"loss_diff": float(max(abs(a - b) for a, b in zip(steps.losses, ref_steps.losses))),
+                 "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(),
+                                                                             reference.get_weights()))),
+                 "slots": {v.name: list(v.layout.sharding_specs) for v in trainer.optimizer.variables},
+                 "held": sorted(held.values())}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_zero_stage_1_splits_adam_state_over_the_batch_axis_and_still_matches_one_device():
+    result = subprocess.run([sys.executable, "-c", _ZERO_SCRIPT], capture_output=True, text=True, timeout=280,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for zero, row in out.items():
+        assert row["loss_diff"] < 1e-5 and row["weight_diff"] < 1e-5, (zero, row)
+    assert out["1"]["slots"]["Adam/m/h/kernel:0"] == ["b", "m"] and out["0"]["slots"]["Adam/m/h/kernel:0"] == [
+        "unsharded", "m"]
+    assert out["1"]["slots"]["Adam/v/o/bias:0"] == ["m"]  # its one axis is split over m already
+    # elements per device of Adam's m and v (and the step counter): split over m, then the kernels over b too
+    assert out["0"]["held"] == [2 * (16 * 32 // 2 + 32 // 2 + 32 * 8 // 2 + 8 // 2) + 1] * 4
+    assert out["1"]["held"] == [2 * (16 * 32 // 4 + 32 // 2 + 32 * 8 // 4 + 8 // 2) + 1] * 4

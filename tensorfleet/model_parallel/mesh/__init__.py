@@ -42,7 +42,7 @@ from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout, WeightLayo
 from tensorfleet.model_parallel.mesh.layout import MeshLayout
 from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 from tensorfleet.registry import Registry
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import integer, positive_int
 
 __all__ = [
     "Mesh",
@@ -82,6 +82,8 @@ class Mesh:
         backend: ``"mtf"`` (Mesh-TensorFlow graph), ``"keras"`` (tensor-parallel Keras layers)
             or ``"dtensor"`` (DTensor DVariables).
         devices: device names; default: the logical CPU devices (or GPUs, where present).
+        zero: ZeRO stage for :meth:`keras_model`: 0, or 1 to split each optimizer slot over the
+            mesh dimension of ``batch`` too (on its first axis that is whole and divisible).
 
     Example:
         >>> import tensorfleet as tfl
@@ -97,8 +99,11 @@ class Mesh:
     """
 
     def __init__(self, mesh_shape: str, layout: str = "", *, backend: str | MeshBackend = "mtf",
-                 devices: Sequence[str] | None = None) -> None:
+                 devices: Sequence[str] | None = None, zero: int = 0) -> None:
         self.layout = MeshLayout(mesh_shape, layout)
+        self.zero = integer("zero", zero, minimum=0, maximum=1)
+        """ZeRO stage of ``keras_model`` training: 1 also splits the optimizer state over the batch
+        mesh dimension (Rajbhandari et al., 2020); stages 2 and 3 are not implemented yet."""
         self.backend = BACKENDS.get(backend.value if isinstance(backend, MeshBackend) else backend)
         self._devices = list(devices) if devices is not None else None
         self._dtensor_mesh: Any = None
@@ -175,7 +180,7 @@ class Mesh:
         if self.keras_layout is None:
             raise ValueError("Build the model inside mesh.scope() first, so that its weights are laid out on the "
                              f"mesh. Received: model {getattr(model, 'name', model)!r} and no scope entered")
-        return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh)
+        return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
 
     def check(self, model: Any, batch_size: int) -> dict[str, int]:
         """Validates the layout against ``model`` and the devices; returns the model's dimensions."""

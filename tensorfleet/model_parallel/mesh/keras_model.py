@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
-__all__ = ["clip_gradients", "host_value", "keras_mesh_model", "mesh_scope", "with_mesh"]
+__all__ = ["clip_gradients", "host_value", "keras_mesh_model", "mesh_scope", "shard_optimizer_state", "with_mesh"]
 
 
 def host_value(variable: Any) -> Any:
@@ -119,7 +119,7 @@ def clip_gradients(grads: list[Any], clipping: dict[str, Any]) -> list[Any]:
     return grads
 
 
-def keras_mesh_model(model: Any, layout: KerasLayout, dmesh: Any) -> Any:
+def keras_mesh_model(model: Any, layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Any:
     """A Keras model that trains ``model`` with its weights laid out on ``dmesh``
     (``Mesh.keras_model(model)``).
 
@@ -131,4 +131,38 @@ def keras_mesh_model(model: Any, layout: KerasLayout, dmesh: Any) -> Any:
     """
     from tensorfleet.model_parallel.mesh.keras_trainer import MeshTrainer
 
-    return MeshTrainer(model, layout, dmesh)
+    return MeshTrainer(model, layout, dmesh, zero=zero)
+
+
+def shard_optimizer_state(optimizer: Any, batch_axis: str | None) -> int:
+    """ZeRO stage 1 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+    Parameter Models", 2020): every built optimizer slot of rank >= 1 also split over the batch mesh
+    dimension, on its first axis that is whole and that the dimension divides. DTensor gathers what
+    each update needs. Returns how many slots were split."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    if batch_axis is None:
+        return 0
+    replaced: dict[int, Any] = {}
+    for i, slot in enumerate(optimizer._variables):  # Keras' list of its own variables
+        if slot is optimizer.iterations or slot.shape.rank == 0 or not hasattr(slot, "layout"):
+            continue
+        spec = list(slot.layout.sharding_specs)
+        parts = slot.layout.mesh.dim_size(batch_axis)
+        axis = next((a for a, (s, n) in enumerate(zip(spec, slot.shape)) if s == dtensor.UNSHARDED and n % parts == 0),
+                    None)
+        if axis is None or batch_axis in spec:
+            continue
+        spec[axis] = batch_axis
+        value = dtensor.relayout(slot.read_value(), dtensor.Layout(spec, slot.layout.mesh))
+        scope, _, name = slot.name.split(":")[0].rpartition("/")
+        with tf.name_scope(scope + "/" if scope else ""):  # the slot keeps its name, e.g. "Adam/m/d1/kernel"
+            replaced[id(slot)] = dtensor.DVariable(value, trainable=False, name=name)
+        optimizer._variables[i] = replaced[id(slot)]
+    for value in vars(optimizer).values():  # the per-kind lists (Adam's _momentums, _velocities, ...)
+        if isinstance(value, list):
+            for j, slot in enumerate(list(value)):
+                if id(slot) in replaced:
+                    value[j] = replaced[id(slot)]
+    return len(replaced)

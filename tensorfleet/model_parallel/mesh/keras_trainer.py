@@ -12,7 +12,8 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
-from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
+from tensorfleet.model_parallel.mesh.keras_model import (clip_gradients, host_value, mesh_scope,
+                                                          shard_optimizer_state, with_mesh)
 from tensorfleet.validation import positive_int
 
 __all__ = ["AVG_POOL_GRADIENT", "MeshTrainer", "avg_pool_gradient"]
@@ -52,12 +53,13 @@ class MeshTrainer(tf.keras.Model):
     ``trainer.model`` is the user's model, whose weights the trainer trains.
     """
 
-    def __init__(self, model: Any, layout: KerasLayout, dmesh: Any) -> None:
+    def __init__(self, model: Any, layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> None:
         with mesh_scope(layout, dmesh):
             super().__init__(name=f"{model.name}_on_mesh")
         self.model = model
         self.layout = layout
         self.dmesh = dmesh
+        self.zero = zero
         for layer in model.submodules:  # no layout propagation for FusedBatchNormV3: same maths unfused
             if isinstance(layer, tf.keras.layers.LayerNormalization):
                 layer._fused = False
@@ -73,6 +75,10 @@ class MeshTrainer(tf.keras.Model):
         with mesh_scope(self.layout, self.dmesh):
             optimizer = with_mesh(optimizer, self.dmesh)
             super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+            if self.zero:
+                with tf.name_scope(self.optimizer.name):  # as apply_gradients builds it: "Adam/m/<weight>"
+                    self.optimizer.build(self.trainable_variables)
+                shard_optimizer_state(self.optimizer, self.layout.batch_axis)
             from keras.src.losses import LossFunctionWrapper  # what Keras wraps a loss function in
 
             loss_fn = tf.keras.losses.get(loss)
