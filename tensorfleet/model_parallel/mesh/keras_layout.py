@@ -79,6 +79,13 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
    mesh differs from one device's: same distribution, other numbers (the scope turns Keras'
    generator-based random layers on, as DTensor requires, and restores the choice on exit).
 
+**Optimizer state (ZeRO).** ``Mesh(..., zero=1)`` splits every optimizer slot over the ``batch``
+mesh dimension as well (stage 1 of Rajbhandari et al., 2020): each data replica keeps its part of
+Adam's ``m`` and ``v``, and DTensor gathers what each update reads. Still exact; on ``b:4`` the
+small GPT's Adam state per device is 1/4 (bench/mesh_memory.py). Stages 2 (gradients) and 3
+(parameters) need the gradients and weights themselves laid out over ``batch`` between steps,
+which Keras' optimizers do not yet do here.
+
 Keras' ``LayoutMap`` path (lazy variables mapped to layouts by their object paths once the model is
 built) was tried first: its keys are paths such as ``"d1.kernel"`` that say nothing of the layer's
 kind, so no rule can name "the columns of every Dense" with it (and its weights did not move in a
