@@ -199,6 +199,7 @@ def run_matrix(rounds: int) -> list[str]:
              f"per cell (steady rounds/s after round 1; s to the end of round 1; test accuracy)",
              f"{'cell':26}{'compiled r/s':>13}{'tff r/s':>9}{'ratio':>8}{'compiled 1st':>14}{'tff 1st':>9}"
              f"{'acc compiled':>14}{'acc tff':>9}"]
+    print("\n".join(lines), flush=True)
     for algorithm in MATRIX_ALGORITHMS:
         for aggregator in MATRIX_AGGREGATORS:
             res = {b: matrix_cell(algorithm, aggregator, b, rounds) for b in ("compiled", "tff")}
