@@ -41,6 +41,8 @@ def plan_command(
     ps_servers: int = typer.Option(1, "--ps-servers", help="Parameter servers of the data_ps layout."),
     server_memory: Optional[str] = typer.Option(  # noqa: UP007
         None, "--server-memory", help="Memory of one parameter server (default --device-memory): 256GB."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 over the data-parallel replicas: 1 shards the "
+                             "optimizer state, 2 also the gradients, 3 also the parameters."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the plan as JSON to this file."),  # noqa: UP007
 ) -> None:
@@ -58,7 +60,7 @@ def plan_command(
         batch_size=batch, devices=devices, device_memory=device_memory, bandwidth=bandwidth, nodes=nodes,
         intra_bandwidth=intra_bandwidth, latency=latency, device_tflops=device_tflops, optimizer=optimizer,
         precision=precision, seq_len=seq_len, layers=layers, hidden=hidden, heads=heads, ps_servers=ps_servers,
-        server_memory=server_memory,
+        server_memory=server_memory, zero=zero,
     )
     if output is not None:
         write_json(output, result.as_dict())

@@ -6,11 +6,13 @@ device holds (:meth:`ParallelLayout.memory`) and what one step communicates
 (:meth:`ParallelLayout.comm_seconds`):
 
 * memory per device from :mod:`tensorfleet.planner.memory` (ZeRO's model-state accounting,
-  activations per micro-batch); parameter servers keep the float32 weights and the optimizer
+  activations per micro-batch; with ``zero`` 1-3 the optimizer state, then the gradients, then the
+  parameters sharded over the data-parallel replicas, except in ``data_ps``); parameter servers keep the float32 weights and the optimizer
   state, sharded evenly over them (as TensorFlow's variable partitioners do), and must fit
   their own memory;
 * communication per step from the alpha-beta model of :mod:`tensorfleet.planner.cost_model`:
   data parallel all-reduces the gradients (ring; two-level when there are several machines)
+  (ZeRO stage 3 adds an all-gather of the parameters: 1.5 times the bytes, Rajbhandari et al.)
   or pushes gradients to the parameter servers and pulls weights back (one worker too);
   tensor parallelism all-reduces activations (Megatron-LM: 4 per transformer layer per
   step); a pipeline sends activations and their gradients between neighbouring stages once
@@ -79,6 +81,7 @@ class PlanSetup:
     recompute: bool | None
     ps_servers: int = 1
     server_memory: float | None = None  # None: as much as a device
+    zero: int = 0  # ZeRO stage over the data-parallel replicas
 
     @property
     def server_capacity(self) -> float:
@@ -113,7 +116,8 @@ class PlanSetup:
                 "intra_bandwidth_bytes_per_s": self.intra.bandwidth, "latency_s": self.inter.alpha,
                 "device_tflops": self.device_tflops, "optimizer": self.optimizer, "precision": self.precision,
                 "recompute": self.recompute, "ps_servers": self.ps_servers,
-                "server_memory_bytes": self.server_capacity, "server_memory_given": self.server_memory is not None}
+                "server_memory_bytes": self.server_capacity, "server_memory_given": self.server_memory is not None,
+                "zero": self.zero}
 
 
 @dataclass
@@ -188,7 +192,7 @@ class ParallelLayout:
             stage_activation_values=[sum(kept[i] for i in g) for g in groups], batch_size=setup.batch_size,
             optimizer=setup.optimizer, precision=setup.precision,
             parallelism="data" if (tensor, pipeline) == (1, 1) else "hybrid", devices=data * tensor * pipeline,
-            tensor=tensor, micro_batches=micro)
+            tensor=tensor, micro_batches=micro, zero=setup.zero)
         if not recompute:
             return est
         # The layer being rebuilt holds its full activations; its checkpoint is counted already.
@@ -247,7 +251,10 @@ def _layout(name: str, *, description: str, aliases: tuple[str, ...] = ()) -> Ca
 
 
 def _gradient_all_reduce(setup: PlanSetup, d: Degrees) -> float:
-    return setup.all_reduce_seconds(setup.gradient_bytes / (d.tensor * d.pipeline), d.data, spans_nodes=True)
+    """Reduce-scatter + all-gather of the gradients (ZeRO 1 and 2 send the same); ZeRO 3 all-gathers the
+    parameters once more: 3 instead of 2 passes over them."""
+    nbytes = setup.gradient_bytes / (d.tensor * d.pipeline) * (1.5 if setup.zero == 3 else 1.0)
+    return setup.all_reduce_seconds(nbytes, d.data, spans_nodes=True)
 
 
 def _activation_all_reduce(setup: PlanSetup, d: Degrees) -> float:
@@ -275,7 +282,8 @@ class DataParallelLayout(ParallelLayout):
          description="Data parallel, gradients all-reduced (ring; two-level across machines).")
 class DataAllReduceLayout(DataParallelLayout):
     def note(self, setup: PlanSetup) -> str:
-        return "ring all-reduce" + (" (two-level)" if setup.nodes > 1 else "")
+        return ("ring all-reduce" + (" (two-level)" if setup.nodes > 1 else "")
+                + (f"; ZeRO stage {setup.zero}" if setup.zero else ""))
 
     def comm_seconds(self, setup: PlanSetup, degrees: Degrees, micro: int) -> float:
         return _gradient_all_reduce(setup, degrees)
@@ -295,7 +303,9 @@ class ParameterServerLayout(DataParallelLayout):
         return setup.work.parameters * (per_param["parameters"] + per_param["optimizer_state"]) / setup.ps_servers
 
     def memory(self, setup: PlanSetup, degrees: Degrees, micro: int, *, recompute: bool = False) -> MemoryEstimate:
-        return replace(super().memory(setup, degrees, micro, recompute=recompute), optimizer_state=0.0)
+        # The servers hold the optimizer state; workers keep whole weights and gradients (no ZeRO).
+        unsharded = replace(setup, zero=0)
+        return replace(super().memory(unsharded, degrees, micro, recompute=recompute), optimizer_state=0.0)
 
     def comm_seconds(self, setup: PlanSetup, degrees: Degrees, micro: int) -> float:
         return cost_model.predict_parameter_server(degrees.data, setup.ps_servers, setup.gradient_bytes,

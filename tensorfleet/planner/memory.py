@@ -20,7 +20,9 @@ Parallelism divides these: data parallelism splits the batch; tensor parallelism
 every weight and activation over T devices (Megatron-LM); a pipeline splits the layers into
 P stages, each holding its stage's weights and, with the 1F1B schedule (PipeDream-Flush),
 the activations of at most P micro-batches in flight (GPipe keeps all of them); hybrid
-combines the three.
+combines the three. ZeRO (``zero`` 1 to 3) shards over the N data-parallel replicas the optimizer
+state (stage 1), also the gradients (2), also the parameters (3): mixed-precision Adam keeps
+4 + 12/N, 2 + 14/N and 16/N bytes per parameter (:func:`zero_bytes_per_parameter`).
 
 The memory savers that change these figures (gradient accumulation, mixed precision,
 recomputation) wrap training under any strategy: :mod:`tensorfleet.strategies.memory_savers`.
@@ -42,23 +44,12 @@ from enum import Enum
 from typing import Any, Sequence
 
 from tensorfleet.strategies.memory_savers import Precision
-from tensorfleet.validation import choice, positive_int
+from tensorfleet.validation import choice, integer, positive_int
 
 __all__ = [
-    "LayerMemory",
-    "MemoryEstimate",
-    "Optimizer",
-    "Parallelism",
-    "PipelineSchedule",
-    "activation_values",
-    "bytes_per_parameter",
-    "estimate",
-    "estimate_from_counts",
-    "format_bytes",
-    "layer_table",
-    "plot_layers",
-    "split_stages",
-    "value_bytes",
+    "LayerMemory", "MemoryEstimate", "Optimizer", "Parallelism", "PipelineSchedule", "activation_values",
+    "bytes_per_parameter", "estimate", "estimate_from_counts", "format_bytes", "layer_table", "plot_layers",
+    "split_stages", "value_bytes", "zero_bytes_per_parameter",
 ]
 
 
@@ -114,6 +105,25 @@ def bytes_per_parameter(optimizer: str | Optimizer = "adam", precision: str | Pr
     if prec is Precision.FLOAT32:
         return {"parameters": 4, "gradients": 4, "optimizer_state": 4 * states}
     return {"parameters": 2, "gradients": 2, "optimizer_state": 4 + 4 * states}
+
+
+_ZERO_SHARDS = ("optimizer_state", "gradients", "parameters")  # what stages 1, 2 and 3 add to the shards
+
+
+def zero_bytes_per_parameter(optimizer: Any = "adam", precision: str | Precision = "float32", *, zero: int = 0,
+                             replicas: int = 1) -> dict[str, float]:
+    """Bytes per parameter on one of ``replicas`` data-parallel devices under ZeRO stage ``zero``.
+
+    Example:
+        >>> zero_bytes_per_parameter("adam", "mixed_float16", zero=1, replicas=4)
+        {'parameters': 2.0, 'gradients': 2.0, 'optimizer_state': 3.0}
+        >>> sum(zero_bytes_per_parameter("adam", zero=2, replicas=4).values())  # fp32: 4 + (4 + 8) / 4
+        7.0
+    """
+    stage = integer("zero", zero, minimum=0, maximum=3)
+    replicas = positive_int("replicas", replicas)
+    return {k: v / replicas if k in _ZERO_SHARDS[:stage] else float(v)
+            for k, v in bytes_per_parameter(optimizer, precision).items()}
 
 
 def value_bytes(precision: str | Precision = "float32") -> int:
@@ -256,6 +266,7 @@ def estimate_from_counts(
     micro_batches: int = 1,
     schedule: str | PipelineSchedule = "1f1b",
     stage_trainable: Sequence[float] | None = None,
+    zero: int = 0,
 ) -> MemoryEstimate:
     """Per-device memory from parameter and activation counts of the pipeline stages.
 
@@ -271,6 +282,7 @@ def estimate_from_counts(
         schedule: ``1f1b`` (at most P micro-batches in flight per stage) or ``gpipe`` (all).
         stage_trainable: trainable parameters of each stage, which alone have gradients and
             optimizer state (default: all of them).
+        zero: ZeRO stage 0-3 over the data-parallel replicas (:func:`zero_bytes_per_parameter`).
 
     Returns:
         The :class:`MemoryEstimate` of the fullest device.
@@ -305,7 +317,7 @@ def estimate_from_counts(
         raise ValueError(f"The per-replica batch {per_replica} must be divisible by micro_batches. Received: "
                          f"micro_batches={micro_batches}")
     micro = per_replica / micro_batches if pp > 1 else per_replica
-    per_param = bytes_per_parameter(optimizer, precision)
+    per_param = zero_bytes_per_parameter(optimizer, precision, zero=zero, replicas=data)
     act_bytes = value_bytes(precision)
     worst = None
     trainables = list(stage_parameters) if stage_trainable is None else list(stage_trainable)
@@ -342,6 +354,7 @@ def estimate(
     pipeline: int = 1,
     micro_batches: int = 1,
     schedule: str | PipelineSchedule = "1f1b",
+    zero: int = 0,
 ) -> MemoryEstimate:
     """Per-device training memory of a built Keras model under a parallelism.
 
@@ -358,6 +371,7 @@ def estimate(
         pipeline: pipeline stages (hybrid; pipeline parallelism uses one per device).
         micro_batches: pipeline micro-batches.
         schedule: ``1f1b`` or ``gpipe``.
+        zero: ZeRO stage 0-3 over the data-parallel replicas (:func:`zero_bytes_per_parameter`).
 
     Returns:
         A :class:`MemoryEstimate` (bytes) for the fullest device.
@@ -381,7 +395,7 @@ def estimate(
         stage_activation_values=[sum(table[i].activation_values for i in g) for g in groups],
         stage_trainable=[sum(table[i].trainable for i in g) for g in groups],
         batch_size=batch_size, optimizer=optimizer, precision=precision, parallelism=par,
-        devices=devices, tensor=tensor, micro_batches=micro_batches, schedule=schedule,
+        devices=devices, tensor=tensor, micro_batches=micro_batches, schedule=schedule, zero=zero,
     )
 
 

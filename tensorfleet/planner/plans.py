@@ -25,10 +25,10 @@ from typing import Any
 
 from tensorfleet.planner.cost_model import Link
 from tensorfleet.planner.layouts import LAYOUTS, PlanRow, PlanSetup
-from tensorfleet.planner.memory import Optimizer, bytes_per_parameter, format_bytes
+from tensorfleet.planner.memory import Optimizer, bytes_per_parameter, format_bytes, zero_bytes_per_parameter
 from tensorfleet.planner.workload import (Workload, format_count, preset_workload, transformer_workload,
                                          workload_from_model)
-from tensorfleet.validation import choice, number, parse_bandwidth, parse_bytes, parse_duration, positive_int
+from tensorfleet.validation import choice, integer, number, parse_bandwidth, parse_bytes, parse_duration, positive_int
 
 __all__ = ["Plan", "plan"]
 
@@ -107,6 +107,7 @@ def plan(
     recompute: bool | None = None,
     ps_servers: int = 1,
     server_memory: str | float | None = None,
+    zero: int = 0,
 ) -> Plan:
     """Costs every layout of ``LAYOUTS`` for a model on ``devices`` devices and recommends one.
 
@@ -139,6 +140,8 @@ def plan(
         ps_servers: parameter servers of the ``data_ps`` layout (hosts besides the devices).
         server_memory: memory of one parameter server (default: as much as a device, said so
             in the row's note).
+        zero: ZeRO stage 0-3 for the data-parallel replicas of every layout but ``data_ps``: 1
+            shards the optimizer state over them, 2 also the gradients, 3 also the parameters.
 
     Returns:
         A :class:`Plan`. Raises ValueError when no layout fits, saying how much is missing and
@@ -162,6 +165,7 @@ def plan(
     devices = positive_int("devices", devices)
     nodes = positive_int("nodes", nodes)
     ps_servers = positive_int("ps_servers", ps_servers)
+    zero = integer("zero", zero, minimum=0, maximum=3)
     if devices % nodes:
         raise ValueError(f"devices must be a multiple of nodes. Received: devices={devices}, nodes={nodes}")
     number("device_tflops", device_tflops, above=0)
@@ -175,7 +179,7 @@ def plan(
     setup = PlanSetup(work=work, batch_size=batch_size, devices=devices, nodes=nodes, device_memory=memory_bytes,
                       intra=intra, inter=inter, device_tflops=device_tflops, optimizer=optimizer, precision=precision,
                       value_bytes=bytes_per_parameter(optimizer, precision)["parameters"],  # also checks both
-                      recompute=recompute, ps_servers=ps_servers, server_memory=servers_bytes)
+                      recompute=recompute, ps_servers=ps_servers, server_memory=servers_bytes, zero=zero)
     result = Plan(workload=work, inputs=setup.inputs())
     for entry in LAYOUTS.entries():
         costed = entry.obj.cost(setup)
@@ -229,6 +233,10 @@ def _advice(setup: PlanSetup, rows: list[PlanRow]) -> str:
     needed = math.ceil(states / setup.device_memory)
     tips = [f"at least {needed} devices of this memory (the model states alone are {format_bytes(states)})"
             if needed > setup.devices else "more devices"]
+    if setup.zero < 3 and setup.devices > 1:
+        sharded = sum(zero_bytes_per_parameter(optimizer, setup.precision, zero=3, replicas=setup.devices).values())
+        tips.append(f"ZeRO stage 3 (zero=3), which shards the model states over data-parallel replicas "
+                    f"({format_bytes(sharded * work.parameters)} per device on {setup.devices})")
     if setup.value_bytes == 4:
         tips.append(f"mixed precision, which halves the activations (not the model states: {optimizer} "
                     f"keeps {sum(per_param.values())} bytes per parameter either way)")

@@ -77,3 +77,15 @@ def test_plan_takes_heads_and_parameter_servers(capsys):
 def test_plan_refuses_a_bandwidth_without_a_unit(capsys):
     assert main([*BASE[:-1], "100", "--params", "1B"]) == 2
     assert capsys.readouterr().err.strip() == "error: A bandwidth needs a unit, such as '100Gbps'. Received: '100'"
+
+
+def test_plan_takes_a_zero_stage_and_refuses_one_out_of_range(capsys):
+    args = [*BASE, "--params", "1.5B", "--layers", "20", "--hidden", "2500", "--heads", "20", "--json"]
+    assert main([*args, "--zero", "3"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    allreduce = next(s for s in printed["strategies"] if s["strategy"] == "data_allreduce")
+    assert printed["inputs"]["zero"] == 3 and allreduce["note"].startswith("ring all-reduce; ZeRO stage 3")
+    # 16 bytes per parameter of mixed-precision Adam over 8 replicas.
+    assert round(allreduce["memory"]["model_states"]) == 16 * 1.5e9 / 8
+    assert main([*args, "--zero", "4"]) == 2
+    assert capsys.readouterr().err.strip() == "error: zero must be an integer from 0 to 3. Received: zero=4"

@@ -132,3 +132,52 @@ def test_bad_inputs_are_rejected_at_the_boundary():
         M.layer_table("digits_mlp")
     with pytest.raises(ValueError, match=r"num_stages must be at most the number of layers \(3\).*Received: num_stages=4"):
         M.estimate(model, batch_size=8, parallelism="pipeline", devices=4)
+
+
+def test_zero_stages_shard_model_states_over_the_data_parallel_replicas_exactly():
+    # 1.5B parameters on 64 replicas (Rajbhandari et al.): mixed-precision Adam 16, 4 + 12/N, 2 + 14/N, 16/N.
+    def states(zero, precision):
+        est = M.estimate_from_counts(stage_parameters=[1.5e9], stage_activation_values=[0.0], batch_size=64,
+                                     precision=precision, parallelism="data", devices=64, zero=zero)
+        return est.parameters, est.gradients, est.optimizer_state
+    assert [sum(states(z, "mixed_float16")) for z in range(4)] == [24e9, 6.28125e9, 3.328125e9, 0.375e9]
+    assert states(1, "mixed_float16") == (3e9, 3e9, 0.28125e9)
+    # float32 Adam, as memory.py counts it: 4 weights + 4 gradients + 8 for m and v.
+    assert states(0, "float32") == (6e9, 6e9, 12e9)
+    assert states(1, "float32") == (6e9, 6e9, 12e9 / 64)
+    assert states(2, "float32") == (6e9, 6e9 / 64, 12e9 / 64)
+    assert states(3, "float32") == (6e9 / 64, 6e9 / 64, 12e9 / 64)
+    assert M.zero_bytes_per_parameter("adam", "mixed_bfloat16", zero=2, replicas=4) == {
+        "parameters": 2.0, "gradients": 0.5, "optimizer_state": 3.0}
+    # Only the data-parallel degree shards: hybrid d=2 x t=4 divides by 4 (tensor), then by 2.
+    hybrid = M.estimate_from_counts(stage_parameters=[8000.0], stage_activation_values=[0.0], batch_size=8,
+                                    parallelism="hybrid", devices=8, tensor=4, zero=3)
+    assert hybrid.model_states == 8000 * 16 / 8
+    tensor = M.estimate_from_counts(stage_parameters=[8000.0], stage_activation_values=[0.0], batch_size=8,
+                                    parallelism="tensor", devices=8, zero=3)
+    assert tensor.model_states == 8000 * 16 / 8  # one replica: ZeRO changes nothing
+
+
+def test_zero_stage_out_of_range_is_refused():
+    for bad in (-1, 4, 1.0, True):
+        with pytest.raises(ValueError, match=rf"zero must be an integer from 0 to 3. Received: zero={bad!r}$"):
+            M.estimate_from_counts(stage_parameters=[1.0], stage_activation_values=[1.0], batch_size=8, zero=bad)
+
+
+def test_zero_1_optimizer_bytes_equal_what_the_mesh_holds_for_the_bench_gpt():
+    """bench/mesh_memory.py's small GPT on b:4 with Mesh(..., zero=1), measured from the variables."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "mesh_memory.py"
+    spec = importlib.util.spec_from_file_location("mesh_memory_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured = bench.measure("b:4", "batch:b", 1)
+    assert measured["params"] == 29568
+    est = M.estimate(bench.small_gpt(), batch_size=4, optimizer="adam", parallelism="data", devices=4, zero=1)
+    assert est.optimizer_state == 8 * 29568 / 4 == 59136
+    assert est.parameters == 4 * 29568 and set(measured["parameter_bytes"].values()) == {4 * 29568}
+    # The mesh also holds Adam's int64 step counter (8 bytes, replicated), which the planner does not count.
+    assert set(measured["optimizer_bytes"].values()) == {59144}
+    assert abs(59144 / est.optimizer_state - 1) < 1e-3

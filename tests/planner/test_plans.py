@@ -45,6 +45,27 @@ def test_data_parallel_communication_is_the_ring_all_reduce_of_the_gradients():
     assert result.row("data_allreduce").compute_seconds == pytest.approx(6 * 1e9 * 64 * 1024 / (8 * 100e12))
 
 
+def test_zero_stages_shard_the_data_parallel_rows_and_stage_3_sends_half_as_much_again():
+    args = {"parameters": 1e9, "batch_size": 64, "devices": 8, "device_memory": "80GB", "bandwidth": "100Gbps",
+            "latency": "5us", "layers": 24, "hidden": 1864, "heads": 8}
+    link = cost_model.Link(alpha=5e-6, beta=1 / 12.5e9)
+    rows = {z: planner.plan(**args, zero=z) for z in range(4)}
+    states = [(r.row("data_allreduce").memory.parameters, r.row("data_allreduce").memory.gradients,
+               r.row("data_allreduce").memory.optimizer_state) for r in rows.values()]
+    expected = [(2e9, 2e9, 12e9), (2e9, 2e9, 1.5e9), (2e9, 0.25e9, 1.5e9), (0.25e9, 0.25e9, 1.5e9)]
+    assert [pytest.approx(s, rel=1e-12) for s in states] == expected  # layer counts summed in floats
+    assert [r.row("data_allreduce").comm_seconds for r in rows.values()] == pytest.approx(
+        [cost_model.predict("ring", 8, 2e9, link)] * 3 + [cost_model.predict("ring", 8, 3e9, link)])
+    assert rows[2].row("data_allreduce").note == "ring all-reduce; ZeRO stage 2"
+    assert rows[2].inputs["zero"] == 2 and rows[0].inputs["zero"] == 0
+    # data_ps keeps its state on the servers; tensor and pipeline have one replica: nothing to shard.
+    for strategy in ("data_ps", "tensor", "pipeline"):
+        assert rows[3].row(strategy).memory == rows[0].row(strategy).memory
+    # The best hybrid (d=2 here) shards over its 2 replicas.
+    hybrid = rows[3].row("hybrid")
+    assert hybrid.memory.model_states == pytest.approx(1e9 * 16 / 8)
+
+
 def test_two_machines_use_the_hierarchical_all_reduce():
     result = planner.plan(parameters=1e9, batch_size=64, devices=16, nodes=2, device_memory="80GB",
                           bandwidth="25Gbps", intra_bandwidth="300GB/s", latency="0us")
@@ -144,11 +165,15 @@ def test_one_worker_still_pushes_gradients_to_the_server_and_pulls_weights_back(
 @pytest.mark.parametrize(
     "kwargs,tips",
     [
-        ({}, "What could help: at least 175 devices of this memory (the model states alone are 2.80 TB); an "
+        ({}, "What could help: at least 175 devices of this memory (the model states alone are 2.80 TB); ZeRO "
+             "stage 3 (zero=3), which shards the model states over data-parallel replicas (350.00 GB per device on "
+             "8); an "
              "optimizer with less state than adam: momentum (12 bytes per parameter) or sgd (8 bytes per parameter); "
              "a smaller batch."),
         ({"precision": "float32", "optimizer": "sgd"},
-         "What could help: at least 88 devices of this memory (the model states alone are 1.40 TB); mixed precision, "
+         "What could help: at least 88 devices of this memory (the model states alone are 1.40 TB); ZeRO stage 3 "
+         "(zero=3), which shards the model states over data-parallel replicas (175.00 GB per device on 8); mixed "
+         "precision, "
          "which halves the activations (not the model states: sgd keeps 8 bytes per parameter either way); a smaller "
          "batch."),
         ({"optimizer": "momentum", "batch_size": 1, "devices": 1},
@@ -193,6 +218,7 @@ def test_fits_nowhere_says_how_much_memory_is_missing():
         ({"latency": "5"}, "A latency needs a unit, such as '5us'. Received: '5'"),
         ({"server_memory": "0GB"}, "server_memory must be positive. Received: server_memory='0GB'"),
         ({"ps_servers": 0}, "ps_servers must be a positive integer. Received: ps_servers=0"),
+        ({"zero": 4}, "zero must be an integer from 0 to 3. Received: zero=4"),
         ({"parameters": None, "transformer": "gpt5"}, "Unknown transformer 'gpt5'"),
     ],
 )
