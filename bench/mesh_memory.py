@@ -9,6 +9,12 @@ elements on each device (checked, within 2%). ZeRO stages (optimizer-state and g
 over the batch axis): stage 1 (``Mesh(..., zero=1)``) is measured next to stage 0; stages 2 and 3
 are not implemented yet.
 
+Beside each device, the planner's prediction of parameter + optimizer bytes
+(:func:`tensorfleet.planner.memory.estimate`, Adam in float32, data parallel over ``b``, tensor
+parallel over ``m``, the same ZeRO stage) and measured / predicted. The planner does not count
+Adam's 8-byte step counter, and it assumes every weight split over ``m`` (Megatron-LM), whereas
+``heads:m`` splits only the attention weights: its ``m`` rows predict less than the mesh holds.
+
 Run: ``python bench/mesh_memory.py`` (add ``--json`` for machine-readable output).
 """
 
@@ -48,6 +54,18 @@ def resident_bytes(variables: list) -> dict[str, int]:
     return dict(sorted(per_device.items()))
 
 
+def planned(model: object, mesh_shape: str, zero: int) -> float:
+    """The planner's parameter + optimizer bytes per device for ``model`` on ``mesh_shape``."""
+    from tensorfleet.planner import memory
+
+    dims = {name: int(size) for name, size in (part.split(":") for part in mesh_shape.split(";"))}
+    data, tensor = dims.get("b", 1), dims.get("m", 1)
+    parallelism = "hybrid" if data > 1 and tensor > 1 else ("tensor" if tensor > 1 else "data")
+    est = memory.estimate(model, batch_size=4, optimizer="adam", precision="float32", parallelism=parallelism,
+                          devices=data * tensor, tensor=tensor, zero=zero)
+    return est.parameters + est.optimizer_state
+
+
 def measure(mesh_shape: str, rules: str, zero: int) -> dict:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
@@ -75,7 +93,7 @@ def measure(mesh_shape: str, rules: str, zero: int) -> dict:
             "parameter_bytes": resident_bytes(model.weights),
             "optimizer_bytes": resident_bytes(trainer.optimizer.variables),
             "split_weights": sum(w.sharded for w in layout.decided), "weights": len(layout.decided),
-            "worst_shard_error": worst}
+            "worst_shard_error": worst, "planned_bytes": planned(model, mesh_shape, zero)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     whole = sum(rows[0]["parameter_bytes"].values()) + sum(rows[0]["optimizer_bytes"].values())
     print(f"small GPT, {rows[0]['params']:,} parameters; bytes resident per device (Adam, float32)")
-    print(f"{'mesh':10s} {'rules':16s} {'zero':4s} {'device':8s} {'params':>10s} {'optimizer':>10s} {'of 1 device':>12s}")
+    print(f"{'mesh':10s} {'rules':16s} {'zero':4s} {'device':8s} {'params':>10s} {'optimizer':>10s} {'of 1 device':>12s} "
+          f"{'planner':>10s} {'measured/planner':>17s}")
     for row in rows:
         for device, params in row["parameter_bytes"].items():
             optimizer = row["optimizer_bytes"].get(device, 0)
             print(f"{row['mesh']:10s} {row['rules'] or '-':16s} {row['zero']:<4d} {device:8s} {params:>10,} {optimizer:>10,} "
-                  f"{(params + optimizer) / whole:>11.1%}")
+                  f"{(params + optimizer) / whole:>11.1%} {row['planned_bytes']:>10,.0f} "
+                  f"{(params + optimizer) / row['planned_bytes']:>17.4f}")
         print(f"{'':10s} {row['split_weights']} of {row['weights']} weights split; largest deviation of a shard "
               f"from 1/m of its weight: {row['worst_shard_error']:.1%}")
     return 0
