@@ -70,3 +70,14 @@ def test_launch_fault_tolerant_resumes_after_the_killed_worker(tmp_path):
     out = run("launch_fault_tolerant.py", cwd=tmp_path)
     assert re.search(r"exit status 0, 1 restart\(s\)", out), out[-2000:]
     assert "resumed at epoch 3" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(450)
+def test_tune_digits_searches_and_its_best_model_scores_what_the_search_said(tmp_path):
+    out = run("tune_digits.py", "--max-trials", "2", "--epochs", "1", "--out", str(tmp_path / "tune"), cwd=tmp_path)
+    found = re.search(r"best model re-evaluated: val_accuracy=(0\.\d{4}) \(search: (0\.\d{4})\)", out)
+    assert found, out
+    assert found.group(1) == found.group(2)
+    assert {"results.txt", "results.json", "objective.png", "hyperparameters.png", "best_model.keras"} <= {
+        p.name for p in (tmp_path / "tune").iterdir()}
