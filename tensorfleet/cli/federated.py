@@ -180,3 +180,13 @@ def worker(
     if status:
         typer.echo(f"error: the TFF worker on {host}:{port} exited with status {status}", err=True)
     raise typer.Exit(1 if status else 0)
+
+
+def _register_tune() -> None:
+    """``tensorfleet federated tune``: Keras Tuner's oracle over federated simulations (tensorfleet.cli.tune)."""
+    from tensorfleet.cli.tune import federated_tune_command
+
+    app.command("tune")(federated_tune_command)
+
+
+_register_tune()

@@ -82,3 +82,10 @@ def test_a_function_search_resumes_with_the_trial_that_was_running(tmp_path):
     with pytest.raises(ValueError, match="Hyperband needs trials that train for a number of epochs"):
         search_function(lambda v: 0.0, space, objective="loss", direction="min", max_trials=1,
                         out=tmp_path / "hb", algorithm="hyperband")
+
+
+def test_the_tensorfleet_command_has_federated_tune(tmp_path, capsys):
+    from tensorfleet.cli.main import main
+
+    assert main(["federated", "tune", "--config", str(tmp_path / "none.yaml"), "--max-trials", "2"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: No config file at {tmp_path / 'none.yaml'}."
