@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--virtual-stages", type=int, default=None, help="default: 2 for interleaved, else 1")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--out", default="pipeline_schedule.png")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the shuffling")
     args = parser.parse_args(argv)
 
     import tensorfleet as tfl
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from tensorfleet.model_parallel.pipeline import Pipeline
+
+    tf.keras.utils.set_random_seed(args.seed)
 
     split = tfl.models.datasets.load_digits(flat=True)
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu") for _ in range(7)] +
