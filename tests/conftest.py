@@ -56,6 +56,33 @@ def reap(process: Any) -> None:
         process.wait()
 
 
+def run_workers(commands: list[list[str]], envs: list[dict[str, str]], *, timeout: float) -> list[str]:
+    """Runs each command (with its environment, from the project root) at once and returns their output.
+
+    Every process must exit 0 within ``timeout`` seconds (the assertion shows its last lines); none
+    outlives the call: each runs in its own session, killed with its children if still running.
+    """
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    procs = []
+    try:
+        for command, env in zip(commands, envs):
+            procs.append(subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for index, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"worker {index} exited {p.returncode}:\n{log[-3000:]}"
+    return logs
+
+
 def compile_digits(model: Any) -> None:
     import tensorflow as tf
 

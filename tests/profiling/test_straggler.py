@@ -4,16 +4,14 @@ then, on models of two sizes, the communication measured grows with the size as 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tensorfleet.strategies.tf_config import ClusterSpec
+from tests.conftest import run_workers
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 SLOW_SECONDS = 0.2
 
@@ -23,23 +21,11 @@ def job(tmp_path_factory) -> Path:
     """The job's directory: ``profile/`` (the straggler run, one folder per worker) and ``sizes/h<width>/``."""
     root = tmp_path_factory.mktemp("job")
     spec = ClusterSpec.local(workers=2)
-    procs = []
-    try:
-        for index in range(2):
-            env = {**os.environ, "TF_CONFIG": spec.tf_config_json("worker", index),
-                   "TENSORFLEET_PROFILE_STEPS": "3-12", "TENSORFLEET_PROFILE_DIR": str(root / "profile"),
-                   "SLEEP_SECONDS": str(SLOW_SECONDS if index == 1 else 0), "SIZES_DIR": str(root / "sizes")}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.profiling.slow_worker_job"], cwd=ROOT, env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for index, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"worker {index} exited {p.returncode}:\n{log[-3000:]}"
+    envs = [{**os.environ, "TF_CONFIG": spec.tf_config_json("worker", index),
+             "TENSORFLEET_PROFILE_STEPS": "3-12", "TENSORFLEET_PROFILE_DIR": str(root / "profile"),
+             "SLEEP_SECONDS": str(SLOW_SECONDS if index == 1 else 0), "SIZES_DIR": str(root / "sizes")}
+            for index in range(2)]
+    run_workers([[sys.executable, "-m", "tests.profiling.slow_worker_job"]] * 2, envs, timeout=TIMEOUT)
     return root
 
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tensorfleet.strategies.tf_config import ClusterSpec
+from tests.conftest import run_workers
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240
 
 
@@ -22,23 +19,10 @@ TIMEOUT = 240
 def worker_results(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("mwms")
     spec = ClusterSpec.local(workers=2)
-    procs = []
-    try:
-        for index in range(2):
-            env = {**os.environ, "TF_CONFIG": spec.tf_config_json("worker", index)}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.strategies.mwms_job", str(out / f"worker{index}.json")],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True,
-            ))
-        logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for index, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"worker {index} exited {p.returncode}:\n{log[-3000:]}"
+    run_workers([[sys.executable, "-m", "tests.strategies.mwms_job", str(out / f"worker{index}.json")]
+                 for index in range(2)],
+                [{**os.environ, "TF_CONFIG": spec.tf_config_json("worker", index)} for index in range(2)],
+                timeout=TIMEOUT)
     return [json.loads((out / f"worker{i}.json").read_text()) for i in range(2)]
 
 
