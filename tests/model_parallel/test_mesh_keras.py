@@ -15,6 +15,14 @@ import tensorflow as tf
 
 from tensorfleet.model_parallel.mesh import KerasLayout, Mesh
 
+
+def _run_result(script: str, *args: str, timeout: float) -> dict:
+    """Runs ``script`` in a fresh interpreter (DTensor cannot share the suite's process) and returns its RESULT json."""
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
 _layers = tf.keras.layers
 
 
@@ -181,10 +189,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_keras_fit_on_a_2x2_mesh_matches_one_device_after_5_steps():
-    result = subprocess.run([sys.executable, "-c", _FIT_SCRIPT], capture_output=True, text=True, timeout=540,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = _run_result(_FIT_SCRIPT, timeout=540)
     for key, row in out.items():
         assert len(row["steps"]) == 5 and row["moved"] > 1e-3, key
         assert max(abs(a - b) for a, b in zip(row["steps"], row["ref_steps"])) < 1e-5, (key, row)
@@ -248,10 +253,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_weights_saved_on_a_2x2_mesh_restore_identically_on_other_mesh_shapes(tmp_path):
-    result = subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                            timeout=280, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = _run_result(_CHECKPOINT_SCRIPT, str(tmp_path), timeout=280)
     assert {key: row["diff"] for key, row in out.items()} == {"m:4": 0.0, "b:4": 0.0, "one:1": 0.0, "plain": 0.0}
     assert out["m:4"]["layouts"] == [["unsharded", "m"], ["m"], ["unsharded", "m"], ["m"]]
     assert out["b:4"]["layouts"] == [["unsharded", "unsharded"], ["unsharded"]] * 2
@@ -311,10 +313,7 @@ print("RESULT " + json.dumps({
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_small_gpt_fit_on_a_2x2_mesh_matches_one_device_after_5_adam_steps():
-    result = subprocess.run([sys.executable, "-c", _GPT_SCRIPT], capture_output=True, text=True, timeout=380,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = _run_result(_GPT_SCRIPT, timeout=380)
     assert len(out["steps"]) == 5 and out["moved"] > 1e-3
     assert max(abs(a - b) for a, b in zip(out["steps"], out["ref_steps"])) < 1e-5, out
     assert out["weight_diff"] < 1e-5, out["weight_diff"]
@@ -370,10 +369,7 @@ print("RESULT " + json.dumps({
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_resnet8_fit_on_a_2x2_mesh_matches_one_device_after_5_adam_steps():
-    result = subprocess.run([sys.executable, "-c", _RESNET_SCRIPT], capture_output=True, text=True, timeout=380,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = _run_result(_RESNET_SCRIPT, timeout=380)
     assert len(out["steps"]) == 5
     assert max(abs(a - b) for a, b in zip(out["steps"], out["ref_steps"])) < 1e-5, out
     # A convolution's bias right before BatchNormalization has a gradient of exactly 0 in exact
@@ -451,10 +447,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_zero_stage_1_splits_adam_state_over_the_batch_axis_and_still_matches_one_device():
-    result = subprocess.run([sys.executable, "-c", _ZERO_SCRIPT], capture_output=True, text=True, timeout=280,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = _run_result(_ZERO_SCRIPT, timeout=280)
     for zero, row in out.items():
         assert row["loss_diff"] < 1e-5 and row["weight_diff"] < 1e-5, (zero, row)
     assert out["1"]["slots"]["Adam/m/h/kernel:0"] == ["b", "m"] and out["0"]["slots"]["Adam/m/h/kernel:0"] == [
