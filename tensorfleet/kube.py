@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Mapping, Union
 from tensorfleet.io import write_text
 
 __all__ = [
-    "DNS_LABEL", "KUBERNETES_VERSION", "ManifestError", "Manifest", "app_labels", "deployment", "documents",
+    "DNS_LABEL", "KUBERNETES_VERSION", "ManifestError", "Manifest", "app_labels", "claim", "deployment", "documents",
     "dns_label", "dns_subdomain", "dump_yaml", "env_list", "image", "load_yaml", "quantity", "resources", "service",
     "validate", "validate_object", "write",
 ]
@@ -165,9 +165,10 @@ def deployment(name: str, *, namespace: str, labels: Mapping[str, str], replicas
 
 
 def service(name: str, *, namespace: str, labels: Mapping[str, str], ports: Mapping[str, int],
-            headless: bool = False) -> dict[str, Any]:
-    """A ``v1`` Service in front of the pods with ``labels["app"]``, one TCP port per ``ports`` item
-    (port name -> number, the container port of the same name as its target).
+            headless: bool = False, selector: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A ``v1`` Service in front of the pods with ``labels["app"]`` (or those ``selector`` matches),
+    one TCP port per ``ports`` item (port name -> number, the container port of the same name as
+    its target).
 
     ``headless`` gives no load balancer (``clusterIP: None``): the name resolves to every ready pod.
 
@@ -177,11 +178,28 @@ def service(name: str, *, namespace: str, labels: Mapping[str, str], ports: Mapp
         [{'name': 'grpc', 'port': 8500, 'targetPort': 'grpc', 'protocol': 'TCP'}]
     """
     spec: dict[str, Any] = {"clusterIP": "None"} if headless else {}
-    spec["selector"] = {"app": labels["app"]}
+    spec["selector"] = {"app": labels["app"]} if selector is None else dict(selector)
     spec["ports"] = [{"name": port_name, "port": number, "targetPort": port_name, "protocol": "TCP"}
                      for port_name, number in ports.items()]
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace,
                                                                 "labels": dict(labels)}, "spec": spec}
+
+
+def claim(name: str, *, namespace: str, labels: Mapping[str, str], size: str, storage_class: str | None = None,
+          access_mode: str = "ReadWriteMany") -> dict[str, Any]:
+    """A ``v1`` PersistentVolumeClaim of ``size`` (the cluster's default storage class unless one is
+    named). The caller checks ``size`` and ``storage_class`` under its own argument names
+    (:func:`quantity`, :func:`dns_subdomain`).
+
+    Example:
+        >>> claim("data", namespace="ml", labels={"app": "x"}, size="1Gi")["spec"]
+        {'accessModes': ['ReadWriteMany'], 'resources': {'requests': {'storage': '1Gi'}}}
+    """
+    spec: dict[str, Any] = {"accessModes": [access_mode], "resources": {"requests": {"storage": size}}}
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)}, "spec": spec}
 
 
 # --------------------------------------------------------------------------- validation

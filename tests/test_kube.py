@@ -119,3 +119,36 @@ def test_resources_check_their_quantities() -> None:
     with pytest.raises(ValueError) as info:
         kube.resources("1", "2 GB")
     assert str(info.value) == "memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='2 GB'"
+
+
+def test_claim_builds_a_valid_claim_with_or_without_a_storage_class() -> None:
+    plain = kube.claim("data", namespace="ml", labels={"app": "x"}, size="1Gi")
+    assert plain == {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                     "metadata": {"name": "data", "namespace": "ml", "labels": {"app": "x"}},
+                     "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+    named = kube.claim("data", namespace="ml", labels={"app": "x"}, size="5Gi", storage_class="nfs.csi.k8s.io",
+                       access_mode="ReadWriteOnce")
+    assert named["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}},
+                             "storageClassName": "nfs.csi.k8s.io"}
+    assert kube.validate([plain, named], expected="claims") == [plain, named]
+
+
+def test_a_service_can_select_its_pods_by_labels_other_than_app() -> None:
+    # The tuning oracle's Service selects the chief's pod by all its labels: its workers share the name.
+    labels = {"app.kubernetes.io/name": "tune", "app.kubernetes.io/component": "oracle"}
+    service = kube.service("tune-oracle", namespace="ml", labels=labels, ports={"oracle": 8000}, selector=labels)
+    assert service["spec"] == {"selector": labels,
+                               "ports": [{"name": "oracle", "port": 8000, "targetPort": "oracle", "protocol": "TCP"}]}
+    kube.validate(service, expected="a Service")
+
+
+def test_the_helpers_rebuild_the_search_claim_and_oracle_service_exactly() -> None:
+    from tensorfleet.tuning.k8s import PORT_NAME, tune_manifests
+
+    claim, _, service, _ = tune_manifests(script="/app/t.py", image="img:1", workers=2, max_trials=4,
+                                          storage="3Gi", storage_class="nfs")
+    labels = {"app.kubernetes.io/name": "tune", "app.kubernetes.io/part-of": "tensorfleet"}
+    assert claim == kube.claim("tune-data", namespace="default", labels=labels, size="3Gi", storage_class="nfs")
+    oracle = {**labels, "app.kubernetes.io/component": "oracle"}
+    assert service == kube.service("tune-oracle", namespace="default", labels=oracle, ports={PORT_NAME: 8000},
+                                   selector=oracle)

@@ -207,7 +207,8 @@ def tfjob(
     }
     if backup_claim is not None:
         return [job]
-    return [_backup_claim(pod, namespace, backup_size, storage_class), job]
+    return [kube.claim(pod.claim, namespace=namespace, labels=pod.labels, size=backup_size,
+                       storage_class=storage_class), job]
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,7 @@ def _servers_env(env: Mapping[str, str]) -> dict[str, str]:
 def _replica_spec(pod: _Pod, task_type: str, count: int, policy: RestartPolicy, *, serves: bool) -> dict[str, Any]:
     # In a parameter-server job, workers and ps only serve; only the chief runs the command.
     server = serves and task_type in ("worker", "ps")
-    resources: dict[str, Any] = {"requests": {"cpu": pod.cpu, "memory": pod.memory},
-                                 "limits": {"cpu": pod.cpu, "memory": pod.memory}}
+    resources: dict[str, Any] = kube.resources(pod.cpu, pod.memory)
     if pod.gpus and not server and task_type != "ps":
         resources["limits"]["nvidia.com/gpu"] = str(pod.gpus)
     env = _servers_env(pod.env) if server else pod.env
@@ -254,7 +254,7 @@ def _replica_spec(pod: _Pod, task_type: str, count: int, policy: RestartPolicy, 
         "name": CONTAINER_NAME,
         "image": pod.image,
         "command": list(SERVE_COMMAND if server else pod.command),
-        "env": [{"name": k, "value": str(v)} for k, v in env.items()],
+        "env": kube.env_list(env),
         "ports": [{"name": PORT_NAME, "containerPort": pod.port}],
         "resources": resources,
     }
@@ -267,18 +267,6 @@ def _replica_spec(pod: _Pod, task_type: str, count: int, policy: RestartPolicy, 
         "restartPolicy": policy.value,
         "template": {"metadata": {"labels": dict(pod.labels)}, "spec": spec},
     }
-
-
-def _backup_claim(pod: _Pod, namespace: str, size: str, storage_class: str | None) -> dict[str, Any]:
-    claim: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": pod.claim, "namespace": namespace, "labels": dict(pod.labels)},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}},
-    }
-    if storage_class:
-        claim["spec"]["storageClassName"] = storage_class
-    return claim
 
 
 # --------------------------------------------------------------------------- validation

@@ -45,9 +45,8 @@ INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 def _container(name: str, image: str, out: str, env: list[dict[str, Any]], cpu: str, memory: str) -> dict[str, Any]:
     return {"name": name, "image": image, "command": ["python", "-m", "tensorfleet.tuning.task", out],
-            "env": [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}, {"name": "PYTHONUNBUFFERED", "value": "1"}, *env],
-            "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}},
-            "volumeMounts": [{"name": "search", "mountPath": out}]}
+            "env": [*kube.env_list({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}), *env],
+            "resources": kube.resources(cpu, memory), "volumeMounts": [{"name": "search", "mountPath": out}]}
 
 
 def _job(name: str, namespace: str, labels: dict[str, str], container: dict[str, Any], claim: str,
@@ -86,34 +85,27 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
     config = SearchConfig(script=script, out=out, workers=workers, max_trials=max_trials, objective=objective,
                           direction=direction, algorithm=algorithm, strategy=strategy,
                           devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, seed=seed)
-    options = {"name": CONFIG_ENV, "value": json.dumps(config.to_dict())}
+    options = {CONFIG_ENV: json.dumps(config.to_dict())}
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "tensorfleet"}
     chief_labels = {**labels, "app.kubernetes.io/component": "oracle"}
     claim_name = f"{name}-data"
-    chief_env = [options, {"name": "KERASTUNER_TUNER_ID", "value": "chief"},
-                 {"name": "KERASTUNER_ORACLE_IP", "value": "0.0.0.0"},  # the chief binds it; workers use the Service
-                 {"name": "KERASTUNER_ORACLE_PORT", "value": str(port)}]
+    # The chief binds every address of its pod; the workers reach it through the Service.
+    chief_env = kube.env_list({**options, "KERASTUNER_TUNER_ID": "chief", "KERASTUNER_ORACLE_IP": "0.0.0.0",
+                               "KERASTUNER_ORACLE_PORT": port})
     chief = _container("oracle", image, out, chief_env, cpu, memory)
     chief["ports"] = [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}]
-    worker_env = [options,
+    worker_env = [*kube.env_list(options),
                   {"name": "TUNER_INDEX", "valueFrom": {"fieldRef": {
                       "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
-                  {"name": "KERASTUNER_TUNER_ID", "value": "tuner$(TUNER_INDEX)"},
-                  {"name": "KERASTUNER_ORACLE_IP", "value": f"{name}-oracle.{namespace}.svc"},
-                  {"name": "KERASTUNER_ORACLE_PORT", "value": str(port)}]
-    claim: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim_name, "namespace": namespace, "labels": labels},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": storage}}},
-    }
+                  *kube.env_list({"KERASTUNER_TUNER_ID": "tuner$(TUNER_INDEX)",
+                                  "KERASTUNER_ORACLE_IP": f"{name}-oracle.{namespace}.svc",
+                                  "KERASTUNER_ORACLE_PORT": port})]
     if storage_class:
-        claim["spec"]["storageClassName"] = kube.dns_subdomain("storage_class", storage_class)
-    service = {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": f"{name}-oracle", "namespace": namespace, "labels": chief_labels},
-        "spec": {"selector": chief_labels,
-                 "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}]},
-    }
+        kube.dns_subdomain("storage_class", storage_class)
+    claim = kube.claim(claim_name, namespace=namespace, labels=labels, size=storage, storage_class=storage_class)
+    # The oracle's Service selects the chief's pod by all its labels (the workers share the name).
+    service = kube.service(f"{name}-oracle", namespace=namespace, labels=chief_labels, ports={PORT_NAME: port},
+                           selector=chief_labels)
     docs = [claim,
             _job(f"{name}-chief", namespace, chief_labels, chief, claim_name, backoffLimit=restarts),
             service,

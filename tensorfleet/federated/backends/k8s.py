@@ -56,49 +56,24 @@ def federated_workers(*, replicas: int, image: str, name: str = "tff-workers", n
     kube.dns_label("name", name)
     kube.dns_label("namespace", namespace)
     validation.port("port", port)
-    labels = {"app": name, "app.kubernetes.io/component": "tff-worker", "app.kubernetes.io/part-of": "tensorfleet"}
+    labels = kube.app_labels(name, "tff-worker")
     argv = list(command) if command is not None else [
         "tensorfleet", "federated", "worker", "--port", str(port), "--host", "0.0.0.0",
         "--max-concurrent", str(int(max_concurrent))]
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    # The worker stops on SIGTERM; give it time to end its computation.
-                    "terminationGracePeriodSeconds": 30,
-                    "containers": [{
-                        "name": "tff-worker",
-                        "image": image,
-                        "command": argv,
-                        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
-                        "env": [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}],
-                        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 2,
-                                           "periodSeconds": 5},
-                        "livenessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 30,
-                                          "periodSeconds": 20},
-                        "resources": {"requests": {"cpu": cpu, "memory": memory},
-                                      "limits": {"cpu": cpu, "memory": memory}},
-                    }],
-                },
-            },
-        },
+    container = {
+        "name": "tff-worker",
+        "image": image,
+        "command": argv,
+        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": kube.env_list({"TF_CPP_MIN_LOG_LEVEL": "2"}),
+        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 2, "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 30, "periodSeconds": 20},
+        "resources": kube.resources(cpu, memory),
     }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "clusterIP": "None",
-            "selector": {"app": name},
-            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
-        },
-    }
+    # The worker stops on SIGTERM; its grace period gives it time to end its computation.
+    deployment = kube.deployment(name, namespace=namespace, labels=labels, replicas=replicas, containers=[container],
+                                 grace_seconds=30)
+    service = kube.service(name, namespace=namespace, labels=labels, ports={PORT_NAME: port}, headless=True)
     docs = [deployment, service]
     validate(docs)
     return docs
