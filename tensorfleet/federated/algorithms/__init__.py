@@ -44,7 +44,7 @@ ALGORITHMS.register("fedsgd", Algorithm(fedsgd.build, None, OptimizerSpec("sgd",
                     aliases=("fed_sgd",), description="One full-batch gradient per client per round.")
 ALGORITHMS.register("fedprox", Algorithm(fedprox.build, _SGD, OptimizerSpec("sgd", 1.0), {"mu": 0.01},
                                          paper="Li et al., MLSys 2020"),
-                    aliases=("fed_prox",), description="FedAvg with a proximal term mu on local training.")
+                    aliases=("fed_prox",), description="FedAvg whose clients step on f_k(w) + mu/2 ||w - w_server||^2.")
 ALGORITHMS.register("fedavgm", Algorithm(fedavgm.build, _SGD, OptimizerSpec("sgdm", 1.0, {"momentum": 0.9}),
                                          paper="Hsu et al., 2019"),
                     description="FedAvg with server momentum.")
