@@ -19,7 +19,7 @@ from tensorfleet.validation import integer
 
 __all__ = [
     "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_NUM_WORKERS", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
-    "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "check_task_counts", "describe_exit", "shell_status",
+    "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "check_task_counts", "describe_exit", "shell_status",
 ]
 
 #: ``role:index`` of the task, e.g. ``worker:1``.
@@ -34,6 +34,9 @@ ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
 ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
 #: The elastic batch-size policy (``keep_global`` or ``keep_per_replica``).
 ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
+#: A file the launcher creates once every trainer has finished: an evaluator that sees it evaluates
+#: the newest checkpoint (if it has not yet) and exits by itself.
+ENV_TRAINING_ENDED = "TENSORFLEET_TRAINING_ENDED"
 
 #: Exit status of a task that stopped on purpose after a backup (``EX_TEMPFAIL``: resume later).
 STOPPED_STATUS = 75

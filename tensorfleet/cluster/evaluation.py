@@ -4,8 +4,11 @@ TensorFlow's own ``tf.keras.utils.SidecarEvaluator`` does the watching, restorin
 this module adds what a job needs around it, in one call the same script makes in every role:
 
 * :func:`evaluation` returns False at once in a training task; in the ``evaluator`` task of
-  TF_CONFIG (or when asked to) it evaluates checkpoints until the last one (``last_checkpoint``)
-  or until the launcher stops it, then returns True and the script exits;
+  TF_CONFIG (or when asked to) it evaluates checkpoints until training has ended and its last
+  checkpoint is evaluated, then returns True and the script exits. Training has ended when the
+  launcher says so (it creates the file named by ``TENSORFLEET_TRAINING_ENDED`` once every
+  trainer has finished, and waits for the evaluator) or, without a launcher, after checkpoint
+  ``last_checkpoint``;
 * per checkpoint: TensorBoard summaries (``OUT/tensorboard``, Keras' ``evaluation_<metric>_vs_iterations``),
   a row of ``OUT/evaluation.csv`` (checkpoint, training step, every metric), and
   ``OUT/best.keras`` replaced when the metric ``monitor`` improves; every file is written atomically;
@@ -25,30 +28,43 @@ Example (a training script; the launcher's evaluator task runs the same file):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from tensorfleet.cluster.contract import ENV_TRAINING_ENDED
 from tensorfleet.io import write_bytes, write_text
 from tensorfleet.validation import integer
 
-__all__ = ["CSV_FILE", "BEST_MODEL", "checkpoint_callback", "evaluated_checkpoints", "evaluation", "is_evaluator"]
+__all__ = ["CSV_FILE", "BEST_MODEL", "checkpoint_callback", "evaluated_checkpoints", "evaluation", "is_evaluator",
+           "training_ended"]
 
 CSV_FILE = "evaluation.csv"
 BEST_MODEL = "best.keras"
 _NUMBER = re.compile(r"-(\d+)$")
 _STEP_KEY = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
+# Seconds SidecarEvaluator waits without a new checkpoint before it asks whether to stop (its own
+# wait is 30 s); TensorFlow looks for a new checkpoint every second meanwhile.
+_ASK_EVERY = 2
 
 
 def is_evaluator(environ: dict[str, str] | None = None) -> bool:
     """Whether this process is the ``evaluator`` task of its TF_CONFIG."""
     text = (os.environ if environ is None else environ).get("TF_CONFIG", "").strip()
     return bool(text) and json.loads(text).get("task", {}).get("type") == "evaluator"
+
+
+def training_ended(environ: dict[str, str] | None = None) -> bool:
+    """Whether the launcher has said that every trainer of this job has finished."""
+    path = (os.environ if environ is None else environ).get(ENV_TRAINING_ENDED, "")
+    return bool(path) and os.path.exists(path)
 
 
 def checkpoint_callback(checkpoint_dir: str | os.PathLike[str]) -> Any:
@@ -97,6 +113,21 @@ class _Recorder:
             except (tf.errors.OpError, ValueError):  # being written, or removed meanwhile
                 continue
         return numbers[0] if numbers else -1
+
+    def newest(self) -> int | None:
+        """The number of the newest complete checkpoint (the one TensorFlow's state file names)."""
+        import tensorflow as tf
+
+        path = tf.train.latest_checkpoint(str(self.checkpoint_dir))
+        match = _NUMBER.search(path) if path else None
+        return int(match.group(1)) if match else None
+
+    def finished(self) -> bool:
+        """Training has ended and its newest checkpoint is evaluated (or it wrote none)."""
+        if not training_ended():
+            return False
+        newest = self.newest()
+        return newest is None or newest in self.done
 
     def hook(self, evaluate: Callable[..., Any]) -> Callable[..., Any]:
         def evaluate_new(*args: Any, **kwargs: Any) -> Any:
@@ -155,7 +186,10 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
         monitor, mode: the metric that decides the best model, and whether larger (``max``) or
             smaller (``min``) is better.
         last_checkpoint: the number of the last checkpoint (the epochs, with one per epoch):
-            the evaluator stops after it. None: until the launcher stops the evaluator.
+            the evaluator stops after it. None: it stops once the launcher says training has
+            ended and the newest checkpoint is evaluated (under ``tensorfleet launch``, the way
+            to use it; a process of your own stops when the file named by
+            ``TENSORFLEET_TRAINING_ENDED`` exists).
         steps: evaluation steps per checkpoint (needed for a repeating dataset).
         force: evaluate even outside an evaluator task (for a separate evaluation process).
 
@@ -179,13 +213,42 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
         def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             recorder.record(dict(logs or {}))
 
+    class _Sidecar(tf.keras.utils.SidecarEvaluator):
+        def _timeout_fn(self) -> bool:  # TensorFlow's hook for "no new checkpoint will come"
+            return recorder.finished()
+
     x, y = (data if isinstance(data, tuple) and len(data) == 2 else (data, None))
-    evaluator = tf.keras.utils.SidecarEvaluator(
+    evaluator = _Sidecar(
         model, x if y is None else tf.data.Dataset.from_tensor_slices((x, y)).batch(32), str(checkpoint_dir),
         steps=steps, max_evaluations=last_checkpoint,
         callbacks=[tf.keras.callbacks.TensorBoard(str(out_path / "tensorboard")), _Record()])
     if last_checkpoint is not None and last_checkpoint in recorder.done:
         log(f"checkpoint {last_checkpoint}, the last, was evaluated before; nothing to do")
         return True
-    evaluator.start()
+    if not recorder.finished():
+        with _asking_every(_ASK_EVERY):
+            evaluator.start()
+    if training_ended():
+        newest = recorder.newest()
+        log("training ended without writing a checkpoint; nothing to evaluate" if newest is None else
+            f"training ended and its last checkpoint, {newest}, is evaluated; the evaluator stops")
     return True
+
+
+@contextlib.contextmanager
+def _asking_every(seconds: int) -> Iterator[None]:
+    """Makes SidecarEvaluator ask its ``_timeout_fn`` after ``seconds`` without a new checkpoint
+    instead of 30 s, so the end of training is noticed within seconds. Its module reads the wait
+    from a private constant when the loop starts; a TensorFlow without it keeps its own wait."""
+    import tensorflow as tf
+
+    module = sys.modules[tf.keras.utils.SidecarEvaluator.__module__]
+    before = getattr(module, "_CHECKPOINT_TIMEOUT_SEC", None)
+    if before is None:
+        yield
+        return
+    module._CHECKPOINT_TIMEOUT_SEC = seconds
+    try:
+        yield
+    finally:
+        module._CHECKPOINT_TIMEOUT_SEC = before

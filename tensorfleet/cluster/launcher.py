@@ -43,14 +43,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from tensorfleet.cluster.contract import ENV_BACKUP_DIR, check_task_counts
+from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_TRAINING_ENDED, check_task_counts
 from tensorfleet.cluster.processes import Fault, JobMode, LocalJob
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
@@ -113,6 +115,7 @@ def launch(
     timeout: float | None = None,
     hang_timeout: float | None = None,
     grace: float = 5.0,
+    evaluator_timeout: float = 300.0,
     env: Mapping[str, str] | None = None,
     backup_dir: str | os.PathLike[str] | None = None,
     faults: Sequence[Fault] = (),
@@ -132,8 +135,9 @@ def launch(
         workers: number of worker tasks (>= 1, or 0 with ``chief=True``).
         ps: number of parameter-server tasks; a ps job always gets a chief (the coordinator).
         chief: add a chief task.
-        evaluator: add an evaluator task; once the trainers finish it has ``grace`` seconds
-            to end by itself before it is stopped.
+        evaluator: add an evaluator task (see :func:`tensorfleet.cluster.evaluation.evaluation`).
+            Once the trainers finish, it is told so (``TENSORFLEET_TRAINING_ENDED``) and the
+            launcher waits for it to evaluate the last checkpoint and exit.
         ports: one port per task (chief, workers, ps, evaluator order); free ports by default.
         mode: ``"auto"`` (parameter server when ``ps > 0``, else collective), ``"collective"``
             or ``"parameter_server"``; decides what a restart restarts.
@@ -143,6 +147,8 @@ def launch(
         timeout: seconds one attempt may run before it counts as failed (hung).
         hang_timeout: seconds without output from any task before the attempt counts as hung.
         grace: seconds tasks get after SIGTERM/SIGINT before SIGKILL.
+        evaluator_timeout: seconds the evaluator may take, once training has ended, to finish
+            its evaluations by itself; then it is stopped (an event says so).
         env: extra environment variables for every task (TF_CONFIG is set by the launcher).
         backup_dir: exported to the tasks as ``TENSORFLEET_BACKUP_DIR`` for
             :func:`tensorfleet.cluster.fault_tolerance.callbacks`.
@@ -185,7 +191,8 @@ def launch(
     chief = check_task_counts(workers, ps, chief)  # a ps job gets a chief: the coordinator runs there
     integer("max_restarts", max_restarts, minimum=0)
     for name, seconds in (("backoff", backoff), ("max_backoff", max_backoff), ("grace", grace),
-                          ("timeout", timeout), ("hang_timeout", hang_timeout)):
+                          ("evaluator_timeout", evaluator_timeout), ("timeout", timeout),
+                          ("hang_timeout", hang_timeout)):
         number(name, seconds, minimum=0, optional=True)
     for fault in faults:
         _check_task_name(fault.task)
@@ -202,14 +209,20 @@ def launch(
                          f"Received: runner={runner!r}")
     argv = [python or sys.executable, *runner, str(script_path), *map(str, args)]
     number("progress_interval", progress_interval, minimum=0)
+    scratch = tempfile.mkdtemp(prefix="tensorfleet-launch-") if evaluator else None
+    if scratch is not None:
+        task_env[ENV_TRAINING_ENDED] = os.path.join(scratch, "training-ended")
     job = LocalJob(spec=spec, mode=job_mode, argv=argv, env=task_env, sink=sink, faults=faults, stop_when=stop_when,
                    quiet=quiet, progress_interval=progress_interval)
     with forwarded_signals(job) as received:
         try:
             outcome = Supervisor(job, max_restarts=max_restarts, backoff=backoff, max_backoff=max_backoff,
-                                 timeout=timeout, hang_timeout=hang_timeout, grace=grace, received=received).run()
+                                 timeout=timeout, hang_timeout=hang_timeout, grace=grace, received=received,
+                                 evaluator_timeout=evaluator_timeout).run()
         finally:
             job.stop_all(signal.SIGKILL, 0.0)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
     result = LaunchResult(returncode=outcome.returncode, restarts=outcome.restarts, cluster=spec,
                           lines=list(job.lines), events=list(job.events), duration=job.now(),
                           stopped=outcome.stopped, error=outcome.error, spans=job.spans())

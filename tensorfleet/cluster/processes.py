@@ -29,7 +29,7 @@ from enum import Enum
 from typing import Callable, Sequence
 
 from tensorfleet.cluster.console import ProgressLines, is_noise
-from tensorfleet.cluster.contract import ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, SERVE_ARGS
+from tensorfleet.cluster.contract import ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, ENV_TRAINING_ENDED, SERVE_ARGS
 from tensorfleet.cluster.result import LogLine, TaskSpan
 from tensorfleet.strategies.tf_config import ClusterSpec, Role
 
@@ -150,6 +150,8 @@ class LocalJob:
                  sink: Callable[[str], None] | None, faults: Sequence[Fault], stop_when: str | None,
                  quiet: bool = True, progress_interval: float = 2.0) -> None:
         self.spec, self.mode, self.argv, self.base_env = spec, mode, argv, env
+        # Created (empty) once every trainer has finished; the evaluator stops when it sees it.
+        self.training_ended_file = env.get(ENV_TRAINING_ENDED)
         self.sink = sink
         self.quiet, self.progress_interval = quiet, progress_interval
         self.faults = list(faults)
@@ -245,6 +247,12 @@ class LocalJob:
         for task in list(self.tasks.values()):
             if task.poll() is None:
                 task.kill(signum)
+
+    def announce_training_ended(self) -> None:
+        """Creates the file that tells the evaluator (``ENV_TRAINING_ENDED``) training has ended."""
+        if self.training_ended_file:
+            with open(self.training_ended_file, "a"):
+                pass
 
     def spans(self) -> list[TaskSpan]:
         return [task.span() for task in self.history]

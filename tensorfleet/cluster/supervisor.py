@@ -3,7 +3,7 @@
 ::
 
     RUNNING --a task failed, or the attempt hung--> FAILED
-    RUNNING --every trainer exited 0 (or 75)------> FINISHING --> finished
+    RUNNING --every trainer exited 0 (or 75)------> FINISHING --> finished (after the evaluator)
     RUNNING --SIGINT/SIGTERM to the launcher------> INTERRUPTED --> interrupted
     RUNNING --stop_when matched-------------------> STOPPING --> stopped on purpose
     FAILED  --restart limit reached---------------> GIVING_UP --> failed
@@ -14,7 +14,9 @@ Every state is one short method that returns the next state, or a :class:`JobOut
 job is over. A multi-worker mirrored (collective) job restarts every task, because the
 collective group must be rebuilt with all members; a parameter-server job restarts only a
 failed worker, which ``ClusterCoordinator`` tolerates. Restarts wait ``backoff`` seconds,
-doubled for each further restart, at most ``max_backoff``.
+doubled for each further restart, at most ``max_backoff``. When training has finished, an
+evaluator still at work is told so and waited for (at most ``evaluator_timeout`` seconds): it
+evaluates the last checkpoint and exits by itself.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tensorfleet.strategies.tf_config import Role
 __all__ = ["JobOutcome", "JobState", "Supervisor", "TaskFailure", "forwarded_signals"]
 
 _POLL_SECONDS = 0.05
+EVALUATOR = "evaluator:0"
 
 
 class JobState(str, Enum):
@@ -71,10 +74,12 @@ class Supervisor:
     """Watches a :class:`~tensorfleet.cluster.processes.LocalJob` until it ends; see the module doc."""
 
     def __init__(self, job: LocalJob, *, max_restarts: int, backoff: float, max_backoff: float,
-                 timeout: float | None, hang_timeout: float | None, grace: float, received: list[int]) -> None:
+                 timeout: float | None, hang_timeout: float | None, grace: float, received: list[int],
+                 evaluator_timeout: float = 300.0) -> None:
         self.job = job
         self.max_restarts, self.backoff, self.max_backoff = max_restarts, backoff, max_backoff
         self.timeout, self.hang_timeout, self.grace = timeout, hang_timeout, grace
+        self.evaluator_timeout = evaluator_timeout
         self.received = received  # signals the launcher got, filled by its handler
         self.restarts = 0
         self.attempt = 0  # the attempt every task started with; a task restarted alone keeps it
@@ -151,12 +156,10 @@ class Supervisor:
         return JobState.RUNNING
 
     def finish(self) -> JobOutcome:
-        # An evaluator gets ``grace`` seconds to finish its last evaluation by itself;
-        # servers (ps, and workers of a ps job) never end on their own.
-        evaluator = self.job.tasks.get("evaluator:0")
-        deadline = time.monotonic() + self.grace
-        while time.monotonic() < deadline and evaluator is not None and evaluator.poll() is None and not self.received:
-            time.sleep(_POLL_SECONDS)
+        self._await_evaluator()
+        if self.received:
+            return self.interrupt()
+        # Servers (ps, and workers of a ps job) never end on their own.
         if any(t.poll() is None for n, t in self.job.tasks.items() if n not in self.done):
             self.job.stop_all(signal.SIGTERM, self.grace)
         if self.stopped:
@@ -186,6 +189,28 @@ class Supervisor:
         return JobOutcome(shell_status(code) or 1, self.restarts, message)
 
     # Helpers --------------------------------------------------------------------------
+    def _await_evaluator(self) -> None:
+        """Tells the evaluator that training has ended, then gives it up to ``evaluator_timeout``
+        seconds to evaluate the last checkpoint and exit by itself."""
+        evaluator = self.job.tasks.get(EVALUATOR)
+        if evaluator is None:
+            return
+        self.job.announce_training_ended()
+        if evaluator.poll() is None:
+            self.job.event(f"training ended; waiting up to {self.evaluator_timeout:g}s (evaluator_timeout) for "
+                           f"{EVALUATOR} to evaluate the last checkpoint")
+            deadline = time.monotonic() + self.evaluator_timeout
+            while evaluator.poll() is None and not self.received and time.monotonic() < deadline:
+                time.sleep(_POLL_SECONDS)
+        code = evaluator.poll()
+        if code is None and not self.received:
+            self.job.event(f"{EVALUATOR} did not finish within evaluator_timeout={self.evaluator_timeout:g}s; "
+                           "stopping it (its last checkpoint may be unevaluated)")
+        elif code not in (None, 0):
+            evaluator.reader.join(timeout=2.0)
+            self.job.event(f"{EVALUATOR} {describe_exit(code)} after training ended; its last evaluation may be "
+                           "missing (its output above says why)")
+
     def _start_attempt(self, attempt: int) -> None:
         self.attempt = attempt
         self.done.clear()

@@ -1,14 +1,20 @@
 """The evaluator side of tests/cluster/test_evaluation.py: a digits MLP's checkpoints, evaluated.
 
-Run as ``python -m tests.cluster.evaluation_job CHECKPOINT_DIR OUT LAST`` (an evaluator process of
-its own), or under the launcher with ``--launched CHECKPOINT_DIR OUT EPOCHS``: the same script then
-trains in the worker task and evaluates in the evaluator task.
+Run as ``python -m tests.cluster.evaluation_job CHECKPOINT_DIR OUT EPOCHS`` (an evaluator process of
+its own that stops after checkpoint EPOCHS), or under the launcher with ``--launched``: the same
+script then trains in the worker task and evaluates in the evaluator task. ``--until-training-ends``
+leaves the last checkpoint unsaid (the evaluator stops when the launcher says training has ended);
+``--repeat K`` evaluates on the test set K times over (a slower evaluation); ``--pause S`` makes the
+trainer wait S seconds after every epoch's checkpoint but the last; ``--hard-exit`` ends the trainer
+right after its last checkpoint (``os._exit``, without TensorFlow's seconds of teardown).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -23,19 +29,45 @@ def build_model():
     return model
 
 
+def held_out(repeat: int = 1):
+    """The evaluation data: the digits test split, ``repeat`` times over."""
+    import numpy as np
+
+    from tensorfleet.models.datasets import load_digits
+
+    split = load_digits(flat=True)
+    return np.tile(split.x_test, (repeat, 1)), np.tile(split.y_test, repeat)
+
+
 def main() -> int:
+    import tensorflow as tf
+
     from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation
     from tensorfleet.models.datasets import load_digits
 
-    launched = sys.argv[1] == "--launched"
-    checkpoint_dir, out, last = sys.argv[1 + launched:4 + launched]
-    split = load_digits(flat=True)
-    if evaluation(build_model, (split.x_test, split.y_test), checkpoint_dir=checkpoint_dir, out=out,
-                  monitor="accuracy", last_checkpoint=int(last), force=not launched,
+    parser = argparse.ArgumentParser()
+    parser.add_argument("checkpoint_dir")
+    parser.add_argument("out")
+    parser.add_argument("epochs", type=int)
+    parser.add_argument("--launched", action="store_true")
+    parser.add_argument("--until-training-ends", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--hard-exit", action="store_true")
+    args = parser.parse_args()
+    last = None if args.until_training_ends else args.epochs
+    if evaluation(build_model, held_out(args.repeat), checkpoint_dir=args.checkpoint_dir, out=args.out,
+                  monitor="accuracy", last_checkpoint=last, force=not args.launched,
                   log=lambda line: print(f"evaluator: {line}", flush=True)):
         return 0
-    build_model().fit(split.x_train, split.y_train, epochs=int(last), batch_size=64, verbose=2,
-                      callbacks=[checkpoint_callback(checkpoint_dir)])
+    split = load_digits(flat=True)
+    pause = tf.keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: time.sleep(args.pause if epoch + 1 < args.epochs else 0.0))
+    build_model().fit(split.x_train, split.y_train, epochs=args.epochs, batch_size=64, verbose=2,
+                      callbacks=[checkpoint_callback(args.checkpoint_dir), pause])
+    if args.hard_exit:
+        sys.stdout.flush()
+        os._exit(0)
     return 0
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from tensorfleet.cluster.evaluation import BEST_MODEL, checkpoint_callback, evaluated_checkpoints, evaluation
-from tests.cluster.evaluation_job import build_model
+from tests.cluster.evaluation_job import build_model, held_out
 from tests.conftest import reap
 
 ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "cluster" / "evaluation_job.py"
 
 
 def _start(checkpoints: Path, out: Path, last: int) -> subprocess.Popen:
@@ -87,12 +88,70 @@ def test_under_the_launcher_the_same_script_trains_in_the_worker_and_evaluates_i
     from tensorfleet.cluster.launcher import launch
 
     checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
-    result = launch(ROOT / "tests" / "cluster" / "evaluation_job.py", ["--launched", str(checkpoints), str(out), "3"],
-                    workers=1, evaluator=True, grace=90.0, timeout=150, sink=None,
-                    env={"PYTHONPATH": str(ROOT)})
+    result = launch(JOB, ["--launched", str(checkpoints), str(out), "3"], workers=1, evaluator=True, timeout=150,
+                    sink=None, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, "\n".join(result.output())
     rows = evaluated_checkpoints(out)
     assert rows[-1]["checkpoint"] == 3  # the last checkpoint is evaluated before the evaluator stops
     assert [r["checkpoint"] for r in rows] == sorted({r["checkpoint"] for r in rows})
     assert any(line.startswith("evaluator: checkpoint 3 (step 69)") for line in result.output("evaluator:0"))
     assert not any("evaluator:" in line for line in result.output("worker:0"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_evaluator_busy_when_training_ends_still_evaluates_the_last_checkpoint(tmp_path, digits_flat):
+    from tensorfleet.cluster.launcher import launch
+
+    # No last checkpoint is named: the evaluator learns from the launcher that training has ended. The
+    # trainer pauses between epochs so that earlier checkpoints are evaluated while it trains, and exits
+    # the moment its last checkpoint is written; evaluating one takes seconds (the test set 100 times
+    # over). The old 5 s grace (here 0.5 s) stopped the evaluator before it had evaluated the last.
+    checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
+    result = launch(JOB, ["--launched", str(checkpoints), str(out), "3", "--until-training-ends", "--repeat", "100",
+                          "--pause", "2", "--hard-exit"], workers=1, evaluator=True, grace=0.5, evaluator_timeout=120,
+                    timeout=150, sink=None, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, "\n".join(result.output())
+    events = [line.text for line in result.events]
+    assert "training ended; waiting up to 120s (evaluator_timeout) for evaluator:0 to evaluate the last checkpoint" \
+        in events, events
+    assert not any("did not finish" in e or "after training ended" in e for e in events), events
+    assert [s.status for s in result.spans if s.task == "evaluator:0"] == [0]
+    assert result.output("evaluator:0")[-1] == \
+        "evaluator: training ended and its last checkpoint, 3, is evaluated; the evaluator stops"
+    rows = evaluated_checkpoints(out)
+    assert rows[-1]["checkpoint"] == 3 and rows[-1]["step"] == 3 * 23
+    assert [r["checkpoint"] for r in rows] == sorted({r["checkpoint"] for r in rows})
+    x, y = held_out(100)
+    fresh = build_model()
+    fresh.load_weights(str(checkpoints / "ckpt-3")).expect_partial()
+    loss, accuracy = fresh.evaluate(x, y, batch_size=32, verbose=0)
+    assert rows[-1]["accuracy"] == pytest.approx(accuracy, abs=1e-7)
+    assert rows[-1]["loss"] == pytest.approx(loss, rel=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_an_evaluator_that_does_not_end_is_stopped_after_evaluator_timeout(tmp_path):
+    from tensorfleet.cluster.launcher import launch
+
+    script = tmp_path / "never_done.py"
+    script.write_text("import json, os, time\n"
+                      "if json.loads(os.environ['TF_CONFIG'])['task']['type'] == 'evaluator':\n"
+                      "    print('evaluating forever', flush=True)\n"
+                      "    time.sleep(600)\n")
+    result = launch(script, workers=1, evaluator=True, evaluator_timeout=1.0, grace=1.0, timeout=50, sink=None)
+    assert result.returncode == 0
+    events = [line.text for line in result.events]
+    assert events[-2:] == [
+        "training ended; waiting up to 1s (evaluator_timeout) for evaluator:0 to evaluate the last checkpoint",
+        "evaluator:0 did not finish within evaluator_timeout=1s; stopping it (its last checkpoint may be unevaluated)"]
+    assert [s.status for s in result.spans if s.task == "evaluator:0"] == [-15]
+
+
+def test_evaluator_timeout_must_not_be_negative(tmp_path):
+    from tensorfleet.cluster.launcher import launch
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(ValueError, match=r"evaluator_timeout.*Received: evaluator_timeout=-1"):
+        launch(script, workers=1, evaluator=True, evaluator_timeout=-1)
