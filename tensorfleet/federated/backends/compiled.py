@@ -7,20 +7,23 @@ With small models nearly all of it is that per-round traffic and per-client Pyth
 arithmetic.
 
 This backend runs the same arithmetic as TFF's ``build_weighted_fed_avg`` (TFF's model-delta
-client work and apply-optimizer finalizer) in one ``tf.function`` traced once: the sampled
-clients' examples come as one padded batch ``[clients, steps * batch, ...]`` with a mask, a
-``tf.while_loop`` trains each client from the server weights with the client optimizer (the same
-``tff.learning.optimizers`` object), the deltas ``initial - trained`` are averaged weighted by
-examples (a client with a non-finite delta gets weight 0, as in TFF), and the server optimizer
-(again TFF's) applies the mean delta. FedProx adds TFF 0.87's proximal term to every local
-gradient: ``mu * (w_server - w)`` (TFF's sign, the opposite of the paper's ``mu * (w - w_server)``;
-kept so that both backends give the same model). FedSGD takes no local steps: a client's update
-is its batch gradients at the server weights averaged weighted by batch size (TFF's
-``build_fed_sgd``). The initial weights are ``model_fn()``'s, made eagerly: TFF's ``initialize``
-makes the same model from the same initializers, so no TFF process, worker or tracing is needed
-before the first round, and federated evaluation runs in this process too
-(:func:`evaluate_batches`). ``tests/federated/backends/test_compiled.py`` checks that both
-backends give the same model and metrics after the same rounds.
+client work and apply-optimizer finalizer) in one TensorFlow function traced once (without
+AutoGraph: its loops are explicit): the sampled clients' examples come as one padded batch
+``[clients, steps * batch, ...]`` with a mask, a ``tf.while_loop`` trains each client from the
+server weights with the client optimizer (the same ``tff.learning.optimizers`` object), the
+deltas ``initial - trained`` are averaged weighted by examples (a client with a non-finite delta
+gets weight 0, as in TFF), and the server optimizer (again TFF's) applies the mean delta. The
+server weights, optimizer state and DP clip stay in variables the round updates in place, so a
+round's call takes its data and returns three numbers. FedProx adds ``mu * (w - w_server)`` to
+every local gradient, the gradient of the paper's proximal term ``(mu / 2) ||w - w_server||^2``
+(Li et al., MLSys 2020; TFF 0.87's ``proximal_client_work`` adds it with the opposite sign).
+FedSGD takes no local steps: a client's update is its batch gradients at the server weights
+averaged weighted by batch size (TFF's ``build_fed_sgd``). The initial weights are
+``model_fn()``'s, made eagerly: TFF's ``initialize`` makes the same model from the same
+initializers, so no TFF process, worker or tracing is needed before the first round, and
+federated evaluation runs in this process too (:func:`evaluate_batches`).
+``tests/federated/backends/test_compiled.py`` checks that both backends give the same model and
+metrics after the same rounds.
 
 Supported: ``fedsgd``, ``fedprox`` and the algorithms built on weighted FedAvg (``fedavg``,
 ``fedavgm``, ``fedadam``, ``fedyogi``, ``fedadagrad``) with the aggregators of
@@ -36,18 +39,23 @@ the padding, and their moving statistics are not trained here), and any other la
 
 from __future__ import annotations
 
-import inspect
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from tensorfleet.federated.backends.compiled_aggregation import (
+    ROBUST_AGGREGATORS, adapted_clip, aggregation, dp_noised_mean,
+)
 
 __all__ = ["COMPILED_AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "aggregation",
            "batch_dependent_layers", "build_engine", "compiled_refusal", "dp_noised_mean", "adapted_clip", "evaluate_batches", "unsupported"]
 
 SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
-# Aggregators compiled runs besides the mean (None): unweighted rules over the stacked updates.
-ROBUST_AGGREGATORS = ("median", "trimmed_mean", "krum")
 COMPILED_AGGREGATORS = (None, "mean", "dp_fixed", "dp_adaptive", "compression", *ROBUST_AGGREGATORS)
+# The weights a model had when its first engine was built (an engine trains in the model, so a
+# second run of the same simulation would otherwise start from the last client's weights).
+_INITIAL_WEIGHTS: "weakref.WeakKeyDictionary[Any, list[np.ndarray]]" = weakref.WeakKeyDictionary()
 # Layer classes (and their subclasses, found by name in the MRO) that normalize over the batch.
 BATCH_NORMALIZATION_CLASSES = ("BatchNormalizationBase", "BatchNormalization", "SyncBatchNormalization")
 
@@ -110,8 +118,8 @@ class CompiledFedAvg:
         batch_size: local batch size.
         max_examples: the most examples (times local epochs) any client trains on in a round.
         clients_per_round: the padded number of clients per round.
-        mu: FedProx's proximal strength: ``mu * (w_server - w)`` joins every local gradient, as in
-            TFF 0.87's ``build_weighted_fed_prox`` (0: FedAvg).
+        mu: FedProx's proximal strength: ``mu * (w - w_server)`` joins every local gradient, the
+            gradient of the paper's proximal term ``(mu / 2) ||w - w_server||^2`` (0: FedAvg).
         local_steps: False for FedSGD (TFF's ``build_fed_sgd``): a client takes no steps; its
             update is its batch gradients averaged weighted by batch size, at the server weights.
         statistic: None for the example-weighted mean; else an unweighted rule (such as
@@ -130,6 +138,7 @@ class CompiledFedAvg:
             al. 2021): after each round the clip becomes ``clip * exp(-lr * (unclipped - target))``
             where ``unclipped`` is the noised fraction of updates whose norm was at most the clip.
         noise_seed: seeds the DP noise.
+        model: a model ``model_fn()`` already made, to train in (else one is made).
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, client_optimizer: Any, server_optimizer: Any,
@@ -137,10 +146,11 @@ class CompiledFedAvg:
                  clients_per_round: int, mu: float = 0.0, local_steps: bool = True,
                  statistic: Callable[[Any], Any] | None = None, compress: Callable[[Any], Any] | None = None,
                  dp_clip: float | None = None, dp_noise: float = 0.0,
-                 dp_adaptive: tuple[float, float, float] | None = None, noise_seed: int = 0) -> None:
+                 dp_adaptive: tuple[float, float, float] | None = None, noise_seed: int = 0,
+                 model: Any = None) -> None:
         import tensorflow as tf
 
-        self.model = model_fn()
+        self.model = model if model is not None else model_fn()
         self.variables = list(self.model.trainable_variables)
         if len(self.variables) != len(initial_weights):
             raise ValueError(f"initial_weights has {len(initial_weights)} tensors; the model has {len(self.variables)}.")
@@ -157,13 +167,32 @@ class CompiledFedAvg:
         self.compress = compress
         self.dp_clip, self.dp_noise, self.noise_seed = dp_clip, float(dp_noise), int(noise_seed)
         self.dp_adaptive = dp_adaptive
-        self.clip = tf.constant(float(dp_clip or 0.0), tf.float32)  # the current clip (adaptive: state)
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
-        self.weights = [tf.constant(w, dtype=v.dtype) for w, v in zip(initial_weights, self.variables)]
-        # Tensors from the start, so the compiled round is traced once (not again on round 2).
-        self.server_state = tf.nest.map_structure(tf.convert_to_tensor, server_optimizer.initialize(tuple(specs)))
         self._specs = specs
-        self._round = tf.function(self._round_impl, reduce_retracing=True)
+        # The server's model, optimizer state and clip live in variables the round updates in
+        # place: a call passes only the round's data, and returns only its three metrics.
+        self._weight_vars = [tf.Variable(w, dtype=v.dtype, trainable=False) for w, v in zip(initial_weights, self.variables)]
+        self._state_vars = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False),
+                                                 server_optimizer.initialize(tuple(specs)))
+        self._clip_var = tf.Variable(float(dp_clip or 0.0), dtype=tf.float32, trainable=False)
+        self._round: Any = None  # traced on the first round, when the data's shapes are known
+
+    @property
+    def weights(self) -> list[Any]:
+        """The server model's trainable weights (tensors)."""
+        return [v.read_value() for v in self._weight_vars]
+
+    @property
+    def server_state(self) -> Any:
+        """The server optimizer's state (tensors)."""
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda v: v.read_value(), self._state_vars)
+
+    @property
+    def clip(self) -> Any:
+        """The current DP clip (adapted each round by adaptive clipping)."""
+        return self._clip_var.read_value()
 
     # The padded client batch: x [K, L, ...], y [K, L], mask [K, L], examples [K].
     def pack(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
@@ -203,9 +232,8 @@ class CompiledFedAvg:
             grads = tape.gradient(loss, self.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
             if self.local_steps:
                 current = tuple(v.read_value() for v in self.variables)
-                if self.mu > 0.0:
-                    # TFF 0.87's sign (proximal_client_work): mu * (w_server - w).
-                    grads = [g + self.mu * (w - c) for g, c, w in zip(grads, current, weights)]
+                if self.mu > 0.0:  # the gradient of (mu / 2) ||w - w_server||^2
+                    grads = [g + self.mu * (c - w) for g, c, w in zip(grads, current, weights)]
                 opt_state, updated = self.client_optimizer.next(opt_state, current, tuple(grads))
                 for v, u in zip(self.variables, updated):
                     v.assign(u)
@@ -220,8 +248,24 @@ class CompiledFedAvg:
             return [w - v.read_value() for w, v in zip(weights, self.variables)], loss_k, correct_k
         return [g / tf.cast(n, tf.float32) for g in grad_sum], loss_k, correct_k
 
-    def _round_impl(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any,
-                    participants: Any, round_num: Any, clip: Any) -> Any:
+    def _round_impl(self, x: Any, y: Any, mask: Any, examples: Any, participants: Any, round_num: Any) -> Any:
+        """One round in the graph: reads the server variables, trains, writes them; returns
+        ``[train loss, train accuracy, examples]``."""
+        import tensorflow as tf
+
+        weights = [v.read_value() for v in self._weight_vars]
+        server_state = tf.nest.map_structure(lambda v: v.read_value(), self._state_vars)
+        clip = self._clip_var.read_value()
+        new_weights, new_state, loss, accuracy, seen, clip = self._aggregate_round(
+            weights, server_state, x, y, mask, examples, participants, round_num, clip)
+        for var, value in zip(self._weight_vars, new_weights):
+            var.assign(value)
+        tf.nest.map_structure(lambda var, value: var.assign(value), self._state_vars, new_state)
+        self._clip_var.assign(clip)
+        return tf.stack([loss, accuracy, seen])
+
+    def _aggregate_round(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any,
+                         participants: Any, round_num: Any, clip: Any) -> Any:
         import tensorflow as tf
 
         def client(k: Any, acc: Any) -> Any:
@@ -269,46 +313,66 @@ class CompiledFedAvg:
     def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]], round_num: int = 0) -> dict[str, float]:
         """Runs round ``round_num`` over ``clients`` (each ``(x, y)`` in training order); returns train metrics."""
         x, y, mask, examples = self.pack(clients)
-        weights, state, loss, accuracy, seen, self.clip = self._round(
-            self.weights, self.server_state, x, y, mask, examples, np.int32(len(clients)), np.int64(round_num), self.clip)
-        self.weights, self.server_state = list(weights), state
-        return {"train_loss": float(loss), "train_accuracy": float(accuracy), "num_examples": int(seen)}
+        if self._round is None:
+            self._round = self._trace(x, y)
+        loss, accuracy, seen = self._round(x, y, mask, examples, np.int32(len(clients)), np.int64(round_num)).numpy().tolist()
+        return {"train_loss": loss, "train_accuracy": accuracy, "num_examples": int(seen)}
+
+    def _trace(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """The round as a concrete function for arrays shaped as ``x`` and ``y``: traced once,
+        without AutoGraph (the round's loops are explicit; converting the model's and the
+        optimizers' code costs seconds of start-up), or with it for a model that needs it."""
+        import tensorflow as tf
+
+        signature = [tf.TensorSpec(x.shape, x.dtype), tf.TensorSpec(y.shape, y.dtype),
+                     tf.TensorSpec(y.shape, tf.float32), tf.TensorSpec(x.shape[:1], tf.int32),
+                     tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)]
+        try:
+            return tf.function(self._round_impl, autograph=False).get_concrete_function(*signature)
+        except tf.errors.OperatorNotAllowedInGraphError:  # Python control flow on tensors in the model
+            return tf.function(self._round_impl, autograph=True).get_concrete_function(*signature)
 
     def get_weights(self) -> list[np.ndarray]:
-        return [np.asarray(w) for w in self.weights]
+        return [v.numpy() for v in self._weight_vars]
 
     def state_leaves(self) -> list[np.ndarray]:
         """Weights, server optimizer state flattened, and the adaptive clip (for checkpoints)."""
         import tensorflow as tf
 
-        clip = [np.asarray(self.clip)] if self.dp_adaptive is not None else []
-        return [np.asarray(w) for w in self.weights] + [np.asarray(v) for v in tf.nest.flatten(self.server_state)] + clip
+        clip = [self._clip_var.numpy()] if self.dp_adaptive is not None else []
+        return self.get_weights() + [v.numpy() for v in tf.nest.flatten(self._state_vars)] + clip
 
     def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
         import tensorflow as tf
 
-        n = len(self.weights)
-        if self.dp_adaptive is not None and len(leaves) > n:
-            self.clip, leaves = tf.constant(leaves[-1], tf.float32), leaves[:-1]
-        flat_state = tf.nest.flatten(self.server_state)
+        n = len(self._weight_vars)
+        flat_state = tf.nest.flatten(self._state_vars)
+        if self.dp_adaptive is not None and len(leaves) > n + len(flat_state):
+            clip, leaves = leaves[-1], leaves[:-1]
+        else:
+            clip = None
         if len(leaves) != n + len(flat_state):
             raise ValueError(f"A checkpoint of this backend holds {n + len(flat_state)} tensors. Received: {len(leaves)}")
-        expected = [tuple(w.shape) for w in self.weights] + [tuple(np.shape(v)) for v in flat_state]
+        targets = [*self._weight_vars, *flat_state]
+        expected = [tuple(v.shape) for v in targets]
         if [tuple(np.shape(v)) for v in leaves] != expected:
             raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another model?).")
-        self.weights = [tf.constant(v) for v in leaves[:n]]
-        self.server_state = tf.nest.pack_sequence_as(self.server_state, [tf.constant(v) for v in leaves[n:]])
+        for var, value in zip(targets, leaves):
+            var.assign(np.asarray(value, dtype=var.dtype.as_numpy_dtype))
+        if clip is not None:
+            self._clip_var.assign(float(clip))
 
 
 def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examples: int) -> CompiledFedAvg:
-    """The engine for a :class:`~tensorfleet.federated.config.SimulationConfig`, starting from the
-    weights of ``model`` (``model_fn()`` made eagerly: TFF's ``initialize`` makes the same model
-    from the same initializers, so no TFF process is built for them)."""
+    """The engine for a :class:`~tensorfleet.federated.config.SimulationConfig`, training in
+    ``model`` (``model_fn()`` made eagerly) from its weights: TFF's ``initialize`` makes the same
+    model from the same initializers, so no TFF process is built for them."""
     import tensorflow as tf
 
     from tensorfleet.federated import tff_model
     from tensorfleet.federated.algorithms import make_optimizer
 
+    initial = _INITIAL_WEIGHTS.setdefault(model, [np.asarray(w) for w in model.trainable_weights])
     loss, _ = tff_model.loss_and_metrics(model)
     per_example = type(loss)(from_logits=loss.get_config()["from_logits"], reduction=tf.keras.losses.Reduction.NONE)
     local_steps = config.algorithm != "fedsgd"
@@ -316,66 +380,13 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
         return CompiledFedAvg(model_fn=model_fn, loss_fn=per_example,
                               client_optimizer=make_optimizer(config.client_opt) if local_steps else None,
                               server_optimizer=make_optimizer(config.server_opt),
-                              initial_weights=[np.asarray(w) for w in model.trainable_weights],
+                              initial_weights=initial,
                               batch_size=config.batch_size, max_examples=max_examples * config.local_epochs,
                               clients_per_round=config.clients_per_round,
                               mu=config.hyperparameters.get("mu", 0.0) if config.algorithm == "fedprox" else 0.0,
-                              local_steps=local_steps, noise_seed=config.seed,
+                              local_steps=local_steps, noise_seed=config.seed, model=model,
                               **aggregation(config.aggregator_name, config.clients_per_round,
                                             config.aggregator_options))
-
-
-def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any]) -> dict[str, Any]:
-    """The :class:`CompiledFedAvg` arguments of aggregator ``name`` with ``options`` (checked as
-    :func:`~tensorfleet.federated.aggregators.build_aggregator` checks them)."""
-    if name in (None, "mean"):
-        return {}
-    from tensorfleet.federated.aggregators import AGGREGATORS, build_aggregator
-
-    factory = build_aggregator(name, clients_per_round=clients_per_round, **options)
-    if name in ROBUST_AGGREGATORS:
-        return {"statistic": factory.statistic}
-    given = {**{k: p.default for k, p in inspect.signature(AGGREGATORS.get(name)).parameters.items()
-                if k != "clients_per_round"}, **options}
-    if name == "dp_fixed":
-        return {"dp_clip": float(given["clip"]), "dp_noise": float(given["noise_multiplier"])}
-    if name == "dp_adaptive":
-        noise = float(given["noise_multiplier"])
-        count_stddev = 0.05 * clients_per_round if noise > 0 else 0.0  # TFF's adaptive_clip_noise_params
-        value_noise = (noise ** -2 - (2 * count_stddev) ** -2) ** -0.5 if noise > 0 else 0.0
-        return {"dp_clip": float(given["clip"]), "dp_noise": value_noise,
-                "dp_adaptive": (float(given["target_quantile"]), float(given["clip_learning_rate"]), count_stddev)}
-    from tensorfleet.federated.aggregators.compression import CompressionFactory
-
-    return {"compress": CompressionFactory(bits=given["bits"], sparsity=given["sparsity"]).compress}
-
-
-def dp_noised_mean(clipped_sum: Sequence[Any], stddev: float, denominator: int, seed: int, round_num: Any) -> list[Any]:
-    """TFF's DP-FedAvg result from the clipped sum (``NormalizedQuery(GaussianSumQuery)``): every
-    tensor plus Gaussian noise of ``stddev``, over ``denominator``. The noise is drawn statelessly
-    from ``seed`` and ``round_num`` (so a resumed run draws what the uninterrupted one did)."""
-    import tensorflow as tf
-
-    round_num = tf.cast(round_num, tf.int64)
-    out = []
-    for i, total in enumerate(clipped_sum):
-        key = tf.stack([tf.constant(seed, tf.int64), round_num * len(clipped_sum) + i])
-        noise = tf.random.stateless_normal(tf.shape(total), key, stddev=stddev, dtype=total.dtype)
-        out.append((total + noise) / float(denominator))
-    return out
-
-
-def adapted_clip(clip: Any, unclipped_sum: Any, adaptive: tuple[float, float, float], denominator: int, seed: int,
-                 round_num: Any) -> Any:
-    """The next clip of TFF's adaptive clipping (tensorflow_privacy's ``QuantileEstimatorQuery``,
-    geometric update): ``unclipped_sum`` is the sum over clients of ``[norm <= clip] - 0.5``."""
-    import tensorflow as tf
-
-    target, learning_rate, count_stddev = adaptive
-    key = tf.stack([tf.constant(seed, tf.int64), -1 - tf.cast(round_num, tf.int64)])
-    noised = (unclipped_sum + tf.random.stateless_normal([], key, stddev=count_stddev)) / float(denominator)
-    below = tf.minimum(1.0, tf.maximum(0.0, noised + 0.5))
-    return tf.maximum(clip * tf.math.exp(-(learning_rate * (below - target))), 0.0)
 
 
 def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:
