@@ -82,12 +82,14 @@ class SimulationConfig:
         resume: continue from a checkpoint in ``out_dir`` when there is one.
         progress: show a tqdm progress bar.
         tensorboard: also write TensorBoard summaries into ``out_dir/tensorboard``.
-        backend: ``tff`` runs every round on TFF's runtime; ``compiled`` runs the same
-            arithmetic as one compiled TensorFlow function in this process, without building TFF
-            (fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, fedadagrad with the mean
-            aggregator, ``partition()`` data and a model without batch-dependent layers such as
-            BatchNormalization). Both give the same model. ``auto`` runs ``compiled`` where it
-            can, else ``tff`` (decided for the model when the simulation is built).
+        backend: ``auto`` (the default) runs ``compiled`` where it gives TFF's result, else
+            ``tff`` (decided for the model when the simulation is built; the progress bar and
+            the history's ``config["backend"]`` say which ran). ``tff`` runs every round on TFF's
+            runtime; ``compiled`` runs the same arithmetic as one compiled TensorFlow function in
+            this process, without building TFF (every algorithm, with the aggregators of
+            :data:`~tensorfleet.federated.backends.compiled.COMPILED_AGGREGATORS`, on
+            ``partition()`` data and a model without batch-dependent layers such as
+            BatchNormalization). Both give the same model.
         workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``); each
             round's clients are split across them (:mod:`~tensorfleet.federated.backends.remote`).
             None: one worker this process owns.
@@ -120,7 +122,7 @@ class SimulationConfig:
     resume: bool = True
     progress: bool = True
     tensorboard: bool = True
-    backend: str | Backend = Backend.TFF
+    backend: str | Backend = Backend.AUTO
     workers: Sequence[str] | str | None = None
     client_opt: Any = field(init=False, repr=False)
     server_opt: Any = field(init=False, repr=False)
@@ -203,4 +205,6 @@ class SimulationConfig:
             "batch_size": self.batch_size, "local_epochs": self.local_epochs, "dropout": self.dropout,
             "straggler_deadline": self.straggler_deadline, "client_speed": self.client_speed,
             "backend": self.backend.value,
+            # FedProx's sign: the paper's, not TFF 0.87's (a checkpoint of the other is refused).
+            **({"proximal_gradient": "mu * (w - w_server)"} if self.algorithm == "fedprox" else {}),
         }

@@ -3,9 +3,10 @@
 A :class:`Simulation` wraps a plain Keras model (``model_fn`` returns an uncompiled
 ``tf.keras.Model``) with ``tff.learning.models.from_keras_model`` (the input spec comes from the
 client data), builds the algorithm's ``tff.learning`` process, and runs rounds where its
-:class:`~tensorfleet.federated.config.SimulationConfig` says (:mod:`tensorfleet.federated.backends`;
-by default on a TFF worker it owns; on the compiled backend neither process nor worker is built,
-and :meth:`Simulation.header` names the backend that runs):
+:class:`~tensorfleet.federated.config.SimulationConfig` says (:mod:`tensorfleet.federated.backends`:
+by default ``auto``, the compiled backend where it gives TFF's result, which builds neither TFF
+process nor worker, else a TFF worker it owns; :meth:`Simulation.header` names the backend that
+runs):
 
 * seeded client sampling (round ``r`` draws from ``default_rng([seed, r])``, so a resumed run
   samples as an uninterrupted one), a per-round dropout rate and a straggler deadline on
@@ -100,7 +101,7 @@ class Simulation:
         self.model_fn = model_fn
         self.config = SimulationConfig.from_options(algorithm, **options)
         # What was asked (the config holds what runs: 'auto' is decided there or when built).
-        self.requested_backend = choice(Backend, "backend", options.get("backend", self.config.backend))
+        self.requested_backend = choice(Backend, "backend", options.get("backend", SimulationConfig.backend))
         clients = self.clients = xy_clients(clients, x_key=x_key, y_key=y_key)
         if hasattr(eval_clients, "client_ids"):
             eval_clients = xy_clients(eval_clients, x_key=x_key, y_key=y_key)
@@ -263,10 +264,10 @@ class Simulation:
         if found is None:
             return None
         leaves, round_num, rounds = found
+        checkpoint.check_shapes(self.config.out_dir, leaves, self._leaves(template))
         if template is self._engine and template is not None:
             template.load_leaves(leaves)
             return template, round_num, rounds
-        checkpoint.check_shapes(self.config.out_dir, leaves, self._leaves(template))
         return tf.nest.pack_sequence_as(template, leaves), round_num, rounds
 
     # ----------------------------------------------------------------- the loop

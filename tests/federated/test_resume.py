@@ -29,7 +29,8 @@ SCRIPT = textwrap.dedent("""
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=20, scheme="dirichlet:0.5", seed=3)
     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_mlp", hidden=8), clients, "fedadam",
                                    rounds=%d, clients_per_round=5, seed=11, dropout=0.2,
-                                   out_dir=sys.argv[1], checkpoint_every=1, progress=False, tensorboard=False)
+                                   out_dir=sys.argv[1], checkpoint_every=1, progress=False, tensorboard=False,
+                                   backend="tff")
     sim.run()
     np.savez(sys.argv[1] + "/final.npz", *sim.final_weights())
 """ % ROUNDS)

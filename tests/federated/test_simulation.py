@@ -1,4 +1,5 @@
-"""Simulation on TFF with a tiny MLP on digits: history, files, sampling, errors, algorithms, attack."""
+"""Simulation with a tiny MLP on digits: history, files, sampling, errors, algorithms, attack (on the default
+backend, auto, unless a test is about TFF's runtime)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def tiny():
 def test_run_writes_history_metrics_plots_and_checkpoint(digits_flat, clients, tmp_path):
     sim = Simulation(tiny, clients, "fedavg", rounds=3, clients_per_round=5,
                      test_data=(digits_flat.x_test, digits_flat.y_test), eval_clients=4, eval_every=2, out_dir=tmp_path,
-                     checkpoint_every=2, progress=False)
+                     checkpoint_every=2, progress=False, backend="tff")
     history = sim.run()
     assert [r["round"] for r in history.rounds] == [1, 2, 3]
     assert [("test_accuracy" in r, "fed_eval_accuracy" in r) for r in history.rounds] == \
@@ -71,16 +72,18 @@ def test_dropped_clients_are_left_out_of_the_round(clients):
         assert record["num_examples"] == sizes
 
 
-def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, tmp_path):
-    Simulation(tiny, clients, rounds=1, clients_per_round=5, out_dir=tmp_path, checkpoint_every=1, progress=False).run()
+@pytest.mark.parametrize("backend", ["tff", "compiled"])
+def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, tmp_path, backend):
+    Simulation(tiny, clients, rounds=1, clients_per_round=5, out_dir=tmp_path, checkpoint_every=1, progress=False,
+               backend=backend).run()
     other = Simulation(tiny, clients, rounds=2, clients_per_round=6, out_dir=tmp_path, checkpoint_every=1,
-                       progress=False)
+                       progress=False, backend=backend)
     from tensorfleet.federated.checkpoint import CheckpointMismatchError
 
     with pytest.raises(CheckpointMismatchError, match=r"different configuration \(clients_per_round: checkpoint 5 vs now 6\)"):
         other.run()
     other_model = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=2, clients_per_round=5,
-                             out_dir=tmp_path, checkpoint_every=1, progress=False)
+                             out_dir=tmp_path, checkpoint_every=1, progress=False, backend=backend)
     with pytest.raises(CheckpointMismatchError, match=r"holds tensors of shapes \[\(64, 16\), \(16,\), \(16, 10\)"):
         other_model.run()
 
@@ -139,7 +142,7 @@ def test_a_model_whose_input_does_not_match_the_data_is_refused(clients):
 def test_every_algorithm_runs_a_round_on_tff(clients, algorithm):
     options = {"mu": 0.1} if algorithm == "fedprox" else None
     history = Simulation(tiny, clients, algorithm, rounds=1, clients_per_round=2, algorithm_options=options,
-                         progress=False).run()
+                         progress=False, backend="tff").run()
     assert [r["round"] for r in history.rounds] == [1]
     assert all(np.isfinite(r["train_loss"]) for r in history.rounds)
 

@@ -2,7 +2,7 @@
 
 Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
 
-* ``tff`` (the default): every round on TFF's runtime, on a worker this process owns
+* ``tff``: every round on TFF's runtime, on a worker this process owns
   (:mod:`~tensorfleet.federated.backends.tff`);
 * ``tff`` with ``workers=["host:port", ...]``: each round's clients split across running TFF
   workers (:mod:`~tensorfleet.federated.backends.remote`; a worker is started with
@@ -11,9 +11,9 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
 * ``compiled``: a whole FedAvg-family, FedProx or FedSGD round as one TensorFlow function in this
   process (:mod:`~tensorfleet.federated.backends.compiled`); no TFF process or worker is built,
   federated evaluation included. It refuses what it cannot run as TFF does.
-* ``auto``: ``compiled`` where it gives TFF's result (an algorithm and aggregator it runs,
-  ``partition()`` data, no workers, a model without batch-dependent layers), else ``tff``; the
-  model part is decided when the simulation is built (:meth:`BackendChoice.resolve`).
+* ``auto`` (the default): ``compiled`` where it gives TFF's result (an algorithm and aggregator
+  it runs, ``partition()`` data, no workers, a model without batch-dependent layers), else
+  ``tff``; the model part is decided when the simulation is built (:meth:`BackendChoice.resolve`).
 
 Example:
     >>> choose_backend("compiled", algorithm="fedavg")
@@ -93,12 +93,12 @@ class BackendChoice:
         return remote.install_default(list(self.workers))
 
 
-def choose_backend(backend: str | Backend = Backend.TFF, workers: Sequence[str] | str | None = None, *,
+def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str] | str | None = None, *,
                    algorithm: str, aggregator: str | None = None) -> BackendChoice:
     """Checks the user's ``backend`` and ``workers`` against each other and the algorithm.
 
     Args:
-        backend: ``tff``, ``compiled`` or ``auto``.
+        backend: ``auto`` (the default), ``tff`` or ``compiled``.
         workers: ``host:port`` addresses of running TFF workers (a list or one comma-separated
             string), or None.
         algorithm: the (canonical) algorithm name; ``compiled`` runs those in

@@ -245,7 +245,7 @@ def test_simulation_with_workers_equals_simulation_in_one_process(two_workers: l
     from tensorfleet.federated.backends.tff import default_runtime, live_workers
 
     clients = partition(digits.x_train, digits.y_train, num_clients=20, scheme="iid", seed=1)
-    options = dict(rounds=2, clients_per_round=6, seed=3, progress=False)
+    options = dict(rounds=2, clients_per_round=6, seed=3, progress=False, backend="tff")
     local = Simulation(_linear_digits, clients, "fedavg", **options)
     local.run()
     spread = Simulation(_linear_digits, clients, "fedavg", workers=[w.address for w in two_workers], **options)
@@ -280,7 +280,7 @@ def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_th
     from tensorfleet.federated import Simulation, partition
 
     clients = partition(digits.x_train, digits.y_train, num_clients=20, scheme="iid", seed=1)
-    options = dict(rounds=3, clients_per_round=6, seed=5, progress=False)
+    options = dict(rounds=3, clients_per_round=6, seed=5, progress=False, backend="tff")
     undisturbed = Simulation(_linear_digits, clients, "fedavg", **options)
     undisturbed.run()
 

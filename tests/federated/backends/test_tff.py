@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     split = tfl.models.datasets.load_digits(flat=True)
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=10, scheme="iid")
     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_mlp", hidden=8), clients,
-                                   rounds=int(sys.argv[1]), clients_per_round=5, progress=False)
+                                   rounds=int(sys.argv[1]), clients_per_round=5, progress=False, backend="tff")
     sim.build().initialize()
     print(sim.runtime.worker.pid, sim.runtime.worker.port, flush=True)
     sim.run()

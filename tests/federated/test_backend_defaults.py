@@ -1,0 +1,94 @@
+"""Where rounds run by default: ``auto``, which picks compiled where it gives TFF's result and says so.
+
+Also the correctness points that decide the pick: batch-dependent layers go to TFF (compiled
+refuses them before the first round), and DP with noise on draws TFF's noise distribution and
+reports the same epsilon on both backends.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+tff = pytest.importorskip("tensorflow_federated")
+
+from tensorfleet import models  # noqa: E402
+from tensorfleet.federated import Simulation, SimulationConfig, partition  # noqa: E402
+from tensorfleet.federated.backends import Backend  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def clients(digits_flat):
+    return partition(digits_flat.x_train[:400], digits_flat.y_train[:400], num_clients=10, scheme="iid", seed=0)
+
+
+def _with_batch_norm():
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(64,)),
+                                tf.keras.layers.BatchNormalization(name="bn"), tf.keras.layers.Dense(10)])
+
+
+def test_the_default_backend_is_auto_in_the_config_and_the_simulation(clients):
+    assert SimulationConfig().backend is Backend.AUTO
+    assert SimulationConfig(workers="127.0.0.1:8000").backend is Backend.TFF  # workers are TFF's
+    sim = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=1, clients_per_round=4)
+    assert sim.requested_backend is Backend.AUTO and sim.config.backend is Backend.AUTO  # decided when built
+
+
+def test_auto_runs_compiled_and_says_so_in_the_header_and_the_metadata(clients, tmp_path, capsys):
+    sim = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, "fedprox", rounds=2, clients_per_round=4,
+                     out_dir=tmp_path, tensorboard=False)
+    sim.run()
+    assert sim.header() == "fedprox on compiled (chosen by auto)"
+    assert "fedprox on compiled (chosen by auto)" in capsys.readouterr().err  # the progress bar's title
+    assert sim.runtime is None and sim._engine is not None  # no TFF worker started
+    saved = json.loads((tmp_path / "metrics.json").read_text())["config"]
+    assert (saved["backend"], saved["backend_requested"]) == ("compiled", "auto")
+    assert saved["proximal_gradient"] == "mu * (w - w_server)"
+
+
+def test_auto_runs_a_batch_normalization_model_on_tff_and_compiled_refuses_it_before_the_first_round(clients, capsys):
+    sim = Simulation(_with_batch_norm, clients, rounds=1, clients_per_round=4)
+    history = sim.run()
+    assert sim.header() == "fedavg on tff (chosen by auto)"
+    assert "fedavg on tff (chosen by auto)" in capsys.readouterr().err
+    assert (history.config["backend"], history.config["backend_requested"]) == ("tff", "auto")
+    assert [r["round"] for r in history.rounds] == [1] and np.isfinite(history.rounds[0]["train_loss"])
+
+    refused = Simulation(_with_batch_norm, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
+    with pytest.raises(ValueError, match=r"Received: a model with batch-dependent layers \(BatchNormalization 'bn'\)"):
+        refused.run()
+    assert refused.history.rounds == [] and refused._engine is None and refused.runtime is None
+
+
+def test_dp_noise_on_both_backends_has_the_same_distribution_and_epsilon(clients):
+    from tensorfleet.federated.aggregators.dp import epsilon
+
+    # One round of 5 clients, clip 1, noise multiplier 1: the global model moves by the clipped mean
+    # plus Gaussian noise of stddev 1 * 1 / 5 on each of its 38,410 weights (server SGD, lr 1).
+    def first_round(backend, noise_multiplier):
+        sim = Simulation(lambda: models.build("digits_mlp", hidden=512), clients, "fedavg", rounds=1,
+                         clients_per_round=5, seed=3, progress=False, backend=backend, aggregator="dp_fixed",
+                         aggregator_options={"noise_multiplier": noise_multiplier, "clip": 1.0})
+        history = sim.run()
+        assert sim.config.backend.value == backend
+        return np.concatenate([w.ravel() for w in sim.final_weights()]), history.rounds[0].get("epsilon")
+
+    clean, eps_clean = first_round("compiled", 0.0)
+    noise = {}
+    eps = {}
+    for backend in ("tff", "compiled"):
+        noised, eps[backend] = first_round(backend, 1.0)
+        noise[backend] = noised - clean
+    expected_std = 1.0 * 1.0 / 5
+    assert clean.size == 38_410 and eps_clean == float("inf")
+    for draw in noise.values():
+        assert abs(draw.mean()) < 0.02 * expected_std
+        assert draw.std() == pytest.approx(expected_std, rel=0.02)
+    assert noise["compiled"].std() == pytest.approx(noise["tff"].std(), rel=0.02)
+    assert not np.allclose(noise["compiled"], noise["tff"])  # drawn, not copied
+    assert eps["tff"] == eps["compiled"] == epsilon(noise_multiplier=1.0, clients_per_round=5, num_clients=10,
+                                                    rounds=1, delta=1e-5)
