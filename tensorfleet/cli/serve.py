@@ -39,6 +39,15 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
         raise ValueError(f"--allowed-batch-sizes takes comma-separated integers. Received: {text!r}") from None
 
 
+def _devices(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    devices = [d.strip() for d in text.split(",")]
+    if not all(devices):
+        raise ValueError(f"--stage-devices takes comma-separated device names, e.g. /cpu:0,/cpu:1. Received: {text!r}")
+    return devices
+
+
 def _threads(intra_op: int, inter_op: int) -> None:
     """TensorFlow's thread pools for this process; set before its runtime starts, as TF Serving does."""
     if intra_op or inter_op:
@@ -78,6 +87,9 @@ def serve_command(
     stages: int = typer.Option(1, "--stages", help="Serve stage to stage through the model's stage_* signatures "
                                "(export with `serving export --stages K`)."),
     micro_batches: int = typer.Option(4, "--micro-batches", help="With --stages: micro-batches per request in flight."),
+    stage_devices: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--stage-devices", help="With --stages K: K comma-separated devices, one per stage, e.g. "
+        "/cpu:0,/cpu:1 (logical CPUs are made as needed) or /gpu:0,/gpu:1."),
     intra_op: int = typer.Option(0, "--tensorflow-intra-op-parallelism", "--tensorflow_intra_op_parallelism",
                                  help="Threads one TensorFlow op may use (0: TensorFlow's choice)."),
     inter_op: int = typer.Option(0, "--tensorflow-inter-op-parallelism", "--tensorflow_inter_op_parallelism",
@@ -121,7 +133,7 @@ def serve_command(
               model_version_policy=model_version_policy, labels=_labels(label or []),
               max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds, replicas=replicas,
               max_replicas=max_replicas, scale_target_ms=scale_target_ms, scale_plot=scale_plot,
-              stages=stages, micro_batches=micro_batches,
+              stages=stages, micro_batches=micro_batches, stage_devices=_devices(stage_devices),
               poll_seconds=poll_seconds,
               log=lambda line: typer.echo(f"[serve] {line}"))
     finally:

@@ -12,7 +12,7 @@ import dataclasses
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -54,11 +54,16 @@ class Predictor:
 
     def __init__(self, repository: ModelRepository, *, batching: BatchingOptions | None = None,
                  request_threads: int = 4, replicas: int = 0, max_replicas: int | None = None,
-                 target_wait: float = 0.01, stages: int = 1, micro_batches: int = 4) -> None:
+                 target_wait: float = 0.01, stages: int = 1, micro_batches: int = 4,
+                 stage_devices: Sequence[str] | None = None) -> None:
         self.repository = repository
         self.replicas = integer("replicas", replicas, minimum=0)
         self.stages = positive_int("stages", stages)
         self.micro_batches = positive_int("micro_batches", micro_batches)
+        if stage_devices and self.stages < 2:
+            raise ValueError(f"Stage devices place the stages of --stages K (K >= 2). Received: stages={stages}, "
+                             f"stage_devices={list(stage_devices)}")
+        self.stage_devices = list(stage_devices or [])
         if self.stages > 1 and self.replicas:
             raise ValueError(f"Serve either stages or replicas, not both. Received: stages={stages}, "
                              f"replicas={replicas}")
@@ -174,7 +179,8 @@ class Predictor:
         """Gets a version ready before it is routed to: its stage threads, or its replica processes
         (and their autoscaler, when ``max_replicas`` is above ``replicas``), if any."""
         if self.stages > 1 and servable.version not in self.staged:
-            self.staged[servable.version] = StagedRunner(servable, self.stages, micro_batches=self.micro_batches)
+            self.staged[servable.version] = StagedRunner(servable, self.stages, micro_batches=self.micro_batches,
+                                                         devices=self.stage_devices)
         if self.replicas and servable.version not in self.pools:
             pool = ReplicaPool(servable.name, servable.version, servable.path, replicas=self.replicas,
                                intra_op_threads=1, log=log)

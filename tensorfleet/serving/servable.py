@@ -141,8 +141,9 @@ class Servable:
                                f"{sorted(self.signatures)}.", Code.FAILED_PRECONDITION)
         return self.signatures[key]
 
-    def run(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Calls the signature once on checked ``arrays``; returns every output as numpy."""
+    def call(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Calls the signature once on checked ``arrays``; returns every output as a tensor (where it
+        was placed: ``tensor.device``)."""
         import tensorflow as tf
 
         sig = self.signature(signature)
@@ -150,8 +151,11 @@ class Servable:
         with self._lock:
             self.calls += 1
             self.batch_sizes[rows] += 1
-        outputs = sig.function(**{k: tf.constant(v) for k, v in arrays.items()})
-        return {k: v.numpy() for k, v in outputs.items()}
+        return sig.function(**{k: tf.constant(v) for k, v in arrays.items()})
+
+    def run(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Calls the signature once on checked ``arrays``; returns every output as numpy."""
+        return {k: v.numpy() for k, v in self.call(signature, arrays).items()}
 
     def signature_defs(self) -> dict[str, Any]:
         """The SavedModel's SignatureDef protos by name, as TF Serving's metadata API returns them."""

@@ -4,7 +4,7 @@ At export (``export(model, base, stages=K)``) the model's chain of layers is cut
 module's :func:`~tensorfleet.model_parallel.pipeline.partition_layers`, and each stage is saved as
 its own signature, ``stage_0`` ... ``stage_{K-1}``, beside ``serving_default`` (the whole model).
 At serving time (``ModelServer(stages=K)``), :class:`StagedRunner` keeps one thread per stage,
-each optionally on its own device; a batch is cut into micro-batches that flow through the
+each optionally on its own device (``stage_devices=``, ``tensorfleet serve --stage-devices``); a batch is cut into micro-batches that flow through the
 stages, so stage ``s`` works on micro-batch ``i`` while stage ``s + 1`` works on ``i - 1`` (the
 forward half of GPipe's schedule). The rows come back in order and equal the unsplit model's.
 """
@@ -21,7 +21,7 @@ import numpy as np
 from tensorfleet.serving.servable import Servable
 from tensorfleet.validation import positive_int
 
-__all__ = ["STAGE_TENSOR", "StagedRunner", "stage_functions", "stage_names"]
+__all__ = ["STAGE_TENSOR", "StagedRunner", "stage_devices", "stage_functions", "stage_names"]
 
 STAGE_TENSOR = "activations"  # the name of every tensor passed between stages
 
@@ -34,6 +34,54 @@ def stage_names(num_stages: int) -> list[str]:
         ['stage_0', 'stage_1', 'stage_2']
     """
     return [f"stage_{i}" for i in range(positive_int("stages", num_stages))]
+
+
+def stage_devices(devices: Sequence[str], num_stages: int) -> list[str]:
+    """The device each stage runs on, one per stage, checked against this process's logical devices.
+
+    Devices are TensorFlow's names (``/cpu:1``, ``/device:GPU:0``). CPU devices beyond the first
+    are logical devices split from the one physical CPU: they are made here when TensorFlow's
+    runtime has not started yet (as ``tensorfleet serve --stage-devices`` does), else they must
+    exist already (:func:`tensorfleet.strategies.simulate_devices`, first thing in the program).
+
+    Example:
+        >>> stage_devices(["/cpu:0", "/cpu:1"], 2)  # doctest: +SKIP
+        ['/device:CPU:0', '/device:CPU:1']
+    """
+    import tensorflow as tf
+
+    from tensorfleet.strategies.devices import RuntimeAlreadyInitializedError, simulate_devices
+
+    devices = list(devices)
+    if len(devices) != positive_int("stages", num_stages):
+        raise ValueError(f"Give one device per stage: {num_stages} stage(s), {len(devices)} device(s). "
+                         f"Received: stage_devices={devices}")
+    specs = []
+    for device in devices:
+        try:
+            spec = tf.DeviceSpec.from_string(device.strip())
+        except ValueError:
+            spec = None
+        if spec is None or not spec.device_type:
+            raise ValueError(f"A stage device is a TensorFlow device name such as '/cpu:1' or '/gpu:0'. "
+                             f"Received: {device!r}")
+        specs.append(spec)
+    cpus = [s.device_index or 0 for s in specs if s.device_type.upper() == "CPU"]
+    if cpus and max(cpus) > 0:
+        try:
+            simulate_devices(max(cpus) + 1)
+        except RuntimeAlreadyInitializedError:
+            pass  # the check below names what exists and how to get more
+    known = {(d.device_type, int(d.name.rsplit(":", 1)[1])): d.name for d in tf.config.list_logical_devices()}
+    names = []
+    for device, spec in zip(devices, specs):
+        name = known.get((spec.device_type.upper(), spec.device_index or 0))
+        if name is None:
+            raise ValueError(f"Unknown stage device {device!r}; this process has {sorted(known.values())} "
+                             "(more logical CPUs: tensorfleet.strategies.simulate_devices(n) before any other "
+                             "TensorFlow call).")
+        names.append(name)
+    return names
 
 
 def stage_functions(model: Any, num_stages: int, input_name: str, output_name: str, *,
@@ -102,7 +150,8 @@ class StagedRunner:
                              f"{servable.version} has {sorted(servable.signatures)} "
                              f"(export it with stages={num_stages}).")
         self.micro_batches = positive_int("micro_batches", micro_batches)
-        self.devices = list(devices or [])
+        self.devices = stage_devices(devices, num_stages) if devices else []
+        self.placed: list[str | None] = [None] * num_stages  # where each stage's last output was made
         first, last = servable.signatures[self.names[0]], servable.signatures[self.names[-1]]
         self.input_name, self.output_name = next(iter(first.inputs)), next(iter(last.outputs))
         self._queues: list[queue.Queue] = [queue.Queue() for _ in self.names]
@@ -117,7 +166,7 @@ class StagedRunner:
         name = self.names[index]
         in_name = next(iter(self.servable.signatures[name].inputs))
         out_name = next(iter(self.servable.signatures[name].outputs))
-        device = self.devices[index % len(self.devices)] if self.devices else None
+        device = self.devices[index] if self.devices else None
         while True:
             item = self._queues[index].get()
             if item is None:
@@ -128,7 +177,9 @@ class StagedRunner:
                 continue
             try:
                 with tf.device(device) if device else contextlib.nullcontext():
-                    value = self.servable.run(name, {in_name: value})[out_name]
+                    tensor = self.servable.call(name, {in_name: value})[out_name]
+                self.placed[index] = tensor.device
+                value = tensor.numpy()
             except Exception as exc:  # the request fails, the stage goes on
                 job.finish(chunk, None, exc)
                 continue

@@ -112,3 +112,45 @@ def test_sigterm_drains_the_request_in_flight_then_exits(model_base, digits_mode
         assert rest == ["[serve] stopping: draining requests in flight", "[serve] stopped"]
     finally:
         reap(process)
+
+
+@pytest.fixture(scope="module")
+def staged_base(tmp_path_factory, digits_models) -> Path:
+    from tensorfleet.serving import export
+
+    base = tmp_path_factory.mktemp("staged-cli") / "digits"
+    export(digits_models[1], base, version=1, stages=2)
+    return base
+
+
+def test_stage_devices_errors_end_in_one_clear_line(staged_base, capsys):
+    assert main(["serve", str(staged_base), "--stages", "2", "--stage-devices", "/cpu:0"]) == 2
+    assert capsys.readouterr().err == ("error: Give one device per stage: 2 stage(s), 1 device(s). "
+                                       "Received: stage_devices=['/cpu:0']\n")
+    assert main(["serve", str(staged_base), "--stages", "2", "--stage-devices", "/cpu:0,"]) == 2
+    assert capsys.readouterr().err == ("error: --stage-devices takes comma-separated device names, e.g. "
+                                       "/cpu:0,/cpu:1. Received: '/cpu:0,'\n")
+    assert main(["serve", str(staged_base), "--stages", "2", "--stage-devices", "/cpu:0,/tpu:0"]) == 2
+    assert capsys.readouterr().err.startswith("error: Unknown stage device '/tpu:0'; this process has [")
+
+
+@pytest.mark.slow
+def test_serve_places_each_stage_on_a_logical_cpu_it_makes(staged_base, digits_models, images):
+    grpc_port, rest_port = free_ports()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tensorfleet.cli.main", "serve", str(staged_base), "--model-name", "digits",
+         "--port", str(grpc_port), "--rest-api-port", str(rest_port), "--stages", "2",
+         "--stage-devices", "/cpu:0,/cpu:1", "--file-system-poll-wait-seconds", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = _wait_for_line(process, "[serve] batching:")
+        assert "[serve] stages: 2, 4 micro-batches per request, on /device:CPU:0, /device:CPU:1" in lines
+        body = json.dumps({"instances": images[:4].tolist()}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{rest_port}/v1/models/digits:predict", data=body)
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            np.testing.assert_array_equal(np.array(json.loads(reply.read())["predictions"], np.float32),
+                                          digits_models[1].predict(images[:4], verbose=0))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        reap(process)

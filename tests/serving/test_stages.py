@@ -67,3 +67,37 @@ def test_stages_need_stage_signatures_and_not_replicas(model_base):
         start_server(model_base, stages=2)
     with pytest.raises(ValueError, match="Serve either stages or replicas, not both"):
         ModelServer(model_base, stages=2, replicas=2)
+
+
+def test_each_stage_runs_on_the_device_it_was_given(staged_base, digits_models, images):
+    server = start_server(staged_base, stages=3, micro_batches=2, stage_devices=["/cpu:1", "/cpu:2", "/cpu:3"])
+    try:
+        body = json.dumps({"instances": images[:8].tolist()}).encode()
+        url = f"http://127.0.0.1:{server.rest_api_port}/v1/models/digits:predict"
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as reply:
+            np.testing.assert_array_equal(np.array(json.loads(reply.read())["predictions"], np.float32),
+                                          digits_models[1].predict(images[:8], verbose=0))
+        runner = server.predictor.staged[1]
+        assert runner.devices == ["/device:CPU:1", "/device:CPU:2", "/device:CPU:3"]
+        assert runner.placed == [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in (1, 2, 3)]
+    finally:
+        server.stop()
+
+
+def test_stage_devices_are_checked_before_anything_loads(staged_base):
+    from tensorfleet.serving import ModelServer
+
+    with pytest.raises(ValueError, match=r"^Give one device per stage: 3 stage\(s\), 2 device\(s\). "
+                                         r"Received: stage_devices=\['/cpu:0', '/cpu:1'\]$"):
+        ModelServer(staged_base, stages=3, stage_devices=["/cpu:0", "/cpu:1"])
+    with pytest.raises(ValueError, match=r"^Unknown stage device '/gpu:0'; this process has \['/device:CPU:0', "
+                                         r"'/device:CPU:1', '/device:CPU:2', '/device:CPU:3'\]"):
+        ModelServer(staged_base, stages=2, stage_devices=["/cpu:0", "/gpu:0"])
+    with pytest.raises(ValueError, match=r"^Unknown stage device '/cpu:7'"):
+        ModelServer(staged_base, stages=2, stage_devices=["/cpu:0", "/cpu:7"])
+    with pytest.raises(ValueError, match=r"^A stage device is a TensorFlow device name such as '/cpu:1' or "
+                                         r"'/gpu:0'. Received: 'cpu1'$"):
+        ModelServer(staged_base, stages=2, stage_devices=["cpu1", "/cpu:0"])
+    with pytest.raises(ValueError, match=r"^Stage devices place the stages of --stages K \(K >= 2\). "
+                                         r"Received: stages=1, stage_devices=\['/cpu:0'\]$"):
+        ModelServer(staged_base, stage_devices=["/cpu:0"])
