@@ -1,4 +1,4 @@
-"""TF Serving's REST API on aiohttp.
+"""TF Serving's REST API, on the server of :mod:`tensorfleet.serving.http` (asyncio, uvloop and httptools).
 
 ``GET /v1/models/{name}[/versions/{v}]`` (version status), ``GET .../metadata`` (signatures) and
 ``POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict`` with the row (``instances``) or
@@ -7,8 +7,9 @@ columnar (``inputs``) format, answered with ``predictions`` or ``outputs``; metr
 ``{"error": "..."}`` with TF Serving's HTTP status (400 bad input, 404 unknown model or version,
 413 body over the limit, 405 wrong method).
 
-The body's JSON is parsed on the event loop; the model runs on the batcher's threads or the
-predictor's pool, so slow predictions never stop the server from reading other requests.
+The body's JSON is parsed on the event loop (orjson); the model runs on the batcher's threads or
+the predictor's pool, so slow predictions never stop the server from reading other requests, and
+the replies of a batch come back to the loop with one wake-up.
 """
 
 from __future__ import annotations
@@ -17,26 +18,29 @@ import asyncio
 import json
 import re
 import threading
-import time
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Callable
 
 import numpy as np
-from aiohttp import web
 
 from tensorfleet.serving.errors import ServingError, as_serving_error
-from tensorfleet.serving.metrics import ServingMetrics
+from tensorfleet.serving.http import HttpServer, Reply
 from tensorfleet.serving.predictor import Predictor
 from tensorfleet.serving.servable import Signature
 
-__all__ = ["RestServer", "make_app", "parse_predict_body", "predict_reply", "status_reply"]
+__all__ = ["ROUTES", "RestApi", "RestServer", "decode_body", "encode_reply", "parse_predict_body", "predict_reply",
+           "status_reply"]
 
-_METRICS = web.AppKey("metrics", ServingMetrics)
+try:  # JSON in and out of :predict several times faster than the json module (an optional speed-up)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is in the lock file
+    _orjson = None
+
+_MODELS = "/v1/models/"
+# Every path served: TF Serving's model API (a model name and more follow), then the fixed pages.
+ROUTES = (_MODELS, "/monitoring/prometheus/metrics", "/healthz", "/readyz")
 _PATH = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
                    r"(?:(?P<meta>/metadata)|:(?P<verb>[A-Za-z]+))?$")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
 
 
 def parse_predict_body(body: Any, signature: Signature) -> tuple[dict[str, Any], bool]:
@@ -95,6 +99,42 @@ def predict_reply(outputs: dict[str, np.ndarray], rows: bool) -> dict[str, Any]:
     return {"outputs": {k: v.tolist() for k, v in outputs.items()}}
 
 
+def encode_reply(outputs: dict[str, np.ndarray], rows: bool) -> bytes:
+    """:func:`predict_reply` as JSON bytes. Numbers go straight from the arrays through orjson
+    when it is installed (a float32 as its shortest float32 text, as TF Serving writes it); NaN and
+    infinities, strings and the no-orjson case go through :mod:`json`, which spells NaN as TF Serving does.
+
+    Example:
+        >>> encode_reply({"y": np.array([[0.1], [2.0]], np.float32)}, rows=True)
+        b'{"predictions":[[0.1],[2.0]]}'
+    """
+    if _orjson is None or not all(v.dtype.kind in "biu" or (v.dtype.kind == "f" and np.isfinite(v).all())
+                                  for v in outputs.values()):
+        return json.dumps(predict_reply(outputs, rows), separators=(",", ":")).encode()
+    if len(outputs) == 1:
+        tree: Any = next(iter(outputs.values()))
+    elif rows:
+        count = len(next(iter(outputs.values())))
+        tree = [{k: v[i] for k, v in outputs.items()} for i in range(count)]
+    else:
+        tree = outputs
+    return _orjson.dumps({"predictions" if rows else "outputs": tree}, option=_orjson.OPT_SERIALIZE_NUMPY)
+
+
+def decode_body(raw: bytes) -> Any:
+    """The request's JSON. orjson when installed; :mod:`json` for what orjson refuses but JSON as
+    TF Serving reads it allows (NaN, Infinity, integers beyond 64 bits), and for the error's text."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(raw)
+        except ValueError:
+            pass
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ServingError(f"JSON Parse error: {exc}") from None
+
+
 def status_reply(states: list[tuple[int, str]]) -> dict[str, Any]:
     """``GET /v1/models/{name}``'s body, as TF Serving writes it (versions as strings)."""
     return {"model_version_status": [
@@ -110,15 +150,82 @@ def _version(text: str | None) -> int | None:
     return int(text)
 
 
-class _Handlers:
-    def __init__(self, predictor: Predictor) -> None:
+class _Completions:
+    """Predictions handed from the model's threads to the event loop with one wake-up per burst: a
+    batch that answers 32 requests wakes the loop once, not 32 times."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._ready: list[tuple[asyncio.Future, Future, Callable[[Future], Reply]]] = []
+        self._lock = threading.Lock()
+
+    def watch(self, future: Future, finish: Callable[[Future], Reply]) -> asyncio.Future:
+        """An asyncio future of ``finish(future)``, set on the loop once ``future`` is done."""
+        waiter = self.loop.create_future()
+        future.add_done_callback(lambda done: self._done(waiter, done, finish))
+        return waiter
+
+    def _done(self, waiter: asyncio.Future, future: Future, finish: Callable[[Future], Reply]) -> None:
+        with self._lock:
+            self._ready.append((waiter, future, finish))
+            if len(self._ready) > 1:
+                return  # a wake-up is on its way already
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for waiter, future, finish in ready:
+            if not waiter.done():
+                waiter.set_result(finish(future))
+
+
+def _error(status: int, message: str) -> Reply:
+    return Reply(status, json.dumps({"error": message}).encode())
+
+
+def _json(value: Any, status: int = 200) -> Reply:
+    return Reply(status, json.dumps(value).encode())
+
+
+class RestApi:
+    """TF Serving's REST API over a :class:`~tensorfleet.serving.predictor.Predictor`:
+    ``(method, path, body)`` in, a :class:`~tensorfleet.serving.http.Reply` (or a future of one) out."""
+
+    def __init__(self, predictor: Predictor, loop: asyncio.AbstractEventLoop) -> None:
         self.predictor = predictor
         self.repository = predictor.repository
+        self._completions = _Completions(loop)
+        self._get = {"/monitoring/prometheus/metrics": self._metrics, "/healthz": self._healthz,
+                     "/readyz": self._readyz}
 
-    async def route(self, request: web.Request) -> web.Response:
-        match = _PATH.match(request.match_info["rest"])
+    def __call__(self, method: str, path: str, body: bytes) -> Reply | asyncio.Future:
+        if path.startswith(_MODELS):
+            return self.models(method, path[len(_MODELS):], body)
+        page = self._get.get(path)
+        if page is None:
+            return _error(404, f"Not Found: {method} {path}")
+        if method != "GET":
+            return _error(405, f"{path} takes GET. Received: {method}")
+        return page()
+
+    def _metrics(self) -> Reply:
+        return Reply(200, self.predictor.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def _healthz(self) -> Reply:
+        return _json({"status": "alive"})
+
+    def _readyz(self) -> Reply:
+        ready = self.predictor.ready
+        return _json({"ready": ready, "versions": self.repository.versions}, 200 if ready else 503)
+
+    def models(self, method: str, rest: str, body: bytes) -> Reply | asyncio.Future:
+        match = _PATH.match(rest)
         if not match:
-            return _error(404, f"Malformed request: {request.method} {request.path}")
+            return _error(404, f"Malformed request: {method} {_MODELS}{rest}")
         name, label, meta, verb = match["name"], match["label"], match["meta"], match["verb"]
         try:
             version = _version(match["version"])
@@ -126,36 +233,36 @@ class _Handlers:
                 if verb != "predict":
                     return _error(400 if verb in ("classify", "regress") else 404,
                                   f"Only :predict is served; {verb!r} is not (signature method not supported).")
-                if request.method != "POST":
-                    return _error(405, f":predict takes POST. Received: {request.method}")
-                return await self.predict(request, name, version, label)
-            if request.method != "GET":
-                return _error(405, f"{request.path} takes GET. Received: {request.method}")
+                if method != "POST":
+                    return _error(405, f":predict takes POST. Received: {method}")
+                return self.predict(name, version, label, body)
+            if method != "GET":
+                return _error(405, f"{_MODELS}{rest} takes GET. Received: {method}")
             if meta:
-                return web.json_response(self.metadata(name, version, label))
+                return _json(self.metadata(name, version, label))
             if label:
                 return _error(404, "Model status is asked by version, not label.")
-            return web.json_response(status_reply(self.repository.status(name, version)))
-        except web.HTTPException:  # aiohttp's own (413 body too large): the middleware shapes it
-            raise
+            return _json(status_reply(self.repository.status(name, version)))
         except Exception as exc:  # a bad request answers 4xx; the server stays up
-            error = as_serving_error(exc)
-            return _error(error.http_status, error.message)
+            return _failure(exc)
 
-    async def predict(self, request: web.Request, name: str, version: int | None, label: str | None) -> web.Response:
-        raw = await request.read()
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ServingError(f"JSON Parse error: {exc}") from None
+    def predict(self, name: str, version: int | None, label: str | None, raw: bytes) -> asyncio.Future:
+        body = decode_body(raw)
         servable = self.repository.get(name, version, label)
         sig_name = body.get("signature_name") if isinstance(body, dict) else None
         inputs, rows = parse_predict_body(body, servable.signature(sig_name))
         prediction = self.predictor.submit(name, inputs, version=version, label=label, signature_name=sig_name,
                                            servable=servable)
-        outputs = await asyncio.wrap_future(prediction.future)
-        reply = predict_reply({k: outputs[k] for k in prediction.outputs}, rows)
-        return web.Response(text=json.dumps(reply), content_type="application/json")
+        wanted = prediction.outputs
+
+        def finish(future: Future) -> Reply:
+            try:
+                outputs = future.result()
+                return Reply(200, encode_reply({k: outputs[k] for k in wanted}, rows))
+            except Exception as exc:
+                return _failure(exc)
+
+        return self._completions.watch(prediction.future, finish)
 
     def metadata(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
         from google.protobuf.json_format import MessageToDict
@@ -166,54 +273,23 @@ class _Handlers:
                 "metadata": {"signature_def": {"signature_def": defs}}}
 
 
+def _failure(exc: BaseException) -> Reply:
+    error = as_serving_error(exc)
+    return _error(error.http_status, error.message)
+
+
 # HTTP status -> the status name the request metrics count it under.
 _STATUS_NAMES = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "UNIMPLEMENTED", 413: "RESOURCE_EXHAUSTED",
                  429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
-async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when installed (libuv's: less CPU per request than asyncio's own), else asyncio's."""
     try:
-        return await handler(request)
-    except web.HTTPException as exc:  # aiohttp's own refusals (413, 404 ...) in TF Serving's shape too
-        if exc.status < 400:
-            raise
-        if exc.status == 413:
-            return _error(413, f"Request body too large: {exc.text.rstrip('.')} bytes (the server's "
-                               "max_request_bytes, --max-request-size on the command line).")
-        return _error(exc.status, exc.reason)
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    start = time.perf_counter()
-    response = await _answer(request, handler)
-    if request.path.startswith("/v1/"):
-        request.app[_METRICS].observe_request("rest", _STATUS_NAMES.get(response.status, str(response.status)),
-                                               time.perf_counter() - start)
-    return response
-
-
-def make_app(predictor: Predictor, *, max_body_bytes: int = 4 << 20) -> web.Application:
-    """The aiohttp application serving ``predictor`` (bodies over ``max_body_bytes`` get 413)."""
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
-    app[_METRICS] = predictor.metrics
-    app.router.add_route("*", "/v1/models/{rest:.*}", _Handlers(predictor).route)
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=predictor.metrics.render(), content_type="text/plain")
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
-
-    async def readyz(request: web.Request) -> web.Response:
-        ready = predictor.ready
-        return web.json_response({"ready": ready, "versions": predictor.repository.versions},
-                                 status=200 if ready else 503)
-
-    app.router.add_get("/monitoring/prometheus/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return app
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is in the lock file
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 class RestServer:
@@ -222,11 +298,18 @@ class RestServer:
     def __init__(self, predictor: Predictor, host: str, port: int, *, max_body_bytes: int = 4 << 20,
                  drain_seconds: float = 10.0) -> None:
         self.host, self.port, self.drain_seconds = host, port, drain_seconds
-        self._app = make_app(predictor, max_body_bytes=max_body_bytes)
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
+        metrics = predictor.metrics
+
+        def observe(path: str, status: int, seconds: float) -> None:
+            if path.startswith("/v1/"):
+                metrics.observe_request("rest", _STATUS_NAMES.get(status, str(status)), seconds)
+
+        self._http = HttpServer(RestApi(predictor, self._loop), _error, max_body_bytes=max_body_bytes,
+                                observe=observe)
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._runner: web.AppRunner | None = None
+        self._started = False
         self._thread = threading.Thread(target=self._serve, name="tfl-serving-rest", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -239,22 +322,21 @@ class RestServer:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=self.drain_seconds)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, self.host, self.port)
-            self._loop.run_until_complete(site.start())
+            self._loop.run_until_complete(self._http.start(self.host, self.port))
         except BaseException as exc:  # reported to start()'s caller
             self._error = exc
             self._ready.set()
+            self._loop.close()
             return
+        self._started = True
         self._ready.set()
         self._loop.run_forever()
         self._loop.close()
 
     def stop(self) -> None:
         """Stops listening, lets requests in flight finish (up to ``drain_seconds``), then stops the loop."""
-        if self._runner is None or not self._thread.is_alive():
+        if not self._started or not self._thread.is_alive():
             return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(self.drain_seconds + 10)
+        asyncio.run_coroutine_threadsafe(self._http.stop(self.drain_seconds), self._loop).result(self.drain_seconds + 10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(self.drain_seconds + 10)
