@@ -29,7 +29,9 @@ def report(
     bandwidth: Optional[str] = typer.Option(  # noqa: UP007
         None, "--bandwidth", help="With --params: the link's bandwidth, with a unit (0.33GB/s, 10Gbps)."),
     latency: str = typer.Option("5us", "--latency", help="With --params: per-message latency (1290us, 1ms)."),
-    algorithm: str = typer.Option("ring", "--algorithm", help="With --params: the planner's all-reduce algorithm."),
+    algorithm: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--algorithm", help="With --params: the planner's algorithm (default: ps for a parameter-server "
+        "job, else ring)."),
     bytes_per_param: int = typer.Option(4, "--bytes-per-param", help="With --params: gradient bytes per parameter."),
 ) -> None:
     """Per-task step breakdown (compute, communication, input, idle), the verdict, and the files.
@@ -63,14 +65,18 @@ def report(
                f"TensorBoard: tensorboard --logdir {directory}")
 
 
-def _planner_check(profile: Any, params: str, bandwidth: str | None, latency: str, algorithm: str,
+def _planner_check(profile: Any, params: str, bandwidth: str | None, latency: str, algorithm: str | None,
                    bytes_per_param: int) -> Any:
     from tensorfleet.planner.cost_model import Link
+    from tensorfleet.profiling.breakdown import TaskRole
     from tensorfleet.profiling.planned import compare
     from tensorfleet.validation import parse_count, positive_int
 
     count = parse_count(params)
     link = Link.from_strings(latency=latency, bandwidth=bandwidth)
     per_param = positive_int("--bytes-per-param", bytes_per_param)
-    return compare(profile, gradient_bytes=count * per_param, workers=len(profile.tasks), link=link,
-                   algorithm=algorithm)
+    roles = [t.role for t in profile.tasks]
+    workers = sum(role in (TaskRole.TRAINER, TaskRole.WORKER) for role in roles)
+    default = "ps" if TaskRole.WORKER in roles else "ring"
+    return compare(profile, gradient_bytes=count * per_param, workers=workers, link=link,
+                   algorithm=algorithm or default)

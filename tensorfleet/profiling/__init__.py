@@ -24,7 +24,7 @@ __getattr__, __all__ = attach(__name__, modules=("recorder", "callback", "xspace
                                                  "intervals", "planned"), names={
     "capture": "recorder", "callbacks": "recorder", "StepRange": "recorder", "Capture": "recorder",
     "ProfileCallback": "callback",
-    "analyze": "breakdown", "Bottleneck": "breakdown", "JobProfile": "breakdown", "Verdict": "breakdown",
+    "analyze": "breakdown", "Bottleneck": "breakdown", "TaskRole": "breakdown", "JobProfile": "breakdown", "Verdict": "breakdown",
     "StepBreakdown": "breakdown", "TaskSummary": "breakdown",
     "read_xspace": "xspace", "task_traces": "xspace", "compare": "planned", "CommunicationCheck": "planned",
     "format_table": "report", "write_report": "report",

@@ -13,21 +13,30 @@ hidden under neither, and *idle* the rest (Python, dispatch, waiting on nothing 
 Across tasks, a synchronous job runs at the pace of its slowest task: the others wait inside the
 collective. A task's own work per step is therefore ``step - exposed communication``; when that
 differs much between tasks, the job is straggler-bound and the task with the most is named.
+
+A parameter-server job has three kinds of task (:class:`TaskRole`). Its workers run the steps: no
+Python runs there, a step is one run of the step function, and the time it spends outside its own
+ops and its input wait is spent waiting for the ps tasks (variables to arrive, updates to be
+applied), so it counts as communication. Its ps tasks serve: their row splits the recorded span,
+from the first step they served to their last busy moment, per step served. Its coordinator (the
+chief) only schedules steps. The verdict is the workers'; a ps task busy for most of its span
+turns the advice for a communication-bound job to more ps tasks. Workers take steps as they
+become free, so a slow one runs fewer steps and holds up none: there is no straggler verdict.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from tensorfleet.profiling.intervals import clip, intersect, length, subtract, union
-from tensorfleet.profiling.xspace import DeviceSpans, Step, TaskTrace, task_traces
+from tensorfleet.profiling.xspace import DeviceSpans, Step, StepSource, TaskTrace, task_traces
 
-__all__ = ["Bottleneck", "StepBreakdown", "TaskSummary", "Verdict", "JobProfile", "analyze", "break_down_step",
-           "judge", "summarize", "STRAGGLER_SPREAD", "MANY_COLLECTIVES"]
+__all__ = ["Bottleneck", "TaskRole", "StepBreakdown", "TaskSummary", "Verdict", "JobProfile", "analyze",
+           "break_down_step", "judge", "summarize", "STRAGGLER_SPREAD", "MANY_COLLECTIVES", "BUSY_PS"]
 
 # A task whose own work per step exceeds the least-loaded task's by this share of the step makes the
 # job straggler-bound (the others then wait that long in every collective).
@@ -35,6 +44,17 @@ STRAGGLER_SPREAD = 0.25
 # More collectives than this per step, each short, are latency-bound: packing them helps more than
 # a larger batch.
 MANY_COLLECTIVES = 16
+# A ps task busy for more than this share of its span limits how fast it can serve the workers.
+BUSY_PS = 0.5
+
+
+class TaskRole(str, Enum):
+    """What a task does in its job, as its trace shows."""
+
+    TRAINER = "trainer"  # runs its own steps (one device, mirrored, multi-worker)
+    WORKER = "worker"  # runs the steps a parameter-server coordinator sends it
+    PS = "ps"  # serves variables to the workers
+    COORDINATOR = "coordinator"  # schedules a parameter-server job's steps
 
 
 class Bottleneck(str, Enum):
@@ -66,8 +86,12 @@ class StepBreakdown:
         return self.step_ms - self.exposed_communication_ms
 
 
-def break_down_step(task: str, device: str, step: Step, spans: DeviceSpans) -> StepBreakdown:
+def break_down_step(task: str, device: str, step: Step, spans: DeviceSpans, *,
+                    waiting_is_communication: bool = False) -> StepBreakdown:
     """Splits one step's window of ``spans`` into compute, exposed communication, input and idle.
+
+    With ``waiting_is_communication`` (a parameter-server worker's step) the time covered by none
+    of the spans is waiting for other tasks and counts as communication instead of idle.
 
     Example:
         >>> spans = DeviceSpans(compute=[(0, 4)], communication=[(3, 6)], input=[(6, 8), (1, 2)])
@@ -79,6 +103,8 @@ def break_down_step(task: str, device: str, step: Step, spans: DeviceSpans) -> S
     compute = clip(spans.compute, start, end)
     communication = clip(spans.communication, start, end)
     waiting = clip(spans.input, start, end)
+    if waiting_is_communication:
+        communication = union([*communication, *subtract([(start, end)], union([*compute, *communication, *waiting]))])
     busy = union([*compute, *communication])
     exposed = subtract(communication, compute)
     input_only = subtract(waiting, busy)
@@ -110,6 +136,7 @@ class TaskSummary:
     overlap: float  # share of communication hidden under compute, 0..1
     collectives: float
     own_work_ms: float
+    role: TaskRole = TaskRole.TRAINER
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -117,9 +144,9 @@ def _mean(values: Iterable[float]) -> float:
     return float(statistics.fmean(values)) if values else 0.0
 
 
-def summarize(task: str, steps: Sequence[StepBreakdown]) -> TaskSummary:
+def summarize(task: str, steps: Sequence[StepBreakdown], role: TaskRole = TaskRole.TRAINER) -> TaskSummary:
     comm = _mean(b.communication_ms for b in steps)
-    return TaskSummary(
+    return TaskSummary(role=role,
         task=task, steps=len(steps), step_ms=_mean(b.step_ms for b in steps),
         compute_ms=_mean(b.compute_ms for b in steps),
         exposed_communication_ms=_mean(b.exposed_communication_ms for b in steps),
@@ -163,15 +190,35 @@ def _straggler(tasks: Sequence[TaskSummary], step_ms: float) -> Verdict | None:
         straggler=slow.task)
 
 
+def _communication_advice(runners: Sequence[TaskSummary], servers: Sequence[TaskSummary], exposed_ms: float) -> str:
+    if servers:
+        busy = {t.task: (t.compute_ms + t.exposed_communication_ms) / t.step_ms if t.step_ms else 0.0 for t in servers}
+        busiest = max(busy, key=busy.get)
+        if busy[busiest] >= BUSY_PS:
+            return (f"more ps tasks: {busiest} is busy {busy[busiest]:.0%} of the time serving the workers' variable "
+                    "reads and updates; more ps tasks share the variables (and that work) between them")
+        return (f"larger per-worker batch: each step waits {exposed_ms:.1f} ms for the ps tasks (variable reads, "
+                f"gradient updates), the same whatever the batch; the busiest ps task, {busiest}, is busy only "
+                f"{busy[busiest]:.0%} of the time")
+    collectives = statistics.fmean(t.collectives for t in runners)
+    if collectives > MANY_COLLECTIVES:
+        return (f"another cross-device op: {collectives:.0f} collectives per step are latency-bound; pack "
+                "them (CommunicationOptions(bytes_per_pack=...)) or use NCCL on GPUs")
+    return (f"larger per-replica batch: communication ({exposed_ms:.1f} ms) moves "
+            "the same gradients whatever the batch, so a larger batch divides it per example")
+
+
 def judge(tasks: Sequence[TaskSummary]) -> Verdict:
     """The job's verdict from its tasks' mean steps (see the module docstring)."""
     if not tasks:
         raise ValueError("No steps to judge: the trace holds no recorded training step.")
-    step = _mean(t.step_ms for t in tasks)
-    straggler = _straggler(tasks, step)
+    runners = [t for t in tasks if t.role in (TaskRole.TRAINER, TaskRole.WORKER) and t.steps] or list(tasks)
+    servers = [t for t in tasks if t.role is TaskRole.PS]
+    step = _mean(t.step_ms for t in runners)
+    straggler = _straggler(runners, step) if all(t.role is TaskRole.TRAINER for t in runners) else None
     if straggler is not None:
         return straggler
-    mean = {name: statistics.fmean(getattr(t, f"{name}_ms") for t in tasks)
+    mean = {name: statistics.fmean(getattr(t, f"{name}_ms") for t in runners)
             for name in ("input", "exposed_communication", "compute", "idle")}
     share = {name: value / step if step else 0.0 for name, value in mean.items()}
     numbers = (f"per step of {step:.1f} ms: input {mean['input']:.1f} ms ({share['input']:.0%}), exposed "
@@ -184,14 +231,8 @@ def judge(tasks: Sequence[TaskSummary]) -> Verdict:
                        f"prefetch: each step waits {mean['input']:.1f} ms for its batch; add "
                        ".prefetch(tf.data.AUTOTUNE), map(..., num_parallel_calls=tf.data.AUTOTUNE) or cache()")
     if top == "exposed_communication":
-        collectives = statistics.fmean(t.collectives for t in tasks)
-        if collectives > MANY_COLLECTIVES:
-            advice = (f"another cross-device op: {collectives:.0f} collectives per step are latency-bound; pack "
-                      "them (CommunicationOptions(bytes_per_pack=...)) or use NCCL on GPUs")
-        else:
-            advice = (f"larger per-replica batch: communication ({mean['exposed_communication']:.1f} ms) moves "
-                      "the same gradients whatever the batch, so a larger batch divides it per example")
-        return Verdict(Bottleneck.COMMUNICATION, numbers, advice)
+        return Verdict(Bottleneck.COMMUNICATION, numbers,
+                       _communication_advice(runners, servers, mean["exposed_communication"]))
     if top == "idle":
         return Verdict(Bottleneck.COMPUTE, numbers,
                        f"larger per-replica batch: {mean['idle']:.1f} ms per step is host time between ops "
@@ -214,7 +255,7 @@ class JobProfile:
         return {
             "directory": str(self.directory) if self.directory else None,
             "verdict": {**asdict(self.verdict), "bottleneck": self.verdict.bottleneck.value},
-            "tasks": [asdict(t) for t in self.tasks],
+            "tasks": [{**asdict(t), "role": t.role.value} for t in self.tasks],
             "steps": [{**asdict(s), "own_work_ms": s.own_work_ms} for s in self.steps],
             "files": {t.task: str(t.path) for t in self.traces},
         }
@@ -223,6 +264,35 @@ class JobProfile:
 def _host(trace: TaskTrace) -> str:
     hosts = [name for name in trace.devices if name.startswith("/host:")]
     return hosts[0] if hosts else next(iter(trace.devices), "/host:CPU")
+
+
+def _roles(traces: Sequence[TaskTrace]) -> dict[str, TaskRole]:
+    """Each task's role, from what its trace holds (see the module docstring)."""
+    ps_job = any(t.step_source is StepSource.FUNCTION or t.served for t in traces)
+    roles = {}
+    for trace in traces:
+        if trace.step_source is StepSource.FUNCTION:
+            roles[trace.task] = TaskRole.WORKER
+        elif trace.step_source is StepSource.ANNOTATION:
+            roles[trace.task] = TaskRole.COORDINATOR if ps_job else TaskRole.TRAINER
+        elif trace.served:
+            roles[trace.task] = TaskRole.PS
+        else:  # in a parameter-server job, a worker the coordinator sent no step while recording
+            roles[trace.task] = TaskRole.WORKER if ps_job else TaskRole.TRAINER
+    return roles
+
+
+def _served(trace: TaskTrace, device: str) -> StepBreakdown:
+    """A ps task's recorded span (first to last busy moment) split per step it served."""
+    spans = trace.devices[device]
+    busy = union([*spans.compute, *spans.communication])
+    whole = break_down_step(trace.task, device, Step(0, busy[0][0], busy[-1][1]), spans)
+    n = trace.served
+    return StepBreakdown(
+        task=trace.task, device=device, step=0, step_ms=whole.step_ms / n, compute_ms=whole.compute_ms / n,
+        exposed_communication_ms=whole.exposed_communication_ms / n, input_ms=whole.input_ms / n,
+        idle_ms=whole.idle_ms / n, communication_ms=whole.communication_ms / n, overlap_ms=whole.overlap_ms / n,
+        collectives=round(whole.collectives / n))
 
 
 def analyze(source: str | Path | Sequence[TaskTrace], *, skip_first: bool = True) -> JobProfile:
@@ -241,15 +311,25 @@ def analyze(source: str | Path | Sequence[TaskTrace], *, skip_first: bool = True
     """
     directory = Path(source) if isinstance(source, (str, Path)) else None
     traces = task_traces(directory) if directory is not None else list(source)
+    roles = _roles(traces)
     rows: list[StepBreakdown] = []
     summaries = []
     for trace in traces:
+        host, role = _host(trace), roles[trace.task]
+        if role is TaskRole.PS and any(trace.devices[host].compute):
+            rows.append(_served(trace, host))
+            summaries.append(replace(summarize(trace.task, rows[-1:], role), steps=trace.served))
+            continue
         steps = trace.steps[1:] if skip_first and len(trace.steps) > 2 else trace.steps
+        if not steps and role is TaskRole.WORKER:
+            summaries.append(summarize(trace.task, [], role))  # listed with 0 steps, left out of the verdict
+            continue
         if not steps:
             raise ValueError(f"{trace.task}: no training step in {str(trace.path)!r}. Record whole steps: "
                              "start the capture before a step begins and stop it after one ends.")
-        host = _host(trace)
+        waiting = role is TaskRole.WORKER
         for device, spans in trace.devices.items():
-            rows += [break_down_step(trace.task, device, step, spans) for step in steps]
-        summaries.append(summarize(trace.task, [r for r in rows if r.task == trace.task and r.device == host]))
+            rows += [break_down_step(trace.task, device, step, spans, waiting_is_communication=waiting)
+                     for step in steps]
+        summaries.append(summarize(trace.task, [r for r in rows if r.task == trace.task and r.device == host], role))
     return JobProfile(directory, rows, summaries, judge(summaries), traces)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from tensorfleet.profiling.breakdown import JobProfile
+from tensorfleet.profiling.breakdown import JobProfile, TaskRole
 from tensorfleet.validation import number, positive_int
 
 __all__ = ["CommunicationCheck", "compare", "measured_communication_ms"]
@@ -47,13 +47,19 @@ class CommunicationCheck:
 
 
 def measured_communication_ms(profile: JobProfile) -> tuple[float, float]:
-    """(median over steps of the least communication among tasks, median step) of a recorded job."""
+    """(median over steps of the least communication among tasks, median step) of a recorded job.
+
+    In a parameter-server job the workers' steps are their own, not the same steps on every task:
+    there the median is taken over every worker step.
+    """
     hosts = {s.task: s.device for s in profile.steps if s.device.startswith("/host:")}
+    roles = {t.task: t.role for t in profile.tasks}
+    ps_job = TaskRole.WORKER in roles.values()
     by_step: dict[int, list[float]] = {}
     steps: list[float] = []
     for row in profile.steps:
-        if hosts.get(row.task) == row.device:
-            by_step.setdefault(row.step, []).append(row.communication_ms)
+        if hosts.get(row.task) == row.device and roles.get(row.task, TaskRole.TRAINER) in (TaskRole.TRAINER, TaskRole.WORKER):
+            by_step.setdefault(len(steps) if ps_job else row.step, []).append(row.communication_ms)
             steps.append(row.step_ms)
     if not by_step:
         raise ValueError("The profile holds no step to measure communication in.")

@@ -33,16 +33,17 @@ def format_table(profile: JobProfile) -> str:
     """The per-task means and the verdict as aligned text.
 
     Communication is the exposed part, its overlap with compute in parentheses; "own" is the step
-    less the time waiting for other tasks.
+    less the time waiting for other tasks. A ps task's row is per step it served (its steps), a
+    coordinator's is the time it took to schedule each step.
     """
-    header = ("task", "steps", "step ms", "compute", "comm (overlap)", "input", "idle", "own work")
+    header = ("task", "role", "steps", "step ms", "compute", "comm (overlap)", "input", "idle", "own work")
     rows = [header]
     for t in profile.tasks:
-        rows.append((t.task, str(t.steps), f"{t.step_ms:.2f}", f"{t.compute_ms:.2f}",
+        rows.append((t.task, t.role.value, str(t.steps), f"{t.step_ms:.2f}", f"{t.compute_ms:.2f}",
                      f"{t.exposed_communication_ms:.2f} ({t.overlap:.0%})", f"{t.input_ms:.2f}", f"{t.idle_ms:.2f}",
                      f"{t.own_work_ms:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     verdict = profile.verdict
     lines += ["", f"verdict: {verdict.bottleneck.value}", f"  {verdict.reason}", f"  change: {verdict.advice}"]
@@ -61,7 +62,8 @@ def plot_steps(profile: JobProfile) -> Any:
     hosts = {t.task: _host_device(profile, t.task) for t in profile.tasks}
     for ax, task in zip(axes[0], tasks):
         rows = [s for s in profile.steps if s.task == task and s.device == hosts[task]]
-        labels = [str(s.step) for s in rows]
+        served = any(t.task == task and t.role.value == "ps" for t in profile.tasks)
+        labels = ["per step served"] if served else [str(s.step) for s in rows]
         bottom = [0.0] * len(rows)
         for field, name, color in PARTS:
             values = [getattr(s, field) for s in rows]
@@ -80,7 +82,7 @@ def plot_steps(profile: JobProfile) -> Any:
 def _host_device(profile: JobProfile, task: str) -> str:
     devices = [s.device for s in profile.steps if s.task == task]
     hosts = [d for d in devices if d.startswith("/host:")]
-    return (hosts or devices)[0]
+    return (hosts or devices or ["/host:CPU"])[0]
 
 
 def chrome_trace(profile: JobProfile) -> dict[str, Any]:

@@ -15,15 +15,26 @@ analysis needs:
   their host forms, which carry parameter-server variable reads and updates) and RPC events;
 - input: the time an iterator's ``GetNext`` waits for the next batch
   (``IteratorGetNextOp::DoCompute``; the ``IteratorGetNext`` op itself is asynchronous).
+
+A parameter-server worker has no ``train`` annotation: the coordinator's Python marks its steps,
+and the worker only runs the step function each time the coordinator sends it one. Its steps are
+therefore the executions of that function (``EagerLocalExecute: __inference_<name>``, the one it ran
+most often), numbered in the order the worker ran them. A ps task runs no step of its own: it runs
+the ps part of each worker's step (``EagerLocalExecuteAsync: __inference_<name>_<id>``), counted as
+the steps it served.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Step", "DeviceSpans", "TaskTrace", "read_xspace", "find_traces", "task_traces", "PROFILE_SUBDIR"]
+__all__ = ["Step", "DeviceSpans", "TaskTrace", "read_xspace", "find_traces", "task_traces", "PROFILE_SUBDIR",
+           "StepSource"]
 
 PROFILE_SUBDIR = Path("plugins") / "profile"
 STEP_EVENT = "train"
@@ -33,11 +44,25 @@ INPUT_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNex
 COMMUNICATION_OPS = frozenset({"_Send", "_Recv", "_HostSend", "_HostRecv", "Send", "Recv", "_RecvTensor"})
 COMMUNICATION_PREFIXES = ("Collective", "Nccl", "_Nccl")
 COMMUNICATION_EVENTS = frozenset({"RecvTensor", "RecvBuf", "RpcRecvTensor", "RpcRecvBuf", "GrpcRemoteRendezvous"})
+# The handlers of requests from other tasks (``EagerService:Enqueue`` wraps a whole remote step): their
+# time is the ops and waits inside them.
+SERVICE_PREFIXES = ("EagerService:", "WorkerService:")
 # Ops whose time is the ops they call: counting them would count those ops twice and call a
 # function that waits on a collective "compute".
 CONTAINER_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "RemoteCall", "While", "If",
                            "StatelessWhile", "StatelessIf", "Case", "StatelessCase", "_MklLayoutDependentOp"})
 INPUT_THREAD_PREFIX = "tf_data"  # tf.data's own threads: producing batches is input work, not the step's
+FUNCTION_RUN = "EagerLocalExecute: "  # a function a remote coordinator (or this process) runs here, whole
+FUNCTION_PART = "EagerLocalExecuteAsync: "  # this task's part of a function another task runs
+FUNCTION_PREFIX = "__inference_"  # tf.function's concrete functions, as opposed to single ops
+
+
+class StepSource(str, Enum):
+    """Where a trace's steps come from."""
+
+    ANNOTATION = "annotation"  # the ``train`` TraceMe of fit or capture().step
+    FUNCTION = "function"  # executions of the step function a coordinator sent (parameter-server worker)
+    NONE = "none"  # no step: a ps task, or a capture of no whole step
 
 
 @dataclass(frozen=True)
@@ -64,13 +89,43 @@ class DeviceSpans:
 
 @dataclass
 class TaskTrace:
-    """Everything read from one task's capture: its steps and its devices' spans."""
+    """Everything read from one task's capture: its steps and its devices' spans.
+
+    ``served`` counts the step functions whose ps part this task ran (a ps task's work).
+    """
 
     task: str
     path: Path
     hostname: str
     steps: list[Step]
     devices: dict[str, DeviceSpans]
+    step_source: StepSource = StepSource.ANNOTATION
+    served: int = 0
+
+
+@dataclass
+class _Functions:
+    """Function executions seen on a host plane: whole runs and parts, by function name."""
+
+    runs: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    parts: Counter = field(default_factory=Counter)
+
+    def add(self, name: str, start: float, end: float) -> None:
+        if name.startswith(FUNCTION_RUN + FUNCTION_PREFIX):
+            self.runs.setdefault(name[len(FUNCTION_RUN):], []).append((start, end))
+        elif name.startswith(FUNCTION_PART + FUNCTION_PREFIX):
+            # ``<function>_<id>_<n>``: one id per calling worker
+            self.parts[re.sub(r"(_\d+)+$", "", name[len(FUNCTION_PART):])] += 1
+
+    def steps(self) -> list[Step]:
+        """The runs of the most often run function, in order, numbered from 0."""
+        if not self.runs:
+            return []
+        name = max(sorted(self.runs), key=lambda n: len(self.runs[n]))
+        return [Step(number, start, end) for number, (start, end) in enumerate(sorted(self.runs[name]))]
+
+    def served(self) -> int:
+        return max(self.parts.values(), default=0)
 
 
 def _xplane_pb2() -> Any:
@@ -91,6 +146,8 @@ def _op_type(metadata: Any) -> str | None:
 
 
 def _kind_of_host_event(metadata: Any, line_name: str) -> str | None:
+    if metadata.name.startswith(SERVICE_PREFIXES):
+        return None
     op = _op_type(metadata)
     if op is None:
         if metadata.name in INPUT_WAIT_EVENTS:
@@ -112,7 +169,7 @@ def _kind_of_device_event(metadata: Any, line_name: str) -> str | None:
     return "communication" if "nccl" in metadata.name.lower() else "compute"
 
 
-def _read_plane(plane: Any, steps: list[Step]) -> DeviceSpans:
+def _read_plane(plane: Any, steps: list[Step], functions: _Functions) -> DeviceSpans:
     stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
     is_host = plane.name.startswith("/host:")
     spans = DeviceSpans()
@@ -127,6 +184,8 @@ def _read_plane(plane: Any, steps: list[Step]) -> DeviceSpans:
                 if stats.get("step_num") is not None:
                     steps.append(Step(int(stats["step_num"]), start, end))
                 continue
+            if is_host:
+                functions.add(metadata.name, start, end)
             kind = (_kind_of_host_event if is_host else _kind_of_device_event)(metadata, line.name)
             if kind is not None:
                 getattr(spans, kind).append((start, end))
@@ -146,11 +205,16 @@ def read_xspace(path: str | Path, *, task: str | None = None) -> TaskTrace:
     except Exception as exc:  # the protobuf runtime raises its own DecodeError
         raise ValueError(f"{str(path)!r} is not a profiler trace (an XSpace .xplane.pb): {exc}") from exc
     steps: list[Step] = []
-    devices = {plane.name: _read_plane(plane, steps) for plane in space.planes
+    functions = _Functions()
+    devices = {plane.name: _read_plane(plane, steps, functions) for plane in space.planes
                if plane.name.startswith(("/host:", "/device:"))}
     steps.sort(key=lambda s: s.start_ms)
+    source = StepSource.ANNOTATION
+    if not steps:
+        steps = functions.steps()
+        source = StepSource.FUNCTION if steps else StepSource.NONE
     hostname = space.hostnames[0] if space.hostnames else path.name.split(".")[0]
-    return TaskTrace(task or hostname, path, hostname, steps, devices)
+    return TaskTrace(task or hostname, path, hostname, steps, devices, source, functions.served())
 
 
 def find_traces(directory: str | Path) -> dict[str, list[Path]]:

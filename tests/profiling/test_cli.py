@@ -18,9 +18,9 @@ def test_report_prints_the_table_and_verdict_and_writes_the_files(recorded, tmp_
     assert main(["profile", "report", str(logdir), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["task", "steps", "step", "ms", "compute", "comm", "(overlap)", "input", "idle", "own",
+    assert lines[0].split() == ["task", "role", "steps", "step", "ms", "compute", "comm", "(overlap)", "input", "idle", "own",
                                 "work"]
-    assert lines[2].split()[:2] == ["local", "9"]
+    assert lines[2].split()[:3] == ["local", "trainer", "9"]
     assert "verdict: input-bound" in lines
     assert any(line.startswith("  change: prefetch: each step waits ") for line in lines)
     assert lines[-1] == (f"wrote {tmp_path / 'profile.json'}, {tmp_path / 'profile.png'} and {tmp_path / 'trace.json'} "
