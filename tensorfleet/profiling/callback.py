@@ -125,6 +125,9 @@ class ProfileCallback(tf.keras.callbacks.Callback):
             self._start()  # inside the previous step's annotation, which is therefore not recorded
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        per_epoch = (self.params or {}).get("steps")
+        if per_epoch:  # counted here too when Keras called no batch hook this epoch
+            self.seen = self._epochs * per_epoch
         self._stop_if_past()
 
     def on_train_end(self, logs: Any = None) -> None:

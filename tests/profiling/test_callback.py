@@ -1,0 +1,49 @@
+"""What ProfileCallback costs outside the recorded steps: Keras calls none of its batch hooks there."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tensorfleet import profiling
+from tensorfleet.profiling.xspace import task_traces
+
+
+class _Counted(profiling.ProfileCallback):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch, self.calls = 0, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.calls.append((self.epoch, batch))
+        super().on_train_batch_end(batch, logs)
+
+
+def _fit(callbacks: list, epochs: int = 5) -> None:
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))).batch(2)
+    model.fit(data.repeat(), steps_per_epoch=4, epochs=epochs, verbose=0, callbacks=callbacks)
+
+
+def test_batch_hooks_run_only_in_the_epochs_that_hold_the_chosen_steps(tmp_path):
+    callback = _Counted(tmp_path, steps="9-10")  # epoch 2's steps 1 and 2
+    _fit([callback])
+    assert callback.calls == [(2, 0), (2, 1), (2, 2), (2, 3)]
+    (trace,) = task_traces(tmp_path)
+    assert [s.number for s in trace.steps] == [1, 2]
+    # Steps are still counted from 0 across epochs, and Keras' dispatch is back on after fit.
+    assert callback.seen == 20 and not callback.capture.running
+
+
+def test_another_callback_that_needs_batch_hooks_still_gets_every_one(tmp_path):
+    callback = _Counted(tmp_path, steps="9-10")
+    seen = []
+    other = tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
+    _fit([callback, other], epochs=3)
+    assert seen == [0, 1, 2, 3] * 3
+    assert len(callback.calls) == 12
