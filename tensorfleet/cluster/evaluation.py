@@ -43,8 +43,8 @@ from tensorfleet.cluster.contract import ENV_TRAINING_ENDED
 from tensorfleet.io import write_bytes, write_text
 from tensorfleet.validation import integer
 
-__all__ = ["CSV_FILE", "BEST_MODEL", "checkpoint_callback", "evaluated_checkpoints", "evaluation", "is_evaluator",
-           "training_ended"]
+__all__ = ["CSV_FILE", "BEST_MODEL", "checkpoint_callback", "evaluated_checkpoints", "evaluation", "export_model",
+           "is_evaluator", "training_ended"]
 
 CSV_FILE = "evaluation.csv"
 BEST_MODEL = "best.keras"
@@ -135,7 +135,8 @@ class _Recorder:
             if self.current in self.done:
                 self.log(f"checkpoint {self.current} was evaluated before this evaluator restarted; skipped")
                 return None
-            return evaluate(*args, **kwargs)
+            # SidecarEvaluator asks for Keras' verbose=2 line; record() prints the same numbers once.
+            return evaluate(*args, **{**kwargs, "verbose": 0})
 
         return evaluate_new
 
@@ -156,7 +157,7 @@ class _Recorder:
                              f"{', '.join(sorted(logs))}. Received: monitor={self.monitor!r}")
         better = best is None or (value > best if self.mode == "max" else value < best)
         if better:
-            _save_model(self.model, self.out / BEST_MODEL)
+            export_model(self.model, self.out / BEST_MODEL)
         self.log(f"checkpoint {self.current} (step {step}): "
                  + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()) + (" (best so far)" if better else ""))
 
@@ -165,11 +166,21 @@ class _Recorder:
         return (max if self.mode == "max" else min)(values) if values else None
 
 
-def _save_model(model: Any, path: Path) -> Path:
-    with tempfile.TemporaryDirectory(prefix="tensorfleet-eval-") as scratch:
+def export_model(model: Any, path: str | os.PathLike[str]) -> Path:
+    """Saves ``model`` in the Keras format at ``path``, atomically (Keras writes the file by name,
+    so it is written to a scratch directory first and its bytes renamed into place).
+
+    A model restored from weights has an optimizer whose slots were never made; saved so, loading
+    it warns "Skipping variable loading for optimizer". Its slots are made first (restored from the
+    checkpoint where it holds them, else zeros), so the file loads quietly, ready to train on.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and callable(getattr(optimizer, "build", None)):
+        optimizer.build(model.trainable_variables)
+    with tempfile.TemporaryDirectory(prefix="tensorfleet-model-") as scratch:
         tmp = Path(scratch) / "model.keras"
         model.save(tmp)
-        return write_bytes(path, tmp.read_bytes())
+        return write_bytes(Path(path), tmp.read_bytes())
 
 
 def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | os.PathLike[str],

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from concurrent import futures
 from pathlib import Path
 from typing import Any, Callable
 
-from tensorfleet.io import write_bytes, write_json
+from tensorfleet.cluster.evaluation import export_model
+from tensorfleet.io import write_json
 from tensorfleet.tuning.config import SearchConfig
 from tensorfleet.tuning.results import TrialRecord, write_results
 from tensorfleet.tuning.task import make_tuner, say
@@ -153,10 +153,3 @@ def repair_reloaded(oracle: Any) -> None:
     oracle._retry_queue = queue
 
 
-def export_model(model: Any, path: Path) -> Path:
-    """Saves ``model`` in the Keras format at ``path``, atomically (Keras writes the file by name,
-    so it is written to a scratch directory first and its bytes renamed into place)."""
-    with tempfile.TemporaryDirectory(prefix="tensorfleet-tune-") as scratch:
-        tmp = Path(scratch) / "model.keras"
-        model.save(tmp)
-        return write_bytes(path, tmp.read_bytes())

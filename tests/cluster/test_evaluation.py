@@ -3,6 +3,7 @@ killed evaluator, started again, skips what it already evaluated."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorfleet.cluster.evaluation import BEST_MODEL, checkpoint_callback, evaluated_checkpoints, evaluation
+from tensorfleet.cluster.evaluation import (BEST_MODEL, checkpoint_callback, evaluated_checkpoints, evaluation,
+                                            export_model)
 from tests.cluster.evaluation_job import build_model, held_out
 from tests.conftest import reap
 
@@ -37,6 +39,28 @@ def test_a_training_task_returns_false_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
     assert evaluation(build_model, None, checkpoint_dir=tmp_path, out=tmp_path / "eval") is False
     assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_model_restored_from_weights_exports_with_its_optimizer_state_and_loads_quietly(tmp_path, caplog):
+    import numpy as np
+    import tensorflow as tf
+
+    x, y = np.random.RandomState(0).rand(64, 64).astype("float32"), np.arange(64) % 10
+    trained = build_model()
+    trained.fit(x, y, epochs=1, verbose=0)
+    trained.save_weights(str(tmp_path / "ckpt-1"))
+    restored = build_model()  # as the evaluator and the tuning chief have it: weights, optimizer never stepped
+    restored.load_weights(str(tmp_path / "ckpt-1")).expect_partial()
+    export_model(restored, tmp_path / "best.keras")
+    with caplog.at_level(logging.WARNING):
+        loaded = tf.keras.models.load_model(tmp_path / "best.keras")
+    assert not [r for r in caplog.records if "Skipping variable loading" in r.getMessage()]
+    assert len(loaded.optimizer.variables) == len(trained.optimizer.variables) == 9  # Adam: step, 2 x 4 slots
+    for ours, theirs in zip(loaded.optimizer.variables, trained.optimizer.variables):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # nothing else left behind
+        "best.keras", "checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
 
 
 @pytest.mark.slow
