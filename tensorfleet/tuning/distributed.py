@@ -244,6 +244,7 @@ def describe(result: SearchResult) -> str:
     head = f"{result.completed} of {len(result.trials)} trials completed in {result.seconds:.1f} s"
     if best is None:
         return f"{head}; no trial completed, so no best model."
-    values = ", ".join(f"{k}={v}" for k, v in best.hyperparameters.items() if not k.startswith("tuner/"))
+    values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in best.hyperparameters.items() if not k.startswith("tuner/"))
     model = f" -> {result.best_model}" if result.best_model else ""
     return f"{head}\nbest: trial {best.trial_id}, {result.objective}={best.score:.4f} ({values}){model}"

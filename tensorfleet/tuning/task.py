@@ -93,7 +93,22 @@ def make_tuner(config: SearchConfig, build_model: Callable[..., Any], *, strateg
         tuner = kt.BayesianOptimization(max_trials=config.max_trials, **common)
     else:
         tuner = kt.RandomSearch(max_trials=config.max_trials, **common)
+    _save_atomically(tuner)
     return tuner
+
+
+def _save_atomically(tuner: Any) -> None:
+    """Keras Tuner writes each process's own state (``OUT/oracle/<tuner id>.json``, reloaded when
+    that process starts again) in place: one killed while writing it, or stopped with the search,
+    would leave half a file that a ``--resume`` then fails to read. Written atomically instead."""
+    from tensorfleet.io import write_json
+
+    def save() -> None:
+        if not tuner._is_worker():
+            tuner.oracle.save()
+        write_json(tuner._get_tuner_fname(), tuner.get_state())
+
+    tuner.save = save
 
 
 def _objective_check(name: str) -> Any:

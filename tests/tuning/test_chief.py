@@ -42,3 +42,23 @@ def test_saved_state_and_trial_files_are_whole_json(tmp_path):
     saved = json.loads((tmp_path / "oracle" / "trial_0" / "trial.json").read_text())
     assert (state["end_order"], saved["status"], saved["score"]) == (["0"], "COMPLETED", 0.5)
     assert not list((tmp_path / "oracle").rglob("*.tmp"))
+
+
+def test_each_process_writes_its_own_tuner_state_by_renaming_a_whole_file(tmp_path, monkeypatch):
+    # Keras Tuner rewrites OUT/oracle/<tuner id>.json in place, so a process killed mid-write would
+    # leave half a file for --resume to fail on; a new inode each time shows it is renamed into place.
+    from tensorfleet.tuning.config import SearchConfig
+    from tensorfleet.tuning.task import load_script, make_tuner
+    from tests.tuning.test_distributed import SCRIPT
+
+    monkeypatch.delenv("KERASTUNER_TUNER_ID", raising=False)
+    monkeypatch.delenv("KERASTUNER_ORACLE_IP", raising=False)
+    config = SearchConfig(script=SCRIPT, out=str(tmp_path), workers=1, max_trials=2)
+    tuner = make_tuner(config, load_script(SCRIPT)["build_model"])
+    state = tmp_path / "oracle" / "tuner0.json"
+    tuner.save()
+    first = state.stat().st_ino
+    tuner.save()
+    assert state.stat().st_ino != first
+    assert json.loads(state.read_text()) == tuner.get_state()
+    assert json.loads((tmp_path / "oracle" / "oracle.json").read_text())["start_order"] == []
