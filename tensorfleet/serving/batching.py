@@ -1,8 +1,7 @@
 """Dynamic batching: concurrent requests queued and run as one signature call.
 
-A batch thread takes the oldest request, then keeps taking requests until the batch holds
-``max_batch_size`` rows or ``batch_timeout_micros`` have passed since it took the first (TF
-Serving's shared batch scheduler works the same way). The rows are stacked and padded with zeros
+A batch is run when the queued requests hold ``max_batch_size`` rows or the oldest of them has
+waited ``batch_timeout_micros`` (TF Serving's shared batch scheduler works the same way). The rows are stacked and padded with zeros
 to the next of a few allowed batch sizes, so the signature only ever sees those shapes and its
 kernels are chosen once per size; every caller gets back exactly its own rows.
 
@@ -14,9 +13,9 @@ small pure functions that tests check with numpy alone.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -122,19 +121,21 @@ class BatchingOptions:
 
 
 class _Task:
-    __slots__ = ("arrays", "rows", "future")
+    __slots__ = ("arrays", "rows", "future", "since")
 
     def __init__(self, arrays: Arrays) -> None:
         self.arrays = arrays
         self.rows = next(iter(arrays.values())).shape[0]
         self.future: Future = Future()
-
-
-_STOP = object()
+        self.since = time.monotonic()
 
 
 class Batcher:
     """Queues requests for one signature and runs them in batches on ``num_batch_threads`` threads.
+
+    A batch is due when the queued rows reach ``max_batch_size`` or its oldest request has waited
+    ``batch_timeout_micros``. A request wakes a batch thread only when it is the first in the queue
+    or fills a batch, not every time: the threads do not trade the interpreter lock per request.
 
     Example:
         >>> batcher = Batcher(lambda a: {"y": a["x"] * 2}, BatchingOptions(max_batch_size=4))
@@ -147,10 +148,12 @@ class Batcher:
                  *, name: str = "batcher") -> None:
         self._run = run
         self.options = options
-        self._queue: queue.Queue = queue.Queue()
+        self._tasks: deque[_Task] = deque()
+        self._rows = 0
         self._limit = options.max_enqueued_batches * options.max_batch_size
         self._closed = False
         self._lock = threading.Lock()
+        self._due = threading.Condition(self._lock)
         self.batches = 0
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                          for i in range(options.num_batch_threads)]
@@ -163,16 +166,21 @@ class Batcher:
         with self._lock:
             if self._closed:
                 raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
-            if self._queue.qsize() >= self._limit:
+            if len(self._tasks) >= self._limit:
                 raise ServingError(f"The batch queue is full ({self._limit} requests waiting); retry later.",
                                    Code.RESOURCE_EXHAUSTED)
-            self._queue.put(task)
+            self._tasks.append(task)
+            before, self._rows = self._rows, self._rows + task.rows
+            if before == 0:
+                self._due.notify()  # an idle thread starts gathering this batch
+            elif before < self.options.max_batch_size <= self._rows:
+                self._due.notify_all()  # the batch is full: whoever gathers it runs it now
         return task.future
 
     @property
     def queue_depth(self) -> int:
         """Requests waiting to join a batch."""
-        return self._queue.qsize()
+        return len(self._tasks)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Stops taking requests, runs every queued one, then stops the threads."""
@@ -180,47 +188,42 @@ class Batcher:
             if self._closed:
                 return
             self._closed = True
-            for _ in self._threads:
-                self._queue.put(_STOP)
+            self._due.notify_all()
         for thread in self._threads:
             thread.join(timeout)
 
-    def _next(self, timeout: float) -> object | None:
-        try:
-            return self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
-        except queue.Empty:
-            return None
-
-    def _collect(self, first: _Task, carry: list) -> tuple[list[_Task], bool]:
-        """The batch that starts with ``first``; a request that would overflow it goes to ``carry``."""
-        batch, rows, stop = [first], first.rows, False
-        deadline = time.monotonic() + self.options.batch_timeout_micros / 1e6
-        while rows < self.options.max_batch_size:
-            item = self._next(deadline - time.monotonic())
-            if item is None:
-                break
-            if item is _STOP:
-                stop = True
-                break
-            if rows + item.rows > self.options.max_batch_size:
-                carry.append(item)
-                break
-            batch.append(item)
-            rows += item.rows
-        return batch, stop
+    def _take(self) -> list[_Task] | None:
+        """Blocks until a batch is due and takes it (None once closed with nothing queued)."""
+        largest, timeout = self.options.max_batch_size, self.options.batch_timeout_micros / 1e6
+        with self._lock:
+            while True:
+                if not self._tasks:
+                    if self._closed:
+                        return None
+                    self._due.wait()
+                    continue
+                if self._rows >= largest or self._closed:
+                    break
+                remaining = self._tasks[0].since + timeout - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._due.wait(remaining)
+            batch, rows = [], 0
+            while self._tasks and (not batch or rows + self._tasks[0].rows <= largest):
+                task = self._tasks.popleft()
+                batch.append(task)
+                rows += task.rows
+            self._rows -= rows
+            if self._tasks:
+                self._due.notify()  # another thread may gather the next batch meanwhile
+            return batch
 
     def _loop(self) -> None:
-        carry: list[_Task] = []
         while True:
-            item = carry.pop() if carry else self._queue.get()
-            if item is _STOP:
+            batch = self._take()
+            if batch is None:
                 return
-            batch, stop = self._collect(item, carry)
             self._execute([t for t in batch if t.future.set_running_or_notify_cancel()])
-            if stop:
-                while carry:  # a request carried over still runs before this thread stops
-                    self._execute([t for t in [carry.pop()] if t.future.set_running_or_notify_cancel()])
-                return
 
     def _execute(self, batch: list[_Task]) -> None:
         if not batch:
