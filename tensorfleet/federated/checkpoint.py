@@ -32,8 +32,8 @@ import numpy as np
 
 from tensorfleet.io import write_bytes
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointAheadError", "CheckpointMismatchError", "check_shapes", "fingerprint", "read_checkpoint",
-           "save_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "CheckpointAheadError", "CheckpointMismatchError", "check_shapes", "checkpoint_config",
+           "fingerprint", "read_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 
@@ -116,6 +116,15 @@ def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str,
                 f"The checkpoint in {path.parent} comes from a different configuration ({detail or 'client data'}).")
         leaves = [data[f"leaf_{i:05d}"] for i in range(len(data.files) - 1)]
     return leaves, int(meta["round"]), list(meta["history"])
+
+
+def checkpoint_config(out_dir: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """The configuration recorded in ``out_dir``'s checkpoint, or None when there is none."""
+    path = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
+    if path is None or not path.is_file():
+        return None
+    with np.load(path) as data:
+        return dict(json.loads(bytes(data["__meta__"]).decode())["config"])
 
 
 def check_shapes(out_dir: str | os.PathLike[str], leaves: Sequence[Any], template: Sequence[Any]) -> None:

@@ -46,7 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tensorfleet.federated import checkpoint, records, tff_model
-from tensorfleet.federated.backends import Backend
+from tensorfleet.federated.backends import Backend, BackendChoice
 from tensorfleet.federated.config import SimulationConfig
 from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.sampling import ClientSampler
@@ -148,8 +148,12 @@ class Simulation:
 
     # ----------------------------------------------------------------- building
     def _settle_backend(self, model: Any = None) -> None:
-        """Checks ``compiled`` against the data (and the model), and decides ``auto``."""
+        """Checks ``compiled`` against the data (and the model), and decides ``auto`` (which resumes a
+        checkpoint on the backend that wrote it, as the state is that backend's)."""
         where = self.config.where.resolve(self.clients, model)
+        if model is not None and where.compiled and self.requested_backend is Backend.AUTO and self.config.resume \
+                and (checkpoint.checkpoint_config(self.config.out_dir) or {}).get("backend") == Backend.TFF.value:
+            where = BackendChoice(Backend.TFF)
         if where != self.config.where:
             self.config = self.sampler.config = dataclasses.replace(self.config, backend=where.backend)
 

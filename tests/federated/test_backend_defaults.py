@@ -92,3 +92,17 @@ def test_dp_noise_on_both_backends_has_the_same_distribution_and_epsilon(clients
     assert not np.allclose(noise["compiled"], noise["tff"])  # drawn, not copied
     assert eps["tff"] == eps["compiled"] == epsilon(noise_multiplier=1.0, clients_per_round=5, num_clients=10,
                                                     rounds=1, delta=1e-5)
+
+
+def test_auto_resumes_a_tff_checkpoint_on_tff_and_starts_afresh_on_compiled(clients, tmp_path):
+    def sim(rounds, **options):
+        return Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=rounds, clients_per_round=4,
+                          out_dir=tmp_path, checkpoint_every=1, tensorboard=False, progress=False, **options)
+
+    sim(1, backend="tff").run()  # a run of the tff backend, as the default was
+    resumed = sim(2)
+    history = resumed.run()
+    assert resumed.header() == "fedavg on tff (chosen by auto)"
+    assert [r["round"] for r in history.rounds] == [1, 2] and history.config["backend"] == "tff"
+    fresh = sim(1, resume=False)
+    assert [r["round"] for r in fresh.run().rounds] == [1] and fresh.header() == "fedavg on compiled (chosen by auto)"
