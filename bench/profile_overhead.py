@@ -1,13 +1,19 @@
 """What recording a profile costs a job outside the recorded steps.
 
-The same Keras fit (an MLP on synthetic data, batch 64, STEPS steps) runs with and without
-tensorfleet's ProfileCallback recording steps 5-9; a timer reads the clock at the end of every
-step and steps/s is taken over the steps after the recording (from step 30 on), so it measures
-what the job pays once the profiler is off again, plus the callback's per-step hooks. The two
-contenders alternate ROUNDS times in one process on one model (in A-B, B-A order, so a drift in
-the machine's load favours neither); the median of the per-round ratios is printed (target
->= 0.98), and the ratio of the best rounds. Wall time swings with whatever else the machine
-runs, so the process's CPU time per step over the same steps is compared too.
+The same Keras fit (an MLP on synthetic data, batch 64, STEPS steps in epochs of EPOCH steps) runs
+with and without tensorfleet's ProfileCallback recording steps 5-9. The clock is an epoch-level
+callback, so the fit without capture calls no batch hook at all, as a user's ``fit(verbose=0)``;
+whatever the callback makes Keras do per step is therefore counted. Only the epochs after the first
+are timed: the recording, the profiler's start and stop and the trace's writing fall in the first,
+so what is measured is what the job pays once the profiler is off again. A run's time per step is
+the median over its epochs (a stall of the machine in one epoch does not move it); its CPU time per
+step is the process's over the same epochs.
+
+The two contenders alternate ROUNDS times in one process on one model, in A-B, B-A order (a drift
+in the machine's load favours neither), each after a garbage collection. Printed: the median of the
+per-round speed ratios (with / without; target >= 0.98) with their quartiles, the same for CPU time,
+and the ratio of the medians over all rounds. Only ratios within one run mean anything: the machine
+is shared.
 
 Then (``--comm``) measured communication against the planner: a 2-process MultiWorkerMirrored job
 (RING over gRPC on 127.0.0.1) trains an MLP of 3 sizes, each recorded with ProfileCallback
@@ -16,12 +22,13 @@ among the workers, median over steps) is set beside the planner's ring all-reduc
 gradient bytes over the link ``--latency``/``--bandwidth`` (defaults: the alpha-beta fit of
 bench/collectives.py's 2-process RING on this machine, bench/RESULTS.md).
 
-Run: .venv/bin/python bench/profile_overhead.py [--rounds 12] [--steps 400] [--comm] [--comm-only]
+Run: .venv/bin/python bench/profile_overhead.py [--rounds 16] [--steps 800] [--comm] [--comm-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -32,12 +39,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-FROM_STEP = 30
+EPOCH = 50  # steps per epoch: a run's time per step is the median over its epochs after the first
 HIDDEN = (128, 512, 2048)  # MLP 256 -> h -> h -> 10: about 50K, 400K and 4.7M parameters
 
 
-def run(model, data, steps: int, logdir: str | None) -> tuple[float, float, float]:
-    """(steps/s from FROM_STEP on, CPU seconds per step over the same steps, seconds of steps 5-9)."""
+def run(model, data, steps: int, logdir: str | None) -> tuple[float, float]:
+    """(median ms per step over the epochs after the first, CPU ms per step over the same epochs)."""
     import tensorflow as tf
 
     from tensorfleet.profiling.callback import ProfileCallback
@@ -45,19 +52,21 @@ def run(model, data, steps: int, logdir: str | None) -> tuple[float, float, floa
     ends: list[float] = []
     cpu: list[float] = []
 
-    class StepClock(tf.keras.callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self._supports_tf_logs = True
-
-        def on_train_batch_end(self, batch, logs=None):
+    class EpochClock(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
             ends.append(time.perf_counter())
             cpu.append(time.process_time())
 
-    callbacks = [StepClock()] + ([ProfileCallback(logdir, steps="5-9")] if logdir else [])
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
-    counted = len(ends) - 1 - FROM_STEP
-    return counted / (ends[-1] - ends[FROM_STEP]), (cpu[-1] - cpu[FROM_STEP]) / counted, ends[9] - ends[4]
+    callbacks = [EpochClock()] + ([ProfileCallback(logdir, steps="5-9")] if logdir else [])
+    gc.collect()
+    model.fit(data, steps_per_epoch=EPOCH, epochs=max(2, steps // EPOCH), verbose=0, callbacks=callbacks)
+    per_step = [(b - a) / EPOCH * 1e3 for a, b in zip(ends, ends[1:])]
+    return statistics.median(per_step), (cpu[-1] - cpu[0]) / (EPOCH * (len(ends) - 1)) * 1e3
+
+
+def _quartiles(values: list[float]) -> str:
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return f"{statistics.median(values):.3f} (quartiles {q1:.3f}-{q3:.3f}, range {min(values):.3f}-{max(values):.3f})"
 
 
 def overhead(rounds: int, steps: int) -> None:
@@ -70,33 +79,30 @@ def overhead(rounds: int, steps: int) -> None:
     model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(256, activation="relu"),
                                  tf.keras.layers.Dense(256, activation="relu"), tf.keras.layers.Dense(10)])
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    run(model, data, steps, None)  # warm-up: traces the train function
-    ratios, cpu_ratios, plain_rates, profiled_rates, recorded = [], [], [], [], []
+    run(model, data, 2 * EPOCH, None)  # warm-up: traces the train function
+    plain_ms, profiled_ms, plain_cpu, profiled_cpu = [], [], [], []
+    start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(rounds):
             logdir = os.path.join(tmp, f"round{round_}")
-            if round_ % 2:
-                profiled, profiled_cpu, window = run(model, data, steps, logdir)
-                plain, plain_cpu, _ = run(model, data, steps, None)
-            else:
-                plain, plain_cpu, _ = run(model, data, steps, None)
-                profiled, profiled_cpu, window = run(model, data, steps, logdir)
-            plain_rates.append(plain)
-            profiled_rates.append(profiled)
-            recorded.append(window)
-            ratios.append(profiled / plain)
-            cpu_ratios.append(plain_cpu / profiled_cpu)
-            print(f"round {round_ + 1:2d}: without {plain:7.1f} steps/s   with capture {profiled:7.1f} steps/s   "
-                  f"ratio {profiled / plain:.3f}   CPU ms/step {plain_cpu * 1e3:.3f} vs {profiled_cpu * 1e3:.3f}")
-    print(f"median steps/s: without {statistics.median(plain_rates):.1f}, with capture outside the recorded steps "
-          f"{statistics.median(profiled_rates):.1f}")
-    print(f"median of per-round ratios, steps/s with / without: {statistics.median(ratios):.3f} (target >= 0.98)")
-    print(f"median of per-round ratios, CPU time per step without / with: {statistics.median(cpu_ratios):.3f}")
-    # The fastest round of each is the one least disturbed by the rest of the machine (timeit's rule).
-    print(f"best steps/s: without {max(plain_rates):.1f}, with capture {max(profiled_rates):.1f}, ratio "
-          f"{max(profiled_rates) / max(plain_rates):.3f}")
-    print(f"steps 5-9, the recorded ones, took {statistics.median(recorded) * 1000:.1f} ms (median; the profiler's "
-          "start included, its stop falls in step 10)")
+            order = (logdir, None) if round_ % 2 else (None, logdir)
+            results = {which: run(model, data, steps, which) for which in order}
+            (plain, p_cpu), (profiled, c_cpu) = results[None], results[logdir]
+            plain_ms.append(plain)
+            profiled_ms.append(profiled)
+            plain_cpu.append(p_cpu)
+            profiled_cpu.append(c_cpu)
+            print(f"round {round_ + 1:2d}: ms/step without {plain:.4f}, with capture {profiled:.4f}, speed ratio "
+                  f"{plain / profiled:.3f}; CPU ms/step {p_cpu:.4f} vs {c_cpu:.4f}", flush=True)
+    print(f"{rounds} rounds of {max(2, steps // EPOCH)} epochs of {EPOCH} steps in {time.time() - start:.0f} s")
+    print(f"median ms/step: without {statistics.median(plain_ms):.4f}, with capture outside the recorded steps "
+          f"{statistics.median(profiled_ms):.4f}")
+    print("speed with / without capture, per round: "
+          f"{_quartiles([p / c for p, c in zip(plain_ms, profiled_ms)])} (target >= 0.98)")
+    print("CPU time per step without / with, per round: "
+          f"{_quartiles([p / c for p, c in zip(plain_cpu, profiled_cpu)])}")
+    print(f"ratio of the medians over all rounds: speed {statistics.median(plain_ms) / statistics.median(profiled_ms):.3f}, "
+          f"CPU {statistics.median(plain_cpu) / statistics.median(profiled_cpu):.3f}")
 
 
 def mlp(hidden: int):
@@ -169,8 +175,8 @@ def comm_table(latency: str, bandwidth: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=800, help=f"Steps per run, in epochs of {EPOCH}.")
     parser.add_argument("--comm", action="store_true", help="Also measure communication against the planner.")
     parser.add_argument("--comm-only", action="store_true", help="Only the communication table.")
     parser.add_argument("--latency", default="1290us", help="Planner link latency (bench/collectives.py's fit).")
