@@ -8,8 +8,9 @@ arithmetic.
 
 This backend runs the same arithmetic as TFF's ``build_weighted_fed_avg`` (TFF's model-delta
 client work and apply-optimizer finalizer) in one TensorFlow function traced once (without
-AutoGraph: its loops are explicit): the sampled clients' examples come as one padded batch
-``[clients, steps * batch, ...]`` with a mask, a ``tf.while_loop`` trains each client from the
+AutoGraph: its loops are explicit): the sampled clients' examples come as one padded array
+``[clients, steps * batch, ...]`` with each client's count, a ``tf.while_loop`` trains each client
+on the batches TFF's dataset would give (the real rows only: padding never enters the model) from the
 server weights with the client optimizer (the same ``tff.learning.optimizers`` object), the
 deltas ``initial - trained`` are averaged weighted by examples (a client with a non-finite delta
 gets weight 0, as in TFF), and the server optimizer (again TFF's) applies the mean delta. The
@@ -30,11 +31,10 @@ Supported: ``fedsgd``, ``fedprox`` and the algorithms built on weighted FedAvg (
 :data:`COMPILED_AGGREGATORS` (the mean; DP with fixed or adaptive clipping, TFF's clipping, noise
 and clip-update rules with the noise drawn statelessly from the seed and the round; compression;
 median, trimmed mean, Krum), client dropout and stragglers, on ``partition()`` client data,
-and models without batch-dependent layers. Padded rows pass through the model (masked out of
-the loss only), so a layer whose output for a row depends on the other rows would see them:
-BatchNormalization and its variants are refused by class (their batch statistics would take in
-the padding, and their moving statistics are not trained here), and any other layer by a probe
-(:func:`batch_dependent_layers`) before the first round. ``backend="auto"`` runs such models on TFF.
+and models without batch-dependent layers: BatchNormalization and its variants are refused by
+class (the server model here holds trainable weights only, so their moving statistics would not
+follow TFF's), and any other layer by a probe (:func:`batch_dependent_layers`) before the first
+round. ``backend="auto"`` runs such models on TFF.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ class CompiledFedAvg:
 
     Args:
         model_fn: returns the (uncompiled) Keras model.
-        loss_fn: per-example loss ``loss_fn(y, logits) -> [batch]`` (reduction NONE).
+        loss_fn: the batch loss ``loss_fn(y, logits)`` as TFF's ``from_keras_model`` applies it (the
+            Keras loss with its default reduction, the mean over the batch).
         client_optimizer: a ``tff.learning.optimizers.Optimizer`` for local steps.
         server_optimizer: a ``tff.learning.optimizers.Optimizer`` for the mean delta.
         initial_weights: trainable weights to start from (TFF's initial model).
@@ -194,7 +195,7 @@ class CompiledFedAvg:
         """The current DP clip (adapted each round by adaptive clipping)."""
         return self._clip_var.read_value()
 
-    # The padded client batch: x [K, L, ...], y [K, L], mask [K, L], examples [K].
+    # The padded client batch: x [K, L, ...], y [K, L], examples [K] (the real rows of each).
     def pack(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
         """Pads the clients' (already ordered) examples into the round's arrays."""
         if len(clients) > self.clients_per_round:
@@ -202,16 +203,15 @@ class CompiledFedAvg:
         x0, y0 = clients[0]
         x = np.zeros((self.clients_per_round, self.length, *x0.shape[1:]), dtype=x0.dtype)
         y = np.zeros((self.clients_per_round, self.length), dtype=y0.dtype)
-        mask = np.zeros((self.clients_per_round, self.length), dtype=np.float32)
         examples = np.zeros((self.clients_per_round,), dtype=np.int32)
         for k, (xk, yk) in enumerate(clients):
             n = len(yk)
             if n > self.length:
                 raise ValueError(f"A client has {n} examples; this backend was sized for {self.length}.")
-            x[k, :n], y[k, :n], mask[k, :n], examples[k] = xk, yk, 1.0, n
-        return x, y, mask, examples
+            x[k, :n], y[k, :n], examples[k] = xk, yk, n
+        return x, y, examples
 
-    def _client_update(self, weights: list[Any], xk: Any, yk: Any, mk: Any, n: Any) -> tuple[Any, ...]:
+    def _client_update(self, weights: list[Any], xk: Any, yk: Any, n: Any) -> tuple[Any, ...]:
         """One client's ``(update, loss sum, correct sum)``: the delta ``initial - trained`` after
         local steps, or (FedSGD) the example-weighted mean of its batch gradients."""
         import tensorflow as tf
@@ -224,11 +224,13 @@ class CompiledFedAvg:
 
         def step(s: Any, carry: Any) -> Any:
             opt_state, grad_sum, loss_acc, correct_acc = carry
-            xb, yb, mb = xk[s * B:(s + 1) * B], yk[s * B:(s + 1) * B], mk[s * B:(s + 1) * B]
-            rows = tf.reduce_sum(mb)
+            # The batch TFF's dataset would give: its real rows only, so no padding enters the model.
+            end = tf.minimum((s + 1) * B, n)
+            xb, yb = xk[s * B:end], yk[s * B:end]
+            rows = tf.cast(end - s * B, tf.float32)
             with tf.GradientTape() as tape:
                 logits = self.model(xb, training=True)
-                loss = tf.reduce_sum(self.loss_fn(yb, logits) * mb) / rows
+                loss = self.loss_fn(yb, logits)
             grads = tape.gradient(loss, self.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
             if self.local_steps:
                 current = tuple(v.read_value() for v in self.variables)
@@ -240,7 +242,7 @@ class CompiledFedAvg:
             else:
                 grad_sum = [a + rows * g for a, g in zip(grad_sum, grads)]
             hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=yb.dtype), yb), tf.float32)
-            return opt_state, grad_sum, loss_acc + loss * rows, correct_acc + tf.reduce_sum(hits * mb)
+            return opt_state, grad_sum, loss_acc + loss * rows, correct_acc + tf.reduce_sum(hits)
 
         zero = tf.constant(0.0)
         _, grad_sum, loss_k, correct_k = _fori((n + B - 1) // B, step, (opt_state, grad_sum, zero, zero))
@@ -248,7 +250,7 @@ class CompiledFedAvg:
             return [w - v.read_value() for w, v in zip(weights, self.variables)], loss_k, correct_k
         return [g / tf.cast(n, tf.float32) for g in grad_sum], loss_k, correct_k
 
-    def _round_impl(self, x: Any, y: Any, mask: Any, examples: Any, participants: Any, round_num: Any) -> Any:
+    def _round_impl(self, x: Any, y: Any, examples: Any, participants: Any, round_num: Any) -> Any:
         """One round in the graph: reads the server variables, trains, writes them; returns
         ``[train loss, train accuracy, examples]``."""
         import tensorflow as tf
@@ -257,20 +259,20 @@ class CompiledFedAvg:
         server_state = tf.nest.map_structure(lambda v: v.read_value(), self._state_vars)
         clip = self._clip_var.read_value()
         new_weights, new_state, loss, accuracy, seen, clip = self._aggregate_round(
-            weights, server_state, x, y, mask, examples, participants, round_num, clip)
+            weights, server_state, x, y, examples, participants, round_num, clip)
         for var, value in zip(self._weight_vars, new_weights):
             var.assign(value)
         tf.nest.map_structure(lambda var, value: var.assign(value), self._state_vars, new_state)
         self._clip_var.assign(clip)
         return tf.stack([loss, accuracy, seen])
 
-    def _aggregate_round(self, weights: list[Any], server_state: Any, x: Any, y: Any, mask: Any, examples: Any,
+    def _aggregate_round(self, weights: list[Any], server_state: Any, x: Any, y: Any, examples: Any,
                          participants: Any, round_num: Any, clip: Any) -> Any:
         import tensorflow as tf
 
         def client(k: Any, acc: Any) -> Any:
             update_sum, rows, weight_sum, loss_sum, correct_sum, seen = acc
-            update, loss_k, correct_k = self._client_update(weights, x[k], y[k], mask[k], examples[k])
+            update, loss_k, correct_k = self._client_update(weights, x[k], y[k], examples[k])
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in update])
             weight = tf.where(finite, tf.cast(examples[k], tf.float32), 0.0)
             update = [tf.where(finite, d, tf.zeros_like(d)) for d in update]
@@ -312,10 +314,10 @@ class CompiledFedAvg:
 
     def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]], round_num: int = 0) -> dict[str, float]:
         """Runs round ``round_num`` over ``clients`` (each ``(x, y)`` in training order); returns train metrics."""
-        x, y, mask, examples = self.pack(clients)
+        x, y, examples = self.pack(clients)
         if self._round is None:
             self._round = self._trace(x, y)
-        loss, accuracy, seen = self._round(x, y, mask, examples, np.int32(len(clients)), np.int64(round_num)).numpy().tolist()
+        loss, accuracy, seen = self._round(x, y, examples, np.int32(len(clients)), np.int64(round_num)).numpy().tolist()
         return {"train_loss": loss, "train_accuracy": accuracy, "num_examples": int(seen)}
 
     def _trace(self, x: np.ndarray, y: np.ndarray) -> Any:
@@ -325,7 +327,7 @@ class CompiledFedAvg:
         import tensorflow as tf
 
         signature = [tf.TensorSpec(x.shape, x.dtype), tf.TensorSpec(y.shape, y.dtype),
-                     tf.TensorSpec(y.shape, tf.float32), tf.TensorSpec(x.shape[:1], tf.int32),
+                     tf.TensorSpec(x.shape[:1], tf.int32),
                      tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)]
         try:
             return tf.function(self._round_impl, autograph=False).get_concrete_function(*signature)
@@ -374,10 +376,9 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
 
     initial = _INITIAL_WEIGHTS.setdefault(model, [np.asarray(w) for w in model.trainable_weights])
     loss, _ = tff_model.loss_and_metrics(model)
-    per_example = type(loss)(from_logits=loss.get_config()["from_logits"], reduction=tf.keras.losses.Reduction.NONE)
     local_steps = config.algorithm != "fedsgd"
     with tf.init_scope():
-        return CompiledFedAvg(model_fn=model_fn, loss_fn=per_example,
+        return CompiledFedAvg(model_fn=model_fn, loss_fn=loss,
                               client_optimizer=make_optimizer(config.client_opt) if local_steps else None,
                               server_optimizer=make_optimizer(config.server_opt),
                               initial_weights=initial,

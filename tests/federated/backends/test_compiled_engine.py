@@ -1,0 +1,60 @@
+"""How the compiled backend's engine runs: traced once, state kept between rounds and runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow_federated")
+
+from tensorfleet import models  # noqa: E402
+from tensorfleet.federated import Simulation, partition  # noqa: E402
+
+
+def _branchy_mlp(branch: bool):
+    """digits_mlp's shape (seeded); with ``branch`` a layer whose Python ``if`` reads a tensor."""
+    import tensorflow as tf
+
+    class Branchy(tf.keras.layers.Layer):
+        def call(self, x):
+            if tf.reduce_max(x) > 1e6:  # never true here: the layer passes x through
+                return x * 0.0
+            return x
+
+    init = [tf.keras.initializers.GlorotUniform(seed=k) for k in (0, 1)]
+    layers = [tf.keras.layers.Dense(8, activation="relu", kernel_initializer=init[0], input_shape=(64,))]
+    layers += [Branchy()] if branch else []
+    return tf.keras.Sequential(layers + [tf.keras.layers.Dense(10, kernel_initializer=init[1])])
+
+
+def _clients(digits_flat):
+    return partition(digits_flat.x_train[:300], digits_flat.y_train[:300], num_clients=10, scheme="iid", seed=0)
+
+
+def test_a_second_run_of_a_simulation_starts_again_from_the_initial_model(digits_flat):
+    sim = Simulation(lambda: models.build("digits_mlp", hidden=8), _clients(digits_flat), "fedavgm", rounds=2,
+                     clients_per_round=3, seed=1, progress=False, backend="compiled")
+    sim.run()
+    first = sim.final_weights()
+    sim.run()
+    assert len(sim.history.rounds) == 2
+    for a, b in zip(first, sim.final_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_model_whose_python_branches_read_tensors_is_traced_with_autograph(digits_flat):
+    import tensorflow as tf
+
+    # Traced without AutoGraph first, such a model fails with this error...
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        tf.function(_branchy_mlp(True), autograph=False)(tf.zeros([2, 64]))
+    # ...so the engine traces it again with AutoGraph, and trains it as the model without the branch.
+    weights = {}
+    for branch in (False, True):
+        sim = Simulation(lambda: _branchy_mlp(branch), _clients(digits_flat), "fedavg", rounds=3, clients_per_round=4,
+                         seed=2, progress=False, backend="compiled")
+        sim.run()
+        weights[branch] = sim.final_weights()
+        assert [r["round"] for r in sim.history.rounds] == [1, 2, 3]
+    for a, b in zip(weights[False], weights[True]):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
