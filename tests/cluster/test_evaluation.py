@@ -141,8 +141,8 @@ def test_an_evaluator_busy_when_training_ends_still_evaluates_the_last_checkpoin
         in events, events
     assert not any("did not finish" in e or "after training ended" in e for e in events), events
     assert [s.status for s in result.spans if s.task == "evaluator:0"] == [0]
-    assert result.output("evaluator:0")[-1] == \
-        "evaluator: training ended and its last checkpoint, 3, is evaluated; the evaluator stops"
+    assert "evaluator: training ended and its last checkpoint, 3, is evaluated; the evaluator stops" \
+        in result.output("evaluator:0")
     rows = evaluated_checkpoints(out)
     assert rows[-1]["checkpoint"] == 3 and rows[-1]["step"] == 3 * 23
     assert [r["checkpoint"] for r in rows] == sorted({r["checkpoint"] for r in rows})
@@ -179,3 +179,25 @@ def test_evaluator_timeout_must_not_be_negative(tmp_path):
     script.write_text("")
     with pytest.raises(ValueError, match=r"evaluator_timeout.*Received: evaluator_timeout=-1"):
         launch(script, workers=1, evaluator=True, evaluator_timeout=-1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_example_evaluates_every_checkpoint_up_to_where_early_stopping_ended_training(tmp_path, digits_flat):
+    from examples.evaluate_while_training import build_model as example_model
+    from tensorfleet.cluster.launcher import launch
+
+    result = launch(ROOT / "examples" / "evaluate_while_training.py", ["--out", str(tmp_path), "--epochs", "8"],
+                    workers=2, evaluator=True, timeout=240, sink=None, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, "\n".join(result.output())
+    assert [s.status for s in result.spans if s.task == "evaluator:0"] == [0]
+    epochs = sum(line.startswith("Epoch ") for line in result.output("worker:0"))
+    rows = evaluated_checkpoints(tmp_path / "eval")
+    assert rows[-1]["checkpoint"] == epochs  # the last epoch trained, wherever early stopping ended it
+    assert f"training ended and its last checkpoint, {epochs}, is evaluated; the evaluator stops" \
+        in result.output("evaluator:0")
+    fresh = example_model()
+    fresh.load_weights(str(tmp_path / "ckpt" / f"ckpt-{epochs}")).expect_partial()
+    loss, accuracy = fresh.evaluate(digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
+    assert rows[-1]["accuracy"] == pytest.approx(accuracy, abs=1e-7)
+    assert rows[-1]["loss"] == pytest.approx(loss, rel=1e-6)
