@@ -18,12 +18,14 @@ this module adds what a job needs around it, in one call the same script makes i
 The trainer writes the checkpoints with :func:`checkpoint_callback` (Keras' ``ModelCheckpoint``
 with weights only, ``ckpt-<epoch>``, the flow ``SidecarEvaluator`` documents), from the chief only.
 
-Example (a training script; the launcher's evaluator task runs the same file):
+Example (a training script; ``tensorfleet launch --evaluator`` runs the same file in the evaluator
+task, which stops once training has ended, however many epochs early stopping left):
     >>> from tensorfleet.cluster import evaluation as ev
     >>> if ev.evaluation(build_model, (x_val, y_val), checkpoint_dir="ckpt", out="eval",
-    ...                  monitor="accuracy", last_checkpoint=5):                    # doctest: +SKIP
+    ...                  monitor="accuracy"):                                       # doctest: +SKIP
     ...     raise SystemExit(0)
-    >>> model.fit(x, y, epochs=5, callbacks=[ev.checkpoint_callback("ckpt")])    # doctest: +SKIP
+    >>> model.fit(x, y, epochs=50, callbacks=[ev.checkpoint_callback("ckpt"),
+    ...                                       tf.keras.callbacks.EarlyStopping()])  # doctest: +SKIP
 """
 
 from __future__ import annotations
