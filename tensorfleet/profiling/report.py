@@ -60,16 +60,18 @@ def plot_steps(profile: JobProfile) -> Any:
     tasks = [t.task for t in profile.tasks]
     fig, axes = plt.subplots(1, len(tasks), figsize=(max(5.0, 3.2 * len(tasks)), 3.6), sharey=True, squeeze=False)
     hosts = {t.task: _host_device(profile, t.task) for t in profile.tasks}
+    roles = {t.task: t.role.value for t in profile.tasks}
     for ax, task in zip(axes[0], tasks):
         rows = [s for s in profile.steps if s.task == task and s.device == hosts[task]]
-        served = any(t.task == task and t.role.value == "ps" for t in profile.tasks)
-        labels = ["per step served"] if served else [str(s.step) for s in rows]
+        role = roles[task]
+        labels = ["per step served"] if role == "ps" else [str(s.step) for s in rows]
         bottom = [0.0] * len(rows)
         for field, name, color in PARTS:
             values = [getattr(s, field) for s in rows]
             ax.bar(labels, values, bottom=bottom, color=color, label=name)
             bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set_title(task + ("  (straggler)" if task == profile.verdict.straggler else ""), fontsize=10)
+        note = "straggler" if task == profile.verdict.straggler else "" if role == "trainer" else role
+        ax.set_title(task + (f"  ({note})" if note else ""), fontsize=10)
         ax.set_xlabel("step")
     axes[0][0].set_ylabel("time per step (ms)")
     handles, names = axes[0][0].get_legend_handles_labels()
