@@ -136,6 +136,11 @@ def serve_command(
               stages=stages, micro_batches=micro_batches, stage_devices=_devices(stage_devices),
               poll_seconds=poll_seconds,
               log=lambda line: typer.echo(f"[serve] {line}"))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a port already taken, an address that cannot be bound: one line, not a traceback
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     finally:
         sys.setswitchinterval(previous)
 

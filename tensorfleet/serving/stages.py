@@ -148,7 +148,8 @@ class StagedRunner:
         if missing:
             raise ValueError(f"Serving {num_stages} stages needs signatures {self.names}; version "
                              f"{servable.version} has {sorted(servable.signatures)} "
-                             f"(export it with stages={num_stages}).")
+                             f"(export it with stages={num_stages}, or `tensorfleet serving export MODEL BASE "
+                             f"--stages {num_stages}`).")
         self.micro_batches = positive_int("micro_batches", micro_batches)
         self.devices = stage_devices(devices, num_stages) if devices else []
         self.placed: list[str | None] = [None] * num_stages  # where each stage's last output was made

@@ -123,6 +123,19 @@ def staged_base(tmp_path_factory, digits_models) -> Path:
     return base
 
 
+def test_a_port_in_use_ends_in_one_clear_line(model_base, capsys):
+    import socket
+
+    grpc_port, rest_port = free_ports()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", rest_port))
+        busy.listen()
+        assert main(["serve", str(model_base), "--port", str(grpc_port), "--rest-api-port", str(rest_port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: Could not serve REST on 127.0.0.1:{rest_port}: ") and err.count("\n") == 1, err
+    assert "address already in use" in err
+
+
 def test_stage_devices_errors_end_in_one_clear_line(staged_base, capsys):
     assert main(["serve", str(staged_base), "--stages", "2", "--stage-devices", "/cpu:0"]) == 2
     assert capsys.readouterr().err == ("error: Give one device per stage: 2 stage(s), 1 device(s). "
