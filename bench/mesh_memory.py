@@ -1,19 +1,20 @@
-"""Bytes of parameters and Adam state resident on each device for a small GPT on a mesh.
+"""Bytes of parameters, gradients and Adam state resident on each device for a small GPT on a mesh.
 
 The small GPT (Embedding, two blocks of MultiHeadAttention + LayerNormalization + MLP, output head)
 is built inside ``Mesh.scope()`` on 1, 2 and 4 logical CPUs and compiled with Adam; every byte is
-read from the variables themselves: each DVariable's shards (``dtensor.unpack``), the device each
-lives on, and its size. Printed per device: parameter bytes, optimizer bytes (Adam's m and v and
-its step counter), and the fraction of the one-device total. A split weight must hold 1/m of its
-elements on each device (checked, within 2%). ZeRO stages (optimizer-state and gradient sharding
-over the batch axis): stage 1 (``Mesh(..., zero=1)``) is measured next to stage 0; stages 2 and 3
-are not implemented yet.
+read from the tensors themselves: each DVariable's shards (``dtensor.unpack``), the device each
+lives on, and its size. Gradients are those one training step keeps between computing and applying
+them (``MeshTrainer.step_gradients``, one batch of 8). Printed per device: parameter, gradient and
+optimizer bytes (Adam's m and v and its step counter), and the fraction of the one-device total of
+parameters + optimizer state. A split weight must hold 1/parts of its elements on each device
+(checked, within 2%). Every ZeRO stage (``Mesh(..., zero=0..3)``) over the batch axis ``b``.
 
-Beside each device, the planner's prediction of parameter + optimizer bytes
-(:func:`tensorfleet.planner.memory.estimate`, Adam in float32, data parallel over ``b``, tensor
-parallel over ``m``, the same ZeRO stage) and measured / predicted. The planner does not count
-Adam's 8-byte step counter, and it assumes every weight split over ``m`` (Megatron-LM), whereas
-``heads:m`` splits only the attention weights: its ``m`` rows predict less than the mesh holds.
+Beside each device, the planner's prediction (:func:`tensorfleet.planner.splits.estimate`, Adam
+in float32, the same ZeRO stage) from ``Mesh.weight_splits(model)``: the weights as the mesh's own
+layout decisions split them (``heads:m`` splits the attention weights only; the layout keeps the
+embedding table and the Dense layers over sequences whole), not the Megatron-LM assumption that
+every weight is split. measured / planner for parameters + optimizer state and for all three; the
+planner does not count Adam's 8-byte step counter.
 
 Run: ``python bench/mesh_memory.py`` (add ``--json`` for machine-readable output).
 """
@@ -24,8 +25,10 @@ import argparse
 import json
 import sys
 
-MESHES = [("one:1", "", 0), ("m:2", "heads:m", 0), ("m:4", "heads:m", 0), ("b:2;m:2", "batch:b;heads:m", 0),
-          ("b:2;m:2", "batch:b;heads:m", 1), ("b:4", "batch:b", 0), ("b:4", "batch:b", 1)]
+MESHES = [("one:1", "", 0), ("m:2", "heads:m", 0), ("m:4", "heads:m", 0), ("m:4", "hidden:m;heads:m;vocab:m", 0),
+          *[("b:2", "batch:b", z) for z in range(4)], *[("b:2;m:2", "batch:b;heads:m", z) for z in range(4)],
+          *[("b:4", "batch:b", z) for z in range(4)]]
+BATCH = 8
 
 
 def small_gpt(vocab: int = 64, seq: int = 16, width: int = 32, heads: int = 4) -> object:
@@ -48,32 +51,34 @@ def resident_bytes(variables: list) -> dict[str, int]:
 
     per_device: dict[str, int] = {}
     for variable in variables:
-        for shard in dtensor.unpack(variable.read_value()):
+        for shard in dtensor.unpack(variable.read_value() if hasattr(variable, "read_value") else variable):
             key = shard.device.split("device:")[-1]
             per_device[key] = per_device.get(key, 0) + int(shard.shape.num_elements()) * shard.dtype.size
     return dict(sorted(per_device.items()))
 
 
-def planned(model: object, mesh_shape: str, zero: int) -> float:
-    """The planner's parameter + optimizer bytes per device for ``model`` on ``mesh_shape``."""
-    from tensorfleet.planner import memory
+def planned(mesh: object, model: object, zero: int) -> dict[str, float]:
+    """The planner's parameter, gradient and optimizer bytes per device for ``model`` as ``mesh`` lays it out."""
+    from tensorfleet.planner import splits
 
-    dims = {name: int(size) for name, size in (part.split(":") for part in mesh_shape.split(";"))}
-    data, tensor = dims.get("b", 1), dims.get("m", 1)
+    dims = mesh.layout.mesh_dims
+    data, tensor = dims.get("b", 1), mesh.layout.size // dims.get("b", 1)
     parallelism = "hybrid" if data > 1 and tensor > 1 else ("tensor" if tensor > 1 else "data")
-    est = memory.estimate(model, batch_size=4, optimizer="adam", precision="float32", parallelism=parallelism,
-                          devices=data * tensor, tensor=tensor, zero=zero)
-    return est.parameters + est.optimizer_state
+    est = splits.estimate(model, mesh.weight_splits(model), batch_size=BATCH, optimizer="adam", precision="float32",
+                          parallelism=parallelism, devices=mesh.layout.size, tensor=tensor, zero=zero)
+    return {"parameters": est.parameters, "gradients": est.gradients, "optimizer_state": est.optimizer_state}
 
 
 def measure(mesh_shape: str, rules: str, zero: int) -> dict:
+    import numpy as np
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
     from tensorfleet.model_parallel.mesh import Mesh
+    from tensorfleet.planner.splits import split_fraction
 
     mesh = Mesh(mesh_shape, rules, zero=zero)
-    with mesh.scope() as layout:
+    with mesh.scope():
         model = small_gpt()
         trainer = mesh.keras_model(model)
         trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
@@ -81,19 +86,21 @@ def measure(mesh_shape: str, rules: str, zero: int) -> dict:
     if not zero:
         trainer.optimizer.build(model.trainable_variables)
     worst = 0.0
-    by_path = {w.path: w for w in layout.decided}
-    for variable in model.weights:
-        decided = by_path[variable.name.split(":")[0]]
+    for variable in model.weights:  # each shard against 1/parts of the weight, parts from its stored layout
         parts = 1
-        for axis in decided.mesh_axes:
-            parts *= mesh.layout.mesh_dims[axis] if axis else 1
+        for axis in variable.layout.sharding_specs:
+            parts *= mesh.layout.mesh_dims[axis] if axis != dtensor.UNSHARDED else 1
         shard = int(dtensor.unpack(variable.read_value())[0].shape.num_elements())
         worst = max(worst, abs(shard * parts / variable.shape.num_elements() - 1.0))
+    tokens = np.random.RandomState(0).randint(0, 64, (BATCH, 16)).astype("int32")
+    grads = [g for g in trainer.step_gradients(tokens, np.roll(tokens, -1, axis=1)) if g is not None]
+    weights = mesh.weight_splits(model)
     return {"mesh": mesh_shape, "rules": rules, "zero": zero, "devices": mesh.layout.size, "params": model.count_params(),
-            "parameter_bytes": resident_bytes(model.weights),
+            "parameter_bytes": resident_bytes(model.weights), "gradient_bytes": resident_bytes(grads),
             "optimizer_bytes": resident_bytes(trainer.optimizer.variables),
-            "split_weights": sum(w.sharded for w in layout.decided), "weights": len(layout.decided),
-            "worst_shard_error": worst, "planned_bytes": planned(model, mesh_shape, zero)}
+            "split_weights": sum(w.parts > 1 for w in weights), "weights": len(weights),
+            "split_fraction": split_fraction(weights), "worst_shard_error": worst,
+            "planned": planned(mesh, model, zero)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,17 +115,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     whole = sum(rows[0]["parameter_bytes"].values()) + sum(rows[0]["optimizer_bytes"].values())
-    print(f"small GPT, {rows[0]['params']:,} parameters; bytes resident per device (Adam, float32)")
-    print(f"{'mesh':10s} {'rules':16s} {'zero':4s} {'device':8s} {'params':>10s} {'optimizer':>10s} {'of 1 device':>12s} "
-          f"{'planner':>10s} {'measured/planner':>17s}")
+    print(f"small GPT, {rows[0]['params']:,} parameters; bytes resident per device (Adam, float32; gradients of a "
+          f"batch of {BATCH})")
+    print(f"{'mesh':8s} {'rules':25s} {'zero':4s} {'device':7s} {'params':>8s} {'grads':>8s} {'optimizer':>9s} "
+          f"{'of 1 dev':>8s} {'planner p+o':>11s} {'meas/plan':>9s} {'planner all':>11s} {'meas/plan':>9s}")
     for row in rows:
+        plan = row["planned"]
         for device, params in row["parameter_bytes"].items():
-            optimizer = row["optimizer_bytes"].get(device, 0)
-            print(f"{row['mesh']:10s} {row['rules'] or '-':16s} {row['zero']:<4d} {device:8s} {params:>10,} {optimizer:>10,} "
-                  f"{(params + optimizer) / whole:>11.1%} {row['planned_bytes']:>10,.0f} "
-                  f"{(params + optimizer) / row['planned_bytes']:>17.4f}")
-        print(f"{'':10s} {row['split_weights']} of {row['weights']} weights split; largest deviation of a shard "
-              f"from 1/m of its weight: {row['worst_shard_error']:.1%}")
+            grads, optimizer = row["gradient_bytes"].get(device, 0), row["optimizer_bytes"].get(device, 0)
+            p_o = plan["parameters"] + plan["optimizer_state"]
+            print(f"{row['mesh']:8s} {row['rules'] or '-':25s} {row['zero']:<4d} {device:7s} {params:>8,} {grads:>8,} "
+                  f"{optimizer:>9,} {(params + optimizer) / whole:>8.1%} {p_o:>11,.0f} {(params + optimizer) / p_o:>9.4f} "
+                  f"{p_o + plan['gradients']:>11,.0f} {(params + grads + optimizer) / (p_o + plan['gradients']):>9.4f}")
+        print(f"{'':8s} {row['split_weights']} of {row['weights']} weights ({row['split_fraction']:.1%} of the "
+              f"parameters) split by the layout; largest deviation of a shard from 1/parts of its weight: "
+              f"{row['worst_shard_error']:.1%}")
     return 0
 
 

@@ -5,7 +5,8 @@
   entries of :data:`tensorfleet.planner.layouts.LAYOUTS`, the models they are costed for are
   :mod:`~tensorfleet.planner.workload`\\ s.
 * :mod:`~tensorfleet.planner.memory`: per-device memory of training a model (the savers that
-  change it are :mod:`tensorfleet.strategies.memory_savers`).
+  change it are :mod:`tensorfleet.strategies.memory_savers`); :mod:`~tensorfleet.planner.splits`:
+  the model states of a layout that splits only some weights, weight by weight.
 * :mod:`~tensorfleet.planner.cost_model`: the alpha-beta cost of collective communication;
   :mod:`~tensorfleet.planner.fit_check` judges a link fitted to measurements on held-out sizes.
 * :mod:`~tensorfleet.planner.collectives`: the all-reduce algorithms themselves, run over
@@ -18,7 +19,8 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "plans", "traffic", "workload"),
+    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "plans", "splits", "traffic",
+             "workload"),
     names={"plan": "plans", "Plan": "plans", "Workload": "workload"},
 )
 

@@ -82,8 +82,9 @@ class Mesh:
         backend: ``"mtf"`` (Mesh-TensorFlow graph), ``"keras"`` (tensor-parallel Keras layers)
             or ``"dtensor"`` (DTensor DVariables).
         devices: device names; default: the logical CPU devices (or GPUs, where present).
-        zero: ZeRO stage for :meth:`keras_model`: 0, or 1 to split each optimizer slot over the
-            mesh dimension of ``batch`` too (on its first axis that is whole and divisible).
+        zero: ZeRO stage of :meth:`keras_model` training over the mesh dimension of ``batch``
+            (:mod:`.zero`): 0; 1 splits each optimizer slot over it too (on its first axis that is
+            whole and divisible); 2 also the gradients; 3 also the trainable weights themselves.
 
     Example:
         >>> import tensorfleet as tfl
@@ -101,9 +102,9 @@ class Mesh:
     def __init__(self, mesh_shape: str, layout: str = "", *, backend: str | MeshBackend = "mtf",
                  devices: Sequence[str] | None = None, zero: int = 0) -> None:
         self.layout = MeshLayout(mesh_shape, layout)
-        self.zero = integer("zero", zero, minimum=0, maximum=1)
-        """ZeRO stage of ``keras_model`` training: 1 also splits the optimizer state over the batch
-        mesh dimension (Rajbhandari et al., 2020); stages 2 and 3 are not implemented yet."""
+        self.zero = integer("zero", zero, minimum=0, maximum=3)
+        """ZeRO stage of ``keras_model`` training (Rajbhandari et al., 2020): 1 splits the optimizer
+        state over the batch mesh dimension, 2 also the gradients, 3 also the parameters."""
         self.backend = BACKENDS.get(backend.value if isinstance(backend, MeshBackend) else backend)
         self._devices = list(devices) if devices is not None else None
         self._dtensor_mesh: Any = None
@@ -157,7 +158,7 @@ class Mesh:
         from tensorfleet.model_parallel.mesh.keras_model import mesh_scope
 
         self.keras_layout = KerasLayout(self.layout.mesh_dims, self.layout.rules, patterns)
-        return mesh_scope(self.keras_layout, self.dtensor_mesh)
+        return mesh_scope(self.keras_layout, self.dtensor_mesh, zero=self.zero)
 
     def keras_model(self, model: Any) -> Any:
         """The Keras model that trains ``model`` (built in :meth:`scope`) with Keras' own
@@ -181,6 +182,27 @@ class Mesh:
             raise ValueError("Build the model inside mesh.scope() first, so that its weights are laid out on the "
                              f"mesh. Received: model {getattr(model, 'name', model)!r} and no scope entered")
         return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
+
+    def weight_splits(self, model: Any) -> list[Any]:
+        """Each weight of ``model`` (built in the last :meth:`scope`) as this mesh lays it out, for the
+        planner (:func:`tensorfleet.planner.splits.estimate`): its elements, the parts its layout
+        splits it into, the parts ZeRO splits its states into over the batch dimension; see
+        :func:`~tensorfleet.model_parallel.mesh.zero.weight_splits`.
+
+        Example:
+            >>> import tensorflow as tf
+            >>> mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
+            >>> with mesh.scope():  # doctest: +SKIP
+            ...     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4)])
+            >>> mesh.weight_splits(model)  # doctest: +SKIP
+            [WeightSplit(parameters=32, parts=2, zero_parts=2, trainable=True), WeightSplit(parameters=4, parts=2, zero_parts=1, trainable=True)]
+        """
+        from tensorfleet.model_parallel.mesh.zero import weight_splits
+
+        if self.keras_layout is None:
+            raise ValueError("Build the model inside mesh.scope() first, so that its weights are laid out on the "
+                             f"mesh. Received: model {getattr(model, 'name', model)!r} and no scope entered")
+        return weight_splits(model, self.keras_layout)
 
     def check(self, model: Any, batch_size: int) -> dict[str, int]:
         """Validates the layout against ``model`` and the devices; returns the model's dimensions."""

@@ -8,6 +8,7 @@ what TF 2.14's DTensor lacks supplied underneath (see the design in :mod:`.keras
 from a ``DTensorDataset``, each training step as two functions (gradients, then the update and the
 metrics), gradients relaid out like their variables, fused normalizations off, optimizers rebuilt
 with the mesh so their slots are laid out like their variables, and weights gathered to the host.
+ZeRO stages 1-3 over the batch axis (``Mesh(..., zero=)``) are in :mod:`.zero`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
-__all__ = ["clip_gradients", "host_value", "keras_mesh_model", "mesh_scope", "shard_optimizer_state", "with_mesh"]
+__all__ = ["clip_gradients", "host_value", "keras_mesh_model", "mesh_scope", "with_mesh"]
 
 
 def host_value(variable: Any) -> Any:
@@ -33,10 +34,12 @@ def host_value(variable: Any) -> Any:
     return dtensor.unpack(whole)[0].numpy()
 
 
-def _creator(layout: KerasLayout, dmesh: Any) -> Any:
+def _creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
     import tensorflow as tf
     from keras.src.engine import base_layer_utils  # Keras' record of the layer being built
     from tensorflow.experimental import dtensor
+
+    from tensorfleet.model_parallel.mesh.zero import ZeroVariable, zero_layout
 
     def create(next_creator: Any, **kwargs: Any) -> Any:
         init = kwargs["initial_value"]
@@ -45,10 +48,12 @@ def _creator(layout: KerasLayout, dmesh: Any) -> Any:
                 init = init()
         init = tf.convert_to_tensor(init, dtype=kwargs.get("dtype"))
         name = kwargs.get("name") or "Variable"
+        layer = None
         if dtensor.is_dtensor(init):  # e.g. an optimizer slot made with zeros_like(variable)
             value = init
         else:
             context = base_layer_utils.call_context()
+            layer = context.layer
             scope = tf.get_current_name_scope()
             path = f"{scope}/{name}" if scope else name
             inputs = tf.nest.flatten(context.inputs) if context.inputs is not None else []
@@ -58,17 +63,23 @@ def _creator(layout: KerasLayout, dmesh: Any) -> Any:
             spec = [a if a is not None else dtensor.UNSHARDED for a in axes]
             value = dtensor.relayout(dtensor.copy_to_mesh(init, dtensor.Layout.replicated(dmesh, init.shape.rank)),
                                      dtensor.Layout(spec, dmesh))
-        trainable = kwargs.get("trainable")
-        return dtensor.DVariable(value, trainable=True if trainable is None else trainable, name=name,
-                                 constraint=kwargs.get("constraint"))
+        trainable = kwargs.get("trainable") is not False
+        options = dict(trainable=trainable, name=name, constraint=kwargs.get("constraint"))
+        if zero >= 3 and trainable and layer is not None and init.dtype.is_floating:
+            compute = dtensor.fetch_layout(value)
+            stored = zero_layout(compute, init.shape, layout.batch_axis)
+            if stored is not compute:  # ZeRO stage 3: stored split over the batch axis, gathered to compute
+                return ZeroVariable(dtensor.relayout(value, stored), compute_layout=compute, **options)
+        return dtensor.DVariable(value, **options)
 
     return create
 
 
 @contextlib.contextmanager
-def mesh_scope(layout: KerasLayout, dmesh: Any) -> Iterator[KerasLayout]:
+def mesh_scope(layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Iterator[KerasLayout]:
     """Lays out every Keras weight created inside; Keras' own layout-map scope keeps its counters
-    and loss containers on the mesh too."""
+    and loss containers on the mesh too. With ``zero=3`` trainable weights are stored split over
+    the batch axis as well (:class:`~.zero.ZeroVariable`)."""
     import tensorflow as tf
     from keras.src.dtensor import layout_map as layout_map_lib
 
@@ -78,7 +89,7 @@ def mesh_scope(layout: KerasLayout, dmesh: Any) -> Iterator[KerasLayout]:
     generator = tf.keras.backend.experimental.is_tf_random_generator_enabled()
     tf.keras.backend.experimental.enable_tf_random_generator()
     try:
-        with layout_map_lib.layout_map_scope(keras_map), tf.variable_creator_scope(_creator(layout, dmesh)):
+        with layout_map_lib.layout_map_scope(keras_map), tf.variable_creator_scope(_creator(layout, dmesh, zero)):
             yield layout
     finally:
         if not generator:
@@ -107,15 +118,16 @@ def with_mesh(optimizer: Any, dmesh: Any) -> Any:
 
 
 def clip_gradients(grads: list[Any], clipping: dict[str, Any]) -> list[Any]:
-    """Keras' gradient clipping (``clipnorm``, ``clipvalue``, ``global_clipnorm``), done by the trainer."""
+    """Keras' gradient clipping, done by the trainer: as Keras' optimizers do, only the first set of
+    ``clipnorm``, ``global_clipnorm`` and ``clipvalue`` applies."""
     import tensorflow as tf
 
     if clipping.get("clipnorm"):
-        grads = [tf.clip_by_norm(g, clipping["clipnorm"]) for g in grads]
+        return [g if g is None else tf.clip_by_norm(g, clipping["clipnorm"]) for g in grads]
     if clipping.get("global_clipnorm"):
-        grads = list(tf.clip_by_global_norm(grads, clipping["global_clipnorm"])[0])
+        return list(tf.clip_by_global_norm(grads, clipping["global_clipnorm"])[0])
     if clipping.get("clipvalue"):
-        grads = [tf.clip_by_value(g, -clipping["clipvalue"], clipping["clipvalue"]) for g in grads]
+        return [g if g is None else tf.clip_by_value(g, -clipping["clipvalue"], clipping["clipvalue"]) for g in grads]
     return grads
 
 
@@ -126,43 +138,11 @@ def keras_mesh_model(model: Any, layout: KerasLayout, dmesh: Any, *, zero: int =
     ``compile``, ``fit``, ``evaluate`` and ``predict`` are Keras' (callbacks, progress bar,
     ``History``); ``fit`` and ``evaluate`` take arrays (``x``, ``y``, ``batch_size``; full batches
     only, the batch split over the ``batch`` rule's mesh dimension) or a ``DTensorDataset`` with
-    ``steps_per_epoch``. ``get_weights()`` gathers the shards; ``trainer.model`` is the user's
-    model, whose weights the trainer trains.
+    ``steps_per_epoch``; ``fit`` also ``validation_data`` (arrays or a ``DTensorDataset`` with
+    ``validation_steps``) or ``validation_split``. ``get_weights()`` gathers the shards;
+    ``trainer.model`` is the user's model, whose weights the trainer trains. ``zero``: the ZeRO
+    stage (:mod:`.zero`).
     """
     from tensorfleet.model_parallel.mesh.keras_trainer import MeshTrainer
 
     return MeshTrainer(model, layout, dmesh, zero=zero)
-
-
-def shard_optimizer_state(optimizer: Any, batch_axis: str | None) -> int:
-    """ZeRO stage 1 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
-    Parameter Models", 2020): every built optimizer slot of rank >= 1 also split over the batch mesh
-    dimension, on its first axis that is whole and that the dimension divides. DTensor gathers what
-    each update needs. Returns how many slots were split."""
-    import tensorflow as tf
-    from tensorflow.experimental import dtensor
-
-    if batch_axis is None:
-        return 0
-    replaced: dict[int, Any] = {}
-    for i, slot in enumerate(optimizer._variables):  # Keras' list of its own variables
-        if slot is optimizer.iterations or slot.shape.rank == 0 or not hasattr(slot, "layout"):
-            continue
-        spec = list(slot.layout.sharding_specs)
-        parts = slot.layout.mesh.dim_size(batch_axis)
-        axis = next((a for a, (s, n) in enumerate(zip(spec, slot.shape)) if s == dtensor.UNSHARDED and n % parts == 0),
-                    None)
-        if axis is None or batch_axis in spec:
-            continue
-        spec[axis] = batch_axis
-        value = dtensor.relayout(slot.read_value(), dtensor.Layout(spec, slot.layout.mesh))
-        scope, _, name = slot.name.split(":")[0].rpartition("/")
-        with tf.name_scope(scope + "/" if scope else ""):  # the slot keeps its name, e.g. "Adam/m/d1/kernel"
-            replaced[id(slot)] = dtensor.DVariable(value, trainable=False, name=name)
-        optimizer._variables[i] = replaced[id(slot)]
-    for value in vars(optimizer).values():  # the per-kind lists (Adam's _momentums, _velocities, ...)
-        if isinstance(value, list):
-            for j, slot in enumerate(list(value)):
-                if id(slot) in replaced:
-                    value[j] = replaced[id(slot)]
-    return len(replaced)

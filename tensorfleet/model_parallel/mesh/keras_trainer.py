@@ -12,9 +12,9 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
-from tensorfleet.model_parallel.mesh.keras_model import (clip_gradients, host_value, mesh_scope,
-                                                          shard_optimizer_state, with_mesh)
-from tensorfleet.validation import positive_int
+from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
+from tensorfleet.model_parallel.mesh.zero import gathering, shard_optimizer_state, zero_layout
+from tensorfleet.validation import number, positive_int
 
 __all__ = ["AVG_POOL_GRADIENT", "MeshTrainer", "avg_pool_gradient"]
 
@@ -48,8 +48,10 @@ class MeshTrainer(tf.keras.Model):
 
     ``fit`` and ``evaluate`` take arrays (``x``, ``y``, ``batch_size``; full batches only, the batch
     split over the ``batch`` rule's mesh dimension) or a ``dtensor.DTensorDataset`` with
-    ``steps_per_epoch``. Each training step runs two functions: the gradients (with Keras'
-    clipping), then the update and the metrics. ``get_weights()`` gathers the shards to the host;
+    ``steps_per_epoch``; ``fit`` validates on ``validation_data`` or the last ``validation_split``
+    of the arrays after each epoch, as Keras does. Each training step runs two functions: the
+    gradients (with Keras' clipping, laid out as the update reads them; ZeRO stages 2 and 3 split
+    them over the batch axis, :mod:`.zero`), then the update and the metrics. ``get_weights()`` gathers the shards to the host;
     ``trainer.model`` is the user's model, whose weights the trainer trains.
     """
 
@@ -103,27 +105,46 @@ class MeshTrainer(tf.keras.Model):
         self.compiled_metrics.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
 
+    def _gradient_layouts(self) -> list[Any]:
+        """Where each gradient lives between the two functions of a step: its variable's layout, or
+        from ZeRO stage 2 on, its optimizer slot's (split over the batch axis too)."""
+        if self.zero < 2:
+            return [v.layout for v in self.trainable_variables]
+        return [zero_layout(v.layout, v.shape, self.layout.batch_axis) for v in self.trainable_variables]
+
     def make_train_function(self, force: bool = False) -> Any:
         if self.train_function is not None and not force:
             return self.train_function
         variables = self.trainable_variables
+        layouts = self._gradient_layouts()
 
         @tf.function
         def gradients(x: Any, y: Any) -> Any:
             # tf.gradients, not a tape, so that the graph's gradient override gives AvgPool a gradient
             # DTensor can lay out (see avg_pool_gradient).
-            with tf.compat.v1.get_default_graph().gradient_override_map({"AvgPool": AVG_POOL_GRADIENT}):
+            override = tf.compat.v1.get_default_graph().gradient_override_map({"AvgPool": AVG_POOL_GRADIENT})
+            with override, gathering() as gathered:
                 y_pred = self.model(x, training=True)
                 loss = self._loss(y, y_pred)
+            # ZeRO 3: with respect to each weight as gathered for the forward pass (see .zero).
+            grads = tf.gradients(loss, [gathered.get(id(v), v) for v in variables])
             # Clipping here, not in the update: computed there, it changed the result (TF 2.14).
-            return y_pred, loss, clip_gradients(tf.gradients(loss, variables), self.optimizer.mesh_clipping)
+            grads = clip_gradients(grads, self.optimizer.mesh_clipping)
+            # Laid out as the update reads them (ZeRO 2 and 3: split over the batch axis, each replica keeps its
+            # part), after their own layout: asked for the split layout at once, DTensor split the backward
+            # matmuls in ways it cannot expand ("Contracting dimension for matmul has sharding dimension m for
+            # the left input and b for the right input").
+            grads = [g if g is None else dtensor.relayout(g, getattr(v, "compute_layout", v.layout))
+                     for g, v in zip(grads, variables)]
+            return y_pred, loss, [g if g is None else dtensor.relayout(g, layout) for g, layout in zip(grads, layouts)]
 
         @tf.function
         def update(y: Any, y_pred: Any, loss: Any, grads: Any) -> Any:
             # A separate function that only relays out and applies: in TF 2.14 DTensor, reading an
             # optimizer slot after its update in the function that also computed the gradients (or
             # clipped them) sometimes saw the old value.
-            pairs = [(dtensor.relayout(g, v.layout), v) for g, v in zip(grads, variables) if g is not None]
+            pairs = [(dtensor.relayout(g, layout), v) for g, layout, v in zip(grads, layouts, variables)
+                     if g is not None]
             self.optimizer.apply_gradients(pairs)
             return self._metrics_update(y, y_pred, loss)
 
@@ -131,14 +152,37 @@ class MeshTrainer(tf.keras.Model):
             x, y = next(iterator)
             return update(y, *gradients(x, y))
 
+        self._step_gradients = gradients
         self.train_function = train_function
         return train_function
+
+    def step_gradients(self, x: Any, y: Any) -> list[Any]:
+        """The gradients of one training step on the global batch ``x, y``, laid out as the step
+        keeps them for its update (from ZeRO stage 2 on, split over the batch axis): to measure
+        what each device holds (``dtensor.unpack``). Updates nothing."""
+        self.make_train_function()
+        return self._step_gradients(self._on_mesh(x), self._on_mesh(y))[2]
+
+    def _on_mesh(self, values: Any) -> Any:
+        import numpy as np
+
+        values = np.asarray(values)
+        axis = self.layout.batch_axis
+        whole = dtensor.copy_to_mesh(values, dtensor.Layout.replicated(self.dmesh, values.ndim))
+        return dtensor.relayout(whole, dtensor.Layout.batch_sharded(self.dmesh, axis, values.ndim)) if axis else whole
+
+    def _infer(self, x: Any) -> Any:
+        with gathering():
+            return self.model(x, training=False)
+
+    def _test_update(self, y: Any, y_pred: Any) -> Any:
+        with gathering():
+            return self._metrics_update(y, y_pred, self._loss(y, y_pred))
 
     def make_test_function(self, force: bool = False) -> Any:
         if self.test_function is not None and not force:
             return self.test_function
-        forward = tf.function(lambda x: self.model(x, training=False))
-        update = tf.function(lambda y, y_pred: self._metrics_update(y, y_pred, self._loss(y, y_pred)))
+        forward, update = tf.function(self._infer), tf.function(self._test_update)
 
         def test_function(iterator: Any) -> Any:
             x, y = next(iterator)
@@ -147,14 +191,14 @@ class MeshTrainer(tf.keras.Model):
         self.test_function = test_function
         return test_function
 
-    def _dataset(self, x: Any, y: Any, batch_size: Any, shuffle: bool) -> tuple[Any, int]:
+    def _dataset(self, x: Any, y: Any, batch_size: Any, shuffle: bool, names: str = "x and y") -> tuple[Any, int]:
         import numpy as np
 
         if isinstance(x, dtensor.DTensorDataset):
             return x, None
         if y is None:
-            raise ValueError("A mesh trains on arrays x and y (or a dtensor.DTensorDataset with steps_per_epoch). "
-                             f"Received: x of type {type(x).__name__} and y=None")
+            raise ValueError(f"A mesh trains on arrays {names} (or a dtensor.DTensorDataset with steps). "
+                             f"Received: {names.split()[0]} of type {type(x).__name__} and no labels")
         x, y = np.asarray(x), np.asarray(y)
         batch_size = positive_int("batch_size", 32 if batch_size is None else batch_size)
         axis = self.layout.batch_axis
@@ -163,11 +207,15 @@ class MeshTrainer(tf.keras.Model):
             raise ValueError(f"batch_size must be a multiple of mesh dimension {axis!r} of size {parts}, over "
                              f"which the batch is split. Received: batch_size={batch_size}")
         if len(x) != len(y) or len(x) < batch_size:
-            raise ValueError(f"x and y must hold the same number of examples, at least batch_size ({batch_size}). "
+            raise ValueError(f"{names} must hold the same number of examples, at least batch_size ({batch_size}). "
                              f"Received: {len(x)} and {len(y)}")
         data = tf.data.Dataset.from_tensor_slices((x, y))
         if shuffle:
             data = data.shuffle(len(x), reshuffle_each_iteration=True)
+        # Every pass the same number of full batches, repeated: Keras keeps one iterator over a dataset
+        # of unknown length for all epochs (and its validation), and one that ran out after the first
+        # epoch poisoned DTensor's executor (CancelledError in the next epoch or in validation).
+        data = data.take(len(x) // batch_size * batch_size).repeat()
 
         def layout(rank: int) -> Any:
             return (dtensor.Layout.batch_sharded(self.dmesh, axis, rank) if axis
@@ -178,13 +226,22 @@ class MeshTrainer(tf.keras.Model):
         return dataset, len(x) // batch_size
 
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1, verbose: Any = "auto",
-            callbacks: Any = None, shuffle: bool = True, steps_per_epoch: Any = None, **kwargs: Any) -> Any:
-        if kwargs.get("validation_data") is not None or kwargs.get("validation_split"):
-            raise ValueError("Validation inside fit is not supported on a mesh yet; call trainer.evaluate(x_val, "
-                             "y_val) after fit (or from a callback). Received: validation data")
+            callbacks: Any = None, shuffle: bool = True, steps_per_epoch: Any = None, validation_split: float = 0.0,
+            validation_data: Any = None, validation_steps: Any = None, validation_batch_size: Any = None,
+            **kwargs: Any) -> Any:
+        if validation_split and validation_data is None:
+            x, y, validation_data = _held_out(x, y, validation_split)
         dataset, steps = self._dataset(x, y, batch_size, shuffle)
+        if validation_data is not None:
+            validation_data, counted = self._dataset(*_pair(validation_data), validation_batch_size or batch_size,
+                                                     shuffle=False, names="validation x and y")
+            validation_steps = validation_steps or counted
+            if validation_steps is None:
+                raise ValueError("validation_steps must be given with a dtensor.DTensorDataset as validation_data. "
+                                 "Received: validation_steps=None")
         return super().fit(dataset, epochs=epochs, verbose=verbose, callbacks=callbacks,
-                           steps_per_epoch=steps_per_epoch or steps, **kwargs)
+                           steps_per_epoch=steps_per_epoch or steps, validation_data=validation_data,
+                           validation_steps=validation_steps, **kwargs)
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: Any = None, verbose: Any = "auto",
                  steps: Any = None, **kwargs: Any) -> Any:
@@ -196,7 +253,7 @@ class MeshTrainer(tf.keras.Model):
 
         batch_size = positive_int("batch_size", 32 if batch_size is None else batch_size)
         x = np.asarray(x)
-        forward = tf.function(lambda xb: self.model(xb, training=False))
+        forward = tf.function(self._infer)
         outputs = []
         for start in range(0, len(x), batch_size):
             xb = dtensor.copy_to_mesh(x[start:start + batch_size], dtensor.Layout.replicated(self.dmesh, x.ndim))
@@ -206,3 +263,29 @@ class MeshTrainer(tf.keras.Model):
     def get_weights(self) -> list[Any]:
         return [host_value(v) for v in self.model.weights]
 
+
+def _pair(validation_data: Any) -> tuple[Any, Any]:
+    """``(x, y)`` of ``fit``'s ``validation_data``: a pair of arrays, or a DTensorDataset."""
+    if isinstance(validation_data, dtensor.DTensorDataset):
+        return validation_data, None
+    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
+        return validation_data[0], validation_data[1]
+    raise ValueError("validation_data on a mesh must be a pair (x_val, y_val) of arrays or a dtensor.DTensorDataset; "
+                     "sample weights are not supported. Received: validation_data of type "
+                     f"{type(validation_data).__name__}" + (f" with {len(validation_data)} items"
+                                                             if isinstance(validation_data, (tuple, list)) else ""))
+
+
+def _held_out(x: Any, y: Any, validation_split: float) -> tuple[Any, Any, tuple[Any, Any]]:
+    """The last ``validation_split`` of the examples held out, as Keras' own ``fit`` does."""
+    import math
+
+    import numpy as np
+
+    number("validation_split", validation_split, above=0.0, below=1.0)
+    if isinstance(x, dtensor.DTensorDataset) or y is None:
+        raise ValueError("validation_split needs arrays x and y to split; with a dtensor.DTensorDataset pass "
+                         f"validation_data. Received: x of type {type(x).__name__}")
+    x, y = np.asarray(x), np.asarray(y)
+    cut = int(math.floor(len(x) * (1.0 - validation_split)))
+    return x[:cut], y[:cut], (x[cut:], y[cut:])
