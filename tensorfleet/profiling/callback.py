@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from tensorfleet.profiling.recorder import Capture, StepRange, task_directory
-from tensorfleet.profiling.remote import RemoteCapture, remote_tasks, trace_duration_ms
 
 __all__ = ["ProfileCallback"]
 
@@ -50,8 +48,6 @@ class ProfileCallback(tf.keras.callbacks.Callback):
         self._supports_tf_logs = True
         self.capture = Capture(task_directory(logdir, task), StepRange.parse(steps))
         self.seen = 0  # batches of this fit finished so far: the number of the next step
-        self.remote: RemoteCapture | None = None
-        self._began = (0.0, 0)  # when the first step this callback saw ended, and its count
         self._epochs = 0
         self._owner: Any = None
 
@@ -59,32 +55,9 @@ class ProfileCallback(tf.keras.callbacks.Callback):
     def directory(self) -> Path:
         return self.capture.directory
 
-    def _coordinator(self) -> Any:
-        return getattr(self.model, "_cluster_coordinator", None)
-
-    def _start(self) -> None:
-        coordinator = self._coordinator()
-        if self.remote is not None and coordinator is not None:
-            coordinator.join()  # no step scheduled before the chosen ones runs inside the traces
-            # The pace since the first step ended (that one also traced the step function).
-            began, at = self._began
-            pace = (time.monotonic() - began) / (self.seen - at) if at and self.seen > at else None
-            steps = self.capture.steps
-            self.remote.start(trace_duration_ms(steps.last - steps.first + 1, pace))
-        self.capture.start()
-
-    def _stop(self) -> None:
-        coordinator = self._coordinator()
-        if self.capture.running and self.remote is not None and coordinator is not None:
-            coordinator.join()  # the chosen steps end inside the traces
-        self.capture.stop()
-        if self.remote is not None and self.remote.started:
-            self.remote.finish()
-            self.remote = None
-
     def _stop_if_past(self) -> None:
         if self.capture.running and self.seen > self.capture.steps.last:
-            self._stop()
+            self.capture.stop()
 
     def _batch_hooks(self, needed: bool) -> None:
         """Lets Keras skip its per-step hook dispatch when neither this callback nor another needs it."""
@@ -96,12 +69,12 @@ class ProfileCallback(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs: Any = None) -> None:
         self.seen = 0
         self._epochs = 0
-        self._began = (0.0, 0)
         self._owner = _calling_list(self)
-        tasks = remote_tasks(self.model.distribute_strategy)
-        self.remote = RemoteCapture(self.directory.parent, tasks) if tasks else None
+        coordinator = getattr(self.model, "_cluster_coordinator", None)  # set by fit under a parameter server
+        if coordinator is not None:
+            self.capture.coordinate(coordinator)
         if self.capture.steps.first == 0:
-            self._start()
+            self.capture.start()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         per_epoch = (self.params or {}).get("steps")
@@ -109,6 +82,7 @@ class ProfileCallback(tf.keras.callbacks.Callback):
             return self._batch_hooks(True)
         self.seen = self._epochs * per_epoch
         self._epochs += 1
+        self.capture.mark(self.seen)
         # The profiler starts at the end of the step before the first chosen one and stops at the
         # beginning of the one after the last: those steps' epochs need the hooks, no other does.
         first, last = self.capture.steps.first - 1, self.capture.steps.last + 1
@@ -119,10 +93,9 @@ class ProfileCallback(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.seen += 1
-        if not self._began[1]:
-            self._began = (time.monotonic(), self.seen)
+        self.capture.mark(self.seen)
         if self.seen == self.capture.steps.first:
-            self._start()  # inside the previous step's annotation, which is therefore not recorded
+            self.capture.start()  # inside the previous step's annotation, which is therefore not recorded
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         per_epoch = (self.params or {}).get("steps")
@@ -131,6 +104,6 @@ class ProfileCallback(tf.keras.callbacks.Callback):
         self._stop_if_past()
 
     def on_train_end(self, logs: Any = None) -> None:
-        self._stop()
+        self.capture.stop()
         self._batch_hooks(True)
         self._owner = None

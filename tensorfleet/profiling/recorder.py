@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -100,18 +101,56 @@ def task_directory(logdir: str | os.PathLike[str], task: str | None = None,
 
 
 class Capture:
-    """The profiler, on for the steps of ``steps`` only (see :func:`capture`)."""
+    """The profiler, on for the steps of ``steps`` only (see :func:`capture`).
+
+    With a parameter-server job's ``ClusterCoordinator`` (:meth:`coordinate`) the workers and ps
+    tasks are recorded too, each into its own folder beside this one (see
+    :mod:`tensorfleet.profiling.remote`): :meth:`start` first waits for the steps already scheduled,
+    :meth:`stop` for the chosen ones and then for the other tasks' traces.
+    """
 
     def __init__(self, directory: Path, steps: StepRange | None) -> None:
         self.directory = directory
         self.steps = steps
         self.running = False
         self.recorded: list[int] = []
+        self.coordinator: Any = None
+        self.remote: Any = None
+        self._first_mark = (0.0, 0)  # when the first noted step ended, and the steps done then
+        self._done = 0
+
+    def coordinate(self, coordinator: Any) -> None:
+        """Records the worker and ps tasks of ``coordinator``'s job too; nothing changes for other jobs."""
+        from tensorfleet.profiling.remote import RemoteCapture, remote_tasks
+
+        tasks = remote_tasks(getattr(coordinator, "strategy", None))
+        if tasks and self.steps is None:
+            raise ValueError("Recording a parameter-server job needs the steps to record (steps='20-30'): its "
+                             "workers are traced for a fixed time. Received: steps=None")
+        self.coordinator = coordinator if tasks else None
+        self.remote = RemoteCapture(self.directory.parent, tasks) if tasks else None
+        self._first_mark, self._done = (0.0, 0), 0
+
+    def mark(self, done: int) -> None:
+        """Notes that ``done`` steps have ended; the pace since the first note sizes the remote traces."""
+        if not self._first_mark[1]:
+            self._first_mark = (time.monotonic(), done)
+        self._done = done
+
+    def _start_remote(self) -> None:
+        from tensorfleet.profiling.remote import trace_duration_ms
+
+        self.coordinator.join()  # no step scheduled before the chosen ones runs inside the traces
+        began, at = self._first_mark  # the first step also traced the step function: its time is left out
+        pace = (time.monotonic() - began) / (self._done - at) if at and self._done > at else None
+        self.remote.start(trace_duration_ms(self.steps.last - self.steps.first + 1, pace))
 
     def start(self) -> None:
         import tensorflow as tf
 
         if not self.running:
+            if self.remote is not None and not self.remote.started:
+                self._start_remote()
             self.directory.mkdir(parents=True, exist_ok=True)
             tf.profiler.experimental.start(str(self.directory))
             self.running = True
@@ -120,14 +159,20 @@ class Capture:
         import tensorflow as tf
 
         if self.running:
+            if self.remote is not None:
+                self.coordinator.join()  # the chosen steps end inside the traces
             self.running = False
             tf.profiler.experimental.stop()
+        if self.remote is not None and self.remote.started:
+            self.remote.finish()
+            self.remote = None
 
     @contextlib.contextmanager
     def step(self, number: int) -> Iterator[None]:
         """Runs one training step of a custom loop; records it when ``number`` is a chosen step."""
         if self.steps is None or number not in self.steps:
             yield
+            self.mark(number + 1)
             return
         import tensorflow as tf
 
@@ -140,12 +185,14 @@ class Capture:
 
 
 @contextlib.contextmanager
-def capture(logdir: str | os.PathLike[str], steps: Any = None, *, task: str | None = None) -> Iterator[Capture]:
+def capture(logdir: str | os.PathLike[str], steps: Any = None, *, task: str | None = None,
+            coordinator: Any = None) -> Iterator[Capture]:
     """Records a profiler trace into ``logdir/<task>``.
 
     Without ``steps`` the whole block is recorded (``fit`` marks its own steps). With ``steps``,
     wrap each step of a custom loop in ``cap.step(n)``: only the chosen steps are recorded, and
-    outside them the profiler is off.
+    outside them the profiler is off. With the ``ClusterCoordinator`` of a parameter-server job
+    (and ``steps``), its workers and ps tasks are recorded too, one folder each beside this task's.
 
     Example:
         >>> import tensorfleet as tfl
@@ -157,6 +204,8 @@ def capture(logdir: str | os.PathLike[str], steps: Any = None, *, task: str | No
     """
     chosen = None if steps is None else StepRange.parse(steps)
     session = Capture(task_directory(logdir, task), chosen)
+    if coordinator is not None:
+        session.coordinate(coordinator)
     if chosen is None:
         session.start()
     try:

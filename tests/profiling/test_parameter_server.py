@@ -28,6 +28,25 @@ def ps_profile(tmp_path_factory) -> Path:
     return root / "prof"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_capture_in_a_custom_loop_records_the_workers_and_ps_through_the_coordinator(tmp_path):
+    from tensorfleet.profiling.xspace import StepSource, task_traces
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run([sys.executable, "-m", "tensorfleet.cli.main", "launch", "--workers", "2", "--ps", "1",
+                           str(SCRIPT), "--loop", str(tmp_path / "prof")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[chief:0] iterations=24" in done.stdout
+    traces = {t.task: t for t in task_traces(tmp_path / "prof")}
+    assert sorted(traces) == ["chief-0", "ps-0", "worker-0", "worker-1"]
+    assert [s.number for s in traces["chief-0"].steps] == list(range(6, 14))  # ps_job.LOOP_STEPS
+    workers = [traces["worker-0"], traces["worker-1"]]
+    assert {t.step_source for t in workers if t.steps} == {StepSource.FUNCTION}
+    assert sum(len(t.steps) for t in workers) == 8 == traces["ps-0"].served
+
+
 def _op_types(path: Path) -> set[str]:
     """The op types (``name:OpType`` events) in one trace file, read with the profiler's protos."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
