@@ -132,6 +132,7 @@ def plot_results(out: Path, records: list[TrialRecord], *, objective: str, direc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ids = [r.trial_id for r in records]
@@ -152,6 +153,12 @@ def plot_results(out: Path, records: list[TrialRecord], *, objective: str, direc
             ax.plot(values, [p[1] for p in pairs], "o")
             if min(values) > 0 and max(values) / min(values) >= 100:
                 ax.set_xscale("log")
+            elif all(isinstance(v, int) for v in values):  # hp.Int: ticks on whole values only
+                distinct = sorted(set(values))
+                if len(distinct) <= 8:
+                    ax.set_xticks(distinct)
+                else:
+                    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
         else:  # choices of strings or booleans: one column each
             labels = sorted({str(v) for v in values})
             ax.plot([labels.index(str(v)) for v in values], [p[1] for p in pairs], "o")
