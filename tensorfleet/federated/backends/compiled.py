@@ -217,10 +217,12 @@ class CompiledFedAvg:
         import tensorflow as tf
 
         B = self.batch_size
-        for v, w in zip(self.variables, weights):
-            v.assign(w)
+        if self.local_steps:  # (FedSGD's clients all start where the round set the model)
+            for v, w in zip(self.variables, weights):
+                v.assign(w)
         opt_state = self.client_optimizer.initialize(tuple(self._specs)) if self.local_steps else ()
-        grad_sum = [tf.zeros_like(w) for w in weights]
+        # Only FedSGD sums gradients: no loop variables that a step does not change.
+        grad_sum = [] if self.local_steps else [tf.zeros_like(w) for w in weights]
 
         def step(s: Any, carry: Any) -> Any:
             opt_state, grad_sum, loss_acc, correct_acc = carry
@@ -294,7 +296,10 @@ class CompiledFedAvg:
         zero = tf.constant(0.0)
         sizes = [int(np.prod(w.shape)) for w in self._specs]
         rows = tf.zeros([self.clients_per_round, sum(sizes) if self.statistic is not None else 0])
-        acc = ([tf.zeros_like(w) for w in weights], rows, zero, zero, zero, zero)
+        acc = ([tf.zeros_like(w) for w in weights] if self.statistic is None else [], rows, zero, zero, zero, zero)
+        if not self.local_steps:
+            for v, w in zip(self.variables, weights):
+                v.assign(w)
         update_sum, rows, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
         if self.dp_clip is not None:
             mean_update = dp_noised_mean(update_sum, clip * self.dp_noise, self.clients_per_round, self.noise_seed,
