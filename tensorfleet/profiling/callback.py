@@ -49,6 +49,7 @@ class ProfileCallback(tf.keras.callbacks.Callback):
         self.capture = Capture(task_directory(logdir, task), StepRange.parse(steps))
         self.seen = 0  # batches of this fit finished so far: the number of the next step
         self._epochs = 0
+        self._epoch_base = 0  # steps done before this epoch
         self._owner: Any = None
 
     @property
@@ -67,8 +68,7 @@ class ProfileCallback(tf.keras.callbacks.Callback):
             owner._should_call_train_batch_hooks = needed or others
 
     def on_train_begin(self, logs: Any = None) -> None:
-        self.seen = 0
-        self._epochs = 0
+        self.seen = self._epoch_base = self._epochs = 0
         self._owner = _calling_list(self)
         coordinator = getattr(self.model, "_cluster_coordinator", None)  # set by fit under a parameter server
         if coordinator is not None:
@@ -79,8 +79,9 @@ class ProfileCallback(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         per_epoch = (self.params or {}).get("steps")
         if not per_epoch:
+            self._epoch_base = self.seen
             return self._batch_hooks(True)
-        self.seen = self._epochs * per_epoch
+        self.seen = self._epoch_base = self._epochs * per_epoch
         self._epochs += 1
         self.capture.mark(self.seen)
         # The profiler starts at the end of the step before the first chosen one and stops at the
@@ -92,10 +93,13 @@ class ProfileCallback(tf.keras.callbacks.Callback):
         self._stop_if_past()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.seen += 1
+        # ``batch`` is the epoch's last step done: with steps_per_execution > 1 Keras runs several per call.
+        stride = self._epoch_base + batch + 1 - self.seen
+        self.seen += stride
         self.capture.mark(self.seen)
-        if self.seen == self.capture.steps.first:
-            self.capture.start()  # inside the previous step's annotation, which is therefore not recorded
+        steps = self.capture.steps
+        if not self.capture.running and self.seen <= steps.last and steps.first < self.seen + stride:
+            self.capture.start()  # inside the previous call's annotation, which is therefore not recorded
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         per_epoch = (self.params or {}).get("steps")

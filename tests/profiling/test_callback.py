@@ -47,3 +47,16 @@ def test_another_callback_that_needs_batch_hooks_still_gets_every_one(tmp_path):
     _fit([callback, other], epochs=3)
     assert seen == [0, 1, 2, 3] * 3
     assert len(callback.calls) == 12
+
+
+def test_with_several_steps_per_call_the_calls_holding_the_chosen_steps_are_recorded(tmp_path):
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", "mse", steps_per_execution=2)
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))).batch(2)
+    callback = profiling.ProfileCallback(tmp_path, steps="4-7")
+    model.fit(data.repeat(), steps_per_epoch=6, epochs=2, verbose=0, callbacks=[callback])
+    (trace,) = task_traces(tmp_path)
+    # Keras runs steps 4-5 (epoch 0's 4 and 5) in one call and 6-7 (epoch 1's 0 and 1) in the next;
+    # each call is annotated with its first step.
+    assert [s.number for s in trace.steps] == [4, 0]
+    assert callback.seen == 12 and not callback.capture.running
