@@ -3,8 +3,8 @@
 It does what TF Serving's REST API needs and no more: keep-alive and pipelined requests
 (answered in order), chunked or sized bodies, ``Expect: 100-continue``, a body limit (413 once
 the body has been read, so the client sees the reply rather than a reset), malformed requests
-(400, then the connection closes), and a drain on stop (stop listening, finish what is in flight,
-close). A handler gets ``(method, path, body)`` and returns a :class:`Reply`, or an asyncio
+(400, then the connection closes), idle keep-alive connections closed after ``idle_seconds``, and
+a drain on stop (stop listening, finish what is in flight, close). A handler gets ``(method, path, body)`` and returns a :class:`Reply`, or an asyncio
 future of one for work that runs elsewhere (a prediction); nothing per request is built that the
 reply does not need, so a request costs the event loop a few tens of microseconds.
 """
@@ -68,6 +68,7 @@ class _Connection(asyncio.Protocol):
         self._size = 0
         self._expected = 0
         self._continue = False
+        self.last = time.monotonic()
 
     # asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
@@ -79,6 +80,7 @@ class _Connection(asyncio.Protocol):
         self.closing = True
 
     def data_received(self, data: bytes) -> None:
+        self.last = time.monotonic()
         if self.closing:
             return
         try:
@@ -141,6 +143,7 @@ class _Connection(asyncio.Protocol):
                 self.transport.write(_head(done.reply.status, done.reply.content_type, len(done.reply.body), close)
                                      + done.reply.body)
             self.server.observe(done.path, done.reply.status, time.perf_counter() - done.start)
+            self.last = time.monotonic()
             if close:
                 self._close()
                 return
@@ -170,11 +173,15 @@ class HttpServer:
         error: ``(status, message) -> Reply`` for what the server refuses itself (400, 413, 500).
         max_body_bytes: bodies over this get 413.
         observe: called with (path, status, seconds) for every answered request.
+        idle_seconds: a keep-alive connection with nothing in flight is closed after this long
+            without a byte from its client (as aiohttp's keep-alive timeout; 75 s by default).
     """
 
     def __init__(self, handler: Handler, error: Callable[[int, str], Reply], *, max_body_bytes: int,
-                 observe: Observer | None = None) -> None:
+                 observe: Observer | None = None, idle_seconds: float = 75.0) -> None:
         self.handler, self.error, self.max_body_bytes = handler, error, max_body_bytes
+        self.idle_seconds = idle_seconds
+        self._sweeper: asyncio.TimerHandle | None = None
         self.observe = observe or (lambda path, status, seconds: None)
         self.connections: set[_Connection] = set()
         self.draining = False
@@ -196,10 +203,21 @@ class HttpServer:
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
+        self._sweeper = loop.call_later(self.idle_seconds / 4, self._sweep)
+
+    def _sweep(self) -> None:
+        """Closes the keep-alive connections idle for longer than ``idle_seconds``."""
+        oldest = time.monotonic() - self.idle_seconds
+        for connection in list(self.connections):
+            if not connection.slots and connection.last < oldest:
+                connection._close()
+        self._sweeper = asyncio.get_running_loop().call_later(self.idle_seconds / 4, self._sweep)
 
     async def stop(self, drain_seconds: float) -> None:
         """Stops listening, lets the requests in flight be answered (up to ``drain_seconds``), closes."""
         self.draining = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):

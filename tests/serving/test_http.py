@@ -72,3 +72,38 @@ def test_a_chunked_body_over_the_limit_gets_413_and_a_malformed_request_400(serv
     [(status, headers, reply)] = _exchange(server.rest_api_port, b"NOT HTTP AT ALL\r\n\r\n")
     assert status == b"HTTP/1.1 400 Bad Request" and headers[b"connection"] == b"close"
     assert json.loads(reply)["error"].startswith("Malformed HTTP request: ")
+
+
+def test_an_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not():
+    import asyncio
+    import threading
+    import time
+
+    import portpicker
+
+    from tensorfleet.serving.http import HttpServer, Reply
+
+    loop = asyncio.new_event_loop()
+    port = portpicker.pick_unused_port()
+    slow: asyncio.Future = loop.create_future()
+
+    def handler(method: str, path: str, body: bytes):
+        return slow if path == "/slow" else Reply(200, b"{}")
+
+    server = HttpServer(handler, lambda status, message: Reply(status, b"{}"), max_body_bytes=100, idle_seconds=0.4)
+    loop.run_until_complete(server.start("127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle, \
+                socket.create_connection(("127.0.0.1", port), timeout=10) as busy:
+            busy.sendall(b"GET /slow HTTP/1.1\r\n\r\n")
+            time.sleep(1.5)
+            assert idle.recv(100) == b""  # closed by the server
+            loop.call_soon_threadsafe(slow.set_result, Reply(200, b'{"late": 1}'))
+            assert busy.recv(1000).endswith(b'\r\n\r\n{"late": 1}')
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
