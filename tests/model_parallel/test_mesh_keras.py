@@ -62,10 +62,6 @@ def test_what_cannot_be_split_is_replicated_with_a_note():
     assert table.mesh_axes == (None, None)
     assert table.note == ("embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows "
                           "are whole")
-    sequence = layout.weight(_layers.Dense(16, name="up"), "up/kernel", "kernel", (8, 16), input_rank=3)
-    assert sequence.mesh_axes == (None, None)
-    assert sequence.note == ("a Dense over inputs of rank above 2 stays replicated: TF 2.14's DTensor aborts the "
-                             "process on its split tensordot (\"Check failed: size >= 0\")")
     assert not _layout("batch:b").weight(_layers.Conv2D(8, 3), "c/kernel", "kernel", (3, 3, 1, 8)).note
     odd = layout.weight(_layers.Dense(5, name="out"), "out/kernel", "kernel", (16, 5))
     assert odd.mesh_axes == (None, None)
@@ -319,9 +315,10 @@ def test_small_gpt_fit_on_a_2x2_mesh_matches_one_device_after_5_adam_steps():
     assert out["weight_diff"] < 1e-5, out["weight_diff"]
     layouts = out["layouts"]
     assert layouts["attn0/query/kernel"] == ["-", "m", "-"] and layouts["attn1/attention_output/kernel"] == ["m", "-", "-"]
-    assert layouts["embed/embeddings"] == ["-", "-"] and layouts["up0/kernel"] == ["-", "-"]
-    assert out["notes"] == ["a Dense over inputs of rank above 2 stays replicated",
-                            "embedding tables stay replicated"]
+    # the MLP and the output head, Dense layers over the sequence, split their units too
+    assert layouts["up0/kernel"] == ["-", "m"] and layouts["down1/bias"] == ["m"] and layouts["head/kernel"] == ["-", "m"]
+    assert layouts["embed/embeddings"] == ["-", "-"]
+    assert out["notes"] == ["embedding tables stay replicated"]
 
 
 _RESNET_SCRIPT = r"""
@@ -351,6 +348,13 @@ reference.set_weights(initial)  # the tape's forward pass moved the normalizatio
 reference.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
 ref_steps = Steps()
 reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[ref_steps])
+unfused = build()  # one device computing BatchNormalization with the ops the mesh uses
+for layer in unfused.submodules:
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+        layer.fused = False
+unfused.set_weights(initial)
+unfused.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+unfused.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
 with mesh.scope() as layout:
     model = build()
@@ -362,7 +366,8 @@ trainer.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[
 print("RESULT " + json.dumps({
     "steps": steps.losses, "ref_steps": ref_steps.losses, "first_grads": first_grads,
     "names": [v.name for v in model.weights],
-    "diffs": [float(np.abs(a - b).max()) for a, b in zip(trainer.get_weights(), reference.get_weights())]}))
+    "diffs": [float(np.abs(a - b).max()) for a, b in zip(trainer.get_weights(), reference.get_weights())],
+    "unfused_diffs": [float(np.abs(a - b).max()) for a, b in zip(trainer.get_weights(), unfused.get_weights())]}))
 """
 
 
@@ -388,11 +393,13 @@ def test_resnet8_fit_on_a_2x2_mesh_matches_one_device_after_5_adam_steps():
     assert sum(d >= 1e-5 for d in rest.values()) <= 1, rest
     assert max(diffs[i] for i in zero_gradient) < 5 * 1e-3
     assert max(diffs[i] for i in moving) < 1e-3
-
-
-def test_zero_stages_beyond_1_are_refused():
-    with pytest.raises(ValueError, match=r"^zero must be an integer from 0 to 1. Received: zero=2$"):
-        Mesh("b:2;m:2", "batch:b;hidden:m", zero=2)
+    # That element's cause: one device normalizes with TensorFlow's fused kernel (oneDNN's on this
+    # CPU), which DTensor cannot lay out, the mesh with the unfused ops (same maths, other rounding).
+    # Against one device computing the unfused ops too, every weight with a gradient is within 1e-5
+    # (measured 3.4e-6) and the moving statistics within 1e-4 (measured 1.9e-5).
+    unfused = out["unfused_diffs"]
+    assert max(d for i, d in enumerate(unfused) if i not in zero_gradient | moving) < 1e-5, unfused
+    assert max(unfused[i] for i in moving) < 1e-4 and max(unfused[i] for i in zero_gradient) < 5 * 1e-3
 
 
 _ZERO_SCRIPT = r"""

@@ -18,12 +18,14 @@ has its dimensions named by the layer's kind (:func:`weight_dimensions`):
 =========================  ======================================  =================================
 layer                      weight (shape)                          dimension names
 =========================  ======================================  =================================
-Dense, EinsumDense         kernel (in, units), bias (units)        ``hidden`` on the units (a Dense
-                                                                   over sequences: kept whole, 6.)
+Dense, EinsumDense         kernel (in, units), bias (units)        ``hidden`` on the units (also a
+                                                                   Dense over sequences, 6.)
 MultiHeadAttention         query/key/value kernel (d, heads, k)    ``heads``
                            attention_output kernel (heads, k, d)   ``heads``; its bias replicated
 Embedding                  embeddings (vocab, dim)                 ``vocab``: kept whole, see 7.
-Conv1D/2D, DepthwiseConv   kernel (..., in, out), bias (out)       ``channels``: kept whole, see 4.
+Conv1D/2D                  kernel (..., in, out), bias (out)       ``channels``: kept whole, see 4.
+DepthwiseConv2D            depthwise_kernel (kh, kw, channels, q)  ``channels`` (channels_last), see 8.
+                           bias (channels * q)                     ``channels``
 LayerNormalization,        gamma, beta, moving statistics          replicated: each is read whole
 BatchNormalization                                                 by every shard of its input
 =========================  ======================================  =================================
@@ -64,9 +66,11 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
 4. A convolution needs a fully replicated filter ("Filter for convolution must have fully
    replicated layout"): ``channels`` leaves convolution kernels replicated, with a note.
 5. ``get_weights()`` of a sharded DVariable fails; the trainer gathers shards to the host.
-6. A Dense over inputs of rank 3 (a sequence) with its units split aborts the whole process
-   ("Check failed: size >= 0 (0 vs. -1)", in the reshape of Keras' tensordot): such a Dense stays
-   replicated, with a note; the attention heads of a sequence model split fine.
+6. A Dense over inputs of rank 3 (a sequence) multiplies with ``tf.tensordot``, whose last
+   ``Reshape`` (to a shape computed at run time) DTensor cannot expand once the units are split: the
+   process aborts ("Check failed: size >= 0 (0 vs. -1)"). On the mesh such a Dense multiplies with
+   one ``tf.einsum`` instead (:mod:`.keras_layers`), which DTensor expands shard by shard: the MLP
+   and output head of a transformer split their units like any Dense, equal to one device.
 7. A gather from a table split by rows fails ("DTensor does not support sharded 0th dimension
    for the resource tensor for ResourceGatherOp"): ``vocab`` leaves embedding tables replicated,
    with a note.
@@ -74,10 +78,15 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
    ``DepthwiseConv2dNativeBackpropFilter`` (DepthwiseConv2D). The trainer takes gradients with
    ``tf.gradients`` under a gradient override that spreads each pooled gradient evenly over its
    window (non-overlapping VALID pools, the Keras default), which DTensor lays out: ResNet-8 (it
-   pools with AveragePooling2D) trains. DepthwiseConv2D still cannot train on a DTensor mesh.
-9. Dropout with a rate above 0 draws its masks from a ``tf.random.Generator`` whose stream on a
-   mesh differs from one device's: same distribution, other numbers (the scope turns Keras'
-   generator-based random layers on, as DTensor requires, and restores the choice on exit).
+   pools with AveragePooling2D) trains. DepthwiseConv2D computes on the mesh as a sum over its
+   kernel taps of strided slices times per-channel weights (:mod:`.keras_layers`), which DTensor
+   lays out and differentiates, split along channels by the ``channels`` rule.
+9. Dropout draws its masks from a ``tf.random.Generator`` (the scope turns Keras' generator-based
+   random layers on, as DTensor requires, and restores the choice on exit). DTensor gives each
+   shard of a split random draw a key of its own, so the mask would not be one device's; on the
+   mesh the draw is made whole on every device and each keeps its part (:mod:`.keras_layers`): the
+   same mask as one device whose Keras uses the generator too
+   (``tf.keras.backend.experimental.enable_tf_random_generator()``) with the same layer seed.
 
 **Optimizer state (ZeRO).** ``Mesh(..., zero=1)`` splits every optimizer slot over the ``batch``
 mesh dimension as well (stage 1 of Rajbhandari et al., 2020): each data replica keeps its part of
@@ -100,6 +109,8 @@ import dataclasses
 import re
 from typing import Any, Mapping, Sequence
 
+from tensorfleet.model_parallel.mesh.keras_layers import adapt
+
 __all__ = ["KEPT_WHOLE", "KerasLayout", "WeightLayout", "weight_dimensions"]
 
 
@@ -118,6 +129,9 @@ def weight_dimensions(layer: Any, name: str, rank: int, input_rank: int = 2) -> 
 
     layers = tf.keras.layers
     axes: list[str | None] = [None] * rank
+    if isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
+        axes[2 if name == "depthwise_kernel" and rank == 4 else 0] = "channels"  # (kh, kw, channels, multiplier)
+        return tuple(axes), ""
     if isinstance(layer, (layers.Conv1D, layers.Conv2D, layers.Conv3D, layers.DepthwiseConv2D)):
         return tuple(axes), "channels"
     if isinstance(layer, layers.Embedding):
@@ -128,8 +142,6 @@ def weight_dimensions(layer: Any, name: str, rank: int, input_rank: int = 2) -> 
         axes[0] = "heads"  # (heads, key_dim, d_model)
     elif isinstance(layer, layers.EinsumDense) and layer.name == "attention_output":
         pass  # the output bias is added after the heads are summed
-    elif isinstance(layer, layers.Dense) and input_rank > 2:
-        return tuple(axes), "hidden"
     elif isinstance(layer, (layers.Dense, layers.EinsumDense)) and name in ("kernel", "bias") and rank >= 1:
         axes[-1] = "hidden"
     return tuple(axes), ""
@@ -137,8 +149,6 @@ def weight_dimensions(layer: Any, name: str, rank: int, input_rank: int = 2) -> 
 
 KEPT_WHOLE = {
     "channels": "convolution kernels stay replicated: TF 2.14's DTensor convolves only with a replicated filter",
-    "hidden": "a Dense over inputs of rank above 2 stays replicated: TF 2.14's DTensor aborts the process on its "
-              "split tensordot (\"Check failed: size >= 0\")",
     "vocab": "embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows are whole",
 }
 """Why a dimension a rule names is not split in some weights, as the note on those weights says it."""
@@ -205,6 +215,7 @@ class KerasLayout:
         """The layout of weight ``name`` (at ``path``) of ``layer`` (called on inputs of ``input_rank``),
         recorded in :attr:`decided`."""
         shape = tuple(int(s) for s in shape)
+        adapt(layer, input_rank, self.batch_axis)  # the same maths in ops DTensor lays out, where Keras' own ops are not
         for pattern, axes in self.patterns.items():
             if re.search(pattern, path):
                 if len(axes) != len(shape):

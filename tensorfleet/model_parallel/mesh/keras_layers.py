@@ -1,0 +1,163 @@
+"""Keras layers whose computation TF 2.14's DTensor cannot lay out as Keras writes it, computed on a mesh
+with the same maths in ops it can lay out.
+
+When a weight of such a layer is laid out (:meth:`.keras_layout.KerasLayout.weight`), :func:`adapt`
+gives that layer (that instance only, so only models built inside ``mesh.scope()``) a ``call`` of
+the same maths:
+
+- **Dense over sequences** (inputs of rank 3 or more). Keras multiplies with ``tf.tensordot``, which
+  flattens the input to ``(batch * seq, in)``, multiplies, and reshapes the product back with a shape
+  computed at run time from ``tf.shape(inputs)``; DTensor's SPMD expansion of that last ``Reshape``
+  cannot tell the local size of a split output axis from a run-time shape and aborts the process
+  ("Check failed: size >= 0 (0 vs. -1)") once the kernel's units are split. On the mesh the product
+  is one ``tf.einsum`` (``"abi,io->abo"``), which DTensor expands shard by shard (the attention layers
+  multiply the same way): each device computes its columns, with the same products and sums.
+- **DepthwiseConv2D**. DTensor convolves only with a replicated filter, and its gradient
+  ``DepthwiseConv2dNativeBackpropFilter`` has no layout propagation at all. On the mesh the
+  convolution is the sum over kernel taps of strided slices of the (padded) input times that tap's
+  per-channel weights: elementwise ops, split along channels like the kernel (``channels`` rule),
+  with gradients DTensor lays out.
+- **Dropout** (and the dropout inside MultiHeadAttention). Keras draws the keep mask from the
+  layer's ``tf.random.Generator`` with the shape of the input; DTensor expands a random op whose
+  output is split by giving each shard a key derived from its mesh coordinates, so the mesh's mask
+  is not one device's. On the mesh the uniform draw is relaid out to be whole on every device
+  (DTensor then draws the full tensor with the unchanged key, as one device does) and each device
+  keeps its part: the same mask as a one-device run whose Keras uses a ``tf.random.Generator`` for
+  its random layers too (``tf.keras.backend.experimental.enable_tf_random_generator()``) with the
+  same layer seed.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+__all__ = ["adapt", "depthwise_conv2d"]
+
+
+def adapt(layer: Any, input_rank: int, batch_axis: str | None = None) -> bool:
+    """Gives ``layer`` a ``call`` DTensor can lay out if it needs one (Dense over inputs of rank above
+    2, DepthwiseConv2D, Dropout); returns whether it did. ``batch_axis``: the mesh dimension the
+    batch is split over. Idempotent."""
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    if getattr(layer, "_mesh_call", None) is not None:
+        return True
+    if isinstance(layer, layers.Dense) and input_rank > 2:
+        call = _dense_call
+    elif isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
+        call = _depthwise_call
+    elif isinstance(layer, layers.Dropout):
+        call = _dropout_call
+    else:
+        return False
+    # The instance's own attribute: Keras' __call__ looks up self.call on every call after the build.
+    object.__setattr__(layer, "_mesh_call", call)
+    object.__setattr__(layer, "_mesh_batch_axis", batch_axis)
+    object.__setattr__(layer, "call", types.MethodType(call, layer))
+    return True
+
+
+def _dense_call(self: Any, inputs: Any) -> Any:
+    import tensorflow as tf
+
+    if inputs.dtype.base_dtype != self._compute_dtype_object.base_dtype:
+        inputs = tf.cast(inputs, dtype=self._compute_dtype_object)
+    if inputs.shape.rank is None or inputs.shape.rank <= 2 or isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
+        return type(self).call(self, inputs)
+    lead = "abcdefgh"[:inputs.shape.rank - 1]  # DTensor's einsum takes no "...": one letter per axis
+    outputs = tf.einsum(f"{lead}i,io->{lead}o", inputs, self.kernel)
+    if self.use_bias:
+        outputs = tf.nn.bias_add(outputs, self.bias)
+    return self.activation(outputs) if self.activation is not None else outputs
+
+
+def depthwise_conv2d(x: Any, kernel: Any, strides: tuple[int, int], padding: str,
+                     dilation_rate: tuple[int, int]) -> Any:
+    """``tf.nn.depthwise_conv2d`` of NHWC ``x`` (static height and width) with ``kernel`` of shape
+    ``(kh, kw, channels, multiplier)``, as a sum over the kernel's taps of strided slices times
+    per-channel weights; output channel ``c * multiplier + q`` as TensorFlow orders them."""
+    import tensorflow as tf
+
+    kh, kw, channels, multiplier = (int(s) for s in kernel.shape)
+    (sh, sw), (dh, dw) = strides, dilation_rate
+    height, width = int(x.shape[1]), int(x.shape[2])
+    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    if padding.lower() == "same":
+        out_h, out_w = -(-height // sh), -(-width // sw)
+        pad_h = max((out_h - 1) * sh + span_h - height, 0)
+        pad_w = max((out_w - 1) * sw + span_w - width, 0)
+        # TensorFlow's SAME: the odd pixel goes after. Zeros concatenated, not tf.pad: DTensor pads only
+        # where the padded tensor's layout equals its input's, which its layout propagation may not choose.
+        x = _zero_pad(x, 1, pad_h // 2, pad_h - pad_h // 2)
+        x = _zero_pad(x, 2, pad_w // 2, pad_w - pad_w // 2)
+    else:
+        out_h, out_w = (height - span_h) // sh + 1, (width - span_w) // sw + 1
+    outputs = []
+    for q in range(multiplier):
+        total = None
+        for i in range(kh):
+            for j in range(kw):
+                tap = x[:, i * dh:i * dh + (out_h - 1) * sh + 1:sh, j * dw:j * dw + (out_w - 1) * sw + 1:sw, :]
+                term = tap * kernel[i, j, :, q]
+                total = term if total is None else total + term
+        outputs.append(total)
+    if multiplier == 1:
+        return outputs[0]
+    return tf.reshape(tf.stack(outputs, axis=-1), [-1, out_h, out_w, channels * multiplier])
+
+
+def _zero_pad(x: Any, axis: int, before: int, after: int) -> Any:
+    import tensorflow as tf
+
+    if not before and not after:
+        return x
+    zero = tf.zeros_like(tf.gather(x, [0], axis=axis))
+    return tf.concat([zero] * before + [x] + [zero] * after, axis=axis)
+
+
+def _depthwise_call(self: Any, inputs: Any) -> Any:
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    kernel_layout = getattr(self.depthwise_kernel, "layout", None)
+    if kernel_layout is not None:
+        # The input whole along channels (split along the batch only): DTensor's layout propagation
+        # would otherwise ask the layer before to split its output along channels as the kernel is,
+        # which a Concatenate over channels cannot do ("concat dimension in sharded dimension").
+        spec = [self._mesh_batch_axis or dtensor.UNSHARDED] + [dtensor.UNSHARDED] * 3
+        inputs = dtensor.relayout(inputs, dtensor.Layout(spec, kernel_layout.mesh))
+    outputs = depthwise_conv2d(inputs, self.depthwise_kernel, tuple(self.strides), self.padding,
+                               tuple(self.dilation_rate))
+    if self.use_bias:
+        outputs = tf.nn.bias_add(outputs, self.bias)
+    return self.activation(outputs) if self.activation is not None else outputs
+
+
+def _dropout_call(self: Any, inputs: Any, training: Any = None) -> Any:
+    import tensorflow as tf
+    from keras.src import backend
+    from keras.src.utils import control_flow_util
+    from tensorflow.experimental import dtensor
+
+    generator = self._random_generator
+    generator._maybe_init()
+    if (isinstance(self.rate, (int, float)) and self.rate == 0) or generator._rng_type != generator.RNG_STATEFUL:
+        return type(self).call(self, inputs, training=training)
+    if training is None:
+        training = backend.learning_phase()
+
+    def uniform(shape: Any, dtype: Any) -> Any:
+        values = generator._generator.uniform(shape, dtype=dtype)
+        state = getattr(generator._generator.state, "layout", None)  # the generator's DVariable names the mesh
+        if state is None:
+            return values
+        return dtensor.relayout(values, dtensor.Layout.replicated(state.mesh, rank=values.shape.rank))
+
+    def dropped() -> Any:
+        return tf.nn.experimental.general_dropout(inputs, rate=self.rate, noise_shape=self._get_noise_shape(inputs),
+                                                  uniform_sampler=uniform)
+
+    return control_flow_util.smart_cond(training, dropped, lambda: tf.identity(inputs))
+

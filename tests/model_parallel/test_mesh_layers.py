@@ -1,0 +1,114 @@
+"""Layers a DTensor mesh computes in ops of its own (keras_layers): DepthwiseConv2D split along channels,
+Dense over sequences split along units, Dropout drawing one device's mask; each equal to one device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tensorfleet.model_parallel.mesh import KerasLayout
+from tensorfleet.model_parallel.mesh.keras_layers import depthwise_conv2d
+
+_layers = tf.keras.layers
+
+
+@pytest.mark.parametrize("kernel,strides,padding,dilation,multiplier", [
+    ((3, 3), (1, 1), "same", (1, 1), 1),
+    ((3, 3), (2, 2), "valid", (1, 1), 2),
+    ((5, 3), (2, 1), "same", (1, 1), 3),
+    ((3, 3), (1, 1), "same", (2, 2), 1),
+    ((2, 2), (2, 2), "same", (1, 1), 1),
+])
+def test_depthwise_as_slices_equals_tensorflows_depthwise_convolution(kernel, strides, padding, dilation, multiplier):
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(2, 9, 8, 4).astype("float32"))
+    k = tf.constant(rng.randn(*kernel, 4, multiplier).astype("float32"))
+    want = tf.nn.depthwise_conv2d(x, k, (1, *strides, 1), padding.upper(), dilations=dilation)
+    got = depthwise_conv2d(x, k, strides, padding, dilation)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=2e-6, rtol=0)
+
+
+def test_depthwise_kernels_and_sequence_dense_layers_split_by_the_rules():
+    layout = KerasLayout({"b": 2, "m": 2}, {"batch": "b", "hidden": "m", "channels": "m"})
+    depthwise = _layers.DepthwiseConv2D(3, depth_multiplier=2, name="dw")
+    assert layout.weight(depthwise, "dw/depthwise_kernel", "depthwise_kernel", (3, 3, 8, 2)).mesh_axes == (
+        None, None, "m", None)
+    assert layout.weight(depthwise, "dw/bias", "bias", (16,)).mesh_axes == ("m",)
+    sequence = layout.weight(_layers.Dense(16, name="up"), "up/kernel", "kernel", (8, 16), input_rank=3)
+    assert sequence.mesh_axes == (None, "m") and sequence.note == ""
+    first = _layers.DepthwiseConv2D(3, data_format="channels_first", name="nchw")
+    kept = layout.weight(first, "nchw/depthwise_kernel", "depthwise_kernel", (3, 3, 8, 1))
+    assert kept.mesh_axes == (None,) * 4 and kept.note.startswith("convolution kernels stay replicated")
+
+
+_SCRIPT = r"""
+import json
+import numpy as np
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import tensorflow as tf
+from tensorfleet.model_parallel.mesh import Mesh
+L = tf.keras.layers
+
+def build():  # DepthwiseConv2D (multiplier 1 and 2, SAME and strided), Dense over a sequence, Dropout 0.3
+    tf.keras.utils.set_random_seed(3)
+    pixels = tf.keras.Input((8, 8, 4))
+    h = L.Concatenate()([pixels, L.Conv2D(4, 1, name="pw")(pixels)])
+    h = L.DepthwiseConv2D(3, padding="same", activation="relu", name="dw")(h)
+    h = L.DepthwiseConv2D(3, strides=2, depth_multiplier=2, name="dw2")(h)
+    h = L.Reshape((9, 16))(h)
+    h = L.Dropout(0.3, seed=5, name="drop")(L.Dense(16, activation="gelu", name="up")(h))
+    h = L.GlobalAveragePooling1D()(L.Dense(8, name="down")(h))
+    return tf.keras.Model(pixels, L.Dense(10, name="out")(h))
+
+class Steps(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses = getattr(self, "losses", []) + [float(logs["loss"])]
+
+x = np.random.RandomState(0).rand(64, 8, 8, 4).astype("float32")
+y = np.arange(64) % 10
+loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+tf.keras.backend.experimental.enable_tf_random_generator()  # one device draws Dropout's masks as the mesh does
+reference = build()
+initial = reference.get_weights()
+reference.compile(tf.keras.optimizers.Adam(1e-2), loss)
+ref_steps = Steps()
+reference.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[ref_steps])
+mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
+with mesh.scope() as layout:
+    model = build()
+    trainer = mesh.keras_model(model)
+    trainer.compile(tf.keras.optimizers.Adam(1e-2), loss)
+model.set_weights(initial)
+steps = Steps()
+trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
+print("RESULT " + json.dumps({
+    "steps": steps.losses, "ref_steps": ref_steps.losses,
+    "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(), reference.get_weights()))),
+    "moved": float(max(np.abs(a - b).max() for a, b in zip(reference.get_weights(), initial))),
+    "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_depthwise_sequence_dense_and_dropout_train_on_a_2x2_mesh_as_on_one_device():
+    result = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=380,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert len(out["steps"]) == 4 and out["moved"] > 1e-3
+    # the same losses (so the same dropout masks) and weights as one device after 4 Adam steps
+    assert max(abs(a - b) for a, b in zip(out["steps"], out["ref_steps"])) < 1e-6, out
+    assert out["weight_diff"] < 1e-6, out["weight_diff"]
+    layouts = out["layouts"]
+    assert layouts["dw/depthwise_kernel"] == ["-", "-", "m", "-"] and layouts["dw2/bias"] == ["m"]
+    assert layouts["pw/kernel"] == ["-"] * 4  # a Conv2D's filter stays whole (note), the depthwise ones split
+    assert layouts["up/kernel"] == ["-", "m"] and layouts["down/bias"] == ["m"] and layouts["drop/StateVar"] == ["-"]
