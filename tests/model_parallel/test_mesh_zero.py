@@ -1,7 +1,7 @@
 """ZeRO stages 0-3 over the batch axis of a 2x2 mesh: what each device holds, read from the
 tensors, equals what the planner predicts from the mesh's own layout decisions, and training
-equals stage 0 and one device (AdamW with global-norm clipping, SGD with momentum and clipping by
-norm; an embedding table, whose gradient is IndexedSlices, among the weights).
+equals stage 0 and one device (AdamW with global-norm clipping, plain SGD with clipping by norm;
+an embedding table, whose gradient is IndexedSlices, among the weights).
 DTensor runs in a process of its own (its collectives clash with tf.distribute strategies that
 other tests build in the suite's process)."""
 
@@ -46,7 +46,7 @@ def held(tensors):
     return sorted(per_device.values())
 
 OPTIMIZERS = {"adamw_global_clip": "tf.keras.optimizers.AdamW(1e-2, weight_decay=0.1, global_clipnorm=0.05)",
-              "sgd_momentum_clip": "tf.keras.optimizers.SGD(0.1, momentum=0.9, clipnorm=0.05)"}
+              "sgd_clip": "tf.keras.optimizers.SGD(0.5, clipnorm=0.05)"}  # no momentum: see with_mesh
 x = np.random.RandomState(0).randint(0, 16, (80, 4)).astype("int32")
 y = (np.arange(80) % 8).astype("int32")
 loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -101,7 +101,7 @@ def test_every_zero_stage_holds_its_share_and_trains_as_stage_0_and_one_device()
     import numpy as np
 
     out = run_dtensor_script(_SCRIPT, timeout=560)
-    for key in ("adamw_global_clip", "sgd_momentum_clip"):
+    for key in ("adamw_global_clip", "sgd_clip"):
         stage0 = out[f"{key}/0"]
         for zero in range(4):
             row = out[f"{key}/{zero}"]

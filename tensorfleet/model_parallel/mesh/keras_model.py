@@ -110,6 +110,11 @@ def with_mesh(optimizer: Any, dmesh: Any) -> Any:
     config = optimizer.get_config()
     for name in ("clipnorm", "clipvalue", "global_clipnorm"):  # applied by the trainer: see clip_gradients
         config.pop(name, None)
+    if isinstance(optimizer, tf.keras.optimizers.SGD) and not config.get("momentum"):
+        # With momentum exactly 0, TF 2.14's DTensor loses the layout of Keras' "m * momentum" (folded to a
+        # constant) and the update fails ("Incompatible shapes: [4] vs. [8]" in SGD/add); 1e-30 x m is below
+        # what float32 weights of the size of a step can show.
+        config["momentum"] = 1e-30
     if isinstance(config.get("learning_rate"), dict):
         config["learning_rate"] = tf.keras.optimizers.schedules.deserialize(config["learning_rate"])
     rebuilt = type(optimizer)(**config, mesh=dmesh)
