@@ -4,11 +4,12 @@
   Serving's versioned layout, ``BASE/<version>/``, with a ``serving_default`` signature whose
   input and output names it states.
 * :class:`ModelServer` / :func:`serve` serve ``BASE`` over TF Serving's gRPC API (grpcio, with
-  tensorflow-serving-api's own protos) and REST API (aiohttp), with dynamic batching
+  tensorflow-serving-api's own protos) and REST API (httptools on uvloop), with dynamic batching
   (:mod:`~tensorfleet.serving.batching`) and TF Serving's status codes for bad requests.
 * The parts: :mod:`~tensorfleet.serving.servable` (one loaded version and its checks),
   :mod:`~tensorfleet.serving.repository` (versions and labels), :mod:`~tensorfleet.serving.predictor`
-  (what both fronts call), :mod:`~tensorfleet.serving.rest`, :mod:`~tensorfleet.serving.grpc_api`,
+  (what both fronts call), :mod:`~tensorfleet.serving.rest` (on :mod:`~tensorfleet.serving.http`),
+  :mod:`~tensorfleet.serving.grpc_api`,
   :mod:`~tensorfleet.serving.replicas` (the model in worker processes, restarted when one dies),
   :mod:`~tensorfleet.serving.elastic` (replicas added under queueing, removed when idle),
   :mod:`~tensorfleet.serving.stages` (a model served stage to stage, micro-batches in flight),
@@ -27,7 +28,7 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("batching", "elastic", "errors", "grpc_api", "k8s", "metrics", "predictor", "replicas", "repository",
+    modules=("batching", "elastic", "errors", "grpc_api", "http", "k8s", "metrics", "predictor", "replicas", "repository",
              "rest", "saved_model", "servable", "server", "stages", "versions"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",

@@ -1,8 +1,9 @@
 """The model server: a model's base directory served over TF Serving's gRPC and REST APIs.
 
 :class:`ModelServer` loads the versions, starts the gRPC front (grpcio) and the REST front
-(aiohttp) on 127.0.0.1 unless told otherwise, and stops in order: both fronts stop listening and
-finish the requests in flight, then the batchers run what is queued. :func:`serve` does the same
+(httptools on uvloop, :mod:`~tensorfleet.serving.http`) on 127.0.0.1 unless told otherwise, and
+stops in order: both fronts stop listening and finish the requests in flight, then the batchers
+run what is queued. :func:`serve` does the same
 until SIGTERM or SIGINT, as ``tensorfleet serve`` does.
 """
 
