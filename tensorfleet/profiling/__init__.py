@@ -1,7 +1,8 @@
 """Where a job's step time goes, on every worker: capture, analysis, verdict.
 
 Record a TensorFlow profiler trace for chosen steps (:func:`capture`, :class:`ProfileCallback`, or
-``TENSORFLEET_PROFILE_STEPS`` with :func:`callbacks`), one directory per task; then :func:`analyze`
+``TENSORFLEET_PROFILE_STEPS`` with :func:`callbacks`), one directory per task (a parameter-server
+job's workers and ps tasks are recorded from its coordinator, :mod:`.remote`); then :func:`analyze`
 reads the traces with the profiler's own protos and splits every step of every device and task
 into compute, exposed communication, input and idle, measures how much communication hides under
 compute and how far the tasks' own work per step spreads, and judges the job input-, communication-,
@@ -21,7 +22,7 @@ from __future__ import annotations
 from tensorfleet.lazy import attach
 
 __getattr__, __all__ = attach(__name__, modules=("recorder", "callback", "xspace", "breakdown", "report",
-                                                 "intervals", "planned"), names={
+                                                 "intervals", "planned", "remote"), names={
     "capture": "recorder", "callbacks": "recorder", "StepRange": "recorder", "Capture": "recorder",
     "ProfileCallback": "callback",
     "analyze": "breakdown", "Bottleneck": "breakdown", "TaskRole": "breakdown", "JobProfile": "breakdown", "Verdict": "breakdown",
