@@ -36,6 +36,9 @@ def launch_command(
     ps: int = typer.Option(0, "--ps", help="Number of parameter-server tasks (adds a chief)."),
     chief: bool = typer.Option(False, "--chief", help="Add a chief task."),
     evaluator: bool = typer.Option(False, "--evaluator", help="Add an evaluator task."),
+    evaluator_timeout: float = typer.Option(
+        300.0, "--evaluator-timeout", help="Seconds the evaluator may take, once training has ended, to evaluate "
+        "the last checkpoint before it is stopped."),
     max_restarts: int = typer.Option(0, "--max-restarts", help="Restarts allowed after failures."),
     timeout: Optional[float] = typer.Option(  # noqa: UP007
         None, "--timeout", help="Seconds one attempt may run before it counts as hung and is restarted."),
@@ -57,7 +60,8 @@ def launch_command(
 
     Output lines are prefixed with their task (e.g. worker:1); a progress bar shows its state every
     2 s, one line each; TensorFlow's start-up noise is left out (shown with --verbose); Ctrl-C and SIGTERM reach every
-    task (SIGKILL follows after a grace period); the exit status is the chief's (worker 0's without a chief) or the first failure's.
+    task (SIGKILL follows after a grace period); when training ends an evaluator still at work is told so and
+    waited for (--evaluator-timeout) to evaluate the last checkpoint; the exit status is the chief's (worker 0's without a chief) or the first failure's.
     """
     _reject_unknown_option(ctx, script)
     from tensorfleet.cli.main import verbose
@@ -77,6 +81,7 @@ def launch_command(
         script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list,
         mode=mode, max_restarts=max_restarts, backoff=backoff, timeout=timeout, hang_timeout=hang_timeout,
         backup_dir=backup_dir, quiet=not verbose(ctx), check=False, env=env, runner=runner,
+        evaluator_timeout=evaluator_timeout,
     )
     if result.returncode != 0 and result.error:
         typer.echo(f"error: {result.error}", err=True)

@@ -56,6 +56,8 @@ def test_launch_restarts_the_job_up_to_max_restarts(script: Path, capsys) -> Non
     (["launch", "MISSING"], "error: The script to launch does not exist. Received: script="),
     (["launch", "--ports", "1,x", "SCRIPT"], "error: --ports must be comma-separated integers. Received: --ports='1,x'"),
     (["launch", "--mode", "ring", "SCRIPT"], "error: mode must be one of 'auto', 'collective', 'parameter_server'"),
+    (["launch", "--evaluator", "--evaluator-timeout", "-1", "SCRIPT"],
+     "error: evaluator_timeout must be a finite number >= 0. Received: evaluator_timeout=-1.0"),
 ])
 def test_launch_bad_input_is_one_clear_error(script: Path, tmp_path: Path, capsys, argv, message) -> None:
     argv = [str(script) if a == "SCRIPT" else str(tmp_path / "missing.py") if a == "MISSING" else a for a in argv]
