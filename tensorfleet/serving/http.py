@@ -3,7 +3,7 @@
 It does what TF Serving's REST API needs and no more: keep-alive and pipelined requests
 (answered in order), chunked or sized bodies, ``Expect: 100-continue``, a body limit (413 once
 the body has been read, so the client sees the reply rather than a reset), malformed requests
-(400, then the connection closes), idle keep-alive connections closed after ``idle_seconds``, and
+(400, then the connection closes), a request target over 8 KiB (414), idle keep-alive connections closed after ``idle_seconds``, and
 a drain on stop (stop listening, finish what is in flight, close). A handler gets ``(method, path, body)`` and returns a :class:`Reply`, or an asyncio
 future of one for work that runs elsewhere (a prediction); nothing per request is built that the
 reply does not need, so a request costs the event loop a few tens of microseconds.
@@ -38,6 +38,7 @@ Handler = Callable[[str, str, bytes], Union[Reply, "asyncio.Future[Reply]"]]
 Observer = Callable[[str, int, float], None]
 
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
+MAX_URL_BYTES = 8192  # a longer request target is refused (414) before it is held in memory
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -88,7 +89,10 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._refuse(400, "Protocol upgrades are not served.")
         except httptools.HttpParserError as exc:
-            self._refuse(400, f"Malformed HTTP request: {exc}")
+            if len(self._url) > MAX_URL_BYTES:
+                self._refuse(414, f"The request target is longer than {MAX_URL_BYTES} bytes.")
+            else:
+                self._refuse(400, f"Malformed HTTP request: {exc}")
 
     # httptools' callbacks
     def on_message_begin(self) -> None:
@@ -96,6 +100,8 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > MAX_URL_BYTES:
+            raise ValueError("request target too long")  # the parser stops: data_received answers 414
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()

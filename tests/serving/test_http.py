@@ -1,6 +1,7 @@
 """The REST front's HTTP/1.1 server on a raw socket: pipelined requests answered in order, chunked
 bodies, Expect: 100-continue, Connection: close, a chunked body over the limit (413 after reading
-it, the connection kept) and a malformed request (400, then the connection closes)."""
+it, the connection kept), a request target too long (414) and a malformed request (400, then the
+connection closes), and idle keep-alive connections closed."""
 
 from __future__ import annotations
 
@@ -62,13 +63,16 @@ def test_connection_close_is_honoured(server):
     assert status == b"HTTP/1.1 200 OK" and headers[b"connection"] == b"close"
 
 
-def test_a_chunked_body_over_the_limit_gets_413_and_a_malformed_request_400(server):
+def test_a_chunked_body_over_the_limit_gets_413_a_long_target_414_and_a_malformed_request_400(server):
     part = b"0," * 20000
     chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for _ in range(4)) + b"0\r\n\r\n"
     [(status, headers, reply)] = _exchange(server.rest_api_port, _post(chunked, "Transfer-Encoding: chunked"))
     assert status == b"HTTP/1.1 413 Request Entity Too Large" and b"connection" not in headers  # body read: kept
     assert json.loads(reply) == {"error": "Request body too large: 160000 bytes, over the server's max_request_bytes "
                                           "65536 (--max-request-size on the command line)."}
+    [(status, headers, reply)] = _exchange(server.rest_api_port, b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n")
+    assert status == b"HTTP/1.1 414 Request-URI Too Long" and headers[b"connection"] == b"close"
+    assert json.loads(reply) == {"error": "The request target is longer than 8192 bytes."}
     [(status, headers, reply)] = _exchange(server.rest_api_port, b"NOT HTTP AT ALL\r\n\r\n")
     assert status == b"HTTP/1.1 400 Bad Request" and headers[b"connection"] == b"close"
     assert json.loads(reply)["error"].startswith("Malformed HTTP request: ")
