@@ -275,7 +275,7 @@ def _roles(traces: Sequence[TaskTrace]) -> dict[str, TaskRole]:
             roles[trace.task] = TaskRole.WORKER
         elif trace.step_source is StepSource.ANNOTATION:
             roles[trace.task] = TaskRole.COORDINATOR if ps_job else TaskRole.TRAINER
-        elif trace.served:
+        elif trace.served or (ps_job and trace.task.split("/")[-1].startswith("ps-")):
             roles[trace.task] = TaskRole.PS
         else:  # in a parameter-server job, a worker the coordinator sent no step while recording
             roles[trace.task] = TaskRole.WORKER if ps_job else TaskRole.TRAINER
@@ -321,7 +321,7 @@ def analyze(source: str | Path | Sequence[TaskTrace], *, skip_first: bool = True
             summaries.append(replace(summarize(trace.task, rows[-1:], role), steps=trace.served))
             continue
         steps = trace.steps[1:] if skip_first and len(trace.steps) > 2 else trace.steps
-        if not steps and role is TaskRole.WORKER:
+        if not steps and role in (TaskRole.WORKER, TaskRole.PS):
             summaries.append(summarize(trace.task, [], role))  # listed with 0 steps, left out of the verdict
             continue
         if not steps:

@@ -57,3 +57,50 @@ def test_a_task_whose_own_work_exceeds_the_others_by_a_quarter_of_the_step_is_th
     assert judge([_task("a", compute=20, comm=5), _task("b", compute=25)]).bottleneck is Bottleneck.COMPUTE
     with pytest.raises(ValueError, match="^No steps to judge"):
         judge([])
+
+
+def test_a_parameter_server_job_is_judged_from_its_workers_with_the_ps_per_step_served(tmp_path):
+    from tensorfleet.profiling.breakdown import TaskRole, analyze
+    from tensorfleet.profiling.xspace import StepSource, TaskTrace
+
+    host = "/host:CPU"
+    worker = TaskTrace("worker-0", tmp_path, "vm", [Step(0, 0, 10), Step(1, 10, 20), Step(2, 20, 30)],
+                       {host: DeviceSpans(compute=[(11, 13), (21, 23)], communication=[(13, 14), (23, 24)],
+                                          input=[(10, 11), (20, 21)])}, StepSource.FUNCTION)
+    idle_worker = TaskTrace("worker-1", tmp_path, "vm", [], {host: DeviceSpans()}, StepSource.NONE)
+    ps = TaskTrace("ps-0", tmp_path, "vm", [], {host: DeviceSpans(compute=[(12, 13), (22, 24)],
+                                                                   communication=[(14, 15)])}, StepSource.NONE, 2)
+    chief = TaskTrace("chief-0", tmp_path, "vm", [Step(5, 0, 1), Step(6, 10, 11), Step(7, 20, 21)],
+                      {host: DeviceSpans()})
+    profile = analyze([chief, ps, worker, idle_worker])
+    tasks = {t.task: t for t in profile.tasks}
+    assert {name: t.role for name, t in tasks.items()} == {
+        "chief-0": TaskRole.COORDINATOR, "ps-0": TaskRole.PS, "worker-0": TaskRole.WORKER,
+        "worker-1": TaskRole.WORKER}
+    # A worker's step: its ops 2 ms, its input wait 1 ms, the rest (7 ms) waiting for the ps.
+    w = tasks["worker-0"]
+    assert (w.steps, w.step_ms, w.compute_ms, w.exposed_communication_ms, w.input_ms, w.idle_ms) == (2, 10, 2, 7, 1, 0)
+    # The ps's span 12-24 ms per each of the 2 steps it served: 3 ms of updates, 1 ms sending, 8 ms waiting.
+    p = tasks["ps-0"]
+    assert (p.steps, p.step_ms, p.compute_ms, p.exposed_communication_ms, p.idle_ms) == (2, 6, 1.5, 0.5, 4)
+    assert (tasks["worker-1"].steps, tasks["chief-0"].steps, tasks["chief-0"].idle_ms) == (0, 2, 1)
+    verdict = profile.verdict
+    assert verdict.bottleneck is Bottleneck.COMMUNICATION and verdict.straggler is None
+    assert verdict.advice == ("larger per-worker batch: each step waits 7.0 ms for the ps tasks (variable reads, "
+                              "gradient updates), the same whatever the batch; the busiest ps task, ps-0, is busy "
+                              "only 33% of the time")
+
+
+def test_a_busy_ps_task_turns_the_advice_to_more_ps_tasks(tmp_path):
+    from tensorfleet.profiling.breakdown import analyze
+    from tensorfleet.profiling.xspace import StepSource, TaskTrace
+
+    host = "/host:CPU"
+    worker = TaskTrace("worker-0", tmp_path, "vm", [Step(0, 0, 10), Step(1, 10, 20)],
+                       {host: DeviceSpans(compute=[(11, 12)])}, StepSource.FUNCTION)
+    ps = TaskTrace("ps-0", tmp_path, "vm", [], {host: DeviceSpans(compute=[(0, 9), (10, 16)],
+                                                                   communication=[(9, 10)])}, StepSource.NONE, 2)
+    verdict = analyze([worker, ps]).verdict
+    assert verdict.bottleneck is Bottleneck.COMMUNICATION
+    assert verdict.advice == ("more ps tasks: ps-0 is busy 100% of the time serving the workers' variable reads and "
+                              "updates; more ps tasks share the variables (and that work) between them")
