@@ -13,7 +13,8 @@ The two contenders alternate ROUNDS times in one process on one model, in A-B, B
 in the machine's load favours neither), each after a garbage collection. Printed: the median of the
 per-round speed ratios (with / without; target >= 0.98) with their quartiles, the same for CPU time,
 and the ratio of the medians over all rounds. Only ratios within one run mean anything: the machine
-is shared.
+is shared. Last, a count that load does not move: the Python calls per step after the first epoch,
+without and with capture.
 
 Then (``--comm``) measured communication against the planner: a 2-process MultiWorkerMirrored job
 (RING over gRPC on 127.0.0.1) trains an MLP of 3 sizes, each recorded with ProfileCallback
@@ -64,6 +65,29 @@ def run(model, data, steps: int, logdir: str | None) -> tuple[float, float]:
     return statistics.median(per_step), (cpu[-1] - cpu[0]) / (EPOCH * (len(ends) - 1)) * 1e3
 
 
+def python_calls_per_step(model, data, logdir: str | None) -> float:
+    """Python function calls (and calls into C from Python) per step after the first epoch: a count,
+    so unlike a time it does not move with the machine's load."""
+    import tensorflow as tf
+
+    from tensorfleet.profiling.callback import ProfileCallback
+
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    class Counter(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            sys.setprofile(count if epoch == 0 else None)
+
+    callbacks = [Counter()] + ([ProfileCallback(logdir, steps="5-9")] if logdir else [])
+    model.fit(data, steps_per_epoch=EPOCH, epochs=2, verbose=0, callbacks=callbacks)
+    sys.setprofile(None)
+    return calls[0] / EPOCH
+
+
 def _quartiles(values: list[float]) -> str:
     q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
     return f"{statistics.median(values):.3f} (quartiles {q1:.3f}-{q3:.3f}, range {min(values):.3f}-{max(values):.3f})"
@@ -101,6 +125,9 @@ def overhead(rounds: int, steps: int) -> None:
           f"{_quartiles([p / c for p, c in zip(plain_ms, profiled_ms)])} (target >= 0.98)")
     print("CPU time per step without / with, per round: "
           f"{_quartiles([p / c for p, c in zip(plain_cpu, profiled_cpu)])}")
+    with tempfile.TemporaryDirectory() as tmp:
+        counted = [python_calls_per_step(model, data, which) for which in (None, tmp)]
+    print(f"Python calls per step after the first epoch: without {counted[0]:.1f}, with capture {counted[1]:.1f}")
     print(f"ratio of the medians over all rounds: speed {statistics.median(plain_ms) / statistics.median(profiled_ms):.3f}, "
           f"CPU {statistics.median(plain_cpu) / statistics.median(profiled_cpu):.3f}")
 
