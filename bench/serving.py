@@ -228,6 +228,11 @@ def report(results: dict, levels: list[int], args: argparse.Namespace) -> None:
             (r1, _, q1, c1, _), (r2, _, q2, c2, _) = medians[("per-request", concurrency)], medians[(name, concurrency)]
             print(f"  concurrency {concurrency:>2}: {r2 / r1:.2f}x requests/s, p99 {q2:.2f} ms vs {q1:.2f} ms, "
                   f"server CPU per request {c2 / c1:.2f}x")
+    if 32 in levels:
+        (r1, _, q1, _, _), (r2, _, q2, _, _) = medians[("per-request", 32)], medians[("dynamic batching", 32)]
+        met = r2 >= 3 * r1 and q2 <= q1
+        print(f"target at concurrency 32 (dynamic batching >= 3x the requests/s of per-request, p99 no worse): "
+              f"{'met' if met else 'not met'} ({r2 / r1:.2f}x, p99 {q2:.2f} vs {q1:.2f} ms)")
 
 
 if __name__ == "__main__":
