@@ -27,7 +27,7 @@ import sys
 
 MESHES = [("one:1", "", 0), ("m:2", "heads:m", 0), ("m:4", "heads:m", 0), ("m:4", "hidden:m;heads:m;vocab:m", 0),
           *[("b:2", "batch:b", z) for z in range(4)], *[("b:2;m:2", "batch:b;heads:m", z) for z in range(4)],
-          *[("b:4", "batch:b", z) for z in range(4)]]
+          *[("b:4", "batch:b", z) for z in range(4)], ("b:2;m:2", "batch:b;hidden:m;heads:m;vocab:m", 3)]
 BATCH = 8
 
 
@@ -117,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     whole = sum(rows[0]["parameter_bytes"].values()) + sum(rows[0]["optimizer_bytes"].values())
     print(f"small GPT, {rows[0]['params']:,} parameters; bytes resident per device (Adam, float32; gradients of a "
           f"batch of {BATCH})")
-    print(f"{'mesh':8s} {'rules':25s} {'zero':4s} {'device':7s} {'params':>8s} {'grads':>8s} {'optimizer':>9s} "
+    print(f"{'mesh':8s} {'rules':33s} {'zero':4s} {'device':7s} {'params':>8s} {'grads':>8s} {'optimizer':>9s} "
           f"{'of 1 dev':>8s} {'planner p+o':>11s} {'meas/plan':>9s} {'planner all':>11s} {'meas/plan':>9s}")
     for row in rows:
         plan = row["planned"]
         for device, params in row["parameter_bytes"].items():
             grads, optimizer = row["gradient_bytes"].get(device, 0), row["optimizer_bytes"].get(device, 0)
             p_o = plan["parameters"] + plan["optimizer_state"]
-            print(f"{row['mesh']:8s} {row['rules'] or '-':25s} {row['zero']:<4d} {device:7s} {params:>8,} {grads:>8,} "
+            print(f"{row['mesh']:8s} {row['rules'] or '-':33s} {row['zero']:<4d} {device:7s} {params:>8,} {grads:>8,} "
                   f"{optimizer:>9,} {(params + optimizer) / whole:>8.1%} {p_o:>11,.0f} {(params + optimizer) / p_o:>9.4f} "
                   f"{p_o + plan['gradients']:>11,.0f} {(params + grads + optimizer) / (p_o + plan['gradients']):>9.4f}")
         print(f"{'':8s} {row['split_weights']} of {row['weights']} weights ({row['split_fraction']:.1%} of the "
