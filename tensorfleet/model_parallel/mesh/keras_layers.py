@@ -5,18 +5,13 @@ When a weight of such a layer is laid out (:meth:`.keras_layout.KerasLayout.weig
 gives that layer (that instance only, so only models built inside ``mesh.scope()``) a ``call`` of
 the same maths:
 
-- **Dense over sequences** (inputs of rank 3 or more). Keras multiplies with ``tf.tensordot``, which
-  flattens the input to ``(batch * seq, in)``, multiplies, and reshapes the product back with a shape
-  computed at run time from ``tf.shape(inputs)``; DTensor's SPMD expansion of that last ``Reshape``
-  cannot tell the local size of a split output axis from a run-time shape and aborts the process
-  ("Check failed: size >= 0 (0 vs. -1)") once the kernel's units are split. On the mesh the product
-  is one ``tf.einsum`` (``"abi,io->abo"``), which DTensor expands shard by shard (the attention layers
-  multiply the same way): each device computes its columns, with the same products and sums.
 - **DepthwiseConv2D**. DTensor convolves only with a replicated filter, and its gradient
   ``DepthwiseConv2dNativeBackpropFilter`` has no layout propagation at all. On the mesh the
   convolution is the sum over kernel taps of strided slices of the (padded) input times that tap's
   per-channel weights: elementwise ops, split along channels like the kernel (``channels`` rule),
-  with gradients DTensor lays out.
+  with gradients DTensor lays out. The input is first gathered along channels (DTensor's layout
+  propagation would otherwise ask a Concatenate before it to split its concatenated axis, which
+  DTensor refuses); a Concatenate along channels *after* a split layer still fails on a mesh.
 - **Dropout** (and the dropout inside MultiHeadAttention). Keras draws the keep mask from the
   layer's ``tf.random.Generator`` with the shape of the input; DTensor expands a random op whose
   output is split by giving each shard a key derived from its mesh coordinates, so the mesh's mask
@@ -35,18 +30,16 @@ from typing import Any
 __all__ = ["adapt", "depthwise_conv2d"]
 
 
-def adapt(layer: Any, input_rank: int, batch_axis: str | None = None) -> bool:
-    """Gives ``layer`` a ``call`` DTensor can lay out if it needs one (Dense over inputs of rank above
-    2, DepthwiseConv2D, Dropout); returns whether it did. ``batch_axis``: the mesh dimension the
+def adapt(layer: Any, batch_axis: str | None = None) -> bool:
+    """Gives ``layer`` a ``call`` DTensor can lay out if it needs one (DepthwiseConv2D, Dropout);
+    returns whether it did. ``batch_axis``: the mesh dimension the
     batch is split over. Idempotent."""
     import tensorflow as tf
 
     layers = tf.keras.layers
     if getattr(layer, "_mesh_call", None) is not None:
         return True
-    if isinstance(layer, layers.Dense) and input_rank > 2:
-        call = _dense_call
-    elif isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
+    if isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
         call = _depthwise_call
     elif isinstance(layer, layers.Dropout):
         call = _dropout_call
@@ -57,20 +50,6 @@ def adapt(layer: Any, input_rank: int, batch_axis: str | None = None) -> bool:
     object.__setattr__(layer, "_mesh_batch_axis", batch_axis)
     object.__setattr__(layer, "call", types.MethodType(call, layer))
     return True
-
-
-def _dense_call(self: Any, inputs: Any) -> Any:
-    import tensorflow as tf
-
-    if inputs.dtype.base_dtype != self._compute_dtype_object.base_dtype:
-        inputs = tf.cast(inputs, dtype=self._compute_dtype_object)
-    if inputs.shape.rank is None or inputs.shape.rank <= 2 or isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
-        return type(self).call(self, inputs)
-    lead = "abcdefgh"[:inputs.shape.rank - 1]  # DTensor's einsum takes no "...": one letter per axis
-    outputs = tf.einsum(f"{lead}i,io->{lead}o", inputs, self.kernel)
-    if self.use_bias:
-        outputs = tf.nn.bias_add(outputs, self.bias)
-    return self.activation(outputs) if self.activation is not None else outputs
 
 
 def depthwise_conv2d(x: Any, kernel: Any, strides: tuple[int, int], padding: str,
