@@ -52,6 +52,8 @@ NOISE: tuple[re.Pattern[str], ...] = (
                r"cu(DNN|FFT|BLAS) when one has already been registered$"),
     re.compile(r"^fully_quantize: \d+, inference_type: \d+, input_inference_type: \w+, "
                r"output_inference_type: \w+$"),
+    # the profiler client's line for each task a coordinator traces (tf.profiler.experimental.client.trace)
+    re.compile(r"^Starting to trace for \d+ ms\. Remaining attempt\(s\): \d+$"),
 )
 _WARNINGS = (r"Statistics for quantized inputs were expected, but not specified; continuing anyway\.",)
 _IDLE = 0.05  # seconds a line without its end waits before it is passed on as it is

@@ -100,3 +100,12 @@ def test_quiet_stderr_drops_noise_written_to_the_file_descriptor_and_passes_the_
     with quiet_stderr(enabled=False):
         os.write(2, noise.encode())
     assert capfd.readouterr().err == noise
+
+
+@pytest.mark.parametrize(("line", "noise"), [
+    ("Starting to trace for 2000 ms. Remaining attempt(s): 2", True),
+    ("Starting to trace for 2000 ms. Remaining attempt(s): 2 and more", False),
+    ("[worker:0] Starting training", False),
+])
+def test_the_profiler_clients_trace_line_is_noise(line: str, noise: bool) -> None:
+    assert is_noise(line) is noise
