@@ -23,7 +23,8 @@ def rounds_to_target(algorithm: str, scheme: str, *, target: float, cap: int) ->
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=100, scheme=scheme, seed=0)
     sim = tfl.federated.Simulation(
         lambda: tfl.models.build("digits_mlp"), clients, algorithm, rounds=cap, clients_per_round=10, seed=0,
-        batch_size=10, local_epochs=5, test_data=(split.x_test, split.y_test), eval_every=1, progress=False)
+        batch_size=10, local_epochs=5, test_data=(split.x_test, split.y_test), eval_every=1, progress=False,
+        backend="tff")  # it drives TFF's own process round by round
     start = time.perf_counter()
     process = sim.build()
     state = process.initialize()
