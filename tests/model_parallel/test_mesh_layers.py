@@ -112,3 +112,53 @@ def test_depthwise_sequence_dense_and_dropout_train_on_a_2x2_mesh_as_on_one_devi
     assert layouts["dw/depthwise_kernel"] == ["-", "-", "m", "-"] and layouts["dw2/bias"] == ["m"]
     assert layouts["pw/kernel"] == ["-"] * 4  # a Conv2D's filter stays whole (note), the depthwise ones split
     assert layouts["up/kernel"] == ["-", "m"] and layouts["down/bias"] == ["m"] and layouts["drop/StateVar"] == ["-"]
+
+
+_POOLING_SCRIPT = r"""
+import json
+import numpy as np
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import tensorflow as tf
+from tensorfleet.model_parallel.mesh import Mesh
+from tensorfleet.model_parallel.mesh.keras_layers import adapt
+L = tf.keras.layers
+
+def build():  # pooling and Concatenate reading a Dense over a sequence whose units are split
+    tf.keras.utils.set_random_seed(3)
+    tokens = tf.keras.Input((8,), dtype="int32")
+    h = L.Dense(16, activation="relu", name="up")(L.Embedding(32, 8, name="embed")(tokens))
+    h = L.Concatenate(name="both")([L.MaxPooling1D(2, name="max")(h), L.AveragePooling1D(2, name="avg")(h)])
+    return tf.keras.Model(tokens, L.Dense(10, name="out")(L.Flatten()(h)))
+
+x = np.random.RandomState(0).randint(0, 32, (64, 8)).astype("int32")
+y = x.sum(axis=1) % 10
+loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+reference = build()
+initial = reference.get_weights()
+reference.compile(tf.keras.optimizers.Adam(1e-2), loss)
+ref_loss = reference.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
+mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
+with mesh.scope() as layout:
+    model = build()
+    trainer = mesh.keras_model(model)
+    trainer.compile(tf.keras.optimizers.Adam(1e-2), loss)
+adapted = sorted(layer.name for layer in model.layers if adapt(layer, "b", mesh.dtensor_mesh))
+model.set_weights(initial)
+mesh_loss = trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
+print("RESULT " + json.dumps({
+    "loss": mesh_loss, "ref_loss": ref_loss, "adapted": adapted,
+    "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(), reference.get_weights()))),
+    "up": [w.mesh_axes for w in layout.decided if w.path == "up/kernel"][0]}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pooling_and_concatenate_of_split_units_train_once_adapted_with_the_mesh():
+    result = subprocess.run([sys.executable, "-c", _POOLING_SCRIPT], capture_output=True, text=True, timeout=280,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert out["adapted"] == ["avg", "both", "max"] and out["up"] == [None, "m"]
+    assert abs(out["loss"][0] - out["ref_loss"][0]) < 1e-6 and out["weight_diff"] < 1e-5, out

@@ -12,6 +12,10 @@ the same maths:
   with gradients DTensor lays out. The input is first gathered along channels (DTensor's layout
   propagation would otherwise ask a Concatenate before it to split its concatenated axis, which
   DTensor refuses); a Concatenate along channels *after* a split layer still fails on a mesh.
+- **Pooling and Concatenate.** DTensor pools only tensors split along the batch alone ("All operands
+  and outputs must be batch parallel") and refuses to concatenate along a split axis; on the mesh
+  their inputs are gathered to be split along the batch alone first. These layers have no weight,
+  so the trainer (not the layout) must call :func:`adapt` for them with the mesh.
 - **Dropout** (and the dropout inside MultiHeadAttention). Keras draws the keep mask from the
   layer's ``tf.random.Generator`` with the shape of the input; DTensor expands a random op whose
   output is split by giving each shard a key derived from its mesh coordinates, so the mesh's mask
@@ -30,16 +34,19 @@ from typing import Any
 __all__ = ["adapt", "depthwise_conv2d"]
 
 
-def adapt(layer: Any, batch_axis: str | None = None) -> bool:
-    """Gives ``layer`` a ``call`` DTensor can lay out if it needs one (DepthwiseConv2D, Dropout);
-    returns whether it did. ``batch_axis``: the mesh dimension the
-    batch is split over. Idempotent."""
+def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
+    """Gives ``layer`` a ``call`` DTensor can lay out if it needs one (DepthwiseConv2D, Dropout; with
+    the DTensor ``mesh`` also pooling and Concatenate, which have no weight to name the mesh);
+    returns whether it did. ``batch_axis``: the mesh dimension the batch is split over. Idempotent."""
     import tensorflow as tf
 
     layers = tf.keras.layers
     if getattr(layer, "_mesh_call", None) is not None:
         return True
-    if isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
+    if mesh is not None and isinstance(layer, _batch_parallel()):
+        call = _batch_split_call
+        object.__setattr__(layer, "_mesh", mesh)
+    elif isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
         call = _depthwise_call
     elif isinstance(layer, layers.Dropout):
         call = _dropout_call
@@ -50,6 +57,25 @@ def adapt(layer: Any, batch_axis: str | None = None) -> bool:
     object.__setattr__(layer, "_mesh_batch_axis", batch_axis)
     object.__setattr__(layer, "call", types.MethodType(call, layer))
     return True
+
+
+def _batch_parallel() -> tuple[type, ...]:
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    return (layers.MaxPooling1D, layers.AveragePooling1D, layers.MaxPooling2D, layers.AveragePooling2D,
+            layers.Concatenate)
+
+
+def _batch_split_call(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    def batch_only(tensor: Any) -> Any:
+        spec = [self._mesh_batch_axis or dtensor.UNSHARDED] + [dtensor.UNSHARDED] * (tensor.shape.rank - 1)
+        return dtensor.relayout(tensor, dtensor.Layout(spec, self._mesh))
+
+    return type(self).call(self, tf.nest.map_structure(batch_only, inputs), *args, **kwargs)
 
 
 def depthwise_conv2d(x: Any, kernel: Any, strides: tuple[int, int], padding: str,
