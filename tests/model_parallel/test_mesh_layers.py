@@ -18,6 +18,14 @@ from tensorfleet.model_parallel.mesh.keras_layers import depthwise_conv2d
 _layers = tf.keras.layers
 
 
+def _run_result(script: str, *, timeout: float) -> dict:
+    """Runs ``script`` in a fresh interpreter (DTensor cannot share the suite's process): its RESULT json."""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
 @pytest.mark.parametrize("kernel,strides,padding,dilation,multiplier", [
     ((3, 3), (1, 1), "same", (1, 1), 1),
     ((3, 3), (2, 2), "valid", (1, 1), 2),
@@ -100,10 +108,7 @@ print("RESULT " + json.dumps({
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_depthwise_sequence_dense_and_dropout_train_on_a_2x2_mesh_as_on_one_device():
-    result = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=380,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = _run_result(_SCRIPT, timeout=380)
     assert len(out["steps"]) == 4 and out["moved"] > 1e-3
     # the same losses (so the same dropout masks) and weights as one device after 4 Adam steps
     assert max(abs(a - b) for a, b in zip(out["steps"], out["ref_steps"])) < 1e-6, out
@@ -156,9 +161,6 @@ print("RESULT " + json.dumps({
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pooling_and_concatenate_of_split_units_train_once_adapted_with_the_mesh():
-    result = subprocess.run([sys.executable, "-c", _POOLING_SCRIPT], capture_output=True, text=True, timeout=280,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = _run_result(_POOLING_SCRIPT, timeout=280)
     assert out["adapted"] == ["avg", "both", "max"] and out["up"] == [None, "m"]
     assert abs(out["loss"][0] - out["ref_loss"][0]) < 1e-6 and out["weight_diff"] < 1e-5, out
