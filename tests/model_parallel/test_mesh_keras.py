@@ -61,7 +61,7 @@ def test_what_cannot_be_split_is_replicated_with_a_note():
     table = layout.weight(_layers.Embedding(32, 16, name="e"), "e/embeddings", "embeddings", (32, 16))
     assert table.mesh_axes == (None, None)
     assert table.note == ("embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows "
-                          "are whole")
+                          "are whole (a pattern can split its columns, e.g. {'embed/embeddings': (None, 'm')})")
     assert not _layout("batch:b").weight(_layers.Conv2D(8, 3), "c/kernel", "kernel", (3, 3, 1, 8)).note
     odd = layout.weight(_layers.Dense(5, name="out"), "out/kernel", "kernel", (16, 5))
     assert odd.mesh_axes == (None, None)

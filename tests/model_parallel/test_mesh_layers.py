@@ -144,7 +144,7 @@ initial = reference.get_weights()
 reference.compile(tf.keras.optimizers.Adam(1e-2), loss)
 ref_loss = reference.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
-with mesh.scope() as layout:
+with mesh.scope(patterns={"embed/embeddings": (None, "m")}) as layout:  # the table's columns split
     model = build()
     trainer = mesh.keras_model(model)
     trainer.compile(tf.keras.optimizers.Adam(1e-2), loss)
@@ -154,13 +154,14 @@ mesh_loss = trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["
 print("RESULT " + json.dumps({
     "loss": mesh_loss, "ref_loss": ref_loss, "adapted": adapted,
     "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(), reference.get_weights()))),
-    "up": [w.mesh_axes for w in layout.decided if w.path == "up/kernel"][0]}))
+    "layouts": {w.path: w.mesh_axes for w in layout.decided}}))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_pooling_and_concatenate_of_split_units_train_once_adapted_with_the_mesh():
+def test_pooling_and_concatenate_of_split_units_and_a_column_split_embedding_train_as_on_one_device():
     out = _run_result(_POOLING_SCRIPT, timeout=280)
-    assert out["adapted"] == ["avg", "both", "max"] and out["up"] == [None, "m"]
+    assert out["adapted"] == ["avg", "both", "max"]
+    assert out["layouts"]["up/kernel"] == [None, "m"] and out["layouts"]["embed/embeddings"] == [None, "m"]
     assert abs(out["loss"][0] - out["ref_loss"][0]) < 1e-6 and out["weight_diff"] < 1e-5, out

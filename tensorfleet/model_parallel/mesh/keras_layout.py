@@ -150,7 +150,8 @@ def weight_dimensions(layer: Any, name: str, rank: int, input_rank: int = 2) -> 
 
 KEPT_WHOLE = {
     "channels": "convolution kernels stay replicated: TF 2.14's DTensor convolves only with a replicated filter",
-    "vocab": "embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows are whole",
+    "vocab": "embedding tables stay replicated: TF 2.14's DTensor gathers only from a table whose rows are whole "
+             "(a pattern can split its columns, e.g. {'embed/embeddings': (None, 'm')})",
 }
 """Why a dimension a rule names is not split in some weights, as the note on those weights says it."""
 
