@@ -89,12 +89,11 @@ TF 2.14's DTensor does not do, and what tensorfleet supplies (:mod:`.keras_model
    same mask as one device whose Keras uses the generator too
    (``tf.keras.backend.experimental.enable_tf_random_generator()``) with the same layer seed.
 
-**Optimizer state (ZeRO).** ``Mesh(..., zero=1)`` splits every optimizer slot over the ``batch``
-mesh dimension as well (stage 1 of Rajbhandari et al., 2020): each data replica keeps its part of
-Adam's ``m`` and ``v``, and DTensor gathers what each update reads. Still exact; on ``b:4`` the
-small GPT's Adam state per device is 1/4 (bench/mesh_memory.py). Stages 2 (gradients) and 3
-(parameters) need the gradients and weights themselves laid out over ``batch`` between steps,
-which Keras' optimizers do not yet do here.
+**Optimizer state (ZeRO).** ``Mesh(..., zero=1..3)`` splits model states over the ``batch`` mesh
+dimension (Rajbhandari et al., 2020): the optimizer slots (stage 1; Adam's ``m`` and ``v``, DTensor
+gathering what each update reads), also the gradients (2), also the trainable weights, gathered for
+each forward and backward pass (3); see :mod:`.zero`. Still exact; on ``b:4`` the small GPT's Adam
+state per device is 1/4 (bench/mesh_memory.py).
 
 Keras' ``LayoutMap`` path (lazy variables mapped to layouts by their object paths once the model is
 built) was tried first: its keys are paths such as ``"d1.kernel"`` that say nothing of the layer's
