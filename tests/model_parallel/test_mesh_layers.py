@@ -126,6 +126,7 @@ from tensorfleet.strategies.devices import simulate_devices
 simulate_devices(4)
 import tensorflow as tf
 from tensorfleet.model_parallel.mesh import Mesh
+from tensorfleet.model_parallel.mesh.keras_layers import adapt
 L = tf.keras.layers
 
 def build():  # pooling and Concatenate reading a Dense over a sequence whose units are split
@@ -147,7 +148,7 @@ with mesh.scope(patterns={"embed/embeddings": (None, "m")}) as layout:  # the ta
     model = build()
     trainer = mesh.keras_model(model)
     trainer.compile(tf.keras.optimizers.Adam(1e-2), loss)
-adapted = sorted(layer.name for layer in model.layers if getattr(layer, "_mesh_call", None) is not None)  # by the trainer
+adapted = sorted(layer.name for layer in model.layers if adapt(layer, "b", mesh.dtensor_mesh))
 model.set_weights(initial)
 mesh_loss = trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
 print("RESULT " + json.dumps({

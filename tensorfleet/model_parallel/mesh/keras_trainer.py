@@ -11,7 +11,6 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tensorfleet.model_parallel.mesh.keras_layers import adapt
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
 from tensorfleet.model_parallel.mesh.zero import gathering, shard_optimizer_state, zero_layout
@@ -68,8 +67,6 @@ class MeshTrainer(tf.keras.Model):
                 layer._fused = False
             elif isinstance(layer, tf.keras.layers.BatchNormalization):
                 layer.fused = False
-            # pooling and Concatenate have no weight for the layout to adapt them by: done here
-            adapt(layer, layout.batch_axis, dmesh)
         self._loss_fn = None
         self._loss_tracker = None
 
