@@ -58,3 +58,22 @@ def test_a_model_whose_python_branches_read_tensors_is_traced_with_autograph(dig
         assert [r["round"] for r in sim.history.rounds] == [1, 2, 3]
     for a, b in zip(weights[False], weights[True]):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("size,sparsity,bits", [(10, 0.5, 32), (4608, 0.5, 8), (32768, 0.3, 4), (32768, 0.5, 32)])
+def test_compiled_compression_keeps_what_the_reference_keeps_ties_included(size, sparsity, bits):
+    import tensorflow as tf
+
+    from tensorfleet.federated.aggregators.aggregate import quantize, sparsify
+    from tensorfleet.federated.aggregators.compression import CompressionFactory
+    from tensorfleet.federated.backends.compiled_aggregation import compress
+
+    # Few distinct magnitudes, so the kept count falls inside a run of ties (and zeros).
+    values = np.random.default_rng(size).integers(-3, 4, size).astype(np.float32) * 0.25
+    ours = compress(tf.constant(values), bits=bits, sparsity=sparsity).numpy()
+    theirs = CompressionFactory(bits=bits, sparsity=sparsity).compress(tf.constant(values)).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    reference = sparsify(values, sparsity)
+    reference = quantize(reference, bits) if bits < 32 else reference
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-6)
+    assert np.count_nonzero(ours[np.abs(values) == 0.75]) == np.count_nonzero(np.abs(values) == 0.75)
