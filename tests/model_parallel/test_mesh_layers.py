@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 from tensorfleet.model_parallel.mesh import KerasLayout
-from tensorfleet.model_parallel.mesh.keras_layers import depthwise_conv2d
+from tensorfleet.model_parallel.mesh.keras_layers import adapt_split_readers, depthwise_conv2d
+from tensorfleet.model_parallel.mesh.keras_layout import WeightLayout
 
 _layers = tf.keras.layers
 
@@ -55,6 +56,38 @@ def test_depthwise_kernels_and_sequence_dense_layers_split_by_the_rules():
     kept = layout.weight(first, "nchw/depthwise_kernel", "depthwise_kernel", (3, 3, 8, 1))
     assert kept.mesh_axes == (None,) * 4 and kept.note.startswith("convolution kernels stay replicated")
 
+
+
+def _decided(model, split):
+    """Each weight of ``model`` laid out as on a ``b:2;m:2`` mesh whose rules split the units of the
+    layers named in ``split``."""
+    return [WeightLayout(w.name.split(":")[0], tuple(w.shape),
+                         (None,) * (len(w.shape) - 1) + ("m" if w.name.split("/")[0] in split else None,))
+            for w in model.weights]
+
+
+def test_the_trainer_adapts_exactly_the_pools_and_concatenations_that_read_split_units():
+    tokens = tf.keras.Input((12,), dtype="int32")
+    e = _layers.Embedding(50, 8, name="embed")(tokens)
+    h = _layers.Flatten(name="f1")(_layers.MaxPooling1D(3, name="pool")(_layers.Dense(16, name="up")(e)))
+    side = _layers.Flatten(name="f2")(_layers.LayerNormalization(name="ln")(_layers.Dense(4, name="side")(e)))
+    whole = _layers.Flatten(name="f3")(_layers.AveragePooling1D(2, name="avg")(e))
+    h = _layers.Concatenate(name="cat")([_layers.Concatenate(name="cat_whole")([h, whole]), side])
+    text = tf.keras.Model(tokens, _layers.Dense(5, name="head")(h))
+    mesh = "dtensor mesh"  # only stored on the adapted layers; nothing runs here
+    assert adapt_split_readers(text, _decided(text, {"up", "side"}), "b", mesh) == ["pool", "cat"]
+    assert text.get_layer("pool")._mesh == mesh and getattr(text.get_layer("avg"), "_mesh_call", None) is None
+    # a CNN's pools read convolutions (filters whole) and a Dense split along the batch alone: none adapted
+    pixels = tf.keras.Input((8, 8, 1))
+    a = _layers.Conv2D(8, 3, padding="same", name="conv")(pixels)
+    h = _layers.MaxPooling2D(name="max")(_layers.Concatenate(name="both")([a, _layers.Conv2D(8, 1, name="pw")(a)]))
+    cnn = tf.keras.Model(pixels, _layers.Dense(10, name="d1")(_layers.GlobalAveragePooling2D()(h)))
+    decided = [WeightLayout(w.path, w.shape, ("b",) * len(w.shape)) for w in _decided(cnn, set())]
+    assert adapt_split_readers(cnn, decided, "b", mesh) == []
+    # a Sequential: Dense with split units, Reshape, then pooling
+    chain = tf.keras.Sequential([tf.keras.Input((8,)), _layers.Dense(16, name="wide"), _layers.Reshape((4, 4)),
+                                 _layers.MaxPooling1D(2, name="seq_pool"), _layers.Flatten(), _layers.Dense(3)])
+    assert adapt_split_readers(chain, _decided(chain, {"wide"}), "b", mesh) == ["seq_pool"]
 
 _SCRIPT = r"""
 import json
@@ -126,7 +159,6 @@ from tensorfleet.strategies.devices import simulate_devices
 simulate_devices(4)
 import tensorflow as tf
 from tensorfleet.model_parallel.mesh import Mesh
-from tensorfleet.model_parallel.mesh.keras_layers import adapt
 L = tf.keras.layers
 
 def build():  # pooling and Concatenate reading a Dense over a sequence whose units are split
@@ -148,7 +180,7 @@ with mesh.scope(patterns={"embed/embeddings": (None, "m")}) as layout:  # the ta
     model = build()
     trainer = mesh.keras_model(model)
     trainer.compile(tf.keras.optimizers.Adam(1e-2), loss)
-adapted = sorted(layer.name for layer in model.layers if adapt(layer, "b", mesh.dtensor_mesh))
+adapted = sorted(trainer.adapted)  # the trainer adapts the layers reading split units, nothing else
 model.set_weights(initial)
 mesh_loss = trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
 print("RESULT " + json.dumps({
@@ -162,6 +194,6 @@ print("RESULT " + json.dumps({
 @pytest.mark.timeout(300)
 def test_pooling_and_concatenate_of_split_units_and_a_column_split_embedding_train_as_on_one_device():
     out = _run_result(_POOLING_SCRIPT, timeout=280)
-    assert out["adapted"] == ["avg", "both", "max"]
+    assert out["adapted"] == ["avg", "max"]  # "both" reads the pools' outputs, split along the batch alone
     assert out["layouts"]["up/kernel"] == [None, "m"] and out["layouts"]["embed/embeddings"] == [None, "m"]
     assert abs(out["loss"][0] - out["ref_loss"][0]) < 1e-6 and out["weight_diff"] < 1e-5, out

@@ -15,7 +15,10 @@ the same maths:
 - **Pooling and Concatenate.** DTensor pools only tensors split along the batch alone ("All operands
   and outputs must be batch parallel") and refuses to concatenate along a split axis; on the mesh
   their inputs are gathered to be split along the batch alone first. These layers have no weight,
-  so the trainer (not the layout) must call :func:`adapt` for them with the mesh.
+  so the trainer (not the layout) adapts them, with the mesh: exactly those that read a tensor split
+  along another axis than the batch (:func:`adapt_split_readers`). Relaying out every pooling layer
+  broke a CNN whose pooled images were split along the batch alone ("SPMD expansion resulted in op
+  output inconsistent with the provided layout").
 - **Dropout** (and the dropout inside MultiHeadAttention). Keras draws the keep mask from the
   layer's ``tf.random.Generator`` with the shape of the input; DTensor expands a random op whose
   output is split by giving each shard a key derived from its mesh coordinates, so the mesh's mask
@@ -31,7 +34,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-__all__ = ["adapt", "depthwise_conv2d"]
+__all__ = ["adapt", "adapt_split_readers", "depthwise_conv2d"]
 
 
 def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
@@ -57,6 +60,64 @@ def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
     object.__setattr__(layer, "_mesh_batch_axis", batch_axis)
     object.__setattr__(layer, "call", types.MethodType(call, layer))
     return True
+
+
+def adapt_split_readers(model: Any, decided: Any, batch_axis: str | None, mesh: Any) -> list[str]:
+    """Adapts (:func:`adapt`, with the DTensor ``mesh``) each pooling or Concatenate layer of ``model``
+    that reads a tensor split along an axis other than the batch; returns their names, in graph order.
+
+    Which tensors are split follows the weights' layouts (``decided``: :attr:`.KerasLayout.decided`):
+    a Dense, EinsumDense, Embedding or DepthwiseConv2D whose output units (columns, channels) are
+    split outputs a split tensor; a layer without weights (activations, Dropout, Add, Flatten, ...)
+    and a normalization pass on what they read; an adapted layer outputs the batch split alone, and
+    any other layer with weights is taken to output whole (DTensor gathers for it)."""
+    axes = {w.path: w.mesh_axes for w in decided}
+    return _walk(model, axes, batch_axis, mesh, [False] * len(getattr(model, "inputs", None) or []), [])[1]
+
+
+def _walk(model: Any, axes: dict[str, Any], batch_axis: str | None, mesh: Any, inputs_split: list[bool],
+          adapted: list[str]) -> tuple[list[bool], list[str]]:
+    """The walk of :func:`adapt_split_readers` over ``model`` whose inputs are split as ``inputs_split``:
+    whether each of its outputs is split, and the names adapted so far."""
+    split: dict[int, bool] = {}
+    if getattr(model, "_is_graph_network", False):
+        for tensor, flag in zip(model.inputs, inputs_split):
+            split[id(tensor._keras_history.layer)] = flag
+        for layer in model.layers:  # in graph order
+            if id(layer) in split:
+                continue
+            read = [split.get(id(inbound), False) for node in layer._inbound_nodes
+                    for inbound, *_ in node.iterate_inbound()]
+            split[id(layer)] = _output_split(layer, read, axes, batch_axis, mesh, adapted)
+        return [split.get(id(t._keras_history.layer), False) for t in model.outputs], adapted
+    flag = any(inputs_split)  # a Sequential built without an Input: a chain
+    for layer in getattr(model, "layers", []):
+        flag = _output_split(layer, [flag], axes, batch_axis, mesh, adapted)
+    return [flag], adapted
+
+
+def _output_split(layer: Any, read: list[bool], axes: dict[str, Any], batch_axis: str | None, mesh: Any,
+                  adapted: list[str]) -> bool:
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    if isinstance(layer, tf.keras.Model):
+        return any(_walk(layer, axes, batch_axis, mesh, read, adapted)[0])
+    if isinstance(layer, _batch_parallel()):
+        if any(read) and adapt(layer, batch_axis, mesh):
+            adapted.append(layer.name)
+        return False
+    produced = {"kernel": -1, "bias": -1, "embeddings": -1, "depthwise_kernel": 2}
+    if isinstance(layer, (layers.Dense, layers.EinsumDense, layers.Embedding, layers.DepthwiseConv2D)):
+        for weight in layer.weights:
+            path, name = weight.name.split(":")[0], weight.name.split(":")[0].rsplit("/", 1)[-1]
+            mesh_axes = axes.get(path)
+            if name in produced and mesh_axes and mesh_axes[produced[name]] not in (None, batch_axis):
+                return True
+        return False
+    if layer.weights and not isinstance(layer, (layers.LayerNormalization, layers.BatchNormalization)):
+        return False
+    return any(read)
 
 
 def _batch_parallel() -> tuple[type, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tensorfleet.model_parallel.mesh.keras_layers import adapt_split_readers
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
 from tensorfleet.model_parallel.mesh.zero import gathering, shard_optimizer_state, zero_layout
@@ -67,6 +68,9 @@ class MeshTrainer(tf.keras.Model):
                 layer._fused = False
             elif isinstance(layer, tf.keras.layers.BatchNormalization):
                 layer.fused = False
+        self.adapted: list[str] = adapt_split_readers(model, layout.decided, layout.batch_axis, dmesh)
+        """The pooling and Concatenate layers that read a tensor split along a non-batch axis, given a
+        call that gathers it to be split along the batch alone (:func:`.keras_layers.adapt_split_readers`)."""
         self._loss_fn = None
         self._loss_tracker = None
 
