@@ -15,7 +15,7 @@ import functools
 import inspect
 from typing import Any, Sequence
 
-__all__ = ["ROBUST_AGGREGATORS", "adapted_clip", "aggregation", "compress", "dp_noised_mean"]
+__all__ = ["ROBUST_AGGREGATORS", "adapted_clip", "aggregation", "compress", "compress_rows", "dp_noised_mean"]
 
 # Aggregators compiled runs besides the mean (None): unweighted rules over the stacked updates.
 ROBUST_AGGREGATORS = ("median", "trimmed_mean", "krum")
@@ -49,19 +49,68 @@ def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any
 
 def compress(t: Any, *, bits: int, sparsity: float) -> Any:
     """One tensor as a client sends it under the ``compression`` aggregator: what
-    ``CompressionFactory.compress`` computes (the kept values, then quantized), with the kept
-    values found by an unsorted ``top_k``, which keeps ties at the lowest index as the stable
-    argsort does, in about 2/3 of its time (1.7 against 2.6 ms for 32,768 values)."""
+    ``CompressionFactory.compress`` computes (the kept values, then quantized), as
+    :func:`compress_rows` of one row. For the digits CNN's update, about 1.1 against 2.2 ms per
+    client with an unsorted ``top_k`` on every tensor."""
+    import tensorflow as tf
+
+    return tf.reshape(compress_rows(tf.reshape(t, [1, -1]), bits=bits, sparsity=sparsity)[0], tf.shape(t))
+
+
+def compress_rows(rows: Any, *, bits: int, sparsity: float) -> Any:
+    """:func:`compress` of every row of ``rows`` (``[count, n]``), each quantized over its own ``[min, max]``.
+
+    The kept values are those the reference's stable argsort keeps (ties at the lowest index):
+    for rows of up to 2,048 values by an unsorted ``top_k`` (which breaks ties the same way); for
+    longer ones by a radix select, as ``top_k`` costs about 1.7 ms for 32,768 values against 0.8:
+    the bits of each row's ``k``-th largest magnitude (magnitudes order as their int32 bits) from
+    three per-row histograms of 10, 11 and 10 bits, then every larger value and the first ties up
+    to ``k``.
+    """
     import tensorflow as tf
 
     from tensorfleet.federated.aggregators.aggregate import kept_count
-    from tensorfleet.federated.aggregators.compression import tf_quantize
 
+    n = int(rows.shape[1])
     if sparsity > 0:
-        flat = tf.reshape(t, [-1])
-        keep = tf.math.top_k(tf.abs(flat), kept_count(int(flat.shape[0]), sparsity), sorted=False).indices
-        t = tf.reshape(tf.scatter_nd(keep[:, None], tf.gather(flat, keep), tf.shape(flat)), tf.shape(t))
-    return tf_quantize(t, bits) if bits < 32 else t
+        k = kept_count(n, sparsity)
+        if n <= 2048:
+            keep = tf.math.top_k(tf.abs(rows), k, sorted=False).indices
+            mask = tf.cast(tf.math.bincount(keep, minlength=n, maxlength=n, axis=-1), tf.bool)
+        else:
+            mask = _top_mask(tf.bitcast(tf.abs(rows), tf.int32), k)
+        rows = tf.where(mask, rows, tf.zeros_like(rows))
+    if bits >= 32:
+        return rows
+    lo = tf.reduce_min(rows, axis=1, keepdims=True)
+    scale = (tf.reduce_max(rows, axis=1, keepdims=True) - lo) / float(2 ** bits - 1)
+    safe = tf.where(scale > 0, scale, tf.ones_like(scale))
+    return tf.where(scale > 0, lo + tf.round((rows - lo) / safe) * safe, rows)  # tf_quantize's arithmetic, per row
+
+
+def _top_mask(bits: Any, k: int) -> Any:
+    """Which of each row's non-negative int32 ``bits`` the stable descending argsort puts in its first ``k``."""
+    import tensorflow as tf
+
+    right = tf.bitwise.right_shift
+    count = tf.shape(bits)[:1]
+    prefix = tf.zeros(tf.concat([count, [1]], 0), tf.int32)  # the k-th largest's bits found so far
+    need = tf.fill(tf.concat([count, [1]], 0), k)  # how many of the values matching the prefix to keep
+    for shift, width in ((21, 10), (10, 11), (0, 10)):  # bits 30..0 (the sign bit of a magnitude is 0)
+        digit = right(bits, shift)
+        if shift < 21:  # values off the prefix go to bin 2 ** width, dropped
+            digit = tf.where(tf.equal(right(bits, shift + width), right(prefix, shift + width)),
+                             tf.bitwise.bitwise_and(digit, 2 ** width - 1), 2 ** width)
+        at_least = tf.math.cumsum(tf.math.bincount(digit, minlength=2 ** width + 1, maxlength=2 ** width + 1,
+                                                   axis=-1)[:, :2 ** width], axis=1, reverse=True)
+        d = tf.reduce_sum(tf.cast(at_least >= need, tf.int32), axis=1, keepdims=True) - 1
+        need -= tf.gather(tf.pad(at_least[:, 1:], [[0, 0], [0, 1]]), d, batch_dims=1)
+        prefix += tf.bitwise.left_shift(d, shift)
+    tie = tf.equal(bits, prefix)
+    # Ties past the k-th value are rare in updates (zeros mostly): the running count of ties only then.
+    return tf.cond(tf.reduce_all(tf.reduce_sum(tf.cast(tie, tf.int32), axis=1, keepdims=True) == need),
+                   lambda: bits >= prefix,
+                   lambda: (bits > prefix) | (tie & (tf.math.cumsum(tf.cast(tie, tf.int32), axis=1) <= need)))
 
 
 def dp_noised_mean(clipped_sum: Sequence[Any], stddev: float, denominator: int, seed: int, round_num: Any) -> list[Any]:

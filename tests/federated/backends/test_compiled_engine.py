@@ -77,3 +77,34 @@ def test_compiled_compression_keeps_what_the_reference_keeps_ties_included(size,
     reference = quantize(reference, bits) if bits < 32 else reference
     np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-6)
     assert np.count_nonzero(ours[np.abs(values) == 0.75]) == np.count_nonzero(np.abs(values) == 0.75)
+
+
+@pytest.mark.parametrize("size,sparsity,bits", [(10, 0.5, 32), (144, 0.5, 8), (4608, 0.5, 8), (32768, 0.3, 4),
+                                                (32768, 0.5, 32), (3000, 0.0, 8)])
+def test_compiled_compression_of_rows_equals_the_reference_on_each_row_traced_or_not(size, sparsity, bits):
+    import tensorflow as tf
+
+    from tensorfleet.federated.aggregators.compression import CompressionFactory
+    from tensorfleet.federated.backends.compiled_aggregation import compress_rows
+
+    rng = np.random.default_rng(size)
+    rows = np.stack([
+        rng.integers(-3, 4, size).astype(np.float32) * 0.25,  # few distinct magnitudes: ties inside the kept count
+        rng.normal(size=size).astype(np.float32) * 1e-3,
+        np.zeros(size, np.float32),  # a padding slot or a non-finite update (weight 0)
+        np.full(size, -0.5, np.float32),  # all ties
+        np.where(rng.random(size) < 0.9, 0.0, rng.normal(size=size)).astype(np.float32),  # mostly zeros
+    ])
+    ours = compress_rows(tf.constant(rows), bits=bits, sparsity=sparsity).numpy()
+    factory = CompressionFactory(bits=bits, sparsity=sparsity)
+    for i, row in enumerate(rows):
+        np.testing.assert_array_equal(ours[i], factory.compress(tf.constant(row)).numpy(), err_msg=f"row {i}")
+    # Traced, as the round and TFF run it (graph optimizations can move a quantized value by one level at a
+    # tie of the rounding, so the traced reference is the one to equal).
+    traced = tf.function(lambda r: compress_rows(r, bits=bits, sparsity=sparsity), autograph=False,
+                         input_signature=[tf.TensorSpec([None, size], tf.float32)])
+    reference = tf.function(factory.compress, autograph=False)
+    for chosen in ([0, 1], [1]):  # with ties past the k-th value, and (normal values) without
+        out = traced(tf.constant(rows[chosen])).numpy()
+        for i, row in zip(chosen, out):
+            np.testing.assert_array_equal(row, reference(tf.constant(rows[i])).numpy(), err_msg=f"traced row {i}")
