@@ -31,15 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from tensorfleet.planner.memory import MemoryEstimate, Parallelism, bytes_per_parameter
+from tensorfleet.planner.memory import MemoryEstimate, Parallelism, bytes_per_parameter, zero_bytes_per_parameter
 from tensorfleet.planner.memory import estimate as memory_estimate
 from tensorfleet.strategies.memory_savers import Precision
 from tensorfleet.validation import integer, positive_int
 
 __all__ = ["WeightSplit", "estimate", "model_state_bytes", "split_fraction"]
-
-_ZERO_SHARDS = ("optimizer_state", "gradients", "parameters")  # what stages 1, 2 and 3 add to the shards
-
 
 @dataclass(frozen=True)
 class WeightSplit:
@@ -89,14 +86,13 @@ def model_state_bytes(weights: Sequence[WeightSplit], optimizer: Any = "adam",
     """
     weights = _checked(weights)
     stage = integer("zero", zero, minimum=0, maximum=3)
-    per_parameter = bytes_per_parameter(optimizer, precision)
-    held = {kind: 0.0 for kind in per_parameter}
-    for w in weights:
+    held = dict.fromkeys(bytes_per_parameter(optimizer, precision), 0.0)
+    for w in weights:  # a frozen weight holds its parameters only, whole over the replicas
+        per_parameter = zero_bytes_per_parameter(optimizer, precision, zero=stage if w.trainable else 0,
+                                                 replicas=w.zero_parts)
         for kind, size in per_parameter.items():
-            if kind != "parameters" and not w.trainable:
-                continue
-            zero_parts = w.zero_parts if kind in _ZERO_SHARDS[:stage] and w.trainable else 1
-            held[kind] += w.parameters * size / (w.parts * zero_parts)
+            if kind == "parameters" or w.trainable:
+                held[kind] += w.parameters * size / w.parts
     return held
 
 

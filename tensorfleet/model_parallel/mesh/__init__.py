@@ -178,10 +178,14 @@ class Mesh:
         """
         from tensorfleet.model_parallel.mesh.keras_model import keras_mesh_model
 
+        self._require_scope(model)
+        return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
+
+    def _require_scope(self, model: Any) -> None:
+        """One clear error for a model not built in :meth:`scope` (nothing laid out yet)."""
         if self.keras_layout is None:
             raise ValueError("Build the model inside mesh.scope() first, so that its weights are laid out on the "
                              f"mesh. Received: model {getattr(model, 'name', model)!r} and no scope entered")
-        return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
 
     def weight_splits(self, model: Any) -> list[Any]:
         """Each weight of ``model`` (built in the last :meth:`scope`) as this mesh lays it out, for the
@@ -199,9 +203,7 @@ class Mesh:
         """
         from tensorfleet.model_parallel.mesh.zero import weight_splits
 
-        if self.keras_layout is None:
-            raise ValueError("Build the model inside mesh.scope() first, so that its weights are laid out on the "
-                             f"mesh. Received: model {getattr(model, 'name', model)!r} and no scope entered")
+        self._require_scope(model)
         return weight_splits(model, self.keras_layout)
 
     def check(self, model: Any, batch_size: int) -> dict[str, int]:

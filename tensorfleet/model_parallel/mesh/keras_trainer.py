@@ -171,9 +171,14 @@ class MeshTrainer(tf.keras.Model):
         import numpy as np
 
         values = np.asarray(values)
-        axis = self.layout.batch_axis
         whole = dtensor.copy_to_mesh(values, dtensor.Layout.replicated(self.dmesh, values.ndim))
-        return dtensor.relayout(whole, dtensor.Layout.batch_sharded(self.dmesh, axis, values.ndim)) if axis else whole
+        return dtensor.relayout(whole, self._batch_layout(values.ndim)) if self.layout.batch_axis else whole
+
+    def _batch_layout(self, rank: int) -> Any:
+        """A batch's layout: split over the ``batch`` rule's mesh dimension, or whole without one."""
+        axis = self.layout.batch_axis
+        return (dtensor.Layout.batch_sharded(self.dmesh, axis, rank) if axis
+                else dtensor.Layout.replicated(self.dmesh, rank))
 
     def _infer(self, x: Any) -> Any:
         with gathering():
@@ -220,12 +225,8 @@ class MeshTrainer(tf.keras.Model):
         # of unknown length for all epochs (and its validation), and one that ran out after the first
         # epoch poisoned DTensor's executor (CancelledError in the next epoch or in validation).
         data = data.take(len(x) // batch_size * batch_size).repeat()
-
-        def layout(rank: int) -> Any:
-            return (dtensor.Layout.batch_sharded(self.dmesh, axis, rank) if axis
-                    else dtensor.Layout.replicated(self.dmesh, rank))
-
-        dataset = dtensor.DTensorDataset(data, mesh=self.dmesh, layouts=(layout(x.ndim), layout(y.ndim)),
+        dataset = dtensor.DTensorDataset(data, mesh=self.dmesh,
+                                         layouts=(self._batch_layout(x.ndim), self._batch_layout(y.ndim)),
                                          global_batch_size=batch_size, batch_dim=axis)
         return dataset, len(x) // batch_size
 
