@@ -179,18 +179,6 @@ class CompiledFedAvg:
         self._round: Any = None  # traced on the first round, when the data's shapes are known
 
     @property
-    def weights(self) -> list[Any]:
-        """The server model's trainable weights (tensors)."""
-        return [v.read_value() for v in self._weight_vars]
-
-    @property
-    def server_state(self) -> Any:
-        """The server optimizer's state (tensors)."""
-        import tensorflow as tf
-
-        return tf.nest.map_structure(lambda v: v.read_value(), self._state_vars)
-
-    @property
     def clip(self) -> Any:
         """The current DP clip (adapted each round by adaptive clipping)."""
         return self._clip_var.read_value()
