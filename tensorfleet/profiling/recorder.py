@@ -132,7 +132,10 @@ class Capture:
         self._first_mark, self._done = (0.0, 0), 0
 
     def mark(self, done: int) -> None:
-        """Notes that ``done`` steps have ended; the pace since the first note sizes the remote traces."""
+        """Notes that ``done`` steps have ended; the pace since the first note sizes the remote traces
+        (a job with no remote tasks needs none)."""
+        if self.remote is None:
+            return
         if not self._first_mark[1]:
             self._first_mark = (time.monotonic(), done)
         self._done = done
