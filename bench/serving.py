@@ -130,14 +130,10 @@ async def _run_load(port: int, body: bytes, concurrency: int, seconds: float) ->
 def run_load(port: int, body: bytes, concurrency: int, seconds: float) -> tuple[float, list[float], float]:
     """(requests/s, latencies in seconds, the generator's CPU seconds) of ``concurrency`` closed-loop
     callers for ``seconds``, on uvloop when it is installed."""
-    try:
-        import uvloop
+    from tensorfleet.serving.rest import new_event_loop  # the server's own choice of loop
 
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
     cpu = time.process_time()
-    with runner:
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
         rate, latencies = runner.run(_run_load(port, body, concurrency, seconds))
     return rate, latencies, time.process_time() - cpu
 
