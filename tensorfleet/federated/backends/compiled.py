@@ -9,7 +9,8 @@ arithmetic.
 This backend runs the same arithmetic as TFF's ``build_weighted_fed_avg`` (TFF's model-delta
 client work and apply-optimizer finalizer) in one TensorFlow function traced once (without
 AutoGraph: its loops are explicit): the sampled clients' examples come as one padded array
-``[clients, steps * batch, ...]`` with each client's count, a ``tf.while_loop`` trains each client
+``[clients, steps * batch, ...]`` with each client's count, ``tf.while_loop`` loops (one per lane: a
+lane per CPU core, each in its own copy of the model, run side by side) train each client
 on the batches TFF's dataset would give (the real rows only: padding never enters the model) from the
 server weights with the client optimizer (the same ``tff.learning.optimizers`` object), the
 deltas ``initial - trained`` are averaged weighted by examples (a client with a non-finite delta
@@ -39,6 +40,8 @@ round. ``backend="auto"`` runs such models on TFF.
 
 from __future__ import annotations
 
+import functools
+import os
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -47,63 +50,21 @@ import numpy as np
 from tensorfleet.federated.backends.compiled_aggregation import (
     ROBUST_AGGREGATORS, adapted_clip, aggregation, dp_noised_mean,
 )
+from tensorfleet.federated.backends.compiled_scope import (
+    COMPILED_AGGREGATORS, SUPPORTED_ALGORITHMS, batch_dependent_layers, compiled_refusal, unsupported,
+)
 
 __all__ = ["COMPILED_AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "aggregation",
-           "batch_dependent_layers", "build_engine", "compiled_refusal", "dp_noised_mean", "adapted_clip", "evaluate_batches", "unsupported"]
+           "batch_dependent_layers", "build_engine", "compiled_refusal", "default_lanes", "dp_noised_mean", "adapted_clip", "evaluate_batches", "unsupported"]
 
-SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
-COMPILED_AGGREGATORS = (None, "mean", "dp_fixed", "dp_adaptive", "compression", *ROBUST_AGGREGATORS)
 # The weights a model had when its first engine was built (an engine trains in the model, so a
 # second run of the same simulation would otherwise start from the last client's weights).
 _INITIAL_WEIGHTS: "weakref.WeakKeyDictionary[Any, list[np.ndarray]]" = weakref.WeakKeyDictionary()
-# Layer classes (and their subclasses, found by name in the MRO) that normalize over the batch.
-BATCH_NORMALIZATION_CLASSES = ("BatchNormalizationBase", "BatchNormalization", "SyncBatchNormalization")
 
-
-def unsupported(received: str) -> ValueError:
-    """The error for a simulation this backend does not run; ``received`` names what was asked."""
-    return ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the "
-                      f"{', '.join(a for a in COMPILED_AGGREGATORS if a)} aggregators on partition() client data. Received: {received}")
-
-
-def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
-    """What in ``model`` makes a row's output depend on the other rows of its batch.
-
-    BatchNormalization and its subclasses are named by class (anywhere in nested models); a
-    model without them is probed in inference mode: its output for ``rows`` (a few real inputs)
-    alone and with as many zero rows appended (as this backend pads) must agree. A custom layer
-    that mixes rows only when training is not seen by the probe.
-
-    Example:
-        >>> import numpy as np, tensorflow as tf
-        >>> model = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,)),
-        ...                              tf.keras.layers.BatchNormalization(name="bn")])
-        >>> batch_dependent_layers(model, np.ones((2, 3), np.float32))
-        ["BatchNormalization 'bn'"]
-    """
-    found = [f"{type(layer).__name__} {layer.name!r}" for layer in model.submodules
-             if any(k.__name__ in BATCH_NORMALIZATION_CLASSES for k in type(layer).__mro__)]
-    if found:
-        return found
-    rows = np.asarray(rows)
-    alone = np.asarray(model(rows, training=False))
-    padded = np.asarray(model(np.concatenate([rows, np.zeros_like(rows)]), training=False))[:len(rows)]
-    if not np.allclose(alone, padded, rtol=1e-4, atol=1e-5):
-        return ["a layer of the model (its output for a row changes when zero rows join the batch)"]
-    return []
-
-
-def compiled_refusal(clients: Any, model: Any = None) -> str | None:
-    """Why this backend cannot give TFF's result for ``clients`` (and ``model``), or None when it can."""
-    if not hasattr(clients, "indices"):
-        return f"clients={type(clients).__name__}"
-    if model is None:
-        return None
-    found = batch_dependent_layers(model, clients.arrays(clients.client_ids[0])[0][:4])
-    if found:
-        return (f"a model with batch-dependent layers ({', '.join(found)}): the padded rows of a round would enter "
-                f"their batch statistics and the result would differ from TFF's; backend='tff' or 'auto' runs it")
-    return None
+def default_lanes(clients_per_round: int) -> int:
+    """Clients trained at once by default: one per CPU core this process may use, at most ``clients_per_round``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(int(clients_per_round), cores))
 
 
 class CompiledFedAvg:
@@ -140,6 +101,12 @@ class CompiledFedAvg:
             where ``unclipped`` is the noised fraction of updates whose norm was at most the clip.
         noise_seed: seeds the DP noise.
         model: a model ``model_fn()`` already made, to train in (else one is made).
+        lanes: how many clients train at once, each lane in its own copy of the model (made by
+            ``model_fn()``) and its own ``tf.while_loop``, which TensorFlow runs side by side
+            (default: one per CPU core, at most the clients of a round). Small models leave most
+            of a core idle in one client's step (for the digits CNN two lanes on two cores take
+            6.0 against 10.1 ms for 10 clients' steps); the result is the same up to the order of
+            the sums.
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, client_optimizer: Any, server_optimizer: Any,
@@ -148,13 +115,19 @@ class CompiledFedAvg:
                  statistic: Callable[[Any], Any] | None = None, compress: Callable[[Any], Any] | None = None,
                  dp_clip: float | None = None, dp_noise: float = 0.0,
                  dp_adaptive: tuple[float, float, float] | None = None, noise_seed: int = 0,
-                 model: Any = None) -> None:
+                 model: Any = None, lanes: int | None = None) -> None:
         import tensorflow as tf
 
         self.model = model if model is not None else model_fn()
         self.variables = list(self.model.trainable_variables)
         if len(self.variables) != len(initial_weights):
             raise ValueError(f"initial_weights has {len(initial_weights)} tensors; the model has {len(self.variables)}.")
+        lanes = default_lanes(clients_per_round) if lanes is None else lanes
+        if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+            raise ValueError(f"lanes must be a positive integer (clients trained at once). Received: {lanes!r}")
+        # Each lane's model and its trainable variables: the first lane trains in ``model``, the others in copies.
+        copies = [model_fn() for _ in range(min(lanes, int(clients_per_round)) - 1)]
+        self._lanes = [(m, list(m.trainable_variables)) for m in [self.model, *copies]]
         self.batch_size = int(batch_size)
         self.steps = -(-int(max_examples) // self.batch_size)
         self.length = self.steps * self.batch_size
@@ -170,6 +143,7 @@ class CompiledFedAvg:
         self.dp_adaptive = dp_adaptive
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         self._specs = specs
+        self._sizes = [int(np.prod(w.shape)) for w in specs]
         # The server's model, optimizer state and clip live in variables the round updates in
         # place: a call passes only the round's data, and returns only its three metrics.
         self._weight_vars = [tf.Variable(w, dtype=v.dtype, trainable=False) for w, v in zip(initial_weights, self.variables)]
@@ -199,46 +173,53 @@ class CompiledFedAvg:
             x[k, :n], y[k, :n], examples[k] = xk, yk, n
         return x, y, examples
 
-    def _client_update(self, weights: list[Any], xk: Any, yk: Any, n: Any) -> tuple[Any, ...]:
-        """One client's ``(update, loss sum, correct sum)``: the delta ``initial - trained`` after
-        local steps, or (FedSGD) the example-weighted mean of its batch gradients."""
+    def _client_update(self, lane: tuple[Any, list[Any]], weights: list[Any], flat_weights: Any, xk: Any, yk: Any,
+                       n: Any) -> tuple[Any, Any]:
+        """One client's ``(update, [loss sum, correct sum])``, the update flat: the delta ``initial -
+        trained`` after local steps, or (FedSGD) the example-weighted mean of its batch gradients."""
         import tensorflow as tf
 
         B = self.batch_size
+        model, variables = lane
         if self.local_steps:  # (FedSGD's clients all start where the round set the model)
-            for v, w in zip(self.variables, weights):
+            for v, w in zip(variables, weights):
                 v.assign(w)
         opt_state = self.client_optimizer.initialize(tuple(self._specs)) if self.local_steps else ()
         # Only FedSGD sums gradients: no loop variables that a step does not change.
-        grad_sum = [] if self.local_steps else [tf.zeros_like(w) for w in weights]
+        grad_sum = () if self.local_steps else tf.zeros_like(flat_weights)
 
         def step(s: Any, carry: Any) -> Any:
-            opt_state, grad_sum, loss_acc, correct_acc = carry
+            opt_state, grad_sum, sums = carry
             # The batch TFF's dataset would give: its real rows only, so no padding enters the model.
             end = tf.minimum((s + 1) * B, n)
             xb, yb = xk[s * B:end], yk[s * B:end]
             rows = tf.cast(end - s * B, tf.float32)
             with tf.GradientTape() as tape:
-                logits = self.model(xb, training=True)
+                logits = model(xb, training=True)
                 loss = self.loss_fn(yb, logits)
-            grads = tape.gradient(loss, self.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
             if self.local_steps:
-                current = tuple(v.read_value() for v in self.variables)
+                current = tuple(v.read_value() for v in variables)
                 if self.mu > 0.0:  # the gradient of (mu / 2) ||w - w_server||^2
                     grads = [g + self.mu * (c - w) for g, c, w in zip(grads, current, weights)]
                 opt_state, updated = self.client_optimizer.next(opt_state, current, tuple(grads))
-                for v, u in zip(self.variables, updated):
+                for v, u in zip(variables, updated):
                     v.assign(u)
             else:
-                grad_sum = [a + rows * g for a, g in zip(grad_sum, grads)]
+                grad_sum = grad_sum + rows * _flatten(grads)
             hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=yb.dtype), yb), tf.float32)
-            return opt_state, grad_sum, loss_acc + loss * rows, correct_acc + tf.reduce_sum(hits)
+            return opt_state, grad_sum, sums + tf.stack([loss * rows, tf.reduce_sum(hits)])
 
-        zero = tf.constant(0.0)
-        _, grad_sum, loss_k, correct_k = _fori((n + B - 1) // B, step, (opt_state, grad_sum, zero, zero))
+        _, grad_sum, sums = _fori((n + B - 1) // B, step, (opt_state, grad_sum, tf.zeros([2])))
         if self.local_steps:
-            return [w - v.read_value() for w, v in zip(weights, self.variables)], loss_k, correct_k
-        return [g / tf.cast(n, tf.float32) for g in grad_sum], loss_k, correct_k
+            return flat_weights - _flatten([v.read_value() for v in variables]), sums
+        return grad_sum / tf.cast(n, tf.float32), sums
+
+    def _unflatten(self, flat: Any) -> list[Any]:
+        """A flat vector of the model's trainable weights as one tensor per weight."""
+        import tensorflow as tf
+
+        return [tf.reshape(p, spec.shape) for p, spec in zip(tf.split(flat, self._sizes), self._specs)]
 
     def _round_impl(self, x: Any, y: Any, examples: Any, participants: Any, round_num: Any) -> Any:
         """One round in the graph: reads the server variables, trains, writes them; returns
@@ -256,50 +237,62 @@ class CompiledFedAvg:
         self._clip_var.assign(clip)
         return tf.stack([loss, accuracy, seen])
 
+    def _train_clients(self, weights: list[Any], x: Any, y: Any, examples: Any, participants: Any, clip: Any) -> Any:
+        """Trains the round's clients, lane ``j`` taking clients ``j, j + lanes, ...`` in its own
+        loop; the accumulators of all lanes summed: ``(update sum (flat), rows of the robust
+        rules, [weight sum, loss sum, correct sum, examples])``."""
+        import tensorflow as tf
+
+        count, lanes = tf.shape(x)[0], len(self._lanes)
+        flat_weights = _flatten(weights)
+
+        def client(lane: tuple[Any, list[Any]], j: int, i: Any, acc: Any) -> Any:
+            update_sum, rows, sums = acc
+            k = j + i * lanes
+            update, sums_k = self._client_update(lane, weights, flat_weights, x[k], y[k], examples[k])
+            finite = tf.reduce_all(tf.math.is_finite(update))
+            n_k = tf.cast(examples[k], tf.float32)
+            weight = tf.where(finite, n_k, 0.0)
+            update = tf.where(finite, update, tf.zeros_like(update))
+            if self.dp_clip is not None:
+                (update,), norm = tf.clip_by_global_norm([update], clip)
+                update_sum = update_sum + update
+                # Summed: TFF's count of unclipped updates (padding slots past the participants left out).
+                weight = tf.where(k < participants, tf.cast(norm <= clip, tf.float32) - 0.5, 0.0)
+            elif self.compress is not None:
+                update_sum = update_sum + tf.concat([self.compress(p) for p in tf.split(update * weight, self._sizes)], 0)
+            elif self.statistic is None:
+                update_sum = update_sum + weight * update
+            else:
+                rows = tf.tensor_scatter_nd_update(rows, [[k]], update[None])
+            return update_sum, rows, sums + tf.stack([weight, sums_k[0], sums_k[1], n_k])
+
+        rows = tf.zeros([self.clients_per_round, sum(self._sizes) if self.statistic is not None else 0])
+        acc = (tf.zeros_like(flat_weights) if self.statistic is None else tf.zeros([0]), rows, tf.zeros([4]))
+        results = []
+        for j, lane in enumerate(self._lanes):  # independent loops: TensorFlow runs them side by side
+            if not self.local_steps:  # (FedSGD's clients all compute at the server weights)
+                for v, w in zip(lane[1], weights):
+                    v.assign(w)
+            results.append(_fori((count - j + lanes - 1) // lanes, functools.partial(client, lane, j), acc))
+        return [tf.add_n([r[i] for r in results]) for i in range(len(acc))]
+
     def _aggregate_round(self, weights: list[Any], server_state: Any, x: Any, y: Any, examples: Any,
                          participants: Any, round_num: Any, clip: Any) -> Any:
         import tensorflow as tf
 
-        def client(k: Any, acc: Any) -> Any:
-            update_sum, rows, weight_sum, loss_sum, correct_sum, seen = acc
-            update, loss_k, correct_k = self._client_update(weights, x[k], y[k], examples[k])
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in update])
-            weight = tf.where(finite, tf.cast(examples[k], tf.float32), 0.0)
-            update = [tf.where(finite, d, tf.zeros_like(d)) for d in update]
-            if self.dp_clip is not None:
-                update, norm = tf.clip_by_global_norm(update, clip)
-                update_sum = [a + d for a, d in zip(update_sum, update)]
-                # Summed: TFF's count of unclipped updates (padding slots past the participants left out).
-                weight = tf.where(k < participants, tf.cast(norm <= clip, tf.float32) - 0.5, 0.0)
-            elif self.compress is not None:
-                update_sum = [a + self.compress(d * weight) for a, d in zip(update_sum, update)]
-            elif self.statistic is None:
-                update_sum = [a + weight * d for a, d in zip(update_sum, update)]
-            else:
-                flat = tf.concat([tf.reshape(d, [-1]) for d in update], axis=0)
-                rows = tf.tensor_scatter_nd_update(rows, [[k]], flat[None])
-            return (update_sum, rows, weight_sum + weight, loss_sum + loss_k, correct_sum + correct_k,
-                    seen + tf.cast(examples[k], tf.float32))
-
-        zero = tf.constant(0.0)
-        sizes = [int(np.prod(w.shape)) for w in self._specs]
-        rows = tf.zeros([self.clients_per_round, sum(sizes) if self.statistic is not None else 0])
-        acc = ([tf.zeros_like(w) for w in weights] if self.statistic is None else [], rows, zero, zero, zero, zero)
-        if not self.local_steps:
-            for v, w in zip(self.variables, weights):
-                v.assign(w)
-        update_sum, rows, weight_sum, loss_sum, correct_sum, seen = _fori(tf.shape(x)[0], client, acc)
+        update_sum, rows, sums = self._train_clients(weights, x, y, examples, participants, clip)
+        weight_sum, loss_sum, correct_sum, seen = tf.unstack(sums)
         if self.dp_clip is not None:
-            mean_update = dp_noised_mean(update_sum, clip * self.dp_noise, self.clients_per_round, self.noise_seed,
+            mean_update = dp_noised_mean(self._unflatten(update_sum), clip * self.dp_noise, self.clients_per_round, self.noise_seed,
                                          round_num)
             if self.dp_adaptive is not None:
                 clip = adapted_clip(clip, weight_sum, self.dp_adaptive, self.clients_per_round,
                                     self.noise_seed, round_num)
         elif self.statistic is None:
-            mean_update = [d / tf.maximum(weight_sum, 1e-30) for d in update_sum]
+            mean_update = self._unflatten(update_sum / tf.maximum(weight_sum, 1e-30))
         else:
-            pieces = tf.split(self.statistic(rows[:participants]), sizes)
-            mean_update = [tf.reshape(p, w.shape) for p, w in zip(pieces, self._specs)]
+            mean_update = self._unflatten(self.statistic(rows[:participants]))
         new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights), tuple(mean_update))
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(w)) for w in new_weights])
         new_weights = [tf.where(finite, n, w) for n, w in zip(new_weights, weights)]
@@ -398,6 +391,13 @@ def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:
             correct += int(np.sum(np.argmax(np.asarray(logits), axis=-1) == y))
             count += len(y)
     return {"fed_eval_loss": total_loss / max(count, 1), "fed_eval_accuracy": correct / max(count, 1)}
+
+
+def _flatten(tensors: Sequence[Any]) -> Any:
+    """Tensors as one flat vector (in order)."""
+    import tensorflow as tf
+
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
 
 
 def _fori(n: Any, body: Callable[[Any, Any], Any], init: Any) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -58,6 +60,49 @@ def test_a_model_whose_python_branches_read_tensors_is_traced_with_autograph(dig
         assert [r["round"] for r in sim.history.rounds] == [1, 2, 3]
     for a, b in zip(weights[False], weights[True]):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm,aggregator,options", [
+    ("fedavgm", None, {}),
+    ("fedsgd", "median", {}),
+    ("fedprox", "dp_fixed", {"noise_multiplier": 0.0, "clip": 0.05}),
+    ("fedavg", "compression", {"bits": 8, "sparsity": 0.5}),
+])
+def test_lanes_train_clients_side_by_side_to_the_model_of_one_lane(digits_flat, monkeypatch, algorithm, aggregator,
+                                                                     options):
+    from tensorfleet.federated.backends import compiled
+
+    weights, records = {}, {}
+    for lanes in (1, 3):  # 3 lanes for 5 clients: lanes of 2, 2 and 1 client
+        monkeypatch.setattr(compiled, "default_lanes", lambda clients_per_round, lanes=lanes: lanes)
+        sim = Simulation(lambda: models.build("digits_mlp", hidden=8), _clients(digits_flat), algorithm, rounds=3,
+                         clients_per_round=5, seed=3, progress=False, backend="compiled", aggregator=aggregator,
+                         aggregator_options=options, **({"algorithm_options": {"mu": 0.5}} if algorithm == "fedprox" else {}))
+        sim.run()
+        assert len(sim._engine._lanes) == lanes
+        weights[lanes], records[lanes] = sim.final_weights(), sim.history.rounds
+    for a, b in zip(weights[1], weights[3]):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)  # the same sums, added in another order
+    for a, b in zip(records[1], records[3]):
+        assert (a["num_examples"], a["participants"]) == (b["num_examples"], b["participants"])
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-6)
+        assert b["train_accuracy"] == pytest.approx(a["train_accuracy"], abs=1e-9)
+
+
+def test_lanes_must_be_a_positive_integer():
+    import tensorflow_federated as tff
+
+    from tensorfleet.federated.backends.compiled import CompiledFedAvg, default_lanes
+
+    assert default_lanes(1) == 1 and 1 <= default_lanes(100) == min(100, len(__import__("os").sched_getaffinity(0)))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match=rf"lanes must be a positive integer \(clients trained at once\)\. "
+                                             rf"Received: {re.escape(repr(bad))}"):
+            CompiledFedAvg(model_fn=lambda: models.build("digits_mlp", hidden=4), loss_fn=None,
+                           client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
+                           server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+                           initial_weights=models.build("digits_mlp", hidden=4).get_weights(), batch_size=4,
+                           max_examples=8, clients_per_round=2, lanes=bad)
 
 
 @pytest.mark.parametrize("size,sparsity,bits", [(10, 0.5, 32), (4608, 0.5, 8), (32768, 0.3, 4), (32768, 0.5, 32)])
