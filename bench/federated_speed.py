@@ -9,21 +9,28 @@ same client sampling and example order for both:
   every round one compiled TensorFlow function (see tensorfleet/federated/backends/compiled.py).
 
 Each contender runs in its own process (so that memory is its own; the raw loop's figure adds
-TFF's worker_binary child); they run one after the other in this one invocation. Each child
-first imports TensorFlow, TFF and tensorfleet (timed: ``import s``; both need TFF, the compiled
-backend because ``partition()``'s client data is a TFF ``ClientData``), then starts its clock:
-"total" counts data, building, tracing and all rounds from the same point in both. The script
-prints rounds/s of both (steady state, after the first round, and total; the ratio of totals
-also with the imports counted), the final central test accuracy of both, resident memory after
-rounds 10 and ``--rounds``, and when tensorfleet's first round began and ended after ``run()``.
+TFF's worker_binary child); they run one after the other in this one invocation, once per seed
+(``--seeds``: the seed of the client sampling and example order). Each child first imports
+TensorFlow, TFF and tensorfleet (timed: ``import s``; both need TFF, the compiled backend because
+``partition()``'s client data is a TFF ``ClientData``), then starts its clock and notes the end
+of every round. The script prints, per seed, rounds/s of both (steady: rounds 2 to ``--rounds``;
+total: from its clock's start to the end of round 60, so data, building and tracing count), the
+central test accuracy after round 60 and after the last (evaluated off the clock) and resident
+memory after rounds 10 and ``--rounds``; then the ratios of the medians over seeds (the total also
+with the imports counted), when tensorfleet's first round began and ended after ``run()``, and
+each accuracy as the mean and standard deviation over seeds with the difference of the means:
+both backends compute the same rounds (tests/federated/backends/test_compiled.py: equal within
+1e-5 after 5 rounds), but float rounding in a different order of sums grows over tens of rounds
+into a different run, as a different seed would.
 
 Then the algorithm x aggregator matrix (fedavg, fedprox, fedsgd x mean, dp_fixed, median, krum,
 compression): the same task on ``backend="compiled"`` and ``backend="tff"`` with central test
 data evaluated in the last round, steady rounds/s of each (from the end of round 1 to the end of
 round ``R - 1``: the first round traces, the last builds the evaluation model) and their ratio,
-over ``--matrix-rounds`` rounds per cell.
+over ``--matrix-rounds`` rounds per cell and ``--matrix-seeds`` seeds (accuracy: the mean).
 
-Run with ``python bench/federated_speed.py [--rounds 200] [--matrix-rounds 20] [--only classic|matrix]``.
+Run with ``python bench/federated_speed.py [--rounds 200] [--seeds 3] [--matrix-rounds 20] [--matrix-seeds 1]
+[--only classic|matrix]``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLIENTS, PER_ROUND, SEED, BATCH = 100, 10, 0, 20
+ACCURACY_ROUND = 60  # the issue's bench task: accuracy after 60 rounds (and after the last)
 
 
 def _rss_mb(pid: int) -> float:
@@ -73,7 +81,18 @@ def _data():
     return split, clients
 
 
-def contender_raw(rounds: int) -> dict:
+def _accuracy(weights: Any, split: Any) -> float:
+    """Central test accuracy of the digits CNN holding ``weights`` (a ``tff.learning.models.ModelWeights``)."""
+    import numpy as np
+
+    import tensorfleet as tfl
+
+    model = tfl.models.build("digits_cnn")
+    weights.assign_weights_to(model)
+    return float(np.mean(model(split.x_test).numpy().argmax(-1) == split.y_test))
+
+
+def contender_raw(rounds: int, seed: int = SEED) -> dict:
     import collections
 
     import numpy as np
@@ -98,26 +117,22 @@ def contender_raw(rounds: int) -> dict:
         model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
     state = process.initialize()
-    out = {"rss_mb": {}}
-    t_first = None
+    out: dict = {"rss_mb": {}, "times": [], "accuracy": {}}
     for r in range(1, rounds + 1):
-        picked = sorted(np.random.default_rng([SEED, r]).choice(len(ids), size=PER_ROUND, replace=False))
+        picked = sorted(np.random.default_rng([seed, r]).choice(len(ids), size=PER_ROUND, replace=False))
         data = []
         for i in picked:
             x, y = clients.arrays(ids[i])
-            order = np.random.default_rng([SEED, r, stable_hash(ids[i])]).permutation(len(y))
+            order = np.random.default_rng([seed, r, stable_hash(ids[i])]).permutation(len(y))
             data.append(tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x[order], y=y[order])).batch(BATCH))
         state = process.next(state, data).state
-        if r == 1:
-            t_first = time.perf_counter()
+        out["times"].append(time.perf_counter() - start)
         if r in (10, rounds):
             out["rss_mb"][r] = _rss_mb(os.getpid())
-    end = time.perf_counter()
-    model = tfl.models.build("digits_cnn")
-    process.get_model_weights(state).assign_weights_to(model)
-    logits = model(split.x_test).numpy()
-    out.update(accuracy=float(np.mean(logits.argmax(-1) == split.y_test)),
-               steady_rounds_per_s=(rounds - 1) / (end - t_first), total_rounds_per_s=rounds / (end - start))
+        if r in (ACCURACY_ROUND, rounds):  # (outside the clock: the times above are taken first)
+            evaluated = time.perf_counter()
+            out["accuracy"][r] = _accuracy(process.get_model_weights(state), split)
+            start += time.perf_counter() - evaluated
     _stop_own_children()  # raw TFF would leave its worker_binary holding our stdout (STACK.md)
     return out
 
@@ -134,37 +149,35 @@ def _stop_own_children() -> None:
                 continue
 
 
-def contender_tensorfleet(rounds: int, on_round: Any = None) -> dict:
-    import numpy as np
-
+def contender_tensorfleet(rounds: int, seed: int = SEED) -> dict:
     import tensorfleet as tfl
 
     start = time.perf_counter()  # imports done (timed by _child)
     split, clients = _data()
     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds,
-                                   clients_per_round=PER_ROUND, seed=SEED, batch_size=BATCH, progress=False,
+                                   clients_per_round=PER_ROUND, seed=seed, batch_size=BATCH, progress=False,
                                    backend="compiled")
-    if on_round is not None:
-        sim.round_listeners.append(on_round)
-    run_called = time.perf_counter()
+    out: dict = {"rss_mb": {}, "times": [], "accuracy": {}}
+
+    def on_round(record: dict) -> None:  # the raw loop's measurements, at the same rounds
+        nonlocal start
+        out["times"].append(time.perf_counter() - start)
+        if record["round"] in (10, rounds):
+            out["rss_mb"][record["round"]] = _rss_mb(os.getpid())
+        if record["round"] in (ACCURACY_ROUND, rounds):
+            evaluated = time.perf_counter()
+            out["accuracy"][record["round"]] = _accuracy(sim.model_weights(sim._engine), split)
+            start += time.perf_counter() - evaluated
+
+    sim.round_listeners.append(on_round)
+    run_called = time.perf_counter() - start
     history = sim.run()
-    end = time.perf_counter()
     assert len(history.rounds) == rounds
-    steady = sim_times[rounds] - sim_times[1]  # wall time from the end of round 1 to the end of the last
-    model = tfl.models.build("digits_cnn")
-    sim.weights.assign_weights_to(model)
-    logits = model(split.x_test).numpy()
-    first_end = sim_times[1] - run_called
-    return {"accuracy": float(np.mean(logits.argmax(-1) == split.y_test)), "steady_rounds_per_s": (rounds - 1) / steady,
-            "total_rounds_per_s": rounds / (end - start), "rss_mb": sim_rss,
-            "round1_begins_s": first_end - history.rounds[0]["seconds"], "round1_ends_s": first_end}
+    return {**out, "round1_begins_s": out["times"][0] - history.rounds[0]["seconds"] - run_called,
+            "round1_ends_s": out["times"][0] - run_called}
 
 
-sim_rss: dict = {}
-sim_times: dict = {}
-
-
-def _child(which: str, rounds: int) -> None:
+def _child(which: str, rounds: int, seed: int) -> None:
     began = time.perf_counter()
     import tensorflow  # noqa: F401
     import tensorflow_federated  # noqa: F401
@@ -172,17 +185,8 @@ def _child(which: str, rounds: int) -> None:
     import tensorfleet  # noqa: F401
 
     imports = time.perf_counter() - began
-    result = _run_tensorfleet_with_rss(rounds) if which == "tensorfleet" else contender_raw(rounds)
+    result = (contender_tensorfleet if which == "tensorfleet" else contender_raw)(rounds, seed)
     print("RESULT " + json.dumps({**result, "import_s": imports}), flush=True)
-
-
-def _run_tensorfleet_with_rss(rounds: int) -> dict:
-    def rss_and_time(record: dict) -> None:  # RSS at the same rounds as the raw loop
-        if record["round"] in (10, rounds):
-            sim_rss[record["round"]] = _rss_mb(os.getpid())
-        sim_times[record["round"]] = time.perf_counter()
-
-    return contender_tensorfleet(rounds, on_round=rss_and_time)
 
 
 MATRIX_ALGORITHMS = ("fedavg", "fedprox", "fedsgd")
@@ -190,7 +194,7 @@ MATRIX_AGGREGATORS = {"mean": {}, "dp_fixed": {"noise_multiplier": 0.1, "clip": 
                       "krum": {"num_byzantine": 1}, "compression": {"bits": 8, "sparsity": 0.5}}
 
 
-def matrix_cell(algorithm: str, aggregator: str, backend: str, rounds: int) -> dict:
+def matrix_cell(algorithm: str, aggregator: str, backend: str, rounds: int, seed: int = SEED) -> dict:
     """Steady rounds/s (from the end of round 1 to the end of round ``rounds - 1``; the last round
     evaluates) and seconds to the end of round 1 of one cell on one backend."""
     import tensorfleet as tfl
@@ -199,7 +203,7 @@ def matrix_cell(algorithm: str, aggregator: str, backend: str, rounds: int) -> d
     ends: list = []
     start = time.perf_counter()
     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients, algorithm, rounds=rounds,
-                                   clients_per_round=PER_ROUND, seed=SEED, batch_size=BATCH, progress=False,
+                                   clients_per_round=PER_ROUND, seed=seed, batch_size=BATCH, progress=False,
                                    backend=backend, aggregator=None if aggregator == "mean" else aggregator,
                                    aggregator_options=MATRIX_AGGREGATORS[aggregator],
                                    test_data=(split.x_test, split.y_test), eval_every=rounds)
@@ -209,23 +213,29 @@ def matrix_cell(algorithm: str, aggregator: str, backend: str, rounds: int) -> d
             "accuracy": sim.history.final("test_accuracy")}
 
 
-def run_matrix(rounds: int) -> list[str]:
-    """The matrix's lines: one per cell, compiled against the tff backend."""
+def run_matrix(rounds: int, seeds: int = 1) -> list[str]:
+    """The matrix's lines: one per cell, compiled against the tff backend (rounds/s and round 1: medians over the
+    seeds; accuracy: mean over the seeds, and the difference of the means)."""
+    import numpy as np
+
     lines = [f"algorithm x aggregator, digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {rounds} rounds "
-             f"per cell (steady rounds/s from the end of round 1 to the end of round {rounds - 1}; s from "
-             f"Simulation() to the end of round 1; test accuracy after round {rounds})",
+             f"per cell, seeds {SEED}..{SEED + seeds - 1} (steady rounds/s from the end of round 1 to the end of round "
+             f"{rounds - 1}; s from Simulation() to the end of round 1; test accuracy after round {rounds})",
              f"{'cell':26}{'compiled r/s':>13}{'tff r/s':>9}{'ratio':>8}{'compiled 1st':>14}{'tff 1st':>9}"
-             f"{'acc compiled':>14}{'acc tff':>9}"]
+             f"{'acc compiled':>14}{'acc tff':>9}{'diff pts':>9}"]
     print("\n".join(lines), flush=True)
     for algorithm in MATRIX_ALGORITHMS:
         for aggregator in MATRIX_AGGREGATORS:
-            res = {b: matrix_cell(algorithm, aggregator, b, rounds) for b in ("compiled", "tff")}
-            fast, slow = res["compiled"], res["tff"]
+            runs = {b: [matrix_cell(algorithm, aggregator, b, rounds, seed) for seed in range(SEED, SEED + seeds)]
+                    for b in ("compiled", "tff")}
+            med = {b: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for b, rs in runs.items()}
+            acc = {b: float(np.mean([r["accuracy"] for r in rs])) for b, rs in runs.items()}
+            fast, slow = med["compiled"], med["tff"]
             lines.append(f"{algorithm + ' x ' + aggregator:26}{fast['steady_rounds_per_s']:13.2f}"
                          f"{slow['steady_rounds_per_s']:9.2f}"
                          f"{fast['steady_rounds_per_s'] / slow['steady_rounds_per_s']:7.1f}x"
                          f"{fast['first_round_end_s']:14.2f}{slow['first_round_end_s']:9.2f}"
-                         f"{fast['accuracy']:14.4f}{slow['accuracy']:9.4f}")
+                         f"{acc['compiled']:14.4f}{acc['tff']:9.4f}{100 * (acc['compiled'] - acc['tff']):+9.2f}")
             print(lines[-1], flush=True)
     return lines
 
@@ -233,53 +243,85 @@ def run_matrix(rounds: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--seeds", type=int, default=3, help="Seeds of the classic comparison (its accuracy is "
+                        "compared per seed and as the mean over seeds).")
     parser.add_argument("--matrix-rounds", type=int, default=20)
+    parser.add_argument("--matrix-seeds", type=int, default=1, help="Seeds per matrix cell (accuracy: their mean).")
     parser.add_argument("--only", choices=["classic", "matrix"], help="Run only the classic comparison or the matrix.")
     parser.add_argument("--child", choices=["raw", "tensorfleet"], help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.matrix_rounds < 3:
         parser.error(f"--matrix-rounds must be at least 3. Received: {args.matrix_rounds}")
-    if args.rounds < 10:
-        parser.error(f"--rounds must be at least 10. Received: {args.rounds}")
+    if args.rounds < ACCURACY_ROUND:
+        parser.error(f"--rounds must be at least {ACCURACY_ROUND}. Received: {args.rounds}")
+    for name in ("seeds", "matrix_seeds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1. Received: {getattr(args, name)}")
     if args.child:
-        _child(args.child, args.rounds)
+        _child(args.child, args.rounds, args.seed)
         return
     if args.only != "matrix":
-        classic(args.rounds)
+        classic(args.rounds, args.seeds)
     if args.only != "classic":
-        run_matrix(args.matrix_rounds)
+        run_matrix(args.matrix_rounds, args.matrix_seeds)
 
 
-def classic(rounds: int) -> None:
-    """Raw TFF against tensorfleet's compiled backend, each in its own process."""
-    results = {}
-    for which in ("raw", "tensorfleet"):
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--child", which],
-                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
-        line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            sys.exit(f"{which} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        results[which] = json.loads(line[-1][7:])
-    raw, fast = results["raw"], results["tensorfleet"]
-    r_last = str(rounds)
-    print(f"federated speed: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {rounds} rounds, seed {SEED}")
-    print(f"{'':13}{'rounds/s steady':>17}{'rounds/s total':>16}{'test acc':>10}{'RSS r10 MB':>12}{f'RSS r{r_last} MB':>14}"
-          f"{'import s':>10}")
+def _run_child(which: str, rounds: int, seed: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--child", which, "--seed", str(seed)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if proc.returncode != 0 or not line:
+        sys.exit(f"{which} (seed {seed}) failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line[-1][7:])
+
+
+def classic(rounds: int, seeds: int) -> None:
+    """Raw TFF against tensorfleet's compiled backend, each in its own process, for each seed."""
+    import numpy as np
+
+    print(f"federated speed: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {rounds} rounds, seeds "
+          f"{SEED}..{SEED + seeds - 1} (steady: rounds 2-{rounds}; total: start to the end of round {ACCURACY_ROUND}, "
+          f"imports aside; accuracy: central test data after rounds {ACCURACY_ROUND} and {rounds})", flush=True)
+    print(f"{'seed':>4} {'contender':12}{'r/s steady':>11}{'r/s total':>10}{f'acc r{ACCURACY_ROUND}':>9}"
+          f"{f'acc r{rounds}':>10}{'RSS r10 MB':>11}{f'RSS r{rounds} MB':>12}{'import s':>9}", flush=True)
+    runs: dict = {"raw": [], "tensorfleet": []}
+    for seed in range(SEED, SEED + seeds):
+        for which in runs:
+            res = _run_child(which, rounds, seed)
+            times = res["times"]
+            res["steady"] = (rounds - 1) / (times[-1] - times[0])
+            res["total"] = ACCURACY_ROUND / times[ACCURACY_ROUND - 1]
+            res["with_imports"] = ACCURACY_ROUND / (times[ACCURACY_ROUND - 1] + res["import_s"])
+            runs[which].append(res)
+            acc = res["accuracy"]
+            print(f"{seed:4} {which:12}{res['steady']:11.2f}{res['total']:10.2f}{acc[str(ACCURACY_ROUND)]:9.4f}"
+                  f"{acc[str(rounds)]:10.4f}{res['rss_mb']['10']:11.0f}{res['rss_mb'][str(rounds)]:12.0f}"
+                  f"{res['import_s']:9.2f}", flush=True)
+
+    def median(which: str, key: str) -> float:
+        return float(np.median([r[key] for r in runs[which]]))
+
+    raw, fast = runs["raw"], runs["tensorfleet"]
+    per_seed = ", ".join(f"{f['steady'] / r['steady']:.1f}x" for r, f in zip(raw, fast))
+    print(f"ratio tensorfleet/raw (medians over seeds), steady rounds/s: "
+          f"{median('tensorfleet', 'steady') / median('raw', 'steady'):.1f}x (per seed: "
+          f"{per_seed}); including start-up over "
+          f"{ACCURACY_ROUND} rounds: {median('tensorfleet', 'total') / median('raw', 'total'):.1f}x "
+          f"({median('tensorfleet', 'with_imports') / median('raw', 'with_imports'):.1f}x with the imports of TF and TFF "
+          f"counted too)")
+    print(f"tensorfleet start-up: round 1 began {median('tensorfleet', 'round1_begins_s'):.2f} s after run(), ended "
+          f"{median('tensorfleet', 'round1_ends_s'):.2f} s after it (medians)")
+    for r in (str(ACCURACY_ROUND), str(rounds)):
+        a_raw, a_fast = (np.array([x["accuracy"][r] for x in runs[w]]) for w in ("raw", "tensorfleet"))
+        print(f"accuracy after round {r}: raw TFF {a_raw.mean():.4f} +- {a_raw.std():.4f}, tensorfleet "
+              f"{a_fast.mean():.4f} +- {a_fast.std():.4f} (mean +- sd over seeds); difference of the means "
+              f"{100 * (a_fast.mean() - a_raw.mean()):+.2f} points, per seed "
+              f"{', '.join(f'{100 * d:+.2f}' for d in a_fast - a_raw)}")
     for name, res in (("raw TFF", raw), ("tensorfleet", fast)):
-        print(f"{name:13}{res['steady_rounds_per_s']:17.2f}{res['total_rounds_per_s']:16.2f}{res['accuracy']:10.4f}"
-              f"{res['rss_mb']['10']:12.0f}{res['rss_mb'][r_last]:14.0f}{res['import_s']:10.2f}")
-    with_imports = {name: rounds / (rounds / res["total_rounds_per_s"] + res["import_s"])
-                    for name, res in (("raw", raw), ("fast", fast))}
-    print(f"ratio tensorfleet/raw, steady rounds/s: {fast['steady_rounds_per_s'] / raw['steady_rounds_per_s']:.1f}x; "
-          f"including start-up: {fast['total_rounds_per_s'] / raw['total_rounds_per_s']:.1f}x "
-          f"({with_imports['fast'] / with_imports['raw']:.1f}x with the imports of TF and TFF counted too)")
-    print(f"tensorfleet start-up: round 1 began {fast['round1_begins_s']:.2f} s after run(), ended "
-          f"{fast['round1_ends_s']:.2f} s after it")
-    print(f"accuracy difference: {100 * (fast['accuracy'] - raw['accuracy']):+.2f} points")
-    for name, res in (("raw TFF", raw), ("tensorfleet", fast)):
-        growth = 100 * (res['rss_mb'][r_last] / res['rss_mb']['10'] - 1)
-        print(f"memory growth round 10 -> {r_last}, {name}: {growth:+.1f}%")
+        growth = [100 * (x["rss_mb"][str(rounds)] / x["rss_mb"]["10"] - 1) for x in res]
+        print(f"memory growth round 10 -> {rounds}, {name}: {', '.join(f'{g:+.1f}%' for g in growth)}")
 
 
 if __name__ == "__main__":
