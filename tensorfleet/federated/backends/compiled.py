@@ -61,9 +61,18 @@ __all__ = ["COMPILED_AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS",
 # second run of the same simulation would otherwise start from the last client's weights).
 _INITIAL_WEIGHTS: "weakref.WeakKeyDictionary[Any, list[np.ndarray]]" = weakref.WeakKeyDictionary()
 
-def default_lanes(clients_per_round: int) -> int:
-    """Clients trained at once by default: one per CPU core this process may use, at most ``clients_per_round``."""
+def default_lanes(clients_per_round: int, cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """Clients trained at once by default: one per CPU core this process may use (its CPU affinity,
+    and a container's CPU quota from ``cpu_max``, cgroup v2's ``"<quota> <period>"``, rounded up),
+    at most ``clients_per_round``. On two cores two lanes ran 113 rounds/s of the digits CNN, one 81
+    and three or four 93 (bench/RESULTS.md)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+        if quota != "max":
+            cores = min(cores, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity alone
     return max(1, min(int(clients_per_round), cores))
 
 
@@ -89,7 +98,8 @@ class CompiledFedAvg:
             the round's flattened updates stacked ``[participants, d]``, as TFF's unweighted
             algorithms apply it (a non-finite update enters as zeros).
         compress: None, or what is applied to every tensor of ``examples * update`` before the
-            sum of TFF's ``MeanFactory(value_sum_factory=CompressionFactory)`` (the ``compression``
+            sum of TFF's ``MeanFactory(value_sum_factory=CompressionFactory)``, given the round's
+            clients' values of one tensor as rows ``[clients, size]`` and applied to each (the ``compression``
             aggregator).
         dp_clip, dp_noise: DP-FedAvg (TFF's ``DifferentiallyPrivateFactory``): every update
             clipped to global L2 norm ``dp_clip`` (``tf.clip_by_global_norm``), summed, Gaussian
@@ -239,11 +249,13 @@ class CompiledFedAvg:
 
     def _train_clients(self, weights: list[Any], x: Any, y: Any, examples: Any, participants: Any, clip: Any) -> Any:
         """Trains the round's clients, lane ``j`` taking clients ``j, j + lanes, ...`` in its own
-        loop; the accumulators of all lanes summed: ``(update sum (flat), rows of the robust
-        rules, [weight sum, loss sum, correct sum, examples])``."""
+        loop; the accumulators of all lanes summed: ``(update sum (flat), every client's update as
+        a row ``[clients, d]`` (for the robust rules and compression; else ``[clients, 0]``),
+        [weight sum, loss sum, correct sum, examples])``."""
         import tensorflow as tf
 
-        count, lanes = tf.shape(x)[0], len(self._lanes)
+        count, lanes, d = tf.shape(x)[0], len(self._lanes), sum(self._sizes)
+        keep_rows = self.statistic is not None or self.compress is not None
         flat_weights = _flatten(weights)
 
         def client(lane: tuple[Any, list[Any]], j: int, i: Any, acc: Any) -> Any:
@@ -259,23 +271,28 @@ class CompiledFedAvg:
                 update_sum = update_sum + update
                 # Summed: TFF's count of unclipped updates (padding slots past the participants left out).
                 weight = tf.where(k < participants, tf.cast(norm <= clip, tf.float32) - 0.5, 0.0)
-            elif self.compress is not None:
-                update_sum = update_sum + tf.concat([self.compress(p) for p in tf.split(update * weight, self._sizes)], 0)
-            elif self.statistic is None:
+            elif not keep_rows:
                 update_sum = update_sum + weight * update
-            else:
-                rows = tf.tensor_scatter_nd_update(rows, [[k]], update[None])
+            else:  # kept for the robust rule, or compressed after the loops: all clients' rows of a tensor at once
+                rows = rows.write(i, update if self.compress is None else update * weight)
             return update_sum, rows, sums + tf.stack([weight, sums_k[0], sums_k[1], n_k])
 
-        rows = tf.zeros([self.clients_per_round, sum(self._sizes) if self.statistic is not None else 0])
-        acc = (tf.zeros_like(flat_weights) if self.statistic is None else tf.zeros([0]), rows, tf.zeros([4]))
-        results = []
+        update_sum, rows, sums = tf.zeros_like(flat_weights), [], []
         for j, lane in enumerate(self._lanes):  # independent loops: TensorFlow runs them side by side
             if not self.local_steps:  # (FedSGD's clients all compute at the server weights)
                 for v, w in zip(lane[1], weights):
                     v.assign(w)
-            results.append(_fori((count - j + lanes - 1) // lanes, functools.partial(client, lane, j), acc))
-        return [tf.add_n([r[i] for r in results]) for i in range(len(acc))]
+            n = (count - j + lanes - 1) // lanes
+            lane_rows = tf.TensorArray(tf.float32, size=n, element_shape=[d]) if keep_rows else tf.zeros([0])
+            lane_sum, lane_rows, lane_sums = _fori(n, functools.partial(client, lane, j),
+                                                   (tf.zeros_like(flat_weights), lane_rows, tf.zeros([4])))
+            update_sum, sums = update_sum + lane_sum, [*sums, lane_sums]
+            if keep_rows:  # the lane's rows into their clients' slots
+                rows.append(tf.scatter_nd(tf.range(j, count, lanes)[:, None], lane_rows.stack(), [self.clients_per_round, d]))
+        rows = tf.add_n(rows) if keep_rows else tf.zeros([self.clients_per_round, 0])
+        if self.compress is not None:  # (a slot without a participant holds zeros, which stay zeros)
+            update_sum = tf.reduce_sum(tf.concat([self.compress(t) for t in tf.split(rows, self._sizes, axis=1)], 1), 0)
+        return update_sum, rows, tf.add_n(sums)
 
     def _aggregate_round(self, weights: list[Any], server_state: Any, x: Any, y: Any, examples: Any,
                          participants: Any, round_num: Any, clip: Any) -> Any:

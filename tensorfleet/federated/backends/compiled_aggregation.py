@@ -44,7 +44,7 @@ def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any
     from tensorfleet.federated.aggregators.compression import CompressionFactory
 
     factory = CompressionFactory(bits=given["bits"], sparsity=given["sparsity"])  # checks the options
-    return {"compress": functools.partial(compress, bits=factory.bits, sparsity=factory.sparsity)}
+    return {"compress": functools.partial(compress_rows, bits=factory.bits, sparsity=factory.sparsity)}
 
 
 def compress(t: Any, *, bits: int, sparsity: float) -> Any:
@@ -89,7 +89,8 @@ def compress_rows(rows: Any, *, bits: int, sparsity: float) -> Any:
 
 
 def _top_mask(bits: Any, k: int) -> Any:
-    """Which of each row's non-negative int32 ``bits`` the stable descending argsort puts in its first ``k``."""
+    """Which of each row's non-negative int32 ``bits`` the stable descending argsort puts in its first
+    ``k`` (in a row whose ``k``-th largest is 0, every 0 as well: its values are the same)."""
     import tensorflow as tf
 
     right = tf.bitwise.right_shift
@@ -107,8 +108,11 @@ def _top_mask(bits: Any, k: int) -> Any:
         need -= tf.gather(tf.pad(at_least[:, 1:], [[0, 0], [0, 1]]), d, batch_dims=1)
         prefix += tf.bitwise.left_shift(d, shift)
     tie = tf.equal(bits, prefix)
-    # Ties past the k-th value are rare in updates (zeros mostly): the running count of ties only then.
-    return tf.cond(tf.reduce_all(tf.reduce_sum(tf.cast(tie, tf.int32), axis=1, keepdims=True) == need),
+    # Ties past the k-th value are rare in updates but for zeros, and where the k-th magnitude is 0
+    # keeping every zero keeps the same values (zeros either way): the running count of ties only
+    # for other ties (a cumsum over every value costs about as much as the three histograms).
+    exact = tf.equal(tf.reduce_sum(tf.cast(tie, tf.int32), axis=1, keepdims=True), need) | tf.equal(prefix, 0)
+    return tf.cond(tf.reduce_all(exact),
                    lambda: bits >= prefix,
                    lambda: (bits > prefix) | (tie & (tf.math.cumsum(tf.cast(tie, tf.int32), axis=1) <= need)))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -89,12 +90,16 @@ def test_lanes_train_clients_side_by_side_to_the_model_of_one_lane(digits_flat, 
         assert b["train_accuracy"] == pytest.approx(a["train_accuracy"], abs=1e-9)
 
 
-def test_lanes_must_be_a_positive_integer():
+def test_lanes_must_be_a_positive_integer_and_follow_the_cores_and_the_cpu_quota(tmp_path):
     import tensorflow_federated as tff
 
     from tensorfleet.federated.backends.compiled import CompiledFedAvg, default_lanes
 
-    assert default_lanes(1) == 1 and 1 <= default_lanes(100) == min(100, len(__import__("os").sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0))
+    assert default_lanes(1) == 1 and default_lanes(100, cpu_max=str(tmp_path / "absent")) == min(100, cores)
+    for quota, lanes in (("max 100000", min(100, cores)), ("150000 100000", min(2, cores)), ("50000 100000", 1)):
+        (tmp_path / "cpu.max").write_text(quota + "\n")
+        assert default_lanes(100, cpu_max=str(tmp_path / "cpu.max")) == lanes
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match=rf"lanes must be a positive integer \(clients trained at once\)\. "
                                              rf"Received: {re.escape(repr(bad))}"):
