@@ -248,7 +248,12 @@ def main() -> None:
     parser.add_argument("--matrix-rounds", type=int, default=20)
     parser.add_argument("--matrix-seeds", type=int, default=1, help="Seeds per matrix cell (accuracy: their mean).")
     parser.add_argument("--only", choices=["classic", "matrix"], help="Run only the classic comparison or the matrix.")
-    parser.add_argument("--child", choices=["raw", "tensorfleet"], help=argparse.SUPPRESS)
+    parser.add_argument("--control", metavar="CELLS", help="Comma-separated matrix cells (e.g. fedsgd:compression) "
+                        "whose accuracy to compare between the tff backend on oneDNN's kernels and on TensorFlow's own "
+                        "(TF_ENABLE_ONEDNN_OPTS=0): the same computation in another float rounding, for --matrix-seeds "
+                        "seeds; runs instead of the classic comparison and the matrix.")
+    parser.add_argument("--child", choices=["raw", "tensorfleet", "cell"], help=argparse.SUPPRESS)
+    parser.add_argument("--cell", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.matrix_rounds < 3:
@@ -258,8 +263,15 @@ def main() -> None:
     for name in ("seeds", "matrix_seeds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1. Received: {getattr(args, name)}")
+    if args.child == "cell":
+        algorithm, aggregator, backend = args.cell.split(":")
+        print("RESULT " + json.dumps(matrix_cell(algorithm, aggregator, backend, args.matrix_rounds, args.seed)))
+        return
     if args.child:
         _child(args.child, args.rounds, args.seed)
+        return
+    if args.control:
+        control(args.control, args.matrix_rounds, args.matrix_seeds)
         return
     if args.only != "matrix":
         classic(args.rounds, args.seeds)
@@ -267,10 +279,10 @@ def main() -> None:
         run_matrix(args.matrix_rounds, args.matrix_seeds)
 
 
-def _run_child(which: str, rounds: int, seed: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--child", which, "--seed", str(seed)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
+def _run_child(which: str, rounds: int, seed: int, *extra: str, env: dict | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--child", which, "--seed", str(seed),
+                           *extra], capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
         sys.exit(f"{which} (seed {seed}) failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -322,6 +334,28 @@ def classic(rounds: int, seeds: int) -> None:
     for name, res in (("raw TFF", raw), ("tensorfleet", fast)):
         growth = [100 * (x["rss_mb"][str(rounds)] / x["rss_mb"]["10"] - 1) for x in res]
         print(f"memory growth round 10 -> {rounds}, {name}: {', '.join(f'{g:+.1f}%' for g in growth)}")
+
+
+def control(cells: str, rounds: int, seeds: int) -> None:
+    """Accuracy of matrix cells on the tff backend with oneDNN's kernels and with TensorFlow's own, per seed:
+    how far float rounding alone moves a run (each in its own process, as the switch is read at import)."""
+    import numpy as np
+
+    print(f"control: the tff backend with oneDNN's kernels (TF_ENABLE_ONEDNN_OPTS=1) and TensorFlow's own (=0), "
+          f"{rounds} rounds, seeds {SEED}..{SEED + seeds - 1}; test accuracy after round {rounds}")
+    print(f"{'cell':26}{'seed':>5}{'oneDNN':>9}{'own':>9}{'diff pts':>10}")
+    for cell in cells.split(","):
+        algorithm, aggregator = cell.split(":")
+        if algorithm not in MATRIX_ALGORITHMS or aggregator not in MATRIX_AGGREGATORS:
+            sys.exit(f"--control takes cells algorithm:aggregator of {MATRIX_ALGORITHMS} x {tuple(MATRIX_AGGREGATORS)}. "
+                     f"Received: {cell!r}")
+        diffs = []
+        for seed in range(SEED, SEED + seeds):
+            acc = [_run_child("cell", ACCURACY_ROUND, seed, "--cell", f"{cell}:tff", "--matrix-rounds", str(rounds),
+                              env={"TF_ENABLE_ONEDNN_OPTS": flag})["accuracy"] for flag in ("1", "0")]
+            diffs.append(100 * (acc[0] - acc[1]))
+            print(f"{algorithm + ' x ' + aggregator:26}{seed:5}{acc[0]:9.4f}{acc[1]:9.4f}{diffs[-1]:+10.2f}", flush=True)
+        print(f"{algorithm + ' x ' + aggregator:26} mean |diff| {np.mean(np.abs(diffs)):.2f} points", flush=True)
 
 
 if __name__ == "__main__":
