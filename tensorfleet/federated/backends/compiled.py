@@ -113,10 +113,8 @@ class CompiledFedAvg:
         model: a model ``model_fn()`` already made, to train in (else one is made).
         lanes: how many clients train at once, each lane in its own copy of the model (made by
             ``model_fn()``) and its own ``tf.while_loop``, which TensorFlow runs side by side
-            (default: one per CPU core, at most the clients of a round). Small models leave most
-            of a core idle in one client's step (for the digits CNN two lanes on two cores take
-            6.0 against 10.1 ms for 10 clients' steps); the result is the same up to the order of
-            the sums.
+            (default: :func:`default_lanes`). Small models leave most of a core idle in one
+            client's step; the result is the same up to the order of the sums.
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, client_optimizer: Any, server_optimizer: Any,

@@ -108,13 +108,27 @@ def _top_mask(bits: Any, k: int) -> Any:
         need -= tf.gather(tf.pad(at_least[:, 1:], [[0, 0], [0, 1]]), d, batch_dims=1)
         prefix += tf.bitwise.left_shift(d, shift)
     tie = tf.equal(bits, prefix)
-    # Ties past the k-th value are rare in updates but for zeros, and where the k-th magnitude is 0
-    # keeping every zero keeps the same values (zeros either way): the running count of ties only
-    # for other ties (a cumsum over every value costs about as much as the three histograms).
+    # Where the k-th magnitude is 0, keeping every zero keeps the same values (zeros either way).
     exact = tf.equal(tf.reduce_sum(tf.cast(tie, tf.int32), axis=1, keepdims=True), need) | tf.equal(prefix, 0)
-    return tf.cond(tf.reduce_all(exact),
-                   lambda: bits >= prefix,
-                   lambda: (bits > prefix) | (tie & (tf.math.cumsum(tf.cast(tie, tf.int32), axis=1) <= need)))
+    return tf.cond(tf.reduce_all(exact), lambda: bits >= prefix, lambda: (bits > prefix) | _first_ties(tie, need))
+
+
+def _first_ties(tie: Any, need: Any) -> Any:
+    """The first ``need`` (``[rows, 1]``) of each row's ``tie`` positions. In updates a row rarely
+    needs more than a few (equal magnitudes at the k-th value): then from a ``top_k`` of the
+    smallest positions, as a running count over every value costs about as much as the three
+    histograms; else from that running count."""
+    import tensorflow as tf
+
+    most = tf.reduce_max(need)
+
+    def few() -> Any:
+        columns = tf.range(tf.shape(tie)[1])[None, :]
+        firsts = -tf.math.top_k(-tf.where(tie, columns, tf.shape(tie)[1]), tf.maximum(most, 1)).values
+        last = tf.gather(firsts, tf.maximum(need - 1, 0), batch_dims=1)  # the need-th tie's position
+        return tie & (columns <= last) & (need > 0)
+
+    return tf.cond(most <= 64, few, lambda: tie & (tf.math.cumsum(tf.cast(tie, tf.int32), axis=1) <= need))
 
 
 def dp_noised_mean(clipped_sum: Sequence[Any], stddev: float, denominator: int, seed: int, round_num: Any) -> list[Any]:

@@ -144,6 +144,7 @@ def test_compiled_compression_of_rows_equals_the_reference_on_each_row_traced_or
         np.zeros(size, np.float32),  # a padding slot or a non-finite update (weight 0)
         np.full(size, -0.5, np.float32),  # all ties
         np.where(rng.random(size) < 0.9, 0.0, rng.normal(size=size)).astype(np.float32),  # mostly zeros
+        np.round(rng.normal(size=size), 2).astype(np.float32),  # a few equal magnitudes at the k-th value
     ])
     ours = compress_rows(tf.constant(rows), bits=bits, sparsity=sparsity).numpy()
     factory = CompressionFactory(bits=bits, sparsity=sparsity)
@@ -154,7 +155,8 @@ def test_compiled_compression_of_rows_equals_the_reference_on_each_row_traced_or
     traced = tf.function(lambda r: compress_rows(r, bits=bits, sparsity=sparsity), autograph=False,
                          input_signature=[tf.TensorSpec([None, size], tf.float32)])
     reference = tf.function(factory.compress, autograph=False)
-    for chosen in ([0, 1], [1]):  # with ties past the k-th value, and (normal values) without
+    # With many ties past the k-th value, (normal values) none, and (rounded values) a few
+    for chosen in ([0, 1], [1], [5], [1, 5]):
         out = traced(tf.constant(rows[chosen])).numpy()
         for i, row in zip(chosen, out):
             np.testing.assert_array_equal(row, reference(tf.constant(rows[i])).numpy(), err_msg=f"traced row {i}")
