@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import os
 import weakref
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -68,7 +69,7 @@ def default_lanes(clients_per_round: int, cpu_max: str = "/sys/fs/cgroup/cpu.max
     and three or four 93 (bench/RESULTS.md)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        quota, period = open(cpu_max).read().split()[:2]
+        quota, period = Path(cpu_max).read_text().split()[:2]
         if quota != "max":
             cores = min(cores, -(-int(quota) // int(period)))
     except (OSError, ValueError):

@@ -15,7 +15,7 @@ import functools
 import inspect
 from typing import Any, Sequence
 
-__all__ = ["ROBUST_AGGREGATORS", "adapted_clip", "aggregation", "compress", "compress_rows", "dp_noised_mean"]
+__all__ = ["ROBUST_AGGREGATORS", "adapted_clip", "aggregation", "compress_rows", "dp_noised_mean"]
 
 # Aggregators compiled runs besides the mean (None): unweighted rules over the stacked updates.
 ROBUST_AGGREGATORS = ("median", "trimmed_mean", "krum")
@@ -47,18 +47,10 @@ def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any
     return {"compress": functools.partial(compress_rows, bits=factory.bits, sparsity=factory.sparsity)}
 
 
-def compress(t: Any, *, bits: int, sparsity: float) -> Any:
-    """One tensor as a client sends it under the ``compression`` aggregator: what
-    ``CompressionFactory.compress`` computes (the kept values, then quantized), as
-    :func:`compress_rows` of one row. For the digits CNN's update, about 1.1 against 2.2 ms per
-    client with an unsorted ``top_k`` on every tensor."""
-    import tensorflow as tf
-
-    return tf.reshape(compress_rows(tf.reshape(t, [1, -1]), bits=bits, sparsity=sparsity)[0], tf.shape(t))
-
-
 def compress_rows(rows: Any, *, bits: int, sparsity: float) -> Any:
-    """:func:`compress` of every row of ``rows`` (``[count, n]``), each quantized over its own ``[min, max]``.
+    """Every row of ``rows`` (``[count, n]``) as a client sends that tensor under the ``compression``
+    aggregator: what ``CompressionFactory.compress`` computes (the kept values, then quantized over the
+    row's own ``[min, max]``).
 
     The kept values are those the reference's stable argsort keeps (ties at the lowest index):
     for rows of up to 2,048 values by an unsorted ``top_k`` (which breaks ties the same way); for

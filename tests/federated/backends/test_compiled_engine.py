@@ -116,11 +116,11 @@ def test_compiled_compression_keeps_what_the_reference_keeps_ties_included(size,
 
     from tensorfleet.federated.aggregators.aggregate import quantize, sparsify
     from tensorfleet.federated.aggregators.compression import CompressionFactory
-    from tensorfleet.federated.backends.compiled_aggregation import compress
+    from tensorfleet.federated.backends.compiled_aggregation import compress_rows
 
     # Few distinct magnitudes, so the kept count falls inside a run of ties (and zeros).
     values = np.random.default_rng(size).integers(-3, 4, size).astype(np.float32) * 0.25
-    ours = compress(tf.constant(values), bits=bits, sparsity=sparsity).numpy()
+    ours = compress_rows(tf.constant(values[None]), bits=bits, sparsity=sparsity).numpy()[0]
     theirs = CompressionFactory(bits=bits, sparsity=sparsity).compress(tf.constant(values)).numpy()
     np.testing.assert_array_equal(ours, theirs)
     reference = sparsify(values, sparsity)
