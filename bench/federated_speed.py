@@ -92,6 +92,25 @@ def _accuracy(weights: Any, split: Any) -> float:
     return float(np.mean(model(split.x_test).numpy().argmax(-1) == split.y_test))
 
 
+class _RoundLog:
+    """What both contenders note at the end of each round: its time on the clock started at ``start``,
+    resident memory after rounds 10 and the last, and test accuracy after rounds 60 and the last,
+    evaluated off the clock (its time moves the clock's start)."""
+
+    def __init__(self, start: float, rounds: int, split: Any) -> None:
+        self.start, self.rounds, self.split = start, rounds, split
+        self.out: dict = {"rss_mb": {}, "times": [], "accuracy": {}}
+
+    def note(self, r: int, weights: Any) -> None:
+        self.out["times"].append(time.perf_counter() - self.start)
+        if r in (10, self.rounds):
+            self.out["rss_mb"][r] = _rss_mb(os.getpid())
+        if r in (ACCURACY_ROUND, self.rounds):
+            evaluated = time.perf_counter()
+            self.out["accuracy"][r] = _accuracy(weights(), self.split)
+            self.start += time.perf_counter() - evaluated
+
+
 def contender_raw(rounds: int, seed: int = SEED) -> dict:
     import collections
 
@@ -117,7 +136,7 @@ def contender_raw(rounds: int, seed: int = SEED) -> dict:
         model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
     state = process.initialize()
-    out: dict = {"rss_mb": {}, "times": [], "accuracy": {}}
+    log = _RoundLog(start, rounds, split)
     for r in range(1, rounds + 1):
         picked = sorted(np.random.default_rng([seed, r]).choice(len(ids), size=PER_ROUND, replace=False))
         data = []
@@ -126,15 +145,9 @@ def contender_raw(rounds: int, seed: int = SEED) -> dict:
             order = np.random.default_rng([seed, r, stable_hash(ids[i])]).permutation(len(y))
             data.append(tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x[order], y=y[order])).batch(BATCH))
         state = process.next(state, data).state
-        out["times"].append(time.perf_counter() - start)
-        if r in (10, rounds):
-            out["rss_mb"][r] = _rss_mb(os.getpid())
-        if r in (ACCURACY_ROUND, rounds):  # (outside the clock: the times above are taken first)
-            evaluated = time.perf_counter()
-            out["accuracy"][r] = _accuracy(process.get_model_weights(state), split)
-            start += time.perf_counter() - evaluated
+        log.note(r, lambda: process.get_model_weights(state))
     _stop_own_children()  # raw TFF would leave its worker_binary holding our stdout (STACK.md)
-    return out
+    return log.out
 
 
 def _stop_own_children() -> None:
@@ -157,24 +170,14 @@ def contender_tensorfleet(rounds: int, seed: int = SEED) -> dict:
     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds,
                                    clients_per_round=PER_ROUND, seed=seed, batch_size=BATCH, progress=False,
                                    backend="compiled")
-    out: dict = {"rss_mb": {}, "times": [], "accuracy": {}}
-
-    def on_round(record: dict) -> None:  # the raw loop's measurements, at the same rounds
-        nonlocal start
-        out["times"].append(time.perf_counter() - start)
-        if record["round"] in (10, rounds):
-            out["rss_mb"][record["round"]] = _rss_mb(os.getpid())
-        if record["round"] in (ACCURACY_ROUND, rounds):
-            evaluated = time.perf_counter()
-            out["accuracy"][record["round"]] = _accuracy(sim.model_weights(sim._engine), split)
-            start += time.perf_counter() - evaluated
-
-    sim.round_listeners.append(on_round)
+    log = _RoundLog(start, rounds, split)  # the raw loop's measurements, at the same rounds
+    sim.round_listeners.append(lambda record: log.note(record["round"], lambda: sim.model_weights(sim._engine)))
     run_called = time.perf_counter() - start
     history = sim.run()
     assert len(history.rounds) == rounds
-    return {**out, "round1_begins_s": out["times"][0] - history.rounds[0]["seconds"] - run_called,
-            "round1_ends_s": out["times"][0] - run_called}
+    times = log.out["times"]
+    return {**log.out, "round1_begins_s": times[0] - history.rounds[0]["seconds"] - run_called,
+            "round1_ends_s": times[0] - run_called}
 
 
 def _child(which: str, rounds: int, seed: int) -> None:
@@ -325,7 +328,7 @@ def classic(rounds: int, seeds: int) -> None:
           f"counted too)")
     print(f"tensorfleet start-up: round 1 began {median('tensorfleet', 'round1_begins_s'):.2f} s after run(), ended "
           f"{median('tensorfleet', 'round1_ends_s'):.2f} s after it (medians)")
-    for r in (str(ACCURACY_ROUND), str(rounds)):
+    for r in dict.fromkeys((str(ACCURACY_ROUND), str(rounds))):  # (once when --rounds is 60)
         a_raw, a_fast = (np.array([x["accuracy"][r] for x in runs[w]]) for w in ("raw", "tensorfleet"))
         print(f"accuracy after round {r}: raw TFF {a_raw.mean():.4f} +- {a_raw.std():.4f}, tensorfleet "
               f"{a_fast.mean():.4f} +- {a_fast.std():.4f} (mean +- sd over seeds); difference of the means "
