@@ -13,27 +13,35 @@ spoiled state dies with that probe. Two modes:
   TFLM's allocation report); each reply line is ``ok [report]`` or ``fail <message>``, where the
   message is what TFLM printed to stderr (or the signal that killed the probe).
 * ``_arena_worker.py --ops``: each stdin line is ``builtin NAME`` or ``custom NAME``; the reply is
-  ``yes`` if the interpreter's op resolver has a registration for that operator, else ``no``. The
-  question is put to TFLM itself: a one-operator model is loaded, and TFLM's "Failed to get
-  registration" (or "Didn't find op") means the resolver lacks it.
+  ``yes`` if the interpreter's op resolver has a registration for that operator, else ``no``
+  (``timeout`` if its probe hung twice). The
+  question is put to TFLM itself: a one-operator model is allocated (not run), and TFLM's "Failed
+  to get registration" (or "Didn't find op") means the resolver lacks it.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import tempfile
+import time
 
 __all__: list[str] = []
 
+# A probe that has not answered in this long is killed (TFLM allocates and runs a TinyML model on
+# zeros in milliseconds; under heavy load, seconds).
+PROBE_SECONDS = 120
+TIMED_OUT = "fail TFLM probe did not finish within"
 _NOT_REGISTERED = ("Failed to get registration from op code", "Didn't find op for")
 
 
-def _probe(data: bytes, size: int, result_fd: int, allocations: bool = False) -> None:
+def _probe(data: bytes, size: int, result_fd: int, allocations: bool = False, run: bool = True) -> None:
     """Runs in the forked probe: allocate, invoke once on zeros, report through ``result_fd``.
 
-    With ``allocations``, a successful probe also returns TFLM's RecordingMicroAllocator report.
+    With ``allocations``, a successful probe also returns TFLM's RecordingMicroAllocator report;
+    without ``run`` it only allocates (which is where TFLM looks up every operator's kernel).
     """
     import numpy as np
     from tflite_micro.python.tflite_micro import runtime
@@ -42,6 +50,9 @@ def _probe(data: bytes, size: int, result_fd: int, allocations: bool = False) ->
     os.dup2(log.fileno(), 2)  # TFLM reports through fd 2
     try:
         interpreter = runtime.Interpreter.from_bytes(data, arena_size=size)
+        if not run:
+            os.write(result_fd, b"ok")
+            return
         details = interpreter.get_input_details(0)
         interpreter.set_input(np.zeros(details["shape"], details["dtype"]), 0)
         interpreter.invoke()
@@ -60,24 +71,36 @@ def _probe(data: bytes, size: int, result_fd: int, allocations: bool = False) ->
     os.write(result_fd, reply.encode())
 
 
-def _forked_probe(data: bytes, size: int, allocations: bool = False) -> str:
+def _forked_probe(data: bytes, size: int, allocations: bool = False, run: bool = True) -> str:
     """:func:`_probe` in a forked child; its reply on one line, or how the child died."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # probe process
         os.close(read_fd)
         try:
-            _probe(data, size, write_fd, allocations=allocations)
+            _probe(data, size, write_fd, allocations=allocations, run=run)
         finally:
             os._exit(0)
     os.close(write_fd)
     chunks = []
-    while chunk := os.read(read_fd, 65536):
+    deadline = time.monotonic() + PROBE_SECONDS
+    timed_out = False
+    while True:
+        ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:  # a probe that hangs is killed rather than left to stall every question after it
+            os.kill(pid, signal.SIGKILL)
+            timed_out = True
+            break
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            break
         chunks.append(chunk)
     os.close(read_fd)
     _, status = os.waitpid(pid, 0)
     reply = b"".join(chunks).decode(errors="replace")
-    if not reply:
+    if timed_out:
+        reply = f"{TIMED_OUT} {PROBE_SECONDS} s"
+    elif not reply:
         if os.WIFSIGNALED(status):
             reply = f"fail TFLM crashed with {signal.Signals(os.WTERMSIG(status)).name}"
         else:
@@ -117,7 +140,13 @@ def _registered(line: str) -> str:
         data = one_operator_model(name, kind == "custom")
     except AttributeError:  # a builtin name this schema does not know
         return "no"
-    reply = _forked_probe(data, 16 * 1024)
+    # Allocation alone: invoking a one-operator model whose options are all unset can loop for
+    # minutes (AVERAGE_POOL_2D did, in its float kernel).
+    reply = _forked_probe(data, 16 * 1024, run=False)
+    if reply.startswith(TIMED_OUT):  # asked once more: a stalled fork says nothing about the resolver
+        reply = _forked_probe(data, 16 * 1024, run=False)
+    if reply.startswith(TIMED_OUT):
+        return "timeout"
     return "no" if any(marker in reply for marker in _NOT_REGISTERED) else "yes"
 
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
-from tensorfleet.edge.ops import interpreter_lacks, safe_python, with_advice
+from tensorfleet.edge._arena_worker import PROBE_SECONDS, TIMED_OUT
+from tensorfleet.edge.ops import interpreter_lacks, safe_python, stop_group, with_advice
 from tensorfleet.validation import integer
 
 __all__ = ["ARENA_ALLOCATOR", "ARENA_NOTE", "MAX_ARENA_BYTES", "MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
@@ -118,7 +119,8 @@ class ArenaProber:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
             self._proc = subprocess.Popen(
                 [*safe_python(), self._path],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                start_new_session=True)
         return self._proc
 
     def probe(self, arena_size: int, *, allocations: bool = False) -> tuple[bool, str]:
@@ -139,6 +141,10 @@ class ArenaProber:
             raise RuntimeError(f"The TFLM arena worker exited with status {proc.returncode} "
                                f"while probing arena_size={arena_size}.")
         reply = reply.rstrip("\n")
+        if reply.startswith(TIMED_OUT):  # neither a yes nor a no about this arena size
+            raise RuntimeError(f"TFLite Micro did not finish allocating and running the model within "
+                               f"{PROBE_SECONDS} s (arena_size={arena_size}); its probe was stopped. "
+                               "The machine may be overloaded: try again")
         if reply == "ok" or reply.startswith("ok "):
             return True, reply[3:]
         return False, reply[5:]
@@ -151,8 +157,7 @@ class ArenaProber:
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+                stop_group(self._proc)
             if self._proc.stdout is not None:
                 self._proc.stdout.close()
             self._proc = None

@@ -13,9 +13,17 @@ front ends use.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
+
+from tensorfleet.edge._arena_worker import PROBE_SECONDS
 
 __all__ = ["MICRO_OPS", "MICRO_CUSTOM_OPS", "safe_python", "interpreter_lacks", "unsupported_ops", "advice",
            "with_advice"]
@@ -85,15 +93,61 @@ def safe_python() -> list[str]:
 _REGISTERED: dict[tuple[str, bool], bool] = {}
 
 
+# How long the op check may go without answering its next question before it counts as hung. The
+# check as a whole takes as long as its questions need (about 10 ms each when quiet), so a busy
+# machine slows it down without failing it.
+_REPLY_SECONDS = 120.0
+
+
 def _ask_interpreter(ops: list[tuple[str, bool]]) -> list[str]:
     questions = "".join(f"{'custom' if custom else 'builtin'} {name}\n" for name, custom in ops)
-    result = subprocess.run([*safe_python(), "--ops"], input=questions, capture_output=True, text=True,
-                            timeout=120, check=False)
-    replies = result.stdout.split()
-    if result.returncode != 0 or len(replies) != len(ops):
-        raise RuntimeError(f"The TFLM op check exited with status {result.returncode}: "
-                           f"{result.stderr.strip()[-500:]}")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
+            [*safe_python(), "--ops"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+            env=env, start_new_session=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(questions.encode())  # a few KiB: fits the pipe, and the worker reads it line by line
+        proc.stdin.close()
+        replies = _replies(proc, len(ops))
+        status = proc.wait()
+        errors.seek(0)
+        detail = errors.read().strip()[-500:]
+    if status != 0 or len(replies) != len(ops):
+        raise RuntimeError(f"The TFLM op check exited with status {status} after {len(replies)} of "
+                           f"{len(ops)} answers: {detail}")
+    hung = [name for (name, _), reply in zip(ops, replies) if reply == "timeout"]
+    if hung:
+        raise RuntimeError(f"TFLM did not answer within {PROBE_SECONDS} s whether it has a kernel for {', '.join(hung)} "
+                           "(asked twice); the machine may be overloaded: try again")
     return [name for (name, _), reply in zip(ops, replies) if reply != "yes"]
+
+
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """Kills a worker started with ``start_new_session=True`` and the probe it may have forked."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _replies(proc: subprocess.Popen[bytes], count: int) -> list[str]:
+    """The worker's reply lines, each awaited at most ``_REPLY_SECONDS``; a stalled worker is killed.
+
+    Read unbuffered from the pipe, so that a line already read is never waited for again.
+    """
+    assert proc.stdout is not None
+    fd, pending, replies = proc.stdout.fileno(), b"", []
+    while len(replies) < count:
+        ready, _, _ = select.select([fd], [], [], _REPLY_SECONDS)
+        if not ready:
+            stop_group(proc)
+            raise RuntimeError(f"The TFLM op check gave no answer for {_REPLY_SECONDS:.0f} s after "
+                               f"{len(replies)} of {count}; it was stopped")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        replies += [line.decode().strip() for line in lines]
+    return replies
 
 
 def interpreter_lacks(ops: list[tuple[str, bool]]) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 from tensorfleet import edge
+from tensorfleet.edge import ops
 from tensorfleet.edge.micro import run_micro, run_tflite
 from tensorfleet.edge.ops import ETHOS_U, MICRO_CUSTOM_OPS, MICRO_OPS, interpreter_lacks
 
@@ -44,6 +47,42 @@ def test_a_signal_library_model_is_accepted_run_and_exported(signal_window_artif
 def test_an_op_the_interpreter_lacks_is_still_refused_by_name(topk_artifact: Any) -> None:
     with pytest.raises(edge.UnsupportedOpError, match=r"no kernel for 1 operator\(s\) of this model: TOPK_V2 "):
         edge.check_micro_compatible(topk_artifact)
+
+
+# ---- a probe or a worker that stalls is stopped, with a clear error ------------------------------------------
+
+
+def test_a_probe_that_hangs_is_killed_and_answered_as_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorfleet.edge import _arena_worker as worker
+
+    def hang(*args: Any, **kwargs: Any) -> None:  # what TFLM did once for a one-operator AVERAGE_POOL_2D
+        time.sleep(60)
+
+    monkeypatch.setattr(worker, "PROBE_SECONDS", 1)
+    monkeypatch.setattr(worker, "_probe", hang)
+    start = time.monotonic()
+    assert worker._forked_probe(b"", 1024) == f"{worker.TIMED_OUT} 1 s"
+    assert worker._registered("builtin ADD") == "timeout"  # asked twice, then reported as neither yes nor no
+    assert time.monotonic() - start < 20
+
+
+def test_an_op_check_that_stops_answering_is_stopped_with_its_child(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    # a stand-in worker that answers once, then stalls, with a forked probe of its own that sleeps too
+    stalls = ("import os, sys, time\n"
+              "child = os.fork()\n"
+              f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+              "if child:\n    print('yes', flush=True)\n"
+              "time.sleep(60)\n")
+    monkeypatch.setattr(ops, "safe_python", lambda: [sys.executable, "-c", stalls])
+    monkeypatch.setattr(ops, "_REPLY_SECONDS", 2.0)
+    with pytest.raises(RuntimeError, match=r"gave no answer for 2 s after 1 of 2; it was stopped"):
+        ops._ask_interpreter([("ADD", False), ("MUL", False)])
+    assert len(pids.read_text().split()) == 2
+    for pid in map(int, pids.read_text().split()):  # gone, or dead and not yet reaped by init
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 # ---- the quantization label, read from the tensors --------------------------------------------------------
