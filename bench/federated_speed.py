@@ -6,7 +6,11 @@ same client sampling and example order for both:
 * ``raw``: a hand-written loop over ``tff.learning.algorithms.build_weighted_fed_avg`` and
   ``process.next`` with one ``tf.data`` dataset per sampled client, on TFF's default runtime.
 * ``tensorfleet``: ``Simulation(..., backend="compiled")``: the initial model from ``model_fn()``,
-  every round one compiled TensorFlow function (see tensorfleet/federated/backends/compiled.py).
+  every round one compiled TensorFlow function (see tensorfleet/federated/backends/compiled.py),
+  with TensorFlow's thread pools set by ``tfl.federated.configure_threads()`` first, as
+  ``tensorfleet federated run`` sets them (one intra-op thread, an inter-op thread per lane plus one).
+* ``tfl tf-pools``: the same ``Simulation`` on TensorFlow's own pools (a script that does not call
+  ``configure_threads()``).
 
 Each contender runs in its own process (so that memory is its own; the raw loop's figure adds
 TFF's worker_binary child); they run one after the other in this one invocation, once per seed
@@ -30,7 +34,7 @@ round ``R - 1``: the first round traces, the last builds the evaluation model) a
 over ``--matrix-rounds`` rounds per cell and ``--matrix-seeds`` seeds (accuracy: the mean).
 
 Run with ``python bench/federated_speed.py [--rounds 200] [--seeds 3] [--matrix-rounds 20] [--matrix-seeds 1]
-[--only classic|matrix]``.
+[--matrix-pools cli|tensorflow] [--only classic|matrix]``.
 """
 
 from __future__ import annotations
@@ -188,7 +192,9 @@ def _child(which: str, rounds: int, seed: int) -> None:
     import tensorfleet  # noqa: F401
 
     imports = time.perf_counter() - began
-    result = (contender_tensorfleet if which == "tensorfleet" else contender_raw)(rounds, seed)
+    if which == "tensorfleet":  # as `tensorfleet federated run` does, before TensorFlow's runtime starts
+        tensorfleet.federated.configure_threads(PER_ROUND)
+    result = (contender_raw if which == "raw" else contender_tensorfleet)(rounds, seed)
     print("RESULT " + json.dumps({**result, "import_s": imports}), flush=True)
 
 
@@ -216,30 +222,66 @@ def matrix_cell(algorithm: str, aggregator: str, backend: str, rounds: int, seed
             "accuracy": sim.history.final("test_accuracy")}
 
 
-def run_matrix(rounds: int, seeds: int = 1) -> list[str]:
+def cells_child(spec: str, rounds: int, seeds: int) -> None:
+    """A child's part of the matrix: ``spec`` is ``BACKEND/ALG:AGG,ALG:AGG,...``; prints ``CELL`` and the cell's
+    runs (one per seed) as JSON, cell by cell. The compiled backend runs on the pools that ``tensorfleet federated
+    run`` sets unless ``BACKEND`` is ``compiled-tf-pools``."""
+    import tensorfleet as tfl
+
+    backend, _, cells = spec.partition("/")
+    if backend == "compiled":
+        tfl.federated.configure_threads(PER_ROUND)
+    for cell in cells.split(","):
+        algorithm, aggregator = cell.split(":")
+        runs = [matrix_cell(algorithm, aggregator, backend.removesuffix("-tf-pools"), rounds, seed)
+                for seed in range(SEED, SEED + seeds)]
+        print("CELL " + json.dumps({"cell": cell, "runs": runs}), flush=True)
+
+
+def _cells(backend: str, cells: list[str], rounds: int, seeds: int, env: dict | None = None) -> Any:
+    """Yields ``(cell, runs)`` as one child process of ``backend`` finishes each cell."""
+    cmd = [sys.executable, __file__, "--child", "cells", "--cell", f"{backend}/{','.join(cells)}",
+           "--matrix-rounds", str(rounds), "--matrix-seeds", str(seeds)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            if line.startswith("CELL "):
+                done = json.loads(line[5:])
+                yield done["cell"], done["runs"]
+        errors = proc.stderr.read()
+        if proc.wait() != 0:
+            sys.exit(f"the {backend} cells failed (exit {proc.returncode}):\n{errors[-3000:]}")
+
+
+def run_matrix(rounds: int, seeds: int = 1, compiled: str = "compiled") -> list[str]:
     """The matrix's lines: one per cell, compiled against the tff backend (rounds/s and round 1: medians over the
-    seeds; accuracy: mean over the seeds, and the difference of the means)."""
+    seeds; accuracy: mean over the seeds, and the difference of the means). Each backend's cells run in one child
+    process of their own, so that the compiled backend's thread pools are set as ``tensorfleet federated run`` sets
+    them (``compiled``: ``compiled``) or left to TensorFlow (``compiled-tf-pools``)."""
     import numpy as np
 
+    pools = "pools set as the CLI sets them" if compiled == "compiled" else "TensorFlow's own pools"
     lines = [f"algorithm x aggregator, digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {rounds} rounds "
              f"per cell, seeds {SEED}..{SEED + seeds - 1} (steady rounds/s from the end of round 1 to the end of round "
-             f"{rounds - 1}; s from Simulation() to the end of round 1; test accuracy after round {rounds})",
+             f"{rounds - 1}; s from Simulation() to the end of round 1; test accuracy after round {rounds}); "
+             f"compiled on {pools}",
              f"{'cell':26}{'compiled r/s':>13}{'tff r/s':>9}{'ratio':>8}{'compiled 1st':>14}{'tff 1st':>9}"
              f"{'acc compiled':>14}{'acc tff':>9}{'diff pts':>9}"]
     print("\n".join(lines), flush=True)
-    for algorithm in MATRIX_ALGORITHMS:
-        for aggregator in MATRIX_AGGREGATORS:
-            runs = {b: [matrix_cell(algorithm, aggregator, b, rounds, seed) for seed in range(SEED, SEED + seeds)]
-                    for b in ("compiled", "tff")}
-            med = {b: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for b, rs in runs.items()}
-            acc = {b: float(np.mean([r["accuracy"] for r in rs])) for b, rs in runs.items()}
-            fast, slow = med["compiled"], med["tff"]
-            lines.append(f"{algorithm + ' x ' + aggregator:26}{fast['steady_rounds_per_s']:13.2f}"
-                         f"{slow['steady_rounds_per_s']:9.2f}"
-                         f"{fast['steady_rounds_per_s'] / slow['steady_rounds_per_s']:7.1f}x"
-                         f"{fast['first_round_end_s']:14.2f}{slow['first_round_end_s']:9.2f}"
-                         f"{acc['compiled']:14.4f}{acc['tff']:9.4f}{100 * (acc['compiled'] - acc['tff']):+9.2f}")
-            print(lines[-1], flush=True)
+    cells = [f"{a}:{g}" for a in MATRIX_ALGORITHMS for g in MATRIX_AGGREGATORS]
+    fast_runs = dict(_cells(compiled, cells, rounds, seeds))
+    for cell, slow_runs in _cells("tff", cells, rounds, seeds):
+        runs = {"compiled": fast_runs[cell], "tff": slow_runs}
+        med = {b: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for b, rs in runs.items()}
+        acc = {b: float(np.mean([r["accuracy"] for r in rs])) for b, rs in runs.items()}
+        fast, slow = med["compiled"], med["tff"]
+        lines.append(f"{cell.replace(':', ' x '):26}{fast['steady_rounds_per_s']:13.2f}"
+                     f"{slow['steady_rounds_per_s']:9.2f}"
+                     f"{fast['steady_rounds_per_s'] / slow['steady_rounds_per_s']:7.1f}x"
+                     f"{fast['first_round_end_s']:14.2f}{slow['first_round_end_s']:9.2f}"
+                     f"{acc['compiled']:14.4f}{acc['tff']:9.4f}{100 * (acc['compiled'] - acc['tff']):+9.2f}")
+        print(lines[-1], flush=True)
     return lines
 
 
@@ -251,11 +293,14 @@ def main() -> None:
     parser.add_argument("--matrix-rounds", type=int, default=20)
     parser.add_argument("--matrix-seeds", type=int, default=1, help="Seeds per matrix cell (accuracy: their mean).")
     parser.add_argument("--only", choices=["classic", "matrix"], help="Run only the classic comparison or the matrix.")
+    parser.add_argument("--matrix-pools", choices=["cli", "tensorflow"], default="cli",
+                        help="The compiled cells' thread pools: as `tensorfleet federated run` sets them (cli, "
+                        "default) or TensorFlow's own.")
     parser.add_argument("--control", metavar="CELLS", help="Comma-separated matrix cells (e.g. fedsgd:compression) "
                         "whose accuracy to compare between the tff backend on oneDNN's kernels and on TensorFlow's own "
                         "(TF_ENABLE_ONEDNN_OPTS=0): the same computation in another float rounding, for --matrix-seeds "
                         "seeds; runs instead of the classic comparison and the matrix.")
-    parser.add_argument("--child", choices=["raw", "tensorfleet", "cell"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["raw", "tensorfleet", "tf-pools", "cells"], help=argparse.SUPPRESS)
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -266,9 +311,8 @@ def main() -> None:
     for name in ("seeds", "matrix_seeds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1. Received: {getattr(args, name)}")
-    if args.child == "cell":
-        algorithm, aggregator, backend = args.cell.split(":")
-        print("RESULT " + json.dumps(matrix_cell(algorithm, aggregator, backend, args.matrix_rounds, args.seed)))
+    if args.child == "cells":
+        cells_child(args.cell, args.matrix_rounds, args.matrix_seeds)
         return
     if args.child:
         _child(args.child, args.rounds, args.seed)
@@ -279,7 +323,8 @@ def main() -> None:
     if args.only != "matrix":
         classic(args.rounds, args.seeds)
     if args.only != "classic":
-        run_matrix(args.matrix_rounds, args.matrix_seeds)
+        run_matrix(args.matrix_rounds, args.matrix_seeds,
+                   "compiled" if args.matrix_pools == "cli" else "compiled-tf-pools")
 
 
 def _run_child(which: str, rounds: int, seed: int, *extra: str, env: dict | None = None) -> dict:
@@ -301,7 +346,7 @@ def classic(rounds: int, seeds: int) -> None:
           f"imports aside; accuracy: central test data after rounds {ACCURACY_ROUND} and {rounds})", flush=True)
     print(f"{'seed':>4} {'contender':12}{'r/s steady':>11}{'r/s total':>10}{f'acc r{ACCURACY_ROUND}':>9}"
           f"{f'acc r{rounds}':>10}{'RSS r10 MB':>11}{f'RSS r{rounds} MB':>12}{'import s':>9}", flush=True)
-    runs: dict = {"raw": [], "tensorfleet": []}
+    runs: dict = {"raw": [], "tensorfleet": [], "tf-pools": []}
     for seed in range(SEED, SEED + seeds):
         for which in runs:
             res = _run_child(which, rounds, seed)
@@ -319,13 +364,14 @@ def classic(rounds: int, seeds: int) -> None:
         return float(np.median([r[key] for r in runs[which]]))
 
     raw, fast = runs["raw"], runs["tensorfleet"]
-    per_seed = ", ".join(f"{f['steady'] / r['steady']:.1f}x" for r, f in zip(raw, fast))
-    print(f"ratio tensorfleet/raw (medians over seeds), steady rounds/s: "
-          f"{median('tensorfleet', 'steady') / median('raw', 'steady'):.1f}x (per seed: "
-          f"{per_seed}); including start-up over "
-          f"{ACCURACY_ROUND} rounds: {median('tensorfleet', 'total') / median('raw', 'total'):.1f}x "
-          f"({median('tensorfleet', 'with_imports') / median('raw', 'with_imports'):.1f}x with the imports of TF and TFF "
-          f"counted too)")
+    for which in ("tensorfleet", "tf-pools"):
+        per_seed = ", ".join(f"{f['steady'] / r['steady']:.1f}x" for r, f in zip(raw, runs[which]))
+        print(f"ratio {which}/raw (medians over seeds), steady rounds/s: "
+              f"{median(which, 'steady') / median('raw', 'steady'):.1f}x (per seed: "
+              f"{per_seed}); including start-up over "
+              f"{ACCURACY_ROUND} rounds: {median(which, 'total') / median('raw', 'total'):.1f}x "
+              f"({median(which, 'with_imports') / median('raw', 'with_imports'):.1f}x with the imports of TF and TFF "
+              f"counted too)")
     print(f"tensorfleet start-up: round 1 began {median('tensorfleet', 'round1_begins_s'):.2f} s after run(), ended "
           f"{median('tensorfleet', 'round1_ends_s'):.2f} s after it (medians)")
     for r in dict.fromkeys((str(ACCURACY_ROUND), str(rounds))):  # (once when --rounds is 60)
@@ -353,11 +399,12 @@ def control(cells: str, rounds: int, seeds: int) -> None:
             sys.exit(f"--control takes cells algorithm:aggregator of {MATRIX_ALGORITHMS} x {tuple(MATRIX_AGGREGATORS)}. "
                      f"Received: {cell!r}")
         diffs = []
-        for seed in range(SEED, SEED + seeds):
-            acc = [_run_child("cell", ACCURACY_ROUND, seed, "--cell", f"{cell}:tff", "--matrix-rounds", str(rounds),
-                              env={"TF_ENABLE_ONEDNN_OPTS": flag})["accuracy"] for flag in ("1", "0")]
-            diffs.append(100 * (acc[0] - acc[1]))
-            print(f"{algorithm + ' x ' + aggregator:26}{seed:5}{acc[0]:9.4f}{acc[1]:9.4f}{diffs[-1]:+10.2f}", flush=True)
+        (_, one_dnn), = _cells("tff", [cell], rounds, seeds, env={"TF_ENABLE_ONEDNN_OPTS": "1"})
+        (_, own), = _cells("tff", [cell], rounds, seeds, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+        for seed, a, b in zip(range(SEED, SEED + seeds), one_dnn, own):
+            diffs.append(100 * (a["accuracy"] - b["accuracy"]))
+            print(f"{algorithm + ' x ' + aggregator:26}{seed:5}{a['accuracy']:9.4f}{b['accuracy']:9.4f}"
+                  f"{diffs[-1]:+10.2f}", flush=True)
         print(f"{algorithm + ' x ' + aggregator:26} mean |diff| {np.mean(np.abs(diffs)):.2f} points", flush=True)
 
 

@@ -9,7 +9,8 @@
 * :class:`Simulation` runs the rounds as its :class:`SimulationConfig` says; :class:`History`
   holds its metrics (:func:`load_history`, :func:`plot_history`);
   :mod:`~tensorfleet.federated.backends` is where rounds run, and
-  :mod:`~tensorfleet.federated.backends.tff` owns TFF's C++ worker process so that none outlives Python.
+  :mod:`~tensorfleet.federated.backends.tff` owns TFF's C++ worker process so that none outlives Python;
+  :func:`configure_threads`, called first, sets TensorFlow's thread pools for the compiled backend's lanes.
 
 TensorFlow and TFF are imported only when something needs them.
 
@@ -41,6 +42,7 @@ __getattr__, _LAZY_NAMES = attach(__name__, names={
     "plot_label_distribution": "clients.clientdata",
     "xy_clients": "clients.xy",
     "epsilon": "aggregators.dp",
+    "configure_threads": "backends.threads",
     "LazyClientData": "clients.lazy",
     "digits_clients": "clients.lazy",
     "emnist_like_clients": "clients.lazy",

@@ -134,7 +134,11 @@ class Simulation:
     def _history_config(self) -> dict[str, Any]:
         """:meth:`describe` plus what the records need to be read (the delta of a DP run's epsilon)."""
         dp = self.config.aggregator_name in records.DP_AGGREGATORS
+        from tensorfleet.federated.backends.threads import thread_pools
+
+        intra_op, inter_op = thread_pools()
         return {**self.describe(), "backend_requested": self.requested_backend.value,
+                "tf_threads": {"intra_op": intra_op, "inter_op": inter_op},
                 **({"dp_delta": self.config.dp_delta} if dp else {})}
 
     def header(self) -> str:

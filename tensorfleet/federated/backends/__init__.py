@@ -10,7 +10,10 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
   :mod:`~tensorfleet.federated.backends.k8s`);
 * ``compiled``: a whole FedAvg-family, FedProx or FedSGD round as one TensorFlow function in this
   process (:mod:`~tensorfleet.federated.backends.compiled`); no TFF process or worker is built,
-  federated evaluation included. It refuses what it cannot run as TFF does.
+  federated evaluation included. It refuses what it cannot run as TFF does. Its clients train in
+  lanes, one per core; :func:`~tensorfleet.federated.backends.threads.configure_threads`, called
+  before TensorFlow starts (``tensorfleet federated run`` calls it), gives each lane's ops a
+  thread of their own.
 * ``auto`` (the default): ``compiled`` where it gives TFF's result (an algorithm and aggregator
   it runs, ``partition()`` data, no workers, a model without batch-dependent layers), else
   ``tff``; the model part is decided when the simulation is built (:meth:`BackendChoice.resolve`).
