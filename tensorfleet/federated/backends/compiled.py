@@ -136,7 +136,7 @@ class CompiledFedAvg:
             raise ValueError(f"lanes must be a positive integer (clients trained at once). Received: {lanes!r}")
         # Each lane's model and its trainable variables: the first lane trains in ``model``, the others in copies.
         copies = [model_fn() for _ in range(min(lanes, int(clients_per_round)) - 1)]
-        self._lanes = [(m, list(m.trainable_variables)) for m in [self.model, *copies]]
+        self._lanes = [(self.model, self.variables), *((m, list(m.trainable_variables)) for m in copies)]
         self.batch_size = int(batch_size)
         self.steps = -(-int(max_examples) // self.batch_size)
         self.length = self.steps * self.batch_size
@@ -255,6 +255,7 @@ class CompiledFedAvg:
 
         count, lanes, d = tf.shape(x)[0], len(self._lanes), sum(self._sizes)
         keep_rows = self.statistic is not None or self.compress is not None
+        summed = self.dp_clip is not None or not keep_rows  # else the loops carry no running sum
         flat_weights = _flatten(weights)
 
         def client(lane: tuple[Any, list[Any]], j: int, i: Any, acc: Any) -> Any:
@@ -284,8 +285,11 @@ class CompiledFedAvg:
             n = (count - j + lanes - 1) // lanes
             lane_rows = tf.TensorArray(tf.float32, size=n, element_shape=[d]) if keep_rows else tf.zeros([0])
             lane_sum, lane_rows, lane_sums = _fori(n, functools.partial(client, lane, j),
-                                                   (tf.zeros_like(flat_weights), lane_rows, tf.zeros([4])))
-            update_sum, sums = update_sum + lane_sum, [*sums, lane_sums]
+                                                   (tf.zeros_like(flat_weights) if summed else (), lane_rows,
+                                                    tf.zeros([4])))
+            sums.append(lane_sums)
+            if summed:
+                update_sum += lane_sum
             if keep_rows:  # the lane's rows into their clients' slots
                 rows.append(tf.scatter_nd(tf.range(j, count, lanes)[:, None], lane_rows.stack(), [self.clients_per_round, d]))
         rows = tf.add_n(rows) if keep_rows else tf.zeros([self.clients_per_round, 0])

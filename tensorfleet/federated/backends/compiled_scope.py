@@ -31,8 +31,8 @@ def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
 
     BatchNormalization and its subclasses are named by class (anywhere in nested models); a
     model without them is probed in inference mode: its output for ``rows`` (a few real inputs)
-    alone and with as many zero rows appended (as this backend pads) must agree. A custom layer
-    that mixes rows only when training is not seen by the probe.
+    alone and with as many zero rows appended must agree. A custom layer that mixes rows only
+    when training is not seen by the probe.
 
     Example:
         >>> import numpy as np, tensorflow as tf
@@ -61,6 +61,7 @@ def compiled_refusal(clients: Any, model: Any = None) -> str | None:
         return None
     found = batch_dependent_layers(model, clients.arrays(clients.client_ids[0])[0][:4])
     if found:
-        return (f"a model with batch-dependent layers ({', '.join(found)}): the padded rows of a round would enter "
-                f"their batch statistics and the result would differ from TFF's; backend='tff' or 'auto' runs it")
+        return (f"a model with batch-dependent layers ({', '.join(found)}): this backend's server keeps the "
+                f"trainable weights only and its equality with TFF is tested on models whose rows do not mix; "
+                f"backend='tff' or 'auto' runs it")
     return None

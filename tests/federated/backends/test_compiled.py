@@ -157,9 +157,9 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
                                          r"fedadagrad with the mean, dp_fixed, dp_adaptive, compression, median, trimmed_mean, krum "
                                          r"aggregators on "
                                          r"partition\(\) client data. Received: a model with "
-                                         rf"batch-dependent layers \({re.escape(found)}\): the padded rows of a round "
-                                         r"would enter their batch statistics and the result would differ from TFF's; "
-                                         r"backend='tff' or 'auto' runs it$"):
+                                         rf"batch-dependent layers \({re.escape(found)}\): this backend's server keeps "
+                                         r"the trainable weights only and its equality with TFF is tested on models "
+                                         r"whose rows do not mix; backend='tff' or 'auto' runs it$"):
         sim.run()
     assert sim.history.rounds == [] and sim._engine is None
 
