@@ -8,7 +8,8 @@ cost more than they save. With one intra-op thread (each op runs on the thread o
 inter-op thread per lane plus one, the digits CNN's round took 6.2-7.7 ms on 2 cores where
 TensorFlow's pools took 9.7-11 ms, and every cell of the bench's algorithm x aggregator matrix ran
 1.2-1.9x faster (bench/RESULTS.md). Raw TFF gains nothing from it: its rounds run in its own worker
-process.
+process. The arithmetic is the same; sums taken on other threads may round in another order, so a
+run's last digits can differ from one on TensorFlow's pools, as from one on another machine.
 
 The pools belong to the process and are fixed when TensorFlow's runtime starts (the first op,
 model or device query), so this is a call to make first rather than something a
