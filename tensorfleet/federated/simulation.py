@@ -117,6 +117,7 @@ class Simulation:
         self._eval_process: Any = None
         self._keras_model: Any = None
         self._eval_model: Any = None
+        self._central_step: Any = None  # the central evaluation's batch, traced once (evaluate_central)
         self._engine: Any = None
         self.runtime: Any = None
         self.state: Any = None
@@ -222,19 +223,23 @@ class Simulation:
             # A model made after TFF has traced model_fn in its graphs, so Keras builds it eagerly.
             with tf.init_scope():
                 self._eval_model = self.model_fn()
-        self.model_weights(state).assign_weights_to(self._eval_model)
+        if self._engine is not None and state is self._engine:  # straight from the engine's variables
+            self._engine.assign_weights_to(self._eval_model)
+        else:
+            self.model_weights(state).assign_weights_to(self._eval_model)
         return self._eval_model
 
     def evaluate_central(self, state: Any) -> dict[str, float]:
         assert self.test_data is not None
         model = self.keras_model(state)
-        loss_fn, _ = tff_model.loss_and_metrics(model)
         x, y = self.test_data
+        if self._central_step is None:
+            self._central_step = tff_model.central_step(model, x, y)
         total_loss, correct = 0.0, 0
         for start in range(0, len(x), 512):
-            logits = model(x[start:start + 512], training=False)
-            total_loss += float(loss_fn(y[start:start + 512], logits)) * len(logits)
-            correct += int(np.sum(np.argmax(np.asarray(logits), axis=-1) == y[start:start + 512]))
+            loss_sum, hits = self._central_step(x[start:start + 512], y[start:start + 512])
+            total_loss += float(loss_sum)
+            correct += int(hits)
         return {"test_loss": total_loss / len(x), "test_accuracy": correct / len(x)}
 
     def evaluate_federated(self, state: Any, round_num: int) -> dict[str, float]:
@@ -440,3 +445,4 @@ def _check_test_data(test_data: tuple[Any, Any] | None) -> tuple[np.ndarray, np.
     if len(x_test) != len(y_test):
         raise ValueError(f"test_data x and y must have the same length. Received: {len(x_test)} and {len(y_test)}")
     return x_test, y_test
+

@@ -47,6 +47,24 @@ def test_run_writes_history_metrics_plots_and_checkpoint(digits_flat, clients, t
     assert not sim.runtime.worker.running  # the TFF worker stops with the run
 
 
+@pytest.mark.parametrize("backend", ["compiled", "tff"])
+def test_central_evaluation_is_the_final_model_s_loss_and_accuracy_on_the_test_data(digits_flat, clients, backend):
+    import tensorflow as tf
+
+    # 718 test rows: one traced step over a batch of 512 rows and one of 206, with the model's own loss
+    x, y = np.concatenate([digits_flat.x_test] * 2), np.concatenate([digits_flat.y_test] * 2)
+    sim = Simulation(tiny, clients, "fedavg", rounds=2, clients_per_round=5, backend=backend, progress=False,
+                     test_data=(x, y), eval_every=1)
+    history = sim.run()
+    model = tiny()
+    sim.model_weights(sim.state).assign_weights_to(model)
+    logits = model(x, training=False).numpy()
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits)
+    assert history.final("test_accuracy") == np.mean(np.argmax(logits, axis=-1) == y)
+    assert history.final("test_loss") == pytest.approx(float(loss), rel=1e-6)
+    assert history.rounds[0]["test_loss"] != history.rounds[1]["test_loss"]  # each round's own weights
+
+
 def test_sampling_dropout_and_stragglers_are_seeded(clients):
     sim = Simulation(tiny, clients, rounds=5, clients_per_round=10, seed=7, dropout=0.3, straggler_deadline=0.7,
                      progress=False)

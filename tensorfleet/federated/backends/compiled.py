@@ -160,6 +160,7 @@ class CompiledFedAvg:
                                                  server_optimizer.initialize(tuple(specs)))
         self._clip_var = tf.Variable(float(dp_clip or 0.0), dtype=tf.float32, trainable=False)
         self._round: Any = None  # traced on the first round, when the data's shapes are known
+        self._copy: Any = None  # (model, traced copy of the server's weights into it): assign_weights_to
 
     @property
     def clip(self) -> Any:
@@ -342,6 +343,19 @@ class CompiledFedAvg:
 
     def get_weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self._weight_vars]
+
+    def assign_weights_to(self, model: Any) -> None:
+        """Sets ``model``'s trainable weights (a model of ``model_fn``) to the server's, in one traced call."""
+        import tensorflow as tf
+
+        if self._copy is None or self._copy[0] is not model:
+            pairs = list(zip(model.trainable_variables, self._weight_vars))
+
+            def copy() -> None:
+                for target, value in pairs:
+                    target.assign(value)
+            self._copy = (model, tf.function(copy, autograph=False))
+        self._copy[1]()
 
     def state_leaves(self) -> list[np.ndarray]:
         """Weights, server optimizer state flattened, and the adaptive clip (for checkpoints)."""
