@@ -145,7 +145,13 @@ class _Recorder:
     def record(self, logs: dict[str, Any]) -> None:
         step = int(self.model.optimizer.iterations.numpy()) if self.model.optimizer is not None else -1
         row = {"checkpoint": self.current, "step": step, **{k: float(v) for k, v in logs.items()}}
-        best = self.best()
+        value, best = row.get(self.monitor), self.best()
+        if value is None:
+            raise ValueError(f"monitor {self.monitor!r} is not a metric the evaluation reports; it reports: "
+                             f"{', '.join(sorted(logs))}. Received: monitor={self.monitor!r}")
+        better = best is None or (value > best if self.mode == "max" else value < best)
+        if better:  # before the row: an evaluator killed in between evaluates this checkpoint again on restart
+            export_model(self.model, self.out / BEST_MODEL)
         self.rows.append(row)
         self.done.add(self.current)
         buffer = io.StringIO()
@@ -153,13 +159,6 @@ class _Recorder:
         writer.writeheader()
         writer.writerows(self.rows)
         write_text(self.out / CSV_FILE, buffer.getvalue())
-        value = row.get(self.monitor)
-        if value is None:
-            raise ValueError(f"monitor {self.monitor!r} is not a metric the evaluation reports; it reports: "
-                             f"{', '.join(sorted(logs))}. Received: monitor={self.monitor!r}")
-        better = best is None or (value > best if self.mode == "max" else value < best)
-        if better:
-            export_model(self.model, self.out / BEST_MODEL)
         self.log(f"checkpoint {self.current} (step {step}): "
                  + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()) + (" (best so far)" if better else ""))
 

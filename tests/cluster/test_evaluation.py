@@ -63,6 +63,28 @@ def test_a_model_restored_from_weights_exports_with_its_optimizer_state_and_load
         "best.keras", "checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
 
 
+def test_a_checkpoint_is_recorded_only_once_its_best_model_is_saved(tmp_path, monkeypatch):
+    from tensorfleet.cluster import evaluation as module
+
+    model = build_model()
+    recorder = module._Recorder(model, tmp_path / "ckpt", tmp_path, "accuracy", "max", log=lambda line: None)
+    recorder.current = 1
+
+    def killed(*args, **kwargs):  # the evaluator dies while saving the best model
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "export_model", killed)
+    with pytest.raises(KeyboardInterrupt):
+        recorder.record({"loss": 1.5, "accuracy": 0.5})
+    assert evaluated_checkpoints(tmp_path) == [] and not (tmp_path / BEST_MODEL).exists()
+    # started again, it evaluates checkpoint 1 again: saved, then recorded
+    monkeypatch.setattr(module, "export_model", export_model)
+    again = module._Recorder(model, tmp_path / "ckpt", tmp_path, "accuracy", "max", log=lambda line: None)
+    again.current = 1
+    again.record({"loss": 1.5, "accuracy": 0.5})
+    assert [r["checkpoint"] for r in evaluated_checkpoints(tmp_path)] == [1] and (tmp_path / BEST_MODEL).is_file()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_did_after_a_kill(tmp_path, digits_flat):
