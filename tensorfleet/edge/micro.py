@@ -36,7 +36,7 @@ import numpy as np
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
 from tensorfleet.edge._arena_worker import PROBE_SECONDS, TIMED_OUT
-from tensorfleet.edge.ops import interpreter_lacks, safe_python, stop_group, with_advice
+from tensorfleet.edge.ops import interpreter_lacks, start_worker, stop_group, with_advice
 from tensorfleet.validation import integer
 
 __all__ = ["ARENA_ALLOCATOR", "ARENA_NOTE", "MAX_ARENA_BYTES", "MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
@@ -116,11 +116,8 @@ class ArenaProber:
 
     def _start(self) -> subprocess.Popen[str]:
         if self._proc is None or self._proc.poll() is not None:
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-            self._proc = subprocess.Popen(
-                [*safe_python(), self._path],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                start_new_session=True)
+            self._proc = start_worker(self._path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True)
         return self._proc
 
     def probe(self, arena_size: int, *, allocations: bool = False) -> tuple[bool, str]:

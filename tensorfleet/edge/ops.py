@@ -101,10 +101,8 @@ _REPLY_SECONDS = 120.0
 
 def _ask_interpreter(ops: list[tuple[str, bool]]) -> list[str]:
     questions = "".join(f"{'custom' if custom else 'builtin'} {name}\n" for name, custom in ops)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
-            [*safe_python(), "--ops"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-            env=env, start_new_session=True) as proc:
+    with tempfile.TemporaryFile("w+") as errors, \
+            start_worker("--ops", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors) as proc:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(questions.encode())  # a few KiB: fits the pipe, and the worker reads it line by line
         proc.stdin.close()
@@ -120,6 +118,13 @@ def _ask_interpreter(ops: list[tuple[str, bool]]) -> list[str]:
         raise RuntimeError(f"TFLM did not answer within {PROBE_SECONDS} s whether it has a kernel for {', '.join(hung)} "
                            "(asked twice); the machine may be overloaded: try again")
     return [name for (name, _), reply in zip(ops, replies) if reply != "yes"]
+
+
+def start_worker(*args: str, **popen: Any) -> subprocess.Popen[Any]:
+    """The worker script (:func:`safe_python`) with ``args``, in a session of its own so that
+    :func:`stop_group` ends it with the probe it may have forked, TensorFlow's logs quiet."""
+    return subprocess.Popen([*safe_python(), *args], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                            start_new_session=True, **popen)
 
 
 def stop_group(proc: subprocess.Popen[Any]) -> None:
