@@ -44,6 +44,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 from pathlib import Path
@@ -242,16 +243,19 @@ def _cells(backend: str, cells: list[str], rounds: int, seeds: int, env: dict | 
     """Yields ``(cell, runs)`` as one child process of ``backend`` finishes each cell."""
     cmd = [sys.executable, __file__, "--child", "cells", "--cell", f"{backend}/{','.join(cells)}",
            "--matrix-rounds", str(rounds), "--matrix-seeds", str(seeds)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    # The child's stderr (TensorFlow's and TFF's logs) goes to a file: a pipe read only at the end could fill
+    # up and stop the child while this reads its stdout.
+    with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}) as proc:
+        assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("CELL "):
                 done = json.loads(line[5:])
                 yield done["cell"], done["runs"]
-        errors = proc.stderr.read()
         if proc.wait() != 0:
-            sys.exit(f"the {backend} cells failed (exit {proc.returncode}):\n{errors[-3000:]}")
+            errors.seek(0)
+            sys.exit(f"the {backend} cells failed (exit {proc.returncode}):\n{errors.read()[-3000:]}")
 
 
 def run_matrix(rounds: int, seeds: int = 1, compiled: str = "compiled") -> list[str]:
