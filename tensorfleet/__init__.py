@@ -14,7 +14,20 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import os
+
 from tensorfleet.lazy import attach
+
+# TensorFlow >= 2.16 serves Keras 3 as ``tf.keras`` unless told otherwise; every room here (and
+# tfmot, TFF) targets the Keras 2 API, which tf_keras provides. Chosen before TensorFlow reads it, so
+# a user's ``tf.keras.Sequential`` is a model every room takes; a value the user set wins.
+if "TF_USE_LEGACY_KERAS" not in os.environ:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    logging.getLogger(__name__).info("tensorfleet: TF_USE_LEGACY_KERAS=1 (tf.keras is tf_keras, the Keras 2 API)")
+else:
+    logging.getLogger(__name__).info("tensorfleet: TF_USE_LEGACY_KERAS=%s, as set before import",
+                                     os.environ["TF_USE_LEGACY_KERAS"])
 
 __version__ = "0.1.0"
 
