@@ -1,29 +1,77 @@
-# The README's two commands are `make demo` and `make test`; both set up .venv first.
-PYTHON ?= python3
+# The README's two commands are `make demo` and `make test`; both set up what they need first.
+#
+# Two tracks, each in its own environment:
+#   current (the default): Python 3.12, TensorFlow 2.21 with tf_keras, in .venv
+#   tff: Python 3.11, TensorFlow 2.14.1, tensorflow-federated 0.87, in .venv-tff
+# `make test` runs the whole suite on the current track (tests marked `tff` aside) and the tests
+# marked `tff` on the tff track.
+
 VENV := .venv
+VENV_TFF := .venv-tff
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.tensorfleet-installed
-PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+BIN_TFF := $(VENV_TFF)/bin
+PIP_FLAGS := --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench lint lock clean
+# $(call find_python,3.12): a working pythonX.Y: a plain one on PATH, else pyenv's (whose shim runs
+# only when pyenv is told the version), else nothing.
+find_python = $(shell \
+  if python$(1) -c "" >/dev/null 2>&1; then command -v python$(1); \
+  elif command -v pyenv >/dev/null 2>&1 && p="$$(pyenv prefix $(1) 2>/dev/null)" && [ -x "$$p/bin/python$(1)" ]; then \
+    echo "$$p/bin/python$(1)"; fi)
+ifndef PYTHON_CURRENT
+PYTHON_CURRENT := $(call find_python,3.12)
+endif
+ifndef PYTHON_TFF
+PYTHON_TFF := $(call find_python,3.11)
+endif
 
-install: $(STAMP)
+.PHONY: install install-tff demo test test-current test-tff bench lint lock lock-tff wheel clean
 
-# Re-runs only when the lock, the no-deps list or the package metadata change.
-$(STAMP): requirements/lock.txt requirements/nodeps.txt setup.cfg pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -r requirements/lock.txt
-	$(PIP) install --no-deps -r requirements/nodeps.txt
-	$(PIP) install --no-deps --no-build-isolation -e .
-	@touch $(STAMP)
-	@echo "tensorfleet: environment ready in $(VENV)"
+install: $(VENV)/.tensorfleet-installed
+install-tff: $(VENV_TFF)/.tensorfleet-installed
+
+# $(call make_venv,DIR,PYTHON,X.Y,TRACK): DIR holds a venv of Python X.Y (an older one is replaced).
+define make_venv
+	@test -n "$(2)" || { echo "tensorfleet: no Python $(3) found for the $(4) track. Install python$(3) (or 'pyenv install $(3)'), or name one: make PYTHON_$(shell echo $(4) | tr a-z A-Z)=/path/to/python$(3)" >&2; exit 2; }
+	@if [ -x $(1)/bin/python ] && ! $(1)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$(3)".split("."))))'; then \
+	  echo "tensorfleet: $(1) is not Python $(3); making it anew"; rm -rf $(1); fi
+	@test -x $(1)/bin/python || $(2) -m venv $(1)
+endef
+
+# Each re-runs only when its lock or the package metadata change.
+$(VENV)/.tensorfleet-installed: requirements/current.txt setup.cfg pyproject.toml
+	$(call make_venv,$(VENV),$(PYTHON_CURRENT),3.12,current)
+	$(BIN)/python -m pip $(PIP_FLAGS) install -r requirements/current.txt
+	$(BIN)/python -m pip $(PIP_FLAGS) install --no-deps --no-build-isolation -e .
+	@touch $@
+	@echo "tensorfleet: current track ready in $(VENV) ($$($(BIN)/python -c 'import sys, importlib.metadata as m; print("Python", sys.version.split()[0], "TensorFlow", m.version("tensorflow"))'))"
+
+$(VENV_TFF)/.tensorfleet-installed: requirements/tff.txt requirements/tff-nodeps.txt setup.cfg pyproject.toml
+	$(call make_venv,$(VENV_TFF),$(PYTHON_TFF),3.11,tff)
+	$(BIN_TFF)/python -m pip $(PIP_FLAGS) install -r requirements/tff.txt
+	$(BIN_TFF)/python -m pip $(PIP_FLAGS) install --no-deps -r requirements/tff-nodeps.txt
+	$(BIN_TFF)/python -m pip $(PIP_FLAGS) install --no-deps --no-build-isolation -e .
+	@touch $@
+	@echo "tensorfleet: tff track ready in $(VENV_TFF)"
 
 demo: install
 	$(BIN)/python -m tensorfleet.demo
 
-test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# Both tracks run even when the first fails; the target fails if either did.
+test: install install-tff
+	@status=0; \
+	echo "== current track: $(BIN)/python -m pytest -m 'not tff'"; \
+	$(BIN)/python -m pytest -m "not tff" $(PYTEST_ARGS) || status=$$?; \
+	echo "== tff track: $(BIN_TFF)/python -m pytest -m tff"; \
+	$(BIN_TFF)/python -m pytest -m tff $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
+
+test-current: install
+	$(BIN)/python -m pytest -m "not tff" $(PYTEST_ARGS)
+
+test-tff: install-tff
+	$(BIN_TFF)/python -m pytest -m tff $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/strategy_overhead.py
@@ -32,13 +80,25 @@ bench: install
 lint: install
 	$(BIN)/ruff check tensorfleet tests bench examples
 
-# Regenerates requirements/lock.txt from requirements/stack.in in a scratch venv.
+# The wheel users install: dist/tensorfleet-*.whl (pip install 'dist/tensorfleet-VERSION-py3-none-any.whl[all]').
+wheel: install
+	rm -rf dist build
+	$(BIN)/python -m build --wheel --no-isolation --outdir dist .
+
+# Regenerate a track's lock from its .in file in a scratch venv.
 lock:
-	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install -q -r requirements/stack.in
-	{ echo "# Exact resolved stack, generated from requirements/stack.in by 'make lock'. Do not edit by hand."; \
-	  .lock-venv/bin/pip freeze | grep -viE '^(tensorflow[_-]federated|tflite[_-]micro)=='; } > requirements/lock.txt
+	rm -rf .lock-venv && $(PYTHON_CURRENT) -m venv .lock-venv
+	.lock-venv/bin/pip $(PIP_FLAGS) install -r requirements/current.in
+	{ echo "# Exact resolved current track (Python 3.12), generated from requirements/current.in by 'make lock'. Do not edit by hand."; \
+	  .lock-venv/bin/pip freeze --exclude-editable; } > requirements/current.txt
+	rm -rf .lock-venv
+
+lock-tff:
+	rm -rf .lock-venv && $(PYTHON_TFF) -m venv .lock-venv
+	.lock-venv/bin/pip $(PIP_FLAGS) install -r requirements/tff.in
+	{ echo "# Exact resolved tff track (Python 3.11), generated from requirements/tff.in by 'make lock-tff'. Do not edit by hand."; \
+	  .lock-venv/bin/pip freeze | grep -viE '^(tensorflow[_-]federated|tflite[_-]micro)=='; } > requirements/tff.txt
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV_TFF) build dist *.egg-info

@@ -1,0 +1,90 @@
+"""The compat seam holds: outside ``tensorfleet/compat/`` nothing reaches into another library's private parts.
+
+Read from the syntax tree of every module: imports of private modules (``tensorflow.python``,
+``keras.src``, ``tf_keras.src``, ``keras_tuner.src``, ``tensorflow_federated.python``, the profiler's
+converters) and ``obj._name`` attributes or ``getattr(obj, "_name")`` strings whose name tensorfleet
+does not define itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tensorfleet"
+COMPAT = PACKAGE / "compat"
+PRIVATE_MODULES = ("tensorflow.python", "keras.src", "tf_keras.src", "keras_tuner.src", "tensorflow_federated.python",
+                   "tensorboard_plugin_profile", "xprof", "tflite_runtime", "ai_edge_litert", "mesh_tensorflow")
+# Single-underscore names that are public API: os._exit, sys._getframe, namedtuple's methods.
+PUBLIC_UNDERSCORED = {"_exit", "_getframe", "_asdict", "_replace", "_fields", "_make", "_field_defaults"}
+REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
+
+
+def _trees() -> dict[Path, ast.AST]:
+    return {path: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _own_names(trees: dict[Path, ast.AST]) -> set[str]:
+    """Names tensorfleet defines: functions, classes, variables, arguments, attributes set on self/cls."""
+    own: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                own.add(node.attr)
+    return own
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in PUBLIC_UNDERSCORED
+
+
+def _reaches(path: Path, tree: ast.AST, own: set[str]) -> list[str]:
+    where = path.relative_to(PACKAGE.parent)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            modules = [node.module or ""] if node.level == 0 else []
+        else:
+            modules = []
+        found += [f"{where}:{node.lineno}: import {m}" for m in modules if m.startswith(PRIVATE_MODULES)]
+        if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
+            found.append(f"{where}:{node.lineno}: .{node.attr}")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REFLECTION
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str) and _private(node.args[1].value)
+                and node.args[1].value not in own):
+            found.append(f"{where}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_no_private_reach_outside_compat() -> None:
+    trees = _trees()
+    own = _own_names(trees)
+    found = [reach for path, tree in trees.items() if COMPAT not in path.parents
+             for reach in _reaches(path, tree, own)]
+    assert not found, "private parts of other libraries reached outside tensorfleet/compat/:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import tensorflow.python.ops.gen_nn_ops", ["import tensorflow.python.ops.gen_nn_ops"]),
+    ("from keras.src.engine import base_layer_utils", ["import keras.src.engine"]),
+    ("oracle._retry_queue = []", ["._retry_queue"]),
+    ("x = layer._query_dense.kernel", ["._query_dense"]),
+    ("getattr(attention, '_use_bias')", ["getattr(..., '_use_bias')", ]),
+    ("os._exit(3); self._mine = 1; y = self._mine", []),
+])
+def test_the_check_catches_private_reaches(source: str, expected: list[str]) -> None:
+    tree = ast.parse(source)
+    own = _own_names({PACKAGE / "probe.py": tree})
+    assert [r.split(": ", 1)[1] for r in _reaches(PACKAGE / "probe.py", tree, own)] == expected
