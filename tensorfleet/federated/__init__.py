@@ -1,15 +1,16 @@
-"""Federated learning simulations on tensorflow-federated.
+"""Federated learning simulations: compiled in this process, or on tensorflow-federated (the tff track).
 
 * :func:`partition` splits ``(x, y)`` into clients (``iid``, ``dirichlet``, ``shards``,
-  ``quantity``) as a ``tff.simulation.datasets.ClientData``; :func:`summarize` and
-  :func:`plot_label_distribution` describe any ClientData, and :func:`xy_clients` shows how a
-  Simulation reads TFF's own (element names mapped to ``x``/``y``, batches unbatched).
+  ``quantity``) as tensorfleet's :class:`ClientData` (TFF's interface, without TFF); :func:`summarize`
+  and :func:`plot_label_distribution` describe any client data, and :func:`xy_clients` shows how a
+  Simulation reads TFF's own ClientData (element names mapped to ``x``/``y``, batches unbatched).
 * :data:`ALGORITHMS` (fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, fedadagrad) and
   :data:`AGGREGATORS` (mean, DP, compression, median, trimmed mean, Krum) are registries.
 * :class:`Simulation` runs the rounds as its :class:`SimulationConfig` says; :class:`History`
   holds its metrics (:func:`load_history`, :func:`plot_history`);
-  :mod:`~tensorfleet.federated.backends` is where rounds run, and
-  :mod:`~tensorfleet.federated.backends.tff` owns TFF's C++ worker process so that none outlives Python;
+  :mod:`~tensorfleet.federated.backends` is where rounds run (by default compiled, which needs no
+  TFF), and :mod:`~tensorfleet.federated.backends.tff` owns TFF's C++ worker process so that none
+  outlives Python;
   :func:`configure_threads`, called first, sets TensorFlow's thread pools for the compiled backend's lanes.
 
 TensorFlow and TFF are imported only when something needs them.
@@ -38,6 +39,7 @@ __getattr__, _LAZY_NAMES = attach(__name__, names={
     "load_history": "history",
     "plot_history": "history",
     "ArrayClientData": "clients.clientdata",
+    "ClientData": "clients.base",
     "summarize": "clients.clientdata",
     "plot_label_distribution": "clients.clientdata",
     "xy_clients": "clients.xy",

@@ -1,11 +1,12 @@
 """The federated round loop: :class:`Simulation`.
 
-A :class:`Simulation` wraps a plain Keras model (``model_fn`` returns an uncompiled
-``tf.keras.Model``) with ``tff.learning.models.from_keras_model`` (the input spec comes from the
-client data), builds the algorithm's ``tff.learning`` process, and runs rounds where its
+A :class:`Simulation` trains a plain Keras model (``model_fn`` returns an uncompiled
+``tf.keras.Model``) and runs rounds where its
 :class:`~tensorfleet.federated.config.SimulationConfig` says (:mod:`tensorfleet.federated.backends`:
-by default ``auto``, the compiled backend where it gives TFF's result, which builds neither TFF
-process nor worker, else a TFF worker it owns; :meth:`Simulation.header` names the backend that
+by default ``auto``, the compiled backend, which needs no tensorflow-federated and builds neither
+TFF process nor worker; on the tff track, for what the compiled backend refuses, TFF's runtime on a
+worker it owns, where the model is wrapped with ``tff.learning.models.from_keras_model`` and the
+algorithm's ``tff.learning`` process is built; :meth:`Simulation.header` names the backend that
 runs):
 
 * seeded client sampling (round ``r`` draws from ``default_rng([seed, r])``, so a resumed run
@@ -52,18 +53,18 @@ from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.sampling import ClientSampler
 from tensorfleet.validation import choice, positive_int
 
-__all__ = ["Simulation"]
+__all__ = ["ModelWeights", "Simulation"]
 
 
 class Simulation:
-    """A federated learning simulation on tensorflow-federated.
+    """A federated learning simulation (compiled in this process, or on tensorflow-federated).
 
     Args:
         model_fn: no-argument callable returning an uncompiled Keras model whose output is logits
             (or probabilities, when its last layer is a softmax) over integer classes.
-        clients: the training clients, a ``tff.simulation.datasets.ClientData``: made by
-            :func:`~tensorfleet.federated.clients.partition`, or TFF's own (such as
-            ``tff.simulation.datasets.emnist.get_synthetic()``), batched or not; its model input
+        clients: the training clients: made by :func:`~tensorfleet.federated.clients.partition`
+            (or any :class:`~tensorfleet.federated.clients.base.ClientData`), or TFF's own ClientData
+            (such as ``tff.simulation.datasets.emnist.get_synthetic()``), batched or not; its model input
             and label are found by name or given with ``x_key``/``y_key``
             (:func:`~tensorfleet.federated.clients.xy.xy_clients`).
         algorithm: a name in :data:`~tensorfleet.federated.algorithms.ALGORITHMS`.
@@ -91,20 +92,19 @@ class Simulation:
     def __init__(self, model_fn: Callable[[], Any], clients: Any, algorithm: str = "fedavg", *,
                  test_data: tuple[Any, Any] | None = None, eval_clients: Any = None, x_key: str | None = None,
                  y_key: str | None = None, **options: Any) -> None:
+        from tensorfleet.federated.clients.base import as_client_data, with_arrays
         from tensorfleet.federated.clients.xy import xy_clients
 
         if not callable(model_fn):
             raise TypeError(f"model_fn must be a no-argument callable returning a Keras model. Received: {model_fn!r}")
-        if not hasattr(clients, "client_ids") or not hasattr(clients, "create_tf_dataset_for_client"):
-            raise TypeError("clients must be a tff.simulation.datasets.ClientData (see tensorfleet.federated.clients.partition). "
-                            f"Received: {type(clients).__name__}")
+        as_client_data(clients)  # a TypeError naming what clients may be
         self.model_fn = model_fn
         self.config = SimulationConfig.from_options(algorithm, **options)
         # What was asked (the config holds what runs: 'auto' is decided there or when built).
         self.requested_backend = choice(Backend, "backend", options.get("backend", SimulationConfig.backend))
-        clients = self.clients = xy_clients(clients, x_key=x_key, y_key=y_key)
+        clients = self.clients = with_arrays(xy_clients(clients, x_key=x_key, y_key=y_key))
         if hasattr(eval_clients, "client_ids"):
-            eval_clients = xy_clients(eval_clients, x_key=x_key, y_key=y_key)
+            eval_clients = with_arrays(xy_clients(eval_clients, x_key=x_key, y_key=y_key))
         self.train_ids, self.eval_ids, self.eval_clients = _split_clients(clients, eval_clients)
         if self.config.clients_per_round > len(self.train_ids):
             raise ValueError(f"clients_per_round must not exceed the number of training clients "
@@ -180,9 +180,9 @@ class Simulation:
         """Builds (once) the model and, unless rounds run on the compiled backend (which needs no
         TFF process, worker or tracing), the ``tff.learning`` process, which it returns (else None)."""
         if self._keras_model is None:
-            model = self.model_fn()
-            if not hasattr(model, "input_shape"):
-                raise TypeError(f"model_fn must return a Keras model. Received: {type(model).__name__}")
+            from tensorfleet.compat.keras import require_keras2
+
+            model = require_keras2(self.model_fn(), "tfl.federated.Simulation (the model of model_fn)")
             tff_model.check_model(model, self._element_spec)
             self._settle_backend(model)
             self._keras_model = model
@@ -194,7 +194,9 @@ class Simulation:
                 self.config.algorithm, self.tff_model_fn(), aggregator=self._aggregator(),
                 **self.config.optimizer_overrides, **self.config.hyperparameters)
             if self.eval_ids:
-                import tensorflow_federated as tff
+                from tensorfleet.compat.tff import import_tff
+
+                tff = import_tff("federated evaluation on the tff backend")
 
                 # Built here, before any eager evaluation model: Keras invalidates models made
                 # before TFF traces model_fn in a graph.
@@ -207,11 +209,10 @@ class Simulation:
 
     # ----------------------------------------------------------------- evaluation
     def model_weights(self, state: Any) -> Any:
-        """``tff.learning.models.ModelWeights`` of a state (or of the compiled engine)."""
+        """The model weights of a state: ``trainable``, ``non_trainable`` and ``assign_weights_to(model)``
+        (a :class:`ModelWeights` of the compiled engine, TFF's ``ModelWeights`` on the tff backend)."""
         if self._engine is not None and state is self._engine:
-            import tensorflow_federated as tff
-
-            return tff.learning.models.ModelWeights(trainable=self._engine.get_weights(), non_trainable=[])
+            return ModelWeights(trainable=self._engine.get_weights(), non_trainable=[])
         return self.build().get_model_weights(state)
 
     def keras_model(self, state: Any) -> Any:
@@ -302,7 +303,10 @@ class Simulation:
         if process is None:
             from tensorfleet.federated.backends.compiled import build_engine
 
-            max_examples = max(len(self.clients.indices(c)) for c in self.train_ids)
+            # Data made on request (lazy clients, TFF's) is not read ahead: the engine grows to the
+            # largest client a round brings.
+            max_examples = max(len(self.clients.indices(c)) for c in self.train_ids) \
+                if hasattr(self.clients, "indices") else 1
             self._engine = state = build_engine(self.config, self.model_fn, self._keras_model, max_examples)
         else:
             worker = getattr(self.runtime, "worker", None)
@@ -420,6 +424,26 @@ class Simulation:
         if getattr(self, "weights", None) is None:
             raise RuntimeError("final_weights() needs a finished run(); call run() first.")
         return [np.asarray(w) for w in self.weights.trainable]
+
+
+class ModelWeights:
+    """The weights of a model as a simulation holds them (what TFF's ``ModelWeights`` is on the tff backend).
+
+    Attributes:
+        trainable: the trainable weights, in the model's order.
+        non_trainable: the non-trainable weights (the compiled backend keeps none).
+    """
+
+    def __init__(self, trainable: Any, non_trainable: Any = ()) -> None:
+        self.trainable = list(trainable)
+        self.non_trainable = list(non_trainable)
+
+    def assign_weights_to(self, model: Any) -> None:
+        """Sets ``model``'s trainable (and, when held, non-trainable) weights to these."""
+        for variable, value in zip(model.trainable_weights, self.trainable):
+            variable.assign(value)
+        for variable, value in zip(model.non_trainable_weights, self.non_trainable):
+            variable.assign(value)
 
 
 def _split_clients(clients: Any, eval_clients: Any) -> tuple[list[str], list[str], Any]:

@@ -58,8 +58,10 @@ def check_model(model: Any, element_spec: Any) -> None:
 
 
 def tff_model_fn(model_fn: Callable[[], Any], element_spec: Any) -> Callable[[], Any]:
-    """The ``model_fn`` TFF needs: ``model_fn()``'s Keras model wrapped with ``from_keras_model``."""
-    import tensorflow_federated as tff
+    """The ``model_fn`` TFF needs: ``model_fn()``'s Keras model wrapped with ``from_keras_model`` (tff backend)."""
+    from tensorfleet.compat.tff import import_tff
+
+    tff = import_tff("the tff backend's model")
 
     spec = input_spec(element_spec)
 

@@ -1,7 +1,8 @@
 """Aggregators of model updates, in one registry: :data:`AGGREGATORS`.
 
-Every entry builds a ``tff.aggregators`` factory from keyword options and the number of clients
-per round:
+Every entry builds, for the ``tff`` backend, a ``tff.aggregators`` factory from keyword options and
+the number of clients per round (the compiled backend runs the same rules itself and checks the
+options here, :func:`check_aggregator_options`, without TFF):
 
 =================  ==========================================================================
 ``mean``           TFF's weighted mean (FedAvg's default)
@@ -16,8 +17,17 @@ per round:
 TFF is imported only when a factory is built.
 
 Example:
-    >>> from tensorfleet.federated.aggregators import build_aggregator
+    >>> aggregator_options("trimmed_mean")
+    ['beta']
+    >>> check_aggregator_options("median", {"beta": 0.1})
+    Traceback (most recent call last):
+    TypeError: Aggregator 'median' takes no option 'beta' (its options: none). Received: beta=0.1
+
+On the tff track, a factory:
+    >>> import tensorflow_federated as tff
     >>> factory = build_aggregator("dp_fixed", clients_per_round=10, noise_multiplier=1.0, clip=0.5)
+    >>> isinstance(factory, tff.aggregators.DifferentiallyPrivateFactory)
+    True
 """
 
 from __future__ import annotations
@@ -34,7 +44,9 @@ AGGREGATORS: Registry[Callable[..., Any]] = Registry("aggregator")
 
 
 def _mean(*, clients_per_round: int) -> Any:
-    import tensorflow_federated as tff
+    from tensorfleet.compat.tff import import_tff
+
+    tff = import_tff("the mean aggregator's TFF factory")
 
     del clients_per_round
     return tff.aggregators.MeanFactory()
@@ -122,7 +134,8 @@ def check_aggregator_options(name: str, options: dict[str, Any], *, clients_per_
 
 
 def build_aggregator(name: str, *, clients_per_round: int, **options: Any) -> Any:
-    """The TFF aggregation factory ``name`` with ``options``; unknown options raise TypeError."""
+    """The TFF aggregation factory ``name`` with ``options`` (for the ``tff`` backend: it needs
+    tensorflow-federated); unknown options raise TypeError before TFF is imported."""
     canonical = AGGREGATORS.canonical(name)
     check_aggregator_options(canonical, options)
     return AGGREGATORS.get(canonical)(clients_per_round=clients_per_round, **options)

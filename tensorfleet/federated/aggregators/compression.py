@@ -1,8 +1,10 @@
-"""Update compression as a TFF aggregation factory: top-k sparsification and uniform quantization.
+"""Update compression: top-k sparsification and uniform quantization, in TensorFlow.
 
 Each client's update is sparsified (keep the ``1 - sparsity`` fraction of largest magnitudes per
-tensor) and then quantized to ``bits`` per value over the tensor's ``[min, max]``, in TensorFlow
-inside TFF, before the server sums the (dequantized) values. The rules are
+tensor) and then quantized to ``bits`` per value over the tensor's ``[min, max]``
+(:meth:`Compression.compress`) before the server sums the (dequantized) values: in the compiled
+backend's round, or, on the ``tff`` backend, inside TFF through :class:`CompressionFactory` (a TFF
+aggregation factory, made when first asked for: it needs tensorflow-federated). The rules are
 :func:`tensorfleet.federated.aggregators.aggregate.sparsify` and :func:`~tensorfleet.federated.aggregators.aggregate.quantize`
 (quantization after Konečný et al., "Federated Learning: Strategies for Improving Communication
 Efficiency", 2016; top-k after Aji and Heafield, "Sparse Communication for Distributed Gradient
@@ -10,20 +12,29 @@ Descent", EMNLP 2017). What one client would upload is counted by
 :func:`~tensorfleet.federated.aggregators.aggregate.compressed_bytes`.
 
 Example:
-    >>> factory = compression_factory(bits=8, sparsity=0.9)   # weighted, for FedAvg
+    >>> import numpy as np
+    >>> Compression(bits=2, sparsity=0.5).compress(np.array([0.1, -3.0, 2.0, 0.2], np.float32)).numpy()
+    array([ 0., -3.,  2.,  0.], dtype=float32)
+
+On the tff track, the weighted mean of compressed updates for FedAvg:
+    >>> import tensorflow_federated as tff
+    >>> factory = compression_factory(bits=8, sparsity=0.9)
+    >>> isinstance(factory, tff.aggregators.MeanFactory)
+    True
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import functools
+
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tensorfleet.federated.aggregators.aggregate import kept_count
 from tensorfleet.validation import integer, number
 
-__all__ = ["CompressionFactory", "compression_factory", "tf_quantize", "tf_sparsify"]
+__all__ = ["Compression", "compression_factory", "tf_quantize", "tf_sparsify"]  # and CompressionFactory, made on use
 
 
 def tf_quantize(t: tf.Tensor, bits: int) -> tf.Tensor:
@@ -45,8 +56,8 @@ def tf_sparsify(t: tf.Tensor, sparsity: float) -> tf.Tensor:
     return tf.reshape(out, tf.shape(t))
 
 
-class CompressionFactory(tff.aggregators.UnweightedAggregationFactory):
-    """Unweighted sum of compressed client values.
+class Compression:
+    """How a client compresses each tensor of its update.
 
     Args:
         bits: bits per value (1 to 32; 32 leaves values unquantized).
@@ -65,27 +76,48 @@ class CompressionFactory(tff.aggregators.UnweightedAggregationFactory):
             t = tf_quantize(t, self.bits)
         return t
 
-    def create(self, value_type: Any) -> Any:
-        value_type = tff.to_type(value_type)
-        inner = tff.aggregators.SumFactory().create(value_type)
 
-        @tff.tensorflow.computation(value_type)
-        def compress(value: Any) -> Any:
-            return tf.nest.map_structure(self.compress, value)
+@functools.lru_cache(maxsize=None)
+def _factory_class() -> type:
+    """:class:`CompressionFactory`, made on first use: its base class is TFF's."""
+    from tensorfleet.compat.tff import import_tff
 
-        @tff.federated_computation()
-        def init_fn() -> Any:
-            return inner.initialize()
+    tff = import_tff("CompressionFactory (the compression aggregator of the tff backend)")
 
-        @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS))
-        def next_fn(state: Any, value: Any) -> Any:
-            return inner.next(state, tff.federated_map(compress, value))
+    class CompressionFactory(Compression, tff.aggregators.UnweightedAggregationFactory):
+        """Unweighted sum of compressed client values (TFF); takes the arguments of :class:`Compression`."""
 
-        return tff.templates.AggregationProcess(init_fn, next_fn)
+        def create(self, value_type: Any) -> Any:
+            value_type = tff.to_type(value_type)
+            inner = tff.aggregators.SumFactory().create(value_type)
+
+            @tff.tensorflow.computation(value_type)
+            def compress(value: Any) -> Any:
+                return tf.nest.map_structure(self.compress, value)
+
+            @tff.federated_computation()
+            def init_fn() -> Any:
+                return inner.initialize()
+
+            @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS))
+            def next_fn(state: Any, value: Any) -> Any:
+                return inner.next(state, tff.federated_map(compress, value))
+
+            return tff.templates.AggregationProcess(init_fn, next_fn)
+
+    CompressionFactory.__module__ = __name__
+    return CompressionFactory
 
 
 def compression_factory(*, bits: int = 8, sparsity: float = 0.0) -> Any:
-    """A weighted mean of compressed updates (``tff.aggregators.MeanFactory`` over the compressed sum)."""
-    return tff.aggregators.MeanFactory(value_sum_factory=CompressionFactory(bits=bits, sparsity=sparsity))
+    """A weighted mean of compressed updates (``tff.aggregators.MeanFactory`` over the compressed sum; TFF)."""
+    from tensorfleet.compat.tff import import_tff
+
+    tff = import_tff("the compression aggregator's TFF factory")
+    return tff.aggregators.MeanFactory(value_sum_factory=_factory_class()(bits=bits, sparsity=sparsity))
 
 
+def __getattr__(name: str) -> Any:
+    if name == "CompressionFactory":  # made on first use: it needs tensorflow-federated
+        return _factory_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

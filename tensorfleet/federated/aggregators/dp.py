@@ -3,8 +3,10 @@
 DP-FedAvg: McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private Recurrent Language
 Models", ICLR 2018 (per-client L2 clipping, Gaussian noise on the sum). Adaptive clipping:
 Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with Adaptive Clipping",
-NeurIPS 2021. Both are TFF's ``tff.aggregators.DifferentiallyPrivateFactory``; tensorfleet
-adds the accounting, :func:`epsilon`, with dp-accounting's RDP accountant (Mironov 2017).
+NeurIPS 2021. On the ``tff`` backend both are TFF's ``tff.aggregators.DifferentiallyPrivateFactory``
+(:func:`dp_fixed`, :func:`dp_adaptive`); the compiled backend runs the same clipping, noise and clip
+updates itself (:mod:`~tensorfleet.federated.backends.compiled_aggregation`). tensorfleet adds the
+accounting, :func:`epsilon`, with dp-accounting's RDP accountant (Mironov 2017).
 
 What is accounted is what the simulation does: each round samples exactly ``clients_per_round``
 of ``num_clients`` clients uniformly without replacement. That sampling is analysed under
@@ -21,8 +23,8 @@ Example:
     >>> exact = epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5)
     >>> poisson = epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5,
     ...                   sampling="poisson")
-    >>> round(exact, 2), round(poisson, 2)
-    (47.03, 5.88)
+    >>> round(exact, 1), round(poisson, 1)
+    (47.0, 5.9)
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ __all__ = ["DpSampling", "dp_fixed", "dp_adaptive", "epsilon"]
 
 
 def dp_fixed(*, noise_multiplier: float, clients_per_round: int, clip: float = 1.0) -> Any:
-    """Fixed L2 clipping at ``clip`` with Gaussian noise of stddev ``noise_multiplier * clip``."""
-    import tensorflow_federated as tff
+    """TFF's factory of fixed L2 clipping at ``clip`` with Gaussian noise of stddev ``noise_multiplier * clip``
+    (the ``tff`` backend's; the compiled backend runs the same rules itself)."""
+    from tensorfleet.compat.tff import import_tff
+
+    tff = import_tff("the dp_fixed aggregator's TFF factory")
 
     return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
         noise_multiplier=number("noise_multiplier", noise_multiplier, minimum=0),
@@ -48,8 +53,11 @@ def dp_fixed(*, noise_multiplier: float, clients_per_round: int, clip: float = 1
 
 def dp_adaptive(*, noise_multiplier: float, clients_per_round: int, clip: float = 0.1,
                 target_quantile: float = 0.5, clip_learning_rate: float = 0.2) -> Any:
-    """Adaptive clipping tracking the ``target_quantile`` of update norms, starting at ``clip``."""
-    import tensorflow_federated as tff
+    """TFF's factory of adaptive clipping tracking the ``target_quantile`` of update norms, starting at ``clip``
+    (the ``tff`` backend's; the compiled backend runs the same rules itself)."""
+    from tensorfleet.compat.tff import import_tff
+
+    tff = import_tff("the dp_adaptive aggregator's TFF factory")
 
     return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
         noise_multiplier=number("noise_multiplier", noise_multiplier, minimum=0),
@@ -104,6 +112,8 @@ def _one_round_rdp(noise_multiplier: float, sampled: int, population: int, how: 
     second for sampling without replacement) runs once per configuration, not every round."""
     import dp_accounting
 
+    from tensorfleet.compat.dp import rdp_orders_and_values
+
     if how is DpSampling.POISSON:
         accountant = dp_accounting.rdp.RdpAccountant()
         event: Any = dp_accounting.PoissonSampledDpEvent(
@@ -114,4 +124,4 @@ def _one_round_rdp(noise_multiplier: float, sampled: int, population: int, how: 
         event = dp_accounting.SampledWithoutReplacementDpEvent(
             population, sampled, dp_accounting.GaussianDpEvent(noise_multiplier / 2))
     accountant.compose(event)
-    return accountant._orders, accountant._rdp.copy()  # dp-accounting 0.4.3 has no public reader of these
+    return rdp_orders_and_values(accountant)  # no public reader of these (dp-accounting 0.4.3 to 0.6)

@@ -1,23 +1,29 @@
-"""Robust aggregation as TFF aggregation factories: coordinate-wise median, trimmed mean, Krum.
+"""Robust aggregation: coordinate-wise median, trimmed mean, Krum, in TensorFlow.
 
-TFF ships clipping and zeroing but no robust statistic. These factories collect the clients'
-flattened updates at the server with ``tff.federated_aggregate`` (concatenation as the
-accumulator) and apply the statistic in TensorFlow inside TFF's worker. The rules and their papers
-are in :mod:`tensorfleet.federated.aggregators.aggregate`, whose numpy functions the tests compare these
-factories against.
+:class:`RobustStatistic` applies a rule to the clients' flattened updates stacked ``[clients, d]``;
+the compiled backend calls it inside its round. TFF ships clipping and zeroing but no robust
+statistic, so for the ``tff`` backend :class:`RobustFactory` (a TFF aggregation factory, made when
+first asked for: it needs tensorflow-federated) collects the clients' flattened updates at the
+server with ``tff.federated_aggregate`` (concatenation as the accumulator) and applies the same
+statistic inside TFF's worker. The rules and their papers are in
+:mod:`tensorfleet.federated.aggregators.aggregate`, whose numpy functions the tests compare these
+against.
 
-The factories are unweighted (a robust statistic cannot trust client-reported weights), so
+The rules are unweighted (a robust statistic cannot trust client-reported weights), so
 algorithms use TFF's unweighted variants with them.
 
 Example (five clients, one of them sending a huge update; the trimmed mean ignores it):
     >>> import numpy as np
+    >>> updates = np.array([[1, 1, 1], [2, 2, 2], [3, 3, 3], [4, 4, 4], [100, -100, 100]], np.float32)
+    >>> RobustStatistic("trimmed_mean", beta=0.2).statistic(updates).numpy()
+    array([3., 2., 3.], dtype=float32)
+
+On the tff track, the same rule as a TFF factory, run on a worker this process owns:
     >>> import tensorflow_federated as tff
     >>> from tensorfleet.federated.backends.tff import managed_context
-    >>> factory = RobustFactory("trimmed_mean", beta=0.2)
-    >>> process = factory.create(tff.to_type((np.float32, (3,))))
-    >>> updates = [np.full(3, v, np.float32) for v in (1, 2, 3, 4)] + [np.array([100, -100, 100], np.float32)]
+    >>> process = RobustFactory("trimmed_mean", beta=0.2).create(tff.to_type((np.float32, (3,))))
     >>> with managed_context():
-    ...     out = process.next(process.initialize(), updates)
+    ...     out = process.next(process.initialize(), list(updates))
     >>> out.result
     array([3., 2., 3.], dtype=float32)
     >>> dict(out.measurements)
@@ -27,16 +33,16 @@ Example (five clients, one of them sending a huge update; the trimmed mean ignor
 from __future__ import annotations
 
 import collections
+import functools
 from enum import Enum
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tensorfleet.validation import choice, integer, number, positive_int
 
-__all__ = ["RobustRule", "RobustFactory", "tf_median", "tf_trimmed_mean", "tf_krum"]
+__all__ = ["RobustRule", "RobustStatistic", "tf_median", "tf_trimmed_mean", "tf_krum"]  # and RobustFactory, made on use
 
 
 class RobustRule(str, Enum):
@@ -104,30 +110,14 @@ def tf_krum(u: tf.Tensor, num_byzantine: int, num_selected: int) -> tf.Tensor:
     return tf.cond(n > 0, select, lambda: tf.zeros([d], u.dtype))
 
 
-class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
-    """An unweighted TFF aggregation factory applying a robust rule to client updates.
+class RobustStatistic:
+    """A robust rule applied to client updates (TensorFlow), with its options checked.
 
     Args:
         rule: ``median``, ``trimmed_mean`` or ``krum``.
         beta: fraction trimmed from each end (``trimmed_mean``), in [0, 0.5).
         num_byzantine: clients assumed Byzantine (``krum``'s ``f``).
         num_selected: updates Multi-Krum averages (1: Krum).
-
-    Measurements: ``clients`` (updates received) and ``non_finite`` (updates dropped for NaN or
-    infinity).
-
-    Example:
-        >>> import tensorflow as tf
-        >>> import tensorflow_federated as tff
-        >>> from tensorfleet.federated.algorithms import build_process
-        >>> def model_fn():
-        ...     model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))])
-        ...     return tff.learning.models.from_keras_model(
-        ...         model, input_spec=(tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int32)),
-        ...         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        >>> process = build_process("fedavg", model_fn, aggregator=RobustFactory("median"))
-        >>> "non_finite" in str(process.next.type_signature.result)   # the factory's measurements
-        True
     """
 
     def __init__(self, rule: str | RobustRule, *, beta: float = 0.1, num_byzantine: int = 1,
@@ -145,60 +135,83 @@ class RobustFactory(tff.aggregators.UnweightedAggregationFactory):
             return tf_trimmed_mean(u, self.beta)
         return tf_krum(u, self.num_byzantine, self.num_selected)
 
-    def create(self, value_type: Any) -> Any:
-        value_type = tff.to_type(value_type)
-        is_struct = isinstance(value_type, tff.StructType)
-        leaves = tff.structure.flatten(value_type) if is_struct else [value_type]
-        for leaf in leaves:
-            if not isinstance(leaf, tff.TensorType) or not np.issubdtype(leaf.dtype, np.floating):
-                raise TypeError(f"RobustFactory aggregates structures of float tensors. Received: {value_type}")
-        shapes = [tuple(leaf.shape) for leaf in leaves]
-        sizes = [int(np.prod(s)) for s in shapes]
-        dim = int(sum(sizes))
-        dtype = leaves[0].dtype
-        stacked_type = tff.TensorType(dtype, [None, dim])
-        row_type = tff.TensorType(dtype, [dim])
 
-        @tff.tensorflow.computation(value_type)
-        def flatten(value: Any) -> tf.Tensor:
-            parts = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tf.nest.flatten(value)]
-            return tf.concat(parts, axis=0)
+@functools.lru_cache(maxsize=None)
+def _factory_class() -> type:
+    """:class:`RobustFactory`, made on first use: its base class is TFF's."""
+    from tensorfleet.compat.tff import import_tff
 
-        @tff.tensorflow.computation
-        def zero() -> tf.Tensor:
-            return tf.zeros([0, dim], dtype)
+    tff = import_tff("RobustFactory (the robust aggregators of the tff backend)")
 
-        @tff.tensorflow.computation(stacked_type, row_type)
-        def accumulate(acc: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
-            return tf.concat([acc, row[None, :]], axis=0)
+    class RobustFactory(RobustStatistic, tff.aggregators.UnweightedAggregationFactory):
+        """An unweighted TFF aggregation factory applying a :class:`RobustStatistic`'s rule to client updates.
 
-        @tff.tensorflow.computation(stacked_type, stacked_type)
-        def merge(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-            return tf.concat([a, b], axis=0)
+        Takes the arguments of :class:`RobustStatistic`. Measurements: ``clients`` (updates received)
+        and ``non_finite`` (updates dropped for NaN or infinity).
+        """
 
-        statistic = self.statistic
+        def create(self, value_type: Any) -> Any:
+            value_type = tff.to_type(value_type)
+            is_struct = isinstance(value_type, tff.StructType)
+            leaves = tff.structure.flatten(value_type) if is_struct else [value_type]
+            for leaf in leaves:
+                if not isinstance(leaf, tff.TensorType) or not np.issubdtype(leaf.dtype, np.floating):
+                    raise TypeError(f"RobustFactory aggregates structures of float tensors. Received: {value_type}")
+            shapes = [tuple(leaf.shape) for leaf in leaves]
+            sizes = [int(np.prod(s)) for s in shapes]
+            dim = int(sum(sizes))
+            dtype = leaves[0].dtype
+            stacked_type = tff.TensorType(dtype, [None, dim])
+            row_type = tff.TensorType(dtype, [dim])
 
-        @tff.tensorflow.computation(stacked_type)
-        def report(stacked: tf.Tensor) -> Any:
-            vector = statistic(stacked)
-            pieces = tf.split(vector, sizes) if len(sizes) > 1 else [vector]
-            leaves_out = [tf.reshape(p, s) for p, s in zip(pieces, shapes)]
-            n = tf.shape(stacked)[0]
-            finite = tf.reduce_sum(tf.cast(tf.reduce_all(tf.math.is_finite(stacked), axis=1), tf.int32))
-            result = leaves_out if is_struct else leaves_out[0]
-            return collections.OrderedDict(result=result, clients=n, non_finite=n - finite)
+            @tff.tensorflow.computation(value_type)
+            def flatten(value: Any) -> tf.Tensor:
+                parts = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tf.nest.flatten(value)]
+                return tf.concat(parts, axis=0)
 
-        @tff.federated_computation()
-        def init_fn() -> Any:
-            return tff.federated_value((), tff.SERVER)
+            @tff.tensorflow.computation
+            def zero() -> tf.Tensor:
+                return tf.zeros([0, dim], dtype)
 
-        @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS))
-        def next_fn(state: Any, value: Any) -> Any:
-            rows = tff.federated_map(flatten, value)
-            summary = tff.federated_aggregate(rows, zero(), accumulate, merge, report)
-            measurements = tff.federated_zip(collections.OrderedDict(
-                clients=summary.clients, non_finite=summary.non_finite))
-            return tff.templates.MeasuredProcessOutput(state=state, result=summary.result, measurements=measurements)
+            @tff.tensorflow.computation(stacked_type, row_type)
+            def accumulate(acc: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
+                return tf.concat([acc, row[None, :]], axis=0)
 
-        return tff.templates.AggregationProcess(init_fn, next_fn)
+            @tff.tensorflow.computation(stacked_type, stacked_type)
+            def merge(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+                return tf.concat([a, b], axis=0)
 
+            statistic = self.statistic
+
+            @tff.tensorflow.computation(stacked_type)
+            def report(stacked: tf.Tensor) -> Any:
+                vector = statistic(stacked)
+                pieces = tf.split(vector, sizes) if len(sizes) > 1 else [vector]
+                leaves_out = [tf.reshape(p, s) for p, s in zip(pieces, shapes)]
+                n = tf.shape(stacked)[0]
+                finite = tf.reduce_sum(tf.cast(tf.reduce_all(tf.math.is_finite(stacked), axis=1), tf.int32))
+                result = leaves_out if is_struct else leaves_out[0]
+                return collections.OrderedDict(result=result, clients=n, non_finite=n - finite)
+
+            @tff.federated_computation()
+            def init_fn() -> Any:
+                return tff.federated_value((), tff.SERVER)
+
+            @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS))
+            def next_fn(state: Any, value: Any) -> Any:
+                rows = tff.federated_map(flatten, value)
+                summary = tff.federated_aggregate(rows, zero(), accumulate, merge, report)
+                measurements = tff.federated_zip(collections.OrderedDict(
+                    clients=summary.clients, non_finite=summary.non_finite))
+                return tff.templates.MeasuredProcessOutput(state=state, result=summary.result, measurements=measurements)
+
+            return tff.templates.AggregationProcess(init_fn, next_fn)
+
+    RobustFactory.__module__ = __name__
+    return RobustFactory
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RobustFactory":  # made on first use: it needs tensorflow-federated
+        return _factory_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

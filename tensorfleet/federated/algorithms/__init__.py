@@ -1,14 +1,20 @@
-"""Federated algorithms on TFF's learning API, one module per algorithm, in :data:`ALGORITHMS`.
+"""Federated algorithms, one module per algorithm, in :data:`ALGORITHMS`.
 
 Each entry is an :class:`~tensorfleet.federated.algorithms.base.Algorithm`: the module's
-``build`` plus its default client and server optimizers (name and learning rate) and
-hyperparameters. :func:`build_process` turns a name and overrides into a
-``tff.learning.templates.LearningProcess``.
+``build`` (the ``tff`` backend's process, on TFF's learning API) plus its default client and
+server optimizers (name and learning rate) and hyperparameters, which the compiled backend runs
+as well. :func:`resolve` checks a name and overrides without TFF; :func:`build_process` turns them
+into a ``tff.learning.templates.LearningProcess`` (on the tff track).
 
 Example:
     >>> from tensorfleet.federated import algorithms
     >>> algorithms.ALGORITHMS.names()
     ['fedavg', 'fedsgd', 'fedprox', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad']
+    >>> name, client, server, options = algorithms.resolve("FedProx", server_learning_rate=0.5)
+    >>> name, client.name, server, options
+    ('fedprox', 'sgd', OptimizerSpec(name='sgd', learning_rate=0.5, options={}), {'mu': 0.01})
+
+On the tff track, a TFF learning process:
     >>> import tensorflow as tf
     >>> import tensorflow_federated as tff
     >>> def model_fn():
@@ -28,10 +34,11 @@ from typing import Any, Callable
 from tensorfleet.federated.algorithms import (
     fedadagrad, fedadam, fedavg, fedavgm, fedprox, fedsgd, fedyogi,
 )
-from tensorfleet.federated.algorithms.base import OPTIMIZERS, Algorithm, OptimizerSpec, make_optimizer
+from tensorfleet.federated.algorithms.base import OPTIMIZERS, Algorithm, OptimizerSpec, make_optimizer, make_tff_optimizer
 from tensorfleet.registry import Registry
 
-__all__ = ["ALGORITHMS", "OPTIMIZERS", "Algorithm", "OptimizerSpec", "build_process", "describe", "resolve"]
+__all__ = ["ALGORITHMS", "OPTIMIZERS", "Algorithm", "OptimizerSpec", "build_process", "describe", "make_optimizer",
+           "make_tff_optimizer", "resolve"]
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
 
@@ -121,8 +128,8 @@ def build_process(name: str, model_fn: Callable[[], Any], *, aggregator: Any = N
         name, client_optimizer=client_optimizer, client_learning_rate=client_learning_rate,
         server_optimizer=server_optimizer, server_learning_rate=server_learning_rate, **hyperparameters)
     algo = ALGORITHMS.get(canonical)
-    return algo.build(model_fn, client_optimizer=None if client is None else make_optimizer(client),
-                      server_optimizer=make_optimizer(server), aggregator=aggregator, **hyper)
+    return algo.build(model_fn, client_optimizer=None if client is None else make_tff_optimizer(client),
+                      server_optimizer=make_tff_optimizer(server), aggregator=aggregator, **hyper)
 
 
 def describe() -> list[dict[str, Any]]:

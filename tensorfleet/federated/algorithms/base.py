@@ -1,8 +1,10 @@
 """Shared pieces of the algorithms: the optimizer registry and the algorithm record.
 
 An algorithm is a function ``build(model_fn, *, client_optimizer, server_optimizer, aggregator,
-**hyperparameters) -> tff.learning.templates.LearningProcess`` registered in
-:data:`tensorfleet.federated.algorithms.ALGORITHMS` with its defaults.
+**hyperparameters) -> tff.learning.templates.LearningProcess`` (the ``tff`` backend's) registered in
+:data:`tensorfleet.federated.algorithms.ALGORITHMS` with its defaults; the compiled backend runs
+the same algorithms itself. An optimizer name gives the compiled backend's optimizer
+(:func:`make_optimizer`) and TFF's (:func:`make_tff_optimizer`), which follow the same rules.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Callable
 from tensorfleet.registry import Registry
 from tensorfleet.validation import number
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "Algorithm", "make_optimizer", "is_unweighted"]
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "Algorithm", "make_optimizer", "make_tff_optimizer", "is_unweighted"]
 
 OPTIMIZERS: Registry[Callable[..., Any]] = Registry("optimizer")
 
@@ -46,54 +48,49 @@ class Algorithm:
 
 
 def make_optimizer(spec: OptimizerSpec) -> Any:
-    """A ``tff.learning.optimizers.Optimizer`` from a spec; checks the learning rate."""
+    """The compiled backend's optimizer of a spec (:mod:`~tensorfleet.federated.algorithms.optimizers`, no
+    TFF); checks the learning rate."""
     return OPTIMIZERS.get(spec.name)(number("learning_rate", spec.learning_rate, above=0), **spec.options)
+
+
+# TFF's builder of each registered optimizer, for the tff backend (same rules, same state).
+_TFF_BUILDERS = {"sgd": "build_sgdm", "sgdm": "build_sgdm", "adam": "build_adam", "yogi": "build_yogi",
+                 "adagrad": "build_adagrad", "rmsprop": "build_rmsprop"}
+
+
+def make_tff_optimizer(spec: OptimizerSpec) -> Any:
+    """A ``tff.learning.optimizers.Optimizer`` of a spec, for the ``tff`` backend (needs tensorflow-federated)."""
+    from tensorfleet.compat.tff import import_tff
+
+    name = OPTIMIZERS.canonical(spec.name)
+    learning_rate = number("learning_rate", spec.learning_rate, above=0)
+    tff = import_tff("the tff backend's optimizers")
+    options = dict(spec.options)
+    if name == "sgdm":
+        options.setdefault("momentum", 0.9)
+    return getattr(tff.learning.optimizers, _TFF_BUILDERS[name])(learning_rate, **options)
 
 
 def is_unweighted(aggregator: Any) -> bool:
     """True for a ``tff.aggregators.UnweightedAggregationFactory`` (DP, robust, ...)."""
-    import tensorflow_federated as tff
+    from tensorfleet.compat.tff import import_tff
 
-    return isinstance(aggregator, tff.aggregators.UnweightedAggregationFactory)
-
-
-def _sgd(learning_rate: float, momentum: float | None = None) -> Any:
-    import tensorflow_federated as tff
-
-    return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
+    return isinstance(aggregator, import_tff("TFF's aggregators").aggregators.UnweightedAggregationFactory)
 
 
-def _sgdm(learning_rate: float, momentum: float = 0.9) -> Any:
-    return _sgd(learning_rate, momentum)
+def _builder(name: str) -> Callable[..., Any]:
+    def build(learning_rate: float, **options: Any) -> Any:
+        from tensorfleet.federated.algorithms import optimizers
+
+        return optimizers.build(name, learning_rate, **options)
+
+    build.__name__ = f"_{name}"
+    return build
 
 
-def _adam(learning_rate: float, **kw: Any) -> Any:
-    import tensorflow_federated as tff
-
-    return tff.learning.optimizers.build_adam(learning_rate, **kw)
-
-
-def _yogi(learning_rate: float, **kw: Any) -> Any:
-    import tensorflow_federated as tff
-
-    return tff.learning.optimizers.build_yogi(learning_rate, **kw)
-
-
-def _adagrad(learning_rate: float, **kw: Any) -> Any:
-    import tensorflow_federated as tff
-
-    return tff.learning.optimizers.build_adagrad(learning_rate, **kw)
-
-
-def _rmsprop(learning_rate: float, **kw: Any) -> Any:
-    import tensorflow_federated as tff
-
-    return tff.learning.optimizers.build_rmsprop(learning_rate, **kw)
-
-
-OPTIMIZERS.register("sgd", _sgd, description="Plain SGD (TFF build_sgdm without momentum).")
-OPTIMIZERS.register("sgdm", _sgdm, aliases=("momentum",), description="SGD with momentum (default 0.9).")
-OPTIMIZERS.register("adam", _adam, description="Adam (Kingma and Ba 2015).")
-OPTIMIZERS.register("yogi", _yogi, description="Yogi (Zaheer et al. 2018).")
-OPTIMIZERS.register("adagrad", _adagrad, description="Adagrad (Duchi et al. 2011).")
-OPTIMIZERS.register("rmsprop", _rmsprop, description="RMSprop.")
+OPTIMIZERS.register("sgd", _builder("sgd"), description="Plain SGD (as TFF's build_sgdm without momentum).")
+OPTIMIZERS.register("sgdm", _builder("sgdm"), aliases=("momentum",), description="SGD with momentum (default 0.9).")
+OPTIMIZERS.register("adam", _builder("adam"), description="Adam (Kingma and Ba 2015).")
+OPTIMIZERS.register("yogi", _builder("yogi"), description="Yogi (Zaheer et al. 2018).")
+OPTIMIZERS.register("adagrad", _builder("adagrad"), description="Adagrad (Duchi et al. 2011).")
+OPTIMIZERS.register("rmsprop", _builder("rmsprop"), description="RMSprop.")

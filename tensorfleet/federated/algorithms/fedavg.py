@@ -18,7 +18,9 @@ __all__ = ["build"]
 
 def build(model_fn: Any, *, client_optimizer: Any, server_optimizer: Any, aggregator: Any = None) -> Any:
     """FedAvg learning process; see the module docstring."""
-    import tensorflow_federated as tff
+    from tensorfleet.compat.tff import import_tff
+
+    tff = import_tff("the tff backend's fedavg")
 
     if aggregator is not None and is_unweighted(aggregator):
         return tff.learning.algorithms.build_unweighted_fed_avg(

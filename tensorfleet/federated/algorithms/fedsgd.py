@@ -17,7 +17,9 @@ __all__ = ["build"]
 
 def build(model_fn: Any, *, client_optimizer: Any, server_optimizer: Any, aggregator: Any = None) -> Any:
     """FedSGD learning process (``client_optimizer`` is unused: clients take no local steps)."""
-    import tensorflow_federated as tff
+    from tensorfleet.compat.tff import import_tff
+
+    tff = import_tff("the tff backend's fedsgd")
 
     del client_optimizer
     if aggregator is not None and is_unweighted(aggregator):

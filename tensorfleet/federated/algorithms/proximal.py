@@ -10,83 +10,103 @@ TFF 0.87's ``tff.learning.algorithms.build_weighted_fed_prox`` adds ``mu * (w_t 
 ``-mu/2 * ||w - w_t||^2``: it pushes clients away from the server model. Wrapping the client
 optimizer of TFF's FedAvg (whose model-delta client work starts every client from ``w_t`` and
 takes its first step there) gives the paper's FedProx with everything else TFF's: broadcast,
-client work, metrics, aggregation and the server's apply-optimizer finalizer.
+client work, metrics, aggregation and the server's apply-optimizer finalizer. (The compiled
+backend adds the same term in its own round.) Its base class is TFF's, so the class is made when
+first asked for, on the tff track.
+
+Example (one SGD step of lr 0.5 from w = 2 with gradient 1; the anchor is 2, so no pull yet,
+then a second step from 1.5 adds mu * (1.5 - 2) = -0.5 * mu):
+    >>> import tensorflow as tf
+    >>> import tensorflow_federated as tff
+    >>> opt = ProximalOptimizer(tff.learning.optimizers.build_sgdm(0.5), mu=1.0)
+    >>> state = opt.initialize((tf.TensorSpec([], tf.float32),))
+    >>> state, w = opt.next(state, (tf.constant(2.0),), (tf.constant(1.0),))
+    >>> state, w = opt.next(state, w, (tf.constant(1.0),))
+    >>> float(w[0])  # 1.5 - 0.5 * (1 + 1.0 * (1.5 - 2))
+    1.25
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any
 
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tensorfleet.validation import number
 
-__all__ = ["PROXIMAL_STRENGTH_KEY", "ProximalOptimizer"]
+__all__ = ["PROXIMAL_STRENGTH_KEY"]  # and ProximalOptimizer, made on use
 
 # The hyperparameter (in the client work's state, beside the client optimizer's own) that holds mu.
 PROXIMAL_STRENGTH_KEY = "proximal_strength"
 
 
-class ProximalOptimizer(tff.learning.optimizers.Optimizer):
-    """``optimizer`` stepping on ``F_k(w) + mu/2 * ||w - w_t||^2``, with ``w_t`` the weights of its first step.
+@functools.lru_cache(maxsize=None)
+def _optimizer_class() -> type:
+    """:class:`ProximalOptimizer`, made on first use: its base class is TFF's."""
+    from tensorfleet.compat.tff import import_tff
 
-    A client's optimizer state is made afresh for every client and round (TFF's model-delta client
-    work does so), and its first step is taken at the server weights ``w_t``: the state keeps them
-    as the anchor, and every step adds ``mu * (w - w_t)`` to the gradients before ``optimizer``
-    steps.
+    tff = import_tff("ProximalOptimizer (FedProx on the tff backend)")
 
-    Args:
-        optimizer: a ``tff.learning.optimizers.Optimizer`` (SGD, momentum, Adam...).
-        mu: the proximal strength (>= 0; 0 steps as ``optimizer`` alone).
+    class ProximalOptimizer(tff.learning.optimizers.Optimizer):
+        """``optimizer`` stepping on ``F_k(w) + mu/2 * ||w - w_t||^2``, with ``w_t`` the weights of its first step.
 
-    Example (one SGD step of lr 0.5 from w = 2 with gradient 1; the anchor is 2, so no pull yet,
-    then a second step from 1.5 adds mu * (1.5 - 2) = -0.5 * mu):
-        >>> opt = ProximalOptimizer(tff.learning.optimizers.build_sgdm(0.5), mu=1.0)
-        >>> state = opt.initialize((tf.TensorSpec([], tf.float32),))
-        >>> state, w = opt.next(state, (tf.constant(2.0),), (tf.constant(1.0),))
-        >>> state, w = opt.next(state, w, (tf.constant(1.0),))
-        >>> float(w[0])  # 1.5 - 0.5 * (1 + 1.0 * (1.5 - 2))
-        1.25
-    """
+        A client's optimizer state is made afresh for every client and round (TFF's model-delta client
+        work does so), and its first step is taken at the server weights ``w_t``: the state keeps them
+        as the anchor, and every step adds ``mu * (w - w_t)`` to the gradients before ``optimizer``
+        steps.
 
-    def __init__(self, optimizer: Any, mu: float) -> None:
-        if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
-            raise TypeError(f"optimizer must be a tff.learning.optimizers.Optimizer. Received: {type(optimizer).__name__}")
-        self.optimizer = optimizer
-        self.mu = float(number("mu", mu, minimum=0))
+        Args:
+            optimizer: a ``tff.learning.optimizers.Optimizer`` (SGD, momentum, Adam...).
+            mu: the proximal strength (>= 0; 0 steps as ``optimizer`` alone).
+        """
 
-    def initialize(self, specs: Any) -> Any:
-        return collections.OrderedDict(
-            optimizer=self.optimizer.initialize(specs),
-            proximal_strength=self.mu,  # a Python number, as TFF's optimizers keep their hyperparameters
-            anchor=tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs),
-            anchored=tf.constant(False))
+        def __init__(self, optimizer: Any, mu: float) -> None:
+            if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
+                raise TypeError(f"optimizer must be a tff.learning.optimizers.Optimizer. Received: {type(optimizer).__name__}")
+            self.optimizer = optimizer
+            self.mu = float(number("mu", mu, minimum=0))
 
-    def next(self, state: Any, weights: Any, gradients: Any) -> tuple[Any, Any]:
-        anchored = state["anchored"]
-        anchor = tf.nest.map_structure(lambda a, w: tf.where(anchored, a, w), state["anchor"], weights)
-        mu = state["proximal_strength"]
+        def initialize(self, specs: Any) -> Any:
+            return collections.OrderedDict(
+                optimizer=self.optimizer.initialize(specs),
+                proximal_strength=self.mu,  # a Python number, as TFF's optimizers keep their hyperparameters
+                anchor=tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs),
+                anchored=tf.constant(False))
 
-        def pulled(g: Any, w: Any, a: Any) -> Any:
-            term = tf.cast(mu, w.dtype) * (w - a)
-            return term if g is None else g + term
+        def next(self, state: Any, weights: Any, gradients: Any) -> tuple[Any, Any]:
+            anchored = state["anchored"]
+            anchor = tf.nest.map_structure(lambda a, w: tf.where(anchored, a, w), state["anchor"], weights)
+            mu = state["proximal_strength"]
 
-        gradients = tf.nest.map_structure(pulled, gradients, weights, anchor)
-        inner, weights = self.optimizer.next(state["optimizer"], weights, gradients)
-        return collections.OrderedDict(optimizer=inner, proximal_strength=mu, anchor=anchor,
-                                       anchored=tf.constant(True)), weights
+            def pulled(g: Any, w: Any, a: Any) -> Any:
+                term = tf.cast(mu, w.dtype) * (w - a)
+                return term if g is None else g + term
 
-    def get_hparams(self, state: Any) -> Any:
-        hparams = collections.OrderedDict(self.optimizer.get_hparams(state["optimizer"]))
-        hparams[PROXIMAL_STRENGTH_KEY] = state["proximal_strength"]
-        return hparams
+            gradients = tf.nest.map_structure(pulled, gradients, weights, anchor)
+            inner, weights = self.optimizer.next(state["optimizer"], weights, gradients)
+            return collections.OrderedDict(optimizer=inner, proximal_strength=mu, anchor=anchor,
+                                           anchored=tf.constant(True)), weights
 
-    def set_hparams(self, state: Any, hparams: Any) -> Any:
-        inner = collections.OrderedDict((k, v) for k, v in hparams.items() if k != PROXIMAL_STRENGTH_KEY)
-        updated = collections.OrderedDict(state)
-        updated["optimizer"] = self.optimizer.set_hparams(state["optimizer"], inner)
-        if PROXIMAL_STRENGTH_KEY in hparams:
-            updated["proximal_strength"] = hparams[PROXIMAL_STRENGTH_KEY]
-        return updated
+        def get_hparams(self, state: Any) -> Any:
+            hparams = collections.OrderedDict(self.optimizer.get_hparams(state["optimizer"]))
+            hparams[PROXIMAL_STRENGTH_KEY] = state["proximal_strength"]
+            return hparams
+
+        def set_hparams(self, state: Any, hparams: Any) -> Any:
+            inner = collections.OrderedDict((k, v) for k, v in hparams.items() if k != PROXIMAL_STRENGTH_KEY)
+            updated = collections.OrderedDict(state)
+            updated["optimizer"] = self.optimizer.set_hparams(state["optimizer"], inner)
+            if PROXIMAL_STRENGTH_KEY in hparams:
+                updated["proximal_strength"] = hparams[PROXIMAL_STRENGTH_KEY]
+            return updated
+
+    ProximalOptimizer.__module__ = __name__
+    return ProximalOptimizer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ProximalOptimizer":  # made on first use: it needs tensorflow-federated
+        return _optimizer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

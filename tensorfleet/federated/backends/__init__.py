@@ -15,19 +15,19 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
   before TensorFlow starts (``tensorfleet federated run`` calls it), gives each lane's ops a
   thread of their own.
 * ``auto`` (the default): ``compiled`` where it gives TFF's result (an algorithm and aggregator
-  it runs, ``partition()`` data, no workers, a model without batch-dependent layers), else
-  ``tff``; the model part is decided when the simulation is built (:meth:`BackendChoice.resolve`).
+  it runs, no workers, a model without batch-dependent layers), else ``tff``; the model part is
+  decided when the simulation is built (:meth:`BackendChoice.resolve`).
+
+``tff`` (and ``workers``) need tensorflow-federated, which only the tff track has: asked for
+where it cannot be imported, they fail at once with
+:class:`~tensorfleet.compat.tff.TffUnavailableError`, as does ``auto`` for what only TFF runs.
 
 Example:
     >>> choose_backend("compiled", algorithm="fedavg")
     BackendChoice(backend=<Backend.COMPILED: 'compiled'>, workers=None)
-    >>> choose_backend("tff", "127.0.0.1:8471,127.0.0.1:8472", algorithm="fedprox").workers
-    ('127.0.0.1:8471', '127.0.0.1:8472')
     >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
     Traceback (most recent call last):
     ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
-    >>> choose_backend("auto", ["127.0.0.1:8000"], algorithm="fedprox").backend
-    <Backend.TFF: 'tff'>
     >>> choose_backend("auto", algorithm="fedsgd").backend
     <Backend.AUTO: 'auto'>
 """
@@ -81,6 +81,7 @@ class BackendChoice:
         if reason is not None and self.backend is Backend.COMPILED:
             raise unsupported(reason)
         if reason is not None:
+            _require_tff(f"backend='auto' for what the compiled backend does not run ({reason})")
             return BackendChoice(Backend.TFF)
         return self if model is None else BackendChoice(Backend.COMPILED)
 
@@ -111,6 +112,13 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
 
     Raises:
         ValueError: an unknown backend, a bad address, or a combination that cannot run.
+        TffUnavailableError: the choice runs on TFF, which cannot be imported here.
+
+    Example (on the tff track: workers are TFF's):
+        >>> choose_backend("tff", "127.0.0.1:8471,127.0.0.1:8472", algorithm="fedprox").workers
+        ('127.0.0.1:8471', '127.0.0.1:8472')
+        >>> choose_backend("auto", ["127.0.0.1:8000"], algorithm="fedprox").backend
+        <Backend.TFF: 'tff'>
     """
     chosen = choice(Backend, "backend", backend)
     addresses = None
@@ -118,15 +126,31 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
         from tensorfleet.federated.backends.addresses import parse_addresses
 
         addresses = tuple(str(a) for a in parse_addresses(workers))
-    if chosen is not Backend.TFF:
+    if chosen is Backend.TFF:
+        _require_tff("backend='tff'" + (" with workers=" if addresses else ""))
+    else:
         from tensorfleet.federated.backends.compiled import COMPILED_AGGREGATORS, SUPPORTED_ALGORITHMS, unsupported
 
         runnable = algorithm in SUPPORTED_ALGORITHMS and aggregator in COMPILED_AGGREGATORS
         if chosen is Backend.AUTO:
-            return BackendChoice(Backend.AUTO if runnable and addresses is None else Backend.TFF, addresses)
+            if runnable and addresses is None:
+                return BackendChoice(Backend.AUTO, None)
+            _require_tff(f"backend='auto' with workers={list(addresses)}" if addresses is not None else
+                         f"backend='auto' for algorithm={algorithm!r}, aggregator={aggregator!r}")
+            return BackendChoice(Backend.TFF, addresses)
         if not runnable:
             raise unsupported(f"algorithm={algorithm!r}, aggregator={aggregator!r}")
         if addresses is not None:
             raise ValueError("workers= runs rounds on TFF workers; backend='compiled' runs them in this process. "
                              f"Received: backend='compiled', workers={list(addresses)}; drop one of them.")
     return BackendChoice(chosen, addresses)
+
+
+def _require_tff(what: str) -> None:
+    """:class:`~tensorfleet.compat.tff.TffUnavailableError` saying that ``what`` runs on TFF, where it
+    cannot be imported."""
+    from tensorfleet.compat.tff import TFF_TRACK_HINT, TffUnavailableError, tff_available
+
+    if not tff_available():
+        raise TffUnavailableError(f"{what} runs rounds on tensorflow-federated, which cannot be imported here. "
+                                  f"{TFF_TRACK_HINT}.")

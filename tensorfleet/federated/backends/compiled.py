@@ -12,9 +12,10 @@ AutoGraph: its loops are explicit): the sampled clients' examples come as one pa
 ``[clients, steps * batch, ...]`` with each client's count, ``tf.while_loop`` loops (one per lane: a
 lane per CPU core, each in its own copy of the model, run side by side) train each client
 on the batches TFF's dataset would give (the real rows only: padding never enters the model) from the
-server weights with the client optimizer (the same ``tff.learning.optimizers`` object), the
+server weights with the client optimizer (:mod:`~tensorfleet.federated.algorithms.optimizers`: TFF's
+update rules and state, without TFF), the
 deltas ``initial - trained`` are averaged weighted by examples (a client with a non-finite delta
-gets weight 0, as in TFF), and the server optimizer (again TFF's) applies the mean delta. The
+gets weight 0, as in TFF), and the server optimizer (again TFF's rules) applies the mean delta. The
 server weights, optimizer state and DP clip stay in variables the round updates in place, so a
 round's call takes its data and returns three numbers. FedProx adds ``mu * (w - w_server)`` to
 every local gradient, the gradient of the paper's proximal term ``(mu / 2) ||w - w_server||^2``
@@ -84,8 +85,9 @@ class CompiledFedAvg:
         model_fn: returns the (uncompiled) Keras model.
         loss_fn: the batch loss ``loss_fn(y, logits)`` as TFF's ``from_keras_model`` applies it (the
             Keras loss with its default reduction, the mean over the batch).
-        client_optimizer: a ``tff.learning.optimizers.Optimizer`` for local steps.
-        server_optimizer: a ``tff.learning.optimizers.Optimizer`` for the mean delta.
+        client_optimizer: an optimizer for local steps (:mod:`~tensorfleet.federated.algorithms.optimizers`,
+            or anything with its ``initialize``/``next``, such as a ``tff.learning.optimizers.Optimizer``).
+        server_optimizer: an optimizer for the mean delta (the same kind).
         initial_weights: trainable weights to start from (TFF's initial model).
         batch_size: local batch size.
         max_examples: the most examples (times local epochs) any client trains on in a round.
@@ -95,7 +97,7 @@ class CompiledFedAvg:
         local_steps: False for FedSGD (TFF's ``build_fed_sgd``): a client takes no steps; its
             update is its batch gradients averaged weighted by batch size, at the server weights.
         statistic: None for the example-weighted mean; else an unweighted rule (such as
-            :meth:`~tensorfleet.federated.aggregators.robust.RobustFactory.statistic`) applied to
+            :meth:`~tensorfleet.federated.aggregators.robust.RobustStatistic.statistic`) applied to
             the round's flattened updates stacked ``[participants, d]``, as TFF's unweighted
             algorithms apply it (a non-finite update enters as zeros).
         compress: None, or what is applied to every tensor of ``examples * update`` before the
@@ -169,17 +171,22 @@ class CompiledFedAvg:
 
     # The padded client batch: x [K, L, ...], y [K, L], examples [K] (the real rows of each).
     def pack(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-        """Pads the clients' (already ordered) examples into the round's arrays."""
+        """Pads the clients' (already ordered) examples into the round's arrays; a client with more
+        examples than the round was traced for (data made on request is not measured ahead) makes the
+        round be traced again, for the longer padding."""
         if len(clients) > self.clients_per_round:
             raise ValueError(f"At most {self.clients_per_round} clients per round. Received: {len(clients)}")
+        longest = max(len(yk) for _, yk in clients)
+        if longest > self.length:
+            self.steps = -(-longest // self.batch_size)
+            self.length = self.steps * self.batch_size
+            self._round = None
         x0, y0 = clients[0]
         x = np.zeros((self.clients_per_round, self.length, *x0.shape[1:]), dtype=x0.dtype)
         y = np.zeros((self.clients_per_round, self.length), dtype=y0.dtype)
         examples = np.zeros((self.clients_per_round,), dtype=np.int32)
         for k, (xk, yk) in enumerate(clients):
             n = len(yk)
-            if n > self.length:
-                raise ValueError(f"A client has {n} examples; this backend was sized for {self.length}.")
             x[k, :n], y[k, :n], examples[k] = xk, yk, n
         return x, y, examples
 

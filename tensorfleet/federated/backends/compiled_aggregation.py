@@ -22,29 +22,34 @@ ROBUST_AGGREGATORS = ("median", "trimmed_mean", "krum")
 
 
 def aggregation(name: str | None, clients_per_round: int, options: dict[str, Any]) -> dict[str, Any]:
-    """The :class:`CompiledFedAvg` arguments of aggregator ``name`` with ``options`` (checked as
-    :func:`~tensorfleet.federated.aggregators.build_aggregator` checks them)."""
+    """The :class:`CompiledFedAvg` arguments of aggregator ``name`` with ``options``, checked as
+    :func:`~tensorfleet.federated.aggregators.build_aggregator` checks them (without TFF)."""
     if name in (None, "mean"):
         return {}
-    from tensorfleet.federated.aggregators import AGGREGATORS, build_aggregator
+    from tensorfleet.federated.aggregators import AGGREGATORS, check_aggregator_options
+    from tensorfleet.validation import number
 
-    factory = build_aggregator(name, clients_per_round=clients_per_round, **options)
-    if name in ROBUST_AGGREGATORS:
-        return {"statistic": factory.statistic}
+    check_aggregator_options(name, options, clients_per_round=clients_per_round)
     given = {**{k: p.default for k, p in inspect.signature(AGGREGATORS.get(name)).parameters.items()
                 if k != "clients_per_round"}, **options}
-    if name == "dp_fixed":
-        return {"dp_clip": float(given["clip"]), "dp_noise": float(given["noise_multiplier"])}
-    if name == "dp_adaptive":
-        noise = float(given["noise_multiplier"])
+    if name in ROBUST_AGGREGATORS:
+        from tensorfleet.federated.aggregators.robust import RobustStatistic
+
+        return {"statistic": RobustStatistic(name, **given).statistic}
+    if name in ("dp_fixed", "dp_adaptive"):
+        noise = float(number("noise_multiplier", given["noise_multiplier"], minimum=0))
+        clip = float(number("clip", given["clip"], above=0))
+        if name == "dp_fixed":
+            return {"dp_clip": clip, "dp_noise": noise}
+        target = float(number("target_quantile", given["target_quantile"], above=0, below=1))
+        rate = float(number("clip_learning_rate", given["clip_learning_rate"], above=0))
         count_stddev = 0.05 * clients_per_round if noise > 0 else 0.0  # TFF's adaptive_clip_noise_params
         value_noise = (noise ** -2 - (2 * count_stddev) ** -2) ** -0.5 if noise > 0 else 0.0
-        return {"dp_clip": float(given["clip"]), "dp_noise": value_noise,
-                "dp_adaptive": (float(given["target_quantile"]), float(given["clip_learning_rate"]), count_stddev)}
-    from tensorfleet.federated.aggregators.compression import CompressionFactory
+        return {"dp_clip": clip, "dp_noise": value_noise, "dp_adaptive": (target, rate, count_stddev)}
+    from tensorfleet.federated.aggregators.compression import Compression
 
-    factory = CompressionFactory(bits=given["bits"], sparsity=given["sparsity"])  # checks the options
-    return {"compress": functools.partial(compress_rows, bits=factory.bits, sparsity=factory.sparsity)}
+    compression = Compression(bits=given["bits"], sparsity=given["sparsity"])  # checks the options
+    return {"compress": functools.partial(compress_rows, bits=compression.bits, sparsity=compression.sparsity)}
 
 
 def compress_rows(rows: Any, *, bits: int, sparsity: float) -> Any:

@@ -55,11 +55,16 @@ def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
 
 def compiled_refusal(clients: Any, model: Any = None) -> str | None:
     """Why this backend cannot give TFF's result for ``clients`` (and ``model``), or None when it can."""
-    if not hasattr(clients, "indices"):
+    if not hasattr(clients, "arrays"):
         return f"clients={type(clients).__name__}"
     if model is None:
         return None
-    found = batch_dependent_layers(model, clients.arrays(clients.client_ids[0])[0][:4])
+    if hasattr(clients, "indices"):  # in memory: a few real inputs
+        rows = clients.arrays(clients.client_ids[0])[0][:4]
+    else:  # made or read on request: no client is made for the probe, seeded inputs of the examples' shape
+        spec = clients.element_type_structure["x"]
+        rows = np.random.default_rng(0).normal(size=(4, *spec.shape)).astype(spec.dtype.as_numpy_dtype)
+    found = batch_dependent_layers(model, rows)
     if found:
         return (f"a model with batch-dependent layers ({', '.join(found)}): this backend's server keeps the "
                 f"trainable weights only and its equality with TFF is tested on models whose rows do not mix; "

@@ -54,12 +54,12 @@ class WorkerConnection:
 
     def connect(self) -> None:
         import grpc
-        from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 
+        from tensorfleet.compat.tff import executor_stub
         from tensorfleet.federated.backends.tff import GRPC_OPTIONS
 
         self.channel = grpc.insecure_channel(self.address.target, GRPC_OPTIONS)
-        self.stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(self.channel)
+        self.stub = executor_stub(self.channel)
 
     def ready(self, timeout: float) -> bool:
         import grpc
@@ -80,8 +80,10 @@ class WorkerConnection:
         Any reply counts, an error status too: only silence or an unreachable worker fails.
         """
         import grpc
-        from tensorflow_federated.proto.v0 import executor_pb2, executor_pb2_grpc
 
+        from tensorfleet.compat.tff import executor_protos
+
+        executor_pb2, executor_pb2_grpc = executor_protos()
         if self.channel is None:
             return False
         stub = executor_pb2_grpc.ExecutorGroupStub(self.channel)
@@ -107,9 +109,10 @@ def probe(worker: WorkerConnection, timeout: float) -> None:
     """Checks that ``worker`` answers as a TFF worker of the installed version."""
     import grpc
     import numpy as np
-    import tensorflow_federated as tff
-    from tensorflow_federated.python.core.impl.executors import remote_executor
-    from tensorflow_federated.python.core.impl.types import computation_types, placements
+
+    from tensorfleet.compat.tff import import_tff, remote_executor
+
+    tff = import_tff("the remote TFF workers")
 
     address = str(worker.address)
     if not worker.ready(timeout):
@@ -119,10 +122,9 @@ def probe(worker: WorkerConnection, timeout: float) -> None:
             f"{worker.address.host}, or fix the address.", address)
 
     async def roundtrip() -> Any:
-        executor = remote_executor.RemoteExecutor(worker.stub)
-        executor.set_cardinalities({placements.CLIENTS: 0})
+        executor = remote_executor(worker.stub, {tff.CLIENTS: 0})
         try:
-            value = await executor.create_value(np.int32(1729), computation_types.TensorType(np.int32))
+            value = await executor.create_value(np.int32(1729), tff.TensorType(np.int32))
             return await value.compute()
         finally:
             executor.close()
@@ -169,9 +171,9 @@ def run_in_daemon_thread(coro_fn: Callable[[], Any], timeout: float) -> Any:
 
 def sync_context(invoke: Callable[[Any, Any], Any]) -> Any:
     """A TFF ``SyncContext`` whose ``invoke`` is ``invoke`` (what TFF's context stack holds)."""
-    from tensorflow_federated.python.core.impl.context_stack import context_base
+    from tensorfleet.compat.tff import context_bases
 
-    class _Sync(context_base.SyncContext):
+    class _Sync(context_bases()[0]):  # type: ignore[misc]
         def invoke(self, comp: Any, arg: Any) -> Any:
             return invoke(comp, arg)
 
@@ -188,10 +190,9 @@ def quiet_lost_workers(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
 
 def own_loop_context(inner: Any) -> Any:
     """``inner`` (a TFF asynchronous context) run on an event loop and thread of its own."""
-    from tensorflow_federated.python.common_libs import async_utils
-    from tensorflow_federated.python.core.impl.context_stack import context_base
+    from tensorfleet.compat.tff import async_thread_runner, context_bases
 
-    class OwnLoopContext(context_base.AsyncContext):
+    class OwnLoopContext(context_bases()[1]):  # type: ignore[misc]
         """Runs one worker's asynchronous context on an event loop (and thread) of its own.
 
         TFF's ``RemoteExecutor`` calls its gRPC stub synchronously inside coroutines, so on the
@@ -201,7 +202,7 @@ def own_loop_context(inner: Any) -> Any:
 
         def __init__(self) -> None:
             self.inner = inner
-            self.runner = async_utils.AsyncThreadRunner()
+            self.runner = async_thread_runner()
 
         async def invoke(self, comp: Any, arg: Any) -> Any:
             return await self.runner.await_coro_and_return_result(self.inner.invoke(comp, arg))
@@ -211,10 +212,12 @@ def own_loop_context(inner: Any) -> Any:
 
 def abandon(context: Any) -> None:
     """Cancels what a failed mergeable context still runs (a surviving worker's share)."""
-    runners = [getattr(context, "_async_runner", None)]
-    runners += [c.runner for c in getattr(context, "_tensorfleet_worker_contexts", [])]
+    from tensorfleet.compat.tff import context_runner, detach_runner, runner_loop
+
+    runners = [context_runner(context)]
+    runners += [c.runner for c in getattr(context, "tensorfleet_worker_contexts", [])]
     for runner in runners:
-        loop = getattr(runner, "_event_loop", None)
+        loop = runner_loop(runner)
         if loop is None or loop.is_closed():
             continue
 
@@ -226,17 +229,18 @@ def abandon(context: Any) -> None:
             loop.call_soon_threadsafe(cancel_all)
         # TFF's runner joins its thread when collected; a thread stuck on a frozen worker's call
         # would then block whoever collects it. Stop its loop without waiting instead.
-        runner._finalizer = lambda loop, thread: loop.call_soon_threadsafe(loop.stop)  # noqa: SLF001
+        detach_runner(runner)
 
 
 def executor_factory(worker: WorkerConnection, *, lost_timeout: float, on_lost: Callable[[WorkerConnection, str], None],
                      on_dispatch: Callable[[str, str], None]) -> Any:
     """TFF's executor factory for one worker; ``on_lost(worker, reason)`` when it is found gone,
     ``on_dispatch(address, number of clients)`` for each executor handed out."""
-    from tensorflow_federated.python.core.impl.executors import executor_factory, remote_executor
-    from tensorflow_federated.python.core.impl.types import placements
+    from tensorfleet.compat.tff import executor_factory_base, import_tff, remote_executor
 
-    class _Factory(executor_factory.ExecutorFactory):
+    tff = import_tff("the remote TFF workers")
+
+    class _Factory(executor_factory_base()):  # type: ignore[misc]
         """Remote executors on one worker; refuses (not retryable) once the worker is gone.
 
         TFF's asynchronous context retries a ``RetryableError`` (a worker that is UNAVAILABLE)
@@ -254,15 +258,14 @@ def executor_factory(worker: WorkerConnection, *, lost_timeout: float, on_lost: 
                 on_lost(worker, f"unreachable for {lost_timeout:g} s")
                 raise WorkerLostError(f"TFF worker {address} stopped answering.", address)
             cardinalities = dict(cardinalities)
-            if cardinalities.get(placements.CLIENTS) is None:
-                cardinalities[placements.CLIENTS] = 0
+            if cardinalities.get(tff.CLIENTS) is None:
+                cardinalities[tff.CLIENTS] = 0
             key = tuple(sorted((str(k), v) for k, v in cardinalities.items()))
             executor = self._executors.get(key)
             if executor is None:
-                executor = remote_executor.RemoteExecutor(worker.stub)
-                executor.set_cardinalities(cardinalities)
+                executor = remote_executor(worker.stub, cardinalities)
                 self._executors[key] = executor
-            on_dispatch(address, str(cardinalities[placements.CLIENTS]))
+            on_dispatch(address, str(cardinalities[tff.CLIENTS]))
             return executor
 
         def clean_up_executor(self, cardinalities: Any) -> None:
@@ -278,27 +281,17 @@ def mergeable_context(workers: Sequence[WorkerConnection], num_subrounds: int, *
                       on_lost: Callable[[WorkerConnection, str], None],
                       on_dispatch: Callable[[str, str], None]) -> Any:
     """TFF's mergeable context splitting each computation into ``num_subrounds`` parts over ``workers``."""
-    from tensorflow_federated.python.core.backends.native import compiler, mergeable_comp_compiler
-    from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
-    from tensorflow_federated.python.core.impl.execution_contexts import (
-        async_execution_context, mergeable_comp_execution_context)
+    from tensorfleet.compat.tff import async_execution_context, context_runner, mergeable_execution_context, runner_loop
 
     contexts = [
-        own_loop_context(async_execution_context.AsyncExecutionContext(
-            executor_factory(w, lost_timeout=lost_timeout, on_lost=on_lost, on_dispatch=on_dispatch),
-            compiler_fn=compiler.desugar_and_transform_to_native,
-            transform_args=tensorflow_computation.transform_args,
-            transform_result=tensorflow_computation.transform_result))
+        own_loop_context(async_execution_context(
+            executor_factory(w, lost_timeout=lost_timeout, on_lost=on_lost, on_dispatch=on_dispatch)))
         for w in workers
     ]
-    context = mergeable_comp_execution_context.MergeableCompExecutionContext(
-        contexts, compiler_fn=mergeable_comp_compiler.compile_to_mergeable_comp_form,
-        transform_args=tensorflow_computation.transform_args,
-        transform_result=tensorflow_computation.transform_result,
-        num_subrounds=num_subrounds)
-    for runner in [getattr(context, "_async_runner", None), *(c.runner for c in contexts)]:
-        loop = getattr(runner, "_event_loop", None)
+    context = mergeable_execution_context(contexts, num_subrounds)
+    for runner in [context_runner(context), *(c.runner for c in contexts)]:
+        loop = runner_loop(runner)
         if loop is not None:
             loop.set_exception_handler(quiet_lost_workers)
-    context._tensorfleet_worker_contexts = contexts  # so abandon() reaches their loops
+    context.tensorfleet_worker_contexts = contexts  # so abandon() reaches their loops
     return context

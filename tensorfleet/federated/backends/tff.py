@@ -74,7 +74,10 @@ def worker_binary_path() -> Path:
 
     spec = importlib.util.find_spec("tensorflow_federated")
     if spec is None or spec.origin is None:
-        raise RuntimeError("tensorflow-federated is not installed; install tensorfleet[federated].")
+        from tensorfleet.compat.tff import TFF_TRACK_HINT, TffUnavailableError
+
+        raise TffUnavailableError(f"TFF's worker_binary comes with tensorflow-federated, which is not installed. "
+                                  f"{TFF_TRACK_HINT}.")
     path = Path(spec.origin).parent / "data" / "worker_binary"
     if not path.is_file():
         raise RuntimeError(f"Expected TFF's worker binary at {path}, but there is no such file.")
@@ -164,7 +167,8 @@ class LocalWorker:
         """Starts the worker (if not running) and waits until it serves; returns self."""
         import grpc
         import portpicker
-        from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+
+        from tensorfleet.compat import tff as compat_tff
 
         with self._lock:
             if self.running and self._stub is not None and self._stub.is_ready:
@@ -191,7 +195,7 @@ class LocalWorker:
                 self._check_alive_or_raise(port, deadline)
                 time.sleep(0.02)
             self._channel = grpc.insecure_channel(f"localhost:{port}", GRPC_OPTIONS)
-            self._stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(self._channel)
+            self._stub = compat_tff.executor_stub(self._channel)
             while not self._stub.is_ready:
                 self._check_alive_or_raise(port, deadline)
                 time.sleep(0.02)
@@ -271,7 +275,9 @@ class Runtime:
     @contextlib.contextmanager
     def installed(self) -> Iterator["Runtime"]:
         """Makes this runtime TFF's current context for the ``with`` block."""
-        import tensorflow_federated as tff
+        from tensorfleet.compat.tff import import_tff
+
+        tff = import_tff("the tff backend")
 
         with tff.framework.get_context_stack().install(self.context):
             yield self
@@ -282,13 +288,11 @@ class Runtime:
 
 
 def _build_context(worker: LocalWorker) -> Any:
-    from tensorflow_federated.python.core.backends.native import compiler
-    from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
-    from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
-    from tensorflow_federated.python.core.impl.executors import executor_factory, remote_executor
-    from tensorflow_federated.python.core.impl.types import placements
+    from tensorfleet.compat import tff as compat_tff
 
-    class _WorkerExecutorFactory(executor_factory.ExecutorFactory):
+    tff = compat_tff.import_tff("the tff backend")
+
+    class _WorkerExecutorFactory(compat_tff.executor_factory_base()):  # type: ignore[misc]
         """One remote executor per (worker generation, cardinalities)."""
 
         def __init__(self) -> None:
@@ -296,16 +300,15 @@ def _build_context(worker: LocalWorker) -> Any:
 
         def create_executor(self, cardinalities: Any) -> Any:
             cardinalities = dict(cardinalities)
-            cardinalities.setdefault(placements.CLIENTS, 0)
-            if cardinalities[placements.CLIENTS] is None:
-                cardinalities[placements.CLIENTS] = 0
+            cardinalities.setdefault(tff.CLIENTS, 0)
+            if cardinalities[tff.CLIENTS] is None:
+                cardinalities[tff.CLIENTS] = 0
             stub = worker.stub()
             key = (worker.generation, tuple(sorted((str(k), v) for k, v in cardinalities.items())))
             executor = self._executors.get(key)
             if executor is None:
                 self._executors = {k: v for k, v in self._executors.items() if k[0] == worker.generation}
-                executor = remote_executor.RemoteExecutor(stub)
-                executor.set_cardinalities(cardinalities)
+                executor = compat_tff.remote_executor(stub, cardinalities)
                 self._executors[key] = executor
             return executor
 
@@ -313,12 +316,7 @@ def _build_context(worker: LocalWorker) -> Any:
             for key in [k for k in self._executors if k[0] != worker.generation]:
                 self._executors.pop(key).close()
 
-    return sync_execution_context.SyncExecutionContext(
-        executor_fn=_WorkerExecutorFactory(),
-        compiler_fn=compiler.desugar_and_transform_to_native,
-        transform_args=tensorflow_computation.transform_args,
-        transform_result=tensorflow_computation.transform_result,
-    )
+    return compat_tff.sync_execution_context(_WorkerExecutorFactory())
 
 
 @contextlib.contextmanager
@@ -366,8 +364,9 @@ def install_default() -> Runtime:
     run outside a :class:`~tensorfleet.federated.Simulation` are covered too (their worker is
     started lazily and stopped at exit).
     """
-    import tensorflow_federated as tff
+    from tensorfleet.compat.tff import import_tff
 
+    tff = import_tff("the tff backend")
     rt = default_runtime()
     stack = tff.framework.get_context_stack()
     if stack.current is not rt.context:
@@ -376,20 +375,8 @@ def install_default() -> Runtime:
 
 
 def close_channel(channel: Any) -> None:
-    """Closes a gRPC channel once its connectivity polling thread has stopped.
+    """Closes a gRPC channel once its connectivity polling thread has stopped
+    (:func:`tensorfleet.compat.tff.close_channel`)."""
+    from tensorfleet.compat.tff import close_channel as close
 
-    grpcio 1.5x's polling thread (started by ``subscribe``, which TFF's stub and
-    ``channel_ready_future`` use) can call into a channel closed under it and die with
-    "Cannot invoke RPC: Channel closed!"; dropping the subscriptions first and waiting for the
-    thread to notice (at most two 0.2 s polls) avoids that.
-    """
-    state = getattr(channel, "_connectivity_state", None)
-    if state is not None:
-        with contextlib.suppress(Exception):
-            with state.lock:
-                del state.callbacks_and_connectivities[:]
-            deadline = time.monotonic() + 1.0
-            while getattr(state, "polling", False) and time.monotonic() < deadline:
-                time.sleep(0.02)
-    with contextlib.suppress(Exception):
-        channel.close()
+    close(channel)

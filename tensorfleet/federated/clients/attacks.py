@@ -13,7 +13,7 @@ Example:
     >>> bad = scale_clients(clients, ["client_000"], factor=1e3)
     >>> bad.arrays("client_000")[0][0], bad.arrays("client_001")[0][0]
     (array([1000., 1000.], dtype=float32), array([1., 1.], dtype=float32))
-    >>> np.isnan(nan_clients(clients, ["client_001"]).arrays("client_001")[0]).all()
+    >>> bool(np.isnan(nan_clients(clients, ["client_001"]).arrays("client_001")[0]).all())
     True
 """
 

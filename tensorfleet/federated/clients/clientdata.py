@@ -1,11 +1,12 @@
-"""Client data in memory, as a real ``tff.simulation.datasets.ClientData``, and its summary.
+"""Client data in memory (tensorfleet's :class:`~tensorfleet.federated.clients.base.ClientData`), and its summary.
 
 :class:`ArrayClientData` keeps the centralised arrays once and one index array per client, so a
 client's dataset is a slice, never a copy of the whole set. Its ``serializable_dataset_fn`` is
 traceable by TF and TFF (a lookup table from client id to a row range), so TFF's
-``dataset_computation`` works as with TFF's own datasets.
+``dataset_computation`` works with it as with TFF's own datasets (through
+:func:`~tensorfleet.federated.clients.base.to_tff`, on the tff track).
 
-:func:`summarize` and :func:`plot_label_distribution` take any ``ClientData``, including the
+:func:`summarize` and :func:`plot_label_distribution` take any client data, including the
 ones TFF ships (``tff.simulation.datasets.emnist.get_synthetic()``).
 
 Example:
@@ -28,15 +29,15 @@ from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
+from tensorfleet.federated.clients.base import ClientData
 from tensorfleet.io import save_figure, write_json
 
 __all__ = ["ArrayClientData", "PartitionSummary", "summarize", "plot_label_distribution", "client_arrays"]
 
 
-class ArrayClientData(tff.simulation.datasets.ClientData):
-    """A ``ClientData`` over in-memory arrays with one index array per client.
+class ArrayClientData(ClientData):
+    """Client data over in-memory arrays with one index array per client.
 
     Args:
         x: features, first axis over samples.
@@ -55,7 +56,6 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
 
     def __init__(self, x: Any, y: Any, client_indices: Sequence[np.ndarray], *,
                  client_ids: Sequence[str] | None = None, description: str = "") -> None:
-        super().__init__()
         self.x = np.asarray(x)
         self.y = np.asarray(y)
         if len(self.x) != len(self.y):
@@ -145,8 +145,8 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
 
 
 def client_arrays(client_data: Any, client_id: str, *, label_key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` arrays of one client of any ``ClientData`` (reads its dataset once)."""
-    if isinstance(client_data, ArrayClientData):
+    """``(x, y)`` arrays of one client of any client data (reads its dataset once, unless it keeps arrays)."""
+    if isinstance(client_data, ArrayClientData) or (label_key is None and hasattr(client_data, "arrays")):
         return client_data.arrays(client_id)
     xs, ys = [], []
     for element in client_data.create_tf_dataset_for_client(client_id).as_numpy_iterator():
@@ -221,7 +221,7 @@ class PartitionSummary:
 def summarize(client_data: Any, *, label_key: str | None = None, max_clients: int | None = None) -> PartitionSummary:
     """Summary of any ``ClientData`` (reads every client's labels once for non-array data).
 
-    Example:
+    Example (on the tff track, TFF's own data):
         >>> import tensorflow_federated as tff
         >>> print(summarize(tff.simulation.datasets.emnist.get_synthetic()))
         2 clients, 20 samples; samples per client min 10 / mean 10.0 / max 10; labels per client min 10 / mean 10.00 / max 10

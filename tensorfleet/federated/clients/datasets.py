@@ -2,14 +2,19 @@
 
 * ``digits``: scikit-learn's 8x8 digits (offline), pooled, partitioned with any scheme into
   ``num_clients`` (default 100), with a central test split.
-* ``emnist_synthetic``: TFF's own ``tff.simulation.datasets.emnist.get_synthetic()`` (offline) with
-  TFF's client structure kept (2 clients of 10 examples each; ``num_clients`` takes the first ones);
+* ``emnist_synthetic``: TFF's own ``tff.simulation.datasets.emnist.get_synthetic()`` (offline; on
+  the tff track, as it needs tensorflow-federated) with TFF's client structure kept (2 clients of 10 examples each; ``num_clients`` takes the first ones);
   a partition scheme does not apply and no central test set exists. The real EMNIST
   (``tff.simulation.datasets.emnist.load_data``, which needs the network) is passed to
   :class:`~tensorfleet.federated.Simulation` as it is: its ``pixels``/``label`` are found by name.
 
 Example:
-    >>> clients, test = load_federated("digits", num_clients=100, scheme="shards:2")
+    >>> clients, (x_test, y_test) = load_federated("digits", num_clients=100, scheme="shards:2")
+    >>> len(clients.client_ids), x_test.shape
+    (100, (359, 8, 8, 1))
+
+On the tff track, TFF's own clients:
+    >>> import tensorflow_federated as tff
     >>> clients, test = load_federated("emnist_synthetic")
     >>> clients.client_ids, test
     (['synthetic1', 'synthetic2'], None)
@@ -43,10 +48,10 @@ def _digits(*, num_clients: int | None, scheme: str | None, seed: int, flat: boo
 
 def _emnist_synthetic(*, num_clients: int | None, scheme: str | None, seed: int, flat: bool,
                       **options: Any) -> tuple[Any, None]:
-    import tensorflow_federated as tff
-
+    from tensorfleet.compat.tff import import_tff
     from tensorfleet.federated.clients.xy import xy_clients
 
+    tff = import_tff("the emnist_synthetic dataset (TFF's own)")
     del seed
     if scheme is not None or options:
         raise ValueError(f"emnist_synthetic keeps TFF's own clients; a partition scheme re-splits pooled data "

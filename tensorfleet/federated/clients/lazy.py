@@ -8,8 +8,8 @@ of clients. Each client is made from its own seed, so the same client always has
 Two makers:
 
 * :func:`emnist_like_clients`: EMNIST's federated shape (3,400 clients by default, 28x28
-  images, 10 digit classes), made from the ten class images of TFF's offline
-  ``tff.simulation.datasets.emnist.get_synthetic()`` with per-client noise, shifts and label skew;
+  images, 10 digit classes), made from ten class images (scikit-learn's mean digits, drawn at
+  28x28) with per-client noise, shifts and label skew;
 * :func:`digits_clients`: each client a seeded sample of scikit-learn's digits (8x8), so a
   simulation of any number of clients is checked against the digits test set.
 
@@ -34,8 +34,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
+from tensorfleet.federated.clients.base import ClientData
 from tensorfleet.validation import number, positive_int
 
 __all__ = ["LazyClientData", "digits_clients", "emnist_like_clients"]
@@ -43,8 +43,8 @@ __all__ = ["LazyClientData", "digits_clients", "emnist_like_clients"]
 MakeClient = Callable[[int], "tuple[np.ndarray, np.ndarray]"]
 
 
-class LazyClientData(tff.simulation.datasets.ClientData):
-    """A ``ClientData`` whose clients are made on request by ``make_client(index)``.
+class LazyClientData(ClientData):
+    """Client data whose clients are made on request by ``make_client(index)``.
 
     Args:
         make_client: returns ``(x, y)`` numpy arrays of client ``index`` (same index, same data).
@@ -63,7 +63,6 @@ class LazyClientData(tff.simulation.datasets.ClientData):
 
     def __init__(self, make_client: MakeClient, num_clients: int, *, client_ids: Sequence[str] | None = None,
                  description: str = "", record: bool = True) -> None:
-        super().__init__()
         if not callable(make_client):
             raise TypeError(f"make_client must be a callable taking a client index. Received: {make_client!r}")
         positive_int("num_clients", num_clients)
@@ -130,11 +129,14 @@ class LazyClientData(tff.simulation.datasets.ClientData):
 
 
 def _emnist_templates() -> np.ndarray:
-    """The ten class images (28x28) of TFF's offline synthetic EMNIST, one per digit."""
-    synthetic = tff.simulation.datasets.emnist.get_synthetic()
+    """Ten class images (28x28 in [0, 1]), one per digit: the mean of scikit-learn's 8x8 digits of the
+    class, each pixel drawn as a 3x3 block, centred with a 2-pixel margin (as EMNIST centres its digits)."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    means = np.stack([bunch.images[bunch.target == k].mean(axis=0) for k in range(10)]) / 16.0
     templates = np.zeros((10, 28, 28), np.float32)
-    for element in synthetic.create_tf_dataset_for_client(synthetic.client_ids[0]):
-        templates[int(element["label"])] = element["pixels"].numpy()
+    templates[:, 2:26, 2:26] = np.kron(means, np.ones((3, 3)))
     return templates
 
 
@@ -143,7 +145,7 @@ def emnist_like_clients(num_clients: int = 3400, *, examples_per_client: int = 2
     """EMNIST-shaped clients (28x28x1 float32 in [0, 1], labels 0-9), each made when sampled.
 
     A client's labels come from a Dirichlet(``label_alpha``) over the classes; each example is
-    its class image of TFF's synthetic EMNIST shifted by up to 2 pixels, plus Gaussian noise.
+    its class image shifted by up to 2 pixels, plus Gaussian noise.
 
     Example:
         >>> clients = emnist_like_clients(3400)

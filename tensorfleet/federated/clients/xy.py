@@ -1,4 +1,5 @@
-"""Any ``tff.simulation.datasets.ClientData`` as the examples a simulation trains on: ``OrderedDict(x=..., y=...)``.
+"""Any client data (tensorfleet's, or TFF's own ``tff.simulation.datasets.ClientData``) as the examples a
+simulation trains on: ``OrderedDict(x=..., y=...)``.
 
 TFF's datasets name their elements for what they hold (EMNIST ``pixels``/``label``, CIFAR-100
 ``image``/``label``/``coarse_label``), and TFF's tutorials hand ClientData over already batched.
@@ -6,9 +7,21 @@ TFF's datasets name their elements for what they hold (EMNIST ``pixels``/``label
 (:data:`FEATURE_NAMES`, :data:`LABEL_NAMES`) or given with ``x_key``/``y_key``; a ClientData whose
 elements are batches (every component's first dimension unknown) is unbatched, since the
 simulation batches (``batch_size``), shuffles and repeats (``local_epochs``) each client itself.
-When the names cannot be told apart, one error lists the element names found.
+When the names cannot be told apart, one error lists the element names found. A TFF ClientData
+is taken as it is (:func:`~tensorfleet.federated.clients.base.as_client_data`) and comes back as
+tensorfleet's.
 
 Example:
+    >>> import collections, numpy as np, tensorflow as tf
+    >>> from tensorfleet.federated.clients.base import ClientData
+    >>> def dataset(cid):
+    ...     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+    ...         pixels=np.zeros((3, 4, 4), np.float32), label=np.arange(3, dtype=np.int32)))
+    >>> clients = xy_clients(ClientData.from_clients_and_tf_fn(["a", "b"], dataset), x_shape=(16,))
+    >>> {k: v.shape.as_list() for k, v in clients.element_type_structure.items()}
+    {'x': [16], 'y': []}
+
+On the tff track, TFF's own synthetic EMNIST:
     >>> import tensorflow_federated as tff
     >>> emnist = tff.simulation.datasets.emnist.get_synthetic()
     >>> list(emnist.element_type_structure)
@@ -87,13 +100,16 @@ def xy_clients(client_data: Any, *, x_key: str | None = None, y_key: str | None 
     """``client_data`` with unbatched ``OrderedDict(x=..., y=...)`` examples (itself when it has them).
 
     Args:
-        client_data: a ``tff.simulation.datasets.ClientData``.
+        client_data: tensorfleet's client data, or a ``tff.simulation.datasets.ClientData``.
         x_key, y_key: the element names of the model input and the label, when their names do
             not tell (see :data:`FEATURE_NAMES` and :data:`LABEL_NAMES`).
         x_shape: reshape every example's ``x`` to this shape (``(28, 28, 1)`` for a CNN on EMNIST).
     """
     import tensorflow as tf
 
+    from tensorfleet.federated.clients.base import as_client_data
+
+    client_data = as_client_data(client_data)
     spec = client_data.element_type_structure
     batched = is_batched(spec)
     if not batched and x_shape is None and isinstance(spec, dict) and set(spec) == {"x", "y"} and \
