@@ -10,9 +10,9 @@
   ``runner`` and its Keras front ``keras_model``).
 * :mod:`~tensorfleet.model_parallel.chain`: a Keras model read as one chain of layers, which
   mesh layouts and pipeline stages both split.
-* :mod:`~tensorfleet.model_parallel.mtf_compat`: the one place that imports mesh-tensorflow.
-  mesh-tensorflow 0.1.21 does not import on TensorFlow 2.14 as shipped; once this package is
-  imported, a plain ``import mesh_tensorflow`` works (or call :func:`import_mesh_tensorflow`).
+* mesh-tensorflow 0.1.21 does not import on today's TensorFlow as shipped; once this package is
+  imported, a plain ``import mesh_tensorflow`` works (or call :func:`import_mesh_tensorflow`):
+  :mod:`tensorfleet.compat.mesh_tf` is the one place that imports it.
 
 Submodules load on first use, so ``import tensorfleet.model_parallel`` touches no device and
 loads no TensorFlow.
@@ -21,11 +21,11 @@ loads no TensorFlow.
 from __future__ import annotations
 
 from tensorfleet.lazy import attach
-from tensorfleet.model_parallel.mtf_compat import fix_on_import
+from tensorfleet.compat.mesh_tf import fix_on_import, import_mesh_tensorflow
 
-fix_on_import()  # registers an import hook only; see mtf_compat
+fix_on_import()  # registers an import hook only; see tensorfleet.compat.mesh_tf
 
-__getattr__, __all__ = attach(__name__, modules=("chain", "mesh", "mtf_compat", "pipeline", "tensor_parallel"), names={
+__getattr__, _LAZY = attach(__name__, modules=("chain", "mesh", "pipeline", "tensor_parallel"), names={
     "Mesh": "mesh", "MeshLayout": "mesh", "MeshBackend": "mesh", "MeshHistory": "mesh",
     "Pipeline": "pipeline", "Schedule": "pipeline", "bubble_fraction": "pipeline",
     "theoretical_bubble": "pipeline", "plot_schedule": "pipeline", "partition_layers": "pipeline",
@@ -33,5 +33,5 @@ __getattr__, __all__ = attach(__name__, modules=("chain", "mesh", "mtf_compat", 
     "ParallelMLP": "tensor_parallel", "ParallelSelfAttention": "tensor_parallel",
     "ParallelTransformerBlock": "tensor_parallel",
     "chain_layers": "chain",
-    "import_mesh_tensorflow": "mtf_compat",
 })
+__all__ = [*_LAZY, "import_mesh_tensorflow"]

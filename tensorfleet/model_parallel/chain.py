@@ -32,6 +32,10 @@ def chain_layers(model: Any, *, supported: str = "") -> list[Any]:
     """
     import tensorflow as tf
 
+    from tensorfleet.compat.keras import is_keras3_model, require_keras2
+
+    if is_keras3_model(model):
+        require_keras2(model, "chain_layers")
     layers = [layer for layer in model.layers if not isinstance(layer, tf.keras.layers.InputLayer)]
     if not layers:
         raise ValueError(f"Model {model.name!r} has no layers to split across devices.")

@@ -36,6 +36,7 @@ from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
+from tensorfleet.compat.keras import attention_parts, require_keras2_layer
 from tensorfleet.validation import positive_int
 
 __all__ = [
@@ -161,6 +162,7 @@ class ColumnParallelDense(tf.keras.layers.Layer):
     def from_dense(cls, dense: tf.keras.layers.Dense, *, devices: Sequence[str], gather_output: bool = False,
                    **kwargs: Any) -> "ColumnParallelDense":
         """A column-parallel copy of a built ``Dense`` layer (same weights, same function)."""
+        require_keras2_layer(dense, "ColumnParallelDense.from_dense")
         _require_built(dense)
         layer = cls(dense.units, devices=devices, activation=dense.activation, use_bias=dense.use_bias,
                     gather_output=gather_output, **kwargs)
@@ -247,6 +249,7 @@ class RowParallelDense(tf.keras.layers.Layer):
     @classmethod
     def from_dense(cls, dense: tf.keras.layers.Dense, *, devices: Sequence[str], **kwargs: Any) -> "RowParallelDense":
         """A row-parallel copy of a built ``Dense`` layer (same weights, same function)."""
+        require_keras2_layer(dense, "RowParallelDense.from_dense")
         _require_built(dense)
         layer = cls(dense.units, devices=devices, activation=dense.activation, use_bias=dense.use_bias, **kwargs)
         kernel = dense.kernel.numpy()
@@ -285,6 +288,8 @@ class ParallelMLP(tf.keras.layers.Layer):
                    devices: Sequence[str], **kwargs: Any) -> "ParallelMLP":
         """The split copy of ``second(first(x))``; ``second`` must have no activation of its own
         beyond what a row-parallel layer applies after its reduction."""
+        for layer in (first, second):
+            require_keras2_layer(layer, "ParallelMLP.from_dense")
         mlp = cls(first.units, second.units, devices=devices, activation=first.activation,
                   use_bias=first.use_bias, **kwargs)
         mlp.column = ColumnParallelDense.from_dense(first, devices=mlp.devices, name="column")
@@ -366,24 +371,25 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
     def from_keras(cls, attention: tf.keras.layers.MultiHeadAttention, *, devices: Sequence[str],
                    **kwargs: Any) -> "ParallelSelfAttention":
         """A head-split copy of a built ``MultiHeadAttention`` used as self-attention."""
+        require_keras2_layer(attention, "ParallelSelfAttention.from_keras")
         _require_built(attention)
-        query_kernel = attention._query_dense.kernel.numpy()
-        use_bias = attention._use_bias
-        layer = cls(attention._num_heads, attention._key_dim, devices=devices,
-                    output_dim=attention._output_dense.kernel.shape[-1], use_bias=use_bias, **kwargs)
+        parts = attention_parts(attention)
+        query_kernel = parts.query.kernel.numpy()
+        use_bias = parts.use_bias
+        layer = cls(parts.num_heads, parts.key_dim, devices=devices,
+                    output_dim=parts.output.kernel.shape[-1], use_bias=use_bias, **kwargs)
         layer.build((None, None, query_kernel.shape[0]))
         n = len(layer.devices)
-        sources = {"query": attention._query_dense, "key": attention._key_dense, "value": attention._value_dense}
-        for name, dense in sources.items():
+        for name, dense in parts.projections.items():
             for i, part in enumerate(_split(dense.kernel.numpy(), n, axis=1)):
                 layer.shards[i][f"{name}_kernel"].assign(part)
             if use_bias:
                 for i, part in enumerate(_split(dense.bias.numpy(), n, axis=0)):
                     layer.shards[i][f"{name}_bias"].assign(part)
-        for i, part in enumerate(_split(attention._output_dense.kernel.numpy(), n, axis=0)):
+        for i, part in enumerate(_split(parts.output.kernel.numpy(), n, axis=0)):
             layer.shards[i]["output_kernel"].assign(part)
         if use_bias:
-            layer.output_bias.assign(attention._output_dense.bias.numpy())
+            layer.output_bias.assign(parts.output.bias.numpy())
         return layer
 
 
@@ -416,6 +422,7 @@ class ParallelTransformerBlock(tf.keras.layers.Layer):
             devices: devices for the MLP's hidden units.
             heads_devices: devices for the attention heads (default: ``devices``).
         """
+        require_keras2_layer(block, "ParallelTransformerBlock.from_block")
         attention = ParallelSelfAttention.from_keras(block.attention, devices=heads_devices or devices)
         mlp = ParallelMLP.from_dense(block.dense1, block.dense2, devices=devices)
         return cls(attention, mlp, **kwargs)

@@ -176,8 +176,10 @@ class Mesh:
             >>> len(history.history["loss"])  # doctest: +SKIP
             1
         """
+        from tensorfleet.compat.keras import require_keras2
         from tensorfleet.model_parallel.mesh.keras_model import keras_mesh_model
 
+        require_keras2(model, "Mesh.keras_model")
         self._require_scope(model)
         return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
 
@@ -201,8 +203,10 @@ class Mesh:
             >>> mesh.weight_splits(model)  # doctest: +SKIP
             [WeightSplit(parameters=32, parts=2, zero_parts=2, trainable=True), WeightSplit(parameters=4, parts=2, zero_parts=1, trainable=True)]
         """
+        from tensorfleet.compat.keras import require_keras2
         from tensorfleet.model_parallel.mesh.zero import weight_splits
 
+        require_keras2(model, "Mesh.weight_splits")
         self._require_scope(model)
         return weight_splits(model, self.keras_layout)
 

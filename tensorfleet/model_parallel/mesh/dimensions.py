@@ -92,6 +92,10 @@ def _check_keras_model(model: Any) -> None:
     """A Keras model whose input shape and layer order Keras knows, or one error that says what to do."""
     import tensorflow as tf
 
+    from tensorfleet.compat.keras import is_keras3_model, require_keras2
+
+    if is_keras3_model(model):
+        require_keras2(model, "Mesh")
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"A Mesh trains a Keras model. Received: model={model!r} of type {type(model).__name__}")
     if model.inputs:

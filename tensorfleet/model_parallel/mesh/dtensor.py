@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from tensorfleet.compat.keras import attention_parts
 from tensorfleet.model_parallel.mesh.dimensions import MeshStep, mesh_steps
 from tensorfleet.model_parallel.mesh.training import MeshHistory, count_devices, run_steps
 
@@ -35,14 +36,14 @@ def _weight_dimensions(steps: list[MeshStep]) -> list[tuple[Any, tuple[str, ...]
                 named += [(step.layer.bias, (step.out_dim,))]
             previous = step.out_dim
         elif step.kind == "block":
-            attention, block = step.layer.attention, step.layer
-            for dense in (attention._query_dense, attention._key_dense, attention._value_dense):
+            attention, block = attention_parts(step.layer.attention), step.layer
+            for dense in attention.projections.values():
                 named += [(dense.kernel, ("d_model", "heads", "kv"))]
-                if attention._use_bias:
+                if attention.use_bias:
                     named += [(dense.bias, ("heads", "kv"))]
-            named += [(attention._output_dense.kernel, ("heads", "kv", "d_model"))]
-            if attention._use_bias:
-                named += [(attention._output_dense.bias, ("d_model",))]
+            named += [(attention.output.kernel, ("heads", "kv", "d_model"))]
+            if attention.use_bias:
+                named += [(attention.output.bias, ("d_model",))]
             named += [(block.dense1.kernel, ("d_model", "hidden")), (block.dense1.bias, ("hidden",)),
                       (block.dense2.kernel, ("hidden", "d_model")), (block.dense2.bias, ("d_model",))]
     return named
@@ -63,15 +64,15 @@ def _forward(steps: list[MeshStep], w: Callable[[Any], Any]) -> Callable[[Any], 
             elif step.kind == "pool":
                 h = tf.reduce_mean(h, axis=1)
             else:
-                block, attention = step.layer, step.layer.attention
-                q, k, v = (tf.einsum("bsd,dhk->bshk", h, w(d.kernel)) + (w(d.bias) if attention._use_bias else 0.0)
-                           for d in (attention._query_dense, attention._key_dense, attention._value_dense))
+                block, attention = step.layer, attention_parts(step.layer.attention)
+                q, k, v = (tf.einsum("bsd,dhk->bshk", h, w(d.kernel)) + (w(d.bias) if attention.use_bias else 0.0)
+                           for d in attention.projections.values())
                 q = q * (1.0 / math.sqrt(float(block.key_dim)))
                 scores = tf.nn.softmax(tf.einsum("btnh,bsnh->bnst", k, q), axis=-1)
                 out = tf.einsum("bsnh,nhd->bsd", tf.einsum("bnst,btnh->bsnh", scores, v),
-                                w(attention._output_dense.kernel))
-                if attention._use_bias:
-                    out = out + w(attention._output_dense.bias)
+                                w(attention.output.kernel))
+                if attention.use_bias:
+                    out = out + w(attention.output.bias)
                 h = h + out
                 m = tf.nn.relu(tf.einsum("bsd,df->bsf", h, w(block.dense1.kernel)) + w(block.dense1.bias))
                 h = h + tf.einsum("bsf,fd->bsd", m, w(block.dense2.kernel)) + w(block.dense2.bias)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tensorfleet.compat.keras import attention_parts
 from tensorfleet.model_parallel import tensor_parallel as tp
 from tensorfleet.model_parallel.mesh.dimensions import MeshStep, mesh_steps
 from tensorfleet.model_parallel.mesh.training import MeshHistory, count_devices, run_steps
@@ -153,11 +154,11 @@ def _write_back(pairs: list[tuple[Any, Any]]) -> None:
             mlp_back(parallel, *original)
             continue
         mlp_back(parallel.mlp, original.dense1, original.dense2)
-        attention, source = parallel.attention, original.attention
-        for name, dense in (("query", source._query_dense), ("key", source._key_dense), ("value", source._value_dense)):
+        attention, source = parallel.attention, attention_parts(original.attention)
+        for name, dense in source.projections.items():
             dense.kernel.assign(np.concatenate([s[f"{name}_kernel"].numpy() for s in attention.shards], axis=1))
             if attention.use_bias:
                 dense.bias.assign(np.concatenate([s[f"{name}_bias"].numpy() for s in attention.shards], axis=0))
-        source._output_dense.kernel.assign(np.concatenate([s["output_kernel"].numpy() for s in attention.shards], axis=0))
+        source.output.kernel.assign(np.concatenate([s["output_kernel"].numpy() for s in attention.shards], axis=0))
         if attention.use_bias:
-            source._output_dense.bias.assign(attention.output_bias.numpy())
+            source.output.bias.assign(attention.output_bias.numpy())

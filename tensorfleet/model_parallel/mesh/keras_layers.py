@@ -31,10 +31,34 @@ the same maths:
 
 from __future__ import annotations
 
+import dataclasses
 import types
+import weakref
 from typing import Any
 
+from tensorfleet.compat.keras import (
+    dropout_generator,
+    dropout_noise_shape,
+    inbound_layers,
+    is_graph_network,
+    learning_phase,
+    producing_layer,
+    smart_cond,
+)
+
 __all__ = ["adapt", "adapt_split_readers", "depthwise_conv2d"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Adaptation:
+    """What an adapted layer's mesh ``call`` needs beside the layer: the batch's mesh dimension, the DTensor mesh."""
+
+    batch_axis: str | None
+    mesh: Any
+
+
+# The layers given a mesh call, and its settings; kept beside the layer, not on it (Keras tracks attributes).
+_ADAPTED: "weakref.WeakKeyDictionary[Any, _Adaptation]" = weakref.WeakKeyDictionary()
 
 
 def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
@@ -44,20 +68,18 @@ def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
     import tensorflow as tf
 
     layers = tf.keras.layers
-    if getattr(layer, "_mesh_call", None) is not None:
+    if layer in _ADAPTED:
         return True
     if mesh is not None and isinstance(layer, _batch_parallel()):
         call = _batch_split_call
-        object.__setattr__(layer, "_mesh", mesh)
     elif isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
         call = _depthwise_call
     elif isinstance(layer, layers.Dropout):
         call = _dropout_call
     else:
         return False
+    _ADAPTED[layer] = _Adaptation(batch_axis, mesh)
     # The instance's own attribute: Keras' __call__ looks up self.call on every call after the build.
-    object.__setattr__(layer, "_mesh_call", call)
-    object.__setattr__(layer, "_mesh_batch_axis", batch_axis)
     object.__setattr__(layer, "call", types.MethodType(call, layer))
     return True
 
@@ -80,16 +102,15 @@ def _walk(model: Any, axes: dict[str, Any], batch_axis: str | None, mesh: Any, i
     """The walk of :func:`adapt_split_readers` over ``model`` whose inputs are split as ``inputs_split``:
     whether each of its outputs is split, and the names adapted so far."""
     split: dict[int, bool] = {}
-    if getattr(model, "_is_graph_network", False):
+    if is_graph_network(model):
         for tensor, flag in zip(model.inputs, inputs_split):
-            split[id(tensor._keras_history.layer)] = flag
+            split[id(producing_layer(tensor))] = flag
         for layer in model.layers:  # in graph order
             if id(layer) in split:
                 continue
-            read = [split.get(id(inbound), False) for node in layer._inbound_nodes
-                    for inbound, *_ in node.iterate_inbound()]
+            read = [split.get(id(inbound), False) for inbound in inbound_layers(layer)]
             split[id(layer)] = _output_split(layer, read, axes, batch_axis, mesh, adapted)
-        return [split.get(id(t._keras_history.layer), False) for t in model.outputs], adapted
+        return [split.get(id(producing_layer(t)), False) for t in model.outputs], adapted
     flag = any(inputs_split)  # a Sequential built without an Input: a chain
     for layer in getattr(model, "layers", []):
         flag = _output_split(layer, [flag], axes, batch_axis, mesh, adapted)
@@ -132,9 +153,11 @@ def _batch_split_call(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
+    adaptation = _ADAPTED[self]
+
     def batch_only(tensor: Any) -> Any:
-        spec = [self._mesh_batch_axis or dtensor.UNSHARDED] + [dtensor.UNSHARDED] * (tensor.shape.rank - 1)
-        return dtensor.relayout(tensor, dtensor.Layout(spec, self._mesh))
+        spec = [adaptation.batch_axis or dtensor.UNSHARDED] + [dtensor.UNSHARDED] * (tensor.shape.rank - 1)
+        return dtensor.relayout(tensor, dtensor.Layout(spec, adaptation.mesh))
 
     return type(self).call(self, tf.nest.map_structure(batch_only, inputs), *args, **kwargs)
 
@@ -192,7 +215,7 @@ def _depthwise_call(self: Any, inputs: Any) -> Any:
         # The input whole along channels (split along the batch only): DTensor's layout propagation
         # would otherwise ask the layer before to split its output along channels as the kernel is,
         # which a Concatenate over channels cannot do ("concat dimension in sharded dimension").
-        spec = [self._mesh_batch_axis or dtensor.UNSHARDED] + [dtensor.UNSHARDED] * 3
+        spec = [_ADAPTED[self].batch_axis or dtensor.UNSHARDED] + [dtensor.UNSHARDED] * 3
         inputs = dtensor.relayout(inputs, dtensor.Layout(spec, kernel_layout.mesh))
     outputs = depthwise_conv2d(inputs, self.depthwise_kernel, tuple(self.strides), self.padding,
                                tuple(self.dilation_rate))
@@ -203,27 +226,23 @@ def _depthwise_call(self: Any, inputs: Any) -> Any:
 
 def _dropout_call(self: Any, inputs: Any, training: Any = None) -> Any:
     import tensorflow as tf
-    from keras.src import backend
-    from keras.src.utils import control_flow_util
     from tensorflow.experimental import dtensor
 
-    generator = self._random_generator
-    generator._maybe_init()
-    if (isinstance(self.rate, (int, float)) and self.rate == 0) or generator._rng_type != generator.RNG_STATEFUL:
+    generator = None if isinstance(self.rate, (int, float)) and self.rate == 0 else dropout_generator(self)
+    if generator is None:
         return type(self).call(self, inputs, training=training)
     if training is None:
-        training = backend.learning_phase()
+        training = learning_phase()
 
     def uniform(shape: Any, dtype: Any) -> Any:
-        values = generator._generator.uniform(shape, dtype=dtype)
-        state = getattr(generator._generator.state, "layout", None)  # the generator's DVariable names the mesh
+        values = generator.uniform(shape, dtype=dtype)
+        state = getattr(generator.state, "layout", None)  # the generator's DVariable names the mesh
         if state is None:
             return values
         return dtensor.relayout(values, dtensor.Layout.replicated(state.mesh, rank=values.shape.rank))
 
     def dropped() -> Any:
-        return tf.nn.experimental.general_dropout(inputs, rate=self.rate, noise_shape=self._get_noise_shape(inputs),
+        return tf.nn.experimental.general_dropout(inputs, rate=self.rate, noise_shape=dropout_noise_shape(self, inputs),
                                                   uniform_sampler=uniform)
 
-    return control_flow_util.smart_cond(training, dropped, lambda: tf.identity(inputs))
-
+    return smart_cond(training, dropped, lambda: tf.identity(inputs))

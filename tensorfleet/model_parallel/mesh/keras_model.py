@@ -36,8 +36,9 @@ def host_value(variable: Any) -> Any:
 
 def _creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
     import tensorflow as tf
-    from keras.src.engine import base_layer_utils  # Keras' record of the layer being built
     from tensorflow.experimental import dtensor
+
+    from tensorfleet.compat.keras import build_call_context
 
     from tensorfleet.model_parallel.mesh.zero import ZeroVariable, zero_layout
 
@@ -52,14 +53,13 @@ def _creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
         if dtensor.is_dtensor(init):  # e.g. an optimizer slot made with zeros_like(variable)
             value = init
         else:
-            context = base_layer_utils.call_context()
-            layer = context.layer
+            layer, layer_inputs = build_call_context()  # the Keras layer being built, and what it reads
             scope = tf.get_current_name_scope()
             path = f"{scope}/{name}" if scope else name
-            inputs = tf.nest.flatten(context.inputs) if context.inputs is not None else []
+            inputs = tf.nest.flatten(layer_inputs) if layer_inputs is not None else []
             input_rank = max((t.shape.rank or 0 for t in inputs if hasattr(t, "shape")), default=2)
-            axes = (layout.weight(context.layer, path, name, init.shape, input_rank).mesh_axes
-                    if context.layer is not None else (None,) * init.shape.rank)
+            axes = (layout.weight(layer, path, name, init.shape, input_rank).mesh_axes
+                    if layer is not None else (None,) * init.shape.rank)
             spec = [a if a is not None else dtensor.UNSHARDED for a in axes]
             value = dtensor.relayout(dtensor.copy_to_mesh(init, dtensor.Layout.replicated(dmesh, init.shape.rank)),
                                      dtensor.Layout(spec, dmesh))
@@ -81,7 +81,8 @@ def mesh_scope(layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Iterator[Ke
     and loss containers on the mesh too. With ``zero=3`` trainable weights are stored split over
     the batch axis as well (:class:`~.zero.ZeroVariable`)."""
     import tensorflow as tf
-    from keras.src.dtensor import layout_map as layout_map_lib
+
+    from tensorfleet.compat.keras import layout_map_scope
 
     keras_map = tf.keras.dtensor.experimental.LayoutMap(mesh=dmesh)
     # Keras' random layers (Dropout, also inside MultiHeadAttention) on a mesh need a tf.random.Generator
@@ -89,7 +90,7 @@ def mesh_scope(layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Iterator[Ke
     generator = tf.keras.backend.experimental.is_tf_random_generator_enabled()
     tf.keras.backend.experimental.enable_tf_random_generator()
     try:
-        with layout_map_lib.layout_map_scope(keras_map), tf.variable_creator_scope(_creator(layout, dmesh, zero)):
+        with layout_map_scope(keras_map), tf.variable_creator_scope(_creator(layout, dmesh, zero)):
             yield layout
     finally:
         if not generator:
@@ -101,10 +102,13 @@ def with_mesh(optimizer: Any, dmesh: Any) -> Any:
     step counter, learning rate) as DVariables laid out like the weights."""
     import tensorflow as tf
 
+    from tensorfleet.compat.keras import optimizer_mesh
+
     optimizer = tf.keras.optimizers.get(optimizer)
-    if getattr(optimizer, "_mesh", None) is dmesh:
+    takes_mesh, built_with = optimizer_mesh(optimizer)
+    if takes_mesh and built_with is dmesh:
         return optimizer
-    if not hasattr(optimizer, "_mesh"):
+    if not takes_mesh:
         raise ValueError(f"A mesh trains with Keras' optimizers (tf.keras.optimizers.SGD, Adam, AdamW, ...), which can "
                          f"lay out their slots. Received: optimizer={optimizer!r}")
     config = optimizer.get_config()

@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tensorfleet.compat.keras import loss_function_wrapper, require_keras2, unfuse_normalization
 from tensorfleet.model_parallel.mesh.keras_layers import adapt_split_readers
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
@@ -29,14 +30,12 @@ def avg_pool_gradient(op: Any, grad: Any) -> Any:
     what AveragePooling1D/2D do by default) as each output gradient spread evenly over its window,
     ops DTensor lays out; TF 2.14's DTensor has no layout propagation for ``AvgPoolGrad``. Other
     pools keep TensorFlow's own gradient."""
-    from tensorflow.python.ops import gen_nn_ops
-
     ksize, strides = list(op.get_attr("ksize")), list(op.get_attr("strides"))
     x = op.inputs[0]
     if (op.get_attr("padding") != b"VALID" or op.get_attr("data_format") != b"NHWC" or ksize != strides
             or ksize[0] != 1 or ksize[3] != 1 or not x.shape.is_fully_defined()):
-        return gen_nn_ops.avg_pool_grad(tf.shape(x), grad, ksize, strides, op.get_attr("padding"),
-                                        data_format=op.get_attr("data_format"))
+        return tf.raw_ops.AvgPoolGrad(orig_input_shape=tf.shape(x), grad=grad, ksize=ksize, strides=strides,
+                                      padding=op.get_attr("padding"), data_format=op.get_attr("data_format"))
     spread = tf.repeat(tf.repeat(grad, ksize[1], axis=1), ksize[2], axis=2) / float(ksize[1] * ksize[2])
     rest_h, rest_w = x.shape[1] - spread.shape[1], x.shape[2] - spread.shape[2]
     if rest_h or rest_w:  # rows and columns VALID pooling dropped get no gradient
@@ -57,6 +56,7 @@ class MeshTrainer(tf.keras.Model):
     """
 
     def __init__(self, model: Any, layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> None:
+        require_keras2(model, "Mesh.keras_model")
         with mesh_scope(layout, dmesh):
             super().__init__(name=f"{model.name}_on_mesh")
         self.model = model
@@ -64,10 +64,7 @@ class MeshTrainer(tf.keras.Model):
         self.dmesh = dmesh
         self.zero = zero
         for layer in model.submodules:  # no layout propagation for FusedBatchNormV3: same maths unfused
-            if isinstance(layer, tf.keras.layers.LayerNormalization):
-                layer._fused = False
-            elif isinstance(layer, tf.keras.layers.BatchNormalization):
-                layer.fused = False
+            unfuse_normalization(layer)
         self.adapted: list[str] = adapt_split_readers(model, layout.decided, layout.batch_axis, dmesh)
         """The pooling and Concatenate layers that read a tensor split along a non-batch axis, given a
         call that gathers it to be split along the batch alone (:func:`.keras_layers.adapt_split_readers`)."""
@@ -85,10 +82,8 @@ class MeshTrainer(tf.keras.Model):
                 with tf.name_scope(self.optimizer.name):  # as apply_gradients builds it: "Adam/m/<weight>"
                     self.optimizer.build(self.trainable_variables)
                 shard_optimizer_state(self.optimizer, self.layout.batch_axis)
-            from keras.src.losses import LossFunctionWrapper  # what Keras wraps a loss function in
-
             loss_fn = tf.keras.losses.get(loss)
-            self._loss_fn = loss_fn if isinstance(loss_fn, tf.keras.losses.Loss) else LossFunctionWrapper(loss_fn)
+            self._loss_fn = loss_fn if isinstance(loss_fn, tf.keras.losses.Loss) else loss_function_wrapper(loss_fn)
             self._loss_tracker = tf.keras.metrics.Mean(name="loss", mesh=self.dmesh)
 
     @property

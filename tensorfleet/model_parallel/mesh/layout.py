@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from tensorfleet.model_parallel.mtf_compat import import_mesh_tensorflow, layout_pairs
+from tensorfleet.compat.mesh_tf import import_mesh_tensorflow, layout_pairs
 
 __all__ = ["MeshLayout"]
 
@@ -38,6 +38,8 @@ class MeshLayout:
 
     mesh_shape: str
     layout: str = ""
+    _shape: Any = dataclasses.field(init=False, repr=False, compare=False)  # the parsed mtf.Shape
+    _rules: Any = dataclasses.field(init=False, repr=False, compare=False)  # the parsed mtf.LayoutRules
 
     def __post_init__(self) -> None:
         if not isinstance(self.mesh_shape, str) or not self.mesh_shape.strip():
@@ -75,12 +77,12 @@ class MeshLayout:
     @property
     def mtf_shape(self) -> Any:
         """The ``mtf.Shape`` of the mesh."""
-        return self._shape  # type: ignore[attr-defined]
+        return self._shape
 
     @property
     def mtf_rules(self) -> Any:
         """The ``mtf.LayoutRules``."""
-        return self._rules  # type: ignore[attr-defined]
+        return self._rules
 
     @property
     def mesh_dims(self) -> dict[str, int]:

@@ -15,7 +15,8 @@ from typing import Any
 
 from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
 from tensorfleet.model_parallel.mesh.training import MeshHistory, count_devices, run_steps
-from tensorfleet.model_parallel.mtf_compat import import_mesh_tensorflow
+from tensorfleet.compat.keras import attention_parts
+from tensorfleet.compat.mesh_tf import import_mesh_tensorflow
 
 __all__ = ["train", "train_mtf_model"]
 
@@ -141,27 +142,27 @@ def _block(mtf: Any, x: Any, block: Any, dim: dict[str, Any], variable: Any) -> 
     # The function of TransformerBlock (Keras MultiHeadAttention as self-attention, then the
     # MLP, each with a residual), written with mtf.einsum so that Mesh-TF can split heads and
     # hidden units.
-    attention = block.attention
+    attention = attention_parts(block.attention)
     batch, seq, d_model = dim["batch"], dim["seq"], dim["d_model"]
     heads, kv, memory = dim["heads"], dim["kv"], dim["memory_seq"]
     memory_x = mtf.rename_dimension(x, "seq", "memory_seq")
     projections = {}
-    for name, dense, source, length in (("query", attention._query_dense, x, seq),
-                                        ("key", attention._key_dense, memory_x, memory),
-                                        ("value", attention._value_dense, memory_x, memory)):
+    for name, dense, source, length in (("query", attention.query, x, seq),
+                                        ("key", attention.key, memory_x, memory),
+                                        ("value", attention.value, memory_x, memory)):
         w = variable(f"{name}_kernel", [d_model, heads, kv], dense.kernel)
         t = mtf.einsum([source, w], output_shape=[batch, length, heads, kv])
-        if attention._use_bias:
+        if attention.use_bias:
             t = t + variable(f"{name}_bias", [heads, kv], dense.bias)
         projections[name] = t
     q = projections["query"] * (1.0 / math.sqrt(float(dim["kv"].size)))
     scores = mtf.einsum([q, projections["key"]], output_shape=[batch, heads, seq, memory])
     probs = mtf.softmax(scores, memory)
     context = mtf.einsum([probs, projections["value"]], output_shape=[batch, seq, heads, kv])
-    wo = variable("output_kernel", [heads, kv, d_model], attention._output_dense.kernel)
+    wo = variable("output_kernel", [heads, kv, d_model], attention.output.kernel)
     out = mtf.einsum([context, wo], output_shape=[batch, seq, d_model])
-    if attention._use_bias:
-        out = out + variable("output_bias", [d_model], attention._output_dense.bias)
+    if attention.use_bias:
+        out = out + variable("output_bias", [d_model], attention.output.bias)
     h = x + out
     w1 = variable("mlp_in_kernel", [d_model, dim["hidden"]], block.dense1.kernel)
     m = mtf.relu(mtf.einsum([h, w1], output_shape=[batch, seq, dim["hidden"]]) +

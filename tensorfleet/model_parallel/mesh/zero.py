@@ -35,6 +35,7 @@ from typing import Any, Iterator, Sequence
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tensorfleet.compat.keras import optimizer_variables, replace_optimizer_variables
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
 __all__ = ["ZeroVariable", "gathering", "shard_optimizer_state", "weight_splits", "zero_axis", "zero_layout"]
@@ -75,7 +76,7 @@ def shard_optimizer_state(optimizer: Any, batch_axis: str | None) -> int:
     if batch_axis is None:
         return 0
     replaced: dict[int, Any] = {}
-    for i, slot in enumerate(optimizer._variables):  # Keras' list of its own variables
+    for slot in optimizer_variables(optimizer):
         if slot is optimizer.iterations or slot.shape.rank == 0 or not hasattr(slot, "layout"):
             continue
         layout = zero_layout(slot.layout, slot.shape, batch_axis)
@@ -85,12 +86,7 @@ def shard_optimizer_state(optimizer: Any, batch_axis: str | None) -> int:
         scope, _, name = slot.name.split(":")[0].rpartition("/")
         with tf.name_scope(scope + "/" if scope else ""):  # the slot keeps its name, e.g. "Adam/m/d1/kernel"
             replaced[id(slot)] = dtensor.DVariable(value, trainable=False, name=name)
-        optimizer._variables[i] = replaced[id(slot)]
-    for value in vars(optimizer).values():  # the per-kind lists (Adam's _momentums, _velocities, ...)
-        if isinstance(value, list):
-            for j, slot in enumerate(list(value)):
-                if id(slot) in replaced:
-                    value[j] = replaced[id(slot)]
+    replace_optimizer_variables(optimizer, replaced)
     return len(replaced)
 
 

@@ -97,6 +97,9 @@ class Pipeline:
                  input_shape: Sequence[int] | None = None) -> None:
         import tensorflow as tf
 
+        from tensorfleet.compat.keras import require_keras2
+
+        require_keras2(model, "Pipeline")
         self.num_devices = positive_int("num_stages", num_stages)
         self.micro_batches = positive_int("micro_batches", micro_batches)
         self.virtual_stages = positive_int("virtual_stages", virtual_stages)
