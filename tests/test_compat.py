@@ -88,3 +88,77 @@ def test_the_check_catches_private_reaches(source: str, expected: list[str]) -> 
     tree = ast.parse(source)
     own = _own_names({PACKAGE / "probe.py": tree})
     assert [r.split(": ", 1)[1] for r in _reaches(PACKAGE / "probe.py", tree, own)] == expected
+
+
+def _run(code: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    environ.update(env, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+SCRIPT = """
+import tensorfleet, os, tensorflow as tf
+from tensorfleet.compat.keras import keras_flavour, require_keras2, Keras3ModelError
+model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+try:
+    require_keras2(model, "probe")
+    taken = "taken"
+except Keras3ModelError:
+    taken = "refused"
+print(os.environ["TF_USE_LEGACY_KERAS"], keras_flavour(), taken)
+"""
+
+
+def _tf_major_minor() -> tuple[int, int]:
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version("tensorflow").split(".")[:2])  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+def test_import_tensorfleet_makes_tf_keras_the_keras_of_a_users_script() -> None:
+    expected = "tf_keras" if _tf_major_minor() >= (2, 16) else "keras2"
+    assert _run(SCRIPT) == f"1 {expected} taken"
+
+
+@pytest.mark.slow
+def test_a_users_own_legacy_keras_variable_wins_and_keras3_models_are_refused() -> None:
+    if _tf_major_minor() < (2, 16):
+        assert _run(SCRIPT, TF_USE_LEGACY_KERAS="0") == "0 keras2 taken"  # TensorFlow 2.14 reads no such variable
+    else:
+        assert _run(SCRIPT, TF_USE_LEGACY_KERAS="0") == "0 keras3 refused"
+
+
+def test_a_keras3_model_gets_one_error_naming_the_fix() -> None:
+    from tensorfleet.compat.keras import Keras3ModelError, _keras_major, require_keras2
+
+    if _keras_major("keras") < 3:
+        pytest.skip("Keras 3 is not installed on this track (TensorFlow 2.14's keras is 2.14)")
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(Keras3ModelError, match=r"tfl\.edge\.convert received a Keras 3 model .*import tensorfleet"):
+        require_keras2(model, "tfl.edge.convert")
+
+
+def test_what_is_no_keras_model_is_named() -> None:
+    from tensorfleet.compat.keras import require_keras2
+
+    with pytest.raises(TypeError, match=r"^probe takes a Keras model \(tf.keras / tf_keras\)\. Received: model of type int$"):
+        require_keras2(3, "probe")
+
+
+def test_tff_missing_is_one_error_naming_the_tff_track(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from tensorfleet.compat.tff import TffUnavailableError, import_tff
+
+    monkeypatch.setitem(sys.modules, "tensorflow_federated", None)  # what an environment without TFF gives
+    with pytest.raises(TffUnavailableError, match=r"the tff backend needs tensorflow-federated.*make install-tff"):
+        import_tff("the tff backend")
