@@ -4,8 +4,8 @@ Three models, each trained here on offline data: the digits CNN (scikit-learn di
 MLPerf Tiny DS-CNN (generated keyword-spotting-shaped data) and a ~1.1M-parameter MLP on
 digits, whose file is dominated by weights. For every model and mode (float32, dynamic,
 float16, int8) it reports the flatbuffer size, its ratio to float32, test accuracy (int8 and
-float32 on the TFLite Micro interpreter; dynamic and float16, which TFLM cannot run, on
-tflite_runtime), the drop against the Keras model, and the arena. The arena tensorfleet
+float32 on the TFLite Micro interpreter; dynamic and float16, which TFLM cannot run, on the
+desktop TFLite interpreter: LiteRT, or tflite_runtime on the tff track), the drop against the Keras model, and the arena. The arena tensorfleet
 reports is checked against TFLM itself: the model must run with that arena and fail with one
 byte less.
 
@@ -71,6 +71,7 @@ def _datasets() -> dict[str, tuple[Any, ...]]:
 def main() -> int:
     from tensorfleet import edge
     from tensorfleet.edge.micro import ArenaProber, run_micro, run_tflite
+    from tensorfleet.compat.litert import interpreter_source
 
     rows = []
     failures = []
@@ -95,7 +96,7 @@ def main() -> int:
                 engine = "TFLM"
             else:
                 raw = run_tflite(artifact, x_test)
-                engine = "tflite_runtime"
+                engine = interpreter_source()
             out = artifact.dequantize_output(raw)
             acc = float(np.mean(np.argmax(out, -1) == y_test))
             flips = int(np.sum(np.argmax(out, -1) != np.argmax(keras_out, -1)))  # predictions that changed

@@ -3,7 +3,8 @@
 The script trains the digits CNN for a few epochs, exports it in TF Serving's versioned layout
 (``OUT/digits/1``), serves it with dynamic batching on free ports of 127.0.0.1, and asks it from
 16 concurrent callers, half over REST (plain HTTP and JSON) and half over gRPC (TF Serving's own
-``PredictionServiceStub``). It checks that every answer equals ``model.predict``, prints the
+``PredictionServiceStub``). It checks that every answer equals ``model.predict`` to float32 rounding
+(the server runs batches of other sizes, which some CPUs sum in another order), prints the
 served accuracy and how many signature calls the batcher needed, then trains one epoch more,
 exports that as version 2 while serving, waits for the server to switch to it and asks again.
 The same from the shell:
@@ -24,6 +25,15 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def assert_float32_close(served, predicted) -> None:
+    """Served logits equal ``model.predict``'s up to float32 rounding: the server runs the model on batches
+    of other sizes, and some CPUs (AVX2 without AVX-512) sum those in another order (6e-8 to 7.5e-8 apart)."""
+    import numpy as np
+
+    scale = max(1.0, float(np.max(np.abs(predicted))))
+    np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-5 * scale)
 
 
 def ask_rest(port: int, images, version: int | None = None):
@@ -84,8 +94,8 @@ def main() -> None:
         servable = server.repository.get("digits")
         with ThreadPoolExecutor(16) as pool:
             logits = np.concatenate(list(pool.map(ask, range(16))))
-        np.testing.assert_array_equal(logits, model.predict(x, verbose=0))
-        print(f"version 1: 16 concurrent requests (8 REST, 8 gRPC) answered exactly as model.predict, "
+        assert_float32_close(logits, model.predict(x, verbose=0))
+        print(f"version 1: 16 concurrent requests (8 REST, 8 gRPC) answered as model.predict (to float32 rounding), "
               f"served accuracy {np.mean(logits.argmax(1) == y):.3f}, in {servable.calls} signature call(s)")
 
         model.fit(data.x_train, data.y_train, epochs=1, batch_size=32, verbose=0)
@@ -94,7 +104,7 @@ def main() -> None:
         while server.versions != [2] and time.monotonic() < deadline:
             time.sleep(0.2)
         logits = ask_rest(server.rest_api_port, x)
-        np.testing.assert_array_equal(logits, model.predict(x, verbose=0))
+        assert_float32_close(logits, model.predict(x, verbose=0))
         print(f"version 2: served after the switch (versions {server.versions}), "
               f"accuracy {np.mean(logits.argmax(1) == y):.3f}")
     finally:

@@ -54,12 +54,17 @@ def convert_cmd(
     data: Optional[Path] = typer.Option(None, "--data", help="Representative samples as a .npy array."),  # noqa: UP007
     samples: int = typer.Option(100, "--samples", help="Calibration samples to use."),
     metadata: Optional[Path] = typer.Option(None, "--metadata", help="Also write the metadata as JSON."),  # noqa: UP007
+    per_channel_dense: bool = typer.Option(
+        False, "--per-channel-dense",
+        help="int8/int16x8: one scale per output unit for dense weights (more TFLM arena; TF >= 2.16)."),
 ) -> None:
     """Convert MODEL to TFLite with one quantization mode and write it to --out."""
     from tensorfleet import edge
     from tensorfleet.io import check_writable, write_json
 
     mode = edge.QUANTIZATIONS.canonical(quantization)  # fail on a bad mode or destination before converting
+    if per_channel_dense and not edge.QUANTIZATIONS.get(mode).needs_representative_data:
+        raise ValueError(f"--per-channel-dense applies to int8 and int16x8. Received: --quantization {mode}")
     for destination in (out, metadata):
         if destination is not None:
             check_writable(destination)
@@ -71,7 +76,7 @@ def convert_cmd(
             raise ValueError(f"--quantization {mode} needs --data FILE.npy with samples for a saved model.")
         else:
             rep = calibration_data(model, samples)
-    artifact = edge.convert(model, mode, rep, num_calibration_samples=samples)
+    artifact = edge.convert(model, mode, rep, num_calibration_samples=samples, per_channel_dense=per_channel_dense)
     artifact.save(out)
     if metadata is not None:
         write_json(metadata, artifact.metadata())
@@ -85,9 +90,9 @@ def validate_cmd(
     model: Path = typer.Argument(..., help="A .tflite file."),
     arena_size: Optional[int] = typer.Option(None, "--arena-size",  # noqa: UP007
                                              help="The target's arena in bytes (at most 64 MiB)."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Samples (.npy) to run on TFLM and tflite_runtime."),  # noqa: UP007
+    data: Optional[Path] = typer.Option(None, "--data", help="Samples (.npy) to run on TFLM and the desktop TFLite interpreter."),  # noqa: UP007
 ) -> None:
-    """Check that TFLite Micro runs the model: ops, smallest arena, agreement with tflite_runtime."""
+    """Check that TFLite Micro runs the model: ops, smallest arena, agreement with desktop TFLite (LiteRT)."""
     from tensorfleet import edge
 
     artifact = edge.TFLiteArtifact.from_file(model)
@@ -96,8 +101,7 @@ def validate_cmd(
                f"{result.arena_bytes:,} bytes for the {result.arena_allocator} - a safe size for a firmware, "
                f"whose plain MicroAllocator needs 240-424 bytes less")
     if result.bit_identical is not None:
-        typer.echo(f"{result.num_samples} samples: TFLM vs tflite_runtime bit-identical: {result.bit_identical} "
-                   f"(max abs diff {result.max_abs_diff_vs_tflite})")
+        typer.echo(result.tflite_agreement())
 
 
 @app.command("report")

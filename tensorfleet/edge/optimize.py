@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tensorfleet.compat.keras import require_keras2
 from tensorfleet.registry import Registry
 from tensorfleet.validation import integer, number, positive_int
 
@@ -139,6 +140,7 @@ def finetune(model: Any, technique: str | Technique, x: Any, y: Any, *, epochs: 
         >>> qat = finetune(model, "qat", x_train, y_train, epochs=1)                       # doctest: +SKIP
         >>> tensorfleet.edge.convert(qat, "int8", representative_data=x_train)            # doctest: +SKIP
     """
+    require_keras2(model, "tfl.edge.finetune")
     name = TECHNIQUES.canonical(technique.value if isinstance(technique, Technique) else technique)
     positive_int("epochs", epochs)
     spec = TECHNIQUES.get(name)
@@ -169,6 +171,8 @@ def distill(teacher: Any, student: Any, x: Any, y: Any, *, temperature: float = 
         >>> small = tensorfleet.models.build("digits_cnn", filters=4)        # doctest: +SKIP
         >>> losses = distill(big, small, x_train, y_train, epochs=5)          # doctest: +SKIP
     """
+    require_keras2(teacher, "tfl.edge.distill")
+    require_keras2(student, "tfl.edge.distill")
     number("temperature", temperature, above=0)
     number("alpha", alpha, minimum=0, below=1)
     positive_int("epochs", epochs)
@@ -223,6 +227,7 @@ def freeze_layers(model: Any, *, first: int | None = None, names: list[str] | No
         >>> freeze_layers(model, first=2)     # doctest: +SKIP
         ['conv2d', 'conv2d_1']
     """
+    require_keras2(model, "tfl.edge.freeze_layers")
     if (first is None) == (names is None):
         raise ValueError("Pass exactly one of first= or names=.")
     weighted = [layer for layer in model.layers if layer.weights]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from tensorfleet.compat.keras import require_keras2
 from tensorfleet.validation import integer
 
 __all__ = ["DEFAULT_SIGNATURE", "ExportResult", "TensorSignature", "export", "load_keras_model"]
@@ -131,6 +132,7 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     """
     import tensorflow as tf
 
+    require_keras2(model, "tfl.serving.export")
     version = integer("version", version, minimum=1)
     _check_model(model)
     inputs = _names(input_names, model.input_names, "input_names")

@@ -154,7 +154,43 @@ def test_importing_the_edge_package_does_not_import_tensorflow() -> None:
     import sys
 
     code = ("import sys, tensorfleet.edge, tensorfleet.cli.edge; "
-            "print(sorted(m for m in ('tensorflow', 'tflite_runtime', 'tensorflow_model_optimization') "
+            "print(sorted(m for m in ('tensorflow', 'tflite_runtime', 'ai_edge_litert', 'tensorflow_model_optimization') "
             "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_keras3_model_is_refused_with_the_fix_named(keras3_model: Any) -> None:
+    from tensorfleet.compat.keras import Keras3ModelError
+
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.convert received a Keras 3 model "
+                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. .*"
+                                               r"Build the model with `tf\.keras` after `import tensorfleet`"):
+        edge.convert(keras3_model, "int8", np.zeros((4, 4), np.float32), progress=False)
+
+
+def _dense_weight_scales(artifact: Any) -> list[int]:
+    graph = artifact.graph
+    return [len(graph.tensors[op.inputs[1]].scales) for op in graph.operators if op.op == "FULLY_CONNECTED"]
+
+
+def test_dense_weights_are_quantized_per_tensor_unless_per_channel_is_asked(
+        digits_model: Any, int8_artifact: Any, digits: Any) -> None:
+    import tensorflow as tf
+
+    from tensorfleet.compat.litert import dense_per_channel_supported
+
+    assert _dense_weight_scales(int8_artifact) == [1, 1]  # as TF 2.14's converter made them, on both tracks
+    with pytest.raises(ValueError, match=r"per_channel_dense applies to the full-integer modes \(int8, int16x8\)\. "
+                                         r"Received: per_channel_dense=True with quantization='float32'"):
+        edge.convert(digits_model, "float32", per_channel_dense=True)
+    if not dense_per_channel_supported(tf.lite.TFLiteConverter.from_keras_model(digits_model)):  # TF 2.14
+        with pytest.raises(ValueError, match=r"quantizes dense weights per tensor only\. "
+                                             r"Received: per_channel_dense=True"):
+            edge.convert(digits_model, "int8", digits.x_train, per_channel_dense=True, progress=False)
+        return
+    per_channel = edge.convert(digits_model, "int8", digits.x_train, num_calibration_samples=50,
+                               per_channel_dense=True, progress=False)
+    assert _dense_weight_scales(per_channel) == [digits_model.layers[-1].input_shape[-1], 10]
+    # TFLM keeps a multiplier and a shift (int32 each) per output channel in the arena
+    assert edge.find_arena_size(per_channel, progress=False) > edge.find_arena_size(int8_artifact, progress=False)

@@ -1,4 +1,5 @@
-"""Validation on the real TFLite Micro interpreter: ops, arena, agreement with tflite_runtime and Keras."""
+"""Validation on the real TFLite Micro interpreter: ops, arena, agreement with desktop TFLite (LiteRT or
+tflite_runtime) and Keras."""
 
 from __future__ import annotations
 
@@ -17,11 +18,28 @@ def int8_validation(int8_artifact: Any, digits: Any) -> Any:
     return edge.validate_micro(int8_artifact, digits.x_test[:120], digits.y_test[:120], progress=False)
 
 
-def test_int8_on_tflm_is_bit_identical_to_tflite_runtime(int8_validation: Any) -> None:
-    assert int8_validation.num_samples == 120
-    assert int8_validation.bit_identical is True
-    assert int8_validation.mismatched_elements == 0
-    assert int8_validation.max_abs_diff_vs_tflite == 0.0
+def test_int8_on_tflm_agrees_with_desktop_tflite_within_one_quantization_step(int8_validation: Any) -> None:
+    # TFLite 2.14's reference kernels (tflite_runtime, the tff track) gave TFLM's outputs bit for bit;
+    # LiteRT's and TF 2.21's round a requantization differently now and then: 1 of these 1,200 outputs
+    # (and 2 of 2,000 on 200 test digits) one int8 step apart, measured 2026-11-27.
+    v = int8_validation
+    assert v.num_samples == 120 and v.compared_elements == 1200
+    assert v.tflite_interpreter in ("ai_edge_litert", "tflite_runtime", "tensorflow")
+    assert v.within_one_step_of_tflite is True
+    assert v.max_abs_diff_vs_tflite <= 1.0
+    assert v.equal_fraction_vs_tflite >= 0.99
+    assert v.bit_identical is (v.mismatched_elements == 0)
+    assert v.equal_fraction_vs_tflite == pytest.approx(1 - v.mismatched_elements / 1200)
+    line = v.tflite_agreement()
+    assert line.startswith(f"120 samples: TFLM vs {v.tflite_interpreter} (reference kernels): ")
+    assert line.endswith("bit-identical") if v.bit_identical else (
+        f"within one quantization step, {1200 - v.mismatched_elements:,} of 1,200 outputs equal" in line)
+
+
+def test_tflm_is_deterministic_run_against_itself(int8_artifact: Any, int8_validation: Any, digits: Any) -> None:
+    first = run_micro(int8_artifact, digits.x_test[:40], arena_size=int8_validation.arena_bytes, progress=False)
+    again = run_micro(int8_artifact, digits.x_test[:40], arena_size=64 * 1024, progress=False)
+    assert first.dtype == np.int8 and np.array_equal(first, again)
 
 
 def test_int8_accuracy_drop_against_keras_is_at_most_one_point(int8_validation: Any) -> None:
@@ -68,11 +86,18 @@ def test_float32_on_tflm_matches_tflite_closely(digits_artifacts: dict[str, Any]
     assert v.mean_abs_error_vs_keras < 1e-4
 
 
-def test_int16x8_runs_on_tflm_bit_identically(digits_artifacts: dict[str, Any], digits: Any) -> None:
+def test_int16x8_runs_on_tflm_within_two_int16_steps_of_desktop_tflite(digits_artifacts: dict[str, Any],
+                                                                          digits: Any) -> None:
+    # Bit-identical with tflite_runtime 2.14; LiteRT's int16 kernels round requantizations differently:
+    # a third of the outputs one or two steps apart (of 65,536), measured 2026-11-27.
     artifact = digits_artifacts["int16x8"]
     micro = run_micro(artifact, digits.x_test[:30], arena_size=64 * 1024, progress=False)
-    assert micro.dtype == np.int16
-    assert np.array_equal(micro, run_tflite(artifact, digits.x_test[:30]))
+    desktop = run_tflite(artifact, digits.x_test[:30])
+    assert micro.dtype == desktop.dtype == np.int16 and micro.shape == desktop.shape == (30, 10)
+    assert np.max(np.abs(micro.astype(np.int32) - desktop.astype(np.int32))) <= 2
+    assert np.array_equal(np.argmax(micro, -1), np.argmax(desktop, -1))
+    again = run_micro(artifact, digits.x_test[:30], arena_size=64 * 1024, progress=False)
+    assert np.array_equal(micro, again)
 
 
 def test_a_crashing_probe_does_not_end_the_search(sine_path: Path) -> None:

@@ -30,7 +30,8 @@ def test_pruning_reaches_the_sparsity_and_strips_its_wrappers(digits_model: Any,
     assert opt.weight_sparsity(pruned) == pytest.approx(0.6, abs=0.01)
     artifact = edge.convert(pruned, "int8", digits.x_train, num_calibration_samples=30, progress=False)
     v = edge.validate_micro(artifact, digits.x_test[:100], digits.y_test[:100], progress=False)
-    assert v.bit_identical and v.micro_accuracy > 0.85
+    # within one step of desktop TFLite: bit-identical with tflite_runtime 2.14, ~99.9% equal with LiteRT
+    assert v.within_one_step_of_tflite and v.equal_fraction_vs_tflite >= 0.99 and v.micro_accuracy > 0.85
 
 
 def test_convert_strips_pruning_wrappers_itself(digits_model: Any, digits: Any) -> None:
@@ -51,8 +52,8 @@ def test_qat_model_converts_to_int8_that_tflm_runs(digits_model: Any, small: Any
     artifact = edge.convert(qat, "int8", digits.x_train, num_calibration_samples=30, progress=False)
     edge.verify_int8(artifact)
     v = edge.validate_micro(artifact, digits.x_test[:100], digits.y_test[:100], progress=False)
-    # TFLM's int8 kernels and TF 2.14's reference kernels round a requantisation differently in
-    # rare cases: for this QAT model 1 output element of 1,000 was one step apart, in the last
+    # TFLM's int8 kernels and TF 2.14's (and LiteRT's) reference kernels round a requantisation differently
+    # in rare cases: for this QAT model 1 output element of 1,000 was one step apart on TF 2.14, in the last
     # FULLY_CONNECTED, with every earlier tensor identical (compared with all tensors preserved)
     assert v.max_abs_diff_vs_tflite <= 1.0
     assert v.mismatched_elements <= 10
@@ -110,3 +111,17 @@ def test_bad_options() -> None:
         opt.distill(model, model, None, None, temperature=0)
     with pytest.raises(ValueError, match=r"same output shape.*teacher=\(None, 10\), student=\(None, 12\)"):
         opt.distill(model, models.build("ds_cnn"), None, None)
+
+
+def test_a_keras3_model_is_refused_by_each_entry_point(keras3_model: Any, digits_model: Any) -> None:
+    from tensorfleet.compat.keras import Keras3ModelError
+
+    x, y = np.zeros((4, 4), np.float32), np.zeros(4, np.int64)
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.finetune received a Keras 3 model"):
+        opt.finetune(keras3_model, "prune", x, y)
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.freeze_layers received a Keras 3 model"):
+        opt.freeze_layers(keras3_model, first=1)
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.distill received a Keras 3 model"):
+        opt.distill(digits_model, keras3_model, x, y)
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.distill received a Keras 3 model"):
+        opt.distill(keras3_model, digits_model, x, y)

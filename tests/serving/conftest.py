@@ -33,6 +33,33 @@ def images(digits) -> np.ndarray:
     return digits.x_test[:64].astype("float32")
 
 
+# A served answer is float32 computed in another order than ``model.predict``'s: the server runs the
+# signature on a batch of another size (batching, replicas, stages) and a batch of another size sums in
+# another order on some CPUs (an AMD EPYC with AVX2 and no AVX-512: 6e-8 to 7.5e-8 apart). A few float32
+# epsilons (1.2e-7) of the values' magnitude cover that; 1e-5 of it leaves room for longer sums, while a
+# wrong row or a wrong version (logits O(1) apart) still fails by orders of magnitude.
+FLOAT32_RTOL = 1e-5
+
+
+def assert_float32_close(actual: Any, expected: Any) -> None:
+    """``actual`` equals ``expected`` up to float32 rounding in another summation order (same shape)."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    np.testing.assert_allclose(actual, expected, rtol=FLOAT32_RTOL, atol=FLOAT32_RTOL * scale)
+
+
+@pytest.fixture(scope="session")
+def keras3_model() -> Any:
+    """A Keras 3 model (the ``keras`` package, installed beside tf_keras on the current track)."""
+    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
+
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("3."):
+        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}, the tff track)")
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+
 def free_ports(n: int = 2) -> list[int]:
     return [portpicker.pick_unused_port() for _ in range(n)]
 

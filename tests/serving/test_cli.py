@@ -19,7 +19,7 @@ import pytest
 from tensorfleet.cli.main import main
 
 from tests.conftest import reap
-from .conftest import free_ports
+from .conftest import assert_float32_close, free_ports
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,8 @@ def test_sigterm_drains_the_request_in_flight_then_exits(model_base, digits_mode
         caller.join(30)
         assert process.wait(30) == 0
         assert reply["status"] == 200
-        np.testing.assert_array_equal(np.array(reply["body"]["predictions"], np.float32),
-                                      digits_models[2].predict(images[:3], verbose=0))
+        assert_float32_close(np.array(reply["body"]["predictions"], np.float32),
+                             digits_models[2].predict(images[:3], verbose=0))
         rest = process.stdout.read().splitlines()
         assert rest == ["[serve] stopping: draining requests in flight", "[serve] stopped"]
     finally:
@@ -161,8 +161,8 @@ def test_serve_places_each_stage_on_a_logical_cpu_it_makes(staged_base, digits_m
         body = json.dumps({"instances": images[:4].tolist()}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{rest_port}/v1/models/digits:predict", data=body)
         with urllib.request.urlopen(request, timeout=30) as reply:
-            np.testing.assert_array_equal(np.array(json.loads(reply.read())["predictions"], np.float32),
-                                          digits_models[1].predict(images[:4], verbose=0))
+            assert_float32_close(np.array(json.loads(reply.read())["predictions"], np.float32),
+                                 digits_models[1].predict(images[:4], verbose=0))
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     finally:

@@ -8,6 +8,8 @@ import grpc
 import numpy as np
 import pytest
 
+from .conftest import assert_float32_close
+
 
 @pytest.fixture(scope="module")
 def channel(server):
@@ -38,12 +40,12 @@ def test_predict_returns_the_models_own_outputs(channel, digits_models, images):
     response = stub.Predict(_request(images[:7]), timeout=30)
     assert (response.model_spec.name, response.model_spec.version.value, response.model_spec.signature_name) == (
         "digits", 2, "serving_default")
-    np.testing.assert_array_equal(tf.make_ndarray(response.outputs["logits"]),
-                                  digits_models[2].predict(images[:7], verbose=0))
+    assert_float32_close(tf.make_ndarray(response.outputs["logits"]),
+                         digits_models[2].predict(images[:7], verbose=0))
     pinned = stub.Predict(_request(images[:7], version=1), timeout=30)
     assert pinned.model_spec.version.value == 1
-    np.testing.assert_array_equal(tf.make_ndarray(pinned.outputs["logits"]),
-                                  digits_models[1].predict(images[:7], verbose=0))
+    assert_float32_close(tf.make_ndarray(pinned.outputs["logits"]),
+                         digits_models[1].predict(images[:7], verbose=0))
     assert stub.Predict(_request(images[:2], label="stable"), timeout=30).model_spec.version.value == 1
 
 

@@ -10,6 +10,8 @@ import socket
 
 import numpy as np
 
+from .conftest import assert_float32_close
+
 
 def _exchange(port: int, data: bytes, replies: int = 1) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
     """Sends ``data`` on one connection and reads ``replies`` replies: (status line, headers, body)."""
@@ -55,7 +57,7 @@ def test_chunked_and_100_continue_bodies_are_read_whole(server, digits_models, i
                  _post(body, f"Content-Length: {len(body)}", "Expect: 100-continue")):
         [(status, _, reply)] = _exchange(server.rest_api_port, data)
         assert status == b"HTTP/1.1 200 OK"
-        np.testing.assert_array_equal(np.array(json.loads(reply)["predictions"], np.float32), expected)
+        assert_float32_close(np.array(json.loads(reply)["predictions"], np.float32), expected)
 
 
 def test_connection_close_is_honoured(server):

@@ -1,4 +1,4 @@
-"""Replicas: worker processes answer exactly what the model does; a replica killed under load is
+"""Replicas: worker processes answer what the model does (to float32 rounding); a replica killed under load is
 restarted, its calls are retried on another, and no request fails or is lost."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from tensorfleet.serving.batching import BatchingOptions
 
-from .conftest import start_server
+from .conftest import assert_float32_close, start_server
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_replicas_answer_the_models_own_outputs(replica_server, digits_models, i
     with ThreadPoolExecutor(8) as workers:
         results = list(workers.map(lambda i: _predict(replica_server, images[i * 4:i * 4 + 4]), range(16)))
     for i, result in enumerate(results):
-        np.testing.assert_array_equal(result, expected[i * 4:i * 4 + 4])
+        assert_float32_close(result, expected[i * 4:i * 4 + 4])
     assert pool.calls >= 1 and replica_server.repository.get("digits").calls == 0  # nothing ran in the front
 
 
@@ -76,11 +76,11 @@ def test_a_replica_killed_under_load_loses_no_request(replica_server, digits_mod
     assert errors == []
     assert len(results) > 20
     for result, i in results.values():
-        np.testing.assert_array_equal(result, expected[i:i + 3])
+        assert_float32_close(result, expected[i:i + 3])
     deadline = time.monotonic() + 60
     while pool.restarts == restarts and time.monotonic() < deadline:
         time.sleep(0.2)
     assert pool.restarts == restarts + 1 and pool.retries >= retries + 1  # the dead replica's call ran again
     after = pool.pids()
     assert after[0] != before[0] and after[1] == before[1]
-    np.testing.assert_array_equal(_predict(replica_server, images[:5]), expected[:5])
+    assert_float32_close(_predict(replica_server, images[:5]), expected[:5])

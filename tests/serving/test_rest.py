@@ -11,6 +11,8 @@ import urllib.request
 import numpy as np
 import pytest
 
+from .conftest import assert_float32_close
+
 
 def http(server, path: str, body: object = None, *, method: str | None = None, raw: bytes | None = None):
     """(status, decoded JSON) for one request to ``server``'s REST port."""
@@ -46,21 +48,21 @@ def test_predict_row_and_columnar_formats_return_the_models_own_outputs(server, 
     expected = digits_models[2].predict(images[:5], verbose=0)
     status, body = http(server, "/v1/models/digits:predict", {"instances": images[:5].tolist()})
     assert status == 200
-    np.testing.assert_array_equal(np.array(body["predictions"], dtype=np.float32), expected)
+    assert_float32_close(np.array(body["predictions"], dtype=np.float32), expected)
     status, body = http(server, "/v1/models/digits:predict",
                         {"signature_name": "serving_default", "inputs": {"image": images[:5].tolist()}})
     assert status == 200
-    np.testing.assert_array_equal(np.array(body["outputs"], dtype=np.float32), expected)
+    assert_float32_close(np.array(body["outputs"], dtype=np.float32), expected)
     status, body = http(server, "/v1/models/digits:predict", {"instances": [{"image": x} for x in images[:5].tolist()]})
-    np.testing.assert_array_equal(np.array(body["predictions"], dtype=np.float32), expected)
+    assert_float32_close(np.array(body["predictions"], dtype=np.float32), expected)
 
 
 @pytest.mark.parametrize("path,version", [("/versions/1", 1), ("/labels/stable", 1), ("/labels/canary", 2), ("", 2)])
 def test_a_request_can_pin_a_version_or_a_label(server, digits_models, images, path, version):
     status, body = http(server, f"/v1/models/digits{path}:predict", {"instances": images[:3].tolist()})
     assert status == 200
-    np.testing.assert_array_equal(np.array(body["predictions"], dtype=np.float32),
-                                  digits_models[version].predict(images[:3], verbose=0))
+    assert_float32_close(np.array(body["predictions"], dtype=np.float32),
+                         digits_models[version].predict(images[:3], verbose=0))
 
 
 def _bad_requests(images):

@@ -3,8 +3,9 @@ model's own outputs back from the SavedModel, also for a model built under Mirro
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+
+from .conftest import assert_float32_close
 
 
 def _signature(path):
@@ -31,7 +32,7 @@ def test_export_writes_the_versioned_layout_and_states_the_names(tmp_path, digit
         "  output logits: float32[None, 10]",
     ]
     out = _signature(result.path)(image=tf.constant(images))["logits"].numpy()
-    np.testing.assert_array_equal(out, model.predict(images, verbose=0))
+    assert_float32_close(out, model.predict(images, verbose=0))
 
 
 def test_export_takes_other_names_and_refuses_an_existing_version(tmp_path, digits_models):
@@ -60,7 +61,7 @@ def test_a_model_built_under_mirrored_strategy_exports_its_own_outputs(tmp_path,
     assert type(model.variables[0]).__name__ == "MirroredVariable"
     result = export(model, tmp_path / "mirrored", version=1)
     out = _signature(result.path)(image=tf.constant(images))["logits"].numpy()
-    np.testing.assert_array_equal(out, model.predict(images, verbose=0))
+    assert_float32_close(out, model.predict(images, verbose=0))
 
 
 def test_the_exported_version_is_readable_as_the_umask_allows(tmp_path, digits_models):
@@ -74,3 +75,14 @@ def test_the_exported_version_is_readable_as_the_umask_allows(tmp_path, digits_m
     finally:
         os.umask(old)
     assert oct(result.path.stat().st_mode & 0o777) == "0o755"  # mkdtemp's 0700 kept TF Serving's user out
+
+
+def test_a_keras3_model_is_refused_with_the_fix_named(tmp_path, keras3_model):
+    from tensorfleet.compat.keras import Keras3ModelError
+    from tensorfleet.serving import export
+
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.serving\.export received a Keras 3 model "
+                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. .*"
+                                               r"do not `import keras` \(that is Keras 3\)"):
+        export(keras3_model, tmp_path / "k3", version=1)
+    assert not (tmp_path / "k3").exists()  # refused before anything was written

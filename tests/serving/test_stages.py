@@ -1,5 +1,5 @@
 """Model-parallel serving: a model exported as stage signatures and served stage to stage with
-micro-batches in flight answers exactly what the unsplit model does, over REST and gRPC."""
+micro-batches in flight answers what the unsplit model does (to float32 rounding), over REST and gRPC."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from .conftest import start_server
+from .conftest import assert_float32_close, start_server
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_each_stage_signature_feeds_the_next(staged_base, digits_models, images)
     a = signatures["stage_0"](image=x)["activations"]
     b = signatures["stage_1"](activations=a)["activations"]
     logits = signatures["stage_2"](activations=b)["logits"]
-    np.testing.assert_array_equal(logits.numpy(), digits_models[1].predict(images[:6], verbose=0))
+    assert_float32_close(logits.numpy(), digits_models[1].predict(images[:6], verbose=0))
 
 
 def test_a_staged_server_answers_the_unsplit_models_outputs(staged_base, digits_models, images):
@@ -46,14 +46,14 @@ def test_a_staged_server_answers_the_unsplit_models_outputs(staged_base, digits_
         body = json.dumps({"instances": images[:17].tolist()}).encode()
         url = f"http://127.0.0.1:{server.rest_api_port}/v1/models/digits:predict"
         with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as reply:
-            np.testing.assert_array_equal(np.array(json.loads(reply.read())["predictions"], np.float32),
-                                          expected[:17])
+            assert_float32_close(np.array(json.loads(reply.read())["predictions"], np.float32),
+                                 expected[:17])
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "digits"
         request.inputs["image"].CopyFrom(tf.make_tensor_proto(images))
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
-        np.testing.assert_array_equal(tf.make_ndarray(reply.outputs["logits"]), expected)
+        assert_float32_close(tf.make_ndarray(reply.outputs["logits"]), expected)
         servable = server.repository.get("digits")
         assert servable.calls == 3 * (4 + 4)  # every micro-batch of both requests through the 3 stages
     finally:
@@ -75,8 +75,8 @@ def test_each_stage_runs_on_the_device_it_was_given(staged_base, digits_models, 
         body = json.dumps({"instances": images[:8].tolist()}).encode()
         url = f"http://127.0.0.1:{server.rest_api_port}/v1/models/digits:predict"
         with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as reply:
-            np.testing.assert_array_equal(np.array(json.loads(reply.read())["predictions"], np.float32),
-                                          digits_models[1].predict(images[:8], verbose=0))
+            assert_float32_close(np.array(json.loads(reply.read())["predictions"], np.float32),
+                                 digits_models[1].predict(images[:8], verbose=0))
         runner = server.predictor.staged[1]
         assert runner.devices == ["/device:CPU:1", "/device:CPU:2", "/device:CPU:3"]
         assert runner.placed == [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in (1, 2, 3)]

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from .conftest import start_server
+from .conftest import assert_float32_close, start_server
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +56,12 @@ def test_rows_and_columns_with_two_inputs_and_two_outputs(two_way):
     status, rows = _post(server, {"instances": [{"features": x, "bucket": int(b)} for x, b in zip(X.tolist(), B)]})
     assert status == 200
     assert [sorted(r) for r in rows["predictions"]] == [["doubled", "score"]] * 2
-    np.testing.assert_array_equal(np.array([r["score"] for r in rows["predictions"]], np.float32), score)
-    np.testing.assert_array_equal(np.array([r["doubled"] for r in rows["predictions"]], np.float32), doubled)
+    assert_float32_close(np.array([r["score"] for r in rows["predictions"]], np.float32), score)
+    assert_float32_close(np.array([r["doubled"] for r in rows["predictions"]], np.float32), doubled)
     status, columns = _post(server, {"inputs": {"features": X.tolist(), "bucket": B.tolist()}})
     assert status == 200
-    np.testing.assert_array_equal(np.array(columns["outputs"]["score"], np.float32), score)
-    np.testing.assert_array_equal(np.array(columns["outputs"]["doubled"], np.float32), doubled)
+    assert_float32_close(np.array(columns["outputs"]["score"], np.float32), score)
+    assert_float32_close(np.array(columns["outputs"]["doubled"], np.float32), doubled)
 
 
 def test_two_input_mistakes_are_named(two_way):
@@ -90,7 +90,7 @@ def test_grpc_output_filter_returns_only_the_named_outputs(two_way):
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         reply = stub.Predict(request, timeout=30)
         assert list(reply.outputs) == ["doubled"]
-        np.testing.assert_array_equal(tf.make_ndarray(reply.outputs["doubled"]), model.predict([X, B], verbose=0)[1])
+        assert_float32_close(tf.make_ndarray(reply.outputs["doubled"]), model.predict([X, B], verbose=0)[1])
         request.output_filter[:] = ["nope"]
         with pytest.raises(grpc.RpcError) as caught:
             stub.Predict(request, timeout=30)
