@@ -31,7 +31,7 @@ __all__ = ["app", "main", "click_exceptions", "verbose", "GROUPS", "COMMANDS"]
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving", "profile")
 # Top-level commands: each module defines register(app).
-COMMANDS: tuple[str, ...] = ("launch", "plan", "serve", "tune")
+COMMANDS: tuple[str, ...] = ("launch", "plan", "serve", "tune", "info")
 
 app = typer.Typer(
     name="tensorfleet",

@@ -1,0 +1,160 @@
+"""What this environment can run: each feature of tensorfleet and whether its dependencies are here.
+
+The README's compatibility matrix (feature x track) is checked against :func:`probe_all` on each
+track by ``tests/test_capabilities.py``; ``tensorfleet info`` prints the same table for the
+environment a user is in, with the reason for every feature that cannot run and how to get it.
+
+Example:
+    >>> from tensorfleet.capabilities import FEATURES
+    >>> [feature.key for feature in FEATURES][:3]
+    ['strategies', 'cluster', 'mesh-tf']
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Callable
+
+__all__ = ["FEATURES", "Feature", "Probe", "probe", "probe_all", "versions"]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One row of the matrix: a key, what it is, and a check that returns None or why it cannot run."""
+
+    key: str
+    title: str
+    check: Callable[[], str | None]
+
+
+@dataclass(frozen=True)
+class Probe:
+    key: str
+    title: str
+    available: bool
+    reason: str  # empty when available
+
+
+def _keras2() -> str | None:
+    from tensorfleet.compat.keras import keras_flavour
+
+    flavour = keras_flavour()
+    if flavour == "keras3":
+        return ("tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1 or tf_keras is missing): "
+                "`pip install tf_keras` and import tensorfleet before TensorFlow")
+    return None
+
+
+def _module(name: str, package: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # any import failure means the feature cannot run
+            return f"`import {name}` failed ({type(error).__name__}: {error}); install {package}"
+        return None
+
+    return check
+
+
+def _all(*checks: Callable[[], str | None]) -> Callable[[], str | None]:
+    def check() -> str | None:
+        for one in checks:
+            reason = one()
+            if reason:
+                return reason
+        return None
+
+    return check
+
+
+def _mesh_tf() -> str | None:
+    from tensorfleet.compat.mesh_tf import import_mesh_tensorflow
+
+    try:
+        import_mesh_tensorflow()
+    except ImportError as error:
+        return str(error)
+    return None
+
+
+def _dtensor() -> str | None:
+    import tensorflow as tf
+
+    return None if hasattr(tf.experimental, "dtensor") else "this TensorFlow has no tf.experimental.dtensor"
+
+
+def _tff() -> str | None:
+    from tensorfleet.compat.tff import TFF_TRACK_HINT, tff_available
+
+    return None if tff_available() else f"tensorflow-federated does not import here; {TFF_TRACK_HINT}"
+
+
+def _litert() -> str | None:
+    from tensorfleet.compat.litert import interpreter_source
+
+    try:
+        source = interpreter_source()
+    except ImportError as error:
+        return str(error)
+    return None if source != "tensorflow" else "no ai-edge-litert or tflite-runtime: `pip install ai-edge-litert`"
+
+
+def _keras_tuner() -> str | None:
+    from tensorfleet.compat.keras_tuner import drives_keras2, import_keras_tuner
+
+    try:
+        import_keras_tuner()
+    except Exception as error:
+        return f"Keras Tuner is not usable here ({type(error).__name__}: {error}); `pip install keras-tuner`"
+    return None if drives_keras2() else "Keras Tuner drives Keras 3 here, not tf_keras"
+
+
+def _profiler() -> str | None:
+    from tensorfleet.compat.profiler import converter_name
+
+    return None if converter_name() else "no profiler converter: `pip install xprof` (or tensorboard-plugin-profile)"
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature("strategies", "Strategies: Keras fit under tf.distribute", _keras2),
+    Feature("cluster", "Cluster: launcher, fault tolerance, elastic, TFJob", _all(_keras2, _module("tensorboard", "tensorboard"))),
+    Feature("mesh-tf", "Model parallel: Mesh-TensorFlow layouts", _all(_keras2, _mesh_tf)),
+    Feature("dtensor", "Model parallel: DTensor mesh, tensor parallel, pipelines, planner", _all(_keras2, _dtensor)),
+    Feature("federated", "Federated: compiled backend, algorithms, aggregators", _keras2),
+    Feature("federated-dp", "Federated: DP epsilon (dp-accounting)", _module("dp_accounting", "dp-accounting")),
+    Feature("federated-tff", "Federated: tff backend, remote TFF workers, TFF ClientData", _tff),
+    Feature("edge", "Edge: TFLite conversion, quantization, LiteRT check",
+            _all(_keras2, _litert, _module("tensorflow_model_optimization", "tensorflow-model-optimization"))),
+    Feature("edge-micro", "Edge: TFLite Micro validation, arena report, C sources",
+            _module("tflite_micro", "tflite-micro")),
+    Feature("serving", "Serving: TF Serving REST and gRPC APIs", _module("tensorflow_serving.apis.predict_pb2",
+                                                                       "tensorflow-serving-api")),
+    Feature("tuning", "Tuning: Keras Tuner search, side-car evaluation", _all(_keras2, _keras_tuner)),
+    Feature("profiling", "Profiling: traces and step-time reports", _profiler),
+)
+
+
+def probe(feature: Feature) -> Probe:
+    """Runs ``feature``'s check: importing what it needs, nothing more."""
+    reason = feature.check() or ""
+    return Probe(feature.key, feature.title, not reason, reason)
+
+
+def probe_all() -> list[Probe]:
+    """Every feature's :class:`Probe`, in the order of :data:`FEATURES`."""
+    return [probe(feature) for feature in FEATURES]
+
+
+def versions() -> dict[str, str]:
+    """Python's and the main libraries' versions in this environment ("-" where one is not installed)."""
+    found = {"python": platform.python_version()}
+    for package in ("tensorflow", "tf_keras", "keras", "tensorflow-federated", "ai-edge-litert", "tflite-runtime",
+                    "tflite-micro", "keras-tuner", "tensorflow-model-optimization", "mesh-tensorflow"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "-"
+    return found
