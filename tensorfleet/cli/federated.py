@@ -1,5 +1,9 @@
 """``tensorfleet federated``: run a simulation, plot a run, list algorithms and aggregators.
 
+Runs need no tensorflow-federated (the compiled backend); ``--backend tff``, ``--workers``, the
+``worker`` command and TFF's own dataset (``emnist-synthetic``) need the tff track, and say so in one
+line (exit status 2) where TFF cannot be imported.
+
 Example:
     tensorfleet federated run --dataset digits --clients 100 --partition dirichlet:0.3 \\
         --algorithm fedavg --rounds 20 --out runs/a | tail -1
@@ -8,17 +12,19 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
 __all__ = ["NAME", "app"]
 
 NAME = "federated"
-app = typer.Typer(help="Federated learning simulations on tensorflow-federated.", no_args_is_help=True)
+app = typer.Typer(help="Federated learning simulations (compiled, or on tensorflow-federated on the tff track).",
+                  no_args_is_help=True)
 
 
 class TFThreads(str, Enum):
@@ -30,7 +36,8 @@ class TFThreads(str, Enum):
 def run(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML file with the same keys as the flags."),
     model: Optional[str] = typer.Option(None, "--model", help="A model name (default digits_mlp)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="digits | emnist-synthetic (TFF's own 2 clients)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset",
+                                          help="digits | emnist-synthetic (TFF's own 2 clients; tff track)."),
     clients: Optional[int] = typer.Option(None, "--clients",
                                           help="Clients to split digits into (default 100); of a TFF dataset, the first N."),
     partition: Optional[str] = typer.Option(None, "--partition",
@@ -57,8 +64,8 @@ def run(
                                                "overwrite it."),
     workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
     backend: Optional[str] = typer.Option(None, "--backend",
-                                          help="auto (default: compiled where it equals tff, else tff) | tff | compiled "
-                                               "(one TensorFlow function per round; faster)."),
+                                          help="auto (default: compiled where it equals tff, else tff) | tff (tff track) | "
+                                               "compiled (one TensorFlow function per round; faster; no TFF needed)."),
     tf_threads: Optional[TFThreads] = typer.Option(
         None, "--tf-threads", case_sensitive=False,
         help="lanes (the default where TensorFlow has not started yet, as in a new process: one intra-op thread "
@@ -81,7 +88,8 @@ def run(
     cfg = resolve_config(cfg)
     if tf_threads is not TFThreads.TENSORFLOW and not workers and cfg.get("backend") != "tff":
         _lane_threads(cfg["clients_per_round"] or 10, strict=tf_threads is TFThreads.LANES)
-    history = _run_or_explain(cfg, workers)
+    with _tff_needed():
+        history = _run_or_explain(cfg, workers)
     last = history.rounds[-1] if history.rounds else {}
     summary = {"algorithm": cfg["algorithm"], "backend": history.config.get("backend"), "rounds": last.get("round", 0)}
     for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
@@ -134,12 +142,25 @@ def partition_cmd(
     from tensorfleet.federated.clients.clientdata import summarize
     from tensorfleet.federated.clients.datasets import load_federated
 
-    data, _ = load_federated(dataset, num_clients=clients, scheme=partition, seed=seed)
+    with _tff_needed():
+        data, _ = load_federated(dataset, num_clients=clients, scheme=partition, seed=seed)
     summary = summarize(data)
     typer.echo(str(summary))
     if out is not None:
         typer.echo(str(summary.save(out / "partition.json")))
         typer.echo(str(summary.plot(out / "partition.png")))
+
+
+@contextlib.contextmanager
+def _tff_needed() -> Iterator[None]:
+    """What needs tensorflow-federated where it cannot be imported: one ``error:`` line, exit status 2."""
+    from tensorfleet.compat.tff import TffUnavailableError
+
+    try:
+        yield
+    except TffUnavailableError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _lane_threads(clients_per_round: int, strict: bool) -> None:
@@ -196,11 +217,12 @@ def worker(
         typer.echo(f"TFF worker serving on {w.address} (pid {w.pid}); SIGTERM or Ctrl-C stops it")  # type: ignore[attr-defined]
         sys.stdout.flush()
 
-    try:
-        status = serve(port, host=host, max_concurrent=max_concurrent, log_path=log, on_ready=ready)
-    except (WorkerPortInUseError, RuntimeError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+    with _tff_needed():  # outside the next block: typer.Exit is a RuntimeError
+        try:
+            status = serve(port, host=host, max_concurrent=max_concurrent, log_path=log, on_ready=ready)
+        except (WorkerPortInUseError, RuntimeError) as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
     if status:
         typer.echo(f"error: the TFF worker on {host}:{port} exited with status {status}", err=True)
     raise typer.Exit(1 if status else 0)

@@ -2,7 +2,8 @@
 
 Also the correctness points that decide the pick: batch-dependent layers go to TFF (compiled
 refuses them before the first round), and DP with noise on draws TFF's noise distribution and
-reports the same epsilon on both backends.
+reports the same epsilon on both backends (tff track). Where TFF is missing (the current track),
+asking for it is one error that names the tff track.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import json
 import numpy as np
 import pytest
 
-tff = pytest.importorskip("tensorflow_federated")
+from tensorfleet import models
+from tensorfleet.compat.tff import TffUnavailableError, tff_available
+from tensorfleet.federated import Simulation, SimulationConfig, partition
+from tensorfleet.federated.backends import Backend
 
-from tensorfleet import models  # noqa: E402
-from tensorfleet.federated import Simulation, SimulationConfig, partition  # noqa: E402
-from tensorfleet.federated.backends import Backend  # noqa: E402
+# What tests that TFF is asked for where it is missing need: a track without it (the current one).
+without_tff = pytest.mark.skipif(tff_available(), reason="tensorflow-federated imports here (the tff track)")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,6 @@ def _with_batch_norm():
 
 def test_the_default_backend_is_auto_in_the_config_and_the_simulation(clients):
     assert SimulationConfig().backend is Backend.AUTO
-    assert SimulationConfig(workers="127.0.0.1:8000").backend is Backend.TFF  # workers are TFF's
     sim = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=1, clients_per_round=4)
     assert sim.requested_backend is Backend.AUTO and sim.config.backend is Backend.AUTO  # decided when built
 
@@ -50,6 +52,37 @@ def test_auto_runs_compiled_and_says_so_in_the_header_and_the_metadata(clients, 
     assert saved["proximal_gradient"] == "mu * (w - w_server)"
 
 
+@pytest.mark.tff
+def test_workers_are_tffs():
+    assert SimulationConfig(workers="127.0.0.1:8000").backend is Backend.TFF
+
+
+@without_tff
+@pytest.mark.parametrize("options,asked", [
+    ({"backend": "tff"}, "backend='tff'"),
+    ({"workers": "127.0.0.1:8000"}, "backend='auto' with workers=['127.0.0.1:8000']"),
+    ({"backend": "tff", "workers": "127.0.0.1:8000"}, "backend='tff' with workers="),
+])
+def test_asking_for_tff_where_it_is_missing_is_one_error_naming_the_tff_track(clients, options, asked):
+    with pytest.raises(TffUnavailableError) as info:
+        Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=1, clients_per_round=4, **options)
+    assert str(info.value) == (
+        f"{asked} runs rounds on tensorflow-federated, which cannot be imported here. tensorflow-federated pins "
+        "TensorFlow 2.14 and Python 3.11: use the tff track (`make install-tff`, then `.venv-tff/bin/python`), or "
+        "the compiled backend (backend='compiled'), which needs no TFF.")
+
+
+@without_tff
+def test_auto_with_a_model_only_tff_runs_is_one_error_where_tff_is_missing(clients):
+    sim = Simulation(_with_batch_norm, clients, rounds=1, clients_per_round=4, progress=False)
+    with pytest.raises(TffUnavailableError, match=r"^backend='auto' for what the compiled backend does not run \(a model "
+                                                  r"with batch-dependent layers \(BatchNormalization 'bn'\).*use the tff "
+                                                  r"track"):
+        sim.run()
+    assert sim.history.rounds == [] and sim._engine is None
+
+
+@pytest.mark.tff
 def test_auto_runs_a_batch_normalization_model_on_tff_and_compiled_refuses_it_before_the_first_round(clients, capsys):
     sim = Simulation(_with_batch_norm, clients, rounds=1, clients_per_round=4)
     history = sim.run()
@@ -64,6 +97,7 @@ def test_auto_runs_a_batch_normalization_model_on_tff_and_compiled_refuses_it_be
     assert refused.history.rounds == [] and refused._engine is None and refused.runtime is None
 
 
+@pytest.mark.tff
 def test_dp_noise_on_both_backends_has_the_same_distribution_and_epsilon(clients):
     from tensorfleet.federated.aggregators.dp import epsilon
 
@@ -94,6 +128,7 @@ def test_dp_noise_on_both_backends_has_the_same_distribution_and_epsilon(clients
                                                     rounds=1, delta=1e-5)
 
 
+@pytest.mark.tff
 def test_auto_resumes_a_tff_checkpoint_on_tff_and_starts_afresh_on_compiled(clients, tmp_path):
     def sim(rounds, **options):
         return Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=rounds, clients_per_round=4,

@@ -7,6 +7,9 @@ import json
 import pytest
 
 from tensorfleet.cli.main import main
+from tensorfleet.compat.tff import tff_available
+
+without_tff = pytest.mark.skipif(tff_available(), reason="tensorflow-federated imports here (the tff track)")
 
 
 def test_algorithms_lists_every_algorithm_with_its_paper(capsys):
@@ -74,6 +77,7 @@ def test_plot_of_a_directory_without_metrics_fails_cleanly(capsys, tmp_path):
     assert capsys.readouterr().err.startswith(f"error: No metrics.json in {tmp_path}")
 
 
+@pytest.mark.tff
 def test_run_on_tffs_synthetic_emnist_keeps_tffs_two_clients(capsys, tmp_path):
     assert main(["federated", "run", "--dataset", "emnist-synthetic", "--model", "digits_cnn", "--rounds", "1",
                  "--batch-size", "4", "--no-progress", "--out", str(tmp_path)]) == 0
@@ -86,6 +90,7 @@ def test_run_on_tffs_synthetic_emnist_keeps_tffs_two_clients(capsys, tmp_path):
     assert saved["rounds"][0]["num_examples"] == 20  # TFF's 2 clients of 10 examples, not a re-split pool
 
 
+@pytest.mark.tff
 @pytest.mark.parametrize("argv,message", [
     (["--partition", "iid"], "error: emnist_synthetic keeps TFF's own clients; a partition scheme re-splits pooled "
                              "data (digits). Received: partition='iid'"),
@@ -97,6 +102,7 @@ def test_tffs_synthetic_emnist_refuses_a_re_split(capsys, argv, message):
     assert capsys.readouterr().err.strip() == message
 
 
+@pytest.mark.tff
 def test_partition_summary_of_tffs_synthetic_emnist_shows_tffs_clients(capsys):
     assert main(["federated", "partition", "--dataset", "emnist-synthetic"]) == 0
     assert capsys.readouterr().out.strip() == ("2 clients, 20 samples; samples per client min 10 / mean 10.0 / max 10; "
@@ -143,3 +149,27 @@ def test_fewer_rounds_than_the_checkpoint_is_an_error_and_fresh_starts_over(caps
     assert main([*base, "--rounds", "1", "--fresh"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"] == 1
     assert [r["round"] for r in json.loads((tmp_path / "metrics.json").read_text())["rounds"]] == [1]
+
+
+@without_tff
+@pytest.mark.parametrize("argv,needs", [
+    (["run", "--rounds", "1", "--backend", "tff"], "backend='tff' runs rounds on tensorflow-federated"),
+    (["run", "--rounds", "1", "--workers", "127.0.0.1:8471"],
+     "backend='auto' with workers=['127.0.0.1:8471'] runs rounds on tensorflow-federated"),
+    (["run", "--rounds", "1", "--dataset", "emnist-synthetic"], "the emnist_synthetic dataset (TFF's own) needs "
+                                                                "tensorflow-federated"),
+    (["partition", "--dataset", "emnist-synthetic"], "the emnist_synthetic dataset (TFF's own) needs tensorflow-federated"),
+    (["worker", "--port", "8471"], "TFF's worker_binary comes with tensorflow-federated, which is not installed."),
+])
+def test_what_needs_tff_is_one_error_line_naming_the_tff_track_where_tff_is_missing(capsys, argv, needs):
+    assert main(["federated", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {needs}") and "use the tff track (`make install-tff`" in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_run_on_the_default_backend_needs_no_tff_and_says_compiled(capsys, tmp_path):
+    assert main(["federated", "run", "--clients", "20", "--partition", "dirichlet:0.5", "--rounds", "2",
+                 "--clients-per-round", "4", "--aggregator", "trimmed_mean:beta=0.25", "--no-progress"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["backend"] == "compiled" and last["rounds"] == 2 and 0.0 <= last["test_accuracy"] <= 1.0

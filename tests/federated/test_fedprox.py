@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-tff = pytest.importorskip("tensorflow_federated")
+pytestmark = pytest.mark.tff  # FedProx on TFF's process against TFF's own builder
 
 from tensorfleet.federated import algorithms  # noqa: E402
 from tensorfleet.federated.backends.tff import managed_context  # noqa: E402
@@ -23,6 +23,7 @@ def _data() -> tuple[np.ndarray, np.ndarray]:
 
 def _model_fn():
     import tensorflow as tf
+    import tensorflow_federated as tff
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(
         1, input_shape=(3,), kernel_initializer=tf.keras.initializers.Constant(KERNEL),
@@ -64,6 +65,8 @@ def _one_round(process) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("client_optimizer,momentum", [("sgd", None), ("sgdm", 0.9)])
 def test_fedprox_steps_on_the_papers_proximal_gradient_and_tffs_builder_on_the_opposite(client_optimizer, momentum):
+    import tensorflow_federated as tff
+
     # One client, server SGD of lr 1: the new global model is the client's model after its 6 steps.
     options = {} if momentum is None else {"momentum": momentum}
     ours = _one_round(algorithms.build_process("fedprox", _model_fn, client_optimizer=client_optimizer,
@@ -81,6 +84,8 @@ def test_fedprox_steps_on_the_papers_proximal_gradient_and_tffs_builder_on_the_o
 
 
 def test_fedprox_with_an_unweighted_aggregator_steps_on_the_papers_gradient_too():
+    import tensorflow_federated as tff
+
     process = algorithms.build_process("fedprox", _model_fn, client_learning_rate=LR, mu=MU,
                                        aggregator=tff.aggregators.UnweightedMeanFactory())
     for got, want in zip(_one_round(process), _local_training(+1.0, None)):

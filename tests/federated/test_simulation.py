@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow_federated")
+from tensorfleet import models
+from tensorfleet.federated import ALGORITHMS, Simulation, partition
+from tensorfleet.registry import UnknownNameError
 
-from tensorfleet import models  # noqa: E402
-from tensorfleet.federated import ALGORITHMS, Simulation, partition  # noqa: E402
-from tensorfleet.registry import UnknownNameError  # noqa: E402
+TFF = pytest.param("tff", marks=pytest.mark.tff)
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +24,11 @@ def tiny():
     return models.build("digits_mlp", hidden=16)
 
 
-def test_run_writes_history_metrics_plots_and_checkpoint(digits_flat, clients, tmp_path):
+@pytest.mark.parametrize("backend", ["compiled", TFF])
+def test_run_writes_history_metrics_plots_and_checkpoint(digits_flat, clients, tmp_path, backend):
     sim = Simulation(tiny, clients, "fedavg", rounds=3, clients_per_round=5,
                      test_data=(digits_flat.x_test, digits_flat.y_test), eval_clients=4, eval_every=2, out_dir=tmp_path,
-                     checkpoint_every=2, progress=False, backend="tff")
+                     checkpoint_every=2, progress=False, backend=backend)
     history = sim.run()
     assert [r["round"] for r in history.rounds] == [1, 2, 3]
     assert [("test_accuracy" in r, "fed_eval_accuracy" in r) for r in history.rounds] == \
@@ -44,10 +45,13 @@ def test_run_writes_history_metrics_plots_and_checkpoint(digits_flat, clients, t
     assert list((tmp_path / "tensorboard").iterdir())
     assert (tmp_path / "checkpoint.npz").is_file()
     assert not list(tmp_path.glob(".*.tmp"))
-    assert not sim.runtime.worker.running  # the TFF worker stops with the run
+    if backend == "tff":
+        assert not sim.runtime.worker.running  # the TFF worker stops with the run
+    else:
+        assert sim.runtime is None  # no TFF worker at all
 
 
-@pytest.mark.parametrize("backend", ["compiled", "tff"])
+@pytest.mark.parametrize("backend", ["compiled", TFF])
 def test_central_evaluation_is_the_final_model_s_loss_and_accuracy_on_the_test_data(digits_flat, clients, backend):
     import tensorflow as tf
 
@@ -90,7 +94,7 @@ def test_dropped_clients_are_left_out_of_the_round(clients):
         assert record["num_examples"] == sizes
 
 
-@pytest.mark.parametrize("backend", ["tff", "compiled"])
+@pytest.mark.parametrize("backend", [TFF, "compiled"])
 def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, tmp_path, backend):
     Simulation(tiny, clients, rounds=1, clients_per_round=5, out_dir=tmp_path, checkpoint_every=1, progress=False,
                backend=backend).run()
@@ -156,11 +160,12 @@ def test_a_model_whose_input_does_not_match_the_data_is_refused(clients):
         sim.run()
 
 
+@pytest.mark.parametrize("backend", ["compiled", TFF])
 @pytest.mark.parametrize("algorithm", ALGORITHMS.names())
-def test_every_algorithm_runs_a_round_on_tff(clients, algorithm):
+def test_every_algorithm_runs_a_round(clients, algorithm, backend):
     options = {"mu": 0.1} if algorithm == "fedprox" else None
     history = Simulation(tiny, clients, algorithm, rounds=1, clients_per_round=2, algorithm_options=options,
-                         progress=False, backend="tff").run()
+                         progress=False, backend=backend).run()
     assert [r["round"] for r in history.rounds] == [1]
     assert all(np.isfinite(r["train_loss"]) for r in history.rounds)
 
@@ -213,5 +218,21 @@ def test_krum_round_left_with_too_few_clients_by_dropout_fails_before_training(c
     with pytest.raises(ValueError, match=r"^Round 1: Krum needs more than 2 \* num_byzantine \+ 2 clients .* "
                                          r"Received: participants=3, num_byzantine=1 \(2 of 5 sampled clients "
                                          r"dropped out, 0 missed the straggler deadline\)$"):
+        sim.run()
+    assert sim.history.rounds == []
+
+
+def test_a_keras_3_model_is_refused_with_the_fix_named(clients):
+    keras = pytest.importorskip("keras")  # Keras 3 beside tf_keras: the current track
+    if not keras.__version__.startswith("3"):
+        pytest.skip(f"keras {keras.__version__} is not Keras 3")
+    from tensorfleet.compat.keras import Keras3ModelError
+
+    def keras3():
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+
+    sim = Simulation(keras3, clients, rounds=1, clients_per_round=2, progress=False)
+    with pytest.raises(Keras3ModelError, match=r"^tfl.federated.Simulation \(the model of model_fn\) received a Keras 3 "
+                                               r"model \(keras.src.models.sequential.Sequential\)"):
         sim.run()
     assert sim.history.rounds == []

@@ -103,7 +103,9 @@ def test_epsilon_accounts_sampling_without_replacement_as_dp_accounting_does():
     ours = epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5)
     assert ours == exact.get_epsilon(1e-5) == pytest.approx(47.0318, abs=1e-4)
     assert epsilon(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=50, delta=1e-5,
-                   sampling="poisson") == poisson.get_epsilon(1e-5) == pytest.approx(5.8810, abs=1e-4)
+                   sampling="poisson") == poisson.get_epsilon(1e-5) == pytest.approx(5.883, abs=3e-3)
+    # (dp-accounting 0.4.3 gives 5.8810; 0.6 gives 5.8854, leaving out the orders 1.1 to 1.5, whose terms it finds
+    # do not converge: the figure is the library's, tensorfleet's epsilon equals it on both.)
 
 
 def test_krum_refuses_too_few_updates_for_its_bound():

@@ -1,4 +1,4 @@
-"""The compiled backend gives TFF's model after the same rounds."""
+"""The compiled backend gives TFF's model after the same rounds (tff track), and runs alone without TFF."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import re
 import numpy as np
 import pytest
 
-tff = pytest.importorskip("tensorflow_federated")
-
-from tensorfleet import models  # noqa: E402
-from tensorfleet.federated import Simulation, partition  # noqa: E402
+from tensorfleet import models
+from tensorfleet.federated import Simulation, partition
 
 
+@pytest.mark.tff
 def test_compiled_backend_equals_tff_after_the_same_rounds(digits_flat):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=20, scheme="dirichlet:0.5", seed=1)
     runs = {}
@@ -43,6 +42,7 @@ def _tff_and_compiled(clients, algorithm, **options):
     return runs["tff"], runs["compiled"]
 
 
+@pytest.mark.tff
 @pytest.mark.parametrize("algorithm,options", [
     ("fedsgd", {"straggler_deadline": 0.08, "client_speed": 500.0}),
     ("fedprox", {"algorithm_options": {"mu": 0.5}, "eval_clients": 3}),
@@ -65,6 +65,7 @@ def test_fedsgd_and_fedprox_on_compiled_equal_tff_after_5_rounds(digits_flat, al
             assert (key in a) == (key in b) and b.get(key) == pytest.approx(a.get(key), abs=1e-5)
 
 
+@pytest.mark.tff
 @pytest.mark.parametrize("algorithm,aggregator,options", [
     ("fedavg", "median", {}),
     ("fedsgd", "trimmed_mean", {"beta": 0.2}),
@@ -88,7 +89,10 @@ def test_aggregators_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm
         assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
 
 
-def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
+@pytest.mark.tff
+def test_compiled_backend_refuses_a_tff_aggregation_factory(digits_flat):
+    import tensorflow_federated as tff
+
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=r"backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
                                          r"fedadagrad with the mean, dp_fixed, dp_adaptive, compression, median, trimmed_mean, krum "
@@ -97,6 +101,10 @@ def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
                                          r"aggregator='MeanFactory'"):
         Simulation(lambda: models.build("digits_mlp"), clients, "fedprox", backend="compiled",
                    aggregator=tff.aggregators.MeanFactory())
+
+
+def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
+    clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled', 'auto'. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
     with pytest.raises(ValueError, match=r"workers= runs rounds on TFF workers; backend='compiled' runs them in this "
@@ -164,7 +172,10 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
     assert sim.history.rounds == [] and sim._engine is None
 
 
+@pytest.mark.tff
 def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits_flat):
+    import tensorflow_federated as tff
+
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
 
     def backend(model_fn, algorithm="fedavg", data=clients, **options):
@@ -185,8 +196,29 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
         ("tff", "tff")
 
 
+def test_dp_noise_of_the_compiled_backend_has_the_expected_distribution():
+    import tensorflow as tf
+
+    from tensorfleet.federated.backends.compiled import dp_noised_mean
+
+    # 5 clients each sending a vector of norm 2, clipped to 1: the mean is 1/sqrt(d) per
+    # coordinate, the noise's stddev 0.05 * 1 / 5; each round draws its own noise, the same again for
+    # the same seed and round (a resumed run draws what the uninterrupted one did).
+    d, clients, draws, clip, noise_multiplier = 2000, 5, 10, 1.0, 0.05
+    clipped = tf.clip_by_global_norm([tf.constant(np.full(d, 2 / np.sqrt(d), np.float32))], clip)[0][0] * clients
+    ours = np.concatenate([np.asarray(dp_noised_mean([clipped], clip * noise_multiplier, clients, 7, r)[0])
+                           for r in range(draws)])
+    assert ours.mean() == pytest.approx(1 / np.sqrt(d), rel=0.02)
+    assert ours.std() == pytest.approx(clip * noise_multiplier / clients, rel=0.02)
+    assert len(set(ours[:d].round(6)) & set(ours[d:2 * d].round(6))) < d // 10  # rounds draw fresh noise
+    again = np.asarray(dp_noised_mean([clipped], clip * noise_multiplier, clients, 7, 1)[0])
+    np.testing.assert_array_equal(again, ours[d:2 * d])
+
+
+@pytest.mark.tff
 def test_dp_noise_on_compiled_matches_tff_distribution():
     import tensorflow as tf
+    import tensorflow_federated as tff
 
     from tensorfleet.federated.aggregators import build_aggregator
     from tensorfleet.federated.backends.compiled import dp_noised_mean

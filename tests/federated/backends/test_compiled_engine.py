@@ -8,10 +8,8 @@ import re
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow_federated")
-
-from tensorfleet import models  # noqa: E402
-from tensorfleet.federated import Simulation, partition  # noqa: E402
+from tensorfleet import models
+from tensorfleet.federated import Simulation, partition
 
 
 def _branchy_mlp(branch: bool):
@@ -91,8 +89,7 @@ def test_lanes_train_clients_side_by_side_to_the_model_of_one_lane(digits_flat, 
 
 
 def test_lanes_must_be_a_positive_integer_and_follow_the_cores_and_the_cpu_quota(tmp_path):
-    import tensorflow_federated as tff
-
+    from tensorfleet.federated.algorithms.optimizers import build
     from tensorfleet.federated.backends.compiled import CompiledFedAvg, default_lanes
 
     cores = len(os.sched_getaffinity(0))
@@ -104,8 +101,7 @@ def test_lanes_must_be_a_positive_integer_and_follow_the_cores_and_the_cpu_quota
         with pytest.raises(ValueError, match=rf"lanes must be a positive integer \(clients trained at once\)\. "
                                              rf"Received: {re.escape(repr(bad))}"):
             CompiledFedAvg(model_fn=lambda: models.build("digits_mlp", hidden=4), loss_fn=None,
-                           client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-                           server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+                           client_optimizer=build("sgd", 0.1), server_optimizer=build("sgd", 1.0),
                            initial_weights=models.build("digits_mlp", hidden=4).get_weights(), batch_size=4,
                            max_examples=8, clients_per_round=2, lanes=bad)
 
@@ -115,13 +111,13 @@ def test_compiled_compression_keeps_what_the_reference_keeps_ties_included(size,
     import tensorflow as tf
 
     from tensorfleet.federated.aggregators.aggregate import quantize, sparsify
-    from tensorfleet.federated.aggregators.compression import CompressionFactory
+    from tensorfleet.federated.aggregators.compression import Compression
     from tensorfleet.federated.backends.compiled_aggregation import compress_rows
 
     # Few distinct magnitudes, so the kept count falls inside a run of ties (and zeros).
     values = np.random.default_rng(size).integers(-3, 4, size).astype(np.float32) * 0.25
     ours = compress_rows(tf.constant(values[None]), bits=bits, sparsity=sparsity).numpy()[0]
-    theirs = CompressionFactory(bits=bits, sparsity=sparsity).compress(tf.constant(values)).numpy()
+    theirs = Compression(bits=bits, sparsity=sparsity).compress(tf.constant(values)).numpy()
     np.testing.assert_array_equal(ours, theirs)
     reference = sparsify(values, sparsity)
     reference = quantize(reference, bits) if bits < 32 else reference
@@ -134,7 +130,7 @@ def test_compiled_compression_keeps_what_the_reference_keeps_ties_included(size,
 def test_compiled_compression_of_rows_equals_the_reference_on_each_row_traced_or_not(size, sparsity, bits):
     import tensorflow as tf
 
-    from tensorfleet.federated.aggregators.compression import CompressionFactory
+    from tensorfleet.federated.aggregators.compression import Compression
     from tensorfleet.federated.backends.compiled_aggregation import compress_rows
 
     rng = np.random.default_rng(size)
@@ -147,7 +143,7 @@ def test_compiled_compression_of_rows_equals_the_reference_on_each_row_traced_or
         np.round(rng.normal(size=size), 2).astype(np.float32),  # a few equal magnitudes at the k-th value
     ])
     ours = compress_rows(tf.constant(rows), bits=bits, sparsity=sparsity).numpy()
-    factory = CompressionFactory(bits=bits, sparsity=sparsity)
+    factory = Compression(bits=bits, sparsity=sparsity)
     for i, row in enumerate(rows):
         np.testing.assert_array_equal(ours[i], factory.compress(tf.constant(row)).numpy(), err_msg=f"row {i}")
     # Traced, as the round and TFF run it (graph optimizations can move a quantized value by one level at a

@@ -106,6 +106,7 @@ def reference(fedavg: dict[str, Any]) -> dict[str, list[np.ndarray]]:
             "addresses": sorted(w.address for w in workers)}
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_workers_equal_one_process_within_1e6(reference: dict[str, Any]) -> None:
@@ -116,6 +117,7 @@ def test_two_workers_equal_one_process_within_1e6(reference: dict[str, Any]) -> 
     assert float(np.abs(reference["multi"][0]).sum()) > 0.1  # it trained: the zero-initialised kernel moved
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_worker_killed_during_a_round_is_retried_and_model_equals_undisturbed(
@@ -146,6 +148,7 @@ def test_worker_killed_during_a_round_is_retried_and_model_equals_undisturbed(
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_all_workers_lost_stops_with_an_error_naming_them(fedavg: dict[str, Any], two_workers: list[Any]) -> None:
@@ -166,6 +169,7 @@ def test_all_workers_lost_stops_with_an_error_naming_them(fedavg: dict[str, Any]
     assert [np.asarray(v).shape for v in state.global_model_weights.trainable] == [(64, 10), (10,)]
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_address_where_nothing_listens_names_the_worker() -> None:
@@ -191,6 +195,7 @@ def _grpc_server(handlers: list[Any]) -> Iterator[int]:
         server.stop(0)
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_grpc_server_that_is_not_this_tff_worker_is_refused() -> None:
@@ -238,6 +243,7 @@ def _linear_digits() -> Any:
                                 tf.keras.layers.Dense(10, kernel_initializer="zeros")])
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_simulation_with_workers_equals_simulation_in_one_process(two_workers: list[Any], digits: Any) -> None:
@@ -273,6 +279,7 @@ def test_simulation_refuses_bad_worker_addresses(digits: Any) -> None:
         Simulation(_linear_digits, clients, workers=["localhost"], clients_per_round=2)
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_the_same_model(
@@ -309,6 +316,7 @@ def test_simulation_that_loses_a_worker_mid_run_keeps_every_round_and_ends_on_th
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_server_that_accepts_but_never_answers_is_refused_in_bounded_time() -> None:
@@ -336,6 +344,7 @@ def test_server_that_accepts_but_never_answers_is_refused_in_bounded_time() -> N
     assert "within 5 s" in str(info.value)
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_frozen_worker_is_dropped_after_the_round_timeout_and_model_equals_undisturbed(

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import reap
 
-pytest.importorskip("tensorflow_federated")
+pytestmark = pytest.mark.tff  # TFF's worker_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 

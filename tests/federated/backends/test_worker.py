@@ -55,6 +55,7 @@ def _comm(pid: int) -> str:
         return f.read().strip()
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_worker_serves_on_its_port_and_stop_reaps_it() -> None:
@@ -74,6 +75,7 @@ def test_worker_serves_on_its_port_and_stop_reaps_it() -> None:
     assert repr(worker) == f"Worker(127.0.0.1:{port}, stopped)"
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_second_worker_on_a_busy_port_is_refused_naming_the_port() -> None:
@@ -130,6 +132,7 @@ def _listening(port: int) -> list[str]:
     return found
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_worker_listens_on_loopback_only_unless_told_otherwise() -> None:
@@ -147,6 +150,7 @@ def test_worker_listens_on_loopback_only_unless_told_otherwise() -> None:
         assert _listening(port) == ["00000000000000000000000000000000"]
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_cli_worker_serves_until_sigterm_and_leaves_no_worker_behind() -> None:
@@ -172,6 +176,7 @@ def test_cli_worker_serves_until_sigterm_and_leaves_no_worker_behind() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_cli_worker_on_a_busy_port_exits_2_naming_the_port(capsys: pytest.CaptureFixture[str]) -> None:
@@ -189,6 +194,7 @@ def test_cli_worker_on_a_busy_port_exits_2_naming_the_port(capsys: pytest.Captur
     assert err.startswith(f"error: Port {port} is in use on 127.0.0.1: TFF's worker cannot serve there.")
 
 
+@pytest.mark.tff
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cli_run_with_workers_splits_rounds_across_them(capsys: pytest.CaptureFixture[str]) -> None:

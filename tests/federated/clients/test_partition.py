@@ -80,12 +80,12 @@ def test_bad_inline_value_and_unknown_option_are_refused():
         partition_indices(LABELS, 10, "iid", alpha=0.1)
 
 
-def test_partition_returns_a_tff_client_data_with_the_clients_arrays(tmp_path):
-    import tensorflow_federated as tff
+def test_partition_returns_client_data_with_the_clients_arrays(tmp_path):
+    from tensorfleet.federated import ClientData
 
     x = np.arange(500, dtype=np.float32).reshape(500, 1) / 500
     clients = partition(x, LABELS.astype(np.int32), num_clients=5, scheme="shards:1", seed=0)
-    assert isinstance(clients, tff.simulation.datasets.ClientData)
+    assert isinstance(clients, ClientData)
     assert clients.client_ids == ["client_000", "client_001", "client_002", "client_003", "client_004"]
     cid = clients.client_ids[2]
     xs, ys = clients.arrays(cid)
@@ -108,6 +108,22 @@ def test_mismatched_x_and_y_are_refused():
         partition(np.zeros((3, 2)), LABELS, num_clients=2)
 
 
+@pytest.mark.tff
+def test_partition_s_client_data_is_served_to_tffs_dataset_computation():
+    import tensorflow_federated as tff
+
+    from tensorfleet.federated.clients.base import to_tff
+
+    x = np.arange(500, dtype=np.float32).reshape(500, 1) / 500
+    clients = partition(x, LABELS.astype(np.int32), num_clients=5, scheme="shards:1", seed=0)
+    theirs = to_tff(clients)
+    assert isinstance(theirs, tff.simulation.datasets.ClientData)
+    # TFF traces the dataset function (the lookup table of row ranges) into its dataset computation.
+    served = list(theirs.dataset_computation("client_003").as_numpy_iterator())
+    assert np.array_equal(np.array([e["y"] for e in served]), clients.arrays("client_003")[1])
+
+
+@pytest.mark.tff
 def test_tffs_synthetic_emnist_is_summarized():
     import tensorflow_federated as tff
 

@@ -1,4 +1,5 @@
-"""TFF's own ClientData, as TFF users have it (their element names, batched or not), trains in a Simulation."""
+"""Client data named and batched as TFF users have it trains in a Simulation: tensorfleet's own ClientData
+(every track), and TFF's own ClientData as it is (tff track)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,29 @@ import collections
 import numpy as np
 import pytest
 
-tff = pytest.importorskip("tensorflow_federated")
+import tensorflow as tf
 
-import tensorflow as tf  # noqa: E402
-
-from tensorfleet.federated import Simulation  # noqa: E402
-from tensorfleet.federated.clients.xy import is_batched, xy_clients, xy_keys  # noqa: E402
+from tensorfleet.federated import Simulation
+from tensorfleet.federated.clients.base import ClientData
+from tensorfleet.federated.clients.xy import is_batched, xy_clients, xy_keys
 
 
 @pytest.fixture(scope="module")
 def emnist():
+    import tensorflow_federated as tff
+
     return tff.simulation.datasets.emnist.get_synthetic()  # 2 clients of 10 examples, 'label' and 'pixels'
+
+
+@pytest.fixture(scope="module")
+def ours():
+    """tensorfleet's ClientData shaped as TFF's synthetic EMNIST: 2 clients of 10, 'pixels' and 'label'."""
+    def dataset(cid):
+        rng = np.random.default_rng(int(cid[-1]))
+        return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+            label=np.arange(10, dtype=np.int32), pixels=rng.random((10, 28, 28)).astype(np.float32)))
+
+    return ClientData.from_clients_and_tf_fn(["synthetic1", "synthetic2"], dataset)
 
 
 def _tutorial(ds):
@@ -30,6 +43,7 @@ def _spec(clients):
     return {k: (v.shape.as_list(), v.dtype.name) for k, v in clients.element_type_structure.items()}
 
 
+@pytest.mark.tff
 def test_tff_element_names_are_mapped_and_batches_unbatched(emnist):
     assert _spec(xy_clients(emnist)) == {"x": ([28, 28], "float32"), "y": ([], "int32")}
     batched = emnist.preprocess(_tutorial)
@@ -60,6 +74,7 @@ def _dense(input_dim):
                                         tf.keras.layers.Dense(10)])
 
 
+@pytest.mark.tff
 def test_simulation_trains_on_tffs_synthetic_emnist_as_shipped_and_as_tutorials_batch_it(emnist):
     plain = Simulation(_dense((28, 28)), emnist, rounds=1, clients_per_round=2, batch_size=5, progress=False)
     assert [r["num_examples"] for r in plain.run().rounds] == [20]
@@ -71,6 +86,7 @@ def test_simulation_trains_on_tffs_synthetic_emnist_as_shipped_and_as_tutorials_
     assert sim.sampler.num_examples("synthetic1") == 10  # examples, not batches
 
 
+@pytest.mark.tff
 def test_simulation_names_the_elements_when_it_cannot_tell(emnist):
     renamed = emnist.preprocess(lambda ds: ds.map(lambda e: {"a": e["pixels"], "b": e["label"]}))
     with pytest.raises(ValueError, match=r"elements are 'a', 'b'. Name them: Simulation\(..., x_key=NAME"):
@@ -78,3 +94,35 @@ def test_simulation_names_the_elements_when_it_cannot_tell(emnist):
     sim = Simulation(_dense((28, 28)), renamed, rounds=1, clients_per_round=2, x_key="a", y_key="b", progress=False)
     assert sim.clients.element_type_structure["y"].shape.as_list() == []
     assert np.isfinite(sim.run().rounds[0]["train_loss"])
+
+
+def test_our_client_data_named_and_batched_as_tffs_trains_on_the_compiled_backend(ours):
+    assert {k: (v.shape.as_list(), v.dtype.name) for k, v in xy_clients(ours).element_type_structure.items()} == \
+        {"x": ([28, 28], "float32"), "y": ([], "int32")}
+    batched = ours.preprocess(_tutorial)
+    assert is_batched(batched.element_type_structure) and _spec(xy_clients(batched)) == \
+        {"x": ([784], "float32"), "y": ([1], "int32")}
+    plain = Simulation(_dense((28, 28)), ours, rounds=1, clients_per_round=2, batch_size=5, progress=False)
+    assert [r["num_examples"] for r in plain.run().rounds] == [20] and plain.config.backend.value == "compiled"
+    renamed = ours.preprocess(lambda ds: ds.map(lambda e: {"a": e["pixels"], "b": e["label"]}))
+    with pytest.raises(ValueError, match=r"elements are 'a', 'b'. Name them: Simulation\(..., x_key=NAME"):
+        Simulation(_dense((28, 28)), renamed, rounds=1, clients_per_round=2)
+    sim = Simulation(_dense((28, 28)), renamed, rounds=1, clients_per_round=2, x_key="a", y_key="b", progress=False,
+                     eval_clients=renamed)
+    record = sim.run().rounds[0]
+    assert record["num_examples"] == 20 and 0 <= record["fed_eval_accuracy"] <= 1
+    assert sim.sampler.num_examples("synthetic1") == 10
+
+
+@pytest.mark.tff
+def test_tffs_client_data_comes_back_as_tffs_own_and_ours_becomes_a_tff_client_data(emnist, ours):
+    import tensorflow_federated as tff
+
+    from tensorfleet.federated.clients.base import as_client_data, to_tff
+
+    assert to_tff(as_client_data(emnist)) is emnist
+    theirs = to_tff(ours)
+    assert isinstance(theirs, tff.simulation.datasets.ClientData) and theirs.client_ids == ["synthetic1", "synthetic2"]
+    rows = list(theirs.create_tf_dataset_for_client("synthetic2").as_numpy_iterator())
+    mine = list(ours.create_tf_dataset_for_client("synthetic2").as_numpy_iterator())
+    assert len(rows) == 10 and all(np.array_equal(a["pixels"], b["pixels"]) for a, b in zip(rows, mine))
