@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
+from tensorfleet.compat.profiler import (callback_list_calling, cluster_coordinator, implements_train_batch_hooks,
+                                         set_train_batch_hooks)
 from tensorfleet.profiling.recorder import Capture, StepRange, task_directory
 
 __all__ = ["ProfileCallback"]
-
-
-def _calling_list(callback: tf.keras.callbacks.Callback) -> Any:
-    """The ``CallbackList`` whose ``on_train_begin`` is calling ``callback``'s, or None."""
-    owner = sys._getframe(2).f_locals.get("self")
-    if isinstance(owner, tf.keras.callbacks.CallbackList) and any(c is callback for c in owner.callbacks):
-        return owner
-    return None
 
 
 class ProfileCallback(tf.keras.callbacks.Callback):
@@ -52,6 +45,16 @@ class ProfileCallback(tf.keras.callbacks.Callback):
         self._epoch_base = 0  # steps done before this epoch
         self._owner: Any = None
 
+    def set_model(self, model: Any) -> None:
+        """Keras hands the model being fitted here; only Keras 2 (tf_keras) models are recorded.
+
+        Raises:
+            tensorfleet.compat.keras.Keras3ModelError: ``fit`` of a Keras 3 model was given this callback.
+        """
+        from tensorfleet.compat.keras import require_keras2
+
+        super().set_model(require_keras2(model, "tfl.profiling.ProfileCallback"))
+
     @property
     def directory(self) -> Path:
         return self.capture.directory
@@ -64,13 +67,13 @@ class ProfileCallback(tf.keras.callbacks.Callback):
         """Lets Keras skip its per-step hook dispatch when neither this callback nor another needs it."""
         owner = self._owner
         if owner is not None:
-            others = any(c is not self and c._implements_train_batch_hooks() for c in owner.callbacks)
-            owner._should_call_train_batch_hooks = needed or others
+            others = any(c is not self and implements_train_batch_hooks(c) for c in owner.callbacks)
+            set_train_batch_hooks(owner, needed or others)
 
     def on_train_begin(self, logs: Any = None) -> None:
         self.seen = self._epoch_base = self._epochs = 0
-        self._owner = _calling_list(self)
-        coordinator = getattr(self.model, "_cluster_coordinator", None)  # set by fit under a parameter server
+        self._owner = callback_list_calling(self)
+        coordinator = cluster_coordinator(self.model)  # set by fit under a parameter server
         if coordinator is not None:
             self.capture.coordinate(coordinator)
         if self.capture.steps.first == 0:

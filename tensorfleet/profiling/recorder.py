@@ -3,7 +3,7 @@
 TensorFlow's profiler (``tf.profiler.experimental.start``/``stop``) records everything that runs
 while it is on. These helpers turn it on for a chosen range of training steps only, so a long job
 pays nothing outside them, and mark each chosen step with the ``train`` step annotation
-(``tf.profiler.experimental.Trace(..., step_num=n, _r=1)``, as Keras' ``fit`` does) that the analysis
+(as Keras' ``fit`` does: :func:`tensorfleet.compat.profiler.step_trace`) that the analysis
 cuts steps by. Each task writes under ``<logdir>/<role>-<index>/`` (from TF_CONFIG; ``local``
 without one), so every worker of a job can share one ``logdir``:
 
@@ -177,10 +177,10 @@ class Capture:
             yield
             self.mark(number + 1)
             return
-        import tensorflow as tf
+        from tensorfleet.compat.profiler import step_trace
 
         self.start()
-        with tf.profiler.experimental.Trace(STEP_NAME, step_num=number, _r=1):
+        with step_trace(STEP_NAME, number):
             yield
         self.recorded.append(number)
         if number >= self.steps.last:

@@ -51,10 +51,11 @@ def remote_tasks(strategy: Any) -> list[RemoteTask]:
         >>> remote_tasks(None)
         []
     """
-    if not getattr(strategy, "_should_use_with_coordinator", False):
+    from tensorfleet.compat.profiler import cluster_resolver, uses_coordinator
+
+    if not uses_coordinator(strategy):
         return []
-    # ParameterServerStrategy keeps its resolver to itself in TensorFlow 2.14 (the public property is None).
-    resolver = getattr(strategy, "cluster_resolver", None) or getattr(strategy, "_cluster_resolver", None)
+    resolver = cluster_resolver(strategy)
     if resolver is None:
         return []
     spec = resolver.cluster_spec().as_dict()

@@ -6,7 +6,8 @@
 - ``profile.png``: stacked time per step (compute, exposed communication, input, idle), one panel per
   task, so a straggler's different shape shows at a glance;
 - ``trace.json``: the profiler's own trace-viewer conversion of each task's XSpace
-  (tensorboard-plugin-profile's ``trace_viewer`` tool), the tasks merged as separate processes;
+  (the ``trace_viewer`` tool of xprof, or of tensorboard-plugin-profile on the tff track), the tasks
+  merged as separate processes;
   it opens in https://ui.perfetto.dev or ``chrome://tracing``.
 
 The TensorBoard profile directories stay as they are (``tensorboard --logdir DIR``, Profile tab).
@@ -89,11 +90,11 @@ def _host_device(profile: JobProfile, task: str) -> str:
 
 def chrome_trace(profile: JobProfile) -> dict[str, Any]:
     """The tasks' traces in Chrome's trace-event format, converted by the profiler plugin itself."""
-    from tensorboard_plugin_profile.convert import raw_to_tool_data
+    from tensorfleet.compat.profiler import trace_viewer_json
 
     merged: dict[str, Any] = {"displayTimeUnit": "ns", "traceEvents": []}
     for number, trace in enumerate(profile.traces, start=1):
-        data, _ = raw_to_tool_data.xspace_to_tool_data([str(trace.path)], "trace_viewer^", {})
+        data = trace_viewer_json(str(trace.path))
         if not data:
             raise ValueError(f"The profiler could not convert {str(trace.path)!r} to a trace.")
         for event in json.loads(data).get("traceEvents", []):

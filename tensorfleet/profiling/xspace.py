@@ -129,9 +129,9 @@ class _Functions:
 
 
 def _xplane_pb2() -> Any:
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from tensorfleet.compat.profiler import xplane_pb2
 
-    return xplane_pb2
+    return xplane_pb2()
 
 
 def _stat_value(stat: Any) -> Any:

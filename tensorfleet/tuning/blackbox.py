@@ -40,7 +40,9 @@ TUNER_ID = "tuner0"
 
 
 def _oracle(algorithm: SearchAlgorithm, objective: Any, max_trials: int, seed: int) -> Any:
-    import keras_tuner as kt
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
+
+    kt = import_keras_tuner(models=False)
 
     if algorithm is SearchAlgorithm.HYPERBAND:
         raise ValueError("algorithm must be 'random' or 'bayesian' for a search over a function: Hyperband "
@@ -78,8 +80,9 @@ def search_function(function: Callable[[dict[str, Any]], float], space: Callable
             :func:`tensorfleet.tuning.distributed.search`.
         log: receives one line per trial begun and ended.
     """
-    import keras_tuner as kt
+    from tensorfleet.compat.keras_tuner import import_keras_tuner, set_project_dir
 
+    kt = import_keras_tuner(models=False)  # trials are calls of a function, not Keras models
     positive_int("max_trials", max_trials)
     integer("seed", seed, minimum=0)
     direction = choice(Direction, "direction", direction).value
@@ -87,7 +90,7 @@ def search_function(function: Callable[[dict[str, Any]], float], space: Callable
     _prepare(out, resume, fresh)
     oracle = _oracle(choice(SearchAlgorithm, "algorithm", algorithm), kt.Objective(objective, direction),
                      max_trials, seed)
-    oracle._set_project_dir(str(out), PROJECT)
+    set_project_dir(oracle, str(out), PROJECT)
     atomic_saves(oracle)
     oracle.verbose = 0  # the lines given to log say what Keras Tuner's tables would
     if resume:

@@ -1,8 +1,8 @@
 """The chief of a distributed search: Keras Tuner's oracle served over gRPC, its progress, and
 the results once every trial has ended.
 
-The server is Keras Tuner's own (``OracleServicer`` of ``keras_tuner.src.distribute.oracle_chief``,
-the protocol its workers speak); this module runs it in a loop that notices the end within a
+The server is Keras Tuner's own (its ``OracleServicer``, the protocol its workers speak, reached
+through :mod:`tensorfleet.compat.keras_tuner`); this module runs it in a loop that notices the end within a
 fraction of a second (Keras Tuner's own loop checks every 20 s once one worker is done), times
 each trial (the oracle keeps no times) and prints one progress line per trial begun or ended.
 
@@ -94,18 +94,17 @@ def serve(oracle: Any, host: str, port: int, *, poll: float = POLL_SECONDS) -> N
     """Serves ``oracle`` on ``host:port`` with Keras Tuner's servicer until the search has ended:
     a worker was told to stop and no trial runs and no worker is left."""
     import grpc
-    from keras_tuner.src import protos
-    from keras_tuner.src.distribute import oracle_chief
+
+    from tensorfleet.compat.keras_tuner import add_oracle_servicer, exit_chief, servicer_stopped
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    servicer = oracle_chief.OracleServicer(oracle)
-    protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    servicer = add_oracle_servicer(oracle, server)
     if not server.add_insecure_port(f"{host}:{port}"):
         raise RuntimeError(f"The oracle cannot listen on {host}:{port} (the port is taken?).")
     server.start()
     say(f"oracle listening on {host}:{port}")
     try:
-        while not (servicer.stop_triggered and oracle_chief.exit_chief(oracle)):
+        while not (servicer_stopped(servicer) and exit_chief(oracle)):
             time.sleep(poll)
     finally:
         server.stop(grace=2.0)
@@ -135,9 +134,10 @@ def run_chief(config: SearchConfig, build_model: Callable[..., Any]) -> None:
 def atomic_saves(oracle: Any) -> None:
     """Makes the oracle write its state and its trials' files atomically. Keras Tuner writes them in
     place, so a chief killed while writing would leave half a file for ``--resume`` to fail on."""
-    oracle.save = lambda: write_json(oracle._get_oracle_fname(), oracle.get_state())
-    oracle._save_trial = lambda trial: write_json(Path(oracle._get_trial_dir(trial.trial_id)) / "trial.json",
-                                                  trial.get_state())
+    from tensorfleet.compat.keras_tuner import oracle_state_file, replace_trial_saver, trial_file
+
+    oracle.save = lambda: write_json(oracle_state_file(oracle), oracle.get_state())
+    replace_trial_saver(oracle, lambda trial: write_json(trial_file(oracle, trial.trial_id), trial.get_state()))
 
 
 def repair_reloaded(oracle: Any) -> None:
@@ -148,8 +148,10 @@ def repair_reloaded(oracle: Any) -> None:
     run a finished trial again; one whose trial file is still ``RUNNING`` while the state no longer
     lists it would never run it. Trials that ended leave the queue; running ones not in it join it.
     """
-    queue = [tid for tid in oracle._retry_queue if oracle.trials[tid].status not in ("COMPLETED", "FAILED")]
+    from tensorfleet.compat.keras_tuner import retry_queue, set_retry_queue
+
+    queue = [tid for tid in retry_queue(oracle) if oracle.trials[tid].status not in ("COMPLETED", "FAILED")]
     queue += [tid for tid, trial in sorted(oracle.trials.items()) if trial.status == "RUNNING" and tid not in queue]
-    oracle._retry_queue = queue
+    set_retry_queue(oracle, queue)
 
 

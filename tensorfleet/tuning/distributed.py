@@ -35,7 +35,7 @@ from tensorfleet.cluster.processes import Fault, TaskProcess
 from tensorfleet.io import check_writable
 from tensorfleet.tuning.config import CONFIG_FILE, SearchConfig, check_script
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
-from tensorfleet.tuning.task import ERROR_MARK, MARK, PROJECT
+from tensorfleet.tuning.task import ERROR_MARK, KERAS3_MARK, MARK, PROJECT
 
 __all__ = ["SearchResult", "TuningError", "describe", "search"]
 
@@ -78,7 +78,7 @@ class _Job:
         self.faults, self.fired = list(faults), set()
         self.start = time.monotonic()
         self.tasks: dict[str, TaskProcess] = {}
-        self.errors: list[str] = []
+        self.errors: list[Exception] = []  # what a process reported as the user's error, first first
         self.lock = threading.Lock()
 
     def now(self) -> float:
@@ -89,9 +89,12 @@ class _Job:
             self.log(f"[{task.name}] {text}")
 
     def on_line(self, task: TaskProcess, text: str) -> None:
-        if text.startswith(ERROR_MARK):
+        if text.startswith((ERROR_MARK, KERAS3_MARK)):
+            from tensorfleet.compat.keras import Keras3ModelError
+
+            kind, mark = (Keras3ModelError, KERAS3_MARK) if text.startswith(KERAS3_MARK) else (ValueError, ERROR_MARK)
             with self.lock:
-                self.errors.append(text[len(ERROR_MARK):].strip())
+                self.errors.append(kind(text[len(mark):].strip()))
         elif text.startswith(MARK):
             self.log(f"[{task.name}] {text[len(MARK):].strip()}")
         elif self.verbose:
@@ -165,7 +168,7 @@ def _supervise(job: _Job, timeout: float | None) -> int:
     while True:
         time.sleep(0.1)
         if job.errors:
-            raise ValueError(job.errors[0])
+            raise job.errors[0]
         chief = job.tasks["chief:0"]
         code = chief.poll()
         if code == 0:  # every worker was told to stop; one still asking ends within the grace
@@ -175,7 +178,7 @@ def _supervise(job: _Job, timeout: float | None) -> int:
         if code is not None and code != 0:
             chief.reap(1.0)  # its output is read to the end first: an error line may close it
             if job.errors:
-                raise ValueError(job.errors[0])
+                raise job.errors[0]
             raise TuningError(f"The chief oracle exited with status {code}. The oracle's state is saved in "
                               f"{config.out!r}: run the same command with --resume to continue.\n{_tail(chief)}")
         for i, worker in list(workers.items()):
@@ -184,7 +187,7 @@ def _supervise(job: _Job, timeout: float | None) -> int:
                 continue
             worker.reap(1.0)
             if job.errors:
-                raise ValueError(job.errors[0])
+                raise job.errors[0]
             if worker.attempt >= config.max_restarts:
                 raise TuningError(f"Tuner worker {i} died {worker.attempt + 1} times (last status {status}); "
                                   f"the search stops. Resume it with --resume.\n{_tail(worker)}")
@@ -216,6 +219,11 @@ def search(script: str | Path, *, out: str | Path = "tune_out", workers: int = 2
 
     Returns:
         The :class:`SearchResult`; the table, JSON and plots are in ``out``.
+
+    Raises:
+        tensorfleet.compat.keras.Keras3ModelError: the script's ``build_model`` returns a Keras 3 model.
+        ValueError: bad options, or an error in what the script gives (reported by the processes).
+        TuningError: the search could not finish.
     """
     check_script(script)
     config = SearchConfig(script=str(script), out=str(out), workers=workers, max_trials=max_trials,

@@ -26,11 +26,12 @@ from typing import Any, Callable
 
 from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, missing_functions_message
 
-__all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "MARK", "TuneScriptError", "main", "make_tuner", "load_script",
-           "split_data"]
+__all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "KERAS3_MARK", "MARK", "TuneScriptError", "keras2_hypermodel",
+           "main", "make_tuner", "load_script", "split_data"]
 
 MARK = "tensorfleet-tune:"
 ERROR_MARK = "tensorfleet-tune-error:"
+KERAS3_MARK = "tensorfleet-tune-keras3:"  # the same, for a script that builds Keras 3 models
 EXIT_USER_ERROR = 3
 PROJECT = "oracle"
 IDLE_PAUSE = 0.5
@@ -67,24 +68,60 @@ def split_data(data: Any, batch_size: int) -> tuple[tuple[Any, ...], dict[str, A
 
 
 def _objective(config: SearchConfig) -> Any:
-    import keras_tuner as kt
-    from keras_tuner.src.engine.objective import create_objective
+    from tensorfleet.compat.keras_tuner import import_keras_tuner, objective_from_name
 
+    kt = import_keras_tuner()
     if config.direction is not None:
         return kt.Objective(config.objective, config.direction.value)
     try:
-        return create_objective(config.objective)
+        return objective_from_name(config.objective)
     except ValueError:
         raise TuneScriptError(
             f"Keras Tuner cannot tell whether objective {config.objective!r} is better larger or smaller; "
             "pass --direction max or --direction min.") from None
 
 
-def make_tuner(config: SearchConfig, build_model: Callable[..., Any], *, strategy: Any = None) -> Any:
-    """Keras Tuner's tuner of ``config.algorithm`` over ``OUT/oracle``, reloading what is there."""
-    import keras_tuner as kt
+def keras2_hypermodel(build_model: Callable[..., Any], where: str = "build_model") -> Callable[..., Any]:
+    """``build_model``, checked at its first build to return a Keras 2 (tf_keras) model.
 
-    common = {"hypermodel": build_model, "objective": _objective(config), "directory": config.out,
+    Keras Tuner builds the model once as the tuner is made (to learn the search space), in the chief
+    and in every worker, so a script that builds a Keras 3 model is refused before any trial runs.
+
+    Raises:
+        tensorfleet.compat.keras.Keras3ModelError: the first model built is a Keras 3 model.
+    """
+    from tensorfleet.compat.keras import Keras3ModelError, require_keras2
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
+
+    # Keras Tuner records most errors of a build as a failed trial and goes on; its FatalError ends the
+    # search. Raised as both, the refusal ends it and is still caught as a Keras3ModelError.
+    fatal = type("Keras3ModelError", (Keras3ModelError, import_keras_tuner().errors.FatalError), {})
+    checked = False
+
+    def build(hp: Any) -> Any:
+        nonlocal checked
+        model = build_model(hp)
+        if not checked:
+            try:
+                require_keras2(model, where)
+            except Keras3ModelError as exc:
+                raise fatal(str(exc)) from None
+            checked = True
+        return model
+
+    return build
+
+
+def make_tuner(config: SearchConfig, build_model: Callable[..., Any], *, strategy: Any = None) -> Any:
+    """Keras Tuner's tuner of ``config.algorithm`` over ``OUT/oracle``, reloading what is there.
+
+    Raises:
+        tensorfleet.compat.keras.Keras3ModelError: ``build_model`` returns a Keras 3 model.
+    """
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
+
+    kt = import_keras_tuner()
+    common = {"hypermodel": keras2_hypermodel(build_model, f"build_model of {Path(config.script).name}"), "objective": _objective(config), "directory": config.out,
               "project_name": PROJECT, "overwrite": False, "distribution_strategy": strategy, "seed": config.seed}
     if config.algorithm is SearchAlgorithm.HYPERBAND:
         tuner = kt.Hyperband(max_epochs=config.epochs, **common)
@@ -101,19 +138,23 @@ def _save_atomically(tuner: Any) -> None:
     """Keras Tuner writes each process's own state (``OUT/oracle/<tuner id>.json``, reloaded when
     that process starts again) in place: one killed while writing it, or stopped with the search,
     would leave half a file that a ``--resume`` then fails to read. Written atomically instead."""
+    from tensorfleet.compat.keras_tuner import tuner_is_worker, tuner_state_file
     from tensorfleet.io import write_json
 
     def save() -> None:
-        if not tuner._is_worker():
+        if not tuner_is_worker(tuner):
             tuner.oracle.save()
-        write_json(tuner._get_tuner_fname(), tuner.get_state())
+        write_json(tuner_state_file(tuner), tuner.get_state())
 
     tuner.save = save
 
 
 def _objective_check(name: str) -> Any:
-    import keras_tuner as kt
     import tensorflow as tf
+
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
+
+    kt = import_keras_tuner()
 
     class ObjectiveCheck(tf.keras.callbacks.Callback):
         """Ends the search after the first epoch when the model does not report the objective; says
@@ -179,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     config = SearchConfig(**json.loads(given)) if given else SearchConfig.load(Path(argv[0]))
     if given and chief:
         config.save()
-    import keras_tuner as kt
+    from tensorfleet.compat.keras import Keras3ModelError
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
+
+    kt = import_keras_tuner()  # before the user's script, which may import keras_tuner itself
 
     try:
         if not chief and config.pin_cores:  # first: TensorFlow takes thread counts only before it starts
@@ -195,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             run_chief(config, script["build_model"])
         else:
             run_worker(config, script, tuner_id)
+    except Keras3ModelError as exc:
+        print(f"{KERAS3_MARK} {exc}", flush=True)
+        return EXIT_USER_ERROR
     except (TuneScriptError, kt.errors.FatalError) as exc:
         print(f"{ERROR_MARK} {exc}", flush=True)
         return EXIT_USER_ERROR

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tensorfleet import profiling
@@ -60,3 +61,19 @@ def test_with_several_steps_per_call_the_calls_holding_the_chosen_steps_are_reco
     # each call is annotated with its first step.
     assert [s.number for s in trace.steps] == [4, 0]
     assert callback.seen == 12 and not callback.capture.running
+
+
+def test_fit_of_a_keras_3_model_refuses_the_callback_before_recording(tmp_path):
+    keras = pytest.importorskip("keras", reason="Keras 3 is not installed (the tff track has Keras 2.14)")
+    if not keras.__version__.startswith("3."):
+        pytest.skip(f"keras {keras.__version__} is Keras 2 (the tff track): no Keras 3 model to refuse")
+    from tensorfleet.compat.keras import Keras3ModelError
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.profiling\.ProfileCallback received a Keras 3 model "
+                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. tensorfleet runs "
+                                               r"Keras 2 models"):
+        model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), epochs=1, verbose=0,
+                  callbacks=[profiling.ProfileCallback(tmp_path, steps="0-1")])
+    assert not list(tmp_path.rglob("*.xplane.pb"))

@@ -6,24 +6,25 @@ import json
 
 
 def _oracle(tmp_path):
-    import keras_tuner as kt
+    from tensorfleet.compat.keras_tuner import import_keras_tuner, set_project_dir
 
+    kt = import_keras_tuner()  # first: a Keras Tuner imported before tensorfleet's would drive Keras 3
     oracle = kt.oracles.RandomSearchOracle(objective=kt.Objective("val_accuracy", "max"), max_trials=5, seed=0)
-    oracle._set_project_dir(str(tmp_path), "oracle")
+    set_project_dir(oracle, str(tmp_path), "oracle")
     return oracle
 
 
 def test_a_reloaded_queue_drops_trials_that_ended_and_takes_running_ones_it_lacks(tmp_path):
-    from keras_tuner.src.engine.trial import Trial
-
+    from tensorfleet.compat.keras_tuner import import_keras_tuner, retry_queue, set_retry_queue
     from tensorfleet.tuning.chief import repair_reloaded
 
     oracle = _oracle(tmp_path)
+    Trial = import_keras_tuner().engine.trial.Trial
     for tid, status in (("0", "COMPLETED"), ("1", "RUNNING"), ("2", "INVALID"), ("3", "RUNNING"), ("4", "FAILED")):
         oracle.trials[tid] = Trial(oracle.get_space(), trial_id=tid, status=status)
-    oracle._retry_queue = ["0", "2", "3", "4"]  # 0 and 4 ended after the state was saved; 1 was left out
+    set_retry_queue(oracle, ["0", "2", "3", "4"])  # 0 and 4 ended after the state was saved; 1 was left out
     repair_reloaded(oracle)
-    assert oracle._retry_queue == ["2", "3", "1"]
+    assert retry_queue(oracle) == ["2", "3", "1"]
 
 
 def test_saved_state_and_trial_files_are_whole_json(tmp_path):

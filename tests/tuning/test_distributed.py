@@ -98,6 +98,43 @@ def test_an_objective_the_model_does_not_report_ends_the_search_naming_what_it_r
         search(SCRIPT, out=tmp_path, workers=1, max_trials=2, objective="val_auc", direction="max", **FAST)
 
 
+KERAS3_SCRIPT = """\
+import keras
+
+
+def build_model(hp):
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hp.Choice("units", [8, 32])),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def data():
+    raise AssertionError("the search must stop before it asks for data")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_script_that_builds_keras_3_models_is_refused_with_one_error_naming_it(tmp_path, capsys):
+    keras = pytest.importorskip("keras", reason="Keras 3 is not installed (the tff track has Keras 2.14)")
+    if not keras.__version__.startswith("3."):
+        pytest.skip(f"keras {keras.__version__} is Keras 2 (the tff track): no Keras 3 model to refuse")
+    from tensorfleet.compat.keras import Keras3ModelError
+
+    script = tmp_path / "keras3_search.py"
+    script.write_text(KERAS3_SCRIPT)
+    with pytest.raises(Keras3ModelError, match=r"^build_model of keras3_search\.py received a Keras 3 model "
+                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. tensorfleet runs "
+                                               r"Keras 2 models"):
+        search(script, out=tmp_path / "out", workers=1, max_trials=2, **FAST)
+    assert main(["tune", str(script), "--out", str(tmp_path / "cli"), "--workers", "1", "--max-trials", "2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(
+        "error: build_model of keras3_search.py received a Keras 3 model (keras.src.models.sequential.Sequential)."), \
+        error
+
+
 def test_the_command_refuses_an_unknown_algorithm_in_one_line(tmp_path, capsys):
     assert main(["tune", SCRIPT, "--out", str(tmp_path), "--algorithm", "grid"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [

@@ -48,8 +48,10 @@ def test_write_results_writes_the_table_json_and_both_plots(tmp_path):
 
 
 def test_a_keras_tuner_trial_becomes_a_record_with_its_time_and_the_space_order():
-    import keras_tuner as kt
-    from keras_tuner.src.engine.trial import Trial
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
+
+    kt = import_keras_tuner()
+    Trial = kt.engine.trial.Trial
 
     hp = kt.HyperParameters()
     hp.Int("units", 8, 32, step=8)
