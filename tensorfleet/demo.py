@@ -2,12 +2,14 @@
 
 1. strategies: the digits CNN trained with plain Keras ``fit`` under the ``mirrored`` strategy
    over 2 logical CPU devices; prints accuracy and throughput;
-2. federated: a short FedAvg simulation of the same model on 20 label-skewed clients on
-   tensorflow-federated; prints accuracy per round;
+2. federated: a short FedAvg simulation of the same model on 20 label-skewed clients on the
+   compiled backend (one TensorFlow function per round; no tensorflow-federated needed, so it
+   runs on both tracks); prints accuracy per round;
 3. edge: the model of part 1 converted to full int8, run on the TFLite Micro interpreter, and
    exported as C sources; prints size, arena and accuracy.
 
-Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
+It starts by printing the versions it runs on (Python, TensorFlow, and the Keras behind ``tf.keras``:
+tf_keras on TensorFlow >= 2.16). Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
 Run with ``python -m tensorfleet.demo [--devices N] [--epochs E] [--rounds R] [--out DIR] [--verbose]``;
 TensorFlow's start-up and converter noise is left out unless ``--verbose``
 (:mod:`tensorfleet.cluster.console`).
@@ -20,7 +22,31 @@ import os
 import time
 from typing import Any
 
-__all__ = ["main", "run", "run_federated", "run_edge"]
+__all__ = ["main", "run", "run_federated", "run_edge", "versions"]
+
+
+def versions() -> str:
+    """``Python 3.12.1, TensorFlow 2.21.0, tf_keras 2.21.0 (tf.keras)``: what the demo runs on.
+
+    Importing TensorFlow and reading ``tf.keras`` starts no device, so the logical devices of
+    part 1 can still be made afterwards.
+    """
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import tensorflow as tf
+
+    from tensorfleet.compat.keras import keras_flavour
+
+    flavour = keras_flavour()
+    if flavour == "tf_keras":
+        try:
+            keras = f"tf_keras {version('tf_keras')}"
+        except PackageNotFoundError:  # pragma: no cover - tf.keras came from tf_keras, so it is installed
+            keras = "tf_keras"
+    else:
+        keras = f"Keras {getattr(tf.keras, '__version__', '?')}"
+    return f"Python {platform.python_version()}, TensorFlow {tf.__version__}, {keras} (tf.keras)"
 
 
 def _EpochTimer() -> "object":
@@ -74,7 +100,8 @@ def run(*, devices: int = 2, epochs: int = 5, batch_size: int = 64, return_model
 
 
 def run_federated(*, rounds: int = 10, out_dir: str = "out/demo/federated") -> dict[str, float]:
-    """A short FedAvg run on 20 Dirichlet(0.5) clients of digits; returns the final accuracy."""
+    """A short FedAvg run on 20 Dirichlet(0.5) clients of digits on the compiled backend; returns the
+    final accuracy."""
     import tensorfleet as tfl
 
     split = tfl.models.datasets.load_digits()
@@ -82,11 +109,11 @@ def run_federated(*, rounds: int = 10, out_dir: str = "out/demo/federated") -> d
                                       alpha=0.5, seed=0)
     sim = tfl.federated.Simulation(
         lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds, clients_per_round=5, seed=0,
-        local_epochs=2, client_learning_rate=0.1,
+        local_epochs=2, client_learning_rate=0.1, backend="compiled",
         test_data=(split.x_test, split.y_test), eval_every=1, out_dir=out_dir)
     history = sim.run()
     accuracy = float(history.final("test_accuracy"))
-    print(f"federated: fedavg, 20 clients, 5 per round, {rounds} rounds: central test accuracy {accuracy:.4f}; "
+    print(f"federated: {sim.header()}, 20 clients, 5 per round, {rounds} rounds: central test accuracy {accuracy:.4f}; "
           f"metrics and plots in {out_dir}")
     return {"test_accuracy": accuracy}
 
@@ -126,9 +153,10 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")  # before TensorFlow starts
     with quiet_stderr(enabled=not args.verbose):
+        print(f"tensorfleet demo on {versions()}")
         print("== 1. strategies: plain Keras fit under a distribution strategy")
         _, model = run(devices=args.devices, epochs=args.epochs, return_model=True)
-        print("== 2. federated: FedAvg on tensorflow-federated")
+        print("== 2. federated: FedAvg on the compiled backend")
         run_federated(rounds=args.rounds, out_dir=f"{args.out}/federated")
         print("== 3. edge: int8 for a microcontroller, checked on TFLite Micro")
         run_edge(model, out_dir=f"{args.out}/edge")

@@ -24,13 +24,20 @@ def test_demo_trains_simulates_and_exports(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # What the user sees has none of TensorFlow's start-up or converter noise.
-    for noise in ("Unable to register cu", "fully_quantize:", "UserWarning", "cpu_feature_guard"):
+    for noise in ("Unable to register cu", "fully_quantize:", "UserWarning", "cpu_feature_guard", "absl::InitializeLog",
+                  "oneDNN custom operations", "cudart_stub", "failed call to cuInit"):
         assert noise not in proc.stderr, proc.stderr[-3000:]
     text = proc.stdout.replace("\r", "\n")
+    import platform
+
+    import tensorflow as tf
+
+    assert text.startswith(f"tensorfleet demo on Python {platform.python_version()}, TensorFlow {tf.__version__}, "), text
+    assert re.match(r"^tensorfleet demo on .*, (tf_keras|Keras) 2\.\d+\.\d+ \(tf\.keras\)$", text.splitlines()[0]), text
     assert "strategy: mirrored over 2 logical CPU devices" in text
     accuracy = float(re.search(r"^test accuracy: ([0-9.]+)$", text, re.M).group(1))
     assert accuracy >= 0.9
-    assert re.search(r"^federated: fedavg, 20 clients, 5 per round, 2 rounds: central test accuracy", text, re.M)
+    assert re.search(r"^federated: fedavg on compiled, 20 clients, 5 per round, 2 rounds: central test accuracy", text, re.M)
     assert re.search(r"edge: int8 model [0-9,]+ bytes, smallest TFLite Micro arena [0-9,]+ bytes", text)
     for name in ("federated/metrics.json", "federated/accuracy.png", "edge/digits_int8.tflite",
                  "edge/c/digits_model_data.cc", "edge/c/digits_op_resolver.h"):

@@ -1,12 +1,19 @@
 """What a person sees of TensorFlow's output: its known noise left out, progress bars one line each.
 
-TensorFlow 2.14 prints lines on every start that say nothing to a user, and the environment
+TensorFlow prints lines on every start that say nothing to a user, and the environment
 cannot turn them off without hiding real errors too:
 
-* ``E ... cuda_dnn.cc] Unable to register cuDNN factory`` (and cuFFT, cuBLAS): XLA's stream
-  executor logs them at ERROR when TensorFlow's libraries register their CUDA plugins twice
-  while ``import tensorflow`` runs, GPU or not. ``TF_CPP_MIN_LOG_LEVEL=2`` keeps them (it hides
-  INFO and WARNING only); ``3`` hides them with every other C++ error.
+* TensorFlow 2.14: ``E ... cuda_dnn.cc] Unable to register cuDNN factory`` (and cuFFT, cuBLAS):
+  XLA's stream executor logs them at ERROR when TensorFlow's libraries register their CUDA
+  plugins twice while ``import tensorflow`` runs, GPU or not. ``TF_CPP_MIN_LOG_LEVEL=2`` keeps
+  them (it hides INFO and WARNING only); ``3`` hides them with every other C++ error.
+* TensorFlow 2.21 logs through absl before its log level is read, so ``TF_CPP_MIN_LOG_LEVEL``
+  does not reach these: ``WARNING: All log messages before absl::InitializeLog() is called are
+  written to STDERR``, ``I... port.cc:153] oneDNN custom operations are on ...``, ``I...
+  cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.``, and
+  at ERROR ``E... cuda_platform.cc:52] failed call to cuInit: ... UNKNOWN ERROR (303)`` (no CUDA
+  driver library; a driver that fails for another reason is still shown). With a lower log
+  level also ``cpu_feature_guard.cc`` (which CPU instructions the binary could use), two lines.
 * ``fully_quantize: 0, inference_type: 6, ...``: the TFLite quantizer writes it straight to
   stderr on every full-integer conversion; no log level reaches it.
 * TFLite's ``UserWarning: Statistics for quantized inputs were expected, but not specified``,
@@ -45,11 +52,27 @@ from typing import Iterator
 
 __all__ = ["NOISE", "ProgressLines", "is_noise", "quiet_stderr"]
 
+# The head of a C++ log line: TensorFlow 2.14's "2026-11-23 14:20:22.950483: E path/file.cc:609] ",
+# or absl's (TensorFlow 2.21) "E0000 00:00:1795791305.987977    7002 file.cc:52] ".
+_LOG = (r"(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ )"
+        r"(?:\S*/)?")
+
 #: Lines TensorFlow prints that are noise to a user (see the module docstring).
 NOISE: tuple[re.Pattern[str], ...] = (
-    re.compile(r"^\S+ \S+: E \S*stream_executor/cuda/cuda_(dnn|fft|blas)\.cc:\d+\] "
+    re.compile(rf"^{_LOG}cuda_(dnn|fft|blas)\.cc:\d+\] "
                r"Unable to register cu(DNN|FFT|BLAS) factory: Attempting to register factory for plugin "
                r"cu(DNN|FFT|BLAS) when one has already been registered$"),
+    re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"),
+    re.compile(rf"^{_LOG}port\.cc:\d+\] oneDNN custom operations are on\. You may see slightly different "
+               r"numerical results due to floating-point round-off errors from different computation orders\. "
+               r"To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`\.$"),
+    re.compile(rf"^{_LOG}cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.$"),
+    re.compile(rf"^{_LOG}cuda_(platform|driver)\.cc:\d+\] failed call to cuInit: "
+               r"(INTERNAL: CUDA error: Failed call to cuInit: )?UNKNOWN ERROR \(303\)$"),
+    re.compile(rf"^{_LOG}cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU "
+               r"instructions in performance-critical operations\.$"),
+    re.compile(r"^To enable the following instructions: [A-Za-z0-9_ ]+, in other operations, rebuild "
+               r"TensorFlow with the appropriate compiler flags\.$"),
     re.compile(r"^fully_quantize: \d+, inference_type: \d+, input_inference_type: \w+, "
                r"output_inference_type: \w+$"),
     # the profiler client's line for each task a coordinator traces (tf.profiler.experimental.client.trace)

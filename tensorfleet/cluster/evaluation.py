@@ -30,18 +30,18 @@ task, which stops once training has ended, however many epochs early stopping le
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from tensorfleet.cluster.contract import ENV_TRAINING_ENDED
+from tensorfleet.compat import distribute as tf_internals
+from tensorfleet.compat.keras import require_keras2
 from tensorfleet.io import write_bytes, write_text
 from tensorfleet.validation import integer
 
@@ -207,6 +207,9 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
 
     Returns:
         True after evaluating (the script should exit), False when this process trains.
+
+    Raises:
+        tensorfleet.compat.keras.Keras3ModelError: ``model_fn`` built a Keras 3 model.
     """
     if not (force or is_evaluator()):
         return False
@@ -217,7 +220,7 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
 
     out_path = Path(out)
     out_path.mkdir(parents=True, exist_ok=True)
-    model = model_fn()
+    model = require_keras2(model_fn(), "tensorfleet.cluster.evaluation.evaluation (the model model_fn built)")
     recorder = _Recorder(model, Path(checkpoint_dir), out_path, monitor, mode, log)
     model.evaluate = recorder.hook(model.evaluate)
 
@@ -225,12 +228,8 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
         def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             recorder.record(dict(logs or {}))
 
-    class _Sidecar(tf.keras.utils.SidecarEvaluator):
-        def _timeout_fn(self) -> bool:  # TensorFlow's hook for "no new checkpoint will come"
-            return recorder.finished()
-
     x, y = (data if isinstance(data, tuple) and len(data) == 2 else (data, None))
-    evaluator = _Sidecar(
+    evaluator = tf_internals.sidecar_evaluator_class(stop=recorder.finished)(
         model, x if y is None else tf.data.Dataset.from_tensor_slices((x, y)).batch(32), str(checkpoint_dir),
         steps=steps, max_evaluations=last_checkpoint,
         callbacks=[tf.keras.callbacks.TensorBoard(str(out_path / "tensorboard")), _Record()])
@@ -238,29 +237,10 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
         log(f"checkpoint {last_checkpoint}, the last, was evaluated before; nothing to do")
         return True
     if not recorder.finished():
-        with _asking_every(_ASK_EVERY):
+        with tf_internals.sidecar_checkpoint_wait(_ASK_EVERY):
             evaluator.start()
     if training_ended():
         newest = recorder.newest()
         log("training ended without writing a checkpoint; nothing to evaluate" if newest is None else
             f"training ended and its last checkpoint, {newest}, is evaluated; the evaluator stops")
     return True
-
-
-@contextlib.contextmanager
-def _asking_every(seconds: int) -> Iterator[None]:
-    """Makes SidecarEvaluator ask its ``_timeout_fn`` after ``seconds`` without a new checkpoint
-    instead of 30 s, so the end of training is noticed within seconds. Its module reads the wait
-    from a private constant when the loop starts; a TensorFlow without it keeps its own wait."""
-    import tensorflow as tf
-
-    module = sys.modules[tf.keras.utils.SidecarEvaluator.__module__]
-    before = getattr(module, "_CHECKPOINT_TIMEOUT_SEC", None)
-    if before is None:
-        yield
-        return
-    module._CHECKPOINT_TIMEOUT_SEC = seconds
-    try:
-        yield
-    finally:
-        module._CHECKPOINT_TIMEOUT_SEC = before

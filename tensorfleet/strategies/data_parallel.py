@@ -14,6 +14,7 @@ import logging
 from enum import Enum
 from typing import Any, Sequence
 
+from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.devices import local_devices
 from tensorfleet.strategies.registry import Availability, register
 from tensorfleet.strategies.servers import start_server
@@ -159,12 +160,7 @@ def _new_mirrored(devices: list[str], ops: Any) -> Any:
     TensorFlow reads the key base from the instance during construction; each strategy built
     here gets its own, never TensorFlow's 0, whose group key 1 DTensor's collectives also take.
     """
-    import tensorflow as tf
-
-    strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
-    strategy._collective_key_base = 100_000 * next(_strategy_count)
-    strategy.__init__(devices=devices, cross_device_ops=ops)
-    return strategy
+    return tf_internals.new_mirrored_strategy(devices, ops, collective_key_base=100_000 * next(_strategy_count))
 
 
 # --------------------------------------------------------------------------- central storage

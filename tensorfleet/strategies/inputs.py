@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.validation import integer, positive_int
 
 __all__ = ["FitInputs", "fit_inputs", "evaluate_inputs", "uses_coordinator"]
@@ -55,7 +56,7 @@ class FitInputs(Mapping[str, Any]):
 
 def uses_coordinator(strategy: Any) -> bool:
     """True for strategies that Keras drives through a ClusterCoordinator (parameter server)."""
-    return bool(getattr(strategy, "_should_use_with_coordinator", False))
+    return tf_internals.uses_coordinator(strategy)
 
 
 def _current_strategy(strategy: Any) -> Any:
@@ -84,7 +85,7 @@ def _check_arrays(x: Any, y: Any, batch_size: int) -> int:
 
 def _num_workers(strategy: Any) -> int:
     """The worker count of a parameter-server strategy (what its ClusterCoordinator reads)."""
-    return int(strategy._num_workers)
+    return tf_internals.parameter_server_workers(strategy)
 
 
 def _dataset_fn(x: Any, y: Any, batch_size: int, shuffle: bool, seed: int, repeat: bool,

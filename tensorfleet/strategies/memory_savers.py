@@ -26,6 +26,7 @@ import contextlib
 from enum import Enum
 from typing import Any, Iterator, Sequence
 
+from tensorfleet.compat.keras import is_keras3_model, require_keras2
 from tensorfleet.validation import choice, positive_int
 
 __all__ = ["Precision", "accumulate_gradients", "mixed_precision", "recompute"]
@@ -53,6 +54,9 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
     Returns:
         A ``tf.keras.Model`` whose ``train_step`` accumulates.
 
+    Raises:
+        tensorfleet.compat.keras.Keras3ModelError: ``model`` is a Keras 3 model.
+
     Example:
         >>> import tensorflow as tf
         >>> import tensorfleet as tfl
@@ -66,7 +70,8 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
     import tensorflow as tf
 
     steps = positive_int("steps", steps)
-    if not isinstance(model, tf.keras.Model) or not getattr(model, "inputs", None):
+    require_keras2(model, "accumulate_gradients")
+    if not getattr(model, "inputs", None):
         raise TypeError(
             "accumulate_gradients needs a built functional or sequential tf.keras.Model. "
             f"Received: {type(model).__name__}"
@@ -199,6 +204,9 @@ def recompute(layers: Sequence[Any], *, name: str | None = None) -> Any:
     Returns:
         A Keras layer.
 
+    Raises:
+        tensorfleet.compat.keras.Keras3ModelError: a layer is a Keras 3 layer.
+
     Example:
         >>> import tensorflow as tf
         >>> inputs = tf.keras.Input((8, 8, 1))
@@ -210,4 +218,7 @@ def recompute(layers: Sequence[Any], *, name: str | None = None) -> Any:
     """
     if not isinstance(layers, (list, tuple)) or not layers:
         raise ValueError(f"recompute needs a non-empty list of Keras layers. Received: layers={layers!r}")
+    for layer in layers:
+        if is_keras3_model(layer):  # a Keras 3 layer inside a tf_keras layer fails deep in Keras otherwise
+            require_keras2(layer, "recompute")
     return _recompute_class()(layers, name=name)

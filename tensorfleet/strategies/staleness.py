@@ -60,6 +60,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
 
+from tensorfleet.compat import distribute as tf_internals
+
 __all__ = ["Consistency", "StalenessPolicy", "StepRecord", "StalenessGate", "attach", "install", "installed_gate",
            "num_workers", "resolve_staleness"]
 
@@ -158,7 +160,7 @@ class StepRecord:
 
 def _coordinator_cluster(coordinator: Any) -> Any:
     """The ``Cluster`` of a ``ClusterCoordinator``; TypeError for anything else."""
-    cluster = getattr(coordinator, "_cluster", None)
+    cluster = tf_internals.coordinator_cluster(coordinator)
     if not getattr(cluster, "workers", None) or getattr(cluster, "closure_queue", None) is None:
         raise TypeError(
             "coordinator must be a tf.distribute.experimental.coordinator.ClusterCoordinator. "
@@ -230,7 +232,7 @@ class StalenessGate:
         self._running: dict[int, tuple[Any, int, int, int, float]] = {}  # thread -> step being run
         # Held-back workers wait on a condition of their own, on the queue's lock: the queue wakes
         # one waiter per step it is given, and that must be a worker that may take it.
-        self._lock = self._queue._queue_lock
+        self._lock = tf_internals.closure_queue_lock(self._queue)
         self._held = threading.Condition(self._lock)
         self._active = True
         self._originals = {name: getattr(self._queue, name) for name in _WRAPPED}
@@ -245,10 +247,8 @@ class StalenessGate:
         """Gives every worker a no-op of its own: a worker thread already waiting in the queue's
         ``get`` (it started waiting before the gate was installed) takes it and comes back for
         its next step through the gate."""
-        from tensorflow.python.distribute.coordinator.cluster_coordinator import ResourceClosure
-
         for w in range(len(self.clocks)):
-            self._queue.put(ResourceClosure(_no_op, cluster.resource_cancellation_mgr), tag=w)
+            self._queue.put(tf_internals.worker_closure(_no_op, cluster), tag=w)
 
     # ------------------------------------------------------------------ policy (lock held)
 
@@ -281,8 +281,8 @@ class StalenessGate:
         with self._lock:
             if self._down[w]:
                 self._back(w)
-            while (self._active and queue._should_process_closures and queue._tagged_queue[w].empty()
-                   and not self._may_start(w)):
+            while (self._active and tf_internals.queue_accepts_closures(queue)
+                   and not tf_internals.tagged_work_waiting(queue, w) and not self._may_start(w)):
                 remaining = _HELD_POLL_SECONDS if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -305,8 +305,7 @@ class StalenessGate:
         step = self._running.pop(threading.get_ident(), None)
         if step is not None:
             closure, w, clock, gap, start = step
-            reference = closure._output_remote_value_ref if self._keep_outputs else None
-            remote = reference() if reference is not None else None
+            remote = tf_internals.closure_output(closure) if self._keep_outputs else None
             with self._lock:
                 self.records.append(StepRecord(worker=w, clock=clock, clock_gap=gap, start=start,
                                                 end=time.perf_counter(), outputs=remote))
@@ -433,7 +432,7 @@ def attach(strategy: Any, staleness: int | str | None | StalenessPolicy) -> Stal
         TypeError: staleness applies to a tf.distribute.experimental.ParameterServerStrategy. Received: ...
     """
     policy = resolve_staleness(staleness)
-    if not getattr(strategy, "_should_use_with_coordinator", False):
+    if not tf_internals.uses_coordinator(strategy):
         raise TypeError(
             "staleness applies to a tf.distribute.experimental.ParameterServerStrategy. "
             f"Received: {type(strategy).__name__}"

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.staleness import (
     StalenessGate,
     StalenessPolicy,
@@ -170,9 +171,8 @@ class TrainingRun:
 def _sleep_op(microseconds: Any) -> Any:
     """A real pause inside a worker's step (a straggler), without burning CPU."""
     import tensorflow as tf
-    from tensorflow.python.data.experimental.ops import testing as data_testing
 
-    return tf.data.Dataset.range(1).apply(data_testing.sleep(microseconds)).reduce(
+    return tf.data.Dataset.range(1).apply(tf_internals.sleep_transformation(microseconds)).reduce(
         tf.constant(0, tf.int64), lambda total, value: total + value)
 
 

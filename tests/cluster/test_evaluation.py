@@ -65,9 +65,10 @@ def test_a_model_restored_from_weights_exports_with_its_optimizer_state_and_load
 
 def test_a_checkpoint_is_recorded_only_once_its_best_model_is_saved(tmp_path, monkeypatch):
     from tensorfleet.cluster import evaluation as module
+    from tensorfleet.cluster.evaluation import _Recorder
 
     model = build_model()
-    recorder = module._Recorder(model, tmp_path / "ckpt", tmp_path, "accuracy", "max", log=lambda line: None)
+    recorder = _Recorder(model, tmp_path / "ckpt", tmp_path, "accuracy", "max", log=lambda line: None)
     recorder.current = 1
 
     def killed(*args, **kwargs):  # the evaluator dies while saving the best model
@@ -79,7 +80,7 @@ def test_a_checkpoint_is_recorded_only_once_its_best_model_is_saved(tmp_path, mo
     assert evaluated_checkpoints(tmp_path) == [] and not (tmp_path / BEST_MODEL).exists()
     # started again, it evaluates checkpoint 1 again: saved, then recorded
     monkeypatch.setattr(module, "export_model", export_model)
-    again = module._Recorder(model, tmp_path / "ckpt", tmp_path, "accuracy", "max", log=lambda line: None)
+    again = _Recorder(model, tmp_path / "ckpt", tmp_path, "accuracy", "max", log=lambda line: None)
     again.current = 1
     again.record({"loss": 1.5, "accuracy": 0.5})
     assert [r["checkpoint"] for r in evaluated_checkpoints(tmp_path)] == [1] and (tmp_path / BEST_MODEL).is_file()

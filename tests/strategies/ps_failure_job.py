@@ -78,9 +78,9 @@ def main() -> None:
 def run(args: argparse.Namespace, spec, env: dict[str, str], children: dict[str, subprocess.Popen]) -> None:
     import numpy as np
     import tensorflow as tf
-    from tensorflow.python.data.experimental.ops import testing as data_testing
 
     import tensorfleet as tfl
+    from tensorfleet.compat import distribute as tf_internals
     from tensorfleet.strategies import staleness as consistency
 
     strategy = tfl.strategies.build("parameter_server", cluster=spec)
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, spec, env: dict[str, str], children: dict[str,
             self.optimizer.apply_gradients([(tf.constant(-1.0), self.w)])  # SGD(1.0): w += 1
             counted = self.seen.scatter_nd_add(ids[:, None], tf.ones_like(ids))
             with tf.control_dependencies([self.w.read_value(), counted.read_value()]):
-                slept = tf.data.Dataset.range(1).apply(data_testing.sleep(pause_us)).reduce(
+                slept = tf.data.Dataset.range(1).apply(tf_internals.sleep_transformation(pause_us)).reduce(
                     tf.constant(0, tf.int64), lambda total, value: total + value)
             with tf.control_dependencies([slept]):
                 return {"w": tf.identity(self.w)}

@@ -83,6 +83,7 @@ def input_order(strategy, coordinator) -> dict:
     import tensorflow as tf
 
     import tensorfleet as tfl
+    from tensorfleet.compat import distribute as tf_internals
 
     n, batch = 64, 4
     ids = np.arange(n, dtype=np.float32)[:, None]
@@ -95,7 +96,7 @@ def input_order(strategy, coordinator) -> dict:
         return next(iterator)[0]
 
     # Two passes over the examples: n / workers per worker and pass, through each worker's own iterator.
-    workers = coordinator._cluster.workers
+    workers = tf_internals.coordinator_cluster(coordinator).workers
     read = {w: [int(i) for _ in range(2 * n // len(workers) // batch)
                 for i in worker.create_resource(take, args=(per_worker,)).fetch().ravel()]
             for w, worker in enumerate(workers)}

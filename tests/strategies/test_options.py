@@ -5,6 +5,7 @@ import portpicker
 import pytest
 
 import tensorfleet as tfl
+from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.tpu import NoTPUError
 
 
@@ -24,7 +25,7 @@ def test_mirrored_nccl_needs_a_gpu() -> None:
                                       ("reduction_to_one_device", "ReductionToOneDevice")])
 def test_mirrored_passes_cross_device_ops_through(ops: str, cls: str) -> None:
     strategy = tfl.strategies.build("mirrored", devices=["/cpu:0", "/cpu:1"], cross_device_ops=ops)
-    assert type(strategy.extended._cross_device_ops).__name__ == cls
+    assert type(tf_internals.cross_device_ops(strategy)).__name__ == cls
     assert strategy.num_replicas_in_sync == 2
 
 

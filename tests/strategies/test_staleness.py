@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.staleness import Consistency, StalenessPolicy, install, installed_gate, resolve_staleness
 from tensorfleet.strategies.staleness_run import StalenessScheduler
 
@@ -97,10 +98,8 @@ class _Step:
 
 class _FakeCoordinator:
     def __init__(self, workers: int) -> None:
-        from tensorflow.python.distribute.coordinator.cluster_coordinator import _CoordinatedClosureQueue
-
         self._cluster = type("Cluster", (), {})()
-        self._cluster.closure_queue = _CoordinatedClosureQueue()
+        self._cluster.closure_queue = tf_internals.new_closure_queue()
         self._cluster.workers = list(range(workers))
         self._cluster.resource_cancellation_mgr = None
 
@@ -131,7 +130,7 @@ def _worker(queue, w: int, taken: list, release: threading.Event, fail_first: bo
 
 
 def _run_workers(coordinator, n: int, release: threading.Event, fail_first: int | None = None):
-    queue = coordinator._cluster.closure_queue
+    queue = tf_internals.coordinator_cluster(coordinator).closure_queue
     taken: list = []
     threads = [threading.Thread(target=_worker, args=(queue, w, taken, release, w == fail_first), daemon=True)
                for w in range(n)]
@@ -155,7 +154,7 @@ def test_gate_holds_a_worker_back_until_the_slowest_catches_up():
     release = threading.Event()
     release.set()
     # Worker 1 only starts after worker 0 was given the chance to run ahead.
-    queue = coordinator._cluster.closure_queue
+    queue = tf_internals.coordinator_cluster(coordinator).closure_queue
     taken: list = []
     t0 = threading.Thread(target=_worker, args=(queue, 0, taken, release), daemon=True)
     t0.start()
@@ -178,7 +177,7 @@ def test_a_step_given_to_the_queue_wakes_a_worker_that_may_take_it():
     install(coordinator, 0)
     release = threading.Event()
     release.set()
-    queue = coordinator._cluster.closure_queue
+    queue = tf_internals.coordinator_cluster(coordinator).closure_queue
     taken: list = []
     t0 = threading.Thread(target=_worker, args=(queue, 0, taken, release), daemon=True)
     t0.start()
@@ -211,7 +210,7 @@ def test_a_held_back_worker_still_takes_its_own_tagged_work():
     install(coordinator, 0)
     release = threading.Event()
     release.set()
-    queue = coordinator._cluster.closure_queue
+    queue = tf_internals.coordinator_cluster(coordinator).closure_queue
     taken: list = []
     t0 = threading.Thread(target=_worker, args=(queue, 0, taken, release), daemon=True)
     t0.start()
@@ -246,7 +245,7 @@ def test_a_step_put_back_by_a_failed_worker_runs_again_and_the_others_go_on():
 
 def test_uninstall_gives_the_queue_its_own_methods_back():
     coordinator = _FakeCoordinator(2)
-    queue = coordinator._cluster.closure_queue
+    queue = tf_internals.coordinator_cluster(coordinator).closure_queue
     gate = install(coordinator, 1)
     assert installed_gate(coordinator) is gate and "get" in queue.__dict__
     assert install(coordinator, None) is None  # ASP: the coordinator's own behaviour
@@ -261,6 +260,7 @@ _SCRIPT = textwrap.dedent(
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
+    from tensorfleet.compat import distribute as tf_internals
     from tensorfleet.models import build, datasets
     from tensorfleet.strategies.data_parallel import parameter_server
     from tensorfleet.strategies.servers import start_in_process_cluster
@@ -303,7 +303,7 @@ _SCRIPT = textwrap.dedent(
         fit_out[str(staleness)] = {"clocks": gate.clocks, "gaps": [g for _, g in gate.gaps],
                                    "loss": history.history["loss"]}
     fit_out["asp_gate"] = consistency.install(coordinator, None) is None
-    fit_out["restored"] = not {"get", "put_back"} & set(coordinator._cluster.closure_queue.__dict__)
+    fit_out["restored"] = not {"get", "put_back"} & set(tf_internals.coordinator_cluster(coordinator).closure_queue.__dict__)
     fit_out["schedule_untouched"] = "schedule" not in coordinator.__dict__ and "join" not in coordinator.__dict__
     out["fit"] = fit_out
     print("RESULT" + json.dumps(out))

@@ -1,0 +1,45 @@
+"""A Keras 3 model or layer (the ``keras`` package, installed beside tf_keras on the current track) gets one
+clear error at the strategies' entry points that take one, naming the entry point and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tensorfleet.compat.keras import Keras3ModelError
+from tensorfleet.strategies import memory_savers
+
+_FIX = r".*import tensorfleet.*tf_keras"
+
+
+@pytest.fixture(scope="module")
+def keras3() -> Any:
+    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
+
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("3."):
+        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}: the tff track)")
+    return keras
+
+
+def test_accumulate_gradients_refuses_a_keras3_model(keras3: Any) -> None:
+    model = keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
+    with pytest.raises(Keras3ModelError, match=r"^accumulate_gradients received a Keras 3 model \(keras\.src\.models"
+                                               r"\.sequential\.Sequential\)\." + _FIX):
+        memory_savers.accumulate_gradients(model, steps=2)
+
+
+def test_recompute_refuses_a_keras3_layer(keras3: Any) -> None:
+    import tensorflow as tf
+
+    with pytest.raises(Keras3ModelError, match=r"^recompute received a Keras 3 model \(keras\.src\.layers\.core\.dense"
+                                               r"\.Dense\)\." + _FIX):
+        memory_savers.recompute([tf.keras.layers.Dense(2), keras3.layers.Dense(2)])
+
+
+def test_a_tf_keras_model_is_still_taken(keras3: Any) -> None:
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    assert memory_savers.accumulate_gradients(model, steps=2).count_params() == 10
