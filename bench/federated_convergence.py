@@ -4,6 +4,8 @@
 batch 10 (the paper's E=5, B=10), FedSGD one full-batch gradient per client per round. Each run
 stops at the target or at its round cap. Prints a Markdown table for bench/RESULTS.md.
 
+It drives TFF's own process, so it runs on the tff track (``.venv-tff/bin/python``).
+
 Run with ``python bench/federated_convergence.py [--target 0.9]``.
 """
 

@@ -15,8 +15,8 @@ same client sampling and example order for both:
 Each contender runs in its own process (so that memory is its own; the raw loop's figure adds
 TFF's worker_binary child); they run one after the other in this one invocation, once per seed
 (``--seeds``: the seed of the client sampling and example order). Each child first imports
-TensorFlow, TFF and tensorfleet (timed: ``import s``; both need TFF, the compiled backend because
-``partition()``'s client data is a TFF ``ClientData``), then starts its clock and notes the end
+TensorFlow, TFF and tensorfleet (timed: ``import s``; the raw loop needs TFF, and the compiled
+backend's child imports it too, though it needs none, so that both pay the same imports), then starts its clock and notes the end
 of every round. The script prints, per seed, rounds/s of both (steady: rounds 2 to ``--rounds``;
 total: from its clock's start to the end of round 60, so data, building and tracing count), the
 central test accuracy after round 60 and after the last (evaluated off the clock) and resident
@@ -32,6 +32,8 @@ compression): the same task on ``backend="compiled"`` and ``backend="tff"`` with
 data evaluated in the last round, steady rounds/s of each (from the end of round 1 to the end of
 round ``R - 1``: the first round traces, the last builds the evaluation model) and their ratio,
 over ``--matrix-rounds`` rounds per cell and ``--matrix-seeds`` seeds (accuracy: the mean).
+
+It compares against TFF, so it runs on the tff track (``.venv-tff/bin/python``).
 
 Run with ``python bench/federated_speed.py [--rounds 200] [--seeds 3] [--matrix-rounds 20] [--matrix-seeds 1]
 [--matrix-pools cli|tensorflow] [--only classic|matrix]``.

@@ -10,7 +10,9 @@
    Python process and of its TFF worker after ROUNDS rounds, and their ratio (target: within
    10%). For contrast, the 3,400 clients made up front (every client's arrays in memory).
 
-Run: .venv/bin/python bench/federated_workers.py [--reps 2] [--rounds 8]
+It measures TFF's workers, so it runs on the tff track.
+
+Run: .venv-tff/bin/python bench/federated_workers.py [--reps 2] [--rounds 8]
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 100 clients with label skew (Dirichlet 0.3), FedAvg with 10 clients per round, central test
 accuracy every 5 rounds, federated evaluation on 10 held-out clients, a checkpoint every 5 rounds
 (run it again with the same --out and it resumes), metrics, plots and a partition picture in
---out. Rounds run on the default backend, ``auto`` (the compiled backend for this model;
-``--backend tff`` runs them on TFF's runtime). The same run from the shell:
+--out. Rounds run on the default backend, ``auto`` (the compiled backend for this model, which
+needs no tensorflow-federated; ``--backend tff`` runs them on TFF's runtime, on the tff track). The
+same run from the shell:
 
     tensorfleet federated run --model digits_cnn --clients 100 --partition dirichlet:0.3 \\
         --algorithm fedavg --rounds 30 --clients-per-round 10 --out runs/federated_example

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = [
     "TFF_TRACK_HINT", "TffUnavailableError", "async_execution_context", "async_thread_runner", "close_channel",
     "context_bases", "context_runner", "detach_runner", "executor_factory_base", "executor_protos", "executor_stub",
-    "import_tff", "is_tff_client_data", "mergeable_execution_context", "remote_executor", "runner_loop",
+    "import_tff", "mergeable_execution_context", "remote_executor", "runner_loop",
     "sync_execution_context", "tff_available",
 ]
 
@@ -47,13 +47,6 @@ def import_tff(what: str) -> Any:
         raise TffUnavailableError(f"{what} needs tensorflow-federated, which cannot be imported here "
                                   f"({type(error).__name__}: {error}). {TFF_TRACK_HINT}.") from error
     return tff
-
-
-def is_tff_client_data(data: Any) -> bool:
-    """Whether ``data`` is a ``tff.simulation.datasets.ClientData`` (by its classes' modules: TFF is not
-    imported to tell, so this answers on a track without TFF too)."""
-    return any(cls.__module__.startswith("tensorflow_federated.") and cls.__name__ == "ClientData"
-               for cls in type(data).__mro__)
 
 
 # ---------------------------------------------------------------------------------------------------------------

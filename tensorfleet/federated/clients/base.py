@@ -140,35 +140,10 @@ class _Preprocessed(ClientData):
         return lambda client_id: self._fn(inner(client_id))
 
 
-class _FromTff(ClientData):
-    """A TFF ``ClientData`` read through: its ids, datasets and element structure, as they are."""
+class _Delegating(ClientData):
+    """Client data read through from ``data``: its ids, datasets and element structure, as they are."""
 
     def __init__(self, data: Any) -> None:
-        self.tff_client_data = data
-        self.description = getattr(data, "description", "") or type(data).__name__
-
-    @property
-    def client_ids(self) -> list[str]:
-        return list(self.tff_client_data.client_ids)
-
-    @property
-    def element_type_structure(self) -> Any:
-        return self.tff_client_data.element_type_structure
-
-    def create_tf_dataset_for_client(self, client_id: str) -> Any:
-        return self.tff_client_data.create_tf_dataset_for_client(client_id)
-
-    @property
-    def serializable_dataset_fn(self) -> Callable[[Any], Any]:
-        return self.tff_client_data.serializable_dataset_fn
-
-
-class ReadClientData(ClientData):
-    """Client data of ``OrderedDict(x=..., y=...)`` examples with :meth:`arrays`, read from each client's
-    dataset when asked (for data that keeps no arrays: TFF's, or preprocessed), so every backend
-    and sampler reads any client data as it reads ``partition()``'s."""
-
-    def __init__(self, data: ClientData) -> None:
         self.data = data
         self.description = getattr(data, "description", "") or type(data).__name__
 
@@ -186,6 +161,16 @@ class ReadClientData(ClientData):
     @property
     def serializable_dataset_fn(self) -> Callable[[Any], Any]:
         return self.data.serializable_dataset_fn
+
+
+class _FromTff(_Delegating):
+    """A TFF ``ClientData`` read through."""
+
+
+class ReadClientData(_Delegating):
+    """Client data of ``OrderedDict(x=..., y=...)`` examples with :meth:`arrays`, read from each client's
+    dataset when asked (for data that keeps no arrays: TFF's, or preprocessed), so every backend
+    and sampler reads any client data as it reads ``partition()``'s."""
 
     def arrays(self, client_id: str) -> tuple[Any, Any]:
         """``(x, y)`` numpy arrays of one client (its dataset read once)."""
@@ -221,7 +206,7 @@ def to_tff(data: ClientData) -> Any:
     while isinstance(data, ReadClientData):
         data = data.data
     if isinstance(data, _FromTff):
-        return data.tff_client_data
+        return data.data
     from tensorfleet.compat.tff import import_tff
 
     tff = import_tff("a TFF ClientData")
