@@ -4,7 +4,7 @@ TensorFlow's profiler writes one ``<host>.xplane.pb`` per host and capture into
 ``<logdir>/plugins/profile/<run>/``. Each is an ``XSpace``: planes (``/host:CPU``, ``/device:GPU:0``),
 each with lines (one per thread or stream) of timed events whose names and stats live in the
 plane's metadata tables. This module reads them with TensorFlow's own proto classes
-(``tensorflow.tsl.profiler.protobuf.xplane_pb2``) and sorts every event into what the step
+(:func:`tensorfleet.compat.profiler.xplane_pb2`) and sorts every event into what the step
 analysis needs:
 
 - steps: the ``train`` TraceMe that Keras' ``fit`` (and :func:`tensorfleet.profiling.recorder`)
@@ -12,7 +12,8 @@ analysis needs:
 - compute: TensorFlow op executions (TraceMe events named ``name:OpType``), except function-call
   containers (whose time is the ops inside them) and the tf.data threads' own work;
 - communication: collective ops (``Collective*``, ``Nccl*``), send/recv (``_Send``, ``_Recv`` and
-  their host forms, which carry parameter-server variable reads and updates) and RPC events;
+  their host forms, which carry parameter-server variable reads and updates; TensorFlow 2.21's
+  profiler records the sending side only, no event of the asynchronous ``_Recv``) and RPC events;
 - input: the time an iterator's ``GetNext`` waits for the next batch
   (``IteratorGetNextOp::DoCompute``; the ``IteratorGetNext`` op itself is asynchronous).
 

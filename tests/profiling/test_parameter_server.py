@@ -49,9 +49,9 @@ def test_capture_in_a_custom_loop_records_the_workers_and_ps_through_the_coordin
 
 def _op_types(path: Path) -> set[str]:
     """The op types (``name:OpType`` events) in one trace file, read with the profiler's protos."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from tensorfleet.compat.profiler import xplane_pb2
 
-    space = xplane_pb2.XSpace()
+    space = xplane_pb2().XSpace()
     space.ParseFromString(path.read_bytes())
     return {meta.display_name for plane in space.planes for meta in plane.event_metadata.values()
             if meta.display_name and meta.name.endswith(":" + meta.display_name)}
@@ -73,12 +73,14 @@ def test_every_task_of_a_parameter_server_job_records_its_own_part_of_the_chosen
     assert all(t.step_source is StepSource.FUNCTION for t in workers)
     assert sum(len(t.steps) for t in workers) == len(CHOSEN)
     assert (traces["ps-0"].step_source, traces["ps-0"].served) == (StepSource.NONE, len(CHOSEN))
+    # Each side's sends: TensorFlow 2.21's profiler records no event of the asynchronous _Recv kernel
+    # (2.14's did), so the receiving half of the traffic is seen as the other task's _Send.
     for worker in workers:
-        if worker.steps:  # its forward and backward pass, its reads of the variables, its gradients sent
+        if worker.steps:  # its forward and backward pass and its gradients sent
             ops = _op_types(files[worker.task][0])
-            assert {"_Recv", "_Send", "SparseSoftmaxCrossEntropyWithLogits"} <= ops
-    ps_ops = _op_types(files["ps-0"][0])  # Adam's updates of the variables it holds, sent and received
-    assert {"ReadVariableOp", "AssignSubVariableOp", "_Send", "_Recv"} <= ps_ops
+            assert {"_Send", "SparseSoftmaxCrossEntropyWithLogits"} <= ops
+    ps_ops = _op_types(files["ps-0"][0])  # Adam's updates of the variables it holds, and their values sent
+    assert {"ReadVariableOp", "AssignSubVariableOp", "_Send"} <= ps_ops
     assert "SparseSoftmaxCrossEntropyWithLogits" not in ps_ops
 
 
