@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from tensorfleet.compat import distribute as tf_internals
+from tensorfleet.compat.keras import is_keras3_model, require_keras2
 from tensorfleet.validation import integer, positive_int
 
 __all__ = ["FitInputs", "fit_inputs", "evaluate_inputs", "uses_coordinator"]
@@ -59,10 +60,12 @@ def uses_coordinator(strategy: Any) -> bool:
     return tf_internals.uses_coordinator(strategy)
 
 
-def _current_strategy(strategy: Any) -> Any:
-    """The strategy itself, a Keras model's strategy, or the one in scope."""
+def _current_strategy(strategy: Any, where: str) -> Any:
+    """The strategy itself, a Keras model's strategy, or the one in scope; a Keras 3 model is refused."""
     import tensorflow as tf
 
+    if is_keras3_model(strategy):
+        require_keras2(strategy, where)
     if strategy is None:
         return tf.distribute.get_strategy()
     if isinstance(strategy, tf.distribute.Strategy):
@@ -147,6 +150,9 @@ def fit_inputs(
             ``tf.distribute.coordinator.experimental_get_current_worker_index()``.
         steps_per_epoch: default ``ceil(len(x) / batch_size)``.
 
+    Raises:
+        tensorfleet.compat.keras.Keras3ModelError: ``strategy`` is a Keras 3 model.
+
     Example:
         >>> import tensorflow as tf
         >>> import tensorfleet as tfl
@@ -166,7 +172,7 @@ def fit_inputs(
     """
     import tensorflow as tf
 
-    strategy = _current_strategy(strategy)
+    strategy = _current_strategy(strategy, "fit_inputs")
     coordinated = uses_coordinator(strategy)
     if dataset_fn is not None:
         if x is not None and not callable(x):
@@ -205,7 +211,7 @@ def evaluate_inputs(x: Any, y: Any = None, *, batch_size: int = 32, strategy: An
     """
     import tensorflow as tf
 
-    strategy = _current_strategy(strategy)
+    strategy = _current_strategy(strategy, "evaluate_inputs")
     n = _check_arrays(x, y, batch_size)
     if uses_coordinator(strategy):
         # Each worker reads every W-th example, repeated; Keras cuts the steps at ceil(n / batch).

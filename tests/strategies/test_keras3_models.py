@@ -38,6 +38,18 @@ def test_recompute_refuses_a_keras3_layer(keras3: Any) -> None:
         memory_savers.recompute([tf.keras.layers.Dense(2), keras3.layers.Dense(2)])
 
 
+@pytest.mark.parametrize("entry", ["fit_inputs", "evaluate_inputs"])
+def test_fit_and_evaluate_inputs_refuse_a_keras3_model_as_the_strategy(keras3: Any, entry: str) -> None:
+    import numpy as np
+
+    import tensorfleet as tfl
+
+    model = keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
+    with pytest.raises(Keras3ModelError, match=rf"^{entry} received a Keras 3 model \(keras\.src\.models\.sequential"
+                                               r"\.Sequential\)\." + _FIX):
+        getattr(tfl.strategies, entry)(np.zeros((8, 4), np.float32), np.zeros(8, np.int64), strategy=model)
+
+
 def test_a_tf_keras_model_is_still_taken(keras3: Any) -> None:
     import tensorflow as tf
 
