@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from tensorfleet.compat.keras import is_keras3_model, require_keras2
 from tensorfleet.planner.memory import MemoryEstimate, Parallelism, bytes_per_parameter, zero_bytes_per_parameter
 from tensorfleet.planner.memory import estimate as memory_estimate
 from tensorfleet.strategies.memory_savers import Precision
@@ -111,6 +112,8 @@ def estimate(model: Any, weights: Sequence[WeightSplit], *, batch_size: int, zer
         >>> estimate(model, whole, batch_size=8).model_states == 16 * model.count_params()
         True
     """
+    if is_keras3_model(model):
+        require_keras2(model, "the planner's memory model")
     weights = _checked(weights)
     counted = sum(w.parameters for w in weights)
     if counted != model.count_params():

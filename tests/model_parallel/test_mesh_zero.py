@@ -139,6 +139,9 @@ def test_zero_stages_beyond_3_are_refused():
 
 
 def test_weight_splits_before_a_scope_is_a_clear_error():
+    import tensorflow as tf
+
     with pytest.raises(ValueError, match=r"^Build the model inside mesh.scope\(\) first.*Received: model 'm' and no "
                                          r"scope entered$"):
-        Mesh("b:2", "batch:b").weight_splits(type("Model", (), {"name": "m"})())
+        Mesh("b:2", "batch:b").weight_splits(tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)],
+                                                                 name="m"))

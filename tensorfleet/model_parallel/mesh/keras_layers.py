@@ -46,19 +46,25 @@ from tensorfleet.compat.keras import (
     smart_cond,
 )
 
-__all__ = ["adapt", "adapt_split_readers", "depthwise_conv2d"]
+__all__ = ["Adaptation", "adapt", "adapt_split_readers", "adaptation", "depthwise_conv2d"]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Adaptation:
-    """What an adapted layer's mesh ``call`` needs beside the layer: the batch's mesh dimension, the DTensor mesh."""
+class Adaptation:
+    """What an adapted layer's mesh ``call`` needs beside the layer: the batch's mesh dimension, the DTensor mesh
+    (``None`` for a layer adapted without one: DepthwiseConv2D and Dropout read theirs from their weights)."""
 
     batch_axis: str | None
     mesh: Any
 
 
 # The layers given a mesh call, and its settings; kept beside the layer, not on it (Keras tracks attributes).
-_ADAPTED: "weakref.WeakKeyDictionary[Any, _Adaptation]" = weakref.WeakKeyDictionary()
+_ADAPTED: "weakref.WeakKeyDictionary[Any, Adaptation]" = weakref.WeakKeyDictionary()
+
+
+def adaptation(layer: Any) -> Adaptation | None:
+    """How :func:`adapt` adapted ``layer`` (``None``: it did not)."""
+    return _ADAPTED.get(layer)
 
 
 def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
@@ -78,7 +84,7 @@ def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
         call = _dropout_call
     else:
         return False
-    _ADAPTED[layer] = _Adaptation(batch_axis, mesh)
+    _ADAPTED[layer] = Adaptation(batch_axis, mesh)
     # The instance's own attribute: Keras' __call__ looks up self.call on every call after the build.
     object.__setattr__(layer, "call", types.MethodType(call, layer))
     return True

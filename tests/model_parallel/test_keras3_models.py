@@ -1,0 +1,80 @@
+"""A Keras 3 model (the ``keras`` package, installed beside tf_keras on the current track) gets one clear error
+at every entry point of model parallelism that takes a model or a layer, naming the entry point and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tensorfleet.compat.keras import Keras3ModelError
+
+_FIX = r".*import tensorfleet.*tf_keras"
+
+
+@pytest.fixture(scope="module")
+def keras3() -> Any:
+    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
+
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("3."):
+        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}: the tff track)")
+    return keras
+
+
+@pytest.fixture(scope="module")
+def keras3_model(keras3: Any) -> Any:
+    return keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
+
+
+def test_mesh_refuses_a_keras3_model_at_fit_check_keras_model_and_weight_splits(keras3_model):
+    import numpy as np
+
+    from tensorfleet.model_parallel.mesh import Mesh
+
+    mesh = Mesh("b:2", "batch:b", backend="keras")
+    x, y = np.zeros((8, 4), np.float32), np.zeros(8, np.int64)
+    with pytest.raises(Keras3ModelError, match=r"^Mesh received a Keras 3 model \(keras\.src\.models\.sequential\."
+                                               r"Sequential\)\." + _FIX):
+        mesh.fit(keras3_model, x, y, batch_size=4, verbose=False)
+    with pytest.raises(Keras3ModelError, match=r"^Mesh received a Keras 3 model"):
+        mesh.check(keras3_model, 4)
+    with pytest.raises(Keras3ModelError, match=r"^Mesh\.keras_model received a Keras 3 model" + _FIX):
+        mesh.keras_model(keras3_model)
+    with pytest.raises(Keras3ModelError, match=r"^Mesh\.weight_splits received a Keras 3 model" + _FIX):
+        mesh.weight_splits(keras3_model)
+
+
+def test_pipeline_and_chain_layers_refuse_a_keras3_model(keras3_model):
+    from tensorfleet.model_parallel import chain_layers
+    from tensorfleet.model_parallel.pipeline import Pipeline
+
+    with pytest.raises(Keras3ModelError, match=r"^Pipeline received a Keras 3 model" + _FIX):
+        Pipeline(keras3_model, num_stages=2, micro_batches=2)
+    with pytest.raises(Keras3ModelError, match=r"^chain_layers received a Keras 3 model" + _FIX):
+        chain_layers(keras3_model)
+
+
+def test_tensor_parallel_copies_refuse_keras3_layers(keras3, keras3_model):
+    from tensorfleet.model_parallel import tensor_parallel as tp
+
+    devices = ["/CPU:0", "/CPU:1"]
+    dense = keras3_model.layers[-1]
+    with pytest.raises(Keras3ModelError, match=r"^ColumnParallelDense\.from_dense received a Keras 3 layer "
+                                               r"\(keras\.src\.layers\.core\.dense\.Dense\)\." + _FIX):
+        tp.ColumnParallelDense.from_dense(dense, devices=devices)
+    with pytest.raises(Keras3ModelError, match=r"^RowParallelDense\.from_dense received a Keras 3 layer"):
+        tp.RowParallelDense.from_dense(dense, devices=devices)
+    with pytest.raises(Keras3ModelError, match=r"^ParallelMLP\.from_dense received a Keras 3 layer"):
+        tp.ParallelMLP.from_dense(dense, dense, devices=devices)
+    attention = keras3.layers.MultiHeadAttention(2, 4)
+    with pytest.raises(Keras3ModelError, match=r"^ParallelSelfAttention\.from_keras received a Keras 3 layer"):
+        tp.ParallelSelfAttention.from_keras(attention, devices=devices)
+
+
+def test_what_is_no_keras_layer_is_named():
+    from tensorfleet.model_parallel import tensor_parallel as tp
+
+    with pytest.raises(TypeError, match=r"^ColumnParallelDense\.from_dense takes a Keras layer \(tf\.keras / "
+                                        r"tf_keras\)\. Received: layer of type str$"):
+        tp.ColumnParallelDense.from_dense("dense", devices=["/CPU:0", "/CPU:1"])
