@@ -50,7 +50,7 @@ def test_fit_and_evaluate_inputs_refuse_a_keras3_model_as_the_strategy(keras3: A
         getattr(tfl.strategies, entry)(np.zeros((8, 4), np.float32), np.zeros(8, np.int64), strategy=model)
 
 
-def test_a_tf_keras_model_is_still_taken(keras3: Any) -> None:
+def test_a_tf_keras_model_is_still_taken() -> None:
     import tensorflow as tf
 
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
