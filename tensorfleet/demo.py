@@ -38,14 +38,13 @@ def versions() -> str:
 
     from tensorfleet.compat.keras import keras_flavour
 
-    flavour = keras_flavour()
-    if flavour == "tf_keras":
-        try:
-            keras = f"tf_keras {version('tf_keras')}"
-        except PackageNotFoundError:  # pragma: no cover - tf.keras came from tf_keras, so it is installed
-            keras = "tf_keras"
-    else:
-        keras = f"Keras {getattr(tf.keras, '__version__', '?')}"
+    # tf.keras is tf_keras (TensorFlow >= 2.16 with TF_USE_LEGACY_KERAS=1) or the keras package (2.14's
+    # Keras 2, or Keras 3); its module has no version of its own on 2.14, its package does.
+    package = "tf_keras" if keras_flavour() == "tf_keras" else "keras"
+    try:
+        keras = f"{package if package == 'tf_keras' else 'Keras'} {version(package)}"
+    except PackageNotFoundError:  # pragma: no cover - tf.keras came from that package, so it is installed
+        keras = package
     return f"Python {platform.python_version()}, TensorFlow {tf.__version__}, {keras} (tf.keras)"
 
 
