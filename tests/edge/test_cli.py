@@ -149,3 +149,22 @@ def test_huge_arena_size_is_refused_with_the_bound(converted: Path, size: str,
     assert main(["edge", "validate", str(converted), "--arena-size", size]) == 2
     assert capsys.readouterr().err == (f"error: arena_size must be an integer from 1 to 67108864. "
                                        f"Received: arena_size={size}\n")
+
+
+def test_validate_with_data_states_the_agreement_with_desktop_tflite(
+        converted: Path, digits: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "x.npy"
+    np.save(data, digits.x_test[:30])  # type: ignore[attr-defined]
+    assert main(["edge", "validate", str(converted), "--data", str(data)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"30 samples: TFLM vs (ai_edge_litert|tflite_runtime|tensorflow) \(reference kernels\): "
+                        r"(bit-identical|within one quantization step, [\d,]+ of 300 outputs equal \(\d+\.\d%\))",
+                        last), last
+
+
+def test_per_channel_dense_is_refused_for_a_float_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "f.tflite"
+    assert main(["edge", "convert", "digits_cnn", "-q", "float32", "--per-channel-dense", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("error: --per-channel-dense applies to int8 and int16x8. "
+                                       "Received: --quantization float32\n")
+    assert not out.exists()
