@@ -40,6 +40,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import tensorfleet  # noqa: E402,F401  (before TensorFlow: it selects tf_keras, the Keras the profiler's callback takes)
+
 EPOCH = 50  # steps per epoch: a run's time per step is the median over its epochs after the first
 HIDDEN = (128, 512, 2048)  # MLP 256 -> h -> h -> 10: about 50K, 400K and 4.7M parameters
 

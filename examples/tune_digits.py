@@ -53,9 +53,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
-    import tensorflow as tf
+    from tensorfleet.tuning.distributed import describe, search  # first: import tensorfleet selects tf_keras
 
-    from tensorfleet.tuning.distributed import describe, search
+    import tensorflow as tf
 
     result = search(__file__, workers=args.workers, max_trials=args.max_trials, algorithm=args.algorithm,
                     epochs=args.epochs, out=args.out, resume=args.resume, fresh=not args.resume)
