@@ -87,10 +87,10 @@ class SimulationConfig:
             the history's ``config["backend"]`` say which ran). ``tff`` runs every round on TFF's
             runtime; ``compiled`` runs the same arithmetic as one compiled TensorFlow function in
             this process, without building TFF (every algorithm, with the aggregators of
-            :data:`~tensorfleet.federated.backends.compiled.COMPILED_AGGREGATORS`, on
-            ``partition()`` data and a model without batch-dependent layers such as
-            BatchNormalization). Both give the same model.
-        workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``); each
+            :data:`~tensorfleet.federated.backends.compiled.COMPILED_AGGREGATORS`, on any
+            client data and a model whose rows do not mix at inference; no TFF needed). Both give
+            the same model. ``tff`` needs tensorflow-federated (the tff track).
+        workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``; tff track); each
             round's clients are split across them (:mod:`~tensorfleet.federated.backends.remote`).
             None: one worker this process owns.
 

@@ -33,10 +33,10 @@ Supported: ``fedsgd``, ``fedprox`` and the algorithms built on weighted FedAvg (
 :data:`COMPILED_AGGREGATORS` (the mean; DP with fixed or adaptive clipping, TFF's clipping, noise
 and clip-update rules with the noise drawn statelessly from the seed and the round; compression;
 median, trimmed mean, Krum), client dropout and stragglers, on ``partition()`` client data,
-and models without batch-dependent layers: BatchNormalization and its variants are refused by
-class (the server model here holds trainable weights only, so their moving statistics would not
-follow TFF's), and any other layer by a probe (:func:`batch_dependent_layers`) before the first
-round. ``backend="auto"`` runs such models on TFF.
+and models whose rows do not mix at inference (BatchNormalization included: the server keeps the
+non-trainable weights at their initial values, as TFF's FedAvg does); a layer that mixes rows is
+found by a probe (:func:`batch_dependent_layers`) before the first round, and ``backend="auto"``
+runs such models on TFF (tff track).
 """
 
 from __future__ import annotations
@@ -181,6 +181,8 @@ class CompiledFedAvg:
             self.steps = -(-longest // self.batch_size)
             self.length = self.steps * self.batch_size
             self._round = None
+        # One label per example: labels shaped [1] (as TFF's tutorials reshape them) are the same labels.
+        clients = [(xk, _labels(yk)) for xk, yk in clients]
         x0, y0 = clients[0]
         x = np.zeros((self.clients_per_round, self.length, *x0.shape[1:]), dtype=x0.dtype)
         y = np.zeros((self.clients_per_round, self.length), dtype=y0.dtype)
@@ -427,11 +429,17 @@ def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:
     for dataset in datasets:
         for batch in dataset:
             logits = model(batch["x"], training=False)
-            y = np.asarray(batch["y"])
+            y = _labels(np.asarray(batch["y"]))
             total_loss += float(loss_fn(y, logits)) * len(y)
             correct += int(np.sum(np.argmax(np.asarray(logits), axis=-1) == y))
             count += len(y)
     return {"fed_eval_loss": total_loss / max(count, 1), "fed_eval_accuracy": correct / max(count, 1)}
+
+
+def _labels(y: np.ndarray) -> np.ndarray:
+    """Integer labels as one per example, ``(n,)``: labels shaped ``(n, 1)`` flattened; others as they are."""
+    y = np.asarray(y)
+    return y.reshape(len(y)) if y.ndim > 1 and y.size == len(y) else y
 
 
 def _flatten(tensors: Sequence[Any]) -> Any:

@@ -1,6 +1,12 @@
 """What the ``compiled`` backend runs: its algorithms and aggregators, and the models it refuses
-before the first round (batch-dependent layers; :func:`compiled_refusal` says why, and
-``backend="auto"`` then runs TFF).
+before the first round (layers that mix the rows of a batch at inference; :func:`compiled_refusal`
+says why, and ``backend="auto"`` then runs TFF, on the tff track).
+
+BatchNormalization runs: each local step feeds the model the batch TFF's dataset would give, so
+training normalizes over the same rows, and the server keeps the model's non-trainable weights (the
+moving statistics) at their initial values, as TFF's FedAvg does (its clients send trainable deltas
+only): a BatchNormalization model ends with TFF's weights and evaluation after the same rounds
+(tests/federated/backends/test_compiled.py, tff track).
 """
 
 from __future__ import annotations
@@ -11,13 +17,11 @@ import numpy as np
 
 from tensorfleet.federated.backends.compiled_aggregation import ROBUST_AGGREGATORS
 
-__all__ = ["BATCH_NORMALIZATION_CLASSES", "COMPILED_AGGREGATORS", "SUPPORTED_ALGORITHMS", "batch_dependent_layers",
+__all__ = ["COMPILED_AGGREGATORS", "SUPPORTED_ALGORITHMS", "batch_dependent_layers",
            "compiled_refusal", "unsupported"]
 
 SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 COMPILED_AGGREGATORS = (None, "mean", "dp_fixed", "dp_adaptive", "compression", *ROBUST_AGGREGATORS)
-# Layer classes (and their subclasses, found by name in the MRO) that normalize over the batch.
-BATCH_NORMALIZATION_CLASSES = ("BatchNormalizationBase", "BatchNormalization", "SyncBatchNormalization")
 
 
 def unsupported(received: str) -> ValueError:
@@ -27,24 +31,22 @@ def unsupported(received: str) -> ValueError:
 
 
 def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
-    """What in ``model`` makes a row's output depend on the other rows of its batch.
+    """What in ``model`` makes a row's output at inference depend on the other rows of its batch.
 
-    BatchNormalization and its subclasses are named by class (anywhere in nested models); a
-    model without them is probed in inference mode: its output for ``rows`` (a few real inputs)
-    alone and with as many zero rows appended must agree. A custom layer that mixes rows only
-    when training is not seen by the probe.
+    The model is probed in inference mode: its output for ``rows`` (a few inputs) alone and with as
+    many zero rows appended must agree. (BatchNormalization passes: at inference it uses its moving
+    statistics. A custom layer that mixes rows only when training is not seen by the probe.)
 
     Example:
         >>> import numpy as np, tensorflow as tf
-        >>> model = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,)),
-        ...                              tf.keras.layers.BatchNormalization(name="bn")])
-        >>> batch_dependent_layers(model, np.ones((2, 3), np.float32))
-        ["BatchNormalization 'bn'"]
+        >>> centering = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,)),
+        ...                                  tf.keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0))])
+        >>> batch_dependent_layers(centering, np.ones((2, 3), np.float32))
+        ['a layer of the model (its output for a row changes when zero rows join the batch)']
+        >>> batch_dependent_layers(tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,)),
+        ...                                             tf.keras.layers.BatchNormalization()]), np.ones((2, 3), np.float32))
+        []
     """
-    found = [f"{type(layer).__name__} {layer.name!r}" for layer in model.submodules
-             if any(k.__name__ in BATCH_NORMALIZATION_CLASSES for k in type(layer).__mro__)]
-    if found:
-        return found
     rows = np.asarray(rows)
     alone = np.asarray(model(rows, training=False))
     padded = np.asarray(model(np.concatenate([rows, np.zeros_like(rows)]), training=False))[:len(rows)]
@@ -66,7 +68,6 @@ def compiled_refusal(clients: Any, model: Any = None) -> str | None:
         rows = np.random.default_rng(0).normal(size=(4, *spec.shape)).astype(spec.dtype.as_numpy_dtype)
     found = batch_dependent_layers(model, rows)
     if found:
-        return (f"a model with batch-dependent layers ({', '.join(found)}): this backend's server keeps the "
-                f"trainable weights only and its equality with TFF is tested on models whose rows do not mix; "
-                f"backend='tff' or 'auto' runs it")
+        return (f"a model with batch-dependent layers ({', '.join(found)}): this backend's equality with TFF is "
+                f"tested on models whose rows do not mix at inference; backend='tff' or 'auto' runs it (tff track)")
     return None

@@ -104,6 +104,16 @@ def test_our_client_data_named_and_batched_as_tffs_trains_on_the_compiled_backen
         {"x": ([784], "float32"), "y": ([1], "int32")}
     plain = Simulation(_dense((28, 28)), ours, rounds=1, clients_per_round=2, batch_size=5, progress=False)
     assert [r["num_examples"] for r in plain.run().rounds] == [20] and plain.config.backend.value == "compiled"
+    # Batched as TFF's tutorials batch (labels shaped [1]), federated evaluation on the same clients.
+    sim = Simulation(_dense((784,)), batched, rounds=1, clients_per_round=2, batch_size=5, straggler_deadline=100.0,
+                     eval_clients=batched, progress=False)
+    record = sim.run().rounds[0]
+    assert record["num_examples"] == 20 and record["participants"] == 2 and 0 <= record["fed_eval_accuracy"] <= 1
+    model = _dense((784,))()
+    sim.model_weights(sim.state).assign_weights_to(model)
+    examples = [e for c in ours.client_ids for e in batched.create_tf_dataset_for_client(c).unbatch()]
+    hits = [int(np.argmax(model(e["x"][None]).numpy()) == int(e["y"][0])) for e in examples]
+    assert record["fed_eval_accuracy"] == pytest.approx(np.mean(hits), abs=1e-9)
     renamed = ours.preprocess(lambda ds: ds.map(lambda e: {"a": e["pixels"], "b": e["label"]}))
     with pytest.raises(ValueError, match=r"elements are 'a', 'b'. Name them: Simulation\(..., x_key=NAME"):
         Simulation(_dense((28, 28)), renamed, rounds=1, clients_per_round=2)
