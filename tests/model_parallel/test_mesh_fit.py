@@ -81,3 +81,48 @@ def test_fit_with_validation_data_and_split_reports_what_evaluate_and_one_device
         "validation_split must be a finite number > 0 and < 1. Received: validation_split=1.5",
         "validation x and y must hold the same number of examples, at least batch_size (16). Received: 8 and 8",
     ]
+
+
+_SHUFFLE_SCRIPT = r"""
+import json
+import numpy as np
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+from tensorfleet.model_parallel.mesh import Mesh
+
+x, y = np.arange(64 * 3, dtype="float32").reshape(64, 3), np.arange(64, dtype="int32")
+mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
+with mesh.scope():
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, name="d")])
+    trainer = mesh.keras_model(model)
+
+
+def orders(batches=4):  # the label (example number) each device reads in a shuffled epoch of 4 batches of 16
+    dataset, _ = trainer._dataset(x, y, 16, shuffle=True)
+    seen = [[] for _ in mesh.devices]
+    for _, (xb, yb) in zip(range(batches), dataset):
+        for device, part in enumerate(dtensor.unpack(yb)):
+            seen[device] += part.numpy().tolist()
+    return seen
+
+
+unseeded = orders()
+tf.keras.utils.set_random_seed(3)
+first = orders()
+tf.keras.utils.set_random_seed(3)
+again = orders()
+print("RESULT " + json.dumps({"unseeded": unseeded, "first": first, "again": again}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_shuffled_epoch_feeds_the_model_shards_of_a_replica_the_same_examples():
+    out = run_dtensor_script(_SHUFFLE_SCRIPT, timeout=280)
+    for seen in (out["unseeded"], out["first"]):
+        # devices 0 and 1 hold the two model shards of replica b=0, devices 2 and 3 those of b=1
+        assert seen[0] == seen[1] and seen[2] == seen[3], seen
+        assert sorted(seen[0] + seen[2]) == list(range(64))  # the replicas split each batch: every example once
+        assert seen[0] != list(range(0, 64, 2)) and seen[0] != [i for i in range(64) if i % 16 < 8]  # shuffled
+    assert out["first"] == out["again"]  # tf.keras.utils.set_random_seed decides the order

@@ -215,7 +215,12 @@ class MeshTrainer(tf.keras.Model):
                              f"Received: {len(x)} and {len(y)}")
         data = tf.data.Dataset.from_tensor_slices((x, y))
         if shuffle:
-            data = data.shuffle(len(x), reshuffle_each_iteration=True)
+            # One seed for every copy of the pipeline: DTensorDataset iterates it once per device, and the devices
+            # that split one replica's model must read the same examples (an unseeded shuffle gave each its own
+            # order: the shards then combined partial sums of different examples, and fit trained to 45%).
+            # Drawn from TensorFlow's global seed, so that tf.keras.utils.set_random_seed still decides the order.
+            seed = int(tf.random.uniform((), maxval=2**31 - 1, dtype=tf.int64))
+            data = data.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
         # Every pass the same number of full batches, repeated: Keras keeps one iterator over a dataset
         # of unknown length for all epochs (and its validation), and one that ran out after the first
         # epoch poisoned DTensor's executor (CancelledError in the next epoch or in validation).
