@@ -13,7 +13,7 @@ Descent", EMNLP 2017). What one client would upload is counted by
 
 Example:
     >>> import numpy as np
-    >>> Compression(bits=2, sparsity=0.5).compress(np.array([0.1, -3.0, 2.0, 0.2], np.float32)).numpy()
+    >>> Compression(bits=32, sparsity=0.5).compress(np.array([0.1, -3.0, 2.0, 0.2], np.float32)).numpy()
     array([ 0., -3.,  2.,  0.], dtype=float32)
 
 On the tff track, the weighted mean of compressed updates for FedAvg:

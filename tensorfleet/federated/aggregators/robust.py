@@ -20,6 +20,7 @@ Example (five clients, one of them sending a huge update; the trimmed mean ignor
 
 On the tff track, the same rule as a TFF factory, run on a worker this process owns:
     >>> import tensorflow_federated as tff
+    >>> from tensorfleet.federated.aggregators.robust import RobustFactory
     >>> from tensorfleet.federated.backends.tff import managed_context
     >>> process = RobustFactory("trimmed_mean", beta=0.2).create(tff.to_type((np.float32, (3,))))
     >>> with managed_context():

@@ -18,6 +18,7 @@ Example (one SGD step of lr 0.5 from w = 2 with gradient 1; the anchor is 2, so 
 then a second step from 1.5 adds mu * (1.5 - 2) = -0.5 * mu):
     >>> import tensorflow as tf
     >>> import tensorflow_federated as tff
+    >>> from tensorfleet.federated.algorithms.proximal import ProximalOptimizer
     >>> opt = ProximalOptimizer(tff.learning.optimizers.build_sgdm(0.5), mu=1.0)
     >>> state = opt.initialize((tf.TensorSpec([], tf.float32),))
     >>> state, w = opt.next(state, (tf.constant(2.0),), (tf.constant(1.0),))
