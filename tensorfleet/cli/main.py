@@ -9,7 +9,8 @@ the CLI boundary, instead of a traceback.
 Every command shows what the user needs and nothing else: TensorFlow's C++ logs below ERROR are
 off (``TF_CPP_MIN_LOG_LEVEL=2`` unless the user set it), and the lines TensorFlow prints on
 every start or conversion that say nothing (:data:`tensorfleet.cluster.console.NOISE`, among
-them the three "Unable to register cuDNN/cuFFT/cuBLAS factory" errors that level 2 keeps) are
+them TensorFlow 2.21's absl, oneDNN, CUDA-stub and cuInit lines and 2.14's three "Unable to register
+cuDNN/cuFFT/cuBLAS factory" errors, which level 2 keeps) are
 filtered out of stderr and out of launched tasks' output. ``tensorfleet --verbose <command>``
 shows everything: C++ logs at every level, those lines, and INFO logs.
 """

@@ -1,10 +1,10 @@
 """What ``model.fit`` needs under the active strategy, from arrays or a dataset factory.
 
 Under every strategy but one, Keras takes a batched ``tf.data.Dataset``. The parameter server
-(Keras 2.14) instead needs a ``DatasetCreator`` that each worker calls to build its own
-input pipeline, repeated, plus an explicit ``steps_per_epoch``. :func:`fit_inputs` and
-:func:`evaluate_inputs` return keyword arguments that fit either case, so the user's call
-stays the same for every strategy::
+(Keras 2: tf_keras, or TensorFlow 2.14's own) instead needs a ``DatasetCreator`` that each worker
+calls to build its own input pipeline, repeated, plus an explicit ``steps_per_epoch``.
+:func:`fit_inputs` and :func:`evaluate_inputs` return keyword arguments that fit either case, so
+the user's call stays the same for every strategy::
 
     model.fit(**fit_inputs(x, y, batch_size=64), epochs=5)
 

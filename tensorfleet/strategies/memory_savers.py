@@ -44,7 +44,7 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
     """A model that trains like ``model`` but splits every batch into ``steps`` micro-batches.
 
     Gradients of the micro-batches are averaged (weighted by their sizes) and applied once,
-    so activations are held for one micro-batch at a time. Keras 2.14 has no such option.
+    so activations are held for one micro-batch at a time. Keras 2 (tf_keras) has no such option.
     The returned model shares ``model``'s layers and weights; compile and fit it as usual.
 
     Args:
