@@ -29,6 +29,13 @@ else:
     logging.getLogger(__name__).info("tensorfleet: TF_USE_LEGACY_KERAS=%s, as set before import",
                                      os.environ["TF_USE_LEGACY_KERAS"])
 
+# Keras Tuner decides once, as it loads, which Keras it drives, and takes Keras 3 whenever that is
+# installed (it is, beside TensorFlow >= 2.16); a finder (standard library only) makes a Keras Tuner
+# imported after this one drive tf_keras too, so a user's own `import keras_tuner` takes their models.
+from tensorfleet.compat.keras_tuner import prefer_keras2  # noqa: E402
+
+prefer_keras2()
+
 __version__ = "0.1.0"
 
 __getattr__, _SUBPACKAGES = attach(__name__, modules=(

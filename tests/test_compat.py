@@ -162,3 +162,26 @@ def test_tff_missing_is_one_error_naming_the_tff_track(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "tensorflow_federated", None)  # what an environment without TFF gives
     with pytest.raises(TffUnavailableError, match=r"the tff backend needs tensorflow-federated.*make install-tff"):
         import_tff("the tff backend")
+
+
+@pytest.mark.slow
+def test_a_users_own_keras_tuner_after_import_tensorfleet_takes_tf_keras_models() -> None:
+    code = """
+import tensorfleet, numpy as np, tempfile
+import keras_tuner as kt, tensorflow as tf
+def build(hp):
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(hp.Int("units", 2, 3)),
+                                 tf.keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+x, y = np.zeros((8, 4)), np.zeros((8, 1))
+tuner = kt.RandomSearch(build, objective="val_loss", max_trials=1, directory=tempfile.mkdtemp(), overwrite=True)
+tuner.search(x, y, validation_data=(x, y), epochs=1, verbose=0)
+print(len(tuner.oracle.trials), isinstance(tuner.get_best_models(1)[0], tf.keras.Model))
+"""
+    assert _run(code) == "1 True"
+
+
+def test_import_tensorfleet_imports_no_library() -> None:
+    assert _run("import sys, tensorfleet; print(sorted(m for m in ('tensorflow', 'keras', 'keras_tuner', "
+                "'tf_keras') if m in sys.modules))") == "[]"
