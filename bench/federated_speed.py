@@ -33,10 +33,13 @@ data evaluated in the last round, steady rounds/s of each (from the end of round
 round ``R - 1``: the first round traces, the last builds the evaluation model) and their ratio,
 over ``--matrix-rounds`` rounds per cell and ``--matrix-seeds`` seeds (accuracy: the mean).
 
-It compares against TFF, so it runs on the tff track (``.venv-tff/bin/python``).
+It compares against TFF, so it runs on the tff track (``.venv-tff/bin/python``). With
+``--current-python .venv/bin/python`` tensorfleet's contenders (the classic ``tensorfleet`` and ``tf-pools``,
+the matrix's compiled cells) run on that interpreter instead, the current track's TensorFlow 2.21, while
+raw TFF and the tff backend stay on the tff track: the two tracks side by side in one run.
 
 Run with ``python bench/federated_speed.py [--rounds 200] [--seeds 3] [--matrix-rounds 20] [--matrix-seeds 1]
-[--matrix-pools cli|tensorflow] [--only classic|matrix]``.
+[--matrix-pools cli|tensorflow] [--only classic|matrix] [--current-python PATH]``.
 """
 
 from __future__ import annotations
@@ -189,10 +192,11 @@ def contender_tensorfleet(rounds: int, seed: int = SEED) -> dict:
 
 def _child(which: str, rounds: int, seed: int) -> None:
     began = time.perf_counter()
+    import tensorfleet  # noqa: F401  (first: on TensorFlow >= 2.16 it selects tf_keras)
     import tensorflow  # noqa: F401
-    import tensorflow_federated  # noqa: F401
 
-    import tensorfleet  # noqa: F401
+    if which == "raw":
+        import tensorflow_federated  # noqa: F401
 
     imports = time.perf_counter() - began
     if which == "tensorfleet":  # as `tensorfleet federated run` does, before TensorFlow's runtime starts
@@ -241,9 +245,17 @@ def cells_child(spec: str, rounds: int, seeds: int) -> None:
         print("CELL " + json.dumps({"cell": cell, "runs": runs}), flush=True)
 
 
+# The interpreter of tensorfleet's contenders (--current-python); raw TFF and the tff backend use sys.executable.
+CURRENT_PYTHON: list[str] = [sys.executable]
+
+
+def _python(which: str) -> str:
+    return sys.executable if which in ("raw", "tff") else CURRENT_PYTHON[0]
+
+
 def _cells(backend: str, cells: list[str], rounds: int, seeds: int, env: dict | None = None) -> Any:
     """Yields ``(cell, runs)`` as one child process of ``backend`` finishes each cell."""
-    cmd = [sys.executable, __file__, "--child", "cells", "--cell", f"{backend}/{','.join(cells)}",
+    cmd = [_python(backend), __file__, "--child", "cells", "--cell", f"{backend}/{','.join(cells)}",
            "--matrix-rounds", str(rounds), "--matrix-seeds", str(seeds)]
     # The child's stderr (TensorFlow's and TFF's logs) goes to a file: a pipe read only at the end could fill
     # up and stop the child while this reads its stdout.
@@ -306,10 +318,16 @@ def main() -> None:
                         "whose accuracy to compare between the tff backend on oneDNN's kernels and on TensorFlow's own "
                         "(TF_ENABLE_ONEDNN_OPTS=0): the same computation in another float rounding, for --matrix-seeds "
                         "seeds; runs instead of the classic comparison and the matrix.")
+    parser.add_argument("--current-python", metavar="PATH", help="Interpreter of tensorfleet's contenders (e.g. "
+                        ".venv/bin/python, the current track); raw TFF and the tff backend run on this one.")
     parser.add_argument("--child", choices=["raw", "tensorfleet", "tf-pools", "cells"], help=argparse.SUPPRESS)
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.current_python:
+        if not Path(args.current_python).is_file():
+            parser.error(f"--current-python must name an interpreter. Received: {args.current_python}")
+        CURRENT_PYTHON[0] = args.current_python
     if args.matrix_rounds < 3:
         parser.error(f"--matrix-rounds must be at least 3. Received: {args.matrix_rounds}")
     if args.rounds < ACCURACY_ROUND:
@@ -335,7 +353,7 @@ def main() -> None:
 
 def _run_child(which: str, rounds: int, seed: int, *extra: str, env: dict | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--child", which, "--seed", str(seed),
+    proc = subprocess.run([_python(which), __file__, "--rounds", str(rounds), "--child", which, "--seed", str(seed),
                            *extra], capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
@@ -350,6 +368,7 @@ def classic(rounds: int, seeds: int) -> None:
     print(f"federated speed: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per round, {rounds} rounds, seeds "
           f"{SEED}..{SEED + seeds - 1} (steady: rounds 2-{rounds}; total: start to the end of round {ACCURACY_ROUND}, "
           f"imports aside; accuracy: central test data after rounds {ACCURACY_ROUND} and {rounds})", flush=True)
+    print(f"interpreters: raw TFF {_python('raw')}; tensorfleet {_python('tensorfleet')}", flush=True)
     print(f"{'seed':>4} {'contender':12}{'r/s steady':>11}{'r/s total':>10}{f'acc r{ACCURACY_ROUND}':>9}"
           f"{f'acc r{rounds}':>10}{'RSS r10 MB':>11}{f'RSS r{rounds} MB':>12}{'import s':>9}", flush=True)
     runs: dict = {"raw": [], "tensorfleet": [], "tf-pools": []}
