@@ -42,14 +42,16 @@ def main() -> None:
     args = parser.parse_args()
 
     import numpy as np
-    import tensorflow as tf
 
-    tf.get_logger().setLevel("ERROR")
-    from tensorfleet.io import save_figure, write_json
+    from tensorfleet.io import save_figure, write_json  # first: import tensorfleet selects tf_keras as tf.keras
     from tensorfleet.models import build, datasets
     from tensorfleet.strategies.data_parallel import parameter_server
     from tensorfleet.strategies.servers import start_in_process_cluster
     from tensorfleet.strategies.staleness_run import train
+
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
 
     split = datasets.load_digits()
     strategy = parameter_server(cluster=start_in_process_cluster(workers=2, ps=1))

@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/evaluate_while_training")
     args = parser.parse_args(argv)
 
-    import tensorflow as tf
-
-    from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation
+    from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation  # first: it selects tf_keras
     from tensorfleet.models.datasets import load_digits
+
+    import tensorflow as tf
 
     split = load_digits(flat=True)
     checkpoints = os.path.join(args.out, "ckpt")

@@ -43,13 +43,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import numpy as np
-    import tensorflow as tf
 
-    from tensorfleet.io import write_bytes
+    from tensorfleet.io import write_bytes  # first: import tensorfleet selects tf_keras as tf.keras
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
     from tensorfleet import strategies
     from tensorfleet.cluster import elastic, fault_tolerance
+
+    import tensorflow as tf
 
     tf.keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()

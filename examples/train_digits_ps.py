@@ -32,12 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    import tensorflow as tf
-
-    from tensorfleet import strategies
+    from tensorfleet import strategies  # first: import tensorfleet selects tf_keras as tf.keras
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
     from tensorfleet.cluster.fault_tolerance import EpochLog
+
+    import tensorflow as tf
 
     tf.keras.utils.set_random_seed(args.seed)
     strategy = strategies.build("parameter_server")  # the cluster from the launcher's TF_CONFIG
