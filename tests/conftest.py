@@ -47,6 +47,24 @@ def logical_cpus() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def keras3() -> Any:
+    """The Keras 3 package (installed beside tf_keras on the current track); the test is skipped where Keras
+    is 2.x (the tff track's Keras 2.14), since only Keras 3 models are what the entry points refuse."""
+    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
+
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("3."):
+        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}: the tff track)")
+    return keras
+
+
+@pytest.fixture(scope="session")
+def keras3_model(keras3: Any) -> Any:
+    """A small Keras 3 model, for the tests that every entry point taking a model refuses it."""
+    return keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
+
+
+@pytest.fixture(scope="session")
 def digits() -> Any:
     """scikit-learn's digits as 8x8x1 images, split and shuffled once for the session."""
     from tensorfleet.models.datasets import load_digits

@@ -26,7 +26,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["ClientSampler", "default_latency", "stable_hash"]
+from tensorfleet.validation import positive_int
+
+__all__ = ["ClientSampler", "default_latency", "split_clients", "stable_hash"]
 
 
 def default_latency(num_examples: int, speed: float) -> float:
@@ -104,3 +106,19 @@ class ClientSampler:
             stragglers = [c for c in alive if latency[c] > self.config.straggler_deadline]
         participants = [c for c in alive if c not in stragglers]
         return {"sampled": sampled, "dropped": dropped, "stragglers": stragglers, "participants": participants}
+
+
+def split_clients(clients: Any, eval_clients: Any) -> tuple[list[str], list[str], Any]:
+    """``(training ids, evaluation ids, the ClientData evaluated)`` for ``eval_clients``."""
+    all_ids = list(clients.client_ids)
+    if eval_clients is None:
+        return all_ids, [], None
+    if hasattr(eval_clients, "client_ids"):
+        return all_ids, list(eval_clients.client_ids), eval_clients
+    if isinstance(eval_clients, str) or not isinstance(eval_clients, (int, np.integer)):
+        raise TypeError(f"eval_clients must be a ClientData or an int. Received: {type(eval_clients).__name__}")
+    held = positive_int("eval_clients", eval_clients)
+    if held >= len(all_ids):
+        raise ValueError(f"eval_clients must leave at least one training client ({len(all_ids)} clients). "
+                         f"Received: eval_clients={held}")
+    return all_ids[:-held], all_ids[-held:], clients

@@ -50,8 +50,9 @@ from tensorfleet.federated import checkpoint, records, tff_model
 from tensorfleet.federated.backends import Backend, BackendChoice
 from tensorfleet.federated.config import SimulationConfig
 from tensorfleet.federated.history import History, plot_history
-from tensorfleet.federated.sampling import ClientSampler
-from tensorfleet.validation import choice, positive_int
+from tensorfleet.federated.backends.compiled_eval import ModelWeights
+from tensorfleet.federated.sampling import ClientSampler, split_clients
+from tensorfleet.validation import choice
 
 __all__ = ["ModelWeights", "Simulation"]
 
@@ -105,7 +106,7 @@ class Simulation:
         clients = self.clients = with_arrays(xy_clients(clients, x_key=x_key, y_key=y_key))
         if hasattr(eval_clients, "client_ids"):
             eval_clients = with_arrays(xy_clients(eval_clients, x_key=x_key, y_key=y_key))
-        self.train_ids, self.eval_ids, self.eval_clients = _split_clients(clients, eval_clients)
+        self.train_ids, self.eval_ids, self.eval_clients = split_clients(clients, eval_clients)
         if self.config.clients_per_round > len(self.train_ids):
             raise ValueError(f"clients_per_round must not exceed the number of training clients "
                              f"({len(self.train_ids)}). Received: clients_per_round={self.config.clients_per_round}")
@@ -247,7 +248,7 @@ class Simulation:
         self.build()
         data = [self.sampler.client_dataset(self.eval_clients, cid, round_num, shuffle=False) for cid in self.eval_ids]
         if self._eval_process is None:
-            from tensorfleet.federated.backends.compiled import evaluate_batches
+            from tensorfleet.federated.backends.compiled_eval import evaluate_batches
 
             return evaluate_batches(self.keras_model(state), data)
         ev = self._eval_process
@@ -424,42 +425,6 @@ class Simulation:
         if getattr(self, "weights", None) is None:
             raise RuntimeError("final_weights() needs a finished run(); call run() first.")
         return [np.asarray(w) for w in self.weights.trainable]
-
-
-class ModelWeights:
-    """The weights of a model as a simulation holds them (what TFF's ``ModelWeights`` is on the tff backend).
-
-    Attributes:
-        trainable: the trainable weights, in the model's order.
-        non_trainable: the non-trainable weights (the compiled backend keeps none).
-    """
-
-    def __init__(self, trainable: Any, non_trainable: Any = ()) -> None:
-        self.trainable = list(trainable)
-        self.non_trainable = list(non_trainable)
-
-    def assign_weights_to(self, model: Any) -> None:
-        """Sets ``model``'s trainable (and, when held, non-trainable) weights to these."""
-        for variable, value in zip(model.trainable_weights, self.trainable):
-            variable.assign(value)
-        for variable, value in zip(model.non_trainable_weights, self.non_trainable):
-            variable.assign(value)
-
-
-def _split_clients(clients: Any, eval_clients: Any) -> tuple[list[str], list[str], Any]:
-    """``(training ids, evaluation ids, the ClientData evaluated)`` for ``eval_clients``."""
-    all_ids = list(clients.client_ids)
-    if eval_clients is None:
-        return all_ids, [], None
-    if hasattr(eval_clients, "client_ids"):
-        return all_ids, list(eval_clients.client_ids), eval_clients
-    if isinstance(eval_clients, str) or not isinstance(eval_clients, (int, np.integer)):
-        raise TypeError(f"eval_clients must be a ClientData or an int. Received: {type(eval_clients).__name__}")
-    held = positive_int("eval_clients", eval_clients)
-    if held >= len(all_ids):
-        raise ValueError(f"eval_clients must leave at least one training client ({len(all_ids)} clients). "
-                         f"Received: eval_clients={held}")
-    return all_ids[:-held], all_ids[-held:], clients
 
 
 def _check_test_data(test_data: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray] | None:

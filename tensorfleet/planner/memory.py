@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Sequence
 
-from tensorfleet.compat.keras import is_keras3_model, require_keras2
+from tensorfleet.compat.keras import require_keras2
 from tensorfleet.strategies.memory_savers import Precision
 from tensorfleet.validation import choice, integer, positive_int
 
@@ -178,10 +178,7 @@ def layer_table(model: Any) -> list[LayerMemory]:
     """
     import tensorflow as tf
 
-    if is_keras3_model(model):
-        require_keras2(model, "the planner's memory model")
-    if not isinstance(model, tf.keras.Model):
-        raise TypeError(f"model must be a tf.keras.Model. Received: {type(model).__name__}")
+    require_keras2(model, "the planner's memory model")
     if not model.built:
         raise ValueError(f"Model {model.name!r} is not built; call it on data or give it an input shape first.")
     rows = []

@@ -10,10 +10,9 @@ import pytest
 
 from tensorfleet.cluster.evaluation import evaluation
 from tensorfleet.compat.keras import Keras3ModelError
-from tests.strategies.test_keras3_models import keras3  # noqa: F401  (the fixture: Keras 3, or a skip)
 
 
-def test_the_side_car_evaluator_refuses_a_keras3_model(keras3: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_the_side_car_evaluator_refuses_a_keras3_model(keras3: Any, tmp_path: Path) -> None:
     import numpy as np
 
     def model_fn() -> Any:

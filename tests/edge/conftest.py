@@ -37,15 +37,6 @@ def digits_artifacts(digits_model: Any, digits: Any) -> dict[str, Any]:
             for mode in MODES}
 
 
-@pytest.fixture(scope="session")
-def keras3_model() -> Any:
-    """A Keras 3 model (the ``keras`` package, installed beside tf_keras on the current track)."""
-    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
-
-    keras = pytest.importorskip("keras")
-    if not keras.__version__.startswith("3."):
-        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}, the tff track)")
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
 
 
 @pytest.fixture(scope="session")

@@ -3,28 +3,12 @@ at every entry point of model parallelism that takes a model or a layer, naming 
 
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 
 from tensorfleet.compat.keras import Keras3ModelError
 
 _FIX = r".*import tensorfleet.*tf_keras"
-
-
-@pytest.fixture(scope="module")
-def keras3() -> Any:
-    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
-
-    keras = pytest.importorskip("keras")
-    if not keras.__version__.startswith("3."):
-        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}: the tff track)")
-    return keras
-
-
-@pytest.fixture(scope="module")
-def keras3_model(keras3: Any) -> Any:
-    return keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
 
 
 def test_mesh_refuses_a_keras3_model_at_fit_check_keras_model_and_weight_splits(keras3_model):

@@ -49,15 +49,6 @@ def assert_float32_close(actual: Any, expected: Any) -> None:
     np.testing.assert_allclose(actual, expected, rtol=FLOAT32_RTOL, atol=FLOAT32_RTOL * scale)
 
 
-@pytest.fixture(scope="session")
-def keras3_model() -> Any:
-    """A Keras 3 model (the ``keras`` package, installed beside tf_keras on the current track)."""
-    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
-
-    keras = pytest.importorskip("keras")
-    if not keras.__version__.startswith("3."):
-        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}, the tff track)")
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
 
 
 def free_ports(n: int = 2) -> list[int]:

@@ -13,16 +13,6 @@ from tensorfleet.strategies import memory_savers
 _FIX = r".*import tensorfleet.*tf_keras"
 
 
-@pytest.fixture(scope="module")
-def keras3() -> Any:
-    import tensorflow as tf  # noqa: F401  (Keras 3's TensorFlow backend)
-
-    keras = pytest.importorskip("keras")
-    if not keras.__version__.startswith("3."):
-        pytest.skip(f"Keras 3 is not installed here (keras {keras.__version__}: the tff track)")
-    return keras
-
-
 def test_accumulate_gradients_refuses_a_keras3_model(keras3: Any) -> None:
     model = keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
     with pytest.raises(Keras3ModelError, match=r"^accumulate_gradients received a Keras 3 model \(keras\.src\.models"

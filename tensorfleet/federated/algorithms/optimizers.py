@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from tensorfleet.validation import number
 
-__all__ = ["Adagrad", "Adam", "Optimizer", "RmsProp", "Sgd", "Yogi", "build"]
+__all__ = ["Adagrad", "Adam", "FederatedOptimizer", "RmsProp", "Sgd", "Yogi", "build"]
 
 LEARNING_RATE_KEY = "learning_rate"
 
@@ -49,7 +49,7 @@ def _beta(name: str, value: float) -> float:
     return float(number(name, value, minimum=0, below=1))
 
 
-class Optimizer:
+class FederatedOptimizer:
     """The protocol: ``initialize(specs) -> state`` and ``next(state, weights, gradients) -> (state, weights)``;
     ``get_hparams``/``set_hparams`` read and replace the state's hyperparameters."""
 
@@ -73,7 +73,7 @@ class Optimizer:
         return updated
 
 
-class Sgd(Optimizer):
+class Sgd(FederatedOptimizer):
     """SGD, with momentum when ``momentum`` is a positive number."""
 
     def __init__(self, learning_rate: float, momentum: float | None = None) -> None:
@@ -104,7 +104,7 @@ class Sgd(Optimizer):
                                         ("accumulator", accumulator)]), weights
 
 
-class Adam(Optimizer):
+class Adam(FederatedOptimizer):
     """Adam, bias-corrected through the learning rate."""
 
     hparam_keys = (LEARNING_RATE_KEY, "beta_1", "beta_2", "epsilon")
@@ -159,7 +159,7 @@ class Yogi(Adam):
         return s + (1 - beta_2) * tf.sign(g2 - s) * g2
 
 
-class Adagrad(Optimizer):
+class Adagrad(FederatedOptimizer):
     """Adagrad: the learning rate over the root of the summed squared gradients."""
 
     hparam_keys = (LEARNING_RATE_KEY, "epsilon")
@@ -187,7 +187,7 @@ class Adagrad(Optimizer):
                                         ("preconditioner", preconditioner)]), weights
 
 
-class RmsProp(Optimizer):
+class RmsProp(FederatedOptimizer):
     """RMSprop (Tieleman and Hinton, 2012)."""
 
     hparam_keys = (LEARNING_RATE_KEY, "decay", "epsilon")
@@ -213,13 +213,13 @@ class RmsProp(Optimizer):
                                         ("preconditioner", preconditioner)]), weights
 
 
-_BUILDERS: dict[str, Callable[..., Optimizer]] = {
+_BUILDERS: dict[str, Callable[..., FederatedOptimizer]] = {
     "sgd": lambda lr, momentum=None: Sgd(lr, momentum), "sgdm": lambda lr, momentum=0.9: Sgd(lr, momentum),
     "adam": Adam, "yogi": Yogi, "adagrad": Adagrad, "rmsprop": RmsProp,
 }
 
 
-def build(name: str, learning_rate: float, **options: Any) -> Optimizer:
+def build(name: str, learning_rate: float, **options: Any) -> FederatedOptimizer:
     """The optimizer registered as ``name`` (canonical, see
     :data:`~tensorfleet.federated.algorithms.OPTIMIZERS`) with its learning rate and options."""
     try:

@@ -24,7 +24,8 @@ FedSGD takes no local steps: a client's update is its batch gradients at the ser
 averaged weighted by batch size (TFF's ``build_fed_sgd``). The initial weights are
 ``model_fn()``'s, made eagerly: TFF's ``initialize`` makes the same model from the same
 initializers, so no TFF process, worker or tracing is needed before the first round, and
-federated evaluation runs in this process too (:func:`evaluate_batches`).
+federated evaluation runs in this process too
+(:func:`~tensorfleet.federated.backends.compiled_eval.evaluate_batches`).
 ``tests/federated/backends/test_compiled.py`` checks that both backends give the same model and
 metrics after the same rounds.
 
@@ -52,12 +53,13 @@ import numpy as np
 from tensorfleet.federated.backends.compiled_aggregation import (
     ROBUST_AGGREGATORS, adapted_clip, aggregation, dp_noised_mean,
 )
+from tensorfleet.federated.backends.compiled_eval import one_label_per_example
 from tensorfleet.federated.backends.compiled_scope import (
     COMPILED_AGGREGATORS, SUPPORTED_ALGORITHMS, batch_dependent_layers, compiled_refusal, unsupported,
 )
 
 __all__ = ["COMPILED_AGGREGATORS", "ROBUST_AGGREGATORS", "SUPPORTED_ALGORITHMS", "CompiledFedAvg", "aggregation",
-           "batch_dependent_layers", "build_engine", "compiled_refusal", "default_lanes", "dp_noised_mean", "adapted_clip", "evaluate_batches", "unsupported"]
+           "batch_dependent_layers", "build_engine", "compiled_refusal", "default_lanes", "dp_noised_mean", "adapted_clip", "unsupported"]
 
 # The weights a model had when its first engine was built (an engine trains in the model, so a
 # second run of the same simulation would otherwise start from the last client's weights).
@@ -182,7 +184,7 @@ class CompiledFedAvg:
             self.length = self.steps * self.batch_size
             self._round = None
         # One label per example: labels shaped [1] (as TFF's tutorials reshape them) are the same labels.
-        clients = [(xk, _labels(yk)) for xk, yk in clients]
+        clients = [(xk, one_label_per_example(yk)) for xk, yk in clients]
         x0, y0 = clients[0]
         x = np.zeros((self.clients_per_round, self.length, *x0.shape[1:]), dtype=x0.dtype)
         y = np.zeros((self.clients_per_round, self.length), dtype=y0.dtype)
@@ -417,29 +419,6 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
                               local_steps=local_steps, noise_seed=config.seed, model=model,
                               **aggregation(config.aggregator_name, config.clients_per_round,
                                             config.aggregator_options))
-
-
-def evaluate_batches(model: Any, datasets: Sequence[Any]) -> dict[str, float]:
-    """TFF's federated evaluation (``build_fed_eval``) of ``model`` on the batched ``datasets`` of
-    the evaluation clients, in this process: loss and accuracy over all their examples."""
-    from tensorfleet.federated import tff_model
-
-    loss_fn, _ = tff_model.loss_and_metrics(model)
-    total_loss, correct, count = 0.0, 0, 0
-    for dataset in datasets:
-        for batch in dataset:
-            logits = model(batch["x"], training=False)
-            y = _labels(np.asarray(batch["y"]))
-            total_loss += float(loss_fn(y, logits)) * len(y)
-            correct += int(np.sum(np.argmax(np.asarray(logits), axis=-1) == y))
-            count += len(y)
-    return {"fed_eval_loss": total_loss / max(count, 1), "fed_eval_accuracy": correct / max(count, 1)}
-
-
-def _labels(y: np.ndarray) -> np.ndarray:
-    """Integer labels as one per example, ``(n,)``: labels shaped ``(n, 1)`` flattened; others as they are."""
-    y = np.asarray(y)
-    return y.reshape(len(y)) if y.ndim > 1 and y.size == len(y) else y
 
 
 def _flatten(tensors: Sequence[Any]) -> Any:
