@@ -53,7 +53,7 @@ class TrialRecord:
         """The record of a Keras Tuner ``Trial`` and its entry of ``times.json``; its hyperparameters
         in the order of ``order`` (the search space's), then any others."""
         start, end = times.get("start"), times.get("end")
-        score = trial.score if trial.score is not None and math.isfinite(trial.score) else None
+        score = float(trial.score) if trial.score is not None and math.isfinite(trial.score) else None
         values = dict(trial.hyperparameters.values)
         values = {**{k: values[k] for k in order if k in values}, **values}
         return cls(trial.trial_id, str(trial.status), values, score, trial.best_step,
