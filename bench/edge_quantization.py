@@ -123,8 +123,10 @@ def main() -> int:
     print(f"\nint8 / float32 bytes for the {mlp_int8[1]:,}-parameter MLP: {mlp_int8[4]:.4f} (target <= 0.26)")
     from tensorfleet.models.tinyml import REFERENCE
 
+    import tensorflow as tf
+
     kws_int8 = next(r for r in rows if r[0] == "ds_cnn" and r[2] == "int8")
-    print(f"DS-CNN int8: {kws_int8[3]:,} bytes here (TF 2.14 converter) vs {REFERENCE['ds_cnn'].published_tflite_bytes:,} "
+    print(f"DS-CNN int8: {kws_int8[3]:,} bytes here (TF {tf.__version__}'s converter) vs {REFERENCE['ds_cnn'].published_tflite_bytes:,} "
           f"bytes for the published MLPerf Tiny file; arena {kws_int8[8]:,} B vs "
           f"{REFERENCE['ds_cnn'].arena_bytes:,} B published")
     print(f"worst accuracy drop: {max(r[7] for r in rows):+.2f} points (target <= 1)")
