@@ -69,15 +69,19 @@ def require_keras2(model: Any, where: str) -> Any:
         Keras3ModelError: ``model`` is a Keras 3 model (the message names the fix).
         TypeError: ``model`` is not a Keras model at all.
     """
-    if is_keras3_model(model):
-        raise Keras3ModelError(f"{where} received a Keras 3 model ({type(model).__module__}."
-                               f"{type(model).__qualname__}). {_FIX}")
     import tensorflow as tf
 
-    if not isinstance(model, tf.keras.Model):
-        raise TypeError(f"{where} takes a Keras model (tf.keras / tf_keras). "
-                        f"Received: model of type {type(model).__qualname__}")
-    return model
+    return _require_keras2(model, where, "model", tf.keras.Model)
+
+
+def _require_keras2(obj: Any, where: str, kind: str, keras2_class: type) -> Any:
+    if is_keras3_model(obj):
+        raise Keras3ModelError(f"{where} received a Keras 3 {kind} ({type(obj).__module__}."
+                               f"{type(obj).__qualname__}). {_FIX}")
+    if not isinstance(obj, keras2_class):
+        raise TypeError(f"{where} takes a Keras {kind} (tf.keras / tf_keras). "
+                        f"Received: {kind} of type {type(obj).__qualname__}")
+    return obj
 
 
 def legacy_keras_selected() -> bool:
@@ -106,15 +110,9 @@ def require_keras2_layer(layer: Any, where: str) -> Any:
         Keras3ModelError: ``layer`` is a Keras 3 layer (the message names the fix).
         TypeError: ``layer`` is not a Keras layer at all.
     """
-    if is_keras3_model(layer):
-        raise Keras3ModelError(f"{where} received a Keras 3 layer ({type(layer).__module__}."
-                               f"{type(layer).__qualname__}). {_FIX}")
     import tensorflow as tf
 
-    if not isinstance(layer, tf.keras.layers.Layer):
-        raise TypeError(f"{where} takes a Keras layer (tf.keras / tf_keras). "
-                        f"Received: layer of type {type(layer).__qualname__}")
-    return layer
+    return _require_keras2(layer, where, "layer", tf.keras.layers.Layer)
 
 
 def keras_internal(module: str) -> Any:
