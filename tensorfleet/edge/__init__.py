@@ -1,4 +1,4 @@
-"""From a Keras model to a microcontroller: TFLite conversion and quantization, validation on
+"""From a Keras model to a microcontroller: low-rank decomposition, TFLite conversion and quantization, validation on
 the TFLite Micro interpreter, the arena and size report, and C source export.
 
 TensorFlow is imported only inside the functions that need it, so importing this package is
@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from tensorfleet.edge.artifact import TFLiteArtifact, TensorInfo, verify_int8
 from tensorfleet.edge.convert import QUANTIZATIONS, Quantization, convert, load_keras_model
+from tensorfleet.edge.decompose import DecompositionPlan, LayerPlan, DecompositionMethod, decompose, plan_decomposition
 from tensorfleet.edge.errors import (
     ArenaTooSmallError,
+    DecompositionError,
     EdgeError,
     InvalidModelError,
     MicroIncompatibleError,
@@ -31,7 +33,8 @@ from tensorfleet.edge.report import BOARDS, Board, EdgeReport, report
 __all__ = [
     "TFLiteArtifact", "TensorInfo", "verify_int8",
     "QUANTIZATIONS", "Quantization", "convert", "load_keras_model",
-    "ArenaTooSmallError", "EdgeError", "InvalidModelError", "MicroIncompatibleError", "QuantizationError",
+    "DecompositionPlan", "LayerPlan", "DecompositionMethod", "decompose", "plan_decomposition",
+    "ArenaTooSmallError", "DecompositionError", "EdgeError", "InvalidModelError", "MicroIncompatibleError", "QuantizationError",
     "UnsupportedOpError",
     "check_c_name", "export_c", "sanitize_c_identifier",
     "MAX_ARENA_BYTES", "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",

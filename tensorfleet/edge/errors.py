@@ -9,6 +9,7 @@ __all__ = [
     "MicroIncompatibleError",
     "UnsupportedOpError",
     "ArenaTooSmallError",
+    "DecompositionError",
 ]
 
 
@@ -43,3 +44,8 @@ class ArenaTooSmallError(EdgeError):
         super().__init__(message)
         self.required = required
         self.received = received
+
+
+class DecompositionError(EdgeError):
+    """A model or rank that :func:`tensorfleet.edge.decompose` cannot use (a rank above the layer's,
+    a layer kind no method factors, a model with no layer to factor)."""

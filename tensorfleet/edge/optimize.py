@@ -1,4 +1,5 @@
-"""Making a model small enough: QAT, magnitude pruning, weight clustering, distillation, freezing.
+"""Making a model small enough: QAT, magnitude pruning, weight clustering, low-rank decomposition,
+distillation, freezing.
 
 Quantization-aware training, pruning and clustering are tensorflow-model-optimization's
 (``tfmot``): Jacob et al., "Quantization and Training of Neural Networks for Efficient
@@ -32,7 +33,7 @@ from tensorfleet.registry import Registry
 from tensorfleet.validation import integer, number, positive_int
 
 __all__ = ["Technique", "TECHNIQUES", "finetune", "apply_qat", "apply_pruning", "apply_clustering",
-           "strip_wrappers", "weight_sparsity", "unique_weights", "distill", "freeze_layers"]
+           "apply_decomposition", "strip_wrappers", "weight_sparsity", "unique_weights", "distill", "freeze_layers"]
 
 
 class Technique(str, Enum):
@@ -41,6 +42,7 @@ class Technique(str, Enum):
     QAT = "qat"
     PRUNE = "prune"
     CLUSTER = "cluster"
+    DECOMPOSE = "decompose"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,13 @@ def apply_clustering(model: Any, *, clusters: int = 16) -> Any:
     return tfmot.clustering.keras.cluster_weights(model, number_of_clusters=clusters, cluster_centroids_init=init)
 
 
+def apply_decomposition(model: Any, **options: Any) -> Any:
+    """The model with low-rank factors (:func:`tensorfleet.edge.decompose`; ``method=``, ``rank=`` or ``energy=``)."""
+    from tensorfleet.edge.decompose import decompose
+
+    return decompose(model, **options)
+
+
 def _pruning_callbacks() -> list[Any]:
     import tensorflow_model_optimization as tfmot
 
@@ -87,6 +96,8 @@ TECHNIQUES.register("prune", _TechniqueSpec(apply_pruning, _pruning_callbacks), 
                     description="Magnitude pruning to a constant sparsity; wrappers stripped afterwards (tfmot).")
 TECHNIQUES.register("cluster", _TechniqueSpec(apply_clustering, list), aliases=("clustering",),
                     description="Weight clustering: each kernel keeps only N distinct values (tfmot).")
+TECHNIQUES.register("decompose", _TechniqueSpec(apply_decomposition, list), aliases=("decomposition", "low_rank"),
+                    description="Low-rank factors of Dense and Conv2D layers (SVD, Tucker-2, CP), then fine-tuning.")
 
 
 def strip_wrappers(model: Any) -> Any:
@@ -130,11 +141,12 @@ def finetune(model: Any, technique: str | Technique, x: Any, y: Any, *, epochs: 
 
     Args:
         model: a functional or sequential ``tf.keras.Model`` (trained, usually).
-        technique: ``qat``, ``prune`` or ``cluster``.
+        technique: ``qat``, ``prune``, ``cluster`` or ``decompose``.
         x, y: fine-tuning data.
         loss: defaults to sparse categorical cross-entropy from logits (or from probabilities when
             the last layer is a softmax).
-        options: ``sparsity=`` for prune, ``clusters=`` for cluster.
+        options: ``sparsity=`` for prune, ``clusters=`` for cluster; ``method=`` and ``rank=`` or
+            ``energy=`` for decompose (see :func:`tensorfleet.edge.decompose`).
 
     Example:
         >>> qat = finetune(model, "qat", x_train, y_train, epochs=1)                       # doctest: +SKIP

@@ -1,0 +1,214 @@
+"""One row of a decomposition plan: which form factors a layer, at which rank, and what it saves.
+
+A method names the form for convolutions with a kh x kw kernel (``tucker2`` or ``cp``); Dense
+layers and 1x1 Conv2D are matrices and take the ``svd`` form under every method. The rank of
+a row comes from ``rank=`` (an int, a ``(r_in, r_out)`` pair for Tucker-2, ``"vbmf"``, or a dict
+of those by layer name), or from ``energy=`` (see :mod:`tensorfleet.edge.decompose_rank`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from tensorfleet.edge.decompose_factors import (
+    Factor,
+    approximate_kernel,
+    cp_factors,
+    cp_full_rank,
+    fit_cp,
+    kernel_of,
+    layer_kind,
+    layer_macs,
+    svd_factors,
+    tucker2_factors,
+)
+from tensorfleet.edge.decompose_rank import cp_energy, energy_rank, smallest_rank, vbmf_rank
+from tensorfleet.edge.errors import DecompositionError
+
+__all__ = ["DecompositionMethod", "LayerPlan", "plan_layer", "form_of"]
+
+
+class DecompositionMethod(str, Enum):
+    """How :func:`tensorfleet.edge.decompose` factors convolutions (Dense layers always take ``svd``)."""
+
+    SVD = "svd"
+    TUCKER2 = "tucker2"
+    CP = "cp"
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One layer with weights: the form and rank chosen, or why it is left alone."""
+
+    name: str
+    kind: str
+    form: str | None
+    rank: tuple[int, ...] | None
+    params_before: int
+    params_after: int
+    macs_before: int
+    macs_after: int
+    energy: float | None
+    reason: str = ""
+    factors: tuple[Factor, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def decomposed(self) -> bool:
+        return bool(self.factors)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "form": self.form,
+                "rank": list(self.rank) if self.rank else None, "params_before": self.params_before,
+                "params_after": self.params_after, "flops_before": 2 * self.macs_before,
+                "flops_after": 2 * self.macs_after, "energy": self.energy, "reason": self.reason}
+
+
+def form_of(kind: str | None, method: DecompositionMethod) -> str | None:
+    """The factored form a layer kind takes under ``method``, or None when the method leaves it."""
+    if kind in ("dense", "conv1x1"):
+        return "svd"
+    if kind == "conv" and method is not DecompositionMethod.SVD:
+        return method.value
+    return None
+
+
+def _describe_kind(layer: Any) -> str:
+    if layer_kind(layer) in ("conv", "conv1x1"):
+        return f"Conv2D {layer.kernel_size[0]}x{layer.kernel_size[1]}"
+    return type(layer).__name__
+
+
+def _matrix(layer: Any) -> np.ndarray:
+    kernel = kernel_of(layer)
+    return kernel if kernel.ndim == 2 else kernel.reshape(-1, kernel.shape[-1])
+
+
+def _unfold(kernel: np.ndarray, mode: int) -> np.ndarray:
+    return np.moveaxis(kernel, mode, 0).reshape(kernel.shape[mode], -1)
+
+
+def _too_big(layer: Any, rank: Any, largest: Any) -> DecompositionError:
+    return DecompositionError(f"rank {rank!r} is above layer {layer.name!r}'s ({_describe_kind(layer)}, kernel "
+                              f"{tuple(layer.kernel.shape)}): at most {largest}. Received: rank={rank!r}")
+
+
+def _int_rank(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+
+def _svd_rank(layer: Any, rank: Any, energy: float | None, cap: bool) -> tuple[int]:
+    matrix = _matrix(layer)
+    full = min(matrix.shape)
+    if energy is not None:
+        return (energy_rank(matrix, energy),)
+    if rank == "vbmf":
+        return (vbmf_rank(matrix),)
+    largest = max(matrix.shape) if cap else full
+    if not _int_rank(rank) or rank > largest:
+        raise _too_big(layer, rank, f"{largest} (an integer)")
+    return (min(int(rank), full),)
+
+
+def _tucker2_rank(layer: Any, rank: Any, energy: float | None) -> tuple[int, int]:
+    kernel = kernel_of(layer)
+    cin, cout = kernel.shape[2:]
+    if energy is not None:
+        return energy_rank(_unfold(kernel, 2), energy), energy_rank(_unfold(kernel, 3), energy)
+    if rank == "vbmf":
+        return vbmf_rank(_unfold(kernel, 2)), vbmf_rank(_unfold(kernel, 3))
+    if isinstance(rank, (tuple, list)):
+        if len(rank) != 2 or not all(_int_rank(r) for r in rank) or rank[0] > cin or rank[1] > cout:
+            raise _too_big(layer, rank, f"({cin}, {cout}) as (input, output) channel ranks")
+        return int(rank[0]), int(rank[1])
+    if not _int_rank(rank) or rank > max(cin, cout):
+        raise _too_big(layer, rank, f"{max(cin, cout)} (an integer, capped at each channel count) or a pair")
+    return min(int(rank), cin), min(int(rank), cout)
+
+
+def _cp_rank(layer: Any, rank: Any, energy: float | None, before: int, allow_growth: bool) -> tuple[int, Any, str]:
+    kernel = kernel_of(layer)
+    full = cp_full_rank(kernel.shape)
+    if energy is None:
+        if rank == "vbmf":
+            raise DecompositionError("rank='vbmf' chooses ranks for the svd and tucker2 forms, not for cp. "
+                                     "Received: method='cp', rank='vbmf'; pass an integer rank or energy=")
+        if not _int_rank(rank) or rank > full:
+            raise _too_big(layer, rank, f"{full} (an integer)")
+        return int(rank), None, ""
+    fits: dict[int, Any] = {}
+
+    def reaches(r: int) -> bool:
+        fits[r] = fit_cp(kernel, r)
+        return cp_energy(kernel, fits[r]) >= energy - 1e-12
+
+    per_rank = sum(kernel.shape)
+    break_even = full if allow_growth else min(full, (before - 1) // per_rank)
+    found = smallest_rank(reaches, 1, break_even)
+    if found is None:
+        return break_even, None, (f"would grow: no rank below {break_even + 1} keeps {energy:g} of the kernel's "
+                                  f"energy")
+    return found, fits[found], ""
+
+
+def _factors(layer: Any, form: str, rank: tuple[int, ...], fitted: Any) -> list[Factor]:
+    if form == "svd":
+        return svd_factors(layer, rank[0])
+    if form == "tucker2":
+        return tucker2_factors(layer, (rank[0], rank[1]))
+    return cp_factors(layer, rank[0], fitted)
+
+
+def _kept(layer: Any, form: str, factors: list[Factor]) -> float:
+    kernel = kernel_of(layer)
+    approx = approximate_kernel(form, factors).reshape(kernel.shape)
+    total = float(np.sum(kernel ** 2))
+    return 1.0 - float(np.sum((kernel - approx) ** 2)) / total if total else 1.0
+
+
+def plan_layer(layer: Any, method: DecompositionMethod, rank: Any, energy: float | None, *, shared: bool,
+               allow_growth: bool) -> LayerPlan:
+    """The plan of one layer: ``rank`` is this layer's (None: energy decides) ; errors for a bad rank."""
+    kind = layer_kind(layer)
+    form = form_of(kind, method)
+    params = int(layer.count_params())
+    macs = layer_macs(layer) if kind else 0
+    row = dict(name=layer.name, kind=_describe_kind(layer), form=None, rank=None, params_before=params,
+               params_after=params, macs_before=macs, macs_after=macs, energy=None)
+    if form is None:
+        kinds = "Dense and Conv2D" if method is not DecompositionMethod.SVD else "Dense and 1x1 Conv2D"
+        return LayerPlan(**row, reason=f"{row['kind']}: method {method.value!r} factors {kinds} layers")
+    reason = ""
+    if shared:
+        reason = "shared: the layer is called more than once"
+    elif kind != "dense" and (layer.data_format != "channels_last" or layer.groups != 1):
+        reason = f"data_format={layer.data_format!r}, groups={layer.groups}: only channels_last, groups=1"
+    elif rank is None and energy is None:
+        reason = "no rank given for this layer"
+    if reason:
+        return LayerPlan(**row, reason=reason)
+    fitted = None
+    if form == "svd":
+        ranks: tuple[int, ...] = _svd_rank(layer, rank, energy, cap=method is not DecompositionMethod.SVD)
+    elif form == "tucker2":
+        ranks = _tucker2_rank(layer, rank, energy)
+    else:
+        cp_rank, fitted, reason = _cp_rank(layer, rank, energy, params, allow_growth)
+        ranks = (cp_rank,)
+        if reason and not allow_growth:
+            return LayerPlan(**dict(row, form=form, rank=ranks), reason=reason)
+    factors = _factors(layer, form, ranks, fitted)
+    after = sum(f.params for f in factors)
+    row.update(form=form, rank=ranks, params_after=after, macs_after=sum(f.macs for f in factors),
+               energy=_kept(layer, form, factors))
+    if after >= params and not allow_growth:
+        return LayerPlan(**dict(row, params_after=params, macs_after=macs),
+                         reason=f"would grow: {params:,} -> {after:,} parameters at rank {_rank_text(ranks)}")
+    return LayerPlan(**row, factors=tuple(factors))
+
+
+def _rank_text(rank: tuple[int, ...]) -> str:
+    return "x".join(str(r) for r in rank)
