@@ -2,9 +2,13 @@
 
 Each command group lives in its own module of this package and exposes ``app`` (a
 ``typer.Typer``) and ``NAME``; top-level commands (such as ``launch``) expose ``register(app)``.
-Errors that tensorfleet raises for bad input (``ValueError``, ``KeyError``, ``TypeError``,
-``FileNotFoundError``) are turned into one clean line on stderr and exit status 2 here, at
-the CLI boundary, instead of a traceback.
+Errors that tensorfleet raises for bad input (``ValueError`` and its subclasses, such as
+:class:`~tensorfleet.registry.UnknownNameError`; ``FileNotFoundError``; a Keras 3 model where
+Keras 2 is needed, :class:`~tensorfleet.compat.keras.Keras3ModelError`) are turned into one clean
+``error:`` line on stderr and exit status 2 here, at the CLI boundary, instead of a traceback.
+Anything else (a ``TypeError``, ``KeyError`` or ``AttributeError`` raised by tensorfleet's own
+code is a bug, not bad input) keeps its traceback, followed by a line asking to report it, and
+exits with status 1.
 
 Every command shows what the user needs and nothing else: TensorFlow's C++ logs below ERROR are
 off (``TF_CPP_MIN_LOG_LEVEL=2`` unless the user set it), and the lines TensorFlow prints on
@@ -21,13 +25,14 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from typing import Any, Optional
 
 import typer
 
 import tensorfleet
 
-__all__ = ["app", "main", "click_exceptions", "verbose", "GROUPS", "COMMANDS"]
+__all__ = ["app", "main", "click_exceptions", "user_errors", "verbose", "GROUPS", "COMMANDS", "REPORT_BUG"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving", "profile")
@@ -80,8 +85,15 @@ for _module_name in COMMANDS:
     importlib.import_module(f"tensorfleet.cli.{_module_name}").register(app)
 
 
-class UsageError(Exception):
-    """Raised by commands for a bad combination of arguments."""
+REPORT_BUG = "This is a bug in tensorfleet, not a problem with your input; please report it with the traceback above."
+"""The line printed after the traceback of an unexpected error."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean bad input: exit status 2 with one ``error:`` line."""
+    from tensorfleet.compat.keras import Keras3ModelError
+
+    return ValueError, FileNotFoundError, Keras3ModelError
 
 
 def click_exceptions() -> Any:
@@ -94,13 +106,13 @@ def click_exceptions() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the CLI; input errors print ``error: ...`` and exit with status 2."""
+    """Runs the CLI; input errors print ``error: ...`` and exit with status 2, a bug shows its
+    traceback and :data:`REPORT_BUG` and exits with status 1."""
     exceptions = click_exceptions()
     try:
         result = app(args=argv, standalone_mode=False)
-    except (ValueError, KeyError, TypeError, FileNotFoundError, UsageError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        typer.echo(f"error: {message}", err=True)
+    except user_errors() as exc:
+        typer.echo(f"error: {exc}", err=True)
         return 2
     except exceptions.ClickException as exc:
         exc.show()
@@ -110,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         typer.echo("Aborted.", err=True)
         return 130
+    except Exception:
+        traceback.print_exc()
+        typer.echo(REPORT_BUG, err=True)
+        return 1
     return result if isinstance(result, int) else 0
 
 
