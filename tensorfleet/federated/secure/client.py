@@ -1,0 +1,135 @@
+"""The client side of SecAgg / SecAgg+ (Bonawitz et al., CCS 2017, semi-honest variant; Bell et al.,
+CCS 2020, for the sparse graph). A client keeps its update and its secrets to itself and hands out
+only the messages of :mod:`~tensorfleet.federated.secure.messages`:
+
+0. two X25519 key pairs (one encrypts shares, one agrees masks), their public halves advertised;
+1. a random self-mask seed ``b`` and the mask key's private half, each split t-of-n (Shamir) among
+   the client's neighbours and itself, each neighbour's shares encrypted for it;
+2. its quantized update plus ``PRG(b)`` plus, for each neighbour ``v`` that shared keys,
+   ``+PRG(s_uv)`` if ``u < v`` else ``-PRG(s_uv)``, mod ``2 ** bits`` (the pairwise masks cancel in the sum);
+3. the shares it holds of the survivors' ``b`` and of the dropped clients' mask keys.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from tensorfleet.federated.secure import keys as crypto
+from tensorfleet.federated.secure import shamir
+from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, MaskedInput, NeighbourKeys,
+                                                   RoundSettings, SecureAggregationError, UnmaskingShares,
+                                                   UnmaskRequest)
+
+__all__ = ["SecAggClient", "masks_of"]
+
+_SHARE_BYTES = 2 * shamir.WORDS * 4
+
+
+def _header(sender: int, recipient: int, round_num: int) -> bytes:
+    return struct.pack("<III", sender, recipient, round_num)
+
+
+def masks_of(settings: RoundSettings, client: int, mask_pair: crypto.KeyPair, peers: dict[int, bytes],
+             self_seed: bytes) -> np.ndarray:
+    """The sum of ``client``'s masks mod ``2 ** bits``: its self mask and one pairwise mask per peer
+    (``peers``: id -> mask public key); what the server rebuilds for the parts it may."""
+    bits, length = settings.quantizer.bits, settings.length
+    total = crypto.expand_mask(crypto.derive(self_seed, "self", settings.round_num), length, bits)
+    for v, public in peers.items():
+        mask = crypto.expand_mask(crypto.derive(mask_pair.agree(public), "mask", settings.round_num), length, bits)
+        if client < v:
+            total += mask
+        else:
+            total -= mask
+    return total
+
+
+class SecAggClient:
+    """One client's part in one round. Its update and secrets stay in this object; every method
+    returns messages only.
+
+    Args:
+        client: the client's id in the round (0 to clients - 1).
+        settings: the round's :class:`RoundSettings`.
+        rng: draws the stochastic rounding of quantization (secrets come from the OS's CSPRNG).
+    """
+
+    def __init__(self, client: int, settings: RoundSettings, rng: np.random.Generator) -> None:
+        self.client = client
+        self._settings = settings
+        self._rng = rng
+        self._cipher = crypto.KeyPair.generate()
+        self._mask = crypto.KeyPair.generate()
+        self._self_seed = os.urandom(shamir.SECRET_BYTES)
+        self._neighbours: dict[int, AdvertisedKeys] = {}
+        self._held: dict[int, np.ndarray] = {}  # sender -> [2, WORDS] shares (self seed, mask key)
+        self.saturated = 0
+
+    def advertise(self) -> AdvertisedKeys:
+        return AdvertisedKeys(self.client, self._cipher.public, self._mask.public)
+
+    def _channel(self, other: AdvertisedKeys) -> bytes:
+        return crypto.derive(self._cipher.agree(other.cipher_public), "share", self._settings.round_num, 32)
+
+    def share_keys(self, neighbour_keys: NeighbourKeys) -> list[EncryptedShare]:
+        """Split the self-mask seed and the mask key among the neighbours and this client."""
+        self._neighbours = {k.client: k for k in neighbour_keys.keys if k.client != self.client}
+        holders = sorted([*self._neighbours, self.client])
+        shares = shamir.split([self._self_seed, self._mask.private_bytes()], [h + 1 for h in holders],
+                              threshold=self._settings.needed(len(holders)))
+        out = []
+        for i, h in enumerate(holders):
+            payload = shares[:, i].astype("<u4").tobytes()
+            if h == self.client:
+                self._held[h] = shares[:, i]
+                continue
+            header = _header(self.client, h, self._settings.round_num)
+            out.append(EncryptedShare(self.client, h, crypto.encrypt(self._channel(self._neighbours[h]), header,
+                                                                     payload)))
+        return out
+
+    def receive_shares(self, shares: Sequence[EncryptedShare]) -> None:
+        """Decrypt the shares neighbours sent this client (authenticated: sender, recipient, round)."""
+        for share in shares:
+            sender = self._neighbours.get(share.sender)
+            if sender is None or share.recipient != self.client:
+                raise SecureAggregationError(f"Client {self.client} received a share from {share.sender} for "
+                                             f"{share.recipient}, who is not its neighbour in this round.")
+            payload = crypto.decrypt(self._channel(sender), _header(share.sender, self.client,
+                                                                    self._settings.round_num), share.ciphertext)
+            self._held[share.sender] = np.frombuffer(payload, "<u4").astype(np.int64).reshape(2, shamir.WORDS)
+
+    def masked_input(self, update: Any, weight: float = 1.0) -> MaskedInput:
+        """The update clipped, times ``weight`` (0 to 1), quantized, with the saturation counters and
+        the quantized weight, plus the masks of every neighbour whose shares arrived."""
+        settings, quantizer = self._settings, self._settings.quantizer
+        values = np.asarray(update).ravel()
+        if values.size != settings.size:
+            raise ValueError(f"Client {self.client}'s update has {values.size} values; the round aggregates "
+                             f"{settings.size}. Received: {values.size}")
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"A client's weight in secure aggregation is from 0 to 1. Received: weight={weight}")
+        clip = quantizer.clip
+        ints, _ = quantizer.quantize(np.clip(values, -clip, clip) * weight, self._rng)
+        self.saturated = int(np.count_nonzero(np.abs(values) > clip))
+        scaled = weight * quantizer.levels
+        counters = np.asarray([self.saturated > 0, min(self.saturated, quantizer.levels),
+                               np.floor(scaled) + (self._rng.random() < scaled - np.floor(scaled))], quantizer.dtype)
+        peers = {v: self._neighbours[v].mask_public for v in self._held if v != self.client}
+        vector = np.concatenate([ints, counters]) + masks_of(settings, self.client, self._mask, peers,
+                                                             self._self_seed)
+        return MaskedInput(self.client, quantizer.reduce(vector))
+
+    def unmask(self, request: UnmaskRequest) -> UnmaskingShares:
+        """The shares this client holds of the survivors' self-mask seeds and the dropped clients'
+        mask keys; refuses a request that names a client on both sides (that would unmask it)."""
+        if request.survivors & request.dropped:
+            raise SecureAggregationError(f"Client {self.client} refuses to reveal both secrets of clients "
+                                         f"{sorted(request.survivors & request.dropped)}.")
+        return UnmaskingShares(self.client,
+                               {v: s[0] for v, s in self._held.items() if v in request.survivors},
+                               {v: s[1] for v, s in self._held.items() if v in request.dropped})
