@@ -25,7 +25,9 @@ from typing import Any, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
 from tensorfleet.io import UnwritablePathError, check_writable
-from tensorfleet.validation import boolean, integer, number, positive_int
+from tensorfleet.federated.backends.compiled_layout import NonTrainable
+from tensorfleet.federated.sampling import StragglerPolicy
+from tensorfleet.validation import boolean, choice, integer, number, positive_int
 
 __all__ = ["SimulationConfig", "check_out_dir"]
 
@@ -73,7 +75,16 @@ class SimulationConfig:
         aggregator_options: options of a named aggregator (``{"noise_multiplier": 1.0}``).
         dp_delta: the delta for the epsilon reported with a DP aggregator.
         dropout: probability that a sampled client drops out of a round.
-        straggler_deadline: simulated seconds; a client whose latency exceeds it is left out.
+        straggler_deadline: simulated seconds; a client whose latency exceeds it is a straggler.
+        straggler_share: the share of each round's clients that are stragglers running a random
+            number of local epochs in ``[1, local_epochs]`` (the FedProx paper's systems
+            heterogeneity, Li et al., MLSys 2020, section 5.2); 0: none.
+        straggler_policy: ``drop`` (a straggler is left out of the round, as FedAvg does) or
+            ``partial`` (its partial work counts, weighted by the examples it trained on: up to
+            the deadline, or its epochs).
+        non_trainable: what the compiled backend's server does with non-trainable weights
+            (BatchNormalization's statistics): ``mean`` (weighted by examples) or ``initial``
+            (kept at their initial values, as the tff backend's FedAvg keeps them).
         client_speed: median simulated client speed in examples per second (latencies are
             log-normal around it, fixed per client by the seed).
         eval_every: evaluation period in rounds.
@@ -115,6 +126,9 @@ class SimulationConfig:
     dp_delta: float = 1e-5
     dropout: float = 0.0
     straggler_deadline: float | None = None
+    straggler_share: float = 0.0
+    straggler_policy: str = "drop"
+    non_trainable: str = "mean"
     client_speed: float = 100.0
     eval_every: int = 1
     out_dir: str | os.PathLike[str] | None = None
@@ -143,6 +157,9 @@ class SimulationConfig:
             "checkpoint_every": integer("checkpoint_every", self.checkpoint_every, minimum=0),
             "dropout": number("dropout", self.dropout, minimum=0, below=1),
             "straggler_deadline": number("straggler_deadline", self.straggler_deadline, above=0, optional=True),
+            "straggler_share": number("straggler_share", self.straggler_share, minimum=0, maximum=1),
+            "straggler_policy": choice(StragglerPolicy, "straggler_policy", self.straggler_policy).value,
+            "non_trainable": choice(NonTrainable, "non_trainable", self.non_trainable).value,
             "client_speed": number("client_speed", self.client_speed, above=0),
             "dp_delta": number("dp_delta", self.dp_delta, above=0, below=1),
             "out_dir": check_out_dir("out_dir", self.out_dir),
@@ -205,6 +222,9 @@ class SimulationConfig:
             "batch_size": self.batch_size, "local_epochs": self.local_epochs, "dropout": self.dropout,
             "straggler_deadline": self.straggler_deadline, "client_speed": self.client_speed,
             "backend": self.backend.value,
+            # New options, recorded when not at their defaults (earlier checkpoints keep their fingerprints).
+            **{k: getattr(self, k) for k, default in (("straggler_share", 0.0), ("straggler_policy", "drop"),
+                                                      ("non_trainable", "mean")) if getattr(self, k) != default},
             # FedProx's sign: the paper's, not TFF 0.87's (a checkpoint of the other is refused).
             **({"proximal_gradient": "mu * (w - w_server)"} if self.algorithm == "fedprox" else {}),
         }

@@ -5,7 +5,11 @@ and shuffles as an uninterrupted one: round ``r`` draws its clients from ``defau
 a client's examples are visited in an order drawn from ``default_rng([seed, r, stable_hash(id)])``.
 Dropped-out clients are drawn with the per-round ``dropout`` rate; stragglers are the clients whose
 simulated latency (their examples over a log-normal speed fixed per client) passes the
-``straggler_deadline``.
+``straggler_deadline``, and a ``straggler_share`` of the clients drawn to run a random number of
+local epochs in ``[1, local_epochs]`` (the FedProx paper's systems heterogeneity). Under
+``straggler_policy="drop"`` stragglers are left out; under ``"partial"`` they train on the examples
+they got through (in their training order: up to the deadline, or their epochs), which
+:meth:`ClientSampler.sample` gives as ``work``.
 
 Example:
     >>> import numpy as np
@@ -22,13 +26,21 @@ from __future__ import annotations
 
 import collections
 import hashlib
+from enum import Enum
 from typing import Any, Sequence
 
 import numpy as np
 
 from tensorfleet.validation import positive_int
 
-__all__ = ["ClientSampler", "default_latency", "split_clients", "stable_hash"]
+__all__ = ["ClientSampler", "StragglerPolicy", "default_latency", "split_clients", "stable_hash"]
+
+
+class StragglerPolicy(str, Enum):
+    """What a round does with a straggler: leave it out, or take its partial work."""
+
+    DROP = "drop"
+    PARTIAL = "partial"
 
 
 def default_latency(num_examples: int, speed: float) -> float:
@@ -64,24 +76,27 @@ class ClientSampler:
         rng = np.random.default_rng([self.config.seed, round_num, stable_hash(cid)])
         return np.concatenate([rng.permutation(num_examples) for _ in range(self.config.local_epochs)])
 
-    def client_arrays(self, cid: str, round_num: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(x, y)`` of a client in training order for round ``round_num`` (local epochs included)."""
+    def client_arrays(self, cid: str, round_num: int, work: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of a client in training order for round ``round_num`` (local epochs included;
+        the first ``work`` examples of them for a straggler's partial work)."""
         x, y = self.clients.arrays(cid)
-        order = self.client_order(cid, round_num, len(y))
+        order = self.client_order(cid, round_num, len(y))[:work]
         return x[order], y[order]
 
-    def client_dataset(self, data: Any, cid: str, round_num: int, shuffle: bool = True) -> Any:
+    def client_dataset(self, data: Any, cid: str, round_num: int, shuffle: bool = True, work: int | None = None) -> Any:
         """The ``tf.data`` dataset of client ``cid`` of ``data`` in round ``round_num`` (batched; shuffled
-        and repeated for the local epochs when ``shuffle``)."""
+        and repeated for the local epochs when ``shuffle``; its first ``work`` examples when given)."""
         import tensorflow as tf
 
         if hasattr(data, "arrays"):
-            x, y = self.client_arrays(cid, round_num) if shuffle else data.arrays(cid)
+            x, y = self.client_arrays(cid, round_num, work) if shuffle else data.arrays(cid)
             return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(self.config.batch_size)
         ds = data.create_tf_dataset_for_client(cid)
         if shuffle:
             seed = int(np.random.default_rng([self.config.seed, round_num, stable_hash(cid)]).integers(2**31 - 1))
             ds = ds.shuffle(10_000, seed=seed, reshuffle_each_iteration=True).repeat(self.config.local_epochs)
+        if work is not None:
+            ds = ds.take(work)
         return ds.batch(self.config.batch_size)
 
     def num_examples(self, cid: str) -> int:
@@ -98,14 +113,34 @@ class ClientSampler:
         drop = rng.random(len(sampled)) < self.config.dropout
         dropped = [c for c, d in zip(sampled, drop) if d]
         alive = [c for c, d in zip(sampled, drop) if not d]
-        stragglers: list[str] = []
+        work = self._straggler_work(rng, alive, round_num)
+        stragglers = [c for c in alive if c in work]
+        partial = self.config.straggler_policy == StragglerPolicy.PARTIAL.value
+        kept = {c: n for c, n in work.items() if partial and n > 0}
+        participants = [c for c in alive if c not in work or c in kept]
+        return {"sampled": sampled, "dropped": dropped, "stragglers": stragglers, "participants": participants,
+                "work": kept}
+
+    def _straggler_work(self, rng: np.random.Generator, alive: list[str], round_num: int) -> dict[str, int]:
+        """The stragglers among ``alive`` and the examples (in training order) each gets through: up
+        to the deadline, or its random local epochs in ``[1, local_epochs]``."""
+        epochs = self.config.local_epochs
+        work: dict[str, int] = {}
         if self.config.straggler_deadline is not None:
             jitter = np.exp(rng.normal(0.0, 0.1, size=len(alive)))
-            latency = {c: default_latency(self.num_examples(c) * self.config.local_epochs, self.speeds[c]) * j
-                       for c, j in zip(alive, jitter)}
-            stragglers = [c for c in alive if latency[c] > self.config.straggler_deadline]
-        participants = [c for c in alive if c not in stragglers]
-        return {"sampled": sampled, "dropped": dropped, "stragglers": stragglers, "participants": participants}
+            for c, j in zip(alive, jitter):
+                total = self.num_examples(c) * epochs
+                latency = default_latency(total, self.speeds[c]) * j
+                if latency > self.config.straggler_deadline:
+                    work[c] = int(total * self.config.straggler_deadline / latency)
+        if self.config.straggler_share > 0:  # drawn apart, so the other draws stay those of runs without
+            slow = np.random.default_rng([self.config.seed, round_num, 0x51_0E])
+            chosen = slow.random(len(alive)) < self.config.straggler_share
+            ran = slow.integers(1, epochs + 1, size=len(alive))
+            for c, pick, e in zip(alive, chosen, ran):
+                if pick:
+                    work[c] = min(work.get(c, self.num_examples(c) * epochs), self.num_examples(c) * int(e))
+        return work
 
 
 def split_clients(clients: Any, eval_clients: Any) -> tuple[list[str], list[str], Any]:

@@ -5,7 +5,8 @@ Models", ICLR 2018 (per-client L2 clipping, Gaussian noise on the sum). Adaptive
 Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with Adaptive Clipping",
 NeurIPS 2021. On the ``tff`` backend both are TFF's ``tff.aggregators.DifferentiallyPrivateFactory``
 (:func:`dp_fixed`, :func:`dp_adaptive`); the compiled backend runs the same clipping, noise and clip
-updates itself (:mod:`~tensorfleet.federated.backends.compiled_aggregation`). tensorfleet adds the
+updates itself (:class:`~tensorfleet.federated.aggregators.builtin.DPPart`, with :func:`dp_noised_mean`
+and :func:`adapted_clip`). tensorfleet adds the
 accounting, :func:`epsilon`, with dp-accounting's RDP accountant (Mironov 2017).
 
 What is accounted is what the simulation does: each round samples exactly ``clients_per_round``
@@ -36,7 +37,7 @@ from typing import Any
 
 from tensorfleet.validation import choice, integer, number, positive_int
 
-__all__ = ["DpSampling", "dp_fixed", "dp_adaptive", "epsilon"]
+__all__ = ["DpSampling", "adapted_clip", "dp_adaptive", "dp_fixed", "dp_noised_mean", "epsilon"]
 
 
 def dp_fixed(*, noise_multiplier: float, clients_per_round: int, clip: float = 1.0) -> Any:
@@ -125,3 +126,33 @@ def _one_round_rdp(noise_multiplier: float, sampled: int, population: int, how: 
             population, sampled, dp_accounting.GaussianDpEvent(noise_multiplier / 2))
     accountant.compose(event)
     return rdp_orders_and_values(accountant)  # no public reader of these (dp-accounting 0.4.3 to 0.6)
+
+
+def dp_noised_mean(clipped_sum: Any, sizes: Any, stddev: Any, denominator: int, seed: int, round_num: Any) -> Any:
+    """TFF's DP-FedAvg result from the flat clipped sum (``NormalizedQuery(GaussianSumQuery)``), in
+    TensorFlow: every tensor's piece (``sizes``) plus Gaussian noise of ``stddev``, over
+    ``denominator``. The noise is drawn statelessly from ``seed`` and ``round_num`` (a resumed run
+    draws what the uninterrupted one did)."""
+    import tensorflow as tf
+
+    round_num = tf.cast(round_num, tf.int64)
+    out = []
+    pieces = tf.split(clipped_sum, list(sizes))
+    for i, total in enumerate(pieces):
+        key = tf.stack([tf.constant(seed, tf.int64), round_num * len(pieces) + i])
+        noise = tf.random.stateless_normal(tf.shape(total), key, stddev=stddev, dtype=total.dtype)
+        out.append((total + noise) / float(denominator))
+    return tf.concat(out, 0)
+
+
+def adapted_clip(clip: Any, unclipped_sum: Any, adaptive: tuple[float, float, float], denominator: int, seed: int,
+                 round_num: Any) -> Any:
+    """The next clip of TFF's adaptive clipping (tensorflow_privacy's ``QuantileEstimatorQuery``,
+    geometric update), in TensorFlow: ``unclipped_sum`` is the sum over clients of ``[norm <= clip] - 0.5``."""
+    import tensorflow as tf
+
+    target, learning_rate, count_stddev = adaptive
+    key = tf.stack([tf.constant(seed, tf.int64), -1 - tf.cast(round_num, tf.int64)])
+    noised = (unclipped_sum + tf.random.stateless_normal([], key, stddev=count_stddev)) / float(denominator)
+    below = tf.minimum(1.0, tf.maximum(0.0, noised + 0.5))
+    return tf.maximum(clip * tf.math.exp(-(learning_rate * (below - target))), 0.0)

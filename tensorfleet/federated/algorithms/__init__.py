@@ -9,7 +9,7 @@ into a ``tff.learning.templates.LearningProcess`` (on the tff track).
 Example:
     >>> from tensorfleet.federated import algorithms
     >>> algorithms.ALGORITHMS.names()
-    ['fedavg', 'fedsgd', 'fedprox', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad']
+    ['fedavg', 'fedsgd', 'fedprox', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad', 'fednova']
     >>> name, client, server, options = algorithms.resolve("FedProx", server_learning_rate=0.5)
     >>> name, client.name, server, options
     ('fedprox', 'sgd', OptimizerSpec(name='sgd', learning_rate=0.5, options={}), {'mu': 0.01})
@@ -32,12 +32,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from tensorfleet.federated.algorithms import (
-    fedadagrad, fedadam, fedavg, fedavgm, fedprox, fedsgd, fedyogi,
+    fedadagrad, fedadam, fedavg, fedavgm, fednova, fedprox, fedsgd, fedyogi,
 )
 from tensorfleet.federated.algorithms.base import OPTIMIZERS, Algorithm, OptimizerSpec, make_optimizer, make_tff_optimizer
 from tensorfleet.registry import Registry
 
-__all__ = ["ALGORITHMS", "OPTIMIZERS", "Algorithm", "OptimizerSpec", "build_process", "describe", "make_optimizer",
+__all__ = ["ALGORITHMS", "OPTIMIZERS", "Algorithm", "OptimizerSpec", "build_process", "catalogue", "make_optimizer",
            "make_tff_optimizer", "resolve"]
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
@@ -47,7 +47,7 @@ ALGORITHMS.register("fedavg", Algorithm(fedavg.build, _SGD, OptimizerSpec("sgd",
                                         paper="McMahan et al., AISTATS 2017"),
                     aliases=("fed_avg",), description="Federated averaging, weighted by client examples.")
 ALGORITHMS.register("fedsgd", Algorithm(fedsgd.build, None, OptimizerSpec("sgd", 0.5),
-                                        paper="McMahan et al., AISTATS 2017"),
+                                        paper="McMahan et al., AISTATS 2017", client_work=fedsgd.client_work),
                     aliases=("fed_sgd",), description="One full-batch gradient per client per round.")
 ALGORITHMS.register("fedprox", Algorithm(fedprox.build, _SGD, OptimizerSpec("sgd", 1.0), {"mu": 0.01},
                                          paper="Li et al., MLSys 2020"),
@@ -67,6 +67,9 @@ ALGORITHMS.register("fedadagrad", Algorithm(fedadagrad.build, _SGD,
                                             OptimizerSpec("adagrad", 0.1, {"epsilon": 1e-3}),
                                             paper="Reddi et al., ICLR 2021"),
                     description="FedAvg with an Adagrad server optimizer.")
+ALGORITHMS.register("fednova", Algorithm(None, _SGD, OptimizerSpec("sgd", 1.0), paper="Wang et al., NeurIPS 2020",
+                                         client_work=fednova.client_work),
+                    description="Normalized averaging: updates over local steps, rescaled by their weighted mean.")
 
 
 def resolve(name: str, *, client_optimizer: str | None = None, client_learning_rate: float | None = None,
@@ -128,12 +131,15 @@ def build_process(name: str, model_fn: Callable[[], Any], *, aggregator: Any = N
         name, client_optimizer=client_optimizer, client_learning_rate=client_learning_rate,
         server_optimizer=server_optimizer, server_learning_rate=server_learning_rate, **hyperparameters)
     algo = ALGORITHMS.get(canonical)
+    if algo.build is None:
+        raise ValueError(f"Algorithm {canonical!r} runs on the compiled backend only (TFF has no {canonical}). "
+                         f"Received: algorithm={name!r} on backend='tff'; use backend='compiled' or 'auto'.")
     return algo.build(model_fn, client_optimizer=None if client is None else make_tff_optimizer(client),
                       server_optimizer=make_tff_optimizer(server), aggregator=aggregator, **hyper)
 
 
-def describe() -> list[dict[str, Any]]:
-    """One row per algorithm: name, description, paper and defaults (for the CLI)."""
+def catalogue() -> list[dict[str, Any]]:
+    """One row per algorithm: name, description, paper, defaults and backends (for the CLI)."""
     rows = []
     for entry in ALGORITHMS.entries():
         algo = entry.obj
@@ -143,5 +149,6 @@ def describe() -> list[dict[str, Any]]:
             else f"{algo.client_optimizer.name}(lr={algo.client_optimizer.learning_rate:g})",
             "server_optimizer": f"{algo.server_optimizer.name}(lr={algo.server_optimizer.learning_rate:g})",
             "options": dict(algo.hyperparameters),
+            "backends": ["compiled", "tff"] if algo.build is not None else ["compiled"],
         })
     return rows

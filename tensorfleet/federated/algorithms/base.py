@@ -1,9 +1,10 @@
 """Shared pieces of the algorithms: the optimizer registry and the algorithm record.
 
-An algorithm is a function ``build(model_fn, *, client_optimizer, server_optimizer, aggregator,
-**hyperparameters) -> tff.learning.templates.LearningProcess`` (the ``tff`` backend's) registered in
-:data:`tensorfleet.federated.algorithms.ALGORITHMS` with its defaults; the compiled backend runs
-the same algorithms itself. An optimizer name gives the compiled backend's optimizer
+An algorithm is registered in :data:`tensorfleet.federated.algorithms.ALGORITHMS` as an
+:class:`Algorithm`: its client part for the compiled backend (``client_work``), its finalizer (the
+server optimizer) and defaults, and a function ``build(model_fn, *, client_optimizer,
+server_optimizer, aggregator, **hyperparameters) -> tff.learning.templates.LearningProcess`` (the
+``tff`` backend's, where TFF has the algorithm). An optimizer name gives the compiled backend's optimizer
 (:func:`make_optimizer`) and TFF's (:func:`make_tff_optimizer`), which follow the same rules.
 """
 
@@ -36,15 +37,31 @@ class OptimizerSpec:
                              {**self.options, **options})
 
 
+def _local_steps(optimizer: Any, hyperparameters: dict[str, Any]) -> Any:
+    from tensorfleet.federated.algorithms.client_work import LocalSteps
+
+    return LocalSteps(optimizer, mu=hyperparameters.get("mu", 0.0))
+
+
 @dataclass(frozen=True)
 class Algorithm:
-    """A registered federated algorithm: its builder, default optimizers and hyperparameters."""
+    """A registered federated algorithm: its parts and defaults.
 
-    build: Callable[..., Any]
+    Attributes:
+        build: the ``tff`` backend's builder of its learning process (None: compiled backend only).
+        client_optimizer, server_optimizer: the default optimizers (the server's is the finalizer).
+        hyperparameters: its options and their defaults.
+        paper: where it comes from.
+        client_work: ``(client optimizer, hyperparameters) -> ClientWork``, the compiled backend's
+            client part (:mod:`~tensorfleet.federated.algorithms.client_work`).
+    """
+
+    build: Callable[..., Any] | None
     client_optimizer: OptimizerSpec | None
     server_optimizer: OptimizerSpec
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     paper: str = ""
+    client_work: Callable[[Any, dict[str, Any]], Any] = _local_steps
 
 
 def make_optimizer(spec: OptimizerSpec) -> Any:

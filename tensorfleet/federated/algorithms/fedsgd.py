@@ -12,7 +12,7 @@ from typing import Any
 
 from tensorfleet.federated.algorithms.base import is_unweighted
 
-__all__ = ["build"]
+__all__ = ["build", "client_work"]
 
 
 def build(model_fn: Any, *, client_optimizer: Any, server_optimizer: Any, aggregator: Any = None) -> Any:
@@ -26,3 +26,11 @@ def build(model_fn: Any, *, client_optimizer: Any, server_optimizer: Any, aggreg
         aggregator = tff.aggregators.as_weighted_aggregator(aggregator)
     return tff.learning.algorithms.build_fed_sgd(
         model_fn, server_optimizer_fn=server_optimizer, model_aggregator=aggregator)
+
+
+def client_work(optimizer: Any, hyperparameters: dict[str, Any]) -> Any:
+    """FedSGD's client part on the compiled backend: batch gradients at the server weights."""
+    from tensorfleet.federated.algorithms.client_work import BatchGradients
+
+    del optimizer, hyperparameters
+    return BatchGradients()

@@ -10,8 +10,9 @@ TFF 0.87's ``tff.learning.algorithms.build_weighted_fed_prox`` adds ``mu * (w_t 
 ``-mu/2 * ||w - w_t||^2``: it pushes clients away from the server model. Wrapping the client
 optimizer of TFF's FedAvg (whose model-delta client work starts every client from ``w_t`` and
 takes its first step there) gives the paper's FedProx with everything else TFF's: broadcast,
-client work, metrics, aggregation and the server's apply-optimizer finalizer. (The compiled
-backend adds the same term in its own round.) Its base class is TFF's, so the class is made when
+client work, metrics, aggregation and the server's apply-optimizer finalizer. (The pull is
+:func:`~tensorfleet.federated.algorithms.client_work.proximal_gradients`, which the compiled
+backend's FedProx client work calls as well.) Its base class is TFF's, so the class is made when
 first asked for, on the tff track.
 
 Example (one SGD step of lr 0.5 from w = 2 with gradient 1; the anchor is 2, so no pull yet,
@@ -35,6 +36,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tensorfleet.federated.algorithms.client_work import proximal_gradients
 from tensorfleet.validation import number
 
 __all__ = ["PROXIMAL_STRENGTH_KEY"]  # and ProximalOptimizer, made on use
@@ -80,12 +82,9 @@ def _optimizer_class() -> type:
             anchored = state["anchored"]
             anchor = tf.nest.map_structure(lambda a, w: tf.where(anchored, a, w), state["anchor"], weights)
             mu = state["proximal_strength"]
-
-            def pulled(g: Any, w: Any, a: Any) -> Any:
-                term = tf.cast(mu, w.dtype) * (w - a)
-                return term if g is None else g + term
-
-            gradients = tf.nest.map_structure(pulled, gradients, weights, anchor)
+            pulled = proximal_gradients(tf.nest.flatten(gradients), tf.nest.flatten(weights), tf.nest.flatten(anchor),
+                                        tf.convert_to_tensor(mu))
+            gradients = tf.nest.pack_sequence_as(gradients, pulled)
             inner, weights = self.optimizer.next(state["optimizer"], weights, gradients)
             return collections.OrderedDict(optimizer=inner, proximal_strength=mu, anchor=anchor,
                                            anchored=tf.constant(True)), weights

@@ -105,10 +105,10 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
         backend: ``auto`` (the default), ``tff`` or ``compiled``.
         workers: ``host:port`` addresses of running TFF workers (a list or one comma-separated
             string), or None.
-        algorithm: the (canonical) algorithm name; ``compiled`` runs those in
-            :data:`~tensorfleet.federated.backends.compiled.SUPPORTED_ALGORITHMS`.
-        aggregator: the (canonical) aggregator name; ``compiled`` runs those in
-            :data:`~tensorfleet.federated.backends.compiled.COMPILED_AGGREGATORS`.
+        algorithm: the (canonical) algorithm name; ``compiled`` runs those with a client part
+            (:func:`~tensorfleet.federated.backends.compiled_scope.compiled_algorithms`), ``tff`` those with a TFF builder.
+        aggregator: the (canonical) aggregator name; ``compiled`` runs those with a compiled form
+            (:func:`~tensorfleet.federated.backends.compiled_scope.compiled_aggregators`), ``tff`` those with a TFF form.
 
     Raises:
         ValueError: an unknown backend, a bad address, or a combination that cannot run.
@@ -127,14 +127,16 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
 
         addresses = tuple(str(a) for a in parse_addresses(workers))
     if chosen is Backend.TFF:
+        _check_tff_parts(algorithm, aggregator)
         _require_tff("backend='tff'" + (" with workers=" if addresses else ""))
     else:
-        from tensorfleet.federated.backends.compiled import COMPILED_AGGREGATORS, SUPPORTED_ALGORITHMS, unsupported
+        from tensorfleet.federated.backends.compiled_scope import runs_compiled, unsupported
 
-        runnable = algorithm in SUPPORTED_ALGORITHMS and aggregator in COMPILED_AGGREGATORS
+        runnable = runs_compiled(algorithm, aggregator)
         if chosen is Backend.AUTO:
             if runnable and addresses is None:
                 return BackendChoice(Backend.AUTO, None)
+            _check_tff_parts(algorithm, aggregator)
             _require_tff(f"backend='auto' with workers={list(addresses)}" if addresses is not None else
                          f"backend='auto' for algorithm={algorithm!r}, aggregator={aggregator!r}")
             return BackendChoice(Backend.TFF, addresses)
@@ -144,6 +146,21 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
             raise ValueError("workers= runs rounds on TFF workers; backend='compiled' runs them in this process. "
                              f"Received: backend='compiled', workers={list(addresses)}; drop one of them.")
     return BackendChoice(chosen, addresses)
+
+
+def _check_tff_parts(algorithm: str, aggregator: str | None) -> None:
+    """ValueError when ``algorithm`` or ``aggregator`` has no TFF form (it runs on the compiled backend only)."""
+    from tensorfleet.federated.aggregators import AGGREGATORS
+    from tensorfleet.federated.algorithms import ALGORITHMS
+
+    if ALGORITHMS.get(algorithm).build is None:
+        raise ValueError(f"Algorithm {algorithm!r} runs on the compiled backend only (TFF has none). "
+                         f"Received: algorithm={algorithm!r} on the tff backend; use backend='compiled' or 'auto' "
+                         f"without workers.")
+    if aggregator is not None and aggregator in AGGREGATORS and AGGREGATORS.get(aggregator).tff is None:
+        raise ValueError(f"Aggregator {aggregator!r} runs on the compiled backend only (it has no TFF form). "
+                         f"Received: aggregator={aggregator!r} on the tff backend; use backend='compiled' or 'auto' "
+                         f"without workers.")
 
 
 def _require_tff(what: str) -> None:

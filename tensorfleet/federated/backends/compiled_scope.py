@@ -1,11 +1,13 @@
-"""What the ``compiled`` backend runs: its algorithms and aggregators, and the models it refuses
+"""What the ``compiled`` backend runs: its algorithms and aggregators (those of the registries that
+have a compiled part), and the models it refuses
 before the first round (layers that mix the rows of a batch at inference; :func:`compiled_refusal`
 says why, and ``backend="auto"`` then runs TFF, on the tff track).
 
 BatchNormalization runs: each local step feeds the model the batch TFF's dataset would give, so
-training normalizes over the same rows, and the server keeps the model's non-trainable weights (the
-moving statistics) at their initial values, as TFF's FedAvg does (its clients send trainable deltas
-only): a BatchNormalization model ends with TFF's weights and evaluation after the same rounds
+training normalizes over the same rows; the server takes the clients' moving statistics averaged
+weighted by examples (``non_trainable="mean"``, the default) or keeps them at their initial values
+as TFF's FedAvg does (``non_trainable="initial"``: its clients send trainable deltas only), with
+which a BatchNormalization model ends with TFF's weights and evaluation after the same rounds
 (tests/federated/backends/test_compiled.py, tff track).
 """
 
@@ -15,19 +17,33 @@ from typing import Any
 
 import numpy as np
 
-from tensorfleet.federated.backends.compiled_aggregation import ROBUST_AGGREGATORS
+__all__ = ["batch_dependent_layers", "compiled_aggregators", "compiled_algorithms", "compiled_refusal",
+           "runs_compiled", "unsupported"]
 
-__all__ = ["COMPILED_AGGREGATORS", "SUPPORTED_ALGORITHMS", "batch_dependent_layers",
-           "compiled_refusal", "unsupported"]
 
-SUPPORTED_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
-COMPILED_AGGREGATORS = (None, "mean", "dp_fixed", "dp_adaptive", "compression", *ROBUST_AGGREGATORS)
+def compiled_algorithms() -> list[str]:
+    """The registered algorithms with a compiled client part (every one, today)."""
+    from tensorfleet.federated.algorithms import ALGORITHMS
+
+    return [e.name for e in ALGORITHMS.entries() if e.obj.client_work is not None]
+
+
+def compiled_aggregators() -> list[str]:
+    """The registered aggregators with a compiled form."""
+    from tensorfleet.federated.aggregators import AGGREGATORS
+
+    return [e.name for e in AGGREGATORS.entries() if e.obj.compiled is not None]
+
+
+def runs_compiled(algorithm: str, aggregator: str | None) -> bool:
+    """Whether the compiled backend has the parts of ``algorithm`` with ``aggregator`` (canonical names; None: the mean)."""
+    return algorithm in compiled_algorithms() and (aggregator is None or aggregator in compiled_aggregators())
 
 
 def unsupported(received: str) -> ValueError:
     """The error for a simulation this backend does not run; ``received`` names what was asked."""
-    return ValueError(f"backend='compiled' runs {', '.join(SUPPORTED_ALGORITHMS)} with the "
-                      f"{', '.join(a for a in COMPILED_AGGREGATORS if a)} aggregators on partition() client data. Received: {received}")
+    return ValueError(f"backend='compiled' runs {', '.join(compiled_algorithms())} with the "
+                      f"{', '.join(compiled_aggregators())} aggregators on partition() client data. Received: {received}")
 
 
 def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:

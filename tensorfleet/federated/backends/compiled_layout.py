@@ -1,0 +1,85 @@
+"""The compiled backend's round layout and small graph helpers: :class:`RoundShape`,
+:class:`NonTrainable` (what the server does with BatchNormalization's statistics),
+:func:`default_lanes`.
+
+Example:
+    >>> RoundShape(batch_size=20, max_examples=100, clients_per_round=10).lanes is None
+    True
+    >>> NonTrainable("initial")
+    <NonTrainable.INITIAL: 'initial'>
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = ["NonTrainable", "RoundShape", "default_lanes", "flatten", "fori"]
+
+
+class NonTrainable(str, Enum):
+    """What the server does with the model's non-trainable weights (BatchNormalization's moving statistics).
+
+    ``mean``: every client starts from the server's and the server takes their mean weighted by
+    examples after the round (the common practice). ``initial``: the server keeps them at their
+    initial values (TFF's FedAvg, whose clients send trainable deltas only; the tff backend's behaviour).
+    """
+
+    MEAN = "mean"
+    INITIAL = "initial"
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """How a round's data is laid out.
+
+    Attributes:
+        batch_size: local batch size.
+        max_examples: the most examples (times local epochs) any client trains on in a round.
+        clients_per_round: the round's client slots (the padded number of clients).
+        lanes: how many clients train at once, each lane in its own copy of the model and its own
+            ``tf.while_loop``, which TensorFlow runs side by side (None: :func:`default_lanes`);
+            the result is the same up to the order of the sums.
+    """
+
+    batch_size: int
+    max_examples: int
+    clients_per_round: int
+    lanes: int | None = None
+
+def default_lanes(clients_per_round: int, cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """Clients trained at once by default: one per CPU core this process may use (its CPU affinity,
+    and a container's CPU quota from ``cpu_max``, cgroup v2's ``"<quota> <period>"``, rounded up),
+    at most ``clients_per_round``. On two cores two lanes ran 113 rounds/s of the digits CNN, one 81
+    and three or four 93 (bench/RESULTS.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity alone
+    return max(1, min(int(clients_per_round), cores))
+
+
+def flatten(tensors: Sequence[Any]) -> Any:
+    """Tensors as one flat vector (in order)."""
+    import tensorflow as tf
+
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+
+
+def fori(n: Any, body: Callable[[Any, Any], Any], init: Any) -> Any:
+    """``for i in range(n): acc = body(i, acc)`` as a tf.while_loop."""
+    import tensorflow as tf
+
+    def cond(i: Any, acc: Any) -> Any:
+        return i < n
+
+    def loop(i: Any, acc: Any) -> Any:
+        return i + 1, body(i, acc)
+
+    return tf.while_loop(cond, loop, (tf.constant(0), init))[1]
