@@ -4,6 +4,7 @@ Example:
     tensorfleet edge convert ds_cnn --quantization int8 --out kws.tflite
     tensorfleet edge report kws.tflite --target nano33ble --json kws.json --plot kws.png
     tensorfleet edge export kws.tflite --name kws --out firmware/
+    tensorfleet edge decompose model.keras --method tucker2 --energy 0.9 --out small.keras --plot plan.png
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any, Optional
 
 import typer
 
-__all__ = ["NAME", "app", "calibration_data"]
+from tensorfleet.edge.decompose_plan import DecompositionMethod
+
+__all__ = ["NAME", "app", "calibration_data", "parse_rank"]
 
 NAME = "edge"
 app = typer.Typer(help="TFLite conversion, TFLite Micro validation, size report and C export.",
@@ -169,3 +172,48 @@ def modes_cmd() -> None:
     for entry in QUANTIZATIONS.entries():
         micro = "TFLM: yes" if entry.obj.micro_compatible else "TFLM: no"
         typer.echo(f"{entry.name:<8} {micro:<9} {entry.description}")
+
+
+def parse_rank(text: str | None) -> Any:
+    """``--rank``: an integer, ``IN,OUT`` (tucker2's channel ranks) or ``vbmf``."""
+    from tensorfleet.edge import DecompositionError
+
+    if text is None or text.strip().lower() == "vbmf":
+        return None if text is None else "vbmf"
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts) or len(parts) > 2:
+        raise DecompositionError(f"--rank must be an integer, IN,OUT (tucker2) or vbmf. Received: --rank {text!r}")
+    return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+
+
+@app.command("decompose")
+def decompose_cmd(
+    model: Path = typer.Argument(..., help="A saved Keras model (.keras or .h5)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the decomposed model (.keras)."),
+    method: DecompositionMethod = typer.Option(DecompositionMethod.TUCKER2, "--method", "-m",
+                                               help="How Conv2D layers are factored (Dense layers: svd)."),
+    rank: Optional[str] = typer.Option(None, "--rank", help="An integer, IN,OUT for tucker2, or vbmf."),  # noqa: UP007
+    energy: Optional[float] = typer.Option(None, "--energy", help="Share of each kernel's energy to keep, in (0, 1]."),  # noqa: UP007
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of parameters and FLOPs per layer."),  # noqa: UP007
+) -> None:
+    """Replace Dense and Conv2D layers by low-rank factors; print the plan as a table first."""
+    from tensorfleet import edge
+    from tensorfleet.edge.decompose import save_keras
+    from tensorfleet.io import check_writable
+
+    chosen_rank = parse_rank(rank)
+    if out.suffix != ".keras":
+        raise edge.DecompositionError(f"--out must name a .keras file. Received: --out {str(out)!r}")
+    for destination in (out, plot):
+        if destination is not None:
+            check_writable(destination)
+    if not model.is_file():
+        raise FileNotFoundError(f"No saved Keras model at {str(model)!r}.")
+    keras_model = edge.load_keras_model(model)
+    plan = edge.plan_decomposition(keras_model, method, rank=chosen_rank, energy=energy)
+    typer.echo(plan.describe())
+    small = edge.decompose(keras_model, plan=plan)
+    if plot is not None:
+        typer.echo(f"wrote {plan.plot(plot)}")
+    typer.echo(f"wrote {save_keras(small, out)} ({small.count_params():,} parameters, "
+               f"{keras_model.count_params():,} before)")

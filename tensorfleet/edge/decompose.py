@@ -33,7 +33,7 @@ from tensorfleet.edge.errors import DecompositionError
 from tensorfleet.io import save_figure
 from tensorfleet.validation import choice, number
 
-__all__ = ["DecompositionMethod", "LayerPlan", "DecompositionPlan", "plan_decomposition", "decompose"]
+__all__ = ["DecompositionMethod", "LayerPlan", "DecompositionPlan", "plan_decomposition", "decompose", "save_keras"]
 
 
 @dataclass(frozen=True)
@@ -284,3 +284,19 @@ def decompose(model: Any, method: str | DecompositionMethod = "svd", *, rank: An
         raise DecompositionError(f"no layer of model {plan.model_name!r} is worth factoring with method "
                                  f"{plan.method!r} ({reasons}); pass a smaller rank or energy")
     return _apply(model, plan)
+
+
+def save_keras(model: Any, path: str | os.PathLike[str]) -> Path:
+    """Saves ``model`` as a ``.keras`` file atomically: nothing is left at ``path`` if saving fails."""
+    import tempfile
+
+    from tensorfleet.io import write_bytes
+
+    target = Path(path)
+    if target.suffix != ".keras":
+        raise DecompositionError(f"the decomposed model is saved in the .keras format; name the file *.keras. "
+                                 f"Received: {str(target)!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / target.name
+        model.save(staged)
+        return write_bytes(target, staged.read_bytes())
