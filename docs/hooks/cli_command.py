@@ -1,0 +1,13 @@
+"""The ``tensorfleet`` command as a click command, for mkdocs-click (``docs/ref-cli.md``).
+
+typer builds the click command from the app; the reference lists every command and option from it,
+so it cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from tensorfleet.cli.main import app
+
+command = typer.main.get_command(app)
