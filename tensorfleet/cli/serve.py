@@ -17,6 +17,9 @@ from typing import List, Optional
 
 import typer
 
+from tensorfleet.serving.batching import BatchingPolicy
+from tensorfleet.serving.repository import VersionPolicy
+
 __all__ = ["register", "serve_command"]
 
 
@@ -60,7 +63,11 @@ def _threads(intra_op: int, inter_op: int) -> None:
 
 
 def serve_command(
-    base: Path = typer.Argument(..., help="The model's base directory (BASE/<version>/saved_model.pb)."),
+    base: Optional[Path] = typer.Argument(  # noqa: UP007
+        None, help="The model's base directory (BASE/<version>/saved_model.pb); or --model-config-file."),
+    model_config_file: Optional[Path] = typer.Option(  # noqa: UP007
+        None, "--model-config-file", "--model_config_file", help="TF Serving's text-format ModelServerConfig: "
+        "several models, each with its base_path, model_version_policy and version_labels (instead of BASE)."),
     model_name: Optional[str] = typer.Option(  # noqa: UP007
         None, "--model-name", "--model_name", help="The name clients ask for (default: BASE's name)."),
     port: int = typer.Option(8500, "--port", help="gRPC port."),
@@ -73,10 +80,14 @@ def serve_command(
                                              help="How long a batch waits to fill."),
     num_batch_threads: int = typer.Option(2, "--num-batch-threads", "--num_batch_threads",
                                           help="Batches run at once."),
+    batching_policy: BatchingPolicy = typer.Option(
+        BatchingPolicy.ADAPTIVE, "--batching-policy", help="adaptive: a batch waits only while another runs; timeout: "
+        "the first request of a batch waits --batch-timeout-micros for others (TF Serving's)."),
     allowed_batch_sizes: Optional[str] = typer.Option(  # noqa: UP007
         None, "--allowed-batch-sizes", help="Sizes batches are padded to, e.g. 2,8,32 (default: powers of 2)."),
-    model_version_policy: str = typer.Option("latest", "--model-version-policy",
-                                             help="latest (the highest version) or all."),
+    model_version_policy: VersionPolicy = typer.Option(
+        VersionPolicy.LATEST, "--model-version-policy", help="latest (the highest version) or all (specific: in a "
+        "--model-config-file)."),
     label: Optional[List[str]] = typer.Option(  # noqa: UP006,UP007
         None, "--label", help="A version label, LABEL=VERSION (repeatable)."),
     max_request_size: str = typer.Option("4MiB", "--max-request-size",
@@ -97,31 +108,42 @@ def serve_command(
     replicas: int = typer.Option(0, "--replicas", help="Model replicas in worker processes (0: in the server's "
                                  "process); a dead replica is restarted and its requests retried."),
     min_replicas: Optional[int] = typer.Option(None, "--min-replicas",  # noqa: UP007
-                                               help="Elastic: the fewest replicas (with --max-replicas)."),
+                                               help="Elastic: the fewest replicas (with --max-replicas); 0 scales "
+                                                    "to zero after --idle-timeout."),
     max_replicas: Optional[int] = typer.Option(None, "--max-replicas",  # noqa: UP007
                                                help="Elastic: replicas are added up to this many while requests "
                                                     "queue longer than --scale-target-ms, removed when idle."),
     scale_target_ms: float = typer.Option(10.0, "--scale-target-ms", help="Elastic: the queue latency target."),
+    idle_timeout: float = typer.Option(60.0, "--idle-timeout", help="With --min-replicas 0: seconds without a "
+                                       "request before the last replica stops (the next request starts one)."),
     scale_plot: Optional[str] = typer.Option(None, "--scale-plot",  # noqa: UP007
                                              help="Elastic: a PNG of the replica count and scale events at exit."),
 ) -> None:
-    """Serve BASE over TF Serving's gRPC (PredictionService, ModelService) and REST APIs until SIGTERM."""
+    """Serve BASE (or a --model-config-file's models) over TF Serving's gRPC and REST APIs until SIGTERM."""
     from tensorfleet.serving.batching import BatchingOptions
+    from tensorfleet.serving.options import FrontOptions, ScalingOptions, StageOptions, VersionOptions
     from tensorfleet.serving.server import serve
     from tensorfleet.validation import integer, parse_bytes
 
-    if not base.is_dir():
+    if (base is None) == (model_config_file is None):
+        raise ValueError(f"Serve BASE or --model-config-file, one of the two. Received: BASE={base}, "
+                         f"--model-config-file={model_config_file}")
+    if base is not None and not base.is_dir():
         raise FileNotFoundError(f"No model base directory at {str(base)!r}.")
     if (min_replicas is None) != (max_replicas is None):
         raise ValueError("--min-replicas and --max-replicas go together (elastic serving). "
                          f"Received: --min-replicas={min_replicas}, --max-replicas={max_replicas}")
     if min_replicas is not None:
-        replicas = integer("--min-replicas", min_replicas, minimum=1)
+        integer("--min-replicas", min_replicas, minimum=0)
+        integer("--max-replicas", max_replicas, minimum=max(min_replicas, 1))
     _threads(integer("--tensorflow-intra-op-parallelism", intra_op, minimum=0),
              integer("--tensorflow-inter-op-parallelism", inter_op, minimum=0))
     batching = BatchingOptions(max_batch_size=max_batch_size, batch_timeout_micros=batch_timeout_micros,
-                               num_batch_threads=num_batch_threads,
+                               num_batch_threads=num_batch_threads, policy=batching_policy,
                                allowed_batch_sizes=_sizes(allowed_batch_sizes)) if enable_batching else None
+    scaling = ScalingOptions(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
+                             target_ms=scale_target_ms, idle_timeout=idle_timeout, plot=scale_plot)
+    devices = _devices(stage_devices)
     # The server's event loop and the threads running the model share the interpreter lock; with
     # Python's default 5 ms switch interval a request can wait that long for it after a signature
     # call. 0.5 ms measured 1.5x to 1.7x the requests/s with batching at concurrency 32 on a 2-core
@@ -129,13 +151,12 @@ def serve_command(
     previous = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)
     try:
-        serve(base, model_name=model_name, host=host, port=port, rest_api_port=rest_api_port, batching=batching,
-              model_version_policy=model_version_policy, labels=_labels(label or []),
-              max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds, replicas=replicas,
-              max_replicas=max_replicas, scale_target_ms=scale_target_ms, scale_plot=scale_plot,
-              stages=stages, micro_batches=micro_batches, stage_devices=_devices(stage_devices),
-              poll_seconds=poll_seconds,
-              log=lambda line: typer.echo(f"[serve] {line}"))
+        serve(base, model_config_file=model_config_file, model_name=model_name, host=host, port=port,
+              rest_api_port=rest_api_port, batching=batching,
+              versions=VersionOptions(policy=model_version_policy, labels=_labels(label or [])),
+              front=FrontOptions(max_request_bytes=int(parse_bytes(max_request_size)), drain_seconds=drain_seconds),
+              scaling=scaling, stages=StageOptions(stages, micro_batches, tuple(devices) if devices else None),
+              poll_seconds=poll_seconds, log=lambda line: typer.echo(f"[serve] {line}"))
     except FileNotFoundError:
         raise
     except OSError as exc:  # a port already taken, an address that cannot be bound: one line, not a traceback

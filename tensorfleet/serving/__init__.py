@@ -3,7 +3,8 @@
 * :func:`export` writes a Keras model (built under any strategy or none) as a SavedModel in TF
   Serving's versioned layout, ``BASE/<version>/``, with a ``serving_default`` signature whose
   input and output names it states.
-* :class:`ModelServer` / :func:`serve` serve ``BASE`` over TF Serving's gRPC API (grpcio, with
+* :class:`ModelServer` / :func:`serve` serve ``BASE`` (or the models of TF Serving's
+  ``--model_config_file``, :mod:`~tensorfleet.serving.model_config`) over TF Serving's gRPC API (grpcio, with
   tensorflow-serving-api's own protos) and REST API (httptools on uvloop), with dynamic batching
   (:mod:`~tensorfleet.serving.batching`) and TF Serving's status codes for bad requests.
 * The parts: :mod:`~tensorfleet.serving.servable` (one loaded version and its checks),
@@ -11,7 +12,9 @@
   (what both fronts call), :mod:`~tensorfleet.serving.rest` (on :mod:`~tensorfleet.serving.http`),
   :mod:`~tensorfleet.serving.grpc_api`,
   :mod:`~tensorfleet.serving.replicas` (the model in worker processes, restarted when one dies),
-  :mod:`~tensorfleet.serving.elastic` (replicas added under queueing, removed when idle),
+  :mod:`~tensorfleet.serving.elastic` (replicas added under queueing, removed when idle, to zero),
+  :mod:`~tensorfleet.serving.warmup` (TF Serving's warm-up records, written and replayed),
+  :mod:`~tensorfleet.serving.router` (several models behind one server),
   :mod:`~tensorfleet.serving.stages` (a model served stage to stage, micro-batches in flight),
   :mod:`~tensorfleet.serving.versions` (new versions picked up while serving) and
   :mod:`~tensorfleet.serving.metrics` (Prometheus text at TF Serving's monitoring path).
@@ -28,15 +31,19 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("batching", "elastic", "errors", "grpc_api", "http", "k8s", "metrics", "predictor", "replicas", "repository",
-             "rest", "saved_model", "servable", "server", "stages", "versions"),
+    modules=("batching", "elastic", "errors", "grpc_api", "http", "k8s", "metrics", "model_config", "options",
+             "predictor", "replicas", "repository", "rest", "router", "saved_model", "servable", "server", "stages",
+             "versions", "warmup"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
         "TensorSignature": "saved_model",
         "ModelServer": "server", "serve": "server", "BatchingOptions": "batching", "Batcher": "batching",
+        "BatchingPolicy": "batching",
         "ServingError": "errors", "ModelRepository": "repository", "Predictor": "predictor",
         "ReplicaPool": "replicas", "VersionWatcher": "versions", "ServingMetrics": "metrics",
         "Autoscaler": "elastic", "StagedRunner": "stages", "serving_manifests": "k8s",
+        "VersionOptions": "options", "ScalingOptions": "options", "StageOptions": "options", "FrontOptions": "options",
+        "ModelRouter": "router", "read_model_config": "model_config",
     },
 )
 

@@ -1,7 +1,12 @@
 """Dynamic batching: concurrent requests queued and run as one signature call.
 
-A batch is run when the queued requests hold ``max_batch_size`` rows or the oldest of them has
-waited ``batch_timeout_micros`` (TF Serving's shared batch scheduler works the same way). The rows are stacked and padded with zeros
+Two policies decide when a batch goes. ``timeout`` (TF Serving's shared batch scheduler): when the
+queued requests hold ``max_batch_size`` rows or the oldest has waited ``batch_timeout_micros``, so
+a lone request always waits out the timeout. ``adaptive`` (the default): a batch goes at once when
+no batch is running (waiting could only gather requests that will be gathered anyway while it
+runs) or when requests arrive too far apart for a companion to come within the timeout; it waits,
+up to ``batch_timeout_micros``, only while another batch is running, i.e. while the load makes a
+fuller batch likely. The rows are stacked and padded with zeros
 to the next of a few allowed batch sizes, so the signature only ever sees those shapes and its
 kernels are chosen once per size; every caller gets back exactly its own rows.
 
@@ -18,14 +23,16 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from tensorfleet.serving.errors import Code, ServingError
-from tensorfleet.validation import integer, positive_int
+from tensorfleet.validation import choice, integer, positive_int
 
-__all__ = ["Batcher", "BatchingOptions", "allowed_batch_sizes", "merge_rows", "padded_size", "split_rows"]
+__all__ = ["BatchingPolicy", "Batcher", "BatchingOptions", "allowed_batch_sizes", "merge_rows", "padded_size",
+           "split_rows"]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -84,17 +91,26 @@ def split_rows(outputs: Arrays, counts: Sequence[int]) -> list[dict[str, np.ndar
     return [{k: v[starts[i]:starts[i + 1]] for k, v in outputs.items()} for i in range(len(counts))]
 
 
+class BatchingPolicy(str, Enum):
+    """When a batch goes: ``adaptive`` (at once unless another batch runs) or ``timeout`` (TF Serving's)."""
+
+    ADAPTIVE = "adaptive"
+    TIMEOUT = "timeout"
+
+
 @dataclass(frozen=True)
 class BatchingOptions:
     """TF Serving's batching parameters.
 
     Args:
         max_batch_size: the most rows one signature call takes.
-        batch_timeout_micros: how long the first request of a batch waits for others.
+        batch_timeout_micros: how long the first request of a batch waits for others at most.
         num_batch_threads: batches that may run at once.
         allowed_batch_sizes: sizes batches are padded to (default: :func:`allowed_batch_sizes`).
         max_enqueued_batches: queued requests beyond this many batches' worth are refused
             (RESOURCE_EXHAUSTED / HTTP 429) instead of waiting without bound.
+        policy: ``adaptive`` (a batch waits only while another runs) or ``timeout`` (the first
+            request of a batch always waits ``batch_timeout_micros`` for others, as TF Serving does).
     """
 
     max_batch_size: int = 32
@@ -102,8 +118,10 @@ class BatchingOptions:
     num_batch_threads: int = 2
     allowed_batch_sizes: tuple[int, ...] | None = None
     max_enqueued_batches: int = 100
+    policy: BatchingPolicy = BatchingPolicy.ADAPTIVE
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", choice(BatchingPolicy, "policy", self.policy))
         positive_int("max_batch_size", self.max_batch_size)
         integer("batch_timeout_micros", self.batch_timeout_micros, minimum=0)
         positive_int("num_batch_threads", self.num_batch_threads)
@@ -133,8 +151,9 @@ class _Task:
 class Batcher:
     """Queues requests for one signature and runs them in batches on ``num_batch_threads`` threads.
 
-    A batch is due when the queued rows reach ``max_batch_size`` or its oldest request has waited
-    ``batch_timeout_micros``. A request wakes a batch thread only when it is the first in the queue
+    A batch is due when the queued rows reach ``max_batch_size``, when its oldest request has
+    waited ``batch_timeout_micros``, and with the adaptive policy also when no batch is running or
+    requests arrive further apart (a moving mean of the gaps) than the timeout. A request wakes a batch thread only when it is the first in the queue
     or fills a batch, not every time: the threads do not trade the interpreter lock per request.
 
     Example:
@@ -154,6 +173,10 @@ class Batcher:
         self._closed = False
         self._lock = threading.Lock()
         self._due = threading.Condition(self._lock)
+        self._adaptive = options.policy is BatchingPolicy.ADAPTIVE
+        self._running = 0  # batches taken and not yet answered
+        self._last_arrival = time.monotonic()
+        self._gap = float("inf")  # moving mean of the seconds between arrivals
         self.batches = 0
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                          for i in range(options.num_batch_threads)]
@@ -170,6 +193,8 @@ class Batcher:
                 raise ServingError(f"The batch queue is full ({self._limit} requests waiting); retry later.",
                                    Code.RESOURCE_EXHAUSTED)
             self._tasks.append(task)
+            gap, self._last_arrival = task.since - self._last_arrival, task.since
+            self._gap = gap if self._gap == float("inf") else 0.8 * self._gap + 0.2 * gap
             before, self._rows = self._rows, self._rows + task.rows
             if before == 0:
                 self._due.notify()  # an idle thread starts gathering this batch
@@ -204,6 +229,8 @@ class Batcher:
                     continue
                 if self._rows >= largest or self._closed:
                     break
+                if self._adaptive and (self._running == 0 or self._gap > timeout):
+                    break  # nothing to wait behind, or no companion likely within the timeout
                 remaining = self._tasks[0].since + timeout - time.monotonic()
                 if remaining <= 0:
                     break
@@ -214,6 +241,7 @@ class Batcher:
                 batch.append(task)
                 rows += task.rows
             self._rows -= rows
+            self._running += 1
             if self._tasks:
                 self._due.notify()  # another thread may gather the next batch meanwhile
             return batch
@@ -223,7 +251,13 @@ class Batcher:
             batch = self._take()
             if batch is None:
                 return
-            self._execute([t for t in batch if t.future.set_running_or_notify_cancel()])
+            try:
+                self._execute([t for t in batch if t.future.set_running_or_notify_cancel()])
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    if self._tasks:
+                        self._due.notify()  # a thread waiting behind this batch takes what queued meanwhile
 
     def _execute(self, batch: list[_Task]) -> None:
         if not batch:

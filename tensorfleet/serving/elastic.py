@@ -3,8 +3,11 @@
 Every ``interval`` seconds the autoscaler looks at how long calls waited for a free replica over
 the last interval (:meth:`ReplicaPool.waits_since`). A mean wait over ``target_wait`` for
 ``up_after`` looks in a row adds a replica (up to ``max_replicas``); no call at all for
-``down_after`` looks in a row removes one (down to ``min_replicas``). Each scale event is logged,
-kept in :attr:`Autoscaler.events` and drawn by :meth:`Autoscaler.plot`.
+``down_after`` looks in a row removes one (down to ``min_replicas``, and never below one that
+way). With ``min_replicas=0`` the pool scales to zero: once no call has come for ``idle_timeout``
+seconds, the last replicas are stopped, each when it holds no call; the next call starts one (a
+cold start, :meth:`ReplicaPool.run`). Each scale event is logged, kept in
+:attr:`Autoscaler.events` and drawn, with the cold starts, by :meth:`Autoscaler.plot`.
 """
 
 from __future__ import annotations
@@ -63,11 +66,12 @@ class Autoscaler:
     """
 
     def __init__(self, pool: ReplicaPool, *, min_replicas: int, max_replicas: int, target_wait: float = 0.01,
-                 interval: float = 1.0, up_after: int = 2, down_after: int = 5,
+                 interval: float = 1.0, up_after: int = 2, down_after: int = 5, idle_timeout: float = 60.0,
                  log: Callable[[str], None] | None = None) -> None:
         self.pool = pool
-        self.min_replicas = integer("min_replicas", min_replicas, minimum=1)
-        self.max_replicas = integer("max_replicas", max_replicas, minimum=self.min_replicas)
+        self.min_replicas = integer("min_replicas", min_replicas, minimum=0)
+        self.max_replicas = integer("max_replicas", max_replicas, minimum=max(self.min_replicas, 1))
+        self.idle_timeout = number("idle_timeout", idle_timeout, above=0)
         self.target_wait = number("target_wait", target_wait, above=0)
         self.interval = number("interval", interval, above=0)
         self.up_after = integer("up_after", up_after, minimum=1)
@@ -96,14 +100,33 @@ class Autoscaler:
             waits, last = self.pool.waits_since(last), now
             size = self.pool.size
             self.sizes.append((now - self._start, size))
-            change, hot, idle = decide(waits, size, minimum=self.min_replicas, maximum=self.max_replicas,
-                                       target_wait=self.target_wait, hot=hot, idle=idle,
-                                       up_after=self.up_after, down_after=self.down_after)
-            if change:
-                try:
+            if size == 0:  # a call finding no replica starts one itself (a cold start)
+                continue
+            try:
+                if self.min_replicas == 0 and self.pool.idle_seconds() >= self.idle_timeout:
+                    self._to_zero(size)
+                    continue
+                change, hot, idle = decide(waits, size, minimum=max(self.min_replicas, 1),
+                                           maximum=self.max_replicas, target_wait=self.target_wait, hot=hot,
+                                           idle=idle, up_after=self.up_after, down_after=self.down_after)
+                if change:
                     self._scale(change, size, waits)
-                except Exception as exc:  # a replica that cannot start must not end autoscaling
-                    self.log(f"scaling {self.pool.name!r} from {size} replicas failed: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # a replica that cannot start must not end autoscaling
+                self.log(f"scaling {self.pool.name!r} from {size} replicas failed: {type(exc).__name__}: {exc}")
+
+    def _record(self, before: int, after: int, reason: str) -> None:
+        event = ScaleEvent(time.monotonic() - self._start, before, after, reason)
+        self.events.append(event)
+        self.sizes.append((event.seconds, after))
+        self.log(f"scaled {self.pool.name!r} v{self.pool.version} from {before} to {after} replicas: {reason}")
+
+    def _to_zero(self, size: int) -> None:
+        """Stops the replicas one by one, each once it holds no call; a call arriving meanwhile stops it."""
+        after = size
+        while after and self.pool.idle_seconds() >= self.idle_timeout:
+            after = self.pool.shrink(timeout=1.0, minimum=0)
+        if after < size:
+            self._record(size, after, f"no request for {self.idle_timeout:g} s (idle timeout)")
 
     def _scale(self, change: int, size: int, waits: list[float]) -> None:
         if change > 0:
@@ -113,10 +136,7 @@ class Autoscaler:
         else:
             reason = f"no request for {self.down_after} intervals"
             after = self.pool.shrink()
-        event = ScaleEvent(time.monotonic() - self._start, size, after, reason)
-        self.events.append(event)
-        self.sizes.append((event.seconds, after))
-        self.log(f"scaled {self.pool.name!r} v{self.pool.version} from {size} to {after} replicas: {reason}")
+        self._record(size, after, reason)
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """A PNG of the replica count over time with each scale event marked."""
@@ -133,8 +153,14 @@ class Autoscaler:
             ax.step(times, counts, where="post", label="replicas")
         for event in self.events:
             ax.axvline(event.seconds, color="tab:green" if event.after > event.before else "tab:red", alpha=0.5)
+        colds = [(began - self._start, seconds) for began, seconds in self.pool.cold_starts if began >= self._start]
+        if colds:
+            ax.scatter([t + d for t, d in colds], [1] * len(colds), marker="^", color="tab:purple", zorder=3,
+                       label=f"cold starts ({len(colds)}, longest {max(d for _, d in colds):.2f} s)")
+            ax.legend(loc="upper right", fontsize="small")
         ax.set_xlabel("seconds")
         ax.set_ylabel("replicas")
         ax.set_ylim(0, self.max_replicas + 1)
-        ax.set_title(f"{self.pool.name} v{self.pool.version}: {len(self.events)} scale events")
+        ax.set_title(f"{self.pool.name} v{self.pool.version}: {len(self.events)} scale events, "
+                     f"{len(colds)} cold starts")
         return save_figure(fig, path)

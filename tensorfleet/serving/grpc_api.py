@@ -41,7 +41,8 @@ def _aborts_on_error(method: Callable) -> Callable:
             status = error.code.value
             context.abort(grpc.StatusCode[error.code.value], error.message)
         finally:
-            self.predictor.metrics.observe_request("grpc", status, time.perf_counter() - start)
+            self.predictor.metrics.observe_request("grpc", status, time.perf_counter() - start,
+                                                   model=getattr(getattr(request, "model_spec", None), "name", None))
 
     return wrapper
 

@@ -1,7 +1,9 @@
 """The server's metrics in Prometheus' text format, at TF Serving's path ``/monitoring/prometheus/metrics``.
 
 Named after TF Serving's own (``:tensorflow:serving:request_count``, ``...:request_latency`` in
-microseconds) plus the batcher's batch sizes and queue depth and the requests in flight.
+microseconds) plus the batcher's batch sizes and queue depth, the requests in flight and, with
+replicas, the replicas per version, the replica-seconds spent so far, the cold starts (a call that
+found no replica) and their durations in seconds.
 Counting is a few additions under a lock; the text is made only when scraped.
 """
 
@@ -10,12 +12,13 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["LATENCY_BUCKETS_US", "BATCH_BUCKETS", "Histogram", "ServingMetrics"]
+__all__ = ["BATCH_BUCKETS", "COLD_START_BUCKETS_S", "Histogram", "LATENCY_BUCKETS_US", "ServingMetrics"]
 
 LATENCY_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+COLD_START_BUCKETS_S = (0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30)
 _PREFIX = ":tensorflow:serving:"
 
 
@@ -58,8 +61,10 @@ class ServingMetrics:
     """Request counts and latencies by API and status, batch sizes and the batch queue's depth."""
 
     def __init__(self, model_name: str, *, queue_depth: Callable[[], int] | None = None,
-                 in_flight: Callable[[], int] | None = None) -> None:
+                 in_flight: Callable[[], int] | None = None,
+                 pools: Callable[[], Mapping[int, Any]] | None = None) -> None:
         self.model_name = model_name
+        self.pools = pools or dict
         self.queue_depth = queue_depth or (lambda: 0)
         self.in_flight = in_flight or (lambda: 0)
         self._lock = threading.Lock()
@@ -67,7 +72,7 @@ class ServingMetrics:
         self.latency: dict[str, Histogram] = {}
         self.batch_sizes = Histogram(BATCH_BUCKETS)
 
-    def observe_request(self, api: str, status: str, seconds: float) -> None:
+    def observe_request(self, api: str, status: str, seconds: float, model: str | None = None) -> None:
         """One answered request: its front (``rest``/``grpc``), its status (``OK`` or a code name), its latency."""
         with self._lock:
             self.requests[(api, status)] += 1
@@ -92,4 +97,25 @@ class ServingMetrics:
         lines += [f"# TYPE {_PREFIX}queue_depth gauge", f"{_PREFIX}queue_depth{_labels([model])} {self.queue_depth()}",
                   f"# TYPE {_PREFIX}requests_in_flight gauge",
                   f"{_PREFIX}requests_in_flight{_labels([model])} {self.in_flight()}"]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + self._replica_lines(model)) + "\n"
+
+    def _replica_lines(self, model: tuple[str, str]) -> list[str]:
+        """Replicas per version, replica-seconds, cold starts and their durations (none without replicas)."""
+        pools = sorted(self.pools().items())
+        if not pools:
+            return []
+        lines = [f"# TYPE {_PREFIX}replicas gauge"]
+        lines += [f"{_PREFIX}replicas{_labels([model, ('version', str(v))])} {p.size}" for v, p in pools]
+        lines.append(f"# TYPE {_PREFIX}replica_seconds_total counter")
+        lines += [f"{_PREFIX}replica_seconds_total{_labels([model, ('version', str(v))])} {p.replica_seconds():.3f}"
+                  for v, p in pools]
+        lines.append(f"# TYPE {_PREFIX}cold_starts_total counter")
+        lines += [f"{_PREFIX}cold_starts_total{_labels([model, ('version', str(v))])} {len(p.cold_starts)}"
+                  for v, p in pools]
+        lines.append(f"# TYPE {_PREFIX}cold_start_seconds histogram")
+        for version, pool in pools:
+            histogram = Histogram(COLD_START_BUCKETS_S)
+            for _, seconds in list(pool.cold_starts):
+                histogram.observe(seconds)
+            lines += histogram.lines(f"{_PREFIX}cold_start_seconds", [model, ("version", str(version))])
+        return lines

@@ -24,7 +24,7 @@ from tensorfleet.serving.replicas import ReplicaPool
 from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.servable import Servable, Signature
 from tensorfleet.serving.stages import StagedRunner
-from tensorfleet.validation import integer, positive_int
+from tensorfleet.validation import integer, number, positive_int
 
 __all__ = ["Prediction", "Predictor"]
 
@@ -55,9 +55,16 @@ class Predictor:
     def __init__(self, repository: ModelRepository, *, batching: BatchingOptions | None = None,
                  request_threads: int = 4, replicas: int = 0, max_replicas: int | None = None,
                  target_wait: float = 0.01, stages: int = 1, micro_batches: int = 4,
-                 stage_devices: Sequence[str] | None = None) -> None:
+                 stage_devices: Sequence[str] | None = None, min_replicas: int | None = None,
+                 idle_timeout: float = 60.0) -> None:
         self.repository = repository
         self.replicas = integer("replicas", replicas, minimum=0)
+        # min_replicas 0 (scale to zero) starts with one replica, and keeps a standby process
+        self.min_replicas = self.replicas if min_replicas is None else integer("min_replicas", min_replicas,
+                                                                                 minimum=0)
+        if min_replicas is not None:
+            self.replicas = max(self.min_replicas, 1)
+        self.idle_timeout = number("idle_timeout", idle_timeout, above=0)
         self.stages = positive_int("stages", stages)
         self.micro_batches = positive_int("micro_batches", micro_batches)
         if stage_devices and self.stages < 2:
@@ -84,7 +91,8 @@ class Predictor:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._closed = False
-        self.metrics = ServingMetrics(repository.name, queue_depth=self.queue_depth, in_flight=self.in_flight)
+        self.metrics = ServingMetrics(repository.name, queue_depth=self.queue_depth, in_flight=self.in_flight,
+                                      pools=lambda: dict(self.pools))
 
     @property
     def ready(self) -> bool:
@@ -183,12 +191,12 @@ class Predictor:
                                                          devices=self.stage_devices)
         if self.replicas and servable.version not in self.pools:
             pool = ReplicaPool(servable.name, servable.version, servable.path, replicas=self.replicas,
-                               intra_op_threads=1, log=log)
+                               intra_op_threads=1, standby=self.min_replicas == 0, log=log)
             self.pools[servable.version] = pool
-            if self.max_replicas > self.replicas:
+            if self.max_replicas > self.min_replicas:
                 self.autoscalers[servable.version] = Autoscaler(
-                    pool, min_replicas=self.replicas, max_replicas=self.max_replicas, target_wait=self.target_wait,
-                    log=log).start()
+                    pool, min_replicas=self.min_replicas, max_replicas=self.max_replicas, target_wait=self.target_wait,
+                    idle_timeout=self.idle_timeout, log=log).start()
 
     def retire(self, version: int, timeout: float = 30.0) -> bool:
         """After ``version`` stopped being routed to: waits for its requests in flight (up to

@@ -23,24 +23,32 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tensorfleet.serving.errors import Code, ServingError
-from tensorfleet.validation import integer, positive_int
+from tensorfleet.validation import integer
 
-__all__ = ["Replica", "ReplicaPool"]
+__all__ = ["Replica", "ReplicaPool", "Standby"]
 
-_READY = "ready"
+_IMPORTED, _READY = "imported", "ready"
 
 
-def _replica_main(conn: Any, name: str, version: int, path: str, intra_op_threads: int) -> None:
-    """A replica process: load the version, then answer (signature, arrays) calls until the pipe closes."""
+def _replica_main(conn: Any, intra_op_threads: int) -> None:
+    """A replica process: import TensorFlow, say so, wait for the version to load (a process started
+    ahead as a standby waits here), load it and replay its warm-up records, then answer
+    (signature, arrays) calls until the pipe closes."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     if intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
     from tensorfleet.serving.servable import Servable
+    from tensorfleet.serving.warmup import replay
 
+    conn.send((_IMPORTED, os.getpid()))
+    try:
+        name, version, path = conn.recv()
+    except (EOFError, OSError):
+        return
     servable = Servable(name, version, path)
-    conn.send((_READY, os.getpid()))
+    conn.send((_READY, replay(servable)))
     while True:
         try:
             signature, arrays = conn.recv()
@@ -51,6 +59,26 @@ def _replica_main(conn: Any, name: str, version: int, path: str, intra_op_thread
         except Exception as exc:  # the front turns it into the request's error
             reply = ("error", (type(exc).__name__, str(exc), getattr(exc, "error_code", None)))
         conn.send(reply)
+
+
+class Standby:
+    """A started worker process that has imported TensorFlow and waits to be told which model to
+    load: what makes a cold start cost the model's load, not the interpreter's and TensorFlow's start."""
+
+    def __init__(self, *, intra_op_threads: int = 0) -> None:
+        context = multiprocessing.get_context("spawn")  # TensorFlow's runtime does not survive fork
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_replica_main, args=(child, intra_op_threads),
+                                       name="tfl-replica-standby", daemon=True)
+        self.process.start()
+        child.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.conn.close()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
 
 
 class _RemoteError(Exception):
@@ -65,26 +93,32 @@ class ReplicaDied(Exception):
 
 
 class Replica:
-    """One worker process holding one model version."""
+    """One worker process holding one model version (a :class:`Standby` given is used, not a new process)."""
 
     def __init__(self, index: int, name: str, version: int, path: Path, *, intra_op_threads: int = 0,
-                 start_timeout: float = 120.0) -> None:
+                 start_timeout: float = 120.0, standby: Standby | None = None) -> None:
         self.index = index
-        context = multiprocessing.get_context("spawn")  # TensorFlow's runtime does not survive fork
-        self._conn, child = context.Pipe()
-        self.process = context.Process(target=_replica_main, args=(child, name, version, str(path), intra_op_threads),
-                                       name=f"tfl-replica-{name}-{version}-{index}", daemon=True)
-        self.process.start()
-        child.close()
-        if not self._conn.poll(start_timeout):
-            self.stop()
-            raise RuntimeError(f"Replica {index} of {name!r} v{version} did not load within {start_timeout:g}s.")
+        worker = standby or Standby(intra_op_threads=intra_op_threads)
+        self._worker, self._conn, self.process = worker, worker.conn, worker.process
+        self.warmup_records = 0
+        where = f"Replica {index} of {name!r} v{version}"
         try:
-            _, self.pid = self._conn.recv()
+            for expected in (_IMPORTED, _READY):
+                if not self._conn.poll(start_timeout):
+                    raise RuntimeError(f"{where} did not load within {start_timeout:g}s.")
+                tag, value = self._conn.recv()
+                if expected == _IMPORTED:
+                    self.pid = value
+                    self._conn.send((name, version, str(path)))
+                else:
+                    self.warmup_records = value
         except (EOFError, OSError):
             self.stop()
-            raise RuntimeError(f"Replica {index} of {name!r} v{version} exited while loading "
-                               f"(exit code {self.process.exitcode}).") from None
+            raise RuntimeError(f"{where} exited while loading (exit code {self.process.exitcode}).") from None
+        except BaseException:
+            self.stop()
+            raise
+        self.started = time.monotonic()
 
     def call(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
@@ -100,11 +134,7 @@ class Replica:
         return self.process.is_alive()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._conn.close()
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout)
+        self._worker.stop(timeout)
 
 
 class _Waiter:
@@ -138,13 +168,19 @@ class _FairQueue:
             else:
                 self._items.append(item)
 
-    def get(self, timeout: float) -> Replica:
+    def get(self, timeout: float, check: Callable[[], None] | None = None) -> Replica:
+        """The next idle replica; while waiting, ``check`` is called every 0.2 s (the waiter keeps its place)."""
         with self._lock:
             if self._items:
                 return self._items.popleft()
             waiter = _Waiter()
             self._waiters.append(waiter)
-        if not waiter.event.wait(timeout):
+        deadline = waiter.since + timeout
+        while not waiter.event.wait(max(0.0, min(0.2, deadline - time.monotonic()))):
+            if time.monotonic() < deadline:
+                if check is not None:
+                    check()
+                continue
             with self._lock:
                 if not waiter.event.is_set():
                     self._waiters.remove(waiter)
@@ -160,6 +196,10 @@ class _FairQueue:
 class ReplicaPool:
     """``replicas`` processes serving one version; :meth:`run` is a drop-in for ``Servable.run``.
 
+    With ``standby``, one more process is kept started with TensorFlow imported and no model: a
+    replica added (above all the first after the pool went to zero, a cold start) then only loads
+    the version. A call that finds no replica at all starts one and waits for it.
+
     Example:
         >>> pool = ReplicaPool("digits", 1, "models/digits/1", replicas=2)   # doctest: +SKIP
         >>> pool.run("serving_default", {"image": x})["logits"]               # doctest: +SKIP
@@ -167,10 +207,10 @@ class ReplicaPool:
     """
 
     def __init__(self, name: str, version: int, path: str | os.PathLike[str], *, replicas: int = 2,
-                 intra_op_threads: int = 0, max_retries: int = 2, call_timeout: float = 60.0,
+                 intra_op_threads: int = 0, max_retries: int = 2, call_timeout: float = 60.0, standby: bool = False,
                  log: Callable[[str], None] | None = None) -> None:
         self.name, self.version, self.path = name, version, Path(path)
-        count = positive_int("replicas", replicas)
+        count = integer("replicas", replicas, minimum=0 if standby else 1)
         self.max_retries = integer("max_retries", max_retries, minimum=0)
         self.intra_op_threads = intra_op_threads
         self.call_timeout = call_timeout
@@ -184,6 +224,12 @@ class ReplicaPool:
         self.waits: deque[tuple[float, float]] = deque(maxlen=10_000)  # (when, seconds waited for a replica)
         self.replicas: dict[int, Replica] = {}
         self._next_index = 0
+        self.cold_starts: list[tuple[float, float]] = []  # (when it began, seconds until a replica was ready)
+        self.warmup_records = 0  # warm-up records replayed, over every replica started
+        self.last_call = time.monotonic()
+        self._stopped_seconds = 0.0  # replica-seconds of the replicas already stopped
+        self._starting = False
+        self._standby: Standby | None = Standby(intra_op_threads=intra_op_threads) if standby else None
         for _ in range(count):
             self.grow()
 
@@ -202,14 +248,15 @@ class ReplicaPool:
                 replica.stop()
                 return len(self.replicas)
             self.replicas[index] = replica
+            self.warmup_records += replica.warmup_records
             count = len(self.replicas)
         self._idle.put(replica)
         return count
 
-    def shrink(self, timeout: float = 30.0) -> int:
-        """Stops one replica once it is idle (never the last); returns the count."""
+    def shrink(self, timeout: float = 30.0, *, minimum: int = 1) -> int:
+        """Stops one replica once it is idle, so it holds no call (never below ``minimum``); returns the count."""
         with self._lock:
-            if len(self.replicas) <= 1:
+            if len(self.replicas) <= minimum:
                 return len(self.replicas)
         try:
             replica = self._idle.get(timeout=timeout)
@@ -217,19 +264,64 @@ class ReplicaPool:
             return self.size
         with self._lock:
             self.replicas.pop(replica.index, None)
+            self._stopped_seconds += time.monotonic() - replica.started
             count = len(self.replicas)
         replica.stop()
         return count
 
     def _spawn(self, index: int) -> Replica:
-        return Replica(index, self.name, self.version, self.path, intra_op_threads=self.intra_op_threads)
+        with self._lock:
+            standby, self._standby = self._standby, None
+        try:
+            return Replica(index, self.name, self.version, self.path, intra_op_threads=self.intra_op_threads,
+                           standby=standby)
+        finally:
+            if standby is not None:
+                with self._lock:  # the next standby imports TensorFlow once this replica is up, not meanwhile
+                    if not self._closed:
+                        self._standby = Standby(intra_op_threads=self.intra_op_threads)
+
+    def _cold_start(self) -> None:
+        """Starts a replica in the background when there is none and none is starting (a call waits)."""
+        with self._lock:
+            if self.replicas or self._starting or self._closed:
+                return
+            self._starting = True
+
+        def start() -> None:
+            began = time.monotonic()
+            try:
+                self.grow()
+                with self._lock:
+                    self.cold_starts.append((began, time.monotonic() - began))
+                self.log(f"cold start of {self.name!r} v{self.version}: a replica ready in "
+                         f"{time.monotonic() - began:.2f}s")
+            except Exception as exc:  # the waiting call times out with UNAVAILABLE; the next one tries again
+                self.log(f"cold start of {self.name!r} v{self.version} failed: {type(exc).__name__}: {exc}")
+            finally:
+                with self._lock:
+                    self._starting = False
+
+        threading.Thread(target=start, name=f"tfl-cold-start-{self.name}", daemon=True).start()
+
+    def replica_seconds(self) -> float:
+        """Seconds summed over every replica's life so far (the cost of serving)."""
+        now = time.monotonic()
+        with self._lock:
+            return self._stopped_seconds + sum(now - r.started for r in self.replicas.values())
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last call began (0 while one waits for a replica)."""
+        return 0.0 if self._idle.oldest_wait() else time.monotonic() - self.last_call
 
     def run(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One call on an idle replica; retried on another if that replica dies meanwhile."""
+        """One call on an idle replica (one is started if there is none); retried on another if that
+        replica dies meanwhile."""
         for attempt in range(self.max_retries + 1):
-            start = time.monotonic()
+            start = self.last_call = time.monotonic()
+            self._cold_start()
             try:
-                replica = self._idle.get(timeout=self.call_timeout)
+                replica = self._idle.get(timeout=self.call_timeout, check=self._cold_start)
                 with self._lock:
                     self.waits.append((start, time.monotonic() - start))
             except queue.Empty:
@@ -248,6 +340,7 @@ class ReplicaPool:
                 raise
             with self._lock:
                 self.calls += 1
+            self.last_call = time.monotonic()
             self._idle.put(replica)
             return outputs
         raise ServingError(f"The call failed on {self.max_retries + 1} replicas of {self.name!r} (each died).",
@@ -264,6 +357,7 @@ class ReplicaPool:
                     time.sleep(1.0)
                     continue
                 with self._lock:
+                    self._stopped_seconds += time.monotonic() - dead.started
                     if dead.index in self.replicas:
                         self.replicas[dead.index] = fresh
                     self.restarts += 1
@@ -289,9 +383,12 @@ class ReplicaPool:
             return [self.replicas[i].pid for i in sorted(self.replicas)]
 
     def close(self) -> None:
-        """Stops every replica (calls in flight should have finished: the front drains first)."""
-        self._closed = True
+        """Stops every replica and the standby (calls in flight should have finished: the front drains first)."""
         with self._lock:
+            self._closed = True
             replicas = list(self.replicas.values())
+            standby, self._standby = self._standby, None
         for replica in replicas:
             replica.stop()
+        if standby is not None:
+            standby.stop()

@@ -10,20 +10,23 @@ import os
 import threading
 from enum import Enum
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from tensorfleet.serving.errors import Code, ServingError
 from tensorfleet.serving.servable import Servable
-from tensorfleet.validation import choice
+from tensorfleet.serving.warmup import replay
+from tensorfleet.validation import choice, positive_int
 
 __all__ = ["ModelRepository", "VersionPolicy", "versions_on_disk"]
 
 
 class VersionPolicy(str, Enum):
-    """Which versions under the base directory are served (TF Serving's model_version_policy)."""
+    """Which versions under the base directory are served (TF Serving's model_version_policy):
+    the ``latest`` (highest; ``num_versions`` of them), ``all``, or ``specific`` ones."""
 
     LATEST = "latest"
     ALL = "all"
+    SPECIFIC = "specific"
 
 
 def versions_on_disk(base: str | os.PathLike[str]) -> list[int]:
@@ -45,12 +48,18 @@ class ModelRepository:
     """
 
     def __init__(self, name: str, base_path: str | os.PathLike[str], *, policy: str | VersionPolicy = "latest",
-                 labels: Mapping[str, int] | None = None) -> None:
-        if not name or "/" in name:
-            raise ValueError(f"model_name must be a non-empty name without '/'. Received: model_name={name!r}")
+                 labels: Mapping[str, int] | None = None, num_versions: int = 1,
+                 specific: Sequence[int] = ()) -> None:
+        if not name or "/" in name or ":" in name:
+            raise ValueError(f"model_name must be a non-empty name without '/' or ':'. Received: model_name={name!r}")
         self.name = name
         self.base = Path(base_path)
         self.policy = choice(VersionPolicy, "model_version_policy", policy)
+        self.num_versions = positive_int("num_versions", num_versions)
+        self.specific = tuple(positive_int("specific versions", v) for v in specific)
+        if (self.policy is VersionPolicy.SPECIFIC) != bool(self.specific):
+            raise ValueError(f"The specific version policy takes the versions to serve (and only it does). Received: "
+                             f"model_version_policy={self.policy.value!r}, versions={list(self.specific)}")
         self.labels = dict(labels or {})
         self._lock = threading.Lock()
         self.servables: dict[int, Servable] = {}
@@ -63,7 +72,12 @@ class ModelRepository:
         if not found:
             raise FileNotFoundError(f"No version under {str(self.base)!r}: expected {self.base}/<integer>/"
                                     "saved_model.pb (write one with `tensorfleet serving export`).")
+        if not self.wanted(found):
+            raise FileNotFoundError(f"None of the versions {list(self.specific)} of {self.name!r} is under "
+                                    f"{str(self.base)!r}; found {found}.")
         loaded = {v: Servable(self.name, v, self.base / str(v)) for v in self.wanted(found)}
+        for servable in loaded.values():  # before any request: what TF Serving does on load
+            replay(servable)
         unknown = {k: v for k, v in self.labels.items() if v not in loaded}
         if unknown:
             raise ValueError(f"Labels point at versions that are not served: {unknown}; served: {sorted(loaded)}.")
@@ -73,7 +87,11 @@ class ModelRepository:
 
     def wanted(self, found: list[int]) -> list[int]:
         """The versions of ``found`` (ascending) that the policy serves."""
-        return found[-1:] if self.policy is VersionPolicy.LATEST else list(found)
+        if self.policy is VersionPolicy.LATEST:
+            return found[-self.num_versions:]
+        if self.policy is VersionPolicy.SPECIFIC:
+            return [v for v in found if v in self.specific]
+        return list(found)
 
     def add(self, servable: Servable) -> None:
         """Starts serving a loaded version (it becomes the latest if it is the highest)."""

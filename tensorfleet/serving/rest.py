@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -37,6 +38,7 @@ except ImportError:  # pragma: no cover - orjson is in the lock file
     _orjson = None
 
 _MODELS = "/v1/models/"
+MAX_DIMS = 64  # numpy's limit on an array's dimensions
 # Every path served: TF Serving's model API (a model name and more follow), then the fixed pages.
 ROUTES = (_MODELS, "/monitoring/prometheus/metrics", "/healthz", "/readyz")
 _PATH = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
@@ -133,6 +135,9 @@ def decode_body(raw: bytes) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ServingError(f"JSON Parse error: {exc}") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's recursion limit
+        raise ServingError(f"JSON Parse error: the body nests arrays or objects deeper than "
+                           f"{sys.getrecursionlimit()} levels; a tensor has at most {MAX_DIMS} dimensions.") from None
 
 
 def status_reply(states: list[tuple[int, str]]) -> dict[str, Any]:
@@ -303,7 +308,8 @@ class RestServer:
 
         def observe(path: str, status: int, seconds: float) -> None:
             if path.startswith("/v1/"):
-                metrics.observe_request("rest", _STATUS_NAMES.get(status, str(status)), seconds)
+                model = re.split(r"[/:]", path[len(_MODELS):], maxsplit=1)[0] if path.startswith(_MODELS) else None
+                metrics.observe_request("rest", _STATUS_NAMES.get(status, str(status)), seconds, model=model)
 
         self._http = HttpServer(RestApi(predictor, self._loop), _error, max_body_bytes=max_body_bytes,
                                 observe=observe)

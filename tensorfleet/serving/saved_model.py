@@ -103,7 +103,8 @@ def _check_model(model: Any) -> None:
 
 def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
            input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
-           overwrite: bool = False, stages: int = 1, stage_boundaries: Sequence[int] | None = None) -> ExportResult:
+           overwrite: bool = False, stages: int = 1, stage_boundaries: Sequence[int] | None = None,
+           warmup: Any = None) -> ExportResult:
     """Writes ``model`` to ``base_dir/<version>/`` with a ``serving_default`` signature.
 
     Args:
@@ -118,6 +119,9 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
             as its own signature (``stage_0`` ...) for model-parallel serving
             (:mod:`~tensorfleet.serving.stages`).
         stage_boundaries: where the stages start (default: balanced by parameter count).
+        warmup: example inputs replayed before the version takes traffic, written to TF Serving's
+            ``assets.extra/tf_serving_warmup_requests``: an array (one input; each row becomes a
+            one-row request) or a list of dicts of input name to array (one request each); up to 1,000.
 
     Returns:
         An :class:`ExportResult` naming the inputs and outputs a client sends and receives.
@@ -152,6 +156,8 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     tmp = _new_directory(base, f".{version}")
     try:
         tf.saved_model.save(module, str(tmp), signatures=signatures)
+        if warmup is not None:
+            _write_warmup(tmp, warmup, inputs, base.resolve().name)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -177,6 +183,21 @@ def _add_stages(module: Any, model: Any, stages: int, inputs: list[str], outputs
     for name, function in zip(names, module.stages):
         signatures[name] = function.get_concrete_function()
     return names
+
+
+def _write_warmup(directory: Path, warmup: Any, inputs: list[str], model_name: str) -> None:
+    import numpy as np
+
+    from tensorfleet.serving.warmup import write
+
+    if isinstance(warmup, (list, tuple)) and warmup and all(isinstance(w, dict) for w in warmup):
+        examples = list(warmup)
+    elif len(inputs) == 1 and hasattr(warmup, "shape") and len(warmup.shape) >= 1:
+        examples = [{inputs[0]: np.asarray(warmup)[i:i + 1]} for i in range(len(warmup))]
+    else:
+        raise ValueError(f"warmup takes an array of example rows (one input) or a list of dicts of input name "
+                         f"to array (inputs {inputs}). Received: {type(warmup).__name__}")
+    write(directory, examples, model_name=model_name)
 
 
 def load_keras_model(path: str | os.PathLike[str]) -> Any:

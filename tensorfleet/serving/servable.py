@@ -132,6 +132,7 @@ class Servable:
         self._lock = threading.Lock()
         self.calls = 0
         self.batch_sizes: Counter[int] = Counter()
+        self.warmup_records = 0  # warm-up records replayed on this version (tensorfleet.serving.warmup)
 
     def signature(self, name: str | None) -> Signature:
         """The signature called ``name`` ('' or None: ``serving_default``); NOT_FOUND-style error if absent."""

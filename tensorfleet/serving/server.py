@@ -1,4 +1,4 @@
-"""The model server: a model's base directory served over TF Serving's gRPC and REST APIs.
+"""The model server: a model's base directory, or the models of a config file, over TF Serving's gRPC and REST APIs.
 
 :class:`ModelServer` loads the versions, starts the gRPC front (grpcio) and the REST front
 (httptools on uvloop, :mod:`~tensorfleet.serving.http`) on 127.0.0.1 unless told otherwise, and
@@ -14,44 +14,41 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 from tensorfleet.serving.batching import BatchingOptions
 from tensorfleet.serving.grpc_api import GrpcServer
+from tensorfleet.serving.model_config import ModelEntry, read_model_config
+from tensorfleet.serving.options import FrontOptions, ScalingOptions, StageOptions, VersionOptions
 from tensorfleet.serving.predictor import Predictor
-from tensorfleet.serving.repository import ModelRepository, VersionPolicy
+from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.rest import RestServer
+from tensorfleet.serving.router import ModelRouter
 from tensorfleet.serving.stages import stage_devices as resolve_stage_devices
 from tensorfleet.serving.versions import VersionWatcher
-from tensorfleet.validation import integer, number, positive_int
+from tensorfleet.validation import integer, number
 from tensorfleet.validation import port as check_port
 
 __all__ = ["ModelServer", "serve"]
 
 
 class ModelServer:
-    """One model served over gRPC (``port``) and REST (``rest_api_port``; 0 turns REST off).
+    """Models served over gRPC (``port``) and REST (``rest_api_port``; 0 turns REST off).
 
     Args:
-        base_path: the model's base directory (``BASE/<version>/saved_model.pb``).
+        base_path: one model's base directory (``BASE/<version>/saved_model.pb``); or
+        model_config_file: TF Serving's text-format ModelServerConfig naming several models, each with
+            its base path, version policy and labels (:mod:`~tensorfleet.serving.model_config`); each
+            model gets its own versions, batchers and replicas, so each scales on its own.
         model_name: the name clients ask for (default: the base directory's name).
         host: the address both fronts bind; 127.0.0.1 unless another is asked for.
         port: gRPC port (TF Serving's 8500). rest_api_port: REST port (8501).
         batching: dynamic batching options; None runs one signature call per request.
-        model_version_policy: ``latest`` (the highest version) or ``all``.
-        labels: version labels (``{"stable": 1}``) for ``/labels/{label}`` and ``version_label``.
-        max_request_bytes: the largest request body (REST, 413) or message (gRPC, RESOURCE_EXHAUSTED).
-        drain_seconds: how long stopping waits for requests in flight.
-        replicas: model replicas in worker processes (0: the model runs in this process); a replica
-            that dies is restarted and its calls retried on another.
-        max_replicas: above ``replicas``, replicas are added (up to this many) while requests wait
-            for one longer than ``scale_target_ms`` and removed (down to ``replicas``) when idle;
-            ``scale_plot`` is a PNG of the replica count and scale events written on stop.
-        stages: above 1, requests run stage to stage through the version's ``stage_*`` signatures
-            (export with ``stages=``), ``micro_batches`` of each request in flight; ``stage_devices``
-            names the device of each stage (``["/cpu:0", "/cpu:1"]``; logical CPUs are made when
-            TensorFlow's runtime has not started yet).
-        poll_seconds: how often the base directory is checked for new versions (0: never).
+        versions: which versions are served and their labels (:class:`VersionOptions`).
+        scaling: replicas in worker processes, elastic or scaling to zero (:class:`ScalingOptions`).
+        stages: model-parallel serving stage to stage (:class:`StageOptions`).
+        front: request size limit, drain time, request threads (:class:`FrontOptions`).
+        poll_seconds: how often the base directories are checked for new versions (0: never).
 
     Example:
         >>> with ModelServer("models/digits", port=8500, rest_api_port=8501) as server:  # doctest: +SKIP
@@ -59,95 +56,132 @@ class ModelServer:
         [1]
     """
 
-    def __init__(self, base_path: str | os.PathLike[str], *, model_name: str | None = None,
+    def __init__(self, base_path: str | os.PathLike[str] | None = None, *, model_name: str | None = None,
                  host: str = "127.0.0.1", port: int = 8500, rest_api_port: int = 8501,
-                 batching: BatchingOptions | None = None, model_version_policy: str | VersionPolicy = "latest",
-                 labels: Mapping[str, int] | None = None, max_request_bytes: int = 4 << 20,
-                 drain_seconds: float = 10.0, request_threads: int = 4, replicas: int = 0,
-                 max_replicas: int | None = None, scale_target_ms: float = 10.0, scale_plot: str | None = None,
-                 stages: int = 1, micro_batches: int = 4, stage_devices: Sequence[str] | None = None,
-                 poll_seconds: float = 1.0, log: Callable[[str], None] | None = None) -> None:
-        self.base_path = Path(base_path)
-        self.model_name = model_name or self.base_path.resolve().name
+                 batching: BatchingOptions | None = None, versions: VersionOptions | None = None,
+                 scaling: ScalingOptions | None = None, stages: StageOptions | None = None,
+                 front: FrontOptions | None = None, poll_seconds: float = 1.0,
+                 model_config_file: str | os.PathLike[str] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        if (base_path is None) == (model_config_file is None):
+            raise ValueError("ModelServer serves one base_path or the models of a model_config_file (one of the "
+                             f"two). Received: base_path={base_path!r}, model_config_file={model_config_file!r}")
         self.host = host
         self.port = check_port("port", port)
         self.rest_api_port = integer("rest_api_port", rest_api_port, minimum=0, maximum=65535)
-        self.max_request_bytes = positive_int("max_request_bytes", max_request_bytes)
-        self.drain_seconds = number("drain_seconds", drain_seconds, minimum=0)
+        self.front = front or FrontOptions()
+        self.scaling = scaling or ScalingOptions()
+        self.stage_options = stages or StageOptions()
+        self.max_request_bytes, self.drain_seconds = self.front.max_request_bytes, self.front.drain_seconds
         self.poll_seconds = number("poll_seconds", poll_seconds, minimum=0)
-        if stage_devices and positive_int("stages", stages) > 1:  # before loading starts TensorFlow's runtime
-            stage_devices = resolve_stage_devices(stage_devices, stages)
-        self.repository = ModelRepository(self.model_name, self.base_path, policy=model_version_policy,
-                                          labels=labels)
-        self.predictor = Predictor(self.repository, batching=batching, request_threads=request_threads,
-                                   replicas=replicas, max_replicas=max_replicas, stages=stages,
-                                   micro_batches=micro_batches, stage_devices=stage_devices,
-                                   target_wait=number("scale_target_ms", scale_target_ms, above=0) / 1e3)
-        self.scale_plot = scale_plot
+        devices = self.stage_options.devices
+        if devices and self.stage_options.stages > 1:  # before loading starts TensorFlow's runtime
+            devices = resolve_stage_devices(list(devices), self.stage_options.stages)
+        if model_config_file is not None:
+            entries = read_model_config(model_config_file)
+        else:
+            v = versions or VersionOptions()
+            entries = [ModelEntry(model_name or Path(base_path).resolve().name, Path(base_path), v.policy.value,
+                                  v.num_versions, v.versions, dict(v.labels))]
+        self.predictors = {e.name: self._predictor(e, batching, devices) for e in entries}
+        self.base_path = entries[0].base_path
+        self.model_name = entries[0].name
+        self.predictor = self.predictors[self.model_name]
+        self.repository = self.predictor.repository
+        self.router = self.predictor if len(entries) == 1 else ModelRouter(self.predictors)
         self.log = log or (lambda line: None)
         self._grpc: GrpcServer | None = None
         self._rest: RestServer | None = None
-        self.watcher: VersionWatcher | None = None
+        self.watchers: list[VersionWatcher] = []
         self._stopped = threading.Event()
+
+    def _predictor(self, entry: ModelEntry, batching: BatchingOptions | None, devices: object) -> Predictor:
+        repository = ModelRepository(entry.name, entry.base_path, policy=entry.policy, labels=entry.labels,
+                                     num_versions=entry.num_versions, specific=entry.versions)
+        scaling, stages = self.scaling, self.stage_options
+        return Predictor(repository, batching=batching, request_threads=self.front.request_threads,
+                         replicas=scaling.replicas, max_replicas=scaling.max_replicas,
+                         min_replicas=scaling.min_replicas, idle_timeout=scaling.idle_timeout,
+                         stages=stages.stages, micro_batches=stages.micro_batches, stage_devices=devices,
+                         target_wait=scaling.target_ms / 1e3)
 
     @property
     def versions(self) -> list[int]:
+        """The versions served of the (first) model."""
         return self.repository.versions
 
+    @property
+    def watcher(self) -> VersionWatcher | None:
+        """The (first) model's version watcher, if polling."""
+        return self.watchers[0] if self.watchers else None
+
     def start(self) -> ModelServer:
-        """Loads the model and starts both fronts; a port in use fails here, with nothing left running."""
-        versions = self.repository.load()
-        self.log(f"loaded {self.model_name!r} version(s) {versions} from {self.base_path}")
+        """Loads the models and starts both fronts; a port in use fails here, with nothing left running."""
         try:
-            self.predictor.start_replicas(self.log)
-            if self.predictor.stages > 1:
-                devices = [r.devices for r in self.predictor.staged.values()][:1]
-                self.log(f"stages: {self.predictor.stages}, {self.predictor.micro_batches} micro-batches per request"
-                         + (f", on {', '.join(devices[0])}" if devices and devices[0] else ""))
-            if self.predictor.replicas:
-                elastic = (f", elastic up to {self.predictor.max_replicas}"
-                           if self.predictor.max_replicas > self.predictor.replicas else "")
-                self.log(f"replicas: {self.predictor.replicas} worker processes per version{elastic}, pids "
-                         f"{ {v: p.pids() for v, p in self.predictor.pools.items()} }")
-            self._grpc = GrpcServer(self.predictor, self.host, self.port, max_message_bytes=self.max_request_bytes,
+            for name, predictor in self.predictors.items():
+                self._start_model(name, predictor)
+            self._grpc = GrpcServer(self.router, self.host, self.port, max_message_bytes=self.max_request_bytes,
                                     drain_seconds=self.drain_seconds)
             self._grpc.start()
             self.log(f"gRPC  {self.host}:{self.port} (tensorflow.serving.PredictionService, ModelService)")
             if self.rest_api_port:
-                self._rest = RestServer(self.predictor, self.host, self.rest_api_port,
+                self._rest = RestServer(self.router, self.host, self.rest_api_port,
                                         max_body_bytes=self.max_request_bytes, drain_seconds=self.drain_seconds)
                 self._rest.start()
-                self.log(f"REST  http://{self.host}:{self.rest_api_port}/v1/models/{self.model_name}")
+                for name in self.predictors:
+                    self.log(f"REST  http://{self.host}:{self.rest_api_port}/v1/models/{name}")
             if self.poll_seconds:
-                self.watcher = VersionWatcher(self.predictor, seconds=self.poll_seconds,
-                                              drain_seconds=self.drain_seconds, log=self.log).start()
+                self.watchers = [VersionWatcher(p, seconds=self.poll_seconds, drain_seconds=self.drain_seconds,
+                                                log=self.log).start() for p in self.predictors.values()]
         except BaseException:
             self.stop()
             raise
         batching = self.predictor.batching
         self.log("batching: " + ("off (one signature call per request)" if batching is None else
-                                  f"max_batch_size={batching.max_batch_size}, "
+                                  f"{batching.policy.value}, max_batch_size={batching.max_batch_size}, "
                                   f"batch_timeout_micros={batching.batch_timeout_micros}, "
                                   f"num_batch_threads={batching.num_batch_threads}, sizes={list(batching.sizes)}"))
         return self
+
+    def _start_model(self, name: str, predictor: Predictor) -> None:
+        repository = predictor.repository
+        versions = repository.load()
+        warm = {v: s.warmup_records for v, s in repository.servables.items() if s.warmup_records}
+        self.log(f"loaded {name!r} version(s) {versions} from {repository.base}"
+                 + (f", warm-up records replayed {warm}" if warm else ""))
+        predictor.start_replicas(self.log)
+        if predictor.stages > 1:
+            devices = [r.devices for r in predictor.staged.values()][:1]
+            self.log(f"stages: {predictor.stages}, {predictor.micro_batches} micro-batches per request"
+                     + (f", on {', '.join(devices[0])}" if devices and devices[0] else ""))
+        if predictor.replicas:
+            elastic = (f", elastic {predictor.min_replicas} to {predictor.max_replicas}"
+                       if predictor.max_replicas > predictor.min_replicas else "")
+            idle = f", to zero after {predictor.idle_timeout:g} s idle" if predictor.min_replicas == 0 else ""
+            self.log(f"replicas of {name!r}: {predictor.replicas} worker processes per version{elastic}{idle}, "
+                     f"pids { {v: p.pids() for v, p in predictor.pools.items()} }")
 
     def stop(self) -> None:
         """Stops listening, finishes requests in flight (up to ``drain_seconds``), then the batchers."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        if self.watcher is not None:
-            self.watcher.stop()
+        for watcher in self.watchers:
+            watcher.stop()
         fronts = [f for f in (self._rest, self._grpc) if f is not None]
         threads = [threading.Thread(target=front.stop) for front in fronts]  # both drain at once
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        scalers = list(self.predictor.autoscalers.values())
-        self.predictor.close()
-        if self.scale_plot and scalers:
-            self.log(f"scale events plotted to {scalers[-1].plot(self.scale_plot)}")
+        for name, predictor in self.predictors.items():
+            scalers = list(predictor.autoscalers.values())
+            predictor.close()
+            if self.scaling.plot and scalers:
+                path = Path(self.scaling.plot)
+                if len(self.predictors) > 1:
+                    path = path.with_name(f"{path.stem}-{name}{path.suffix}")
+                self.log(f"scale events of {name!r} plotted to {scalers[-1].plot(path)}")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until :meth:`stop` has been called (or ``timeout``); True if it was."""
@@ -160,7 +194,7 @@ class ModelServer:
         self.stop()
 
 
-def serve(base_path: str | os.PathLike[str], **options: object) -> None:
+def serve(base_path: str | os.PathLike[str] | None = None, **options: object) -> None:
     """Runs a :class:`ModelServer` until SIGTERM or SIGINT, then drains it and returns.
 
     Takes :class:`ModelServer`'s arguments. Must run in the main thread (it installs the signal handlers).

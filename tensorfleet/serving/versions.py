@@ -1,6 +1,7 @@
 """Version changes while serving: the base directory is polled, as TF Serving's file-system source does.
 
-A new version is loaded, warmed up (one call of every signature on zeros) and made ready (its
+A new version is loaded, warmed up (its ``assets.extra/tf_serving_warmup_requests`` replayed,
+else one call of every signature on zeros) and made ready (its
 replicas started) before requests are routed to it; the switch is one assignment under the
 repository's lock, so every request goes wholly to the old version or wholly to the new. The old
 version, no longer routed to, finishes its requests in flight and is then unloaded. A version
@@ -17,6 +18,7 @@ import numpy as np
 from tensorfleet.serving.predictor import Predictor
 from tensorfleet.serving.repository import versions_on_disk
 from tensorfleet.serving.servable import Servable
+from tensorfleet.serving.warmup import replay
 
 __all__ = ["VersionWatcher", "warm_up"]
 
@@ -82,7 +84,8 @@ class VersionWatcher:
         repo = self.repository
         try:
             servable = Servable(repo.name, version, repo.base / str(version))
-            warm_up(servable)
+            if not replay(servable):
+                warm_up(servable)
             self.predictor.prepare(servable, self.log)
         except Exception as exc:  # a broken version is refused; the current one keeps serving
             self.refused[version] = f"{type(exc).__name__}: {exc}"

@@ -56,17 +56,19 @@ def free_ports(n: int = 2) -> list[int]:
 
 
 def start_server(base: Path, **options: Any) -> Any:
-    from tensorfleet.serving import ModelServer
+    from tensorfleet.serving import FrontOptions, ModelServer
 
     grpc_port, rest_port = free_ports()
-    return ModelServer(base, model_name="digits", port=grpc_port, rest_api_port=rest_port, drain_seconds=5,
-                       **options).start()
+    options.setdefault("front", FrontOptions(drain_seconds=5))
+    return ModelServer(base, model_name="digits", port=grpc_port, rest_api_port=rest_port, **options).start()
 
 
 @pytest.fixture(scope="module")
 def server(model_base):
     """Both versions served, labels stable=1 and canary=2, no batching."""
-    server = start_server(model_base, model_version_policy="all", labels={"stable": 1, "canary": 2},
-                          max_request_bytes=64 * 1024)
+    from tensorfleet.serving import FrontOptions, VersionOptions
+
+    server = start_server(model_base, versions=VersionOptions(policy="all", labels={"stable": 1, "canary": 2}),
+                          front=FrontOptions(max_request_bytes=64 * 1024, drain_seconds=5))
     yield server
     server.stop()

@@ -139,3 +139,46 @@ def test_concurrent_rest_and_grpc_callers_get_exactly_their_rows_from_fewer_call
     calls = servable.calls - calls_before
     assert 1 <= calls < len(slices), calls
     assert set(servable.batch_sizes) <= {2, 4, 8, 16, 32}
+
+
+def test_adaptive_batching_sends_a_lone_request_at_once_and_gathers_behind_a_running_batch():
+    """A lone request does not wait out the timeout (60 s here: the result comes within 10 s); requests
+    that arrive while a batch runs wait behind it and go together when it ends."""
+    calls: list[int] = []
+    first_runs, release = threading.Event(), threading.Event()
+
+    def run(arrays):
+        calls.append(arrays["x"].shape[0])
+        if len(calls) == 1:
+            first_runs.set()
+            release.wait(30)
+        return {"y": arrays["x"] + 1}
+
+    options = BatchingOptions(max_batch_size=16, batch_timeout_micros=60_000_000, num_batch_threads=2)
+    assert options.policy.value == "adaptive"
+    batcher = Batcher(run, options)
+    try:
+        first = batcher.submit({"x": np.array([0.0])})
+        assert first_runs.wait(10)
+        rest = [batcher.submit({"x": np.array([float(i)])}) for i in range(1, 6)]
+        release.set()
+        assert first.result(10)["y"].tolist() == [1.0]
+        assert [f.result(10)["y"].tolist() for f in rest] == [[2.0], [3.0], [4.0], [5.0], [6.0]]
+        lone = batcher.submit({"x": np.array([9.0])}).result(10)  # nothing running: goes at once
+        assert lone["y"].tolist() == [10.0]
+    finally:
+        release.set()
+        batcher.close()
+    assert calls == [2, 8, 2]  # 1 row (padded to 2), the 5 that queued meanwhile (padded to 8), 1 row
+
+
+def test_the_timeout_policy_is_kept_and_policies_are_checked():
+    assert BatchingOptions(policy="timeout").policy.value == "timeout"
+    with pytest.raises(ValueError, match=r"policy must be one of 'adaptive', 'timeout'. Received: policy='eager'"):
+        BatchingOptions(policy="eager")
+    calls: list[int] = []
+    batcher = Batcher(lambda a: calls.append(a["x"].shape[0]) or {"y": a["x"]},
+                      BatchingOptions(max_batch_size=4, batch_timeout_micros=50_000, policy="timeout"))
+    assert batcher.submit({"x": np.array([1.0])}).result(10)["y"].tolist() == [1.0]
+    batcher.close()
+    assert calls == [2]

@@ -21,7 +21,9 @@ from .conftest import assert_float32_close, start_server
 
 @pytest.fixture(scope="module")
 def replica_server(model_base):
-    server = start_server(model_base, replicas=2,
+    from tensorfleet.serving import ScalingOptions
+
+    server = start_server(model_base, scaling=ScalingOptions(replicas=2),
                           batching=BatchingOptions(max_batch_size=8, batch_timeout_micros=2000, num_batch_threads=2))
     yield server
     server.stop()

@@ -90,6 +90,8 @@ def _bad_requests(images):
          "must be a non-negative integer. Received: 'x'"),
         ("oversized", "/v1/models/digits:predict", None, b'{"instances": [' + b"0," * 40000 + b"0]}", 413, "too large"),
         ("unknown path", "/v2/anything", None, None, 404, "Not Found"),
+        ("nested 30,000 deep", "/v1/models/digits:predict", None, b'{"instances": ' + b"[" * 30_000 + b"]" * 30_000
+         + b"}", 400, "JSON Parse error: the body nests arrays or objects deeper than"),
     ]
 
 
@@ -100,6 +102,15 @@ def test_every_bad_request_gets_a_clear_4xx_and_the_server_stays_up(server, imag
     assert status == code
     assert list(reply) == ["error"] and message in reply["error"], reply
     assert http(server, "/v1/models/digits:predict", {"instances": images[:2].tolist()})[0] == 200
+
+
+def test_a_body_nested_100000_deep_is_a_parse_error_not_a_crash():
+    from tensorfleet.serving.errors import Code, ServingError
+    from tensorfleet.serving.rest import decode_body
+
+    with pytest.raises(ServingError, match="nests arrays or objects deeper than") as info:
+        decode_body(b"[" * 100_000 + b"]" * 100_000)
+    assert info.value.code is Code.INVALID_ARGUMENT and info.value.http_status == 400
 
 
 def test_wrong_methods_get_405(server):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from .conftest import assert_float32_close, start_server
+from tensorfleet.serving.options import ScalingOptions, StageOptions
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_a_staged_server_answers_the_unsplit_models_outputs(staged_base, digits_
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    server = start_server(staged_base, stages=3, micro_batches=4)
+    server = start_server(staged_base, stages=StageOptions(3, micro_batches=4))
     try:
         expected = digits_models[1].predict(images, verbose=0)
         body = json.dumps({"instances": images[:17].tolist()}).encode()
@@ -64,13 +65,13 @@ def test_stages_need_stage_signatures_and_not_replicas(model_base):
     from tensorfleet.serving import ModelServer
 
     with pytest.raises(ValueError, match=r"Serving 2 stages needs signatures \['stage_0', 'stage_1'\]"):
-        start_server(model_base, stages=2)
+        start_server(model_base, stages=StageOptions(2))
     with pytest.raises(ValueError, match="Serve either stages or replicas, not both"):
-        ModelServer(model_base, stages=2, replicas=2)
+        ModelServer(model_base, stages=StageOptions(2), scaling=ScalingOptions(replicas=2))
 
 
 def test_each_stage_runs_on_the_device_it_was_given(staged_base, digits_models, images):
-    server = start_server(staged_base, stages=3, micro_batches=2, stage_devices=["/cpu:1", "/cpu:2", "/cpu:3"])
+    server = start_server(staged_base, stages=StageOptions(3, micro_batches=2, devices=("/cpu:1", "/cpu:2", "/cpu:3")))
     try:
         body = json.dumps({"instances": images[:8].tolist()}).encode()
         url = f"http://127.0.0.1:{server.rest_api_port}/v1/models/digits:predict"
@@ -89,15 +90,15 @@ def test_stage_devices_are_checked_before_anything_loads(staged_base):
 
     with pytest.raises(ValueError, match=r"^Give one device per stage: 3 stage\(s\), 2 device\(s\). "
                                          r"Received: stage_devices=\['/cpu:0', '/cpu:1'\]$"):
-        ModelServer(staged_base, stages=3, stage_devices=["/cpu:0", "/cpu:1"])
+        ModelServer(staged_base, stages=StageOptions(3, devices=("/cpu:0", "/cpu:1")))
     with pytest.raises(ValueError, match=r"^Unknown stage device '/gpu:0'; this process has \['/device:CPU:0', "
                                          r"'/device:CPU:1', '/device:CPU:2', '/device:CPU:3'\]"):
-        ModelServer(staged_base, stages=2, stage_devices=["/cpu:0", "/gpu:0"])
+        ModelServer(staged_base, stages=StageOptions(2, devices=("/cpu:0", "/gpu:0")))
     with pytest.raises(ValueError, match=r"^Unknown stage device '/cpu:7'"):
-        ModelServer(staged_base, stages=2, stage_devices=["/cpu:0", "/cpu:7"])
+        ModelServer(staged_base, stages=StageOptions(2, devices=("/cpu:0", "/cpu:7")))
     with pytest.raises(ValueError, match=r"^A stage device is a TensorFlow device name such as '/cpu:1' or "
                                          r"'/gpu:0'. Received: 'cpu1'$"):
-        ModelServer(staged_base, stages=2, stage_devices=["cpu1", "/cpu:0"])
+        ModelServer(staged_base, stages=StageOptions(2, devices=("cpu1", "/cpu:0")))
     with pytest.raises(ValueError, match=r"^Stage devices place the stages of --stages K \(K >= 2\). "
                                          r"Received: stages=1, stage_devices=\['/cpu:0'\]$"):
-        ModelServer(staged_base, stage_devices=["/cpu:0"])
+        ModelServer(staged_base, stages=StageOptions(devices=("/cpu:0",)))
