@@ -146,8 +146,9 @@ def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *,
         model: a functional or Sequential ``tf.keras`` model.
         method: ``svd`` (Dense and 1x1 Conv2D), ``tucker2`` or ``cp`` (kh x kw Conv2D; Dense and
             1x1 Conv2D then take the svd form).
-        rank: an int (capped at each mode's size for tucker2), ``(r_in, r_out)`` for tucker2,
-            ``"vbmf"`` (svd, tucker2), or a dict of those by layer name (other layers are left alone).
+        rank: an int (one rank for the whole model: capped at each layer's sizes), ``(r_in, r_out)``
+            for tucker2, ``"vbmf"`` (svd, tucker2), or a dict of those by layer name (other layers are
+            left alone; a rank above its layer's is an error).
         energy: instead of ``rank``, the share of the kernel's energy to keep, in (0, 1].
         layers: only these layers (by name); each must be one the method factors.
         allow_growth: factor layers even where the factors have more parameters (for tests at full rank).
@@ -165,7 +166,7 @@ def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *,
     chosen = _chosen_layers(model, method, layers, rank, by_name)
     shared = _shared(config)
     rows = tuple(plan_layer(layer, method, _layer_rank(rank, layer.name), energy, shared=layer.name in shared,
-                            allow_growth=allow_growth)
+                            allow_growth=allow_growth, strict=isinstance(rank, dict))
                  for layer in model.layers if layer.count_params() and layer in chosen)
     return DecompositionPlan(model.name, method.value, rows, int(model.count_params()))
 

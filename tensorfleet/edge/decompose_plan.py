@@ -149,8 +149,8 @@ def _cp_rank(layer: Any, rank: Any, energy: float | None, before: int, allow_gro
     break_even = full if allow_growth else min(full, (before - 1) // per_rank)
     found = smallest_rank(reaches, 1, break_even)
     if found is None:
-        return break_even, None, (f"would grow: no rank below {break_even + 1} keeps {energy:g} of the kernel's "
-                                  f"energy")
+        return break_even, None, (f"would not shrink: no rank below {break_even + 1} keeps {energy:g} of the "
+                                  f"kernel's energy")
     return found, fits[found], ""
 
 
@@ -170,8 +170,12 @@ def _kept(layer: Any, form: str, factors: list[Factor]) -> float:
 
 
 def plan_layer(layer: Any, method: DecompositionMethod, rank: Any, energy: float | None, *, shared: bool,
-               allow_growth: bool) -> LayerPlan:
-    """The plan of one layer: ``rank`` is this layer's (None: energy decides) ; errors for a bad rank."""
+               allow_growth: bool, strict: bool = False) -> LayerPlan:
+    """The plan of one layer: ``rank`` is this layer's (None: energy decides); errors for a bad rank.
+
+    A rank given for this layer alone (``strict``) must not exceed the layer's; one rank for the whole
+    model is capped at each layer's sizes and refused only above the largest of them.
+    """
     kind = layer_kind(layer)
     form = form_of(kind, method)
     params = int(layer.count_params())
@@ -192,7 +196,7 @@ def plan_layer(layer: Any, method: DecompositionMethod, rank: Any, energy: float
         return LayerPlan(**row, reason=reason)
     fitted = None
     if form == "svd":
-        ranks: tuple[int, ...] = _svd_rank(layer, rank, energy, cap=method is not DecompositionMethod.SVD)
+        ranks: tuple[int, ...] = _svd_rank(layer, rank, energy, cap=not strict)
     elif form == "tucker2":
         ranks = _tucker2_rank(layer, rank, energy)
     else:
@@ -206,7 +210,7 @@ def plan_layer(layer: Any, method: DecompositionMethod, rank: Any, energy: float
                energy=_kept(layer, form, factors))
     if after >= params and not allow_growth:
         return LayerPlan(**dict(row, params_after=params, macs_after=macs),
-                         reason=f"would grow: {params:,} -> {after:,} parameters at rank {_rank_text(ranks)}")
+                         reason=f"would not shrink: {params:,} -> {after:,} parameters at rank {_rank_text(ranks)}")
     return LayerPlan(**row, factors=tuple(factors))
 
 
