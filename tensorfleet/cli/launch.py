@@ -2,15 +2,24 @@
 
 Example:
     $ tensorfleet launch --workers 2 --max-restarts 2 train.py --epochs 6
+
+With ``--strategy`` the script is a migratable job (``build_model()`` and ``data()``; see
+:mod:`tensorfleet.cluster.migration`), and ``--resume-from DIR`` moves it to the strategy and
+world size given:
+    $ tensorfleet launch --resume-from ckpt --strategy parameter_server --workers 2 --ps 1 job.py
 """
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
+
+from tensorfleet.cluster.elastic import BatchPolicy
+from tensorfleet.cluster.migration import MigrationStrategy
+from tensorfleet.cluster.processes import JobMode
 
 __all__ = ["register", "launch_command"]
 
@@ -49,12 +58,29 @@ def launch_command(
         None, "--ports", help="Comma-separated ports, one per task (chief, workers, ps, evaluator)."),
     backup_dir: Optional[Path] = typer.Option(  # noqa: UP007
         None, "--backup-dir", help="Backup directory shared by the tasks (TENSORFLEET_BACKUP_DIR)."),
-    mode: str = typer.Option("auto", "--mode", help="auto, collective or parameter_server."),
+    mode: JobMode = typer.Option(JobMode.AUTO, "--mode", help="What a restart restarts: every task (collective) "
+                                 "or a failed worker only (parameter_server); auto: by --ps."),
     profile_steps: Optional[str] = typer.Option(  # noqa: UP007
         None, "--profile-steps", help="Record a profiler trace of these steps of the first fit on every task "
         "(FIRST-LAST, e.g. 20-30); read it with 'tensorfleet profile report DIR'."),
     profile_dir: Path = typer.Option(Path("profile"), "--profile-dir", help="Where --profile-steps writes, "
                                      "one folder per task."),
+    strategy: Optional[MigrationStrategy] = typer.Option(  # noqa: UP007
+        None, "--strategy", help="Run SCRIPT as a migratable job (build_model() and data()) under this strategy."),
+    devices: int = typer.Option(1, "--devices", help="Local devices of --strategy mirrored."),
+    checkpoint_dir: Optional[Path] = typer.Option(  # noqa: UP007
+        None, "--checkpoint-dir", help="Where a migratable job writes its checkpoints (continues from one there)."),
+    resume_from: Optional[Path] = typer.Option(  # noqa: UP007
+        None, "--resume-from", help="Continue a migratable job from its checkpoint in this directory, under "
+        "--strategy and its world size (default: the checkpoint's strategy)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs of a migratable job."),  # noqa: UP007
+    global_batch_size: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--global-batch-size", help="Global batch of a migratable job."),
+    batch_policy: Optional[BatchPolicy] = typer.Option(  # noqa: UP007
+        None, "--batch-policy", help="What stays fixed when the world size changes."),
+    stop_at_step: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--stop-at-step", help="Stop a migratable job after this step, saved and ready to move."),
+    save_every: int = typer.Option(0, "--save-every", help="Checkpoint a migratable job every N steps."),
 ) -> None:
     """Start one process per task on 127.0.0.1, each with its TF_CONFIG; restart on failure.
 
@@ -76,6 +102,13 @@ def launch_command(
     script_args = list(args or [])
     if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
         script_args = script_args[1:]
+    if strategy is not None or resume_from is not None or checkpoint_dir is not None:
+        result = _migrate(script, strategy=strategy, devices=devices, workers=workers, ps=ps,
+                          directory=resume_from or checkpoint_dir, resume=resume_from is not None,
+                          changes={"epochs": epochs, "global_batch_size": global_batch_size, "policy": batch_policy,
+                                   "stop_at_step": stop_at_step, "save_every": save_every}, quiet=not verbose(ctx))
+        _finish(result)
+        return
     env, runner = _profiling(profile_steps, profile_dir)
     result = launch(
         script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list,
@@ -83,12 +116,41 @@ def launch_command(
         backup_dir=backup_dir, quiet=not verbose(ctx), check=False, env=env, runner=runner,
         evaluator_timeout=evaluator_timeout,
     )
+    _finish(result)
+    if profile_steps is not None:
+        typer.echo(f"profile: tensorfleet profile report {env['TENSORFLEET_PROFILE_DIR']}")
+
+
+def _finish(result: Any) -> None:
     if result.returncode != 0 and result.error:
         typer.echo(f"error: {result.error}", err=True)
     if result.returncode:
         raise typer.Exit(result.returncode)
-    if profile_steps is not None:
-        typer.echo(f"profile: tensorfleet profile report {env['TENSORFLEET_PROFILE_DIR']}")
+
+
+def _migrate(script: Path, *, strategy: MigrationStrategy | None, devices: int, workers: int, ps: int,
+             directory: Path | None, resume: bool, changes: dict[str, Any], quiet: bool) -> Any:
+    """Runs a migratable job (see :func:`tensorfleet.cluster.migration.migrate`)."""
+    from tensorfleet.cluster.jobstate import read_state
+    from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, migrate
+
+    if directory is None:
+        raise MigrationError("A migratable job (--strategy) keeps its checkpoints in a directory: give "
+                             "--checkpoint-dir DIR to start one, or --resume-from DIR to continue one.")
+    progress = read_state(directory)[0] if resume else None
+    if strategy is None:
+        if progress is None:
+            raise MigrationError("--checkpoint-dir starts a migratable job: give its --strategy too.")
+        strategy = MigrationStrategy(progress.strategy)
+    mirrored = strategy is MigrationStrategy.MIRRORED
+    to = Placement(strategy, devices=devices, workers=1 if mirrored else workers, ps=ps)
+    given = {k: v for k, v in changes.items() if v is not None}
+    run = RunOptions.from_progress(progress, **given) if progress is not None else RunOptions(**given)
+    return migrate(script, directory, to=to, run=run, resume=resume, check=False, sink=_echo, quiet=quiet)
+
+
+def _echo(line: str) -> None:
+    typer.echo(line)
 
 
 def _profiling(steps: str | None, directory: Path) -> tuple[dict[str, str], tuple[str, ...]]:

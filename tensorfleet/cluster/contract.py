@@ -18,7 +18,7 @@ import signal
 from tensorfleet.validation import integer
 
 __all__ = [
-    "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_NUM_WORKERS", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
+    "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
     "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "check_task_counts", "describe_exit", "shell_status",
 ]
 
@@ -34,6 +34,8 @@ ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
 ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
 #: The elastic batch-size policy (``keep_global`` or ``keep_per_replica``).
 ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
+#: The options of a migratable job's trainer task (JSON; see :mod:`tensorfleet.cluster.migration`).
+ENV_MIGRATION = "TENSORFLEET_MIGRATION"
 #: A file the launcher creates once every trainer has finished: an evaluator that sees it evaluates
 #: the newest checkpoint (if it has not yet) and exits by itself.
 ENV_TRAINING_ENDED = "TENSORFLEET_TRAINING_ENDED"

@@ -85,14 +85,14 @@ class SearchConfig:
         object.__setattr__(self, "script", str(Path(self.script).resolve()))
         object.__setattr__(self, "out", str(Path(self.out).resolve()))
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["algorithm"] = self.algorithm.value
         data["direction"] = self.direction.value if self.direction else None
         return data
 
     def save(self) -> Path:
-        return write_json(Path(self.out) / CONFIG_FILE, self.to_dict())
+        return write_json(Path(self.out) / CONFIG_FILE, self.as_dict())
 
     @classmethod
     def load(cls, out: str | Path) -> "SearchConfig":

@@ -85,7 +85,7 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
     config = SearchConfig(script=script, out=out, workers=workers, max_trials=max_trials, objective=objective,
                           direction=direction, algorithm=algorithm, strategy=strategy,
                           devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, seed=seed)
-    options = {CONFIG_ENV: json.dumps(config.to_dict())}
+    options = {CONFIG_ENV: json.dumps(config.as_dict())}
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "tensorfleet"}
     chief_labels = {**labels, "app.kubernetes.io/component": "oracle"}
     claim_name = f"{name}-data"

@@ -1,0 +1,179 @@
+"""A job's checkpoint that any strategy and any world size can continue from.
+
+A migration checkpoint is a directory of numbered checkpoints (``step-00000012/``) and one
+pointer, ``latest.json``, that names the newest complete one. Each numbered checkpoint holds
+the ``tf.train.Checkpoint`` of the model's weights, the optimizer (its slots and its step
+count, so Adam's moments and bias correction continue) and the count of every example id the
+job has trained on, beside ``state.json``: the step, the epoch, the position in the epoch's
+order (in examples, so that it means the same at every batch size), the random generator's
+state that decides that order, the global batch policy and a fingerprint of the model.
+
+Variables are saved without their placement, so a checkpoint written by two mirrored
+replicas restores on a parameter server's variables or on one device. A checkpoint is
+written to a temporary directory and renamed into place, and ``latest.json`` is replaced
+atomically after it: a process killed at any moment leaves the previous checkpoint named
+and intact.
+
+Example:
+    >>> state = JobProgress(step=12, epoch=1, epochs=3, position=32, seed=0, rng=new_rng_state(0), examples=96,
+    ...                  global_batch_size=8, policy="keep_global", fingerprint="ab12", parameters=10,
+    ...                  strategy="mirrored", replicas=2)
+    >>> JobProgress.from_dict(state.as_dict()) == state
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensorfleet.io import write_json
+
+__all__ = ["LATEST", "CheckpointError", "JobProgress", "epoch_order", "fingerprint", "latest", "new_rng_state",
+           "read_state", "step_directory"]
+
+#: The pointer to the newest complete checkpoint of a migration directory.
+LATEST = "latest.json"
+_STATE = "state.json"
+_CKPT = "ckpt"
+
+
+class CheckpointError(ValueError):
+    """A migration checkpoint is missing, incomplete or belongs to another job."""
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Where a job is: everything besides the variables that a continuation needs."""
+
+    step: int
+    epoch: int
+    epochs: int
+    position: int
+    seed: int
+    rng: dict[str, Any]
+    examples: int
+    global_batch_size: int
+    policy: str
+    fingerprint: str
+    parameters: int
+    strategy: str
+    replicas: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobProgress:
+        return cls(**data)
+
+
+def new_rng_state(seed: int) -> dict[str, Any]:
+    """The state of the generator (numpy's PCG64) that orders the first epoch of a job seeded ``seed``."""
+    import numpy as np
+
+    return dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state)
+
+
+def epoch_order(rng: dict[str, Any], examples: int) -> tuple[Any, dict[str, Any]]:
+    """The epoch's order of example ids from the generator state ``rng``, and the state after it.
+
+    The state saved with a checkpoint is the one the epoch began with, so a job continued in the
+    middle of an epoch draws the same order again and skips what it has read.
+    """
+    import numpy as np
+
+    generator = np.random.Generator(np.random.PCG64())
+    generator.bit_generator.state = rng
+    order = generator.permutation(examples)
+    return order, dict(generator.bit_generator.state)
+
+
+def fingerprint(model: Any) -> str:
+    """A short digest of a model's kind: its class and its weights' shapes and dtypes, in order.
+
+    Two models with the same fingerprint can restore each other's checkpoints; one with another
+    layer, width or dtype cannot.
+    """
+    parts = [type(model).__name__] + [f"{tuple(w.shape)}:{w.dtype.name}" for w in model.weights]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def step_directory(directory: str | os.PathLike[str], step: int) -> Path:
+    return Path(directory) / f"step-{step:08d}"
+
+
+def latest(directory: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint of ``directory`` (None: it holds none)."""
+    pointer = Path(directory) / LATEST
+    if not pointer.exists():
+        return None
+    try:
+        name = json.loads(pointer.read_text())["checkpoint"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{pointer} is not a migration checkpoint pointer ({exc}). "
+                              f"Received: {pointer.read_text()[:200]!r}") from None
+    path = Path(directory) / name
+    if not (path / _STATE).exists():
+        raise CheckpointError(f"{pointer} names {name!r}, which is incomplete or gone: {path} has no {_STATE}.")
+    return path
+
+
+def read_state(directory: str | os.PathLike[str]) -> tuple[JobProgress, Path]:
+    """The state of the newest checkpoint in ``directory`` and that checkpoint's path.
+
+    Raises:
+        CheckpointError: ``directory`` holds no complete migration checkpoint.
+    """
+    path = latest(directory)
+    if path is None:
+        raise CheckpointError(f"No migration checkpoint to resume from in {str(directory)!r}: it has no {LATEST}. "
+                              "Start the job without resume_from (it writes its checkpoints there), or name the "
+                              "directory a migratable job wrote.")
+    try:
+        return JobProgress.from_dict(json.loads((path / _STATE).read_text())), path
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path / _STATE} is not a job state ({exc}).") from None
+
+
+def tf_checkpoint_prefix(path: str | os.PathLike[str]) -> str:
+    return str(Path(path) / _CKPT)
+
+
+def write_checkpoint(directory: str | os.PathLike[str], state: JobProgress, checkpoint: Any, *, chief: bool) -> Path:
+    """Writes ``checkpoint`` (a ``tf.train.Checkpoint``) and ``state`` as the newest checkpoint.
+
+    Every task calls it (saving can read distributed variables); only the chief's files are kept,
+    the others write to a scratch directory that is removed. The checkpoint is complete before
+    ``latest.json`` names it.
+    """
+    target = step_directory(directory, state.step)
+    scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=directory if chief else None))
+    try:
+        checkpoint.write(tf_checkpoint_prefix(scratch))
+        if not chief:
+            return target
+        write_json(scratch / _STATE, state.as_dict())
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(scratch, target)
+        write_json(Path(directory) / LATEST, {"checkpoint": target.name, "step": state.step})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _prune(Path(directory), keep=target.name)
+    return target
+
+
+def _prune(directory: Path, *, keep: str) -> None:
+    """Removes older checkpoints (and scratch left by killed writers), keeping ``keep`` and its predecessor."""
+    steps = sorted(p.name for p in directory.glob("step-*") if p.is_dir())
+    if keep in steps:
+        for name in steps[:max(0, steps.index(keep) - 1)]:
+            shutil.rmtree(directory / name, ignore_errors=True)

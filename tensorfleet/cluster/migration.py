@@ -1,0 +1,253 @@
+"""Job migration: a Keras job stops at a step boundary and continues under another world size
+or another strategy, from one checkpoint.
+
+TensorFlow fixes a job's world size when its strategy is built (elasticity is "not an out of
+the box feature", tensorflow/tensorflow#41589), so a job moves by stopping and starting again.
+What makes that a migration rather than a restart is the checkpoint
+(:mod:`~tensorfleet.cluster.jobstate`): weights, optimizer slots and step count, the step, the
+epoch, the position in the epoch's order of examples and the random state of that order. The
+task program (:mod:`~tensorfleet.cluster.resumable`) reads it under any of:
+
+* ``mirrored`` over ``devices`` local devices (one process);
+* ``multi_worker_mirrored`` over ``workers`` processes;
+* ``parameter_server`` with ``workers`` workers and ``ps`` parameter servers (and a chief).
+
+The global batch follows the policy of :mod:`~tensorfleet.cluster.elastic`: ``keep_global``
+(the same global batch at every size) or ``keep_per_replica``. Positions count examples, so
+every example of an epoch is read once whatever sizes the epoch was trained at. At the same
+size and strategy, a continued job is bit-identical to one never stopped (op determinism is on).
+
+Everything that can be checked is checked before a process starts, and the checkpoint is only
+read: a checkpoint of another model, a world size the batch policy cannot divide, a strategy or
+placement that cannot hold the model.
+
+Example:
+    >>> from tensorfleet.cluster.migration import Placement
+    >>> Placement("multi_worker_mirrored", workers=2).replicas
+    2
+    >>> result = migrate("job.py", "ckpt/", to=Placement("parameter_server", workers=2, ps=1),
+    ...                  epochs=3, global_batch_size=64)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tensorfleet.cluster.contract import ENV_MIGRATION
+from tensorfleet.cluster.elastic import BatchPolicy, batch_sizes
+from tensorfleet.cluster.jobstate import CheckpointError, JobProgress, fingerprint, read_state
+from tensorfleet.cluster.processes import Fault
+from tensorfleet.cluster.result import LaunchResult
+from tensorfleet.validation import choice, integer, positive_int
+
+__all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "check_migration", "migrate"]
+
+_BYTES_PER_PARAMETER = 4 * 3  # float32 weights and Adam's two slots; other optimizers hold no more
+
+
+class MigrationError(ValueError):
+    """A migration that cannot work, found before anything started."""
+
+
+class MigrationStrategy(str, Enum):
+    """The strategies a job can move between."""
+
+    MIRRORED = "mirrored"
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    PARAMETER_SERVER = "parameter_server"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs: a strategy and its world size."""
+
+    strategy: MigrationStrategy | str
+    devices: int = 1
+    workers: int = 1
+    ps: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", choice(MigrationStrategy, "strategy", self.strategy))
+        positive_int("devices", self.devices)
+        positive_int("workers", self.workers)
+        integer("ps", self.ps, minimum=0)
+        kind = self.strategy
+        if kind is MigrationStrategy.PARAMETER_SERVER and self.ps < 1:
+            raise MigrationError(f"strategy='parameter_server' needs at least one ps task. Received: ps={self.ps}")
+        if kind is not MigrationStrategy.PARAMETER_SERVER and self.ps:
+            raise MigrationError(f"ps tasks belong to strategy='parameter_server'. Received: strategy="
+                                 f"{kind.value!r}, ps={self.ps}")
+        if kind is MigrationStrategy.MIRRORED and self.workers != 1:
+            raise MigrationError(f"strategy='mirrored' runs in one process over local devices (devices=N). "
+                                 f"Received: workers={self.workers}; use 'multi_worker_mirrored' for processes.")
+        if kind is not MigrationStrategy.MIRRORED and self.devices != 1:
+            raise MigrationError(f"devices=N is for strategy='mirrored'. Received: strategy={kind.value!r}, "
+                                 f"devices={self.devices}")
+
+    @property
+    def replicas(self) -> int:
+        """Replicas that share one step (a parameter server's step runs on one worker)."""
+        if self.strategy is MigrationStrategy.MIRRORED:
+            return self.devices
+        return self.workers if self.strategy is MigrationStrategy.MULTI_WORKER_MIRRORED else 1
+
+    def describe(self) -> str:
+        kind = self.strategy
+        if kind is MigrationStrategy.MIRRORED:
+            return f"mirrored over {self.devices} device(s)"
+        if kind is MigrationStrategy.MULTI_WORKER_MIRRORED:
+            return f"multi_worker_mirrored over {self.workers} worker(s)"
+        return f"parameter_server with {self.workers} worker(s) and {self.ps} ps"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How far a job runs and how its batch is set (the same for every placement it moves to)."""
+
+    epochs: int = 1
+    global_batch_size: int = 32
+    policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL
+    per_replica_batch_size: int | None = None
+    seed: int = 0
+    save_every: int = 0
+    stop_at_step: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", choice(BatchPolicy, "policy", self.policy))
+        positive_int("epochs", self.epochs)
+        positive_int("global_batch_size", self.global_batch_size)
+        integer("per_replica_batch_size", self.per_replica_batch_size, minimum=1, optional=True)
+        integer("seed", self.seed, minimum=0)
+        integer("save_every", self.save_every, minimum=0)
+        integer("stop_at_step", self.stop_at_step, minimum=0, optional=True)
+
+    @classmethod
+    def from_progress(cls, progress: JobProgress, **changes: Any) -> RunOptions:
+        """The options a checkpointed job ran with (epochs, batch, policy, seed), with ``changes``."""
+        per_replica = progress.global_batch_size // progress.replicas
+        base = cls(epochs=progress.epochs, global_batch_size=progress.global_batch_size, policy=progress.policy,
+                   per_replica_batch_size=per_replica if progress.policy == BatchPolicy.KEEP_PER_REPLICA.value
+                   else None, seed=progress.seed)
+        return replace(base, **changes)
+
+
+def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: RunOptions,
+                    model: Any = None, resume: bool = True,
+                    memory_bytes: float | None = None) -> JobProgress | None:
+    """Everything :func:`migrate` checks before it starts a process; returns the checkpoint's state.
+
+    Args:
+        directory: the migration checkpoint directory.
+        to: the placement to continue under.
+        run: the run's options (the batch policy decides whether ``to`` can divide the batch).
+        model: the job's model, to compare with the checkpoint's fingerprint (None: not compared).
+        resume: whether ``directory`` must hold a checkpoint to continue from.
+        memory_bytes: the memory one replica may use (default: this machine's memory divided by
+            the replicas that share it), against the model's weights and optimizer slots.
+
+    Raises:
+        CheckpointError: nothing to resume, or a checkpoint of another model.
+        MigrationError: a world size the batch policy cannot divide, or a placement that cannot
+            hold the model.
+    """
+    try:
+        batch_sizes(to.replicas, policy=run.policy, global_batch_size=run.global_batch_size,
+                    per_replica_batch_size=run.per_replica_batch_size)
+    except ValueError as exc:
+        raise MigrationError(f"{to.describe()} cannot take the job's batch: {exc}") from None
+    state = None
+    if resume:
+        state, _ = read_state(directory)
+        if model is not None and fingerprint(model) != state.fingerprint:
+            raise CheckpointError(f"The checkpoint in {str(directory)!r} is of another model (its fingerprint "
+                                  f"{state.fingerprint}, this job's model {fingerprint(model)}). Resume it with "
+                                  "the job that wrote it, or start this one in another directory.")
+    parameters = state.parameters if state is not None else _parameters(model)
+    if parameters is not None:
+        _check_memory(to, parameters, memory_bytes)
+    return state
+
+
+def _parameters(model: Any) -> int | None:
+    if model is None:
+        return None
+    import numpy as np
+
+    return int(sum(np.prod(w.shape) for w in model.weights))
+
+
+def _check_memory(to: Placement, parameters: int, memory_bytes: float | None) -> None:
+    """A replica of mirrored strategies holds the whole model and its slots; a ps task its share."""
+    sharing = to.devices if to.strategy is MigrationStrategy.MIRRORED else to.workers + to.ps + 1
+    available = memory_bytes if memory_bytes is not None else _machine_memory() / sharing
+    needed = parameters * _BYTES_PER_PARAMETER
+    if to.strategy is MigrationStrategy.PARAMETER_SERVER:
+        needed = -(-needed // to.ps)
+    if needed > available:
+        raise MigrationError(f"{to.describe()} cannot hold the model: {parameters:,} parameters need about "
+                             f"{needed:,} bytes with the optimizer's slots per "
+                             f"{'ps task' if to.ps else 'replica'}, and each has {int(available):,}. Use fewer "
+                             "replicas on this machine, or more ps tasks.")
+
+
+def _machine_memory() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _job_model(job: Path) -> Any:
+    """The job's model, built in this process (on its default device) only to read its fingerprint."""
+    from tensorfleet.cluster.resumable import load_job
+
+    return load_job(job).build_model()
+
+
+def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, to: Placement,
+            run: RunOptions | None = None, resume: bool | None = None, memory_bytes: float | None = None,
+            faults: Sequence[Fault] = (), sink: Callable[[str], None] | None = None, quiet: bool = True,
+            check: bool = True, timeout: float | None = None) -> LaunchResult:
+    """Runs (or continues) the migratable ``job`` under ``to``, with its checkpoints in ``directory``.
+
+    Args:
+        job: a job file defining ``build_model()`` and ``data()`` (see :mod:`~tensorfleet.cluster.resumable`).
+        directory: the migration checkpoint directory; created if it does not exist.
+        to: the placement to run under.
+        run: epochs, batch policy, seed, how often to save and where to stop (``stop_at_step``:
+            the job saves there and ends with status 75, ready to move); default: when resuming,
+            the checkpoint's (:meth:`RunOptions.from_progress`), else ``RunOptions()``.
+        resume: continue from ``directory``'s checkpoint; default: when it holds one.
+        memory_bytes, faults, sink, quiet, check, timeout: see :func:`check_migration` and
+            :func:`~tensorfleet.cluster.launcher.launch`.
+
+    Returns:
+        The launch's :class:`~tensorfleet.cluster.result.LaunchResult` (``stopped`` when it
+        ended at ``stop_at_step``).
+
+    Raises:
+        FileNotFoundError: no job file.
+        CheckpointError, MigrationError: see :func:`check_migration`; nothing was started and the
+            checkpoint is as it was.
+    """
+    from tensorfleet.cluster.jobstate import LATEST
+    from tensorfleet.cluster.launcher import launch
+
+    path = Path(job)
+    if not path.is_file():
+        raise FileNotFoundError(f"The job file does not exist. Received: job={str(job)!r}")
+    if resume is None:
+        resume = (Path(directory) / LATEST).exists()
+    if run is None:
+        run = RunOptions.from_progress(read_state(directory)[0]) if resume else RunOptions()
+    check_migration(directory, to=to, run=run, model=_job_model(path), resume=resume, memory_bytes=memory_bytes)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    options = {"directory": str(Path(directory).resolve()), "strategy": to.strategy.value, "devices": to.devices,
+               "epochs": run.epochs, "global_batch_size": run.global_batch_size, "policy": run.policy.value,
+               "per_replica_batch_size": run.per_replica_batch_size, "seed": run.seed, "save_every": run.save_every,
+               "stop_at_step": run.stop_at_step, "resume": resume}
+    return launch(path, (), workers=to.workers, ps=to.ps, runner=("-m", "tensorfleet.cluster.resumable"),
+                  env={ENV_MIGRATION: json.dumps(options), "TF_CPP_MIN_LOG_LEVEL": "2"}, faults=faults, sink=sink,
+                  quiet=quiet, check=check, timeout=timeout)

@@ -1,0 +1,257 @@
+"""The task program of a migratable job: a Keras model trained step by step under any of
+mirrored, multi-worker mirrored or parameter-server, from and to a migration checkpoint.
+
+The job is a Python file that defines ``build_model()`` (a compiled tf.keras model: its
+optimizer and loss are the job's) and ``data()`` (``(x, y)`` arrays). Every step trains on a
+slice of the epoch's order of example ids, chosen by the step's position alone, so where the
+job stopped and at what world size it continues does not change which examples it reads:
+
+* mirrored and multi-worker mirrored: the step's ids are split over the replicas (in order of
+  ``replica_id_in_sync_group``), each replica's loss is its examples' sum divided by the step's
+  number of examples, so the all-reduced gradient is the mean over the step whatever the split;
+* parameter server: the coordinator schedules each step, with its ids, on whichever worker is
+  free (``ClusterCoordinator``); the variables live on the ps tasks.
+
+Each step also adds its ids to a ``counts`` variable saved with the model, so the checkpoint
+shows how many times every example was trained on. ``python -m tensorfleet.cluster.resumable
+JOB.py`` is what :func:`tensorfleet.cluster.migration.migrate` starts on every trainer task;
+the options come in ``TENSORFLEET_MIGRATION`` (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS
+from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, epoch_order, fingerprint, new_rng_state,
+                                          read_state, tf_checkpoint_prefix, write_checkpoint)
+
+__all__ = ["MigratableJob", "TaskOptions", "load_job", "main"]
+
+_PREFIX = "tensorfleet:"
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """What a trainer task is told: where it runs and how far it goes (see ``migrate``)."""
+
+    directory: str
+    strategy: str
+    devices: int = 1
+    epochs: int = 1
+    global_batch_size: int = 32
+    policy: str = "keep_global"
+    per_replica_batch_size: int | None = None
+    seed: int = 0
+    save_every: int = 0
+    stop_at_step: int | None = None
+    resume: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class MigratableJob:
+    """A job file's two functions."""
+
+    build_model: Any
+    data: Any
+
+
+def load_job(path: str | os.PathLike[str]) -> MigratableJob:
+    """Reads a job file; it must define ``build_model()`` and ``data()``."""
+    names = runpy.run_path(str(path), run_name="__tensorfleet_job__")
+    missing = [n for n in ("build_model", "data") if not callable(names.get(n))]
+    if missing:
+        raise ValueError(f"A migratable job file defines build_model() (a compiled tf.keras model) and data() "
+                         f"((x, y) arrays). {str(path)!r} lacks: {', '.join(missing)}.")
+    return MigratableJob(names["build_model"], names["data"])
+
+
+def _say(text: str) -> None:
+    print(f"{_PREFIX} {text}", flush=True)
+
+
+def _build_strategy(options: TaskOptions) -> tuple[Any, Any]:
+    import tensorfleet as tfl
+
+    if options.strategy == "mirrored":
+        names = tfl.strategies.simulate_devices(options.devices) if options.devices > 1 else None
+        return tfl.strategies.build("mirrored", devices=names), None
+    if options.strategy == "multi_worker_mirrored":
+        return tfl.strategies.build("multi_worker_mirrored", implementation="ring", timeout_seconds=120), None
+    import tensorflow as tf
+
+    strategy = tfl.strategies.build("parameter_server")
+    return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+
+def _per_example_loss(loss: Any) -> Any:
+    import tensorflow as tf
+
+    if isinstance(loss, tf.keras.losses.Loss):
+        return type(loss).from_config({**loss.get_config(), "reduction": "none"})
+    return tf.keras.losses.get(loss)
+
+
+class Trainer:
+    """The model, its optimizer and the example counts under one strategy, and the step that trains them."""
+
+    def __init__(self, job: MigratableJob, options: TaskOptions) -> None:
+        import tensorflow as tf
+
+        self.options = options
+        self.strategy, self.coordinator = _build_strategy(options)  # first: logical devices precede the runtime
+        tf.config.experimental.enable_op_determinism()
+        tf.keras.utils.set_random_seed(options.seed)
+        x, y = job.data()
+        self.x, self.y = np.asarray(x), np.asarray(y)
+        self.examples = len(self.x)
+        with self.strategy.scope():
+            self.model = job.build_model()
+            self.optimizer = self.model.optimizer
+            self.optimizer.build(self.model.trainable_variables)
+            self.counts = tf.Variable(tf.zeros([self.examples]), trainable=False, name="example_counts",
+                                      aggregation=tf.VariableAggregation.SUM)
+        self.loss = _per_example_loss(self.model.loss)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, counts=self.counts)
+        self.replicas = 1 if self.coordinator is not None else self.strategy.num_replicas_in_sync
+        self.chief = self._is_chief()
+        self._step = tf.function(self._distributed_step)
+
+    def _is_chief(self) -> bool:
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        if self.coordinator is not None or resolver is None or not resolver.task_type:
+            return True
+        return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)
+
+    def _replica_step(self, ids: Any, total: Any) -> Any:
+        import tensorflow as tf
+
+        x, y = tf.gather(self.x, ids), tf.gather(self.y, ids)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(self.loss(y, self.model(x, training=True))) / total
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        self.counts.assign_add(tf.math.bincount(ids, minlength=self.examples, maxlength=self.examples,
+                                                dtype=tf.float32))
+        return loss
+
+    def _distributed_step(self, ids: Any, total: Any) -> Any:
+        return self.strategy.run(self._replica_step, args=(ids, total))
+
+    def step(self, ids: np.ndarray) -> None:
+        """Trains one step on the example ids ``ids`` (split over the replicas in order)."""
+        import tensorflow as tf
+
+        total = tf.constant(float(len(ids)))
+        if self.coordinator is not None:
+            self.coordinator.schedule(self._step, args=(tf.constant(ids, tf.int32), total))
+            return
+        parts = np.array_split(ids.astype(np.int32), self.replicas)
+        dist = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
+        self._step(dist, total)
+
+    def barrier(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.join()
+
+    def restore(self, path: Path) -> None:
+        self.checkpoint.read(tf_checkpoint_prefix(path)).assert_existing_objects_matched()
+
+
+def batch_for(options: TaskOptions, replicas: int) -> int:
+    """The global batch of a step at ``replicas`` under the job's policy."""
+    from tensorfleet.cluster.elastic import batch_sizes
+
+    return batch_sizes(replicas, policy=options.policy, global_batch_size=options.global_batch_size,
+                       per_replica_batch_size=options.per_replica_batch_size).global_batch_size
+
+
+def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
+    digest = fingerprint(trainer.model)
+    if options.resume:
+        state, path = read_state(options.directory)
+        if state.fingerprint != digest:
+            raise CheckpointError(f"The checkpoint in {options.directory!r} is of another model (fingerprint "
+                                  f"{state.fingerprint}, this job's model {digest}).")
+        trainer.restore(path)
+        _say(f"resumed at step {state.step} (epoch {state.epoch + 1}, example {state.position} of "
+             f"{state.examples}) from {state.strategy} over {state.replicas} replica(s); optimizer step "
+             f"{int(trainer.optimizer.iterations.numpy())}")
+        return state
+    parameters = int(sum(np.prod(w.shape) for w in trainer.model.weights))
+    return JobProgress(step=0, epoch=0, epochs=options.epochs, position=0, seed=options.seed,
+                       rng=new_rng_state(options.seed),
+                    examples=trainer.examples, global_batch_size=batch_for(options, trainer.replicas),
+                    policy=options.policy, fingerprint=digest, parameters=parameters,
+                    strategy=options.strategy, replicas=trainer.replicas)
+
+
+def _save(trainer: Trainer, state: JobProgress) -> None:
+    trainer.barrier()
+    if trainer.chief:
+        _say(f"saving step {state.step}")
+    write_checkpoint(trainer.options.directory, state, trainer.checkpoint, chief=trainer.chief)
+    if trainer.chief:
+        _say(f"saved step {state.step}")
+
+
+def train(trainer: Trainer, state: JobProgress) -> JobProgress:
+    """Trains from ``state`` to the end of the job or to ``stop_at_step``; returns the last state."""
+    options = trainer.options
+    batch = batch_for(options, trainer.replicas)
+    state = replace(state, strategy=options.strategy, replicas=trainer.replicas, global_batch_size=batch,
+                    epochs=options.epochs,
+                    history=[*state.history, {"step": state.step, "strategy": options.strategy,
+                                              "replicas": trainer.replicas, "global_batch_size": batch}])
+    order, after = epoch_order(state.rng, state.examples)
+    first = True
+    while state.epoch < options.epochs:
+        if options.stop_at_step is not None and state.step >= options.stop_at_step:
+            _save(trainer, state)
+            _say(f"stopping at step {state.step} as planned")
+            return state
+        trainer.step(order[state.position:state.position + batch])
+        if first:
+            trainer.barrier()
+            _say(f"first step done at {time.time():.3f}")
+            first = False
+        position = min(state.position + batch, state.examples)
+        state = replace(state, step=state.step + 1, position=position)
+        if position == state.examples:
+            _say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step}")
+            state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
+            order, after = epoch_order(state.rng, state.examples)
+        if options.save_every and state.step % options.save_every == 0:
+            _save(trainer, state)
+    _save(trainer, state)
+    _say(f"finished at step {state.step}")
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.exit("usage: python -m tensorfleet.cluster.resumable JOB.py  (options in $TENSORFLEET_MIGRATION)")
+    options = TaskOptions(**json.loads(os.environ[ENV_MIGRATION]))
+    trainer = Trainer(load_job(argv[0]), options)
+    state = train(trainer, _initial_state(trainer, options))
+    sys.stdout.flush()
+    stopped = options.stop_at_step is not None and state.epoch < options.epochs
+    os._exit(STOPPED_STATUS if stopped else 0)  # a parameter-server coordinator would keep the interpreter alive
+
+
+if __name__ == "__main__":  # pragma: no cover - the task the launcher starts
+    main()
