@@ -18,5 +18,7 @@ from tensorfleet.federated.secure.protocol import (Dropouts, SecureAggregation, 
                                                    run_round, traffic)
 from tensorfleet.federated.secure.quantize import Quantizer
 
+from tensorfleet.federated.secure import part as _part  # noqa: E402,F401  registers secagg and secagg+
+
 __all__ = ["Dropouts", "Quantizer", "SecureAggregation", "SecureAggregationError", "SecureAggregator", "SecureRound",
            "TooFewSurvivorsError", "run_round", "traffic"]

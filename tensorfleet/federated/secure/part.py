@@ -1,0 +1,101 @@
+"""``secagg`` and ``secagg+`` as registered aggregators of the compiled backend.
+
+Each is a host part (:class:`~tensorfleet.federated.aggregators.parts.AggregatorPart`): the clients
+train in the compiled round, then every participant's update goes through one round of the
+protocol (:class:`~tensorfleet.federated.secure.protocol.SecureAggregator`) and the server
+optimizer applies the unmasked, dequantized mean. ``dropout_after_upload`` simulates clients that
+stop after their masked vector arrived (dropouts and stragglers before upload are the simulation's
+own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). When
+the survivors cannot unmask the sum the round raises
+:class:`~tensorfleet.federated.aggregators.parts.AggregationError` and is not applied.
+
+The ``tff`` backend has no form of them: TFF's ``SecureSumFactory`` is a plain sum in simulation
+(its secure intrinsics run as their insecure equivalents), so it would only look secure.
+
+Example:
+    >>> from tensorfleet.federated.aggregators import AGGREGATORS
+    >>> entry = AGGREGATORS.get("secagg+")
+    >>> sorted(entry.defaults)
+    ['bits', 'clip', 'degree', 'dp_clip', 'dropout_after_upload', 'noise_multiplier', 'threshold']
+    >>> entry.tff is None, entry.dp
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from tensorfleet.federated.aggregators import AGGREGATORS
+from tensorfleet.federated.aggregators.parts import Aggregate, AggregationError, Aggregator, AggregatorPart
+from tensorfleet.federated.secure.messages import COUNTERS, SecureAggregationError
+from tensorfleet.federated.secure.protocol import Dropouts, SecureAggregation, SecureAggregator
+from tensorfleet.validation import integer, number
+
+__all__ = ["SecurePart", "secure_upload_bytes"]
+
+DEFAULTS = {"bits": 16, "clip": 1.0, "threshold": 0.5, "degree": 0, "noise_multiplier": 0.0, "dp_clip": 1.0,
+            "dropout_after_upload": 0.0}
+_KEYS_BYTES = 2 * 32 + 4
+
+
+class SecurePart(AggregatorPart):
+    """The compiled round's secure aggregation of its participants' updates (see the module)."""
+
+    host = True
+    rows = True
+    aux_size = 1  # unused (zeros); the compiled round collects aux rows of at least one value
+
+    def __init__(self, aggregator: SecureAggregator, dropout_after_upload: float) -> None:
+        self.aggregator = aggregator
+        self.dropout_after_upload = dropout_after_upload
+
+    def client(self, update: Any, weight: Any, state: dict[str, Any], ctx: Any) -> tuple[Any, Any]:
+        return update, self.no_aux(update)  # the weight is applied inside the protocol
+
+    def aggregate(self, state: dict[str, Any], updates: Any, ctx: Any) -> Aggregate:
+        count = int(updates.participants)
+        gone = ctx.rng(1).choice(count, int(round(self.dropout_after_upload * count)), replace=False)
+        try:
+            result = self.aggregator.aggregate(list(np.asarray(updates.values)[:count]), int(ctx.round_num),
+                                               weights=np.asarray(updates.weights, np.float64)[:count],
+                                               dropouts=Dropouts(after_upload=gone.tolist()), rng=ctx.rng(2))
+        except SecureAggregationError as error:
+            raise AggregationError(str(error)) from error
+        except ValueError as error:  # fewer than 2 participants
+            raise AggregationError(f"Round {int(ctx.round_num)}: {error}") from error
+        metrics = {"saturated": result.saturated_values, "saturated_clients": result.saturated_clients,
+                   "dropped_after_upload": len(gone), "survivors": result.clients,
+                   "upload_bytes": result.traffic.upload}
+        return Aggregate(result.mean, state, metrics)
+
+
+def _part(kind: SecureAggregation, *, clients_per_round: int, seed: int, bits: int, clip: float, threshold: float,
+          degree: int, noise_multiplier: float, dp_clip: float, dropout_after_upload: float) -> SecurePart:
+    integer("degree", degree, minimum=0)
+    aggregator = SecureAggregator(kind=kind, clip=clip, bits=bits, threshold=threshold, degree=degree or None,
+                                  noise_multiplier=noise_multiplier, dp_clip=dp_clip, seed=seed)
+    aggregator.quantizer(integer("clients_per_round", clients_per_round, minimum=2))  # bits enough for the sum
+    if degree:
+        aggregator.settings(clients_per_round, 1, 0)  # an odd degree fails here, before any round
+    return SecurePart(aggregator, number("dropout_after_upload", dropout_after_upload, minimum=0, below=1))
+
+
+def secure_upload_bytes(sizes: list[int], options: dict[str, Any]) -> int:
+    """Bytes of a client's public keys and masked vector (``bits`` a value); the encrypted shares,
+    152 bytes for each neighbour, and the unmasking shares come on top (bench/secure_aggregation.py)."""
+    bits = int({**DEFAULTS, **options}["bits"])
+    return _KEYS_BYTES + math.ceil((sum(sizes) + COUNTERS) * bits / 8) + 4
+
+
+for _kind, _paper, _text, _aliases in (
+        (SecureAggregation.SECAGG, "Bonawitz et al., CCS 2017", "Secure aggregation, every pair masks "
+         "(Bonawitz et al. 2017): the server sees only masked sums.", ()),
+        (SecureAggregation.SECAGG_PLUS, "Bell et al., CCS 2020", "Secure aggregation over a random graph of "
+         "degree O(log n) (SecAgg+, Bell et al. 2020).", ("secagg_plus",))):
+    AGGREGATORS.register(_kind.value, Aggregator(compiled=functools.partial(_part, _kind), tff=None,
+                                                 defaults=dict(DEFAULTS), dp=True, upload_bytes=secure_upload_bytes,
+                                                 paper=_paper), description=_text, aliases=_aliases)
