@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,12 +66,20 @@ def derive(secret: bytes, purpose: str, round_num: int, length: int = 16) -> byt
                 info=f"tensorfleet secagg {purpose} {round_num}".encode()).derive(secret)
 
 
+@functools.lru_cache(maxsize=4)
+def _zeros(nbytes: int) -> bytes:
+    return bytes(nbytes)
+
+
 def expand_mask(key: bytes, size: int, bits: int) -> np.ndarray:
     """``size`` pseudo-random words mod ``2 ** bits`` (uint32 or uint64) from a 16-byte ``key``:
-    the AES-128-CTR keystream (counter from 0)."""
+    the AES-128-CTR keystream (counter from 0), written straight into the array's memory."""
     dtype = np.dtype(modulus_dtype(bits))
+    nbytes = size * dtype.itemsize
+    out = np.empty(nbytes + 15, np.uint8)  # update_into wants room for a block more than it writes
     encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    return np.frombuffer(encryptor.update(bytes(size * dtype.itemsize)), dtype).copy()
+    encryptor.update_into(_zeros(nbytes), out)
+    return out[:nbytes].view(dtype)
 
 
 def encrypt(key: bytes, header: bytes, payload: bytes) -> bytes:
