@@ -65,8 +65,8 @@ def unit_costs() -> dict[str, float]:
     """Seconds of one edge's cryptography, one mask word, one quantized word, one Shamir holder-coefficient."""
     a, b = keys.KeyPair.generate(), keys.KeyPair.generate()
 
-    def edge() -> None:  # a client's work per neighbour: channel (encrypt), channel (decrypt), mask key
-        for purpose in ("share", "share", "mask"):
+    def edge() -> None:  # a client's work per neighbour: the share channel (both ways), the mask key
+        for purpose in ("share", "mask"):
             key = keys.derive(a.agree(b.public), purpose, 0, 32)
         keys.decrypt(key, b"h", keys.encrypt(key, b"h", bytes(128)))
         keys.decrypt(key, b"h", keys.encrypt(key, b"h", bytes(128)))

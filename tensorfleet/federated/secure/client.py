@@ -67,13 +67,18 @@ class SecAggClient:
         self._self_seed = os.urandom(shamir.SECRET_BYTES)
         self._neighbours: dict[int, AdvertisedKeys] = {}
         self._held: dict[int, np.ndarray] = {}  # sender -> [2, WORDS] shares (self seed, mask key)
+        self._channels: dict[int, bytes] = {}
         self.saturated = 0
 
     def advertise(self) -> AdvertisedKeys:
         return AdvertisedKeys(self.client, self._cipher.public, self._mask.public)
 
     def _channel(self, other: AdvertisedKeys) -> bytes:
-        return crypto.derive(self._cipher.agree(other.cipher_public), "share", self._settings.round_num, 32)
+        """The key of the share channel with ``other`` (one X25519 agreement serves both directions)."""
+        if other.client not in self._channels:
+            secret = self._cipher.agree(other.cipher_public)
+            self._channels[other.client] = crypto.derive(secret, "share", self._settings.round_num, 32)
+        return self._channels[other.client]
 
     def share_keys(self, neighbour_keys: NeighbourKeys) -> list[EncryptedShare]:
         """Split the self-mask seed and the mask key among the neighbours and this client."""
