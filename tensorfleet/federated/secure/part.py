@@ -93,9 +93,11 @@ def secure_upload_bytes(sizes: list[int], options: dict[str, Any]) -> int:
 
 for _kind, _paper, _text, _aliases in (
         (SecureAggregation.SECAGG, "Bonawitz et al., CCS 2017", "Secure aggregation, every pair masks "
-         "(Bonawitz et al. 2017): the server sees only masked sums.", ()),
+         "(Bonawitz et al. 2017): the server sees only masked vectors and their sum. Compiled backend only: "
+         "TFF's SecureSumFactory is a plain sum in simulation.", ()),
         (SecureAggregation.SECAGG_PLUS, "Bell et al., CCS 2020", "Secure aggregation over a random graph of "
-         "degree O(log n) (SecAgg+, Bell et al. 2020).", ("secagg_plus",))):
+         "degree O(log n) (SecAgg+, Bell et al. 2020). Compiled backend only: TFF's SecureSumFactory is a plain "
+         "sum in simulation.", ("secagg_plus",))):
     AGGREGATORS.register(_kind.value, Aggregator(compiled=functools.partial(_part, _kind), tff=None,
                                                  defaults=dict(DEFAULTS), dp=True, upload_bytes=secure_upload_bytes,
                                                  paper=_paper), description=_text, aliases=_aliases)
