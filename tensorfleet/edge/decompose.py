@@ -28,7 +28,7 @@ import numpy as np
 
 from tensorfleet.compat.keras import require_keras2
 from tensorfleet.edge.decompose_plan import LayerPlan, DecompositionMethod, form_of, plan_layer
-from tensorfleet.edge.decompose_factors import layer_kind
+from tensorfleet.edge.decompose_factors import layer_kind, weight_kernel
 from tensorfleet.edge.errors import DecompositionError
 from tensorfleet.io import save_figure
 from tensorfleet.validation import choice, number
@@ -63,8 +63,8 @@ class DecompositionPlan:
                 "layers": [row.as_dict() for row in self.layers]}
 
     def describe(self) -> str:
-        """The plan as a table: one row per layer with weights, then the model's totals."""
-        head = (f"{'layer':<22} {'kind':<14} {'form':<8} {'rank':<9} {'params':>17} {'FLOPs':>23} "
+        """The plan as a table: one row per layer with a kernel, then the model's totals."""
+        head = (f"{'layer':<22} {'kind':<15} {'form':<8} {'rank':<9} {'params':>17} {'FLOPs':>23} "
                 f"{'kept':>6}  note")
         lines = [f"decomposition plan for {self.model_name!r} (method {self.method})", head, "-" * len(head)]
         for r in self.layers:
@@ -73,7 +73,7 @@ class DecompositionPlan:
             flops = f"{2 * r.macs_before:,} -> {2 * r.macs_after:,}"
             kept = f"{r.energy:.3f}" if r.energy is not None and r.decomposed else "-"
             note = "factored" if r.decomposed else f"left alone: {r.reason}"
-            lines.append(f"{r.name:<22} {r.kind:<14} {r.form or '-':<8} {rank:<9} {params:>17} {flops:>23} "
+            lines.append(f"{r.name:<22} {r.kind:<15} {r.form or '-':<8} {rank:<9} {params:>17} {flops:>23} "
                          f"{kept:>6}  {note}")
         before, after = self._totals()
         lines.append("-" * len(head))
@@ -167,7 +167,7 @@ def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *,
     shared = _shared(config)
     rows = tuple(plan_layer(layer, method, _layer_rank(rank, layer.name), energy, shared=layer.name in shared,
                             allow_growth=allow_growth, strict=isinstance(rank, dict))
-                 for layer in model.layers if layer.count_params() and layer in chosen)
+                 for layer in model.layers if weight_kernel(layer) is not None and layer in chosen)
     return DecompositionPlan(model.name, method.value, rows, int(model.count_params()))
 
 

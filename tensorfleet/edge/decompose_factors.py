@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Factor", "layer_kind", "kernel_of", "svd_factors", "tucker2_factors", "cp_factors", "cp_full_rank",
-           "fit_cp", "layer_macs"]
+           "fit_cp", "layer_macs", "weight_kernel"]
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,19 @@ def _positions(shape: Any) -> int:
     return int(math.prod(dims)) if dims else 1
 
 
+def weight_kernel(layer: Any) -> Any:
+    """The layer's ``kernel`` or ``depthwise_kernel`` variable, or None."""
+    for name in ("kernel", "depthwise_kernel"):
+        weight = getattr(layer, name, None)
+        if weight is not None and hasattr(weight, "shape"):
+            return weight
+    return None
+
+
 def layer_macs(layer: Any) -> int:
-    """Multiply-accumulates of a Dense or Conv2D layer for one example."""
-    kernel = layer.kernel.shape
-    return _positions(layer.output_shape) * int(math.prod(kernel[:-1])) * int(kernel[-1])
+    """Multiply-accumulates of one example in a Dense, Conv2D or DepthwiseConv2D layer: each output
+    position multiplies every entry of the kernel once."""
+    return _positions(layer.output_shape) * int(math.prod(weight_kernel(layer).shape))
 
 
 def _serialize(cls: Any, config: dict[str, Any]) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def plan_layer(layer: Any, method: DecompositionMethod, rank: Any, energy: float
     kind = layer_kind(layer)
     form = form_of(kind, method)
     params = int(layer.count_params())
-    macs = layer_macs(layer) if kind else 0
+    macs = layer_macs(layer)
     row = dict(name=layer.name, kind=_describe_kind(layer), form=None, rank=None, params_before=params,
                params_after=params, macs_before=macs, macs_after=macs, energy=None)
     if form is None:
