@@ -24,6 +24,7 @@ from tensorfleet.serving.replicas import ReplicaPool
 from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.servable import Servable, Signature
 from tensorfleet.serving.stages import StagedRunner
+from tensorfleet.serving.standby import StandbySupply
 from tensorfleet.validation import integer, number, positive_int
 
 __all__ = ["Prediction", "Predictor"]
@@ -56,14 +57,18 @@ class Predictor:
                  request_threads: int = 4, replicas: int = 0, max_replicas: int | None = None,
                  target_wait: float = 0.01, stages: int = 1, micro_batches: int = 4,
                  stage_devices: Sequence[str] | None = None, min_replicas: int | None = None,
-                 idle_timeout: float = 60.0) -> None:
+                 idle_timeout: float = 60.0, standby: StandbySupply | None = None) -> None:
         self.repository = repository
         self.replicas = integer("replicas", replicas, minimum=0)
-        # min_replicas 0 (scale to zero) starts with one replica, and keeps a standby process
+        # elastic serving starts at min_replicas; at 0 (scale to zero) a request starts the first
+        # replica on a standby process (TensorFlow imported, shared by the server's models)
         self.min_replicas = self.replicas if min_replicas is None else integer("min_replicas", min_replicas,
                                                                                  minimum=0)
+        self.replicated = self.replicas > 0 or min_replicas is not None
         if min_replicas is not None:
-            self.replicas = max(self.min_replicas, 1)
+            self.replicas = self.min_replicas
+        self._own_standby = standby is None and self.min_replicas == 0 and self.replicated
+        self.standby = StandbySupply() if self._own_standby else standby
         self.idle_timeout = number("idle_timeout", idle_timeout, above=0)
         self.stages = positive_int("stages", stages)
         self.micro_batches = positive_int("micro_batches", micro_batches)
@@ -71,7 +76,7 @@ class Predictor:
             raise ValueError(f"Stage devices place the stages of --stages K (K >= 2). Received: stages={stages}, "
                              f"stage_devices={list(stage_devices)}")
         self.stage_devices = list(stage_devices or [])
-        if self.stages > 1 and self.replicas:
+        if self.stages > 1 and self.replicated:
             raise ValueError(f"Serve either stages or replicas, not both. Received: stages={stages}, "
                              f"replicas={replicas}")
         self.max_replicas = self.replicas if max_replicas is None else integer(
@@ -189,9 +194,10 @@ class Predictor:
         if self.stages > 1 and servable.version not in self.staged:
             self.staged[servable.version] = StagedRunner(servable, self.stages, micro_batches=self.micro_batches,
                                                          devices=self.stage_devices)
-        if self.replicas and servable.version not in self.pools:
+        if self.replicated and servable.version not in self.pools:
             pool = ReplicaPool(servable.name, servable.version, servable.path, replicas=self.replicas,
-                               intra_op_threads=1, standby=self.min_replicas == 0, log=log)
+                               intra_op_threads=1,
+                               standby=self.standby if self.min_replicas == 0 else None, log=log)
             self.pools[servable.version] = pool
             if self.max_replicas > self.min_replicas:
                 self.autoscalers[servable.version] = Autoscaler(
@@ -237,3 +243,5 @@ class Predictor:
             scaler.stop()
         for pool in [*self.pools.values(), *self.staged.values()]:
             pool.close()
+        if self._own_standby:
+            self.standby.close()

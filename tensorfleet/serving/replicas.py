@@ -11,74 +11,22 @@ never waits for the interpreter lock held by a signature call.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from tensorfleet.serving.errors import Code, ServingError
+from tensorfleet.serving.standby import READY, Standby, StandbySupply
 from tensorfleet.validation import integer
 
-__all__ = ["Replica", "ReplicaPool", "Standby"]
+__all__ = ["Replica", "ReplicaPool"]
 
-_IMPORTED, _READY = "imported", "ready"
-
-
-def _replica_main(conn: Any, intra_op_threads: int) -> None:
-    """A replica process: import TensorFlow, say so, wait for the version to load (a process started
-    ahead as a standby waits here), load it and replay its warm-up records, then answer
-    (signature, arrays) calls until the pipe closes."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    if intra_op_threads:
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
-    from tensorfleet.serving.servable import Servable
-    from tensorfleet.serving.warmup import replay
-
-    conn.send((_IMPORTED, os.getpid()))
-    try:
-        name, version, path = conn.recv()
-    except (EOFError, OSError):
-        return
-    servable = Servable(name, version, path)
-    conn.send((_READY, replay(servable)))
-    while True:
-        try:
-            signature, arrays = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            reply = ("ok", servable.run(signature, arrays))
-        except Exception as exc:  # the front turns it into the request's error
-            reply = ("error", (type(exc).__name__, str(exc), getattr(exc, "error_code", None)))
-        conn.send(reply)
-
-
-class Standby:
-    """A started worker process that has imported TensorFlow and waits to be told which model to
-    load: what makes a cold start cost the model's load, not the interpreter's and TensorFlow's start."""
-
-    def __init__(self, *, intra_op_threads: int = 0) -> None:
-        context = multiprocessing.get_context("spawn")  # TensorFlow's runtime does not survive fork
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_replica_main, args=(child, intra_op_threads),
-                                       name="tfl-replica-standby", daemon=True)
-        self.process.start()
-        child.close()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.conn.close()
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout)
 
 
 class _RemoteError(Exception):
@@ -100,18 +48,15 @@ class Replica:
         self.index = index
         worker = standby or Standby(intra_op_threads=intra_op_threads)
         self._worker, self._conn, self.process = worker, worker.conn, worker.process
-        self.warmup_records = 0
+        self.warmup_records, self.load_seconds, self.warmup_seconds = 0, 0.0, 0.0
         where = f"Replica {index} of {name!r} v{version}"
         try:
-            for expected in (_IMPORTED, _READY):
-                if not self._conn.poll(start_timeout):
-                    raise RuntimeError(f"{where} did not load within {start_timeout:g}s.")
-                tag, value = self._conn.recv()
-                if expected == _IMPORTED:
-                    self.pid = value
-                    self._conn.send((name, version, str(path)))
-                else:
-                    self.warmup_records = value
+            self.pid = worker.imported(start_timeout)
+            self._conn.send((name, version, str(path)))
+            if not self._conn.poll(start_timeout):
+                raise RuntimeError(f"{where} did not load within {start_timeout:g}s.")
+            tag, (self.warmup_records, self.load_seconds, self.warmup_seconds) = self._conn.recv()
+            assert tag == READY, tag
         except (EOFError, OSError):
             self.stop()
             raise RuntimeError(f"{where} exited while loading (exit code {self.process.exitcode}).") from None
@@ -196,9 +141,10 @@ class _FairQueue:
 class ReplicaPool:
     """``replicas`` processes serving one version; :meth:`run` is a drop-in for ``Servable.run``.
 
-    With ``standby``, one more process is kept started with TensorFlow imported and no model: a
-    replica added (above all the first after the pool went to zero, a cold start) then only loads
-    the version. A call that finds no replica at all starts one and waits for it.
+    With ``standby`` (a :class:`~tensorfleet.serving.standby.StandbySupply`, which may serve several
+    pools), a replica added (above all the first after the pool went to zero, a cold start) starts
+    on a process that has TensorFlow imported already and only loads the version; ``replicas``
+    may then be 0. A call that finds no replica at all starts one and waits for it.
 
     Example:
         >>> pool = ReplicaPool("digits", 1, "models/digits/1", replicas=2)   # doctest: +SKIP
@@ -207,10 +153,10 @@ class ReplicaPool:
     """
 
     def __init__(self, name: str, version: int, path: str | os.PathLike[str], *, replicas: int = 2,
-                 intra_op_threads: int = 0, max_retries: int = 2, call_timeout: float = 60.0, standby: bool = False,
-                 log: Callable[[str], None] | None = None) -> None:
+                 intra_op_threads: int = 0, max_retries: int = 2, call_timeout: float = 60.0,
+                 standby: StandbySupply | None = None, log: Callable[[str], None] | None = None) -> None:
         self.name, self.version, self.path = name, version, Path(path)
-        count = integer("replicas", replicas, minimum=0 if standby else 1)
+        count = integer("replicas", replicas, minimum=0 if standby is not None else 1)
         self.max_retries = integer("max_retries", max_retries, minimum=0)
         self.intra_op_threads = intra_op_threads
         self.call_timeout = call_timeout
@@ -226,10 +172,12 @@ class ReplicaPool:
         self._next_index = 0
         self.cold_starts: list[tuple[float, float]] = []  # (when it began, seconds until a replica was ready)
         self.warmup_records = 0  # warm-up records replayed, over every replica started
+        self.last_started: Replica | None = None
         self.last_call = time.monotonic()
+        self._in_call = 0  # calls holding a replica now
         self._stopped_seconds = 0.0  # replica-seconds of the replicas already stopped
         self._starting = False
-        self._standby: Standby | None = Standby(intra_op_threads=intra_op_threads) if standby else None
+        self._standby = standby
         for _ in range(count):
             self.grow()
 
@@ -243,6 +191,7 @@ class ReplicaPool:
         with self._lock:
             index, self._next_index = self._next_index, self._next_index + 1
         replica = self._spawn(index)
+        self.last_started = replica
         with self._lock:
             if self._closed:
                 replica.stop()
@@ -270,16 +219,13 @@ class ReplicaPool:
         return count
 
     def _spawn(self, index: int) -> Replica:
-        with self._lock:
-            standby, self._standby = self._standby, None
+        standby = self._standby.take() if self._standby is not None else None
         try:
             return Replica(index, self.name, self.version, self.path, intra_op_threads=self.intra_op_threads,
                            standby=standby)
         finally:
-            if standby is not None:
-                with self._lock:  # the next standby imports TensorFlow once this replica is up, not meanwhile
-                    if not self._closed:
-                        self._standby = Standby(intra_op_threads=self.intra_op_threads)
+            if standby is not None:  # the next standby imports TensorFlow once this replica is up, not meanwhile
+                self._standby.refill()
 
     def _cold_start(self) -> None:
         """Starts a replica in the background when there is none and none is starting (a call waits)."""
@@ -294,8 +240,10 @@ class ReplicaPool:
                 self.grow()
                 with self._lock:
                     self.cold_starts.append((began, time.monotonic() - began))
+                replica = self.last_started
                 self.log(f"cold start of {self.name!r} v{self.version}: a replica ready in "
-                         f"{time.monotonic() - began:.2f}s")
+                         f"{time.monotonic() - began:.2f}s (SavedModel load {replica.load_seconds:.2f}s, "
+                         f"{replica.warmup_records} warm-up records {replica.warmup_seconds:.2f}s)")
             except Exception as exc:  # the waiting call times out with UNAVAILABLE; the next one tries again
                 self.log(f"cold start of {self.name!r} v{self.version} failed: {type(exc).__name__}: {exc}")
             finally:
@@ -311,8 +259,8 @@ class ReplicaPool:
             return self._stopped_seconds + sum(now - r.started for r in self.replicas.values())
 
     def idle_seconds(self) -> float:
-        """Seconds since the last call began (0 while one waits for a replica)."""
-        return 0.0 if self._idle.oldest_wait() else time.monotonic() - self.last_call
+        """Seconds since the last call ended (0 while one runs or waits for a replica)."""
+        return 0.0 if self._in_call or self._idle.oldest_wait() else time.monotonic() - self.last_call
 
     def run(self, signature: str | None, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One call on an idle replica (one is started if there is none); retried on another if that
@@ -324,6 +272,7 @@ class ReplicaPool:
                 replica = self._idle.get(timeout=self.call_timeout, check=self._cold_start)
                 with self._lock:
                     self.waits.append((start, time.monotonic() - start))
+                    self._in_call += 1
             except queue.Empty:
                 raise ServingError(f"No replica of {self.name!r} became free within {self.call_timeout:g}s.",
                                    Code.UNAVAILABLE) from None
@@ -334,17 +283,23 @@ class ReplicaPool:
                 self._replace(replica)
                 with self._lock:
                     self.retries += attempt < self.max_retries
+                    self._in_call -= 1
                 continue
-            except _RemoteError:
-                self._idle.put(replica)
+            except BaseException:
+                self._release(replica)
                 raise
-            with self._lock:
-                self.calls += 1
-            self.last_call = time.monotonic()
-            self._idle.put(replica)
+            self._release(replica, answered=True)
             return outputs
         raise ServingError(f"The call failed on {self.max_retries + 1} replicas of {self.name!r} (each died).",
                            Code.UNAVAILABLE)
+
+    def _release(self, replica: Replica, answered: bool = False) -> None:
+        """A call is over: the replica goes back to the idle queue (to the longest waiter)."""
+        with self._lock:
+            self.calls += answered
+            self._in_call -= 1
+            self.last_call = time.monotonic()
+        self._idle.put(replica)
 
     def _replace(self, dead: Replica) -> None:
         def restart() -> None:
@@ -383,12 +338,9 @@ class ReplicaPool:
             return [self.replicas[i].pid for i in sorted(self.replicas)]
 
     def close(self) -> None:
-        """Stops every replica and the standby (calls in flight should have finished: the front drains first)."""
+        """Stops every replica (calls in flight should have finished: the front drains first)."""
         with self._lock:
             self._closed = True
             replicas = list(self.replicas.values())
-            standby, self._standby = self._standby, None
         for replica in replicas:
             replica.stop()
-        if standby is not None:
-            standby.stop()

@@ -25,6 +25,7 @@ from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.rest import RestServer
 from tensorfleet.serving.router import ModelRouter
 from tensorfleet.serving.stages import stage_devices as resolve_stage_devices
+from tensorfleet.serving.standby import StandbySupply
 from tensorfleet.serving.versions import VersionWatcher
 from tensorfleet.validation import integer, number
 from tensorfleet.validation import port as check_port
@@ -83,6 +84,8 @@ class ModelServer:
             v = versions or VersionOptions()
             entries = [ModelEntry(model_name or Path(base_path).resolve().name, Path(base_path), v.policy.value,
                                   v.num_versions, v.versions, dict(v.labels))]
+        # one process with TensorFlow imported stands by for whichever model starts a replica next
+        self.standby = StandbySupply() if self.scaling.min_replicas == 0 else None
         self.predictors = {e.name: self._predictor(e, batching, devices) for e in entries}
         self.base_path = entries[0].base_path
         self.model_name = entries[0].name
@@ -103,7 +106,7 @@ class ModelServer:
                          replicas=scaling.replicas, max_replicas=scaling.max_replicas,
                          min_replicas=scaling.min_replicas, idle_timeout=scaling.idle_timeout,
                          stages=stages.stages, micro_batches=stages.micro_batches, stage_devices=devices,
-                         target_wait=scaling.target_ms / 1e3)
+                         target_wait=scaling.target_ms / 1e3, standby=self.standby)
 
     @property
     def versions(self) -> list[int]:
@@ -120,6 +123,8 @@ class ModelServer:
         try:
             for name, predictor in self.predictors.items():
                 self._start_model(name, predictor)
+            if self.standby is not None:
+                self.log(f"standby process with TensorFlow imported: pid {self.standby.wait()}")
             self._grpc = GrpcServer(self.router, self.host, self.port, max_message_bytes=self.max_request_bytes,
                                     drain_seconds=self.drain_seconds)
             self._grpc.start()
@@ -154,7 +159,7 @@ class ModelServer:
             devices = [r.devices for r in predictor.staged.values()][:1]
             self.log(f"stages: {predictor.stages}, {predictor.micro_batches} micro-batches per request"
                      + (f", on {', '.join(devices[0])}" if devices and devices[0] else ""))
-        if predictor.replicas:
+        if predictor.replicated:
             elastic = (f", elastic {predictor.min_replicas} to {predictor.max_replicas}"
                        if predictor.max_replicas > predictor.min_replicas else "")
             idle = f", to zero after {predictor.idle_timeout:g} s idle" if predictor.min_replicas == 0 else ""
@@ -182,6 +187,8 @@ class ModelServer:
                 if len(self.predictors) > 1:
                     path = path.with_name(f"{path.stem}-{name}{path.suffix}")
                 self.log(f"scale events of {name!r} plotted to {scalers[-1].plot(path)}")
+        if self.standby is not None:
+            self.standby.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until :meth:`stop` has been called (or ``timeout``); True if it was."""
