@@ -181,7 +181,7 @@ def contender_tensorfleet(rounds: int, seed: int = SEED) -> dict:
                                    clients_per_round=PER_ROUND, seed=seed, batch_size=BATCH, progress=False,
                                    backend="compiled")
     log = _RoundLog(start, rounds, split)  # the raw loop's measurements, at the same rounds
-    sim.round_listeners.append(lambda record: log.note(record["round"], lambda: sim.model_weights(sim._engine)))
+    sim.round_listeners.append(lambda record: log.note(record["round"], lambda: sim.model_weights()))
     run_called = time.perf_counter() - start
     history = sim.run()
     assert len(history.rounds) == rounds

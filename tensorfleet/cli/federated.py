@@ -20,6 +20,10 @@ from typing import Any, Iterator, Optional
 
 import typer
 
+from tensorfleet.federated.backends import Backend
+from tensorfleet.federated.backends.compiled_layout import NonTrainable
+from tensorfleet.federated.sampling import StragglerPolicy
+
 __all__ = ["NAME", "app"]
 
 NAME = "federated"
@@ -47,6 +51,15 @@ def run(
     clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", help="Default 10 (or all, when fewer)."),
     dropout: Optional[float] = typer.Option(None, "--dropout", help="Per-round client dropout rate."),
     straggler_deadline: Optional[float] = typer.Option(None, "--straggler-deadline", help="Simulated seconds."),
+    straggler_share: Optional[float] = typer.Option(
+        None, "--straggler-share", help="Share of each round's clients that run a random number of local epochs in "
+                                        "[1, --local-epochs] (the FedProx paper's systems heterogeneity)."),
+    straggler_policy: Optional[StragglerPolicy] = typer.Option(
+        None, "--straggler-policy", case_sensitive=False,
+        help="drop (default: stragglers are left out) | partial (their partial work counts, weighted by examples)."),
+    non_trainable: Optional[NonTrainable] = typer.Option(
+        None, "--non-trainable", case_sensitive=False,
+        help="mean (default: BatchNormalization statistics averaged by examples) | initial (kept, as TFF does)."),
     dp: Optional[str] = typer.Option(None, "--dp", help="'noise_multiplier=1.0,clip=0.5' or 'adaptive:noise_multiplier=1.0'."),
     aggregator: Optional[str] = typer.Option(None, "--aggregator", help="NAME[:key=value,...], e.g. trimmed_mean:beta=0.2."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for metrics, plots, checkpoints."),
@@ -63,8 +76,8 @@ def run(
                                           help="Continue from the checkpoint in --out (default), or start over and "
                                                "overwrite it."),
     workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
-    backend: Optional[str] = typer.Option(None, "--backend",
-                                          help="auto (default: compiled where it equals tff, else tff) | tff (tff track) | "
+    backend: Optional[Backend] = typer.Option(None, "--backend", case_sensitive=False,
+                                              help="auto (default: compiled where it equals tff, else tff) | tff (tff track) | "
                                                "compiled (one TensorFlow function per round; faster; no TFF needed)."),
     tf_threads: Optional[TFThreads] = typer.Option(
         None, "--tf-threads", case_sensitive=False,
@@ -81,7 +94,9 @@ def run(
                  straggler_deadline=straggler_deadline, dp=dp, aggregator=aggregator,
                  out=None if out is None else str(out), seed=seed, batch_size=batch_size, local_epochs=local_epochs,
                  client_lr=client_lr, server_lr=server_lr, eval_every=eval_every, eval_clients=eval_clients,
-                 checkpoint_every=checkpoint_every, backend=backend, resume=resume)
+                 checkpoint_every=checkpoint_every, backend=None if backend is None else backend.value, resume=resume,
+                 straggler_share=straggler_share, non_trainable=None if non_trainable is None else non_trainable.value,
+                 straggler_policy=None if straggler_policy is None else straggler_policy.value)
     cfg.update({k: v for k, v in flags.items() if v is not None})
     if no_progress:
         cfg["progress"] = False
@@ -112,9 +127,9 @@ def plot(out: Path = typer.Argument(..., help="The --out directory of a run.")) 
 @app.command("algorithms")
 def algorithms() -> None:
     """Every registered algorithm with its default optimizers and paper."""
-    from tensorfleet.federated.algorithms import describe
+    from tensorfleet.federated.algorithms import catalogue
 
-    for row in describe():
+    for row in catalogue():
         opts = ", ".join(f"{k}={v}" for k, v in row["options"].items())
         typer.echo(f"{row['name']:<11} client={row['client_optimizer'] or '-':<14} server={row['server_optimizer']:<16} "
                    f"{opts + '  ' if opts else ''}{row['description']} [{row['paper']}]")
@@ -122,12 +137,12 @@ def algorithms() -> None:
 
 @app.command("aggregators")
 def aggregators() -> None:
-    """Every registered aggregator with its options."""
-    from tensorfleet.federated.aggregators import AGGREGATORS, aggregator_options
+    """Every registered aggregator with its options and the backends that run it."""
+    from tensorfleet.federated.aggregators import catalogue
 
-    for entry in AGGREGATORS.entries():
-        opts = ",".join(aggregator_options(entry.name)) or "-"
-        typer.echo(f"{entry.name:<13} options={opts:<48} {entry.description}")
+    for row in catalogue():
+        opts = ",".join(row["options"]) or "-"
+        typer.echo(f"{row['name']:<13} options={opts:<48} [{','.join(row['backends'])}] {row['description']}")
 
 
 @app.command("partition")
@@ -176,11 +191,15 @@ def _lane_threads(clients_per_round: int, strict: bool) -> None:
 
 def _run_or_explain(cfg: dict, workers: Optional[str]) -> Any:
     """The run's history; a checkpoint in --out that cannot be continued is explained in the CLI's words."""
-    from tensorfleet.federated.checkpoint import CheckpointAheadError, CheckpointMismatchError
+    from tensorfleet.federated.checkpoint import CheckpointAheadError, CheckpointMismatchError, DamagedCheckpointError
     from tensorfleet.federated.experiment import run_experiment
 
     try:
         return run_experiment(cfg) if not workers else _run_on_workers(cfg, workers)
+    except DamagedCheckpointError as err:
+        typer.echo(f"error: {err.reason} Run with --fresh to start over (it overwrites the checkpoint), or use "
+                   f"another --out.", err=True)
+        raise typer.Exit(2) from None
     except CheckpointMismatchError as err:
         more = f"Run with --rounds {err.checkpoint_round} or more to continue it, or use another --out, " \
             if isinstance(err, CheckpointAheadError) else "Use another --out, "

@@ -20,7 +20,7 @@ Example:
     >>> split = tfl.models.datasets.load_digits()
     >>> clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=100,
     ...                                   scheme="dirichlet", alpha=0.3)
-    >>> sim = tfl.federated.Simulation(lambda: tfl.models.build("mnist_cnn"), clients,
+    >>> sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients,
     ...                                algorithm="fedavg", clients_per_round=10, rounds=50)
     >>> history = sim.run()
 """

@@ -6,6 +6,11 @@ the configuration and its :func:`fingerprint` (a hash of everything that changes
 ``rounds`` aside, and of the client data). A run resumes only from a checkpoint of its own
 fingerprint.
 
+The generation before it is kept as ``checkpoint.previous.npz``: a latest checkpoint that cannot be
+read (truncated, overwritten: a disk filled up, a copy cut short) is named in a warning and the run
+resumes from the previous one; when neither can be read, :class:`DamagedCheckpointError` names the
+file and what to do (start over: ``resume=False``, ``--fresh`` on the command line).
+
 Example:
     >>> import numpy as np
     >>> config = {"algorithm": "fedavg", "rounds": 2, "seed": 0}
@@ -25,6 +30,8 @@ import hashlib
 import io
 import json
 import os
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,10 +39,11 @@ import numpy as np
 
 from tensorfleet.io import write_bytes
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointAheadError", "CheckpointMismatchError", "check_shapes", "checkpoint_config",
-           "fingerprint", "read_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "PREVIOUS_FILE", "CheckpointAheadError", "CheckpointMismatchError", "DamagedCheckpointError",
+           "check_shapes", "checkpoint_config", "fingerprint", "read_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
+PREVIOUS_FILE = "checkpoint.previous.npz"  # the generation before, fallen back to when the latest is damaged
 
 
 class CheckpointMismatchError(ValueError):
@@ -68,6 +76,21 @@ class CheckpointAheadError(CheckpointMismatchError):
                          f"rounds={rounds}.")
 
 
+class DamagedCheckpointError(CheckpointMismatchError):
+    """The checkpoint in ``out_dir`` cannot be read (and no earlier generation can either).
+
+    Attributes:
+        path: the damaged file.
+        detail: how it is damaged (``truncated: ...``, ``not a checkpoint: ...``).
+    """
+
+    remedy = "Start over with resume=False (it overwrites the checkpoint), or use another out_dir."
+
+    def __init__(self, path: Path, detail: str, previous: str = "") -> None:
+        self.path, self.detail = path, detail
+        super().__init__(f"The checkpoint {path} is damaged ({detail}){previous}.")
+
+
 def fingerprint(config: dict[str, Any], train_ids: Sequence[str], clients: Any = None) -> str:
     """A hash of ``config`` (not ``rounds``) and of the training clients' data.
 
@@ -87,12 +110,58 @@ def fingerprint(config: dict[str, Any], train_ids: Sequence[str], clients: Any =
 
 def save_checkpoint(out_dir: str | os.PathLike[str], leaves: Sequence[Any], *, round_num: int, fingerprint: str,
                     config: dict[str, Any], history: list[dict[str, Any]]) -> Path:
-    """Writes the state's ``leaves`` after ``round_num`` into ``out_dir/checkpoint.npz`` (atomically)."""
+    """Writes the state's ``leaves`` after ``round_num`` into ``out_dir/checkpoint.npz`` (atomically); the
+    checkpoint it replaces becomes ``checkpoint.previous.npz`` (when it can be read)."""
     buffer = io.BytesIO()
     arrays = {f"leaf_{i:05d}": np.asarray(v) for i, v in enumerate(leaves)}
     meta = json.dumps({"round": round_num, "fingerprint": fingerprint, "config": config, "history": history})
     np.savez(buffer, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8), **arrays)
-    return write_bytes(Path(out_dir) / CHECKPOINT_FILE, buffer.getvalue())
+    path = Path(out_dir) / CHECKPOINT_FILE
+    if path.is_file():
+        try:
+            _load(path)
+            os.replace(path, path.with_name(PREVIOUS_FILE))  # a damaged one would replace a good generation
+        except DamagedCheckpointError:
+            pass
+    return write_bytes(path, buffer.getvalue())
+
+
+def _load(path: Path) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """``(meta, leaves)`` of the checkpoint file ``path``; DamagedCheckpointError when it cannot be read."""
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head[:2] != b"PK":  # numpy would try to unpickle it, and say only that it may not
+        raise DamagedCheckpointError(path, f"not a checkpoint: not an .npz archive, it starts with {head!r}")
+    try:
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["__meta__"]).decode())
+            leaves = [data[f"leaf_{i:05d}"] for i in range(len(data.files) - 1)]
+        int(meta["round"]), str(meta["fingerprint"]), dict(meta["config"]), list(meta["history"])
+    except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, OSError) as err:
+        kind = "truncated" if isinstance(err, (zipfile.BadZipFile, EOFError)) else "not a checkpoint"
+        raise DamagedCheckpointError(path, f"{kind}: {type(err).__name__}: {err}") from None
+    return meta, leaves
+
+
+def _readable(out_dir: str | os.PathLike[str]) -> tuple[Path, dict[str, Any], list[np.ndarray]] | None:
+    """The newest checkpoint generation in ``out_dir`` that can be read: ``(path, meta, leaves)``; None when
+    there is none; a damaged latest one is named in a warning and the previous one read instead."""
+    path = Path(out_dir) / CHECKPOINT_FILE
+    previous = path.with_name(PREVIOUS_FILE)
+    if not path.is_file():
+        return None if not previous.is_file() else (previous, *_load(previous))
+    try:
+        return (path, *_load(path))
+    except DamagedCheckpointError as err:
+        if not previous.is_file():
+            raise
+        try:
+            found = (previous, *_load(previous))
+        except DamagedCheckpointError as worse:
+            raise DamagedCheckpointError(path, err.detail, f"; so is the previous generation {previous}") from worse
+        warnings.warn(f"{err.reason} Resuming from the previous generation, {previous} (round "
+                      f"{found[1]['round']}).", RuntimeWarning, stacklevel=3)
+        return found
 
 
 def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str,
@@ -102,29 +171,33 @@ def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str,
     Raises:
         CheckpointMismatchError: the checkpoint's fingerprint is not ``fingerprint``; the message
             names the keys of ``config`` that differ (or the client data).
+        DamagedCheckpointError: neither the checkpoint nor the previous generation can be read.
     """
-    path = Path(out_dir) / CHECKPOINT_FILE
-    if not path.is_file():
+    found = _readable(out_dir)
+    if found is None:
         return None
-    with np.load(path) as data:
-        meta = json.loads(bytes(data["__meta__"]).decode())
-        if meta["fingerprint"] != fingerprint:
-            theirs = meta["config"]
-            diff = sorted(k for k in set(theirs) | set(config) if k != "rounds" and theirs.get(k) != config.get(k))
-            detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {config.get(k)!r}" for k in diff)
-            raise CheckpointMismatchError(
-                f"The checkpoint in {path.parent} comes from a different configuration ({detail or 'client data'}).")
-        leaves = [data[f"leaf_{i:05d}"] for i in range(len(data.files) - 1)]
+    path, meta, leaves = found
+    if meta["fingerprint"] != fingerprint:
+        theirs = meta["config"]
+        diff = sorted(k for k in set(theirs) | set(config) if k != "rounds" and theirs.get(k) != config.get(k))
+        detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {config.get(k)!r}" for k in diff)
+        raise CheckpointMismatchError(
+            f"The checkpoint in {path.parent} comes from a different configuration ({detail or 'client data'}).")
     return leaves, int(meta["round"]), list(meta["history"])
 
 
 def checkpoint_config(out_dir: str | os.PathLike[str] | None) -> dict[str, Any] | None:
-    """The configuration recorded in ``out_dir``'s checkpoint, or None when there is none."""
-    path = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
-    if path is None or not path.is_file():
+    """The configuration recorded in ``out_dir``'s checkpoint, or None when there is none (or none can be read:
+    reading it for the run says why)."""
+    if out_dir is None:
         return None
-    with np.load(path) as data:
-        return dict(json.loads(bytes(data["__meta__"]).decode())["config"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            found = _readable(out_dir)
+    except DamagedCheckpointError:
+        return None
+    return None if found is None else dict(found[1]["config"])
 
 
 def check_shapes(out_dir: str | os.PathLike[str], leaves: Sequence[Any], template: Sequence[Any]) -> None:

@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "rounds": 10, "clients_per_round": None, "dropout": 0.0, "straggler_deadline": None, "dp": None,
     "aggregator": None, "out": None, "seed": 0, "batch_size": 20, "local_epochs": 1, "client_lr": None,
     "server_lr": None, "eval_every": 1, "eval_clients": 0, "checkpoint_every": 0, "progress": True, "resume": True,
-    "backend": "auto",
+    "backend": "auto", "straggler_share": 0.0, "straggler_policy": "drop", "non_trainable": "mean",
 }
 KEYS = tuple(DEFAULTS)
 
@@ -58,6 +58,8 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "seed": lambda k, v: integer(k, v, minimum=0), "batch_size": positive_int, "local_epochs": positive_int,
     "client_lr": lambda k, v: number(k, v, above=0), "server_lr": lambda k, v: number(k, v, above=0),
     "eval_every": positive_int, "eval_clients": lambda k, v: integer(k, v, minimum=0),
+    "straggler_share": lambda k, v: number(k, v, minimum=0, maximum=1), "straggler_policy": _text,
+    "non_trainable": _text,
     "checkpoint_every": lambda k, v: integer(k, v, minimum=0), "progress": boolean, "resume": boolean,
     "backend": _text,
 }
@@ -137,7 +139,8 @@ def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None 
         clients_per_round=per_round, seed=cfg["seed"], batch_size=cfg["batch_size"],
         local_epochs=cfg["local_epochs"], client_learning_rate=cfg["client_lr"],
         server_learning_rate=cfg["server_lr"], aggregator=aggregator, aggregator_options=options,
-        dropout=cfg["dropout"], straggler_deadline=cfg["straggler_deadline"], test_data=test,
+        dropout=cfg["dropout"], straggler_deadline=cfg["straggler_deadline"], straggler_share=cfg["straggler_share"],
+        straggler_policy=cfg["straggler_policy"], non_trainable=cfg["non_trainable"], test_data=test,
         eval_clients=cfg["eval_clients"] or None, eval_every=cfg["eval_every"], out_dir=cfg["out"],
         checkpoint_every=cfg["checkpoint_every"], progress=cfg["progress"], resume=cfg["resume"],
         backend=cfg["backend"], workers=workers)

@@ -15,9 +15,23 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["DP_AGGREGATORS", "check_participants", "round_epsilon", "upload_bytes"]
+__all__ = ["check_participants", "is_dp", "round_epsilon", "upload_bytes"]
 
-DP_AGGREGATORS = ("dp_fixed", "dp_adaptive")
+
+def _entry(config: Any) -> Any:
+    """The registered aggregator of ``config`` (None: the mean, or a TFF factory given as it is)."""
+    from tensorfleet.federated.aggregators import AGGREGATORS
+
+    name = config.aggregator_name
+    return AGGREGATORS.get(name) if name is not None and name in AGGREGATORS else None
+
+
+def is_dp(config: Any) -> bool:
+    """Whether ``config``'s aggregator adds DP noise the simulation accounts (``Aggregator.dp``)."""
+    entry = _entry(config)
+    if entry is None:
+        return False
+    return bool(entry.dp({**entry.defaults, **config.aggregator_options}) if callable(entry.dp) else entry.dp)
 
 
 def round_epsilon(config: Any, *, num_clients: int, rounds_done: int) -> float | None:
@@ -26,23 +40,23 @@ def round_epsilon(config: Any, *, num_clients: int, rounds_done: int) -> float |
     Accounted as simulated: ``clients_per_round`` of ``num_clients`` drawn without replacement
     (:func:`tensorfleet.federated.aggregators.dp.epsilon`).
     """
-    if config.aggregator_name not in DP_AGGREGATORS:
+    if not is_dp(config):
         return None
     from tensorfleet.federated.aggregators.dp import epsilon
 
-    return epsilon(noise_multiplier=float(config.aggregator_options.get("noise_multiplier", 1.0)),
+    noise = float({**_entry(config).defaults, **config.aggregator_options}["noise_multiplier"])
+    return epsilon(noise_multiplier=noise,
                    clients_per_round=config.clients_per_round, num_clients=num_clients, rounds=rounds_done,
                    delta=config.dp_delta)
 
 
 def upload_bytes(config: Any, sizes: Sequence[int]) -> int:
-    """Bytes one client uploads per round for tensors of ``sizes`` values: compressed, or float32."""
-    if config.aggregator_name != "compression":
+    """Bytes one client uploads per round for tensors of ``sizes`` values (the aggregator's own count,
+    such as compression's; else float32 values)."""
+    entry = _entry(config)
+    if entry is None:
         return 4 * int(sum(sizes))
-    from tensorfleet.federated.aggregators.aggregate import compressed_bytes
-
-    options = config.aggregator_options
-    return compressed_bytes(list(sizes), bits=int(options.get("bits", 8)), sparsity=float(options.get("sparsity", 0.0)))
+    return entry.bytes_per_client(list(sizes), config.aggregator_options)
 
 
 def check_participants(config: Any, who: dict[str, list[str]], round_num: int) -> None:

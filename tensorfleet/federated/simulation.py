@@ -114,32 +114,29 @@ class Simulation:
         self.sampler = ClientSampler(clients, self.train_ids, self.config)
         self._settle_backend()
         self._element_spec = clients.element_type_structure
-        self._process: Any = None
-        self._eval_process: Any = None
         self._keras_model: Any = None
         self._eval_model: Any = None
         self._central_step: Any = None  # the central evaluation's batch, traced once (evaluate_central)
-        self._engine: Any = None
-        self.runtime: Any = None
-        self.state: Any = None
+        self.rounds: Any = None  # the RoundBackend, made when the model is built
+        self.state: Any = None  # the backend holding the algorithm's state, once started
         self.weights: Any = None
         self.history = History(config=self._history_config())
         self.round_listeners: list[Callable[[dict[str, Any]], None]] = []  # called with each round's record
 
     # ----------------------------------------------------------------- configuration
-    def describe(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """The configuration as plain data (what a checkpoint must match, plus ``rounds``) with the clients."""
         return {**self.config.trajectory(), "num_train_clients": len(self.train_ids),
                 "num_eval_clients": len(self.eval_ids),
                 "clients": getattr(self.clients, "description", type(self.clients).__name__)}
 
     def _history_config(self) -> dict[str, Any]:
-        """:meth:`describe` plus what the records need to be read (the delta of a DP run's epsilon)."""
-        dp = self.config.aggregator_name in records.DP_AGGREGATORS
+        """:meth:`as_dict` plus what the records need to be read (the delta of a DP run's epsilon)."""
+        dp = records.is_dp(self.config)
         from tensorfleet.federated.backends.threads import thread_pools
 
         intra_op, inter_op = thread_pools()
-        return {**self.describe(), "backend_requested": self.requested_backend.value,
+        return {**self.as_dict(), "backend_requested": self.requested_backend.value,
                 "tf_threads": {"intra_op": intra_op, "inter_op": inter_op},
                 **({"dp_delta": self.config.dp_delta} if dp else {})}
 
@@ -150,7 +147,7 @@ class Simulation:
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the trajectory (not ``rounds``) plus the data."""
-        return checkpoint.fingerprint(self.describe(), self.train_ids, self.clients)
+        return checkpoint.fingerprint(self.as_dict(), self.train_ids, self.clients)
 
     # ----------------------------------------------------------------- building
     def _settle_backend(self, model: Any = None) -> None:
@@ -167,19 +164,15 @@ class Simulation:
         """The ``model_fn`` TFF needs: the Keras model wrapped with ``from_keras_model``."""
         return tff_model.tff_model_fn(self.model_fn, self._element_spec)
 
-    def _aggregator(self) -> Any:
-        if self.config.aggregator is not None and not isinstance(self.config.aggregator, str):
-            return self.config.aggregator  # a tff.aggregators factory
-        if self.config.aggregator_name is None:
-            return None
-        from tensorfleet.federated.aggregators import build_aggregator
-
-        return build_aggregator(self.config.aggregator_name, clients_per_round=self.config.clients_per_round,
-                                **self.config.aggregator_options)
+    @property
+    def runtime(self) -> Any:
+        """What the backend started (TFF's worker or remote workers), or None."""
+        return None if self.rounds is None else self.rounds.runtime
 
     def build(self) -> Any:
-        """Builds (once) the model and, unless rounds run on the compiled backend (which needs no
-        TFF process, worker or tracing), the ``tff.learning`` process, which it returns (else None)."""
+        """Builds (once) the model and the backend that runs the rounds
+        (:data:`~tensorfleet.federated.backends.rounds.ROUND_BACKENDS`); returns its TFF learning process
+        (None where no TFF process is built: the compiled backend needs no process, worker or tracing)."""
         if self._keras_model is None:
             from tensorfleet.compat.keras import require_keras2
 
@@ -187,37 +180,26 @@ class Simulation:
             tff_model.check_model(model, self._element_spec)
             self._settle_backend(model)
             self._keras_model = model
-        if self._process is None and not self.config.where.compiled:
-            from tensorfleet.federated import algorithms
+        if self.rounds is None:
+            from tensorfleet.federated.backends.rounds import ROUND_BACKENDS
 
-            self.runtime = self.config.where.install()
-            self._process = algorithms.build_process(
-                self.config.algorithm, self.tff_model_fn(), aggregator=self._aggregator(),
-                **self.config.optimizer_overrides, **self.config.hyperparameters)
-            if self.eval_ids:
-                from tensorfleet.compat.tff import import_tff
-
-                tff = import_tff("federated evaluation on the tff backend")
-
-                # Built here, before any eager evaluation model: Keras invalidates models made
-                # before TFF traces model_fn in a graph.
-                self._eval_process = tff.learning.algorithms.build_fed_eval(self.tff_model_fn())
-        return self._process
+            self.rounds = ROUND_BACKENDS[self.config.backend](self)
+            self.rounds.build()
+        return self.rounds.process
 
     def sample(self, round_num: int) -> dict[str, list[str]]:
         """The clients of round ``round_num``: sampled, dropped out, stragglers, participants."""
         return self.sampler.sample(round_num)
 
     # ----------------------------------------------------------------- evaluation
-    def model_weights(self, state: Any) -> Any:
-        """The model weights of a state: ``trainable``, ``non_trainable`` and ``assign_weights_to(model)``
-        (a :class:`ModelWeights` of the compiled engine, TFF's ``ModelWeights`` on the tff backend)."""
-        if self._engine is not None and state is self._engine:
-            return ModelWeights(trainable=self._engine.get_weights(), non_trainable=[])
-        return self.build().get_model_weights(state)
+    def model_weights(self, state: Any = None) -> Any:
+        """The server model's weights (``trainable``, ``non_trainable``, ``assign_weights_to(model)``);
+        ``state``: the backend that holds them (:attr:`state`; default: this simulation's)."""
+        self.build()
+        return (self.rounds if state is None else state).model_weights()
 
-    def keras_model(self, state: Any) -> Any:
-        """A compiled Keras model holding the weights of ``state``."""
+    def keras_model(self, state: Any = None) -> Any:
+        """A Keras model holding the server's weights (or those of a TFF ``state`` given)."""
         import tensorflow as tf
 
         self.build()
@@ -225,13 +207,10 @@ class Simulation:
             # A model made after TFF has traced model_fn in its graphs, so Keras builds it eagerly.
             with tf.init_scope():
                 self._eval_model = self.model_fn()
-        if self._engine is not None and state is self._engine:  # straight from the engine's variables
-            self._engine.assign_weights_to(self._eval_model)
-        else:
-            self.model_weights(state).assign_weights_to(self._eval_model)
+        self.rounds.assign_weights_to(self._eval_model, None if state is self.rounds else state)
         return self._eval_model
 
-    def evaluate_central(self, state: Any) -> dict[str, float]:
+    def evaluate_central(self, state: Any = None) -> dict[str, float]:
         assert self.test_data is not None
         model = self.keras_model(state)
         x, y = self.test_data
@@ -244,46 +223,31 @@ class Simulation:
             correct += int(hits)
         return {"test_loss": total_loss / len(x), "test_accuracy": correct / len(x)}
 
-    def evaluate_federated(self, state: Any, round_num: int) -> dict[str, float]:
+    def evaluate_federated(self, state: Any = None, round_num: int = 0) -> dict[str, float]:
         self.build()
         data = [self.sampler.client_dataset(self.eval_clients, cid, round_num, shuffle=False) for cid in self.eval_ids]
-        if self._eval_process is None:
-            from tensorfleet.federated.backends.compiled_eval import evaluate_batches
-
-            return evaluate_batches(self.keras_model(state), data)
-        ev = self._eval_process
-        ev_state = ev.set_model_weights(ev.initialize(), self.model_weights(state))
-        metrics = ev.next(ev_state, data).metrics["client_work"]["eval"]["current_round_metrics"]
-        return {"fed_eval_loss": float(metrics["loss"]), "fed_eval_accuracy": float(metrics["accuracy"])}
+        return self.rounds.evaluate_federated(self.keras_model(state), data)
 
     # ----------------------------------------------------------------- checkpoints
-    def _leaves(self, state: Any) -> list[Any]:
-        import tensorflow as tf
-
-        return state.state_leaves() if state is self._engine and state is not None else tf.nest.flatten(state)
-
     def save_checkpoint(self, state: Any, round_num: int) -> Any:
-        """Writes the full algorithm state after ``round_num`` into ``out_dir`` (atomically)."""
+        """Writes the full algorithm state (of the backend ``state``) after ``round_num`` into ``out_dir`` (atomically)."""
         assert self.config.out_dir is not None
-        return checkpoint.save_checkpoint(self.config.out_dir, self._leaves(state), round_num=round_num,
-                                          fingerprint=self.fingerprint(), config=self.describe(),
+        return checkpoint.save_checkpoint(self.config.out_dir, state.state_leaves(), round_num=round_num,
+                                          fingerprint=self.fingerprint(), config=self.as_dict(),
                                           history=self.history.rounds)
 
     def load_checkpoint(self, template: Any) -> tuple[Any, int, list[dict[str, Any]]] | None:
-        """``(state, round, history)`` from ``out_dir``'s checkpoint, or None when there is none."""
-        import tensorflow as tf
-
+        """``(state, round, history)`` from ``out_dir``'s checkpoint (loaded into the backend
+        ``template``), or None when there is none."""
         if self.config.out_dir is None:
             return None
-        found = checkpoint.read_checkpoint(self.config.out_dir, self.fingerprint(), self.describe())
+        found = checkpoint.read_checkpoint(self.config.out_dir, self.fingerprint(), self.as_dict())
         if found is None:
             return None
         leaves, round_num, rounds = found
-        checkpoint.check_shapes(self.config.out_dir, leaves, self._leaves(template))
-        if template is self._engine and template is not None:
-            template.load_leaves(leaves)
-            return template, round_num, rounds
-        return tf.nest.pack_sequence_as(template, leaves), round_num, rounds
+        checkpoint.check_shapes(self.config.out_dir, leaves, template.state_leaves())
+        template.load_leaves(leaves)
+        return template, round_num, rounds
 
     # ----------------------------------------------------------------- the loop
     def run(self, *, stop_worker: bool = True) -> History:
@@ -295,27 +259,18 @@ class Simulation:
         try:
             return self._run()
         finally:
-            if stop_worker and self.runtime is not None:
-                self.runtime.stop()
+            if stop_worker and self.rounds is not None:
+                self.rounds.stop()
 
-    def _start(self) -> tuple[Any, Any, int]:
-        """``(process, state, rounds done)``: the process built, its state initialized or resumed."""
-        process = self.build()
-        if process is None:
-            from tensorfleet.federated.backends.compiled import build_engine
-
-            # Data made on request (lazy clients, TFF's) is not read ahead: the engine grows to the
-            # largest client a round brings.
-            max_examples = max(len(self.clients.indices(c)) for c in self.train_ids) \
-                if hasattr(self.clients, "indices") else 1
-            self._engine = state = build_engine(self.config, self.model_fn, self._keras_model, max_examples)
-        else:
-            worker = getattr(self.runtime, "worker", None)
-            if worker is not None and hasattr(worker, "start"):
-                # Started from this thread: PR_SET_PDEATHSIG ties the worker to the thread that
-                # forks it, and TFF would otherwise start it lazily from its own event-loop thread.
-                worker.start()
-            state = process.initialize()
+    def _start(self) -> tuple[Any, int]:
+        """``(backend, rounds done)``: the backend built, its state initialized or resumed."""
+        self.build()
+        # Data made on request (lazy clients, TFF's) is not read ahead: the engine grows to the
+        # largest client a round brings.
+        max_examples = max(len(self.clients.indices(c)) for c in self.train_ids) \
+            if hasattr(self.clients, "indices") else 1
+        state = self.rounds
+        state.initialize(self._keras_model, max_examples)
         start_round = 0
         self.history = History(config=self._history_config())
         if self.config.resume:
@@ -326,25 +281,9 @@ class Simulation:
                     raise checkpoint.CheckpointAheadError(self.config.out_dir, start_round, self.config.rounds)
                 self.history.rounds = [r for r in rounds if r["round"] <= start_round]
         self.state = state
-        return process, state, start_round
+        return state, start_round
 
-    def _train(self, process: Any, state: Any, round_num: int, participants: list[str]) -> tuple[Any, dict[str, Any]]:
-        """Runs one round's training on ``participants``; the new state and the round's metrics."""
-        if not participants:
-            return state, {}
-        if self._engine is not None:
-            return state, self._engine.next([self.sampler.client_arrays(c, round_num) for c in participants], round_num)
-        out = process.next(state, [self.sampler.client_dataset(self.clients, cid, round_num) for cid in participants])
-        train = out.metrics["client_work"]["train"]
-        record = {"train_loss": float(train["loss"]), "train_accuracy": float(train["accuracy"]),
-                  "num_examples": int(train["num_examples"])}
-        agg = out.metrics.get("aggregator")
-        if isinstance(agg, dict):
-            record.update({f"aggregator_{key}": float(np.asarray(agg[key]))
-                           for key in ("non_finite", "clipping_norm") if key in agg})
-        return out.state, record
-
-    def _round(self, process: Any, state: Any, round_num: int) -> tuple[Any, dict[str, Any]]:
+    def _round(self, state: Any, round_num: int) -> dict[str, Any]:
         """One round: sampling, training, the round's bytes and epsilon, evaluation when due."""
         t0 = time.perf_counter()
         who = self.sample(round_num)
@@ -352,8 +291,8 @@ class Simulation:
         record: dict[str, Any] = {"round": round_num, "clients": len(who["sampled"]),
                                   "participants": len(who["participants"]), "dropped": len(who["dropped"]),
                                   "stragglers": len(who["stragglers"])}
-        state, trained = self._train(process, state, round_num, who["participants"])
-        record.update(trained)
+        if who["participants"]:
+            record.update(state.run_round(round_num, who["participants"], who["work"]))
         if self._keras_model is not None:
             sizes = [int(np.prod(w.shape)) for w in self._keras_model.trainable_weights]
             record["upload_bytes"] = records.upload_bytes(self.config, sizes) * len(who["participants"])
@@ -366,19 +305,19 @@ class Simulation:
             if self.eval_ids:
                 record.update(self.evaluate_federated(state, round_num))
         record["seconds"] = time.perf_counter() - t0
-        return state, record
+        return record
 
     def _run(self) -> History:
         from tqdm.auto import tqdm
 
-        process, state, start_round = self._start()
+        state, start_round = self._start()
         out_dir, every = self.config.out_dir, self.config.checkpoint_every
         writer = self._tensorboard_writer()
         bar = tqdm(total=self.config.rounds, initial=start_round, desc=self.header(), unit="round",
                    disable=not self.config.progress, dynamic_ncols=True)
         try:
             for round_num in range(start_round + 1, self.config.rounds + 1):
-                state, record = self._round(process, state, round_num)
+                record = self._round(state, round_num)
                 self.history.rounds.append(record)
                 self.state = state
                 self._log(writer, record)
@@ -395,7 +334,7 @@ class Simulation:
             bar.close()
             if writer is not None:
                 writer.close()
-        self.weights = self.model_weights(state)
+        self.weights = state.model_weights()
         if out_dir is not None:
             self.history.save(out_dir)
             plot_history(self.history, out_dir)

@@ -46,7 +46,7 @@ def test_auto_runs_compiled_and_says_so_in_the_header_and_the_metadata(clients, 
     sim.run()
     assert sim.header() == "fedprox on compiled (chosen by auto)"
     assert "fedprox on compiled (chosen by auto)" in capsys.readouterr().err  # the progress bar's title
-    assert sim.runtime is None and sim._engine is not None  # no TFF worker started
+    assert sim.runtime is None and sim.rounds.engine is not None  # no TFF worker started
     saved = json.loads((tmp_path / "metrics.json").read_text())["config"]
     assert (saved["backend"], saved["backend_requested"]) == ("compiled", "auto")
     assert saved["proximal_gradient"] == "mu * (w - w_server)"
@@ -87,7 +87,7 @@ def test_auto_with_a_model_only_tff_runs_is_one_error_where_tff_is_missing(clien
                                                   r"with batch-dependent layers \(a layer of the model .*use the tff "
                                                   r"track"):
         sim.run()
-    assert sim.history.rounds == [] and sim._engine is None
+    assert sim.history.rounds == [] and sim.rounds is None
 
 
 def test_auto_runs_a_batch_normalization_model_on_compiled(clients, capsys):
@@ -111,7 +111,7 @@ def test_auto_runs_a_batch_dependent_model_on_tff_and_compiled_refuses_it_before
     refused = Simulation(_centering, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
     with pytest.raises(ValueError, match=r"Received: a model with batch-dependent layers \(a layer of the model"):
         refused.run()
-    assert refused.history.rounds == [] and refused._engine is None and refused.runtime is None
+    assert refused.history.rounds == [] and refused.rounds is None and refused.runtime is None
 
 
 @pytest.mark.tff

@@ -160,8 +160,9 @@ class Aggregator:
         tff: ``(clients_per_round, **options) -> tff.aggregators factory`` for the ``tff`` backend,
             or None when only the compiled backend runs it.
         defaults: every option and its default (an option not here is refused).
-        dp: whether the simulation reports epsilon (from the ``noise_multiplier`` option, when > 0:
-            central Gaussian noise of ``noise_multiplier * clip`` on the sum).
+        dp: whether the simulation reports epsilon, from the ``noise_multiplier`` option (``inf`` at
+            0), accounted as central Gaussian noise of ``noise_multiplier * clip`` on the sum: True,
+            or a function of the options (every option, defaults included) saying whether they add noise.
         upload_bytes: ``(sizes, options) -> bytes`` one client uploads; None: float32 values.
         paper: where the rule comes from.
     """
@@ -169,7 +170,7 @@ class Aggregator:
     compiled: Callable[..., AggregatorPart] | None
     tff: Callable[..., Any] | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
-    dp: bool = False
+    dp: bool | Callable[[dict[str, Any]], bool] = False
     upload_bytes: Callable[[list[int], dict[str, Any]], int] | None = None
     paper: str = ""
 

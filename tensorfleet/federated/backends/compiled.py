@@ -247,7 +247,7 @@ class CompiledFedAvg:
             slots = [tf.range(j, participants, lanes)[:, None] for j in range(lanes)]
             values, aux, kept_weights = (
                 tf.add_n([tf.scatter_nd(slot, o[2][m].stack(), [self.clients_per_round, *tail])
-                          for slot, o in zip(slots, outs)])
+                          for slot, o in zip(slots, outs)]) if 0 not in tail else tf.zeros([self.clients_per_round, 0])
                 for m, tail in enumerate(([d], [part.aux_size], [])))
             return ClientUpdates(values, aux, kept_weights, participants), sums, frozen_sum
         return (ClientUpdates(tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs]), sums[0], participants),

@@ -135,7 +135,7 @@ def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digi
     for a, b in zip(straight.final_weights(), resumed.final_weights()):
         np.testing.assert_array_equal(a, b)
     if aggregator is not None:
-        assert resumed._engine.clip == straight._engine.clip != 0.05
+        assert resumed.rounds.engine.clip == straight.rounds.engine.clip != 0.05
 
 
 def _with_batch_norm():
@@ -158,15 +158,20 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
     found = "a layer of the model (its output for a row changes when zero rows join the batch)"
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     sim = Simulation(_centering, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
-    with pytest.raises(ValueError, match=r"^backend='compiled' runs fedavg, fedsgd, fedprox, fedavgm, fedadam, fedyogi, "
-                                         r"fedadagrad with the mean, dp_fixed, dp_adaptive, compression, median, trimmed_mean, krum "
-                                         r"aggregators on "
+    from tensorfleet.federated.backends.compiled_scope import compiled_aggregators, compiled_algorithms
+
+    assert compiled_algorithms()[:8] == ["fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad",
+                                         "fednova"]
+    assert compiled_aggregators()[:7] == ["mean", "dp_fixed", "dp_adaptive", "compression", "median", "trimmed_mean",
+                                          "krum"]
+    with pytest.raises(ValueError, match=rf"^backend='compiled' runs {', '.join(compiled_algorithms())} with the "
+                                         rf"{re.escape(', '.join(compiled_aggregators()))} aggregators on "
                                          r"partition\(\) client data. Received: a model with "
                                          rf"batch-dependent layers \({re.escape(found)}\): this backend's equality "
                                          r"with TFF is tested on models whose rows do not mix at inference; "
                                          r"backend='tff' or 'auto' runs it \(tff track\)$"):
         sim.run()
-    assert sim.history.rounds == [] and sim._engine is None
+    assert sim.history.rounds == [] and sim.rounds is None
 
 
 @pytest.mark.tff
@@ -226,19 +231,19 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
 def test_dp_noise_of_the_compiled_backend_has_the_expected_distribution():
     import tensorflow as tf
 
-    from tensorfleet.federated.backends.compiled import dp_noised_mean
+    from tensorfleet.federated.aggregators.dp import dp_noised_mean
 
     # 5 clients each sending a vector of norm 2, clipped to 1: the mean is 1/sqrt(d) per
     # coordinate, the noise's stddev 0.05 * 1 / 5; each round draws its own noise, the same again for
     # the same seed and round (a resumed run draws what the uninterrupted one did).
     d, clients, draws, clip, noise_multiplier = 2000, 5, 10, 1.0, 0.05
     clipped = tf.clip_by_global_norm([tf.constant(np.full(d, 2 / np.sqrt(d), np.float32))], clip)[0][0] * clients
-    ours = np.concatenate([np.asarray(dp_noised_mean([clipped], clip * noise_multiplier, clients, 7, r)[0])
+    ours = np.concatenate([np.asarray(dp_noised_mean(clipped, [d], clip * noise_multiplier, clients, 7, r))
                            for r in range(draws)])
     assert ours.mean() == pytest.approx(1 / np.sqrt(d), rel=0.02)
     assert ours.std() == pytest.approx(clip * noise_multiplier / clients, rel=0.02)
     assert len(set(ours[:d].round(6)) & set(ours[d:2 * d].round(6))) < d // 10  # rounds draw fresh noise
-    again = np.asarray(dp_noised_mean([clipped], clip * noise_multiplier, clients, 7, 1)[0])
+    again = np.asarray(dp_noised_mean(clipped, [d], clip * noise_multiplier, clients, 7, 1))
     np.testing.assert_array_equal(again, ours[d:2 * d])
 
 
@@ -248,7 +253,7 @@ def test_dp_noise_on_compiled_matches_tff_distribution():
     import tensorflow_federated as tff
 
     from tensorfleet.federated.aggregators import build_aggregator
-    from tensorfleet.federated.backends.compiled import dp_noised_mean
+    from tensorfleet.federated.aggregators.dp import dp_noised_mean
     from tensorfleet.federated.backends.tff import managed_context
 
     # 5 clients each sending a vector of norm 2, clipped to 1: the mean is 1/sqrt(d) per
@@ -263,7 +268,7 @@ def test_dp_noise_on_compiled_matches_tff_distribution():
             out = process.next(state, updates)
             state, theirs = out.state, theirs + [np.asarray(out.result)]
     clipped = tf.clip_by_global_norm([tf.constant(u) for u in updates[:1]], clip)[0][0] * clients
-    ours = [np.asarray(dp_noised_mean([clipped], clip * noise_multiplier, clients, 7, r)[0]) for r in range(draws)]
+    ours = [np.asarray(dp_noised_mean(clipped, [d], clip * noise_multiplier, clients, 7, r)) for r in range(draws)]
     theirs, ours = np.concatenate(theirs), np.concatenate(ours)
     expected_mean, expected_std = 1 / np.sqrt(d), clip * noise_multiplier / clients
     for sample in (theirs, ours):

@@ -78,7 +78,7 @@ def test_lanes_train_clients_side_by_side_to_the_model_of_one_lane(digits_flat, 
                          clients_per_round=5, seed=3, progress=False, backend="compiled", aggregator=aggregator,
                          aggregator_options=options, **({"algorithm_options": {"mu": 0.5}} if algorithm == "fedprox" else {}))
         sim.run()
-        assert len(sim._engine._lanes) == lanes
+        assert len(sim.rounds.engine._lanes) == lanes
         weights[lanes], records[lanes] = sim.final_weights(), sim.history.rounds
     for a, b in zip(weights[1], weights[3]):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)  # the same sums, added in another order

@@ -1,0 +1,203 @@
+"""The one protocol a :class:`~tensorfleet.federated.Simulation` talks to, :class:`RoundBackend`, and
+its two implementations, looked up by :class:`~tensorfleet.federated.backends.Backend` in
+:data:`ROUND_BACKENDS`: :class:`CompiledRounds` (the compiled engine, in this process) and
+:class:`TffRounds` (TFF's learning process on its runtime).
+
+A backend holds the algorithm's state (the server model, optimizer state, the aggregator's state)
+between rounds; the simulation samples the clients, keeps the history, evaluates centrally and
+writes checkpoints through it, and never asks which backend runs.
+
+Example:
+    >>> sorted(b.value for b in ROUND_BACKENDS)
+    ['compiled', 'tff']
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from tensorfleet.federated.backends import Backend
+from tensorfleet.federated.backends.compiled_eval import ModelWeights
+
+__all__ = ["CompiledRounds", "ROUND_BACKENDS", "RoundBackend", "TffRounds"]
+
+
+class RoundBackend(Protocol):
+    """What runs a simulation's rounds.
+
+    Attributes:
+        process: TFF's learning process (None where no TFF process is built).
+        runtime: what the backend started and must stop (TFF's worker, remote workers), or None.
+    """
+
+    process: Any
+    runtime: Any
+
+    def build(self) -> Any:
+        """Builds what runs before any state is made (TFF's processes and runtime); returns the process."""
+
+    def initialize(self, model: Any, max_examples: int) -> None:
+        """Makes the initial state (``model`` is ``model_fn()``'s, made and checked; ``max_examples`` the
+        largest training client's examples, or 1 when the data are made on request)."""
+
+    def run_round(self, round_num: int, participants: Sequence[str], work: dict[str, int]) -> dict[str, Any]:
+        """Trains round ``round_num`` on ``participants`` (``work``: the examples a straggler's partial
+        work reaches); returns the round's training metrics."""
+
+    def model_weights(self) -> ModelWeights:
+        """The server model's weights (trainable and non-trainable)."""
+
+    def assign_weights_to(self, model: Any, state: Any = None) -> None:
+        """Sets ``model``'s weights to the server's (or to those of a TFF ``state`` given)."""
+
+    def state_leaves(self) -> list[np.ndarray]:
+        """The full algorithm state as arrays, for a checkpoint."""
+
+    def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
+        """Restores a checkpoint's arrays (same count and shapes as :meth:`state_leaves`)."""
+
+    def evaluate_federated(self, model: Any, datasets: Sequence[Any]) -> dict[str, float]:
+        """Federated evaluation of the server model on the evaluation clients' batched datasets."""
+
+    def stop(self) -> None:
+        """Stops what the backend started (nothing, for the compiled one)."""
+
+
+class CompiledRounds:
+    """The compiled backend (:mod:`~tensorfleet.federated.backends.compiled`): no TFF process, worker or tracing."""
+
+    process = None
+    runtime = None
+
+    def __init__(self, simulation: Any) -> None:
+        self.sim = simulation
+        self.engine: Any = None
+
+    def build(self) -> Any:
+        return None  # the engine is made with the initial state, from the built model
+
+    def initialize(self, model: Any, max_examples: int) -> None:
+        from tensorfleet.federated.backends.compiled import build_engine
+
+        self.engine = build_engine(self.sim.config, self.sim.model_fn, model, max_examples)
+
+    def run_round(self, round_num: int, participants: Sequence[str], work: dict[str, int]) -> dict[str, Any]:
+        sampler = self.sim.sampler
+        return self.engine.next([sampler.client_arrays(c, round_num, work.get(c)) for c in participants], round_num,
+                                client_ids=list(participants))
+
+    def model_weights(self) -> ModelWeights:
+        return ModelWeights(trainable=self.engine.get_weights(), non_trainable=self.engine.get_non_trainable())
+
+    def assign_weights_to(self, model: Any, state: Any = None) -> None:
+        self.engine.assign_weights_to(model)  # straight from the engine's variables, in one traced call
+
+    def state_leaves(self) -> list[np.ndarray]:
+        return self.engine.state_leaves()
+
+    def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
+        self.engine.load_leaves(leaves)
+
+    def evaluate_federated(self, model: Any, datasets: Sequence[Any]) -> dict[str, float]:
+        from tensorfleet.federated.backends.compiled_eval import evaluate_batches
+
+        return evaluate_batches(model, datasets)
+
+    def stop(self) -> None:
+        return None
+
+
+class TffRounds:
+    """The tff backend: the algorithm's ``tff.learning`` process on TFF's runtime (a worker this
+    process owns, or remote workers), built with the aggregator's TFF form."""
+
+    def __init__(self, simulation: Any) -> None:
+        self.sim = simulation
+        self.process: Any = None
+        self.runtime: Any = None
+        self.state: Any = None
+        self._eval_process: Any = None
+
+    def build(self) -> Any:
+        """Builds (once) the learning process, and the evaluation process when there are evaluation clients."""
+        if self.process is None:
+            from tensorfleet.federated import algorithms
+
+            sim, config = self.sim, self.sim.config
+            self.runtime = config.where.install()
+            self.process = algorithms.build_process(config.algorithm, sim.tff_model_fn(), aggregator=self._aggregator(),
+                                                    **config.optimizer_overrides, **config.hyperparameters)
+            if sim.eval_ids:
+                from tensorfleet.compat.tff import import_tff
+
+                tff = import_tff("federated evaluation on the tff backend")
+                # Built here, before any eager evaluation model: Keras invalidates models made
+                # before TFF traces model_fn in a graph.
+                self._eval_process = tff.learning.algorithms.build_fed_eval(sim.tff_model_fn())
+        return self.process
+
+    def _aggregator(self) -> Any:
+        config = self.sim.config
+        if config.aggregator is not None and not isinstance(config.aggregator, str):
+            return config.aggregator  # a tff.aggregators factory
+        if config.aggregator_name is None:
+            return None
+        from tensorfleet.federated.aggregators import build_aggregator
+
+        return build_aggregator(config.aggregator_name, clients_per_round=config.clients_per_round,
+                                **config.aggregator_options)
+
+    def initialize(self, model: Any, max_examples: int) -> None:
+        worker = getattr(self.runtime, "worker", None)
+        if worker is not None and hasattr(worker, "start"):
+            # Started from this thread: PR_SET_PDEATHSIG ties the worker to the thread that forks it,
+            # and TFF would otherwise start it lazily from its own event-loop thread.
+            worker.start()
+        self.state = self.build().initialize()
+
+    def run_round(self, round_num: int, participants: Sequence[str], work: dict[str, int]) -> dict[str, Any]:
+        sampler = self.sim.sampler
+        out = self.process.next(self.state, [sampler.client_dataset(self.sim.clients, c, round_num, work=work.get(c))
+                                             for c in participants])
+        self.state = out.state
+        train = out.metrics["client_work"]["train"]
+        record = {"train_loss": float(train["loss"]), "train_accuracy": float(train["accuracy"]),
+                  "num_examples": int(train["num_examples"])}
+        agg = out.metrics.get("aggregator")
+        if isinstance(agg, dict):
+            record.update({f"aggregator_{key}": float(np.asarray(agg[key]))
+                           for key in ("non_finite", "clipping_norm") if key in agg})
+        return record
+
+    def model_weights(self) -> ModelWeights:
+        weights = self.process.get_model_weights(self.state)
+        return ModelWeights(trainable=weights.trainable, non_trainable=weights.non_trainable)
+
+    def assign_weights_to(self, model: Any, state: Any = None) -> None:
+        self.process.get_model_weights(self.state if state is None else state).assign_weights_to(model)
+
+    def state_leaves(self) -> list[np.ndarray]:
+        import tensorflow as tf
+
+        return tf.nest.flatten(self.state)
+
+    def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
+        import tensorflow as tf
+
+        self.state = tf.nest.pack_sequence_as(self.state, list(leaves))
+
+    def evaluate_federated(self, model: Any, datasets: Sequence[Any]) -> dict[str, float]:
+        ev = self._eval_process
+        weights = self.process.get_model_weights(self.state)
+        metrics = ev.next(ev.set_model_weights(ev.initialize(), weights), list(datasets)).metrics
+        metrics = metrics["client_work"]["eval"]["current_round_metrics"]
+        return {"fed_eval_loss": float(metrics["loss"]), "fed_eval_accuracy": float(metrics["accuracy"])}
+
+    def stop(self) -> None:
+        if self.runtime is not None:
+            self.runtime.stop()
+
+
+ROUND_BACKENDS: dict[Backend, type] = {Backend.COMPILED: CompiledRounds, Backend.TFF: TffRounds}
