@@ -13,12 +13,11 @@ The ``tff`` backend has no form of them: TFF's ``SecureSumFactory`` is a plain s
 (its secure intrinsics run as their insecure equivalents), so it would only look secure.
 
 Example:
-    >>> from tensorfleet.federated.aggregators import AGGREGATORS
-    >>> entry = AGGREGATORS.get("secagg+")
-    >>> sorted(entry.defaults)
+    >>> from tensorfleet.federated.aggregators import AGGREGATORS, catalogue
+    >>> sorted(AGGREGATORS.get("secagg+").defaults)
     ['bits', 'clip', 'degree', 'dp_clip', 'dropout_after_upload', 'noise_multiplier', 'threshold']
-    >>> entry.tff is None, entry.dp
-    (True, True)
+    >>> [row["backends"] for row in catalogue() if row["name"].startswith("secagg")]
+    [['compiled'], ['compiled']]
 """
 
 from __future__ import annotations
