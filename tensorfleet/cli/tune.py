@@ -39,7 +39,7 @@ def tune_command(
     resume: bool = typer.Option(False, "--resume", help="Continue the search saved in --out."),
     fresh: bool = typer.Option(False, "--fresh", help="Delete the search saved in --out and begin again."),
     seed: int = typer.Option(0, "--seed", help="The oracle's random seed."),
-    max_restarts: int = typer.Option(3, "--max-restarts", help="Times one worker may die and be started again."),
+    max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts of tuner workers the search allows."),
     pin_cores: bool = typer.Option(False, "--pin-cores", help="Pin each worker to one CPU core."),
 ) -> None:
     """Search hyperparameters with Keras Tuner's chief oracle and N tuner workers on 127.0.0.1.
@@ -49,14 +49,14 @@ def tune_command(
     best_model.keras to --out. A worker that dies is started again and its trial runs again;
     after a chief that died, --resume continues from the oracle's saved state.
     """
-    from tensorfleet.tuning.distributed import TuningError, describe, search
+    from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, describe, search
 
     verbose = bool(ctx.find_root().params.get("verbose"))
     try:
-        result = search(script, out=out, workers=workers, max_trials=max_trials, objective=objective,
-                        direction=direction, algorithm=algorithm, strategy=strategy,
-                        devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, seed=seed,
-                        max_restarts=max_restarts, pin_cores=pin_cores, resume=resume, fresh=fresh,
+        trial = TrialOptions(objective=objective, direction=direction, strategy=strategy,
+                             devices_per_trial=devices_per_trial, batch_size=batch_size, seed=seed, pin_cores=pin_cores)
+        result = search(script, out=out, workers=workers, max_trials=max_trials, algorithm=algorithm, epochs=epochs,
+                        trial=trial, supervision=Supervision(max_restarts=max_restarts), resume=resume, fresh=fresh,
                         log=typer.echo, verbose=verbose)
     except TuningError as exc:  # the search ran and could not finish: status 1, not a usage error
         typer.echo(f"error: {exc}", err=True)

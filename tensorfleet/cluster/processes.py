@@ -29,7 +29,8 @@ from enum import Enum
 from typing import Callable, Sequence
 
 from tensorfleet.cluster.console import ProgressLines, is_noise
-from tensorfleet.cluster.contract import ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, ENV_TRAINING_ENDED, SERVE_ARGS
+from tensorfleet.cluster.contract import (ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, ENV_TRAINING_ENDED, HUNG_STATUS,
+                                          SERVE_ARGS)
 from tensorfleet.cluster.result import LogLine, TaskSpan
 from tensorfleet.strategies.tf_config import ClusterSpec, Role
 
@@ -146,6 +147,9 @@ class TaskProcess:
 class LocalJob:
     """The processes, output and events of one launched job on this machine."""
 
+    #: Who the job's own events come from, in the log (``[launcher] restarted the job``).
+    name = "launcher"
+
     def __init__(self, *, spec: ClusterSpec, mode: JobMode, argv: list[str], env: dict[str, str],
                  sink: Callable[[str], None] | None, faults: Sequence[Fault], stop_when: str | None,
                  quiet: bool = True, progress_interval: float = 2.0) -> None:
@@ -182,12 +186,17 @@ class LocalJob:
             with self.lock:
                 self.sink(f"[{task.name}] {text}")
 
+    def shown(self, task: TaskProcess, text: str) -> str | None:
+        """What of a task's line reaches ``sink`` (None: nothing); every line is recorded anyway."""
+        return None if self.quiet and is_noise(text) else text
+
     def on_line(self, task: TaskProcess, text: str) -> None:
         self.activity = time.monotonic()
         with self.lock:
             self.lines.append(LogLine(self.now(), task.name, task.attempt, text))
-            if self.sink is not None and not (self.quiet and is_noise(text)):
-                self.sink(f"[{task.name}] {text}")
+            show = self.shown(task, text)
+            if self.sink is not None and show is not None:
+                self.sink(f"[{task.name}] {show}")
         for i, fault in enumerate(self.faults):
             if (i not in self.fired and (fault.watch or fault.task) == task.name
                     and fault.attempt == task.attempt and re.search(fault.when, text)):
@@ -210,9 +219,23 @@ class LocalJob:
 
     def event(self, text: str) -> None:
         with self.lock:
-            self.events.append(LogLine(self.now(), "launcher", -1, text))
+            self.events.append(LogLine(self.now(), self.name, -1, text))
             if self.sink is not None:
-                self.sink(f"[launcher] {text}")
+                self.sink(f"[{self.name}] {text}")
+
+    # Restart policy (the supervisor asks) ----------------------------------------------
+    def restartable(self, task: str, code: int) -> bool:
+        """Whether a failure of ``task`` (exit status ``code``) may be mended by a restart."""
+        return True
+
+    def restarts_alone(self, task: str, code: int) -> bool:
+        """Whether restarting ``task`` alone mends its failure (else every task restarts).
+
+        A parameter-server job's worker can: ``ClusterCoordinator`` runs its closures on the
+        other workers until it is back. A hung attempt restarts whole.
+        """
+        return (self.mode is JobMode.PARAMETER_SERVER and task.split(":")[0] == Role.WORKER.value
+                and code != HUNG_STATUS)
 
     # Processes ------------------------------------------------------------------------
     def task_argv(self, role: str) -> list[str]:

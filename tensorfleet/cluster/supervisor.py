@@ -30,8 +30,7 @@ from enum import Enum
 from typing import Any, Iterator, NamedTuple, Union
 
 from tensorfleet.cluster.contract import HUNG_STATUS, STOPPED_STATUS, describe_exit, shell_status
-from tensorfleet.cluster.processes import JobMode, LocalJob
-from tensorfleet.strategies.tf_config import Role
+from tensorfleet.cluster.processes import LocalJob
 
 __all__ = ["JobOutcome", "JobState", "Supervisor", "TaskFailure", "forwarded_signals"]
 
@@ -122,14 +121,12 @@ class Supervisor:
         return JobState.FINISHING if self.job.trainers <= self.done else JobState.RUNNING
 
     def on_failure(self) -> JobState:
-        if self.restarts >= self.max_restarts:
+        assert self.failure is not None
+        task, code = self.failure.task, self.failure.code
+        if self.restarts >= self.max_restarts or not self.job.restartable(task, code):
             return JobState.GIVING_UP
         self.restarts += 1
-        assert self.failure is not None
-        role = self.failure.task.split(":")[0]
-        only_the_task = (self.job.mode is JobMode.PARAMETER_SERVER and role == Role.WORKER.value
-                         and self.failure.code != HUNG_STATUS)
-        return JobState.RESTARTING_TASK if only_the_task else JobState.RESTARTING_JOB
+        return JobState.RESTARTING_TASK if self.job.restarts_alone(task, code) else JobState.RESTARTING_JOB
 
     def restart_task(self) -> JobState:
         assert self.failure is not None

@@ -52,7 +52,7 @@ class SearchConfig:
     """The options of one search, validated on construction.
 
     ``epochs`` is each trial's number of epochs (Hyperband's ``max_epochs``); ``max_restarts``
-    is how often one tuner worker may die and be restarted (its trial then runs again);
+    is how many restarts of tuner workers the search allows (a restarted tuner's trial runs again);
     ``pin_cores`` pins worker ``i`` to core ``i`` modulo the machine's cores, one core per trial.
     """
 

@@ -3,20 +3,21 @@ restart limit ends the job, and the backoff between restarts."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from tensorfleet.cluster.contract import HUNG_STATUS
-from tensorfleet.cluster.processes import JobMode
+from tensorfleet.cluster.processes import JobMode, LocalJob
 from tensorfleet.cluster.supervisor import JobState, Supervisor, TaskFailure
+from tensorfleet.strategies.tf_config import ClusterSpec
 
 
 def _supervisor(mode: JobMode, *, max_restarts: int = 3, backoff: float = 1.0, max_backoff: float = 30.0,
                 restarts: int = 0) -> Supervisor:
-    job = SimpleNamespace(mode=mode)  # the decisions read only the job's mode
-    supervisor = Supervisor(job, max_restarts=max_restarts, backoff=backoff,  # type: ignore[arg-type]
-                            max_backoff=max_backoff, timeout=None, hang_timeout=None, grace=0.0, received=[])
+    spec = ClusterSpec.local(workers=2, ps=1 if mode is JobMode.PARAMETER_SERVER else 0, chief=True,
+                             ports=[1, 2, 3, 4][:3 + (mode is JobMode.PARAMETER_SERVER)])
+    job = LocalJob(spec=spec, mode=mode, argv=[], env={}, sink=None, faults=(), stop_when=None)  # no process starts
+    supervisor = Supervisor(job, max_restarts=max_restarts, backoff=backoff, max_backoff=max_backoff, timeout=None,
+                            hang_timeout=None, grace=0.0, received=[])
     supervisor.restarts = restarts
     return supervisor
 

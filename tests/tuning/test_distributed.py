@@ -12,10 +12,11 @@ import pytest
 
 from tensorfleet.cli.main import main
 from tensorfleet.cluster.processes import Fault
-from tensorfleet.tuning.distributed import TuningError, search
+from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, search
 
 SCRIPT = str(Path(__file__).with_name("digits_search.py"))
-FAST = {"epochs": 1, "batch_size": 64, "timeout": 150, "log": lambda line: None}
+FAST = {"epochs": 1, "trial": TrialOptions(batch_size=64), "supervision": Supervision(timeout=150),
+        "log": lambda line: None}
 
 
 def _oracle_trials(out: Path) -> dict[str, dict]:
@@ -28,8 +29,8 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
     import tensorflow as tf
 
     lines: list[str] = []
-    result = search(SCRIPT, out=tmp_path, workers=2, max_trials=4, epochs=2, batch_size=32, timeout=200,
-                    log=lines.append, faults=[Fault(task="tuner:1", when=r"^epoch 2/2 begins")])  # mid-trial
+    result = search(SCRIPT, out=tmp_path, workers=2, max_trials=4, epochs=2, log=lines.append,
+                    supervision=Supervision(timeout=200, faults=[Fault(task="tuner:1", when=r"^epoch 2/2 begins")]))
     # The oracle recorded every trial, each completed once with a score; the killed one ran twice.
     trials = _oracle_trials(tmp_path)
     assert sorted(trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
@@ -61,8 +62,9 @@ def test_a_killed_chief_resumes_a_bayesian_search_from_the_oracles_saved_state(t
     kill_chief = Fault(task="chief:0", when=r"trial \d+ completed", signal=signal.SIGKILL)
     lines: list[str] = []
     try:
-        search(SCRIPT, out=tmp_path, workers=2, max_trials=3, algorithm="bayesian", faults=[kill_chief],
-               **{**FAST, "timeout": 280, "log": lines.append, "verbose": True})
+        search(SCRIPT, out=tmp_path, workers=2, max_trials=3, algorithm="bayesian",
+               **{**FAST, "supervision": Supervision(timeout=280, faults=[kill_chief]), "log": lines.append,
+                  "verbose": True})
     except TuningError as exc:
         error = str(exc)
     else:
@@ -95,7 +97,8 @@ def test_a_killed_chief_resumes_a_bayesian_search_from_the_oracles_saved_state(t
 def test_an_objective_the_model_does_not_report_ends_the_search_naming_what_it_reports(tmp_path):
     with pytest.raises(ValueError, match=r"The model does not report the objective 'val_auc'; it reports: "
                                          r"accuracy, loss, val_accuracy, val_loss\. Choose one of these"):
-        search(SCRIPT, out=tmp_path, workers=1, max_trials=2, objective="val_auc", direction="max", **FAST)
+        search(SCRIPT, out=tmp_path, workers=1, max_trials=2,
+               **{**FAST, "trial": TrialOptions(objective="val_auc", direction="max", batch_size=64)})
 
 
 KERAS3_SCRIPT = """\
@@ -148,7 +151,8 @@ def test_hyperband_promotes_a_trial_and_trials_train_under_mirrored_over_two_dev
     # One worker, so that Hyperband's order is fixed (with two, a fourth trial asked for while the
     # third still runs opens the next bracket instead of waiting).
     result = search(SCRIPT, out=tmp_path, workers=1, max_trials=4, algorithm="hyperband", epochs=3,
-                    strategy="mirrored", devices_per_trial=2, batch_size=64, timeout=180, log=lines.append)
+                    trial=TrialOptions(strategy="mirrored", devices_per_trial=2, batch_size=64),
+                    supervision=Supervision(timeout=180), log=lines.append)
     assert "[tuner:0] tuner0 trains each trial under mirrored over 2 replica(s)" in lines
     assert result.completed == 4
     # Hyperband (max_epochs 3, factor 3): three trials of 1 epoch, then the best of them trained on
