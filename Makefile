@@ -3,8 +3,8 @@
 # Two tracks, each in its own environment:
 #   current (the default): Python 3.12, TensorFlow 2.21 with tf_keras, in .venv
 #   tff: Python 3.11, TensorFlow 2.14.1, tensorflow-federated 0.87, in .venv-tff
-# `make test` runs the whole suite on the current track (tests marked `tff` aside) and the tests
-# marked `tff` on the tff track.
+# `make test` runs the whole suite on the current track (tests marked `tff` aside), the tests
+# marked `tff` on the tff track, then builds the documentation site with `mkdocs build --strict`.
 
 VENV := .venv
 VENV_TFF := .venv-tff
@@ -26,7 +26,7 @@ ifndef PYTHON_TFF
 PYTHON_TFF := $(call find_python,3.11)
 endif
 
-.PHONY: install install-tff demo test test-current test-tff bench lint lock lock-tff wheel clean
+.PHONY: install install-tff demo test test-current test-tff docs docs-serve bench lint lock lock-tff wheel clean
 
 install: $(VENV)/.tensorfleet-installed
 install-tff: $(VENV_TFF)/.tensorfleet-installed
@@ -58,14 +58,26 @@ $(VENV_TFF)/.tensorfleet-installed: requirements/tff.txt requirements/tff-nodeps
 demo: install
 	$(BIN)/python -m tensorfleet.demo
 
-# Both tracks run even when the first fails; the target fails if either did.
+# Both tracks and the site's build run even when one fails; the target fails if any did. The build
+# comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
 test: install install-tff
 	@status=0; \
 	echo "== current track: $(BIN)/python -m pytest -m 'not tff'"; \
 	$(BIN)/python -m pytest -m "not tff" $(PYTEST_ARGS) || status=$$?; \
 	echo "== tff track: $(BIN_TFF)/python -m pytest -m tff"; \
 	$(BIN_TFF)/python -m pytest -m tff $(PYTEST_ARGS) || status=$$?; \
+	echo "== docs: $(BIN)/mkdocs build --strict"; \
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet || status=$$?; \
 	exit $$status
+
+# The documentation site (mkdocs.yml, docs/) into site/, every warning an error; the pages' pictures
+# are drawn by their own code (docs/hooks/pictures.py), which takes minutes the first time.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The site served on 127.0.0.1:8000, rebuilt on every change.
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 test-current: install
 	$(BIN)/python -m pytest -m "not tff" $(PYTEST_ARGS)
@@ -101,4 +113,4 @@ lock-tff:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) $(VENV_TFF) build dist *.egg-info
+	rm -rf $(VENV) $(VENV_TFF) build dist site *.egg-info

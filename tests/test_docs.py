@@ -50,6 +50,12 @@ def test_a_failing_block_fails_its_page(tmp_path: Path) -> None:
     assert "how-to-fail.md, the block at line 9: the bash block exited with status 1" in done.stderr
 
 
+def test_tutorials_and_how_tos_show_no_code_that_does_not_run() -> None:
+    sketches = [f"{page.name}:{block.line}" for page in PAGES for block in codeblocks.blocks(page.read_text())
+                if block.language in ("py", "python3", "sh", "shell", "console")]
+    assert sketches == [], "blocks the runner skips (use python/bash, or text for output)"
+
+
 @pytest.mark.parametrize("page", [_param(page) for page in PAGES])
 def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
     done = codeblocks.run_page_in_process(page, tmp_path, timeout=880)

@@ -10,7 +10,9 @@ in order:
   interpreter's ``bin`` first on ``PATH`` (so ``tensorfleet`` and ``python`` are the project's);
 - a block with a file name (```` ```python title="train.py" ````, also ``yaml``, ``json``, ``text``)
   is written to that file instead of run: the reader saves it, a later block uses it;
-- ```` ```text ```` blocks (output) and any other language are not run.
+- ```` ```text ```` blocks (output) and any other language are not run; ```` ```py ```` marks a
+  sketch on an explanation page (highlighted as Python, not run; the tutorial and how-to pages have
+  none, which ``tests/test_docs.py`` checks).
 
 Run a page by hand: ``python docs/hooks/codeblocks.py docs/tutorial-federated-from-a-script.md [DIR]``.
 """

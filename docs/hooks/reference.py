@@ -92,6 +92,10 @@ def on_files(files, config):
 
     for name, text in pages().items():
         files.append(File.generated(config, name, content=text))
+    # The benchmarks' records, as they are in the repository (docs/benchmarks.md summarises them).
+    # Its links to the docs' pictures (../docs/x.png from bench/) are read from the site's root.
+    records = (ROOT / "bench" / "RESULTS.md").read_text().replace("](../docs/", "](")
+    files.append(File.generated(config, "bench-results.md", content=records))
     return files
 
 
@@ -141,8 +145,19 @@ def yaml_keys_table() -> str:
     return "\n".join(rows)
 
 
+MATRIX_MARKER = "<!-- readme-matrix -->"
+
+
+def readme_matrix() -> str:
+    """The README's compatibility matrix (the one ``tests/test_capabilities.py`` checks on each track)."""
+    text = (ROOT / "README.md").read_text()
+    return text.split("<!-- matrix:start -->", 1)[1].split("<!-- matrix:end -->", 1)[0].strip()
+
+
 def on_page_markdown(markdown, page, config, files):
-    """Fills the YAML keys' table into the page that holds the marker."""
+    """Fills the generated tables into the pages that hold their markers."""
     if YAML_MARKER in markdown:
-        return markdown.replace(YAML_MARKER, yaml_keys_table())
+        markdown = markdown.replace(YAML_MARKER, yaml_keys_table())
+    if MATRIX_MARKER in markdown:
+        markdown = markdown.replace(MATRIX_MARKER, readme_matrix())
     return markdown
