@@ -11,6 +11,9 @@ Kubernetes.
   (environment variables, exit statuses), one set for the launcher, the callbacks and a TFJob.
 * :mod:`~tensorfleet.cluster.fault_tolerance`: the callbacks a job needs to survive a killed worker.
 * :mod:`~tensorfleet.cluster.elastic`: continue a job at another number of workers.
+* :mod:`~tensorfleet.cluster.migration`: move a job to another world size or strategy from one
+  checkpoint (:mod:`~tensorfleet.cluster.jobstate`), trained by :mod:`~tensorfleet.cluster.resumable`;
+  :mod:`~tensorfleet.cluster.multiplex`: such jobs sharing the devices by time slices at step boundaries.
 * :mod:`~tensorfleet.cluster.k8s`: the same job as a Kubeflow ``TFJob``.
 * The cluster itself (``ClusterSpec``, TF_CONFIG) is defined where the strategies read it,
   :mod:`tensorfleet.strategies.tf_config`, and is one import away here too.
@@ -23,9 +26,9 @@ from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConf
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("contract", "elastic", "evaluation", "fault_tolerance", "k8s", "launcher", "processes", "result", "server",
-             "supervisor"),
-    names={"launch": "launcher", "launch_elastic": "elastic", "tfjob": "k8s"},
+    modules=("contract", "elastic", "evaluation", "fault_tolerance", "jobstate", "k8s", "launcher", "migration",
+             "multiplex", "processes", "result", "resumable", "server", "supervisor"),
+    names={"launch": "launcher", "launch_elastic": "elastic", "migrate": "migration", "share": "multiplex", "tfjob": "k8s"},
 )
 
 __all__ = ["ClusterSpec", "Role", "TFConfig", "TFConfigError", "parse_tf_config", *_LAZY]

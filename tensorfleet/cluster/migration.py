@@ -45,7 +45,7 @@ from tensorfleet.cluster.processes import Fault
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.validation import choice, integer, positive_int
 
-__all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "check_migration", "migrate"]
+__all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "check_migration", "job_model", "migrate"]
 
 _BYTES_PER_PARAMETER = 4 * 3  # float32 weights and Adam's two slots; other optimizers hold no more
 
@@ -116,6 +116,8 @@ class RunOptions:
     seed: int = 0
     save_every: int = 0
     stop_at_step: int | None = None
+    #: A file that holds how many steps the job may have done; set by :func:`tensorfleet.cluster.multiplex.share`.
+    gate: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", choice(BatchPolicy, "policy", self.policy))
@@ -199,7 +201,7 @@ def _machine_memory() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def _job_model(job: Path) -> Any:
+def job_model(job: Path) -> Any:
     """The job's model, built in this process (on its default device) only to read its fingerprint."""
     from tensorfleet.cluster.resumable import load_job
 
@@ -242,12 +244,12 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
         resume = (Path(directory) / LATEST).exists()
     if run is None:
         run = RunOptions.from_progress(read_state(directory)[0]) if resume else RunOptions()
-    check_migration(directory, to=to, run=run, model=_job_model(path), resume=resume, memory_bytes=memory_bytes)
+    check_migration(directory, to=to, run=run, model=job_model(path), resume=resume, memory_bytes=memory_bytes)
     Path(directory).mkdir(parents=True, exist_ok=True)
     options = {"directory": str(Path(directory).resolve()), "strategy": to.strategy.value, "devices": to.devices,
                "epochs": run.epochs, "global_batch_size": run.global_batch_size, "policy": run.policy.value,
                "per_replica_batch_size": run.per_replica_batch_size, "seed": run.seed, "save_every": run.save_every,
-               "stop_at_step": run.stop_at_step, "resume": resume}
+               "stop_at_step": run.stop_at_step, "resume": resume, "gate": run.gate}
     return launch(path, (), workers=to.workers, ps=to.ps, runner=("-m", "tensorfleet.cluster.resumable"),
                   env={ENV_MIGRATION: json.dumps(options), "TF_CPP_MIN_LOG_LEVEL": "2"}, faults=faults, sink=sink,
                   quiet=quiet, check=check, timeout=timeout)

@@ -55,6 +55,7 @@ class TaskOptions:
     save_every: int = 0
     stop_at_step: int | None = None
     resume: bool = False
+    gate: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -217,13 +218,18 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
                     history=[*state.history, {"step": state.step, "strategy": options.strategy,
                                               "replicas": trainer.replicas, "global_batch_size": batch}])
     order, after = epoch_order(state.rng, state.examples)
-    first = True
+    first, begin = True, state.step
     while state.epoch < options.epochs:
         if options.stop_at_step is not None and state.step >= options.stop_at_step:
             _save(trainer, state)
-            _say(f"stopping at step {state.step} as planned")
+            _say(f"stopping at step {state.step} as planned at {time.time():.3f}")
             return state
+        if options.gate:
+            _await_turn(options.gate, state.step - begin)
         trainer.step(order[state.position:state.position + batch])
+        if options.gate:
+            trainer.barrier()
+            _say(f"step {state.step + 1} done at {time.time():.3f}")
         if first:
             trainer.barrier()
             _say(f"first step done at {time.time():.3f}")
@@ -239,6 +245,21 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
     _save(trainer, state)
     _say(f"finished at step {state.step}")
     return state
+
+
+def _await_turn(gate: str, step: int) -> None:
+    """Waits at a step boundary until the scheduler of shared devices allows this run's step ``step + 1``.
+
+    The gate file holds how many steps this run may have done (see :mod:`~tensorfleet.cluster.multiplex`).
+    """
+    while True:
+        try:
+            allowed = int(Path(gate).read_text() or 0)
+        except (OSError, ValueError):
+            allowed = 0
+        if allowed > step:
+            return
+        time.sleep(0.005)
 
 
 def main(argv: list[str] | None = None) -> int:
