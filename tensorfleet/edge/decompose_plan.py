@@ -92,7 +92,7 @@ def _unfold(kernel: np.ndarray, mode: int) -> np.ndarray:
 
 
 def _too_big(layer: Any, rank: Any, largest: Any) -> DecompositionError:
-    return DecompositionError(f"rank {rank!r} is above layer {layer.name!r}'s ({_describe_kind(layer)}, kernel "
+    return DecompositionError(f"rank {rank!r} is too large for layer {layer.name!r} ({_describe_kind(layer)}, kernel "
                               f"{tuple(layer.kernel.shape)}): at most {largest}. Received: rank={rank!r}")
 
 

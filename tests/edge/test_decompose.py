@@ -160,11 +160,11 @@ def test_the_tflite_keeps_the_factors_and_the_pipeline_runs(tmp_path: Path) -> N
 def test_bad_input_is_one_clear_error(conv_model: Any) -> None:
     import tensorflow as tf
 
-    with pytest.raises(edge.DecompositionError, match=r"rank 10 is above layer 'hidden'.*at most 9 .*Received: rank=10"):
+    with pytest.raises(edge.DecompositionError, match=r"rank 10 is too large for layer 'hidden'.*at most 9 .*Received: rank=10"):
         edge.plan_decomposition(conv_model, "svd", rank={"hidden": 10})
-    with pytest.raises(edge.DecompositionError, match=r"rank \(6, 2\) is above layer 'strided'.*\(5, 6\)"):
+    with pytest.raises(edge.DecompositionError, match=r"rank \(6, 2\) is too large for layer 'strided'.*\(5, 6\)"):
         edge.plan_decomposition(conv_model, "tucker2", rank={"strided": (6, 2)})
-    with pytest.raises(edge.DecompositionError, match=r"rank 46 is above layer 'strided'.*at most 45"):
+    with pytest.raises(edge.DecompositionError, match=r"rank 46 is too large for layer 'strided'.*at most 45"):
         edge.plan_decomposition(conv_model, "cp", rank={"strided": 46})
     for energy in (0, 1.5, -0.1):
         with pytest.raises(ValueError, match=rf"energy must be a finite number > 0 and <= 1. Received: energy={energy}"):
@@ -203,7 +203,7 @@ def test_cli_prints_the_plan_writes_model_and_plot(tmp_path: Path, capsys: pytes
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     small = tf.keras.models.load_model(out, compile=False)
     assert [layer.name for layer in small.layers if "wider" in layer.name] == ["wider_in", "wider_core", "wider_out"]
-    for bad, message in [(["--rank", "40"], "rank 40 is above layer 'wide'"),
+    for bad, message in [(["--rank", "40"], "rank 40 is too large for layer 'wide'"),
                          (["--energy", "1.5"], "energy must be a finite number > 0 and <= 1"),
                          (["--rank", "x"], "--rank must be an integer, IN,OUT (tucker2) or vbmf")]:
         target = tmp_path / "bad.keras"
