@@ -46,7 +46,6 @@ class SecurePart(AggregatorPart):
 
     host = True
     rows = True
-    aux_size = 1  # unused (zeros); the compiled round collects aux rows of at least one value
 
     def __init__(self, aggregator: SecureAggregator, dropout_after_upload: float) -> None:
         self.aggregator = aggregator
