@@ -12,7 +12,9 @@ kernels are chosen once per size; every caller gets back exactly its own rows.
 
 The smallest allowed size is 2: on CPU a one-row matmul takes another kernel path than a
 many-row one (results differ in the last bit), so padding a lone row to 2 makes every row's
-result independent of how it was batched. The math (sizes, padding, stacking, splitting) is in
+result independent of how it was batched. The adaptive policy runs a lone one-row request
+unpadded, as a per-request call would (the padded row cost a third more on the digits CNN); its
+answer then equals the per-request one, and a batched row's differs from it by float32 rounding. The math (sizes, padding, stacking, splitting) is in
 small pure functions that tests check with numpy alone.
 """
 
@@ -263,7 +265,9 @@ class Batcher:
         if not batch:
             return
         counts = [t.rows for t in batch]
-        size = padded_size(sum(counts), self.options.sizes)
+        # adaptive: a lone one-row request runs as it came, as a per-request call does (a padded
+        # second row costs a third more on CPU); anything batched is padded to an allowed size
+        size = 1 if self._adaptive and counts == [1] else padded_size(sum(counts), self.options.sizes)
         try:
             outputs = self._run(merge_rows([t.arrays for t in batch], size))
         except Exception as exc:  # every caller of the batch gets the failure, the thread lives on

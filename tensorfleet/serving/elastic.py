@@ -81,6 +81,7 @@ class Autoscaler:
         self.sizes: list[tuple[float, int]] = []
         self._start = time.monotonic()
         self._stop = threading.Event()
+        self._growing = threading.Event()  # a replica being added
         self._thread = threading.Thread(target=self._loop, name="tfl-serving-autoscaler", daemon=True)
 
     def start(self) -> Autoscaler:
@@ -100,7 +101,7 @@ class Autoscaler:
             waits, last = self.pool.waits_since(last), now
             size = self.pool.size
             self.sizes.append((now - self._start, size))
-            if size == 0:  # a call finding no replica starts one itself (a cold start)
+            if size == 0 or self._growing.is_set():  # a call finding no replica starts one itself (a cold start)
                 continue
             try:
                 if self.min_replicas == 0 and self.pool.idle_seconds() >= self.idle_timeout:
@@ -129,14 +130,24 @@ class Autoscaler:
             self._record(size, after, f"no request for {self.idle_timeout:g} s (idle timeout)")
 
     def _scale(self, change: int, size: int, waits: list[float]) -> None:
-        if change > 0:
+        if change > 0:  # in the background: the loop goes on looking (and may scale to zero) while it loads
+            if self._growing.is_set():
+                return
+            self._growing.set()
             reason = (f"mean wait for a replica {statistics.fmean(waits) * 1e3:.1f} ms > target "
                       f"{self.target_wait * 1e3:g} ms for {self.up_after} intervals")
-            after = self.pool.grow()
+
+            def grow() -> None:
+                try:
+                    self._record(size, self.pool.grow(), reason)
+                except Exception as exc:  # a replica that cannot start must not end autoscaling
+                    self.log(f"scaling {self.pool.name!r} from {size} replicas failed: {type(exc).__name__}: {exc}")
+                finally:
+                    self._growing.clear()
+
+            threading.Thread(target=grow, name="tfl-serving-grow", daemon=True).start()
         else:
-            reason = f"no request for {self.down_after} intervals"
-            after = self.pool.shrink()
-        self._record(size, after, reason)
+            self._record(size, self.pool.shrink(), f"no request for {self.down_after} intervals")
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """A PNG of the replica count over time with each scale event marked."""

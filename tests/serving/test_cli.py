@@ -56,6 +56,20 @@ def test_bad_arguments_end_in_one_clear_line(keras_file, tmp_path, capsys):
     assert main(["serve", str(tmp_path), "--tensorflow-intra-op-parallelism", "-1"]) == 2
     assert capsys.readouterr().err == ("error: --tensorflow-intra-op-parallelism must be an integer >= 0. "
                                        "Received: --tensorflow-intra-op-parallelism=-1\n")
+    assert main(["serve", str(tmp_path), "--min-replicas", "0", "--max-replicas", "0"]) == 2
+    assert capsys.readouterr().err == "error: --max-replicas must be a positive integer. Received: --max-replicas=0\n"
+    config = tmp_path / "models.config"
+    assert main(["serve", str(tmp_path), "--model-config-file", str(config)]) == 2
+    assert capsys.readouterr().err.startswith("error: Serve BASE or --model-config-file, one of the two.")
+    config.write_text('model_config_list { config { name: "a" } }')
+    assert main(["serve", "--model-config-file", str(config)]) == 2
+    assert capsys.readouterr().err == (f"error: {config}: every config needs a name and a base_path. "
+                                       "Received: name='a', base_path=''\n")
+    config.write_text("model_config_list { config { nme: 1 } }")
+    assert main(["serve", "--model-config-file", str(config)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {config} is not a text-format ModelServerConfig: ")
+    assert main(["serve", str(tmp_path), "--batching-policy", "eager"]) == 2
+    assert "'eager' is not one of 'adaptive', 'timeout'" in capsys.readouterr().err
 
 
 def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 60) -> list[str]:

@@ -58,7 +58,7 @@ def test_a_new_version_is_switched_to_under_load_and_a_broken_one_refused(tmp_pa
         for thread in threads:
             thread.start()
         time.sleep(0.5)
-        export(digits_models[2], base, version=2)
+        export(digits_models[2], base, version=2, warmup=images[:5])
         switched = _wait(lambda: all(a and a[-1][0] == 2 for a in answers))
         time.sleep(0.3)
         done.set()
@@ -72,6 +72,7 @@ def test_a_new_version_is_switched_to_under_load_and_a_broken_one_refused(tmp_pa
                 assert_float32_close(logits, expected[version][i:i + 2])
         assert _wait(lambda: server.versions == [2])
         assert "version 2 loaded, warmed up and serving" in log and "version 1 unloaded" in log
+        assert server.repository.get("digits").warmup_records == 5  # its records, replayed before the switch
 
         (base / "3").mkdir()
         (base / "3" / "saved_model.pb").write_bytes(b"not a SavedModel")
