@@ -63,6 +63,7 @@ def test_too_few_survivors_raise_before_any_result():
     ({"bits": 1}, r"bits must be an integer from 2 to 62. Received: bits=1"),
     ({"threshold": 1.0}, r"threshold must be a finite number >= 0 and < 1. Received: threshold=1.0"),
     ({"clip": 0}, r"clip must be a finite number > 0. Received: clip=0"),
+    ({"kind": "secagg+", "degree": 5}, r"degree must be even .* Received: degree=5"),
 ])
 def test_bad_options_name_the_value(options, message):
     with pytest.raises(ValueError, match=message):
@@ -70,7 +71,8 @@ def test_bad_options_name_the_value(options, message):
 
 
 def test_bits_too_few_for_the_clients_say_how_many():
-    with pytest.raises(ValueError, match=r"use bits >= 8. Received: bits=6"):
+    assert Quantizer(clip=1.0, bits=7, clients=100).levels == 1  # 100 * 1 <= 2 ** 7 - 1
+    with pytest.raises(ValueError, match=r"use bits >= 7. Received: bits=6"):
         Quantizer(clip=1.0, bits=6, clients=100)
 
 

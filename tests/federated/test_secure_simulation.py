@@ -92,3 +92,14 @@ def test_composes_with_algorithms_dp_dropout_and_partial_stragglers(digits, algo
 def test_tff_backend_refuses_secure_aggregators_naming_compiled(digits):
     with pytest.raises(ValueError, match="compiled"):
         _sim(digits, "secagg", backend="tff")
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"bits": 2}, ValueError, r"use bits >= 3. Received: bits=2"),
+    ({"degree": 3}, ValueError, r"degree must be even .* Received: degree=3"),
+    ({"dropout_after_upload": 1.0}, ValueError, r"dropout_after_upload must be a finite number >= 0 and < 1"),
+    ({"bit": 16}, TypeError, r"takes no option 'bit'"),
+])
+def test_bad_options_fail_when_the_simulation_is_made(digits, options, error, message):
+    with pytest.raises(error, match=message):
+        _sim(digits, "secagg+", options)

@@ -77,8 +77,6 @@ def _part(kind: SecureAggregation, *, clients_per_round: int, seed: int, bits: i
     aggregator = SecureAggregator(kind=kind, clip=clip, bits=bits, threshold=threshold, degree=degree or None,
                                   noise_multiplier=noise_multiplier, dp_clip=dp_clip, seed=seed)
     aggregator.quantizer(integer("clients_per_round", clients_per_round, minimum=2))  # bits enough for the sum
-    if degree:
-        aggregator.settings(clients_per_round, 1, 0)  # an odd degree fails here, before any round
     return SecurePart(aggregator, number("dropout_after_upload", dropout_after_upload, minimum=0, below=1))
 
 

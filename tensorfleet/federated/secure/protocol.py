@@ -166,7 +166,9 @@ class SecureAggregator:
         number("clip", self.clip, above=0)
         integer("bits", self.bits, minimum=2, maximum=MAX_BITS)
         number("threshold", self.threshold, minimum=0, below=1)
-        integer("degree", self.degree, minimum=2, optional=True)
+        if integer("degree", self.degree, minimum=2, optional=True) is not None and self.degree % 2:
+            raise ValueError(f"degree must be even (a ring joins each client to degree / 2 on either side). "
+                             f"Received: degree={self.degree}")
         number("noise_multiplier", self.noise_multiplier, minimum=0)
         number("dp_clip", self.dp_clip, above=0)
         integer("seed", self.seed, minimum=0)

@@ -57,7 +57,7 @@ class Quantizer:
         if self.levels < 1:
             raise ValueError(f"bits={self.bits} leave no quantization levels for {self.clients} clients (the sum of "
                              f"every client's values must stay below 2 ** bits): use bits >= "
-                             f"{int(self.clients).bit_length() + 1}. Received: bits={self.bits}")
+                             f"{int(self.clients).bit_length()}. Received: bits={self.bits}")
 
     @property
     def levels(self) -> int:
