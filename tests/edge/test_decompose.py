@@ -177,6 +177,12 @@ def test_bad_input_is_one_clear_error(conv_model: Any) -> None:
         edge.plan_decomposition(conv_model, "cp", rank="vbmf")
     with pytest.raises(edge.DecompositionError, match="Pass exactly one of rank= or energy="):
         edge.plan_decomposition(conv_model, "svd", rank=2, energy=0.5)
+    class Subclassed(tf.keras.Model):
+        def call(self, inputs: Any) -> Any:
+            return inputs
+
+    with pytest.raises(edge.DecompositionError, match="needs a functional or Sequential Keras model.*Subclassed"):
+        edge.plan_decomposition(Subclassed(), "svd", energy=0.5)
     pooled = tf.keras.Sequential([tf.keras.Input((6, 6, 2)), tf.keras.layers.DepthwiseConv2D(3, name="dw"),
                                   tf.keras.layers.GlobalAveragePooling2D()], name="no_dense")
     with pytest.raises(edge.DecompositionError, match="model 'no_dense' has no layer that method 'svd' factors"):
