@@ -38,8 +38,14 @@ It compares against TFF, so it runs on the tff track (``.venv-tff/bin/python``).
 the matrix's compiled cells) run on that interpreter instead, the current track's TensorFlow 2.21, while
 raw TFF and the tff backend stay on the tff track: the two tracks side by side in one run.
 
+``--against DIR`` compares the compiled cells of the matrix with those of another checkout of
+tensorfleet (a ``git worktree`` of an earlier commit) instead: each side's cells run in a process of
+their own, the two sides alternating (after, before, before, after, ...) ``--repeats`` times, and
+the script prints each cell's median steady rounds/s of both and their ratio (after / before), and
+the geometric mean of the ratios. It needs no TFF.
+
 Run with ``python bench/federated_speed.py [--rounds 200] [--seeds 3] [--matrix-rounds 20] [--matrix-seeds 1]
-[--matrix-pools cli|tensorflow] [--only classic|matrix] [--current-python PATH]``.
+[--matrix-pools cli|tensorflow] [--only classic|matrix] [--current-python PATH] [--against DIR [--repeats 4]]``.
 """
 
 from __future__ import annotations
@@ -235,6 +241,7 @@ def cells_child(spec: str, rounds: int, seeds: int) -> None:
     run`` sets unless ``BACKEND`` is ``compiled-tf-pools``."""
     import tensorfleet as tfl
 
+    print(f"tensorfleet from {Path(tfl.__file__).parent.parent}", file=sys.stderr, flush=True)
     backend, _, cells = spec.partition("/")
     if backend == "compiled":
         tfl.federated.configure_threads(PER_ROUND)
@@ -253,15 +260,17 @@ def _python(which: str) -> str:
     return sys.executable if which in ("raw", "tff") else CURRENT_PYTHON[0]
 
 
-def _cells(backend: str, cells: list[str], rounds: int, seeds: int, env: dict | None = None) -> Any:
-    """Yields ``(cell, runs)`` as one child process of ``backend`` finishes each cell."""
+def _cells(backend: str, cells: list[str], rounds: int, seeds: int, env: dict | None = None,
+           root: Path = ROOT) -> Any:
+    """Yields ``(cell, runs)`` as one child process of ``backend`` (running the tensorfleet of ``root``)
+    finishes each cell."""
     cmd = [_python(backend), __file__, "--child", "cells", "--cell", f"{backend}/{','.join(cells)}",
-           "--matrix-rounds", str(rounds), "--matrix-seeds", str(seeds)]
+           "--matrix-rounds", str(rounds), "--matrix-seeds", str(seeds), "--root", str(root)]
     # The child's stderr (TensorFlow's and TFF's logs) goes to a file: a pipe read only at the end could fill
     # up and stop the child while this reads its stdout.
     with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}) as proc:
+            env={**os.environ, "PYTHONPATH": str(root), **(env or {})}) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("CELL "):
@@ -270,6 +279,32 @@ def _cells(backend: str, cells: list[str], rounds: int, seeds: int, env: dict | 
         if proc.wait() != 0:
             errors.seek(0)
             sys.exit(f"the {backend} cells failed (exit {proc.returncode}):\n{errors.read()[-3000:]}")
+
+
+def run_against(before: Path, rounds: int, seeds: int, repeats: int) -> list[str]:
+    """The compiled cells of this checkout against those of ``before``, alternating sides ``repeats`` times."""
+    import numpy as np
+
+    cells = [f"{a}:{g}" for a in MATRIX_ALGORITHMS for g in MATRIX_AGGREGATORS]
+    steady: dict[str, dict[str, list[float]]] = {"after": {}, "before": {}}
+    for rep in range(repeats):
+        for side in (("after", "before") if rep % 2 == 0 else ("before", "after")):
+            root = ROOT if side == "after" else before
+            for cell, runs in _cells("compiled", cells, rounds, seeds, root=root):
+                steady[side].setdefault(cell, []).extend(r["steady_rounds_per_s"] for r in runs)
+            print(f"repeat {rep + 1}/{repeats}: {side} done", flush=True)
+    lines = [f"compiled matrix, this checkout ({ROOT}) against {before}: digits CNN, {NUM_CLIENTS} clients, "
+             f"{PER_ROUND} per round, {rounds} rounds per cell, {repeats} alternating runs per side (medians)",
+             f"{'cell':26}{'after r/s':>11}{'before r/s':>12}{'ratio':>8}"]
+    ratios = []
+    for cell in cells:
+        after, prior = (float(np.median(steady[side][cell])) for side in ("after", "before"))
+        ratios.append(after / prior)
+        lines.append(f"{cell.replace(':', ' x '):26}{after:11.2f}{prior:12.2f}{after / prior:8.3f}")
+    lines.append(f"geometric mean of the ratios: {float(np.exp(np.mean(np.log(ratios)))):.3f} "
+                 f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 def run_matrix(rounds: int, seeds: int = 1, compiled: str = "compiled") -> list[str]:
@@ -320,7 +355,11 @@ def main() -> None:
                         "seeds; runs instead of the classic comparison and the matrix.")
     parser.add_argument("--current-python", metavar="PATH", help="Interpreter of tensorfleet's contenders (e.g. "
                         ".venv/bin/python, the current track); raw TFF and the tff backend run on this one.")
+    parser.add_argument("--against", metavar="DIR", help="Another checkout of tensorfleet (e.g. a git worktree of an "
+                        "earlier commit): compare the matrix's compiled cells of this one against it, side by side.")
+    parser.add_argument("--repeats", type=int, default=4, help="Alternating runs per side with --against.")
     parser.add_argument("--child", choices=["raw", "tensorfleet", "tf-pools", "cells"], help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -335,8 +374,15 @@ def main() -> None:
     for name in ("seeds", "matrix_seeds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1. Received: {getattr(args, name)}")
+    if args.root:  # the checkout whose tensorfleet a child imports (before an installed one)
+        sys.path.insert(0, args.root)
     if args.child == "cells":
         cells_child(args.cell, args.matrix_rounds, args.matrix_seeds)
+        return
+    if args.against:
+        if not (Path(args.against) / "tensorfleet" / "__init__.py").is_file():
+            parser.error(f"--against must name a checkout of tensorfleet. Received: {args.against}")
+        run_against(Path(args.against).resolve(), args.matrix_rounds, args.matrix_seeds, args.repeats)
         return
     if args.child:
         _child(args.child, args.rounds, args.seed)

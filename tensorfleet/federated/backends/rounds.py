@@ -126,6 +126,12 @@ class TffRounds:
             from tensorfleet.federated import algorithms
 
             sim, config = self.sim, self.sim.config
+            if config.non_trainable != "initial" and sim._keras_model.non_trainable_weights:
+                raise ValueError(f"backend='tff' keeps a model's non-trainable weights (BatchNormalization's "
+                                 f"statistics) at their initial values, as TFF's FedAvg does. Received: "
+                                 f"non_trainable={config.non_trainable!r} for a model with "
+                                 f"{len(sim._keras_model.non_trainable_weights)} of them; pass "
+                                 f"non_trainable='initial', or run it on backend='compiled'.")
             self.runtime = config.where.install()
             self.process = algorithms.build_process(config.algorithm, sim.tff_model_fn(), aggregator=self._aggregator(),
                                                     **config.optimizer_overrides, **config.hyperparameters)

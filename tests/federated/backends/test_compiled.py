@@ -178,9 +178,9 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
 def test_a_batch_normalization_model_on_compiled_equals_tff(digits_flat):
     import tensorflow as tf
 
-    # The server keeps BatchNormalization's moving statistics at their initial values on both backends (TFF's
-    # clients send trainable deltas only), and training normalizes over the same rows: the same weights and
-    # evaluations after the same rounds.
+    # With non_trainable="initial" the server keeps BatchNormalization's moving statistics at their initial values
+    # on both backends (TFF's clients send trainable deltas only), and training normalizes over the same rows: the
+    # same weights and evaluations after the same rounds. (The compiled default, "mean", is refused on tff.)
     def with_batch_norm():
         init = [tf.keras.initializers.GlorotUniform(seed=k) for k in (0, 1)]
         return tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(64,), kernel_initializer=init[0]),
@@ -193,9 +193,13 @@ def test_a_batch_normalization_model_on_compiled_equals_tff(digits_flat):
     for backend in ("tff", "compiled"):
         sim = Simulation(with_batch_norm, clients, "fedavgm", rounds=4, clients_per_round=5, batch_size=8, seed=7,
                          progress=False, backend=backend, test_data=(digits_flat.x_test, digits_flat.y_test),
-                         eval_clients=2)
+                         eval_clients=2, non_trainable="initial")
         rounds = sim.run().rounds
         runs[backend] = (sim.final_weights(), rounds)
+    refused = Simulation(with_batch_norm, clients, rounds=1, clients_per_round=5, progress=False, backend="tff")
+    with pytest.raises(ValueError, match=r"^backend='tff' keeps a model's non-trainable weights .* Received: "
+                                         r"non_trainable='mean' for a model with 2 of them; pass"):
+        refused.run()
     for a, b in zip(runs["tff"][0], runs["compiled"][0]):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
     for a, b in zip(runs["tff"][1], runs["compiled"][1]):
