@@ -80,11 +80,10 @@ def measure(mesh_shape: str, rules: str, zero: int) -> dict:
     mesh = Mesh(mesh_shape, rules, zero=zero)
     with mesh.scope():
         model = small_gpt()
-        trainer = mesh.keras_model(model)
-        trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
-                        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if not zero:
-        trainer.optimizer.build(model.trainable_variables)
+        model.optimizer.build(model.trainable_variables)
     worst = 0.0
     for variable in model.weights:  # each shard against 1/parts of the weight, parts from its stored layout
         parts = 1
@@ -93,11 +92,11 @@ def measure(mesh_shape: str, rules: str, zero: int) -> dict:
         shard = int(dtensor.unpack(variable.read_value())[0].shape.num_elements())
         worst = max(worst, abs(shard * parts / variable.shape.num_elements() - 1.0))
     tokens = np.random.RandomState(0).randint(0, 64, (BATCH, 16)).astype("int32")
-    grads = [g for g in trainer.step_gradients(tokens, np.roll(tokens, -1, axis=1)) if g is not None]
+    grads = [g for g in model.mesh_trainer.step_gradients(tokens, np.roll(tokens, -1, axis=1)) if g is not None]
     weights = mesh.weight_splits(model)
     return {"mesh": mesh_shape, "rules": rules, "zero": zero, "devices": mesh.layout.size, "params": model.count_params(),
             "parameter_bytes": resident_bytes(model.weights), "gradient_bytes": resident_bytes(grads),
-            "optimizer_bytes": resident_bytes(trainer.optimizer.variables),
+            "optimizer_bytes": resident_bytes(model.optimizer.variables),
             "split_weights": sum(w.parts > 1 for w in weights), "weights": len(weights),
             "split_fraction": split_fraction(weights), "worst_shard_error": worst,
             "planned": planned(mesh, model, zero)}

@@ -60,12 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     # is then whole along m; DTensor pools only tensors split along the batch alone.
     with mesh.scope(patterns={"mlp_out/kernel": ("m", None), "mlp_out/bias": (None,)}) as layout:
         model = build()
-        trainer = mesh.keras_model(model)
-        trainer.compile(tf.keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+        model.compile(tf.keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
     model.set_weights(initial)
-    mesh_loss = trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"][-1]
+    mesh_loss = model.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"][-1]
     print(layout.summary())
-    apart = sorted(((float(np.abs(a - b).max()), v.name) for a, b, v in zip(trainer.get_weights(), one.get_weights(),
+    apart = sorted(((float(np.abs(a - b).max()), v.name) for a, b, v in zip(model.get_weights(), one.get_weights(),
                                                                           model.weights)), reverse=True)
     print(f"loss: one device {one_loss:.6f}, mesh {mesh_loss:.6f}; largest weight differences: "
           + ", ".join(f"{name} {diff:.2e}" for diff, name in apart[:3]))

@@ -1,6 +1,7 @@
 """Train the small transformer block on 8x8 digits under a 2x2 Mesh-TensorFlow layout.
 
-Runs the same layout three times from the same initial weights: as a Mesh-TF graph
+Runs the same layout three times from the same initial weights, each the one way in (the model
+built and compiled inside ``mesh.scope()``, then its own ``fit``): as a Mesh-TF graph
 (PlacementMeshImpl), with tensorfleet's tensor-parallel Keras layers, and with the weights as
 DTensor DVariables; prints each loss curve and the test accuracy of each trained Keras model.
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tfl.strategies.simulate_devices(4)
     import numpy as np
+    import tensorflow as tf
 
     from tensorfleet.model_parallel.mesh import Mesh
 
@@ -40,13 +42,16 @@ def main(argv: list[str] | None = None) -> int:
         x_train, x_test = x_train[..., 0], x_test[..., 0]  # 8 rows of 8 pixels
     layout = args.layout if args.model == "transformer_block" else args.layout.replace(";heads:b2", "")
     for backend in ("mtf", "keras", "dtensor"):
-        model = tfl.models.build(args.model)
         mesh = Mesh(args.mesh_shape, layout, backend=backend)
-        history = mesh.fit(model, x_train, split.y_train, epochs=args.epochs, batch_size=args.batch_size,
-                           learning_rate=args.learning_rate)
+        with mesh.scope():  # the one way in, on every backend: build and compile inside, then Keras' fit
+            model = tfl.models.build(args.model)
+            model.compile(optimizer=tf.keras.optimizers.SGD(args.learning_rate),
+                          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(x_train, split.y_train, epochs=args.epochs, batch_size=args.batch_size, shuffle=False,
+                            verbose=0)
         accuracy = float(np.mean(np.argmax(model.predict(x_test, verbose=0), axis=1) == split.y_test))
-        print(f"{backend:>5}: mesh {args.mesh_shape!r} layout {layout!r} on {len(history.devices)} devices; "
-              f"epoch losses {[round(v, 4) for v in history.loss]}; test accuracy {accuracy:.3f}")
+        print(f"{backend:>5}: mesh {args.mesh_shape!r} layout {layout!r} on {mesh.layout.size} devices; "
+              f"epoch losses {[round(v, 4) for v in history.history['loss']]}; test accuracy {accuracy:.3f}")
     return 0
 
 

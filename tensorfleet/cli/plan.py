@@ -8,6 +8,9 @@ from typing import Optional
 
 import typer
 
+from tensorfleet.planner.memory import Optimizer
+from tensorfleet.strategies.memory_savers import Precision
+
 __all__ = ["NAME", "register", "plan_command"]
 
 NAME = "plan"
@@ -29,8 +32,8 @@ def plan_command(
         None, "--intra-bandwidth", help="Links inside a machine (default --bandwidth)."),
     latency: str = typer.Option("5us", "--latency", help="Per-message latency: 5us, 1ms."),
     device_tflops: float = typer.Option(100.0, "--device-tflops", help="Sustained TFLOP/s of one device."),
-    optimizer: str = typer.Option("adam", "--optimizer", help="sgd, momentum or adam."),
-    precision: str = typer.Option("mixed_float16", "--precision", help="float32, mixed_float16 or mixed_bfloat16."),
+    optimizer: Optimizer = typer.Option(Optimizer.ADAM, "--optimizer", help="The optimizer, by the state it keeps."),
+    precision: Precision = typer.Option(Precision.MIXED_FLOAT16, "--precision", help="Float32, or mixed precision."),
     seq_len: Optional[int] = typer.Option(  # noqa: UP007
         None, "--seq-len", help="Sequence length (default: --transformer's, or 1024 with --params)."),
     layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (--params)."),  # noqa: UP007
@@ -55,12 +58,13 @@ def plan_command(
     from tensorfleet.validation import parse_count
 
     result = planner.plan(
-        model,
-        parameters=None if params is None else parse_count(params), transformer=transformer,
-        batch_size=batch, devices=devices, device_memory=device_memory, bandwidth=bandwidth, nodes=nodes,
-        intra_bandwidth=intra_bandwidth, latency=latency, device_tflops=device_tflops, optimizer=optimizer,
-        precision=precision, seq_len=seq_len, layers=layers, hidden=hidden, heads=heads, ps_servers=ps_servers,
-        server_memory=server_memory, zero=zero,
+        model, parameters=None if params is None else parse_count(params), transformer=transformer,
+        shape=planner.ModelShape(seq_len=seq_len, layers=layers, hidden=hidden, heads=heads),
+        batch_size=batch, devices=devices, device_memory=device_memory, bandwidth=bandwidth,
+        device_tflops=device_tflops,
+        network=planner.Network(nodes=nodes, intra_bandwidth=intra_bandwidth, latency=latency),
+        training=planner.TrainingOptions(optimizer=optimizer.value, precision=precision.value, zero=zero),
+        servers=planner.ParameterServers(count=ps_servers, memory=server_memory),
     )
     if output is not None:
         write_json(output, result.as_dict())

@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import typer
 
+from tensorfleet.planner.collectives import AllReduceAlgorithm
+
 __all__ = ["NAME", "app"]
 
 NAME = "profile"
@@ -29,7 +31,7 @@ def report(
     bandwidth: Optional[str] = typer.Option(  # noqa: UP007
         None, "--bandwidth", help="With --params: the link's bandwidth, with a unit (0.33GB/s, 10Gbps)."),
     latency: str = typer.Option("5us", "--latency", help="With --params: per-message latency (1290us, 1ms)."),
-    algorithm: Optional[str] = typer.Option(  # noqa: UP007
+    algorithm: Optional[AllReduceAlgorithm] = typer.Option(  # noqa: UP007
         None, "--algorithm", help="With --params: the planner's algorithm (default: ps for a parameter-server "
         "job, else ring)."),
     bytes_per_param: int = typer.Option(4, "--bytes-per-param", help="With --params: gradient bytes per parameter."),
@@ -53,7 +55,7 @@ def report(
     extra = {} if check is None else {"planner": {**asdict(check), "error": check.error}}
     paths = write_report(profile, target, extra=extra)
     if as_json:
-        typer.echo(json.dumps({**profile.to_dict(), **extra}, indent=2))
+        typer.echo(json.dumps({**profile.as_dict(), **extra}, indent=2))
         return
     typer.echo(format_table(profile))
     if check is not None:
@@ -65,7 +67,8 @@ def report(
                f"TensorBoard: tensorboard --logdir {directory}")
 
 
-def _planner_check(profile: Any, params: str, bandwidth: str | None, latency: str, algorithm: str | None,
+def _planner_check(profile: Any, params: str, bandwidth: str | None, latency: str,
+                   algorithm: AllReduceAlgorithm | None,
                    bytes_per_param: int) -> Any:
     from tensorfleet.planner.cost_model import Link
     from tensorfleet.profiling.breakdown import TaskRole
@@ -79,4 +82,4 @@ def _planner_check(profile: Any, params: str, bandwidth: str | None, latency: st
     workers = sum(role in (TaskRole.TRAINER, TaskRole.WORKER) for role in roles)
     default = "ps" if TaskRole.WORKER in roles else "ring"
     return compare(profile, gradient_bytes=count * per_param, workers=workers, link=link,
-                   algorithm=algorithm or default)
+                   algorithm=algorithm.value if algorithm is not None else default)

@@ -255,3 +255,35 @@ def replace_optimizer_variables(optimizer: Any, replacements: dict[int, Any]) ->
             for j, variable in enumerate(value):
                 if id(variable) in replacements:
                     value[j] = replacements[id(variable)]
+
+
+__all__ += ["intercept_compile"]
+
+
+def intercept_compile(hook: Any) -> Any:
+    """A context manager inside which ``model.compile(...)`` of every Keras 2 model calls
+    ``hook(model, keras_compile, *args, **kwargs)`` instead, ``keras_compile`` being Keras' own
+    ``Model.compile`` (the hook calls it, or not). What a strategy scope gets from Keras itself (a
+    model built inside ``strategy.scope()`` remembers it), a mesh scope needs this for: Keras has
+    no public hook that tells the scope which model is being compiled. Restored on exit."""
+    import contextlib
+    import functools
+
+    import tensorflow as tf
+
+    model_class = tf.keras.Model
+    keras_compile = model_class.__dict__["compile"]
+
+    @functools.wraps(keras_compile)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - Keras' own name
+        return hook(self, keras_compile, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def intercepting() -> Any:
+        model_class.compile = compile
+        try:
+            yield
+        finally:
+            model_class.compile = keras_compile
+
+    return intercepting()

@@ -24,7 +24,8 @@ def seeded_glorot(seed: int | None, k: int) -> Any:
 
 def digits_cnn(*, num_classes: int = 10, filters: int = 16, seed: int | None = 0,
                input_shape: tuple[int, int, int] = (8, 8, 1)) -> Any:
-    """A small CNN for 8x8 digits (MNIST-style): conv-conv-pool-dense. 96%+ in a few epochs."""
+    """A small CNN for 8x8 digits (scikit-learn's ``load_digits``): conv-conv-pool-dense. 96%+ in a few
+    epochs. For other images (28x28 MNIST), pass their ``input_shape``."""
     positive_int("num_classes", num_classes)
     positive_int("filters", filters)
     import tensorflow as tf
@@ -54,7 +55,7 @@ def digits_mlp(*, num_classes: int = 10, hidden: int = 64, seed: int | None = 0,
     return tf.keras.Model(inputs, outputs, name="digits_mlp")
 
 
-MODELS.register("digits_cnn", digits_cnn, aliases=("mnist_cnn",),
-                description="Small MNIST-style CNN for 8x8 digits (conv-conv-pool-dense), logits out.")
+MODELS.register("digits_cnn", digits_cnn,
+                description="Small CNN for 8x8 digits (scikit-learn's load_digits; conv-conv-pool-dense), logits out.")
 MODELS.register("digits_mlp", digits_mlp, aliases=("mlp",),
                 description="Two-layer MLP on flattened 8x8 digits, logits out.")

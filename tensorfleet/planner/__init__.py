@@ -19,7 +19,7 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "plans", "splits", "traffic",
+    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "partition", "plans", "splits", "traffic",
              "workload"),
     names={"plan": "plans", "Plan": "plans", "Workload": "workload"},
 )

@@ -201,13 +201,13 @@ def activation_values(model: Any, *, include_input: bool = True) -> int:
 def split_stages(weights: Sequence[float], stages: int) -> list[list[int]]:
     """Splits layers (by index) into ``stages`` contiguous groups minimising the heaviest group.
 
-    The pipeline module's own balanced partition, on layer indices.
+    The pipeline's balanced partition (:func:`tensorfleet.planner.partition.partition_layers`), on layer indices.
 
     Example:
         >>> split_stages([1, 1, 1, 5, 1, 1], 3)
         [[0, 1, 2], [3], [4, 5]]
     """
-    from tensorfleet.model_parallel.pipeline import partition_layers
+    from tensorfleet.planner.partition import partition_layers
 
     positive_int("stages", stages)
     return partition_layers(list(range(len(weights))), stages, weights=list(weights))

@@ -30,7 +30,59 @@ from tensorfleet.planner.workload import (Workload, format_count, preset_workloa
                                          workload_from_model)
 from tensorfleet.validation import choice, integer, number, parse_bandwidth, parse_bytes, parse_duration, positive_int
 
-__all__ = ["Plan", "plan"]
+__all__ = ["ModelShape", "Network", "ParameterServers", "Plan", "TrainingOptions", "plan"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A transformer's shape, for ``plan(parameters=...)`` (``layers``, ``hidden`` and ``heads``; ``hidden``
+    and ``heads`` together) and ``plan(transformer=...)`` (``seq_len`` only). ``seq_len`` defaults to the
+    known transformer's, or 1024 with ``parameters``."""
+
+    seq_len: int | None = None
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+
+
+@dataclass(frozen=True)
+class Network:
+    """How the devices are connected: ``nodes`` machines (``devices`` spread evenly over them), the links
+    between devices of one machine (``intra_bandwidth``, default: ``plan``'s ``bandwidth``), and the
+    per-message ``latency`` of every link."""
+
+    nodes: int = 1
+    intra_bandwidth: str | float | None = None
+    latency: str | float = "5us"
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How the model trains: ``optimizer`` (``sgd``, ``momentum``, ``adam``), ``precision`` (``float32``,
+    ``mixed_float16``, ``mixed_bfloat16``), ``recompute`` (full activation recomputation for a transformer:
+    None = only for a strategy that does not fit without it, False = never) and the ZeRO stage ``zero``
+    0-3 of the data-parallel replicas of every layout but ``data_ps`` (1 shards the optimizer state over
+    them, 2 also the gradients, 3 also the parameters)."""
+
+    optimizer: str = "adam"
+    precision: str = "mixed_float16"
+    recompute: bool | None = None
+    zero: int = 0
+
+
+@dataclass(frozen=True)
+class ParameterServers:
+    """The ``data_ps`` layout's parameter servers (hosts besides the devices): how many, and the memory of
+    one (default: as much as a device, said so in the row's note)."""
+
+    count: int = 1
+    memory: str | float | None = None
+
+
+def _options(name: str, value: Any, kind: type) -> Any:
+    if not isinstance(value, kind):
+        raise ValueError(f"{name} must be a tensorfleet.planner.plans.{kind.__name__}. Received: {name}={value!r}")
+    return value
 
 
 @dataclass
@@ -90,24 +142,15 @@ def plan(
     *,
     parameters: float | None = None,
     transformer: str | None = None,
+    shape: ModelShape = ModelShape(),
     batch_size: int,
     devices: int,
     device_memory: str | float,
     bandwidth: str | float,
-    nodes: int = 1,
-    intra_bandwidth: str | float | None = None,
-    latency: str | float = "5us",
     device_tflops: float = 100.0,
-    optimizer: str = "adam",
-    precision: str = "mixed_float16",
-    seq_len: int | None = None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    recompute: bool | None = None,
-    ps_servers: int = 1,
-    server_memory: str | float | None = None,
-    zero: int = 0,
+    network: Network = Network(),
+    training: TrainingOptions = TrainingOptions(),
+    servers: ParameterServers = ParameterServers(),
 ) -> Plan:
     """Costs every layout of ``LAYOUTS`` for a model on ``devices`` devices and recommends one.
 
@@ -116,32 +159,21 @@ def plan(
 
     Args:
         model: a registered model name (``tensorfleet.models``); or instead:
-        parameters: a transformer's parameter count (e.g. ``1.5e9``), with ``layers``,
+        parameters: a transformer's parameter count (e.g. ``1.5e9``), with ``shape``'s ``layers``,
             ``hidden`` and ``heads`` if known; or instead:
         transformer: a known transformer of :data:`~tensorfleet.planner.workload.TRANSFORMERS`
             (``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``, ``gpt3-175b``, ``bert-base``,
             ``bert-large``), with its real shape and parameter count.
+        shape: the transformer's shape (:class:`ModelShape`).
         batch_size: global batch (sequences for a transformer).
-        devices: devices in all, spread evenly over ``nodes`` machines.
+        devices: devices in all, spread evenly over ``network.nodes`` machines.
         device_memory: memory of one device, e.g. ``"16GB"``.
-        bandwidth: the network between machines (between devices when ``nodes == 1``), e.g.
+        bandwidth: the network between machines (between devices when there is one machine), e.g.
             ``"100Gbps"``.
-        nodes: machines.
-        intra_bandwidth: links between devices of one machine (default: ``bandwidth``).
-        latency: per-message latency of every link.
         device_tflops: sustained TFLOP/s of one device, for compute time.
-        optimizer: ``sgd``, ``momentum`` or ``adam``.
-        precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
-        seq_len: sequence length (default: the preset's, or 1024 with ``parameters``).
-        layers, hidden, heads: the transformer's shape (``parameters`` only; ``hidden`` and
-            ``heads`` together).
-        recompute: full activation recomputation for a transformer: None = only for a
-            strategy that does not fit without it, False = never.
-        ps_servers: parameter servers of the ``data_ps`` layout (hosts besides the devices).
-        server_memory: memory of one parameter server (default: as much as a device, said so
-            in the row's note).
-        zero: ZeRO stage 0-3 for the data-parallel replicas of every layout but ``data_ps``: 1
-            shards the optimizer state over them, 2 also the gradients, 3 also the parameters.
+        network: machines, links inside one, latency (:class:`Network`).
+        training: optimizer, precision, recomputation, ZeRO stage (:class:`TrainingOptions`).
+        servers: the parameter servers of the ``data_ps`` layout (:class:`ParameterServers`).
 
     Returns:
         A :class:`Plan`. Raises ValueError when no layout fits, saying how much is missing and
@@ -161,25 +193,29 @@ def plan(
         recommendation: data_allreduce -- fits (1.15 MB of 16.00 GB per device) with the shortest
         estimated step, 0.122 ms (0.122 ms communication); next: data_ps at 0.500 ms
     """
+    shape, network = _options("shape", shape, ModelShape), _options("network", network, Network)
+    training, servers = _options("training", training, TrainingOptions), _options("servers", servers, ParameterServers)
     batch_size = positive_int("batch_size", batch_size)
     devices = positive_int("devices", devices)
-    nodes = positive_int("nodes", nodes)
-    ps_servers = positive_int("ps_servers", ps_servers)
-    zero = integer("zero", zero, minimum=0, maximum=3)
+    nodes = positive_int("nodes", network.nodes)
+    ps_servers = positive_int("servers.count", servers.count)
+    zero = integer("zero", training.zero, minimum=0, maximum=3)
     if devices % nodes:
         raise ValueError(f"devices must be a multiple of nodes. Received: devices={devices}, nodes={nodes}")
     number("device_tflops", device_tflops, above=0)
     memory_bytes = _positive_bytes("device_memory", device_memory)
-    servers_bytes = None if server_memory is None else _positive_bytes("server_memory", server_memory)
-    alpha = parse_duration(latency, require_unit=True)
+    servers_bytes = None if servers.memory is None else _positive_bytes("servers.memory", servers.memory)
+    alpha = parse_duration(network.latency, require_unit=True)
     inter = Link(alpha=alpha, beta=1.0 / parse_bandwidth(bandwidth, require_unit=True))
-    intra = inter if intra_bandwidth is None else Link(
-        alpha=alpha, beta=1.0 / parse_bandwidth(intra_bandwidth, require_unit=True))
-    work = _workload(model, parameters, transformer, seq_len=seq_len, layers=layers, hidden=hidden, heads=heads)
+    intra = inter if network.intra_bandwidth is None else Link(
+        alpha=alpha, beta=1.0 / parse_bandwidth(network.intra_bandwidth, require_unit=True))
+    work = _workload(model, parameters, transformer, seq_len=shape.seq_len, layers=shape.layers, hidden=shape.hidden,
+                     heads=shape.heads)
+    optimizer, precision = training.optimizer, training.precision
     setup = PlanSetup(work=work, batch_size=batch_size, devices=devices, nodes=nodes, device_memory=memory_bytes,
                       intra=intra, inter=inter, device_tflops=device_tflops, optimizer=optimizer, precision=precision,
                       value_bytes=bytes_per_parameter(optimizer, precision)["parameters"],  # also checks both
-                      recompute=recompute, ps_servers=ps_servers, server_memory=servers_bytes, zero=zero)
+                      recompute=training.recompute, ps_servers=ps_servers, server_memory=servers_bytes, zero=zero)
     result = Plan(workload=work, inputs=setup.inputs())
     for entry in LAYOUTS.entries():
         costed = entry.obj.cost(setup)

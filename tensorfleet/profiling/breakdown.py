@@ -30,7 +30,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from tensorfleet.profiling.intervals import clip, intersect, length, subtract, union
 from tensorfleet.profiling.xspace import DeviceSpans, Step, StepSource, TaskTrace, task_traces
@@ -251,7 +251,8 @@ class JobProfile:
     verdict: Verdict
     traces: list[TaskTrace]
 
-    def to_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
+        """The profile as JSON-ready data (what ``tensorfleet profile --json`` prints)."""
         return {
             "directory": str(self.directory) if self.directory else None,
             "verdict": {**asdict(self.verdict), "bottleneck": self.verdict.bottleneck.value},

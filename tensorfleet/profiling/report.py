@@ -114,7 +114,7 @@ def write_report(profile: JobProfile, out_dir: str | Path | None = None, *,
         raise ValueError("out_dir is needed for a profile that was not read from a directory.")
     out = Path(out_dir if out_dir is not None else profile.directory)
     paths = {kind: out / name for kind, name in REPORT_FILES.items()}
-    write_json(paths["json"], {**profile.to_dict(), **(extra or {})})
+    write_json(paths["json"], {**profile.as_dict(), **(extra or {})})
     save_figure(plot_steps(profile), paths["png"])
     write_text(paths["trace"], json.dumps(chrome_trace(profile)))
     return paths

@@ -117,7 +117,7 @@ def test_malformed_layout_strings_are_clear_errors(mesh_shape, layout, pattern):
 
 
 def test_unknown_backend_lists_the_backends():
-    with pytest.raises(ValueError, match=r"Unknown mesh backend 'kras'. Did you mean 'keras'\? Available: mtf, keras"):
+    with pytest.raises(ValueError, match=r"Unknown mesh backend 'kras'. Did you mean 'keras'\? Available: dtensor, mtf, keras"):
         tfmesh.Mesh("b1:2", "batch:b1", backend="kras")
 
 
@@ -404,3 +404,32 @@ def test_keras_backend_runs_each_gradient_matmul_on_its_shards_device(case, logi
         differentiated = op[len("gradients/"):].split("_grad/")[0]
         assert device == traced[differentiated], (op, device, traced[differentiated])
 
+
+
+@pytest.mark.parametrize("backend", ["mtf", "keras"])
+def test_a_model_compiled_in_the_scope_trains_with_its_own_fit(backend, logical_cpus):
+    x, y = _data("digits_mlp")
+    ref_losses, ref_final, ref_model = _single_device_run("digits_mlp", x, y)
+    mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend=backend)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with mesh.scope():
+        model = models.build("digits_mlp")  # the same seed: the same initial weights as the reference
+        model.compile(tf.keras.optimizers.SGD(LR), loss, metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert list(history.history) == ["loss"] and len(model.mesh_trainer.step_loss) == STEPS
+    np.testing.assert_allclose(model.mesh_trainer.step_loss, ref_losses, atol=1e-5, rtol=0)
+    assert abs(history.history["loss"][0] - np.mean(ref_losses)) < 1e-5
+    for got, want in zip(model.get_weights(), ref_model.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    evaluated = model.evaluate(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0, return_dict=True)
+    assert abs(evaluated["loss"] - ref_final) < 1e-5 and sorted(evaluated) == ["accuracy", "loss"]
+    np.testing.assert_allclose(model.predict(x[:BATCH], verbose=0), ref_model(x[:BATCH]).numpy(), atol=1e-5)
+    # what the backend cannot run is refused at compile, before any step
+    with mesh.scope():
+        with pytest.raises(ValueError, match=rf"^The {backend} mesh backend trains with plain SGD \(tf.keras.optimizers.SGD "
+                                             r"without momentum\); backend='dtensor' takes any Keras optimizer. "
+                                             r"Received: optimizer=<.*Adam"):
+            models.build("digits_mlp").compile(tf.keras.optimizers.Adam(), loss)
+        with pytest.raises(ValueError, match=r"^Mesh layouts support inputs of shape \(batch, features\) or \(batch, seq, "
+                                             r"features\). Received: input shape \(None, 8, 8, 1\)$"):
+            models.build("digits_cnn").compile(tf.keras.optimizers.SGD(LR), loss)

@@ -20,10 +20,11 @@ def _data(name="digits_mlp"):
     return split.x_train[: STEPS * BATCH], split.y_train[: STEPS * BATCH]
 
 
-SUPPORTED = ("A Mesh supports Sequential and functional models that are chains of Dense (activation linear, relu, "
-             "sigmoid, tanh), GlobalAveragePooling1D and tensorfleet's TransformerBlock layers (the block keeps its "
-             "residual connections inside), ending in a Dense of class logits. Any other Keras model trains with "
-             "Keras' own fit when built inside mesh.scope() (trainer = mesh.keras_model(model)).")
+SUPPORTED = ("The mtf and keras mesh backends (and Mesh.fit) run Sequential and functional models that are chains "
+             "of Dense (activation linear, relu, sigmoid, tanh), GlobalAveragePooling1D and tensorfleet's "
+             "TransformerBlock layers (the block keeps its residual connections inside), ending in a Dense of class "
+             "logits. Any other Keras model trains with its own compile and fit when built and compiled inside "
+             "mesh.scope() of a Mesh with backend='dtensor'.")
 _layers = tf.keras.layers
 
 

@@ -35,22 +35,21 @@ for zero in (0, 3):
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m", zero=zero)
     with mesh.scope():
         model = build()
-        trainer = mesh.keras_model(model)
-        trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss, metrics=["accuracy"])
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss, metrics=["accuracy"])
     model.set_weights(initial)
     seen = []
     stop = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(sorted(logs)))
-    history = trainer.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv),
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv),
                           callbacks=[stop]).history
-    evaluated = trainer.evaluate(xv, yv, batch_size=16, verbose=0, return_dict=True)
-    split = trainer.fit(x, y, batch_size=16, epochs=1, verbose=0, validation_split=0.25).history
+    evaluated = model.evaluate(xv, yv, batch_size=16, verbose=0, return_dict=True)
+    split = model.fit(x, y, batch_size=16, epochs=1, verbose=0, validation_split=0.25).history
     out[zero] = {"history": history, "seen": seen, "evaluate": evaluated, "split": split,
-                 "split_evaluate": trainer.evaluate(x[72:], y[72:], batch_size=16, verbose=0, return_dict=True)}
+                 "split_evaluate": model.evaluate(x[72:], y[72:], batch_size=16, verbose=0, return_dict=True)}
 errors = []
 for kwargs in [{"validation_data": (xv, yv, np.ones(48))}, {"validation_split": 1.5},
                {"validation_data": (xv[:8], yv[:8])}]:
     try:
-        trainer.fit(x, y, batch_size=16, verbose=0, **kwargs)
+        model.fit(x, y, batch_size=16, verbose=0, **kwargs)
     except ValueError as exc:
         errors.append(str(exc))
 out["errors"] = errors
@@ -96,11 +95,10 @@ x, y = np.arange(64 * 3, dtype="float32").reshape(64, 3), np.arange(64, dtype="i
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
 with mesh.scope():
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, name="d")])
-    trainer = mesh.keras_model(model)
 
 
 def orders(batches=4):  # the label (example number) each device reads in a shuffled epoch of 4 batches of 16
-    dataset, _ = trainer._dataset(x, y, 16, shuffle=True)
+    dataset, _ = model.mesh_trainer._dataset(x, y, 16, shuffle=True)
     seen = [[] for _ in mesh.devices]
     for _, (xb, yb) in zip(range(batches), dataset):
         for device, part in enumerate(dtensor.unpack(yb)):

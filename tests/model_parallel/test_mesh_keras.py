@@ -106,7 +106,7 @@ def test_keras_model_before_a_scope_is_a_clear_error():
 
 
 _FIT_SCRIPT = r"""
-import json
+import json, sys
 import numpy as np
 from tensorfleet.strategies.devices import simulate_devices
 simulate_devices(4)
@@ -158,34 +158,60 @@ for key, build, optimizer, loss in [
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
     with mesh.scope() as layout:
         model = build()
-        trainer = mesh.keras_model(model)
-        trainer.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
+        model.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
     model.set_weights(initial)
     steps = Steps()
-    history = trainer.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[steps])
-    weights = trainer.get_weights()
+    history = model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[steps])
+    weights = model.get_weights()
     d1 = next((v for v in model.weights if v.name.startswith(("d1/kernel", "h/kernel"))))
     out[key] = {
         "steps": steps.losses, "ref_steps": ref_steps.losses, "history": history.history,
         "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(weights, reference.get_weights()))),
         "moved": float(max(np.abs(a - b).max() for a, b in zip(weights, initial))),
-        "evaluate": trainer.evaluate(x, y, batch_size=32, verbose=0),
+        "evaluate": model.evaluate(x, y, batch_size=32, verbose=0),
         "ref_evaluate": reference.evaluate(x, y, batch_size=32, verbose=0),
-        "predict_diff": float(np.abs(trainer.predict(x[:50], batch_size=16) - reference.predict(x[:50], verbose=0)).max()),
+        "predict_diff": float(np.abs(model.predict(x[:50], batch_size=16) - reference.predict(x[:50], verbose=0)).max()),
         "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided},
-        "slots": {v.name: list(v.layout.sharding_specs) for v in trainer.optimizer.variables
+        "slots": {v.name: list(v.layout.sharding_specs) for v in model.optimizer.variables
                   if d1.name.split(":")[0] in v.name},
         "d1_shards": [list(t.shape) for t in tf.experimental.dtensor.unpack(d1.read_value())],
         "d1_shape": list(d1.shape),
     }
+    if key == "adam":  # saved from the mesh, loaded as a one-device model: weights, predictions, Adam's state
+        model.save(sys.argv[1] + "/skip_net.keras")
+        loaded = tf.keras.models.load_model(sys.argv[1] + "/skip_net.keras")
+        out[key]["loaded"] = {
+            "type": [type(model).__name__, isinstance(model, tf.keras.Model), type(loaded).__name__],
+            "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(loaded.get_weights(), weights))),
+            "predict_diff": float(np.abs(loaded.predict(x[:50], verbose=0) - reference.predict(x[:50], verbose=0)).max()),
+            "slots": [len(loaded.optimizer.variables), len(reference.optimizer.variables)],
+            "slot_diff": float(max(np.abs(a.numpy() - b.numpy()).max()
+                                   for a, b in zip(loaded.optimizer.variables, reference.optimizer.variables)))}
+before = skip_net()  # built before the scope: nothing of it is laid out on the mesh
+with Mesh("b:2;m:2", "batch:b;hidden:m").scope():
+    try:
+        before.compile(optimizer="adam", loss="mse")
+    except ValueError as exc:
+        out["built_before"] = str(exc)
 print("RESULT " + json.dumps(out))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_keras_fit_on_a_2x2_mesh_matches_one_device_after_5_steps():
-    out = _run_result(_FIT_SCRIPT, timeout=540)
+def test_keras_fit_on_a_2x2_mesh_matches_one_device_after_5_steps(tmp_path):
+    out = _run_result(_FIT_SCRIPT, str(tmp_path), timeout=540)
+    # A model built before the scope is refused at its compile, before any step
+    assert out.pop("built_before") == (
+        "Model 'skip_net' has weights this mesh did not lay out (conv/kernel:0, conv/bias:0, d1/kernel:0, "
+        "d1/bias:0, ...): build the model inside mesh.scope(), not before it, then compile it there. Received: 10 "
+        "of 10 weights off the mesh")
+    # Built and compiled in mesh.scope(), the user's own model is the one that trains: the same object and class
+    # name; save writes a one-device model with the gathered weights and Adam's state
+    loaded = out["adam"].pop("loaded")
+    assert loaded["type"] == ["Functional", True, "Functional"]
+    assert loaded["weight_diff"] == 0.0 and loaded["predict_diff"] < 1e-5
+    assert loaded["slots"] == [21, 21] and loaded["slot_diff"] < 1e-5
     for key, row in out.items():
         assert len(row["steps"]) == 5 and row["moved"] > 1e-3, key
         assert max(abs(a - b) for a, b in zip(row["steps"], row["ref_steps"])) < 1e-5, (key, row)
@@ -222,22 +248,21 @@ def on_mesh(shape, rules):
     mesh = Mesh(shape, rules)
     with mesh.scope():
         model = build()
-        trainer = mesh.keras_model(model)
-        trainer.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model, trainer
+        model.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
 
 x = np.random.RandomState(0).rand(64, 16).astype("float32")
 y = np.arange(64) % 8
-model, trainer = on_mesh("b:2;m:2", "batch:b;hidden:m")
-trainer.fit(x, y, batch_size=16, verbose=0)
-saved = trainer.get_weights()
+model = on_mesh("b:2;m:2", "batch:b;hidden:m")
+model.fit(x, y, batch_size=16, verbose=0)
+saved = model.get_weights()
 path = sys.argv[1] + "/weights"
 model.save_weights(path)
 out = {}
 for shape, rules in [("m:4", "hidden:m"), ("b:4", "batch:b"), ("one:1", "")]:
-    restored, again = on_mesh(shape, rules)
+    restored = on_mesh(shape, rules)
     restored.load_weights(path)
-    out[shape] = {"diff": float(max(np.abs(a - b).max() for a, b in zip(again.get_weights(), saved))),
+    out[shape] = {"diff": float(max(np.abs(a - b).max() for a, b in zip(restored.get_weights(), saved))),
                   "layouts": [list(v.layout.sharding_specs) for v in restored.weights]}
 plain = build()
 plain.load_weights(path)
@@ -291,12 +316,11 @@ reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m;heads:m;vocab:m")
 with mesh.scope() as layout:
     model = small_gpt()
-    trainer = mesh.keras_model(model)
-    trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
 model.set_weights(initial)
 steps = Steps()
-trainer.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[steps])
-weights = trainer.get_weights()
+model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[steps])
+weights = model.get_weights()
 print("RESULT " + json.dumps({
     "steps": steps.losses, "ref_steps": ref_steps.losses,
     "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(weights, reference.get_weights()))),
@@ -358,16 +382,15 @@ unfused.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
 with mesh.scope() as layout:
     model = build()
-    trainer = mesh.keras_model(model)
-    trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
 model.set_weights(initial)
 steps = Steps()
-trainer.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[steps])
+model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[steps])
 print("RESULT " + json.dumps({
     "steps": steps.losses, "ref_steps": ref_steps.losses, "first_grads": first_grads,
     "names": [v.name for v in model.weights],
-    "diffs": [float(np.abs(a - b).max()) for a, b in zip(trainer.get_weights(), reference.get_weights())],
-    "unfused_diffs": [float(np.abs(a - b).max()) for a, b in zip(trainer.get_weights(), unfused.get_weights())]}))
+    "diffs": [float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights())],
+    "unfused_diffs": [float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), unfused.get_weights())]}))
 """
 
 
@@ -433,19 +456,18 @@ for zero in (0, 1):
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m", zero=zero)
     with mesh.scope():
         model = build()
-        trainer = mesh.keras_model(model)
-        trainer.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss)
     model.set_weights(initial)
     steps = Steps()
-    trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
+    model.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
     held = {}
-    for slot in trainer.optimizer.variables:
+    for slot in model.optimizer.variables:
         for shard in dtensor.unpack(slot.read_value()):
             held[shard.device] = held.get(shard.device, 0) + int(shard.shape.num_elements())
     out[zero] = {"loss_diff": float(max(abs(a - b) for a, b in zip(steps.losses, ref_steps.losses))),
-                 "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(),
+                 "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(model.get_weights(),
                                                                              reference.get_weights()))),
-                 "slots": {v.name: list(v.layout.sharding_specs) for v in trainer.optimizer.variables},
+                 "slots": {v.name: list(v.layout.sharding_specs) for v in model.optimizer.variables},
                  "held": sorted(held.values())}
 print("RESULT " + json.dumps(out))
 """

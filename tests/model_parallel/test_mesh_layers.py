@@ -155,14 +155,13 @@ reference.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[ref_step
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
 with mesh.scope() as layout:
     model = build()
-    trainer = mesh.keras_model(model)
-    trainer.compile(tf.keras.optimizers.Adam(1e-2), loss)
+    model.compile(tf.keras.optimizers.Adam(1e-2), loss)
 model.set_weights(initial)
 steps = Steps()
-trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
+model.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
 print("RESULT " + json.dumps({
     "steps": steps.losses, "ref_steps": ref_steps.losses,
-    "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(), reference.get_weights()))),
+    "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(model.get_weights(), reference.get_weights()))),
     "moved": float(max(np.abs(a - b).max() for a, b in zip(reference.get_weights(), initial))),
     "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided}}))
 """
@@ -208,14 +207,13 @@ ref_loss = reference.fit(x, y, batch_size=16, shuffle=False, verbose=0).history[
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
 with mesh.scope(patterns={"embed/embeddings": (None, "m")}) as layout:  # the table's columns split
     model = build()
-    trainer = mesh.keras_model(model)
-    trainer.compile(tf.keras.optimizers.Adam(1e-2), loss)
-adapted = sorted(trainer.adapted)  # the trainer adapts the layers reading split units, nothing else
+    model.compile(tf.keras.optimizers.Adam(1e-2), loss)
+adapted = sorted(model.mesh_trainer.adapted)  # the trainer adapts the layers reading split units, nothing else
 model.set_weights(initial)
-mesh_loss = trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
+mesh_loss = model.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
 print("RESULT " + json.dumps({
     "loss": mesh_loss, "ref_loss": ref_loss, "adapted": adapted,
-    "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(), reference.get_weights()))),
+    "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(model.get_weights(), reference.get_weights()))),
     "layouts": {w.path: w.mesh_axes for w in layout.decided}}))
 """
 

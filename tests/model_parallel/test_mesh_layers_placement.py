@@ -22,10 +22,9 @@ L = tf.keras.layers
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
 with mesh.scope():
     model = tf.keras.Sequential([tf.keras.Input((16,)), L.Dense(32, activation="relu", name="h"), L.Dense(8, name="o")])
-    trainer = mesh.keras_model(model)
-    trainer.compile(tf.keras.optimizers.Adam(1e-2), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(tf.keras.optimizers.Adam(1e-2), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x = np.random.RandomState(0).rand(32, 16).astype("float32")
-trainer.fit(x, np.arange(32) % 8, batch_size=16, epochs=1, verbose=0)
+model.fit(x, np.arange(32) % 8, batch_size=16, epochs=1, verbose=0)
 """
 
 _MATMULS = {"MatMul", "_MklMatMul", "_FusedMatMul", "_MklNativeFusedMatMul", "_MklFusedMatMul"}

@@ -62,25 +62,24 @@ for key, optimizer in OPTIMIZERS.items():
         mesh = Mesh("b:2;m:2", "batch:b;hidden:m", zero=zero)
         with mesh.scope():
             model = build()
-            trainer = mesh.keras_model(model)
-            trainer.compile(optimizer=eval(optimizer), loss=loss)
+            model.compile(optimizer=eval(optimizer), loss=loss)
         model.set_weights(initial)
         steps = Steps()
-        trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
-        grads = trainer.step_gradients(x[:16], y[:16])
+        model.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[steps])
+        grads = model.mesh_trainer.step_gradients(x[:16], y[:16])
         row = {"steps": steps.losses, "ref_steps": ref_steps.losses,
-               "weights": [w.tolist() for w in trainer.get_weights()],
-               "ref_diff": float(max(np.abs(a - b).max() for a, b in zip(trainer.get_weights(), reference.get_weights())))}
+               "weights": [w.tolist() for w in model.get_weights()],
+               "ref_diff": float(max(np.abs(a - b).max() for a, b in zip(model.get_weights(), reference.get_weights())))}
         if key == "adamw_global_clip":
             planned = model_state_bytes(mesh.weight_splits(model), "adam", zero=zero)  # AdamW: the same m and v
             row.update(
                 layouts={v.name: list(v.layout.sharding_specs) for v in model.weights},
                 zero_variables=sorted(v.name for v in model.weights if isinstance(v, ZeroVariable)),
-                slots={v.name: list(v.layout.sharding_specs) for v in trainer.optimizer.variables
+                slots={v.name: list(v.layout.sharding_specs) for v in model.optimizer.variables
                        if "/h/" in v.name or "/embed/" in v.name},
                 grads={v.name: list(dtensor.fetch_layout(g).sharding_specs) for v, g in zip(model.trainable_variables, grads)},
                 held={"parameters": held(model.weights), "gradients": held(grads),
-                      "optimizer_state": held(trainer.optimizer.variables)},
+                      "optimizer_state": held(model.optimizer.variables)},
                 planned={k: v / 4 for k, v in planned.items()})  # float32: 4 bytes an element
         out[f"{key}/{zero}"] = row
 print("RESULT " + json.dumps(out))

@@ -23,7 +23,7 @@ def test_bad_test_fraction_is_refused() -> None:
 
 
 def test_digits_models_build_with_exact_parameter_counts() -> None:
-    cnn = tfl.models.build("mnist_cnn")
+    cnn = tfl.models.build("digits_cnn")
     # conv 3*3*1*16+16, conv 3*3*16*32+32, dense 4*4*32*64+64, dense 64*10+10
     assert cnn.count_params() == 160 + 4640 + 32832 + 650 == 38282
     assert cnn.output_shape == (None, 10)

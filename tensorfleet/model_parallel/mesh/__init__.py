@@ -1,41 +1,55 @@
-"""Mesh-TensorFlow layouts for Keras models, run by Mesh-TF itself, tensor-parallel Keras or DTensor.
+"""A device mesh and a Mesh-TF layout, used like a strategy: build and compile inside ``mesh.scope()``.
 
-A layout is a Mesh-TF mesh shape such as ``"b1:2;b2:2"`` and layout rules such as
-``"batch:b1;hidden:b2"`` (:class:`MeshLayout`, parsed by mesh-tensorflow itself). One object,
-:class:`Mesh`, runs a layout in one of three ways (:class:`MeshBackend`), each in a module of
-its own named after it:
+A layout is one object, :class:`MeshLayout`: a Mesh-TF mesh shape such as ``"b:2;m:2"`` and layout
+rules such as ``"batch:b;hidden:m"``, parsed by mesh-tensorflow itself. :class:`Mesh` holds it with
+the devices, and one way in for every backend (:class:`MeshBackend`, each a module of this package
+that reads the layout)::
 
-1. ``"mtf"`` (:mod:`~tensorfleet.model_parallel.mesh.mtf`): the Keras model written out as a
-   Mesh-TF graph, lowered by ``PlacementMeshImpl`` and trained in a ``tf.compat.v1.Session``.
-2. ``"keras"`` (:mod:`~tensorfleet.model_parallel.mesh.keras`): the model rebuilt from
+    mesh = Mesh("b:2;m:2", "batch:b;hidden:m")            # backend="dtensor" by default
+    with mesh.scope():
+        model = build_my_keras_model()                      # the user's own model
+        model.compile(optimizer="adam", loss=..., metrics=[...])
+    model.fit(x, y, batch_size=32, epochs=3)                # Keras' fit; evaluate, predict, save too
+
+1. ``"dtensor"`` (default): every weight created inside the scope is a DTensor DVariable laid out
+   by the rules (:mod:`~tensorfleet.model_parallel.mesh.keras_layout`); any Keras model, loss and
+   optimizer; the model's ``compile`` inside the scope hands it to a
+   :class:`~tensorfleet.model_parallel.mesh.keras_trainer.MeshTrainer`.
+2. ``"mtf"`` (:mod:`~tensorfleet.model_parallel.mesh.mtf`): the Keras model written out as a
+   Mesh-TF graph by mesh-tensorflow's own lowering (``PlacementMeshImpl``), run in a
+   ``tf.compat.v1.Session``.
+3. ``"keras"`` (:mod:`~tensorfleet.model_parallel.mesh.keras`): the model rebuilt from
    tensorfleet's tensor-parallel layers over a (data x model) grid of devices.
-3. ``"dtensor"`` (:mod:`~tensorfleet.model_parallel.mesh.dtensor`): every weight a
-   ``tf.experimental.dtensor`` DVariable laid out by the rules.
 
-All three train with plain SGD on the mean softmax cross-entropy of integer labels
-(:mod:`~tensorfleet.model_parallel.mesh.training`) and, when done, write the trained weights back
-into the Keras model. Supported models, and the names of their tensor dimensions, are in
-:mod:`~tensorfleet.model_parallel.mesh.dimensions` (:func:`model_dimensions`).
+The ``mtf`` and ``keras`` backends (and the chain form of ``dtensor`` that :meth:`Mesh.fit` uses)
+run chain models (:mod:`~tensorfleet.model_parallel.mesh.dimensions`) with plain SGD on the
+softmax cross-entropy of logits; each makes one training step, and the loop over batches and
+epochs is Keras' own ``fit`` (:class:`~tensorfleet.model_parallel.mesh.step_trainer.StepTrainer`).
+:meth:`Mesh.fit` and :meth:`Mesh.fit_mtf` are shorthands for the same (compile with SGD, then
+``fit``) that return a :class:`MeshHistory` of every step; ``Mesh.keras_model(model)`` returns the
+model itself, ready for the mesh.
 
 Example:
+    >>> import tensorflow as tf
     >>> import tensorfleet as tfl
     >>> from tensorfleet.model_parallel.mesh import Mesh
     >>> split = tfl.models.datasets.load_digits(flat=True)
-    >>> model = tfl.models.build("digits_mlp")
     >>> mesh = Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend="mtf")
-    >>> history = mesh.fit(model, split.x_train[:256], split.y_train[:256], epochs=2, batch_size=32,
-    ...                    verbose=False)
-    >>> history.devices
-    ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
-    >>> len(history.step_loss), history.loss[1] < history.loss[0]
-    (16, True)
+    >>> with mesh.scope():
+    ...     model = tfl.models.build("digits_mlp")
+    ...     model.compile(tf.keras.optimizers.SGD(0.1),
+    ...                   tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    >>> history = model.fit(split.x_train[:256], split.y_train[:256], epochs=2, batch_size=32, verbose=0)
+    >>> loss = history.history["loss"]
+    >>> len(loss), loss[1] < loss[0]
+    (2, True)
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
-import importlib
-from typing import Any, ContextManager, Mapping, Sequence
+from typing import Any, ContextManager, Iterator, Mapping, Sequence
 
 from tensorfleet.model_parallel.mesh.dimensions import model_dimensions
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout, WeightLayout
@@ -59,34 +73,35 @@ __all__ = [
 class MeshBackend(str, enum.Enum):
     """How a layout runs; each backend is the module of this package named after its value."""
 
+    DTENSOR = "dtensor"
     MTF = "mtf"
     KERAS = "keras"
-    DTENSOR = "dtensor"
 
 
 BACKENDS: Registry[MeshBackend] = Registry("mesh backend")
+BACKENDS.register("dtensor", MeshBackend.DTENSOR, aliases=("tf_dtensor",),
+                  description="Every Keras weight a DTensor DVariable laid out on a tf.experimental.dtensor mesh; "
+                              "any Keras model, loss and optimizer.")
 BACKENDS.register("mtf", MeshBackend.MTF, aliases=("mesh_tensorflow", "graph"),
                   description="Mesh-TensorFlow graph lowered by PlacementMeshImpl, tf.compat.v1 session.")
 BACKENDS.register("keras", MeshBackend.KERAS, aliases=("tensor_parallel", "eager"),
                   description="Keras with tensorfleet's tensor-parallel layers over a (data x model) mesh.")
-BACKENDS.register("dtensor", MeshBackend.DTENSOR, aliases=("tf_dtensor",),
-                  description="The Keras model's weights as DTensor DVariables laid out on a tf.experimental.dtensor mesh.")
 
 
 class Mesh:
-    """A device mesh with a Mesh-TF layout, and the way it trains a Keras model.
+    """A device mesh with a Mesh-TF layout; a Keras model built and compiled in :meth:`scope` trains on it.
 
     Args:
         mesh_shape: Mesh-TF mesh shape, e.g. ``"b1:2;b2:2"``.
         layout: Mesh-TF layout rules, e.g. ``"batch:b1;hidden:b2"``.
-        backend: ``"mtf"`` (Mesh-TensorFlow graph), ``"keras"`` (tensor-parallel Keras layers)
-            or ``"dtensor"`` (DTensor DVariables).
+        backend: ``"dtensor"`` (DTensor DVariables, any Keras model), ``"mtf"`` (Mesh-TensorFlow
+            graph) or ``"keras"`` (tensor-parallel Keras layers).
         devices: device names; default: the logical CPU devices (or GPUs, where present).
-        zero: ZeRO stage of :meth:`keras_model` training over the mesh dimension of ``batch``
+        zero: ZeRO stage of the dtensor backend's training over the mesh dimension of ``batch``
             (:mod:`.zero`): 0; 1 splits each optimizer slot over it too (on its first axis that is
             whole and divisible); 2 also the gradients; 3 also the trainable weights themselves.
 
-    Example:
+    Example (:meth:`fit`, the shorthand that also records every step):
         >>> import tensorfleet as tfl
         >>> data = tfl.models.datasets.load_digits()
         >>> x, y = data.x_train[:256, ..., 0], data.y_train[:256]  # each digit as 8 rows of 8 pixels
@@ -99,11 +114,11 @@ class Mesh:
         (16, True)
     """
 
-    def __init__(self, mesh_shape: str, layout: str = "", *, backend: str | MeshBackend = "mtf",
+    def __init__(self, mesh_shape: str, layout: str = "", *, backend: str | MeshBackend = "dtensor",
                  devices: Sequence[str] | None = None, zero: int = 0) -> None:
         self.layout = MeshLayout(mesh_shape, layout)
         self.zero = integer("zero", zero, minimum=0, maximum=3)
-        """ZeRO stage of ``keras_model`` training (Rajbhandari et al., 2020): 1 splits the optimizer
+        """ZeRO stage of the dtensor backend's training (Rajbhandari et al., 2020): 1 splits the optimizer
         state over the batch mesh dimension, 2 also the gradients, 3 also the parameters."""
         self.backend = BACKENDS.get(backend.value if isinstance(backend, MeshBackend) else backend)
         self._devices = list(devices) if devices is not None else None
@@ -136,10 +151,14 @@ class Mesh:
         return self._dtensor_mesh
 
     def scope(self, patterns: Mapping[str, Sequence[str | None]] | None = None) -> ContextManager[KerasLayout]:
-        """Lays out every Keras weight created inside by the layout rules (and ``patterns``).
+        """The way in, as a strategy's scope: a Keras model built and compiled inside trains on the mesh
+        with its own ``fit``, ``evaluate``, ``predict``, ``get_weights`` and ``save``.
 
-        Any backend: the weights become DTensor DVariables (see :mod:`.keras_layout` for the
-        dimension names of each layer's weights and why).
+        With the ``dtensor`` backend every Keras weight created inside is laid out by the layout
+        rules (and ``patterns``) as a DTensor DVariable (see :mod:`.keras_layout` for the dimension
+        names of each layer's weights and why); a model compiled inside whose weights were made
+        before it is one clear error at its ``compile``. With ``mtf`` and ``keras`` the weights stay
+        Keras' own, and ``compile`` checks the model, the optimizer (SGD) and the loss.
 
         Args:
             patterns: regular expression over weight paths (``"d1/kernel"``) -> one mesh
@@ -152,36 +171,41 @@ class Mesh:
             >>> # clash with tf.distribute strategies built in the same process (group key 1, TF 2.14)
             >>> with mesh.scope() as layout:  # doctest: +SKIP
             ...     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4, name="d")])
+            ...     model.compile(optimizer="adam", loss="mse")
             >>> [(w.path, w.mesh_axes) for w in layout.decided]  # doctest: +SKIP
             [('d/kernel', (None, 'm')), ('d/bias', ('m',))]
         """
-        from tensorfleet.model_parallel.mesh.keras_model import mesh_scope
-
         self.keras_layout = KerasLayout(self.layout.mesh_dims, self.layout.rules, patterns)
-        return mesh_scope(self.keras_layout, self.dtensor_mesh, zero=self.zero)
+        return _scope(self)
 
     def keras_model(self, model: Any) -> Any:
-        """The Keras model that trains ``model`` (built in :meth:`scope`) with Keras' own
-        ``compile`` / ``fit`` / ``evaluate`` / ``predict``; see
-        :func:`~tensorfleet.model_parallel.mesh.keras_model.keras_mesh_model`.
-
-        Example:
-            >>> import numpy as np, tensorflow as tf
-            >>> mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
-            >>> with mesh.scope():  # doctest: +SKIP
-            ...     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4)])
-            ...     trainer = mesh.keras_model(model)
-            ...     trainer.compile(optimizer="adam", loss="mse")
-            >>> history = trainer.fit(np.ones((64, 8)), np.zeros((64, 4)), batch_size=16, verbose=0)  # doctest: +SKIP
-            >>> len(history.history["loss"])  # doctest: +SKIP
-            1
+        """``model`` itself, made ready for the mesh now rather than at its ``compile`` inside
+        :meth:`scope` (the same thing: the same object, its class mixed with
+        :class:`~tensorfleet.model_parallel.mesh.keras_model.OnMesh`). Kept for code written
+        before ``compile`` inside the scope was the way in; new code does not need it.
         """
         from tensorfleet.compat.keras import require_keras2
-        from tensorfleet.model_parallel.mesh.keras_model import keras_mesh_model
+        from tensorfleet.model_parallel.mesh.keras_model import OnMesh, attach
 
         require_keras2(model, "Mesh.keras_model")
         self._require_scope(model)
-        return keras_mesh_model(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
+        if isinstance(model, OnMesh) and model.mesh_trainer is not None:
+            return model
+        return attach(model, self.trainer(model))
+
+    def trainer(self, model: Any) -> Any:
+        """What trains ``model`` on this mesh: a :class:`~.keras_trainer.MeshTrainer` (``dtensor``, the model
+        built inside :meth:`scope`) or a :class:`~.step_trainer.StepTrainer` (``mtf``, ``keras``)."""
+        if self.backend is MeshBackend.DTENSOR:
+            from tensorfleet.model_parallel.mesh.keras_model import dtensor_trainer
+
+            return dtensor_trainer(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
+        from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
+
+        from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
+
+        mesh_steps(model)  # one clear error now for a model the backend cannot run
+        return StepTrainer(self, model)
 
     def _require_scope(self, model: Any) -> None:
         """One clear error for a model not built in :meth:`scope` (nothing laid out yet)."""
@@ -218,19 +242,24 @@ class Mesh:
 
     def fit(self, model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
             learning_rate: float = 0.1, verbose: bool = True) -> MeshHistory:
-        """Trains ``model`` under the layout with SGD; writes the trained weights back into it.
+        """Shorthand for the way in, for a chain model built anywhere: ``model`` compiled for this mesh with
+        ``tf.keras.optimizers.SGD(learning_rate)`` and the softmax cross-entropy of logits, then its
+        Keras ``fit`` over the batches in order (no shuffling); the trained weights are in ``model``.
 
-        Batches are taken in order (no shuffling); a last batch smaller than ``batch_size``
-        is dropped (Mesh-TF graphs have a fixed batch dimension).
+        Every backend runs the same chain models (:mod:`~tensorfleet.model_parallel.mesh.dimensions`):
+        ``mtf`` and ``keras`` as with :meth:`scope`, ``dtensor`` in its chain form
+        (:mod:`~tensorfleet.model_parallel.mesh.dtensor`), so that the three compare step for step.
+        A last batch smaller than ``batch_size`` is dropped (Mesh-TF graphs have a fixed batch
+        dimension). ``model`` stays ready for the mesh, as after :meth:`keras_model`.
 
         Args:
-            model: a built Keras model of the supported kind (see :mod:`~tensorfleet.model_parallel.mesh.dimensions`).
+            model: a built Keras model of the supported kind.
             x: inputs, ``(n, features)`` or ``(n, seq, features)``.
             y: integer class labels, ``(n,)``.
             epochs: passes over the data.
             batch_size: global batch size (split over the ``batch`` mesh dimension).
             learning_rate: SGD step size.
-            verbose: show a progress bar.
+            verbose: show Keras' progress bar.
 
         Returns:
             A :class:`MeshHistory` with per-epoch and per-step losses.
@@ -242,19 +271,29 @@ class Mesh:
                 shape than the model's input, or a layout the model or the devices do not fit.
             TypeError: ``model`` is not a Keras model.
         """
-        x, _, batches = training_batches(x, y, epochs, batch_size, learning_rate)
-        dims = self.check(model, batch_size)
+        import tensorflow as tf
+
+        from tensorfleet.model_parallel.mesh.keras_model import OnMesh, attach
+        from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
+
+        x, _, _ = training_batches(x, y, epochs, batch_size, learning_rate)
+        self.check(model, batch_size)
         expected = tuple(model.inputs[0].shape[1:])
         if len(expected) != x.ndim - 1 or any(e is not None and e != g for e, g in zip(expected, x.shape[1:])):
             raise ValueError(f"x must hold examples of the model's input shape {expected}. Received: x of shape "
                              f"{x.shape} for model {model.name!r}")
-        backend = importlib.import_module(f"{__name__}.{self.backend.value}")
-        return backend.train(self, model, dims, batches, epochs=epochs, learning_rate=learning_rate, verbose=verbose)
+        trainer = model.mesh_trainer if isinstance(model, OnMesh) else None
+        if not isinstance(trainer, StepTrainer) or trainer.mesh is not self:
+            trainer = StepTrainer(self, model)
+            attach(model, trainer)
+        model.compile(tf.keras.optimizers.SGD(learning_rate), tf.keras.losses.SparseCategoricalCrossentropy(True))
+        return _fit_history(trainer, x, y, epochs=epochs, batch_size=batch_size, verbose=verbose)
 
     def fit_mtf(self, model_fn: Any, x: Any, y: Any, *, dims: Mapping[str, int], epochs: int = 1,
                 batch_size: int = 32, learning_rate: float = 0.1, seed: int | None = 0,
                 verbose: bool = True) -> MeshHistory:
-        """Trains a model written with Mesh-TF layers under the layout (always the mtf backend).
+        """Trains a model written with Mesh-TF layers under the layout (always the mtf backend), one
+        step per batch of Keras' ``fit``, as :meth:`fit` does for a Keras model.
 
         Args:
             model_fn: ``model_fn(mtf, mesh, inputs, dims) -> logits``: builds the model with
@@ -271,7 +310,7 @@ class Mesh:
             batch_size: global batch size.
             learning_rate: SGD step size.
             seed: graph-level random seed, so that initial weights do not depend on the mesh.
-            verbose: show a progress bar.
+            verbose: show Keras' progress bar.
 
         Example:
             >>> def model_fn(mtf, mesh, inputs, dims):
@@ -288,7 +327,12 @@ class Mesh:
             >>> len(history.step_loss), history.loss[1] < history.loss[0]
             (16, True)
         """
-        x, _, batches = training_batches(x, y, epochs, batch_size, learning_rate)
+        import tensorflow as tf
+
+        from tensorfleet.model_parallel.mesh.mtf import prepare_mtf_model
+        from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
+
+        x, _, _ = training_batches(x, y, epochs, batch_size, learning_rate)
         if not isinstance(dims, Mapping) or "classes" not in dims:
             raise ValueError(f"dims must map dimension names to sizes and include 'classes'. Received: dims={dims!r}")
         full = {"batch": batch_size}
@@ -298,10 +342,34 @@ class Mesh:
         for name, size in dims.items():
             full[name] = positive_int(f"dims[{name!r}]", size)
         self.layout.check(full, len(self.devices))
-
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable as model_fn(mtf, mesh, inputs, dims). Received: {model_fn!r}")
-        from tensorfleet.model_parallel.mesh.mtf import train_mtf_model
 
-        return train_mtf_model(self, model_fn, full, batches, epochs=epochs, learning_rate=learning_rate,
-                               verbose=verbose, seed=seed)
+        def prepare(_: int, x_shape: tuple[int, ...]) -> Any:
+            return prepare_mtf_model(self, model_fn, full, x_shape=x_shape, learning_rate=learning_rate, seed=seed)
+
+        mtf_mesh = Mesh(self.layout.mesh_shape, self.layout.layout, backend="mtf", devices=self._devices)
+        trainer = StepTrainer(mtf_mesh, prepare=prepare)
+        trainer.compile(tf.keras.optimizers.SGD(learning_rate), tf.keras.losses.SparseCategoricalCrossentropy(True))
+        return _fit_history(trainer, x, y, epochs=epochs, batch_size=batch_size, verbose=verbose)
+
+
+def _fit_history(trainer: Any, x: Any, y: Any, *, epochs: int, batch_size: int, verbose: bool) -> MeshHistory:
+    """Keras' ``fit`` of ``trainer`` over the batches in order; the :class:`MeshHistory` of its steps."""
+    first = len(trainer.step_loss)
+    trainer.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=1 if verbose else 0)
+    return trainer.mesh_history(epochs, first)
+
+
+@contextlib.contextmanager
+def _scope(mesh: Mesh) -> Iterator[KerasLayout]:
+    """What :meth:`Mesh.scope` enters: ``compile`` of a model hands it to the mesh's trainer; with the
+    dtensor backend, weights are laid out as they are created."""
+    from tensorfleet.compat.keras import intercept_compile
+    from tensorfleet.model_parallel.mesh.keras_model import compile_on_mesh, mesh_scope
+
+    with contextlib.ExitStack() as stack:
+        if mesh.backend is MeshBackend.DTENSOR:
+            stack.enter_context(mesh_scope(mesh.keras_layout, mesh.dtensor_mesh, zero=mesh.zero))
+        stack.enter_context(intercept_compile(compile_on_mesh(mesh.trainer)))
+        yield mesh.keras_layout

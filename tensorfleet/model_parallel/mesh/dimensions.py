@@ -21,11 +21,12 @@ __all__ = ["ACTIVATIONS", "SUPPORTED", "MeshStep", "mesh_steps", "model_dimensio
 ACTIVATIONS = frozenset({"linear", "relu", "tanh", "sigmoid"})
 """The Dense activations every backend can run."""
 
-SUPPORTED = (f"A Mesh supports Sequential and functional models that are chains of Dense (activation "
+SUPPORTED = (f"The mtf and keras mesh backends (and Mesh.fit) run Sequential and functional models that are chains "
+             f"of Dense (activation "
              f"{', '.join(sorted(ACTIVATIONS))}), GlobalAveragePooling1D and tensorfleet's TransformerBlock "
              f"layers (the block keeps its residual connections inside), ending in a Dense of class logits. "
-             f"Any other Keras model trains with Keras' own fit when built inside mesh.scope() "
-             f"(trainer = mesh.keras_model(model)).")
+             f"Any other Keras model trains with its own compile and fit when built and compiled inside "
+             f"mesh.scope() of a Mesh with backend='dtensor'.")
 """What a mesh can split, as every error about an unsupported model says it."""
 
 _HIDDEN = ("hidden", "hidden_2")

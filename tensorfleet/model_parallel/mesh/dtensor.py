@@ -4,8 +4,12 @@ Each weight's layout comes from the rules for its tensor dimensions (a dimension
 is replicated), the batch is laid out the same way, and the model's function runs on the
 ``tf.experimental.dtensor`` mesh, where TensorFlow's SPMD expansion inserts the collectives. The
 training step is a ``tf.function`` (in TF 2.14 DTensor's eager gradients of the loss fail to
-expand). It shares a process with mirrored strategies built by tensorfleet
-(``strategies.build("mirrored")``), which take collective keys of their own; in TF 2.14
+expand); the loop over batches and epochs is Keras' ``fit``
+(:class:`~tensorfleet.model_parallel.mesh.step_trainer.StepTrainer`). This is the form
+``Mesh.fit`` gives the dtensor backend for the chain models the other backends run, so that the
+three compare step for step; a model of any other kind, and any Keras optimizer, trains on the
+same DTensor mesh built inside ``Mesh.scope()`` (:mod:`.keras_model`). It shares a process with
+mirrored strategies built by tensorfleet (``strategies.build("mirrored")``), which take collective keys of their own; in TF 2.14
 DTensor's collectives and those of a ``tf.distribute.MirroredStrategy`` built directly take the
 same group key, and whichever runs second fails with "... is joining a group that is already
 full (group_key=1)".
@@ -18,9 +22,10 @@ from typing import Any, Callable
 
 from tensorfleet.compat.keras import attention_parts
 from tensorfleet.model_parallel.mesh.dimensions import MeshStep, mesh_steps
-from tensorfleet.model_parallel.mesh.training import MeshHistory, count_devices, run_steps
+from tensorfleet.model_parallel.mesh.step_trainer import MeshRun
+from tensorfleet.model_parallel.mesh.training import count_devices
 
-__all__ = ["train"]
+__all__ = ["prepare"]
 
 BACKEND = "dtensor"  # MeshBackend value: this module is named after it
 
@@ -81,9 +86,10 @@ def _forward(steps: list[MeshStep], w: Callable[[Any], Any]) -> Callable[[Any], 
     return forward
 
 
-def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs: int, learning_rate: float,
-          verbose: bool) -> MeshHistory:
-    """Trains ``model`` with its weights as DVariables on a DTensor mesh; writes the weights back."""
+def prepare(mesh: Any, model: Any, dims: dict[str, int], *, x_shape: tuple[int, ...],
+            learning_rate: float) -> MeshRun:
+    """``model``'s weights as DVariables on a DTensor mesh, ready to train one step at a time
+    (:class:`~.step_trainer.StepTrainer`); its ``finish`` writes the weights back."""
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
@@ -111,16 +117,17 @@ def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs:
             variable.assign_sub(learning_rate * grad)
         return loss
 
-    x_layout = layout("batch", "seq", "features") if batches[0][0].ndim == 3 else layout("batch", "features")
+    x_layout = layout("batch", "seq", "features") if len(x_shape) == 3 else layout("batch", "features")
     y_layout = layout("batch")
-    run = run_steps(lambda xb, yb: dtensor.unpack(train_step(put(xb, x_layout), put(yb, y_layout)))[0].numpy(),
-                    batches, epochs=epochs, verbose=verbose, desc=f"mesh {mesh.layout.mesh_shape} ({BACKEND})")
-    placement: dict[str, int] = {}
-    for (source, _), variable in zip(named, variables):
-        for component in dtensor.unpack(variable.read_value()):
-            key = count_devices([component.device]).popitem()[0]
-            placement[key] = placement.get(key, 0) + int(component.shape.num_elements())
-        whole = dtensor.relayout(variable.read_value(), dtensor.Layout.replicated(dmesh, rank=len(source.shape)))
-        source.assign(dtensor.unpack(whole)[0].numpy())
-    return MeshHistory.from_steps(run, epochs=epochs, backend=BACKEND, devices=mesh.devices,
-                                  placement=dict(sorted(placement.items())))
+
+    def finish() -> dict[str, Any]:
+        placement: dict[str, int] = {}
+        for (source, _), variable in zip(named, variables):
+            for component in dtensor.unpack(variable.read_value()):
+                key = count_devices([component.device]).popitem()[0]
+                placement[key] = placement.get(key, 0) + int(component.shape.num_elements())
+            whole = dtensor.relayout(variable.read_value(), dtensor.Layout.replicated(dmesh, rank=len(source.shape)))
+            source.assign(dtensor.unpack(whole)[0].numpy())
+        return {"placement": dict(sorted(placement.items()))}
+
+    return MeshRun(lambda xb, yb: dtensor.unpack(train_step(put(xb, x_layout), put(yb, y_layout)))[0].numpy(), finish)

@@ -6,8 +6,9 @@ to (:mod:`tensorfleet.model_parallel.tensor_parallel`), each shard's weights on 
 Weight shards are kept once and read by every data replica; the replicas' gradient
 contributions are summed; the step is one ``tf.function``, whose graph keeps every shard's and
 replica's device, for the backward pass as for the forward one (each gradient op runs where the
-op it differentiates runs). Split layers are Megatron's: the layout may split only ``batch``, ``hidden``
-and ``heads``.
+op it differentiates runs); the loop over batches and epochs is Keras' ``fit``
+(:class:`~tensorfleet.model_parallel.mesh.step_trainer.StepTrainer`). Split layers are Megatron's:
+the layout may split only ``batch``, ``hidden`` and ``heads``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 from tensorfleet.compat.keras import attention_parts
 from tensorfleet.model_parallel import tensor_parallel as tp
 from tensorfleet.model_parallel.mesh.dimensions import MeshStep, mesh_steps
-from tensorfleet.model_parallel.mesh.training import MeshHistory, count_devices, run_steps
+from tensorfleet.model_parallel.mesh.step_trainer import MeshRun
+from tensorfleet.model_parallel.mesh.training import count_devices
 
-__all__ = ["train"]
+__all__ = ["prepare"]
 
 BACKEND = "keras"  # MeshBackend value: this module is named after it
 
@@ -86,9 +88,10 @@ def _parallel_chain(steps: list[MeshStep], rules: dict[str, str], model_axis: st
     return chain, write_back
 
 
-def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs: int, learning_rate: float,
-          verbose: bool) -> MeshHistory:
-    """Trains ``model`` with tensor-parallel stand-ins over ``mesh``'s grid; writes the weights back."""
+def prepare(mesh: Any, model: Any, dims: dict[str, int], *, x_shape: tuple[int, ...],
+            learning_rate: float) -> MeshRun:
+    """``model`` with tensor-parallel stand-ins over ``mesh``'s grid, ready to train one step at a time
+    (:class:`~.step_trainer.StepTrainer`); its ``finish`` writes the weights back."""
     import tensorflow as tf
 
     grid, model_axis = _mesh_grid(mesh)
@@ -108,7 +111,7 @@ def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs:
                     h = layer(h)
         return h
 
-    n = len(batches[0][0])
+    n = x_shape[0]
     bounds = [round(r * n / len(grid)) for r in range(len(grid) + 1)]
 
     @tf.function
@@ -129,13 +132,14 @@ def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs:
         optimizer.apply_gradients(zip(tf.gradients(loss, variables), variables))
         return loss
 
-    run = run_steps(lambda xb, yb: train_step(tf.constant(xb), tf.constant(yb)), batches, epochs=epochs,
-                      verbose=verbose, desc=f"mesh {mesh.layout.mesh_shape} ({BACKEND})")
-    _write_back(write_back)
-    graph = train_step.get_concrete_function(tf.constant(batches[0][0]), tf.constant(batches[0][1])).graph
-    placement = count_devices(op.device for op in graph.get_operations() if op.device)
-    return MeshHistory.from_steps(run, epochs=epochs, backend=BACKEND, devices=mesh.devices, placement=placement,
-                                  grid=grid)
+    signature = (tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec((n,), tf.int32))
+
+    def finish() -> dict[str, Any]:
+        _write_back(write_back)
+        graph = train_step.get_concrete_function(*signature).graph
+        return {"placement": count_devices(op.device for op in graph.get_operations() if op.device), "grid": grid}
+
+    return MeshRun(lambda xb, yb: float(train_step(tf.constant(xb, tf.float32), tf.constant(yb, tf.int32))), finish)
 
 
 def _write_back(pairs: list[tuple[Any, Any]]) -> None:

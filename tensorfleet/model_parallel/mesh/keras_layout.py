@@ -8,9 +8,8 @@ always, inside ``mesh.scope()``::
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m;heads:m;vocab:m")
     with mesh.scope():
         model = build_my_keras_model()        # Sequential or functional, any layers
-        trainer = mesh.keras_model(model)     # the one wrapper (as the pipeline has keras_model())
-        trainer.compile(optimizer="adam", loss=..., metrics=[...])
-    trainer.fit(x, y, batch_size=32, epochs=5, callbacks=[...])   # progress bar, callbacks
+        model.compile(optimizer="adam", loss=..., metrics=[...])
+    model.fit(x, y, batch_size=32, epochs=5, callbacks=[...])   # Keras' fit: progress bar, callbacks
 
 **Tensor dimension names.** A layout rule names a tensor dimension; each weight of a Keras layer
 has its dimensions named by the layer's kind (:func:`weight_dimensions`):

@@ -1,10 +1,12 @@
-"""Plain Keras on a mesh: weights laid out as they are created, and a trainer for ``fit``.
+"""Plain Keras on a mesh: weights laid out as they are created, and the user's own model trained.
 
-:func:`mesh_scope` is what ``Mesh.scope()`` enters: every variable a Keras layer creates inside
-it becomes a ``dtensor.DVariable`` laid out by :class:`~.keras_layout.KerasLayout`.
-:func:`keras_mesh_model` is the one wrapper around the user's model (``Mesh.keras_model(model)``): a
-``tf.keras.Model`` whose ``compile``, ``fit``, ``evaluate`` and ``predict`` are Keras' own, with
-what TF 2.14's DTensor lacks supplied underneath (see the design in :mod:`.keras_layout`): batches
+:func:`mesh_scope` is what ``Mesh.scope()`` enters (``backend="dtensor"``): every variable a Keras
+layer creates inside it becomes a ``dtensor.DVariable`` laid out by
+:class:`~.keras_layout.KerasLayout`. :func:`compile_on_mesh` is the scope's compile hook: the
+user's model compiled inside becomes :class:`OnMesh` (the same object), whose ``compile``,
+``fit``, ``evaluate``, ``predict``, ``get_weights`` and ``save`` are those of its trainer, a
+:class:`~.keras_trainer.MeshTrainer` (Keras' own loops, with what TF 2.14's DTensor lacks supplied
+underneath, see the design in :mod:`.keras_layout`: batches
 from a ``DTensorDataset``, each training step as two functions (gradients, then the update and the
 metrics), gradients relaid out like their variables, fused normalizations off, optimizers rebuilt
 with the mesh so their slots are laid out like their variables, and weights gathered to the host.
@@ -18,7 +20,8 @@ from typing import Any, Iterator
 
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
-__all__ = ["clip_gradients", "host_value", "keras_mesh_model", "mesh_scope", "with_mesh"]
+__all__ = ["OnMesh", "attach", "clip_gradients", "compile_on_mesh", "dtensor_trainer", "host_value", "mesh_scope",
+           "require_laid_out", "with_mesh"]
 
 
 def host_value(variable: Any) -> Any:
@@ -140,18 +143,169 @@ def clip_gradients(grads: list[Any], clipping: dict[str, Any]) -> list[Any]:
     return grads
 
 
-def keras_mesh_model(model: Any, layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Any:
-    """A Keras model that trains ``model`` with its weights laid out on ``dmesh``
-    (``Mesh.keras_model(model)``).
-
-    ``compile``, ``fit``, ``evaluate`` and ``predict`` are Keras' (callbacks, progress bar,
-    ``History``); ``fit`` and ``evaluate`` take arrays (``x``, ``y``, ``batch_size``; full batches
-    only, the batch split over the ``batch`` rule's mesh dimension) or a ``DTensorDataset`` with
-    ``steps_per_epoch``; ``fit`` also ``validation_data`` (arrays or a ``DTensorDataset`` with
-    ``validation_steps``) or ``validation_split``. ``get_weights()`` gathers the shards;
-    ``trainer.model`` is the user's model, whose weights the trainer trains. ``zero``: the ZeRO
-    stage (:mod:`.zero`).
+class OnMesh:
+    """What a Keras model compiled inside ``Mesh.scope()`` becomes: the same object, its class
+    this mixin over its own (``isinstance`` and everything else unchanged), whose ``compile``,
+    ``fit``, ``evaluate``, ``predict``, ``get_weights`` and ``save`` are its
+    :attr:`mesh_trainer`'s (:class:`~.keras_trainer.MeshTrainer`: Keras' own loops with what DTensor
+    lacks supplied underneath). ``save`` writes a one-device copy: its weights gathered from the
+    shards, compiled with the same loss and metrics and a fresh optimizer of the same
+    configuration (the optimizer's state is not saved); ``tf.keras.models.load_model`` reads it
+    anywhere. A model that has no trainer (a one-device copy) keeps Keras' own methods.
     """
+
+    mesh_trainer: Any = None
+    """The trainer of this model's weights on the mesh; set by ``compile`` inside ``Mesh.scope()``."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        if self.mesh_trainer is None:
+            return super().compile(*args, **kwargs)  # type: ignore[misc]
+        self.mesh_trainer.compile(*args, **kwargs)
+        object.__setattr__(self, "mesh_compiled", (args, kwargs))
+        return None
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        trainer = self.mesh_trainer
+        return super().fit(*args, **kwargs) if trainer is None else trainer.fit(*args, **kwargs)  # type: ignore[misc]
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        trainer = self.mesh_trainer
+        return super().evaluate(*args, **kwargs) if trainer is None else trainer.evaluate(*args, **kwargs)  # type: ignore[misc]
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        trainer = self.mesh_trainer
+        return super().predict(*args, **kwargs) if trainer is None else trainer.predict(*args, **kwargs)  # type: ignore[misc]
+
+    def get_weights(self) -> list[Any]:
+        if not getattr(self.mesh_trainer, "weights_on_mesh", False):  # no trainer, or one that writes them back
+            return super().get_weights()  # type: ignore[misc]
+        return [host_value(v) for v in self.weights]  # type: ignore[attr-defined]
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer ``compile`` gave the trainer (its slots laid out like the weights)."""
+        trainer = self.mesh_trainer
+        return None if trainer is None else getattr(trainer, "optimizer", None)
+
+    @optimizer.setter
+    def optimizer(self, value: Any) -> None:
+        if value is not None:
+            raise AttributeError("A model on a mesh takes its optimizer from compile(optimizer=...). "
+                                 f"Received: optimizer={value!r}")
+
+    def save(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
+        """Writes a one-device copy of the model (see the class); takes Keras' ``save`` arguments."""
+        import tensorflow as tf
+
+        copy = self.one_device_copy()
+        compiled = self.__dict__.get("mesh_compiled")
+        if compiled is not None:
+            cargs, ckwargs = compiled
+            ckwargs = dict(ckwargs)
+            optimizer = cargs[0] if cargs else ckwargs.pop("optimizer", "rmsprop")
+            if not isinstance(optimizer, str):
+                optimizer = tf.keras.optimizers.get(optimizer).__class__.from_config(optimizer.get_config())
+            copy.compile(optimizer, *cargs[1:], **ckwargs)
+            _copy_optimizer_state(self.mesh_trainer.optimizer, copy)
+        copy.save(filepath, *args, **kwargs)
+
+    def one_device_copy(self) -> Any:
+        """A model of the same layers on one device, with this model's weights gathered from the shards."""
+        import tensorflow as tf
+
+        on_mesh = type(self)
+        self.__class__ = next(c for c in on_mesh.__mro__[1:] if not issubclass(c, OnMesh))  # Keras clones its class
+        try:
+            copy = tf.keras.models.clone_model(self)
+        except (ValueError, NotImplementedError) as exc:  # a subclassed model without get_config
+            raise ValueError(f"Model {self.name!r} on a mesh can be saved whole only if Keras can rebuild it "  # type: ignore[attr-defined]
+                             "from its config (Sequential, functional, or get_config/from_config); otherwise "
+                             f"save_weights() and rebuild it yourself. Received: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.__class__ = on_mesh
+        # By name: a Dropout built in the scope keeps its random generator's state as a weight, its copy has none
+        by_name = {w.name: w for w in self.weights}  # type: ignore[attr-defined]
+        if all(w.name in by_name for w in copy.weights):
+            copy.set_weights([host_value(by_name[w.name]) for w in copy.weights])
+        else:
+            copy.set_weights(self.get_weights())
+        return copy
+
+
+def _copy_optimizer_state(optimizer: Any, copy: Any) -> None:
+    """The mesh optimizer's state (step count, slots, gathered from their shards) into the optimizer of
+    ``copy``, built for its weights, when both hold the same variables (an SGD without momentum on the
+    mesh keeps a momentum slot, see :func:`with_mesh`: its copy starts fresh)."""
+    import tensorflow as tf
+
+    with tf.name_scope(copy.optimizer.name):  # as apply_gradients builds it: "Adam/m/<weight>"
+        copy.optimizer.build(copy.trainable_variables)
+    source, target = list(optimizer.variables), list(copy.optimizer.variables)
+    if len(source) == len(target) and all(tuple(a.shape) == tuple(b.shape) for a, b in zip(source, target)):
+        for src, dst in zip(source, target):
+            dst.assign(host_value(src))
+
+
+_ON_MESH: dict[type, type] = {}
+
+
+def _on_mesh_class(cls: type) -> type:
+    """``cls`` with :class:`OnMesh` mixed in, made once per class; named and placed like ``cls`` so that
+    Keras' serialization records the model's own class."""
+    if issubclass(cls, OnMesh):
+        return cls
+    if cls not in _ON_MESH:
+        _ON_MESH[cls] = type(cls.__name__, (OnMesh, cls), {"__module__": cls.__module__, "__doc__": cls.__doc__})
+    return _ON_MESH[cls]
+
+
+def require_laid_out(model: Any, dmesh: Any) -> None:
+    """One clear error, before any step, for a model whose weights this mesh did not lay out."""
+    from tensorflow.experimental import dtensor
+
+    if not model.weights:
+        raise ValueError(f"Model {model.name!r} has no weights yet, so the mesh has laid none out: build it inside "
+                         "mesh.scope() (give it an Input, or call it once on a batch) before compile. Received: an "
+                         "unbuilt model")
+    foreign = []
+    for weight in model.weights:
+        if not (isinstance(weight, dtensor.DVariable) and weight.layout.mesh == dmesh):
+            foreign.append(weight.name)
+    if foreign:
+        raise ValueError(f"Model {model.name!r} has weights this mesh did not lay out ({', '.join(foreign[:4])}"
+                         f"{', ...' if len(foreign) > 4 else ''}): build the model inside mesh.scope(), not before it, "
+                         f"then compile it there. Received: {len(foreign)} of {len(model.weights)} weights off the mesh")
+
+
+def compile_on_mesh(make_trainer: Any) -> Any:
+    """The compile hook of ``Mesh.scope()`` (:func:`tensorfleet.compat.keras.intercept_compile`): a
+    user's model compiled inside becomes :class:`OnMesh`, its trainer ``make_trainer(model)``
+    (which checks first that the mesh can run the model); a trainer's own compile is Keras'."""
+
+    def hook(model: Any, keras_compile: Any, *args: Any, **kwargs: Any) -> Any:
+        from tensorfleet.compat.keras import require_keras2
+
+        if getattr(model, "trains_on_mesh", False):  # a trainer (MeshTrainer, StepTrainer) compiling itself
+            return keras_compile(model, *args, **kwargs)
+        require_keras2(model, "model.compile inside Mesh.scope()")
+        if not isinstance(model, OnMesh) or model.mesh_trainer is None:
+            attach(model, make_trainer(model))
+        return model.compile(*args, **kwargs)
+
+    return hook
+
+
+def attach(model: Any, trainer: Any) -> Any:
+    """``model`` made :class:`OnMesh`, trained by ``trainer``; returns it."""
+    model.__class__ = _on_mesh_class(type(model))
+    object.__setattr__(model, "mesh_trainer", trainer)
+    return model
+
+
+def dtensor_trainer(model: Any, layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Any:
+    """The :class:`~.keras_trainer.MeshTrainer` of ``model``, built inside ``Mesh.scope()`` (one clear
+    error first if the mesh did not lay out its weights)."""
     from tensorfleet.model_parallel.mesh.keras_trainer import MeshTrainer
 
+    require_laid_out(model, dmesh)
     return MeshTrainer(model, layout, dmesh, zero=zero)

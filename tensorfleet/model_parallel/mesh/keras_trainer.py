@@ -1,4 +1,5 @@
-"""The Keras model that trains a user's model on a mesh: :class:`MeshTrainer` (``Mesh.keras_model``).
+"""The Keras model that trains a user's model on a DTensor mesh: :class:`MeshTrainer`, what ``fit`` and
+the rest of a model compiled inside ``Mesh.scope()`` run (:class:`~.keras_model.OnMesh`).
 
 Keras' own ``compile`` / ``fit`` / ``evaluate`` / ``predict`` loops, callbacks and progress bar, with
 what TF 2.14's DTensor lacks supplied underneath (the design is in :mod:`.keras_layout`).
@@ -55,8 +56,13 @@ class MeshTrainer(tf.keras.Model):
     ``trainer.model`` is the user's model, whose weights the trainer trains.
     """
 
+    trains_on_mesh = True
+    """Its own ``compile`` is Keras' (the scope's compile hook lets it through)."""
+    weights_on_mesh = True
+    """The weights stay DVariables on the mesh: ``get_weights`` gathers them."""
+
     def __init__(self, model: Any, layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> None:
-        require_keras2(model, "Mesh.keras_model")
+        require_keras2(model, "model.compile inside Mesh.scope()")
         with mesh_scope(layout, dmesh):
             super().__init__(name=f"{model.name}_on_mesh")
         self.model = model

@@ -1,31 +1,34 @@
 """The ``mtf`` mesh backend: the Keras model written out as a Mesh-TensorFlow graph.
 
 The model becomes ``mtf.einsum`` ops and ``mtf`` variables initialised from the Keras weights,
-lowered by ``PlacementMeshImpl`` onto the devices and trained in graph mode inside its own
-``tf.Graph`` and ``tf.compat.v1.Session`` (eager mode stays on for everything else). When done,
-the trained values go back into the Keras weights. :func:`train_mtf_model` runs a model the user
-wrote with Mesh-TF layers the same way.
+lowered by ``PlacementMeshImpl`` onto the devices and run in graph mode inside its own
+``tf.Graph`` and ``tf.compat.v1.Session`` (eager mode stays on for everything else), one SGD step
+at a time: the loop over batches and epochs is Keras' ``fit``
+(:class:`~tensorfleet.model_parallel.mesh.step_trainer.StepTrainer`). When done, the trained values
+go back into the Keras weights. :func:`prepare_mtf_model` runs a model the user wrote with
+Mesh-TF layers the same way.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
-from tensorfleet.model_parallel.mesh.training import MeshHistory, count_devices, run_steps
+from tensorfleet.model_parallel.mesh.step_trainer import MeshRun
+from tensorfleet.model_parallel.mesh.training import count_devices
 from tensorfleet.compat.keras import attention_parts
 from tensorfleet.compat.mesh_tf import import_mesh_tensorflow
 
-__all__ = ["train", "train_mtf_model"]
+__all__ = ["prepare", "prepare_mtf_model"]
 
 BACKEND = "mtf"  # MeshBackend value: this module is named after it
 
 
-def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs: int, learning_rate: float,
-          verbose: bool) -> MeshHistory:
-    """Trains the Keras ``model`` under ``mesh``'s layout as a Mesh-TF graph; writes the weights back."""
+def prepare(mesh: Any, model: Any, dims: dict[str, int], *, x_shape: tuple[int, ...],
+            learning_rate: float) -> MeshRun:
+    """The Keras ``model`` under ``mesh``'s layout as a Mesh-TF graph, ready to train one step at a
+    time (:class:`~.step_trainer.StepTrainer`); its ``finish`` writes the weights back."""
     import numpy as np
     import tensorflow as tf
 
@@ -54,18 +57,22 @@ def train(mesh: Any, model: Any, dims: dict[str, int], batches: list, *, epochs:
                 h = _block(mtf, h, step.layer, dim, lambda n, s, src, i=index: variable(f"l{i}_{n}", s, src))
         return h
 
-    history = train_mtf_model(mesh, build, dims, batches, epochs=epochs, learning_rate=learning_rate,
-                              verbose=verbose, seed=None)
-    for name, source in sources.items():
-        source.assign(np.asarray(history.weights[name]).reshape(source.shape))
-    return dataclasses.replace(history, weights={})
+    run = prepare_mtf_model(mesh, build, dims, x_shape=x_shape, learning_rate=learning_rate, seed=None)
+
+    def finish() -> dict[str, Any]:
+        record = run.finish()
+        for name, source in sources.items():
+            source.assign(np.asarray(record["weights"][name]).reshape(source.shape))
+        return {**record, "weights": {}}
+
+    return MeshRun(run.step, finish)
 
 
-def train_mtf_model(mesh: Any, build: Any, dims: dict[str, int], batches: list, *, epochs: int,
-                    learning_rate: float, verbose: bool, seed: int | None) -> MeshHistory:
-    """Builds ``build(mtf, mesh, inputs, dims) -> logits`` in its own graph, lowers it onto the
-    mesh with PlacementMeshImpl and trains it with SGD; the history holds the op count per device
-    and the trained value of every Mesh-TF variable by name."""
+def prepare_mtf_model(mesh: Any, build: Any, dims: dict[str, int], *, x_shape: tuple[int, ...],
+                      learning_rate: float, seed: int | None) -> MeshRun:
+    """Builds ``build(mtf, mesh, inputs, dims) -> logits`` in its own graph and lowers it onto the
+    mesh with PlacementMeshImpl, in a session of its own: ``step`` is one SGD step; ``finish``
+    closes the session and records the op count per device and every Mesh-TF variable's value."""
     import tensorflow as tf
 
     mtf = import_mesh_tensorflow()
@@ -76,7 +83,6 @@ def train_mtf_model(mesh: Any, build: Any, dims: dict[str, int], batches: list, 
         mesh_graph = mtf.Graph()
         mtf_mesh = mtf.Mesh(mesh_graph, "tensorfleet_mesh")
         dim = {name: mtf.Dimension(name, size) for name, size in dims.items()}
-        x_shape = (dims["batch"],) + tuple(batches[0][0].shape[1:])
         x_ph = tf.compat.v1.placeholder(tf.float32, x_shape, name="x")
         y_ph = tf.compat.v1.placeholder(tf.int32, (dims["batch"],), name="y")
         in_dims = [dim["batch"], dim["seq"], dim["features"]] if len(x_shape) == 3 else [dim["batch"], dim["features"]]
@@ -99,16 +105,20 @@ def train_mtf_model(mesh: Any, build: Any, dims: dict[str, int], batches: list, 
         variables = mesh_graph.all_variables
         masters = [v.get_master() for v in variables]
         placement = count_devices(op.device for op in graph.get_operations() if op.device)
-        with tf.compat.v1.Session(graph=graph) as session:
-            session.run(init)
-            session.run(to_slices)
-            run = run_steps(lambda xb, yb: session.run([tf_loss, tf_update], feed_dict={x_ph: xb, y_ph: yb})[0],
-                            batches, epochs=epochs, verbose=verbose,
-                            desc=f"mesh {mesh.layout.mesh_shape} ({BACKEND})")
+    session = tf.compat.v1.Session(graph=graph)
+    session.run(init)
+    session.run(to_slices)
+
+    def step(xb: Any, yb: Any) -> float:
+        return float(session.run([tf_loss, tf_update], feed_dict={x_ph: xb, y_ph: yb})[0])
+
+    def finish() -> dict[str, Any]:
+        with session:
             session.run(to_masters)
             trained = dict(zip([v.name for v in variables], session.run(masters)))
-    return MeshHistory.from_steps(run, epochs=epochs, backend=BACKEND, devices=mesh.devices, placement=placement,
-                                  weights=trained)
+        return {"placement": placement, "weights": trained}
+
+    return MeshRun(step, finish)
 
 
 def _sgd_update(lowering: Any, trainable: list, grads: list, tf_loss: Any, learning_rate: float) -> Any:

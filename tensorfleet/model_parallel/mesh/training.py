@@ -1,19 +1,18 @@
-"""What every mesh backend shares: the batches, the step loop with its progress bar, the record.
+"""What every mesh backend shares: the checked arguments, the record.
 
-Every backend trains with plain SGD on the mean softmax cross-entropy of integer labels, over the
-same full batches in order (:func:`training_batches`), one step at a time under one progress bar
-that also times each step (:func:`run_steps`), and reports a :class:`MeshHistory`.
+``Mesh.fit`` trains with plain SGD on the mean softmax cross-entropy of integer labels, over the
+full batches of :func:`training_batches`, one backend step per batch of Keras' own ``fit``
+(:class:`~.step_trainer.StepTrainer`), and reports a :class:`MeshHistory`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from tensorfleet.validation import number, positive_int
 
-__all__ = ["MeshHistory", "count_devices", "run_steps", "training_batches"]
+__all__ = ["MeshHistory", "count_devices", "training_batches"]
 
 
 @dataclasses.dataclass
@@ -38,7 +37,7 @@ class MeshHistory:
     @classmethod
     def from_steps(cls, run: tuple[list[float], list[float]], *, epochs: int, backend: str, devices: list[str],
                    **recorded: Any) -> "MeshHistory":
-        """The history of ``epochs`` epochs from what :func:`run_steps` returned: (losses, seconds)."""
+        """The history of ``epochs`` epochs from each step's (losses, seconds)."""
         step_loss, seconds = run
         per_epoch = len(step_loss) // epochs
         loss = [sum(step_loss[e * per_epoch:(e + 1) * per_epoch]) / per_epoch for e in range(epochs)]
@@ -65,27 +64,6 @@ def training_batches(x: Any, y: Any, epochs: int, batch_size: int, learning_rate
                          f"Received: batch_size={batch_size}")
     batches = [(x[s:s + batch_size], y[s:s + batch_size]) for s in range(0, len(x) - batch_size + 1, batch_size)]
     return x, y, batches
-
-
-def run_steps(step: Callable[[Any, Any], float], batches: list, *, epochs: int, verbose: bool,
-              desc: str) -> tuple[list[float], list[float]]:
-    """Runs ``step(x_batch, y_batch) -> loss`` over every batch of every epoch under a progress
-    bar; returns each step's loss and wall time in seconds."""
-    from tqdm.auto import tqdm
-
-    losses: list[float] = []
-    seconds: list[float] = []
-    with tqdm(total=epochs * len(batches), desc=desc, disable=not verbose, leave=False) as bar:
-        last = time.perf_counter()
-        for _ in range(epochs):
-            for xb, yb in batches:
-                losses.append(float(step(xb, yb)))
-                now = time.perf_counter()
-                seconds.append(now - last)
-                last = now
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    return losses, seconds
 
 
 def count_devices(names: Iterable[str]) -> dict[str, int]:
