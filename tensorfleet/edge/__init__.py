@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from tensorfleet.edge.artifact import TFLiteArtifact, TensorInfo, verify_int8
 from tensorfleet.edge.convert import QUANTIZATIONS, Quantization, convert, load_keras_model
-from tensorfleet.edge.decompose import DecompositionPlan, LayerPlan, DecompositionMethod, decompose, plan_decomposition
+from tensorfleet.edge.decompose import DecompositionMethod, DecompositionPlan, LayerPlan, decompose, plan_decomposition
+from tensorfleet.edge.decompose_plan import FORMS, DecompositionForm
 from tensorfleet.edge.errors import (
     ArenaTooSmallError,
     DecompositionError,
@@ -33,7 +34,8 @@ from tensorfleet.edge.report import BOARDS, Board, EdgeReport, report
 __all__ = [
     "TFLiteArtifact", "TensorInfo", "verify_int8",
     "QUANTIZATIONS", "Quantization", "convert", "load_keras_model",
-    "DecompositionPlan", "LayerPlan", "DecompositionMethod", "decompose", "plan_decomposition",
+    "DecompositionPlan", "LayerPlan", "DecompositionMethod", "decompose", "plan_decomposition", "FORMS",
+    "DecompositionForm",
     "ArenaTooSmallError", "DecompositionError", "EdgeError", "InvalidModelError", "MicroIncompatibleError", "QuantizationError",
     "UnsupportedOpError",
     "check_c_name", "export_c", "sanitize_c_identifier",

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Factor", "layer_kind", "kernel_of", "svd_factors", "tucker2_factors", "cp_factors", "cp_full_rank",
-           "fit_cp", "layer_macs", "weight_kernel"]
+           "fit_cp", "layer_macs", "weight_kernel",
+           "svd_kernel", "tucker2_kernel", "cp_kernel"]
 
 
 @dataclass(frozen=True)
@@ -202,15 +203,19 @@ def cp_factors(layer: Any, rank: int, fitted: tuple[np.ndarray, list[np.ndarray]
     return [first, *depthwise, last]
 
 
-def approximate_kernel(kind: str, factors: list[Factor]) -> np.ndarray:
-    """The kernel the factors compute, in float64 (for the share of energy the plan reports)."""
-    arrays = [np.asarray(f.weights[0], np.float64) for f in factors]
-    if kind == "svd":
-        first, second = arrays
-        product = first.reshape(-1, first.shape[-1]) @ second.reshape(second.shape[-2], -1)
-        return product
-    if kind == "tucker2":
-        u_in, core, u_out = arrays
-        return np.einsum("ca,hwab,bo->hwco", u_in[0, 0], core, u_out[0, 0])
-    c, a, b, d = arrays
+def svd_kernel(factors: list[Factor]) -> np.ndarray:
+    """The kernel two SVD factors compute (float64, as a matrix)."""
+    first, second = (np.asarray(f.weights[0], np.float64) for f in factors)
+    return first.reshape(-1, first.shape[-1]) @ second.reshape(second.shape[-2], -1)
+
+
+def tucker2_kernel(factors: list[Factor]) -> np.ndarray:
+    """The kernel the three Tucker-2 factors compute (float64)."""
+    u_in, core, u_out = (np.asarray(f.weights[0], np.float64) for f in factors)
+    return np.einsum("ca,hwab,bo->hwco", u_in[0, 0], core, u_out[0, 0])
+
+
+def cp_kernel(factors: list[Factor]) -> np.ndarray:
+    """The kernel the four CP factors compute (float64)."""
+    c, a, b, d = (np.asarray(f.weights[0], np.float64) for f in factors)
     return np.einsum("cr,hr,wr,ro->hwco", c[0, 0], a[:, 0, :, 0], b[0, :, :, 0], d[0, 0])

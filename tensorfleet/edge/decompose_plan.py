@@ -10,26 +10,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from tensorfleet.edge.decompose_factors import (
     Factor,
-    approximate_kernel,
     cp_factors,
     cp_full_rank,
+    cp_kernel,
     fit_cp,
     kernel_of,
     layer_kind,
     layer_macs,
     svd_factors,
+    svd_kernel,
     tucker2_factors,
+    tucker2_kernel,
 )
 from tensorfleet.edge.decompose_rank import cp_energy, energy_rank, smallest_rank, vbmf_rank
 from tensorfleet.edge.errors import DecompositionError
+from tensorfleet.registry import Registry
 
-__all__ = ["DecompositionMethod", "LayerPlan", "plan_layer", "form_of"]
+__all__ = ["DecompositionMethod", "DecompositionForm", "FORMS", "LayerPlan", "plan_layer", "form_of"]
 
 
 class DecompositionMethod(str, Enum):
@@ -100,37 +103,38 @@ def _int_rank(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
-def _svd_rank(layer: Any, rank: Any, energy: float | None, cap: bool) -> tuple[int]:
+def _svd_rank(layer: Any, rank: Any, energy: float | None, strict: bool, allow_growth: bool) -> tuple[Any, ...]:
     matrix = _matrix(layer)
     full = min(matrix.shape)
     if energy is not None:
-        return (energy_rank(matrix, energy),)
+        return (energy_rank(matrix, energy),), None, ""
     if rank == "vbmf":
-        return (vbmf_rank(matrix),)
-    largest = max(matrix.shape) if cap else full
+        return (vbmf_rank(matrix),), None, ""
+    largest = full if strict else max(matrix.shape)
     if not _int_rank(rank) or rank > largest:
         raise _too_big(layer, rank, f"{largest} (an integer)")
-    return (min(int(rank), full),)
+    return (min(int(rank), full),), None, ""
 
 
-def _tucker2_rank(layer: Any, rank: Any, energy: float | None) -> tuple[int, int]:
+def _tucker2_rank(layer: Any, rank: Any, energy: float | None, strict: bool, allow_growth: bool) -> tuple[Any, ...]:
     kernel = kernel_of(layer)
     cin, cout = kernel.shape[2:]
     if energy is not None:
-        return energy_rank(_unfold(kernel, 2), energy), energy_rank(_unfold(kernel, 3), energy)
+        return (energy_rank(_unfold(kernel, 2), energy), energy_rank(_unfold(kernel, 3), energy)), None, ""
     if rank == "vbmf":
-        return vbmf_rank(_unfold(kernel, 2)), vbmf_rank(_unfold(kernel, 3))
+        return (vbmf_rank(_unfold(kernel, 2)), vbmf_rank(_unfold(kernel, 3))), None, ""
     if isinstance(rank, (tuple, list)):
         if len(rank) != 2 or not all(_int_rank(r) for r in rank) or rank[0] > cin or rank[1] > cout:
             raise _too_big(layer, rank, f"({cin}, {cout}) as (input, output) channel ranks")
-        return int(rank[0]), int(rank[1])
+        return (int(rank[0]), int(rank[1])), None, ""
     if not _int_rank(rank) or rank > max(cin, cout):
         raise _too_big(layer, rank, f"{max(cin, cout)} (an integer, capped at each channel count) or a pair")
-    return min(int(rank), cin), min(int(rank), cout)
+    return (min(int(rank), cin), min(int(rank), cout)), None, ""
 
 
-def _cp_rank(layer: Any, rank: Any, energy: float | None, before: int, allow_growth: bool) -> tuple[int, Any, str]:
+def _cp_rank(layer: Any, rank: Any, energy: float | None, strict: bool, allow_growth: bool) -> tuple[Any, ...]:
     kernel = kernel_of(layer)
+    before = int(layer.count_params())
     full = cp_full_rank(kernel.shape)
     if energy is None:
         if rank == "vbmf":
@@ -138,7 +142,7 @@ def _cp_rank(layer: Any, rank: Any, energy: float | None, before: int, allow_gro
                                      "Received: method='cp', rank='vbmf'; pass an integer rank or energy=")
         if not _int_rank(rank) or rank > full:
             raise _too_big(layer, rank, f"{full} (an integer)")
-        return int(rank), None, ""
+        return (int(rank),), None, ""
     fits: dict[int, Any] = {}
 
     def reaches(r: int) -> bool:
@@ -149,22 +153,38 @@ def _cp_rank(layer: Any, rank: Any, energy: float | None, before: int, allow_gro
     break_even = full if allow_growth else min(full, (before - 1) // per_rank)
     found = smallest_rank(reaches, 1, break_even)
     if found is None:
-        return break_even, None, (f"would not shrink: no rank below {break_even + 1} keeps {energy:g} of the "
-                                  f"kernel's energy")
-    return found, fits[found], ""
+        return (break_even,), None, (f"would not shrink: no rank below {break_even + 1} keeps {energy:g} of the "
+                                     f"kernel's energy")
+    return (found,), fits[found], ""
 
 
-def _factors(layer: Any, form: str, rank: tuple[int, ...], fitted: Any) -> list[Factor]:
-    if form == "svd":
-        return svd_factors(layer, rank[0])
-    if form == "tucker2":
-        return tucker2_factors(layer, (rank[0], rank[1]))
-    return cp_factors(layer, rank[0], fitted)
+@dataclass(frozen=True)
+class DecompositionForm:
+    """A factored form, registered in :data:`FORMS`: how it picks a layer's rank, builds the factors, and
+    computes the kernel they stand for.
+
+    ``choose(layer, rank, energy, strict, allow_growth)`` returns ``(ranks, fitted, reason)``: the ranks,
+    anything fitted on the way that ``build`` can reuse, and a reason to leave the layer alone (or "").
+    """
+
+    choose: Callable[[Any, Any, float | None, bool, bool], tuple[Any, ...]]
+    build: Callable[[Any, tuple[int, ...], Any], list[Factor]]
+    kernel: Callable[[list[Factor]], np.ndarray]
 
 
-def _kept(layer: Any, form: str, factors: list[Factor]) -> float:
+FORMS: Registry[DecompositionForm] = Registry("decomposition form")
+FORMS.register("svd", DecompositionForm(_svd_rank, lambda layer, r, _: svd_factors(layer, r[0]), svd_kernel),
+               description="Dense or 1x1 Conv2D: two layers of rank r (truncated SVD).")
+FORMS.register("tucker2", DecompositionForm(_tucker2_rank, lambda layer, r, _: tucker2_factors(layer, (r[0], r[1])),
+                                            tucker2_kernel),
+               description="Conv2D: 1x1, the kh x kw core, 1x1 (TensorLy partial_tucker on the channel modes).")
+FORMS.register("cp", DecompositionForm(_cp_rank, lambda layer, r, fitted: cp_factors(layer, r[0], fitted), cp_kernel),
+               description="Conv2D: 1x1, kh x 1 and 1 x kw depthwise, 1x1 (TensorLy parafac).")
+
+
+def _kept(layer: Any, form: DecompositionForm, factors: list[Factor]) -> float:
     kernel = kernel_of(layer)
-    approx = approximate_kernel(form, factors).reshape(kernel.shape)
+    approx = form.kernel(factors).reshape(kernel.shape)
     total = float(np.sum(kernel ** 2))
     return 1.0 - float(np.sum((kernel - approx) ** 2)) / total if total else 1.0
 
@@ -194,20 +214,14 @@ def plan_layer(layer: Any, method: DecompositionMethod, rank: Any, energy: float
         reason = "no rank given for this layer"
     if reason:
         return LayerPlan(**row, reason=reason)
-    fitted = None
-    if form == "svd":
-        ranks: tuple[int, ...] = _svd_rank(layer, rank, energy, cap=not strict)
-    elif form == "tucker2":
-        ranks = _tucker2_rank(layer, rank, energy)
-    else:
-        cp_rank, fitted, reason = _cp_rank(layer, rank, energy, params, allow_growth)
-        ranks = (cp_rank,)
-        if reason and not allow_growth:
-            return LayerPlan(**dict(row, form=form, rank=ranks), reason=reason)
-    factors = _factors(layer, form, ranks, fitted)
+    spec = FORMS.get(form)
+    ranks, fitted, reason = spec.choose(layer, rank, energy, strict, allow_growth)
+    if reason and not allow_growth:
+        return LayerPlan(**dict(row, form=form, rank=ranks), reason=reason)
+    factors = spec.build(layer, ranks, fitted)
     after = sum(f.params for f in factors)
     row.update(form=form, rank=ranks, params_after=after, macs_after=sum(f.macs for f in factors),
-               energy=_kept(layer, form, factors))
+               energy=_kept(layer, spec, factors))
     if after >= params and not allow_growth:
         return LayerPlan(**dict(row, params_after=params, macs_after=macs),
                          reason=f"would not shrink: {params:,} -> {after:,} parameters at rank {_rank_text(ranks)}")
