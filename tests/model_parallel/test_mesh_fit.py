@@ -95,6 +95,7 @@ x, y = np.arange(64 * 3, dtype="float32").reshape(64, 3), np.arange(64, dtype="i
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
 with mesh.scope():
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, name="d")])
+    model.compile(optimizer="sgd", loss="mse")
 
 
 def orders(batches=4):  # the label (example number) each device reads in a shuffled epoch of 4 batches of 16
