@@ -17,7 +17,14 @@ Multiplexing (``--part multiplex``): two jobs (an MLP of ``--share-width`` hidde
 printed against the sum of the solo runs' wall times, with the shares obtained, and the
 timeline goes to ``--share-plot``.
 
+Heterogeneous workers (``--part heterogeneous``): multi-worker mirrored over 3 worker processes
+whose input waits ``--delay`` seconds per example times 1, 2 and 4 (a sleep in their input
+pipeline), the equal split of the global batch against batches in proportion to the measured
+speeds, alternated ``--rounds`` times; throughput is examples/s after the first epoch (tracing
+and the first measurements), and the accuracy after every epoch is printed for both.
+
 Example:
+    python bench/jobs_that_move.py --part heterogeneous --rounds 2
     python bench/jobs_that_move.py --params 25e6 --plot docs/jobs_that_move_migration.png
     python bench/jobs_that_move.py --part multiplex --share-plot docs/jobs_that_move_multiplex.png
 """
@@ -77,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=float, default=25e6)
     parser.add_argument("--steps", type=int, default=2, help="steps run at each placement")
     parser.add_argument("--plot", type=Path, default=None)
-    parser.add_argument("--part", choices=("all", "migration", "multiplex"), default="all")
+    parser.add_argument("--part", choices=("all", "migration", "multiplex", "heterogeneous"), default="all")
+    parser.add_argument("--delay", type=float, default=0.004)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--share-width", type=int, default=1024)
     parser.add_argument("--share-plot", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -85,6 +94,44 @@ def main(argv: list[str] | None = None) -> None:
         _migration(args)
     if args.part in ("all", "multiplex"):
         _multiplex(args)
+    if args.part in ("all", "heterogeneous"):
+        _heterogeneous(args)
+
+
+def _heterogeneous(args: argparse.Namespace) -> None:
+    import statistics
+
+    from tensorfleet.cluster.migration import Placement, RunOptions, migrate
+
+    epochs, batch, examples = 6, 48, 512
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    accuracy: dict[bool, list[str]] = {}
+    splits: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="jobs-that-differ-") as scratch:
+        job = Path(scratch) / "job.py"
+        job.write_text(JOB.format(width=64))
+        for i in range(args.rounds):
+            for balance in ((False, True) if i % 2 == 0 else (True, False)):
+                run = RunOptions(epochs=epochs, global_batch_size=batch, balance=balance, input_delay=args.delay,
+                                 slowdown=(1.0, 2.0, 4.0))
+                result = migrate(job, Path(scratch) / f"r{i}-{balance}", to=Placement("multi_worker_mirrored",
+                                 workers=3), run=run, timeout=1800)
+                lead = "\n".join(result.output("worker:0"))
+                begin = float(re.search(r"epoch 1/\d+ end at step \d+ at ([0-9.]+)", lead).group(1))
+                end = float(re.search(r"finished at step \d+ at ([0-9.]+)", lead).group(1))
+                rates[balance].append((epochs - 1) * examples / (end - begin))
+                accuracy[balance] = re.findall(r"accuracy ([0-9.]+)", lead)
+                splits += re.findall(r"replica batches (\[[0-9, ]+\])", lead)[-1:]
+    equal, balanced = statistics.median(rates[False]), statistics.median(rates[True])
+    print(f"jobs that move: heterogeneous workers, multi_worker_mirrored over 3 workers slowed 1x/2x/4x "
+          f"({args.delay * 1000:g} ms an example times the factor), global batch {batch}, {examples} examples, "
+          f"{epochs} epochs, {args.rounds} round(s) alternated")
+    print("| split | examples/s after epoch 1 (median; each run) | accuracy after each epoch |")
+    print("|---|---|---|")
+    for name, key in (("equal", False), ("by measured speed", True)):
+        runs = ", ".join(f"{r:.0f}" for r in rates[key])
+        print(f"| {name} | {statistics.median(rates[key]):.0f} ({runs}) | {' '.join(accuracy[key])} |")
+    print(f"throughput, by speed / equal: {balanced / equal:.2f}x; last split by speed: {', '.join(splits)}")
 
 
 def _multiplex(args: argparse.Namespace) -> None:

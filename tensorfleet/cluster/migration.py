@@ -118,6 +118,11 @@ class RunOptions:
     stop_at_step: int | None = None
     #: A file that holds how many steps the job may have done; set by :func:`tensorfleet.cluster.multiplex.share`.
     gate: str | None = None
+    #: Per-replica batches in proportion to each replica's measured speed (:mod:`~tensorfleet.cluster.balance`).
+    balance: bool = False
+    #: Seconds each replica's input waits per example, times its ``slowdown`` factor (to benchmark heterogeneity).
+    input_delay: float = 0.0
+    slowdown: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", choice(BatchPolicy, "policy", self.policy))
@@ -249,7 +254,8 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
     options = {"directory": str(Path(directory).resolve()), "strategy": to.strategy.value, "devices": to.devices,
                "epochs": run.epochs, "global_batch_size": run.global_batch_size, "policy": run.policy.value,
                "per_replica_batch_size": run.per_replica_batch_size, "seed": run.seed, "save_every": run.save_every,
-               "stop_at_step": run.stop_at_step, "resume": resume, "gate": run.gate}
+               "stop_at_step": run.stop_at_step, "resume": resume, "gate": run.gate, "balance": run.balance,
+               "input_delay": run.input_delay, "slowdown": list(run.slowdown) if run.slowdown else None}
     return launch(path, (), workers=to.workers, ps=to.ps, runner=("-m", "tensorfleet.cluster.resumable"),
                   env={ENV_MIGRATION: json.dumps(options), "TF_CPP_MIN_LOG_LEVEL": "2"}, faults=faults, sink=sink,
                   quiet=quiet, check=check, timeout=timeout)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorfleet.cluster.balance import SpeedMeter, proportional_split
 from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, epoch_order, fingerprint, new_rng_state,
                                           read_state, tf_checkpoint_prefix, write_checkpoint)
@@ -56,6 +57,9 @@ class TaskOptions:
     stop_at_step: int | None = None
     resume: bool = False
     gate: str | None = None
+    balance: bool = False
+    input_delay: float = 0.0
+    slowdown: tuple[float, ...] | list[float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -128,7 +132,13 @@ class Trainer:
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, counts=self.counts)
         self.replicas = 1 if self.coordinator is not None else self.strategy.num_replicas_in_sync
         self.chief = self._is_chief()
-        self._step = tf.function(self._distributed_step)
+        self.measure = self.coordinator is None  # a parameter server's workers run no Python
+        factors = list(options.slowdown or [1.0] * self.replicas) + [1.0] * self.replicas
+        self.delays = tf.constant([options.input_delay * f for f in factors[:self.replicas]], tf.float64)
+        self.meter = SpeedMeter(self.replicas)
+        self.steps_run = 0
+        self.sizes: list[int] = []
+        self._step = tf.function(self._distributed_step, reduce_retracing=True)  # batches change shape
 
     def _is_chief(self) -> bool:
         resolver = getattr(self.strategy, "cluster_resolver", None)
@@ -139,17 +149,41 @@ class Trainer:
     def _replica_step(self, ids: Any, total: Any) -> Any:
         import tensorflow as tf
 
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        examples = tf.cast(tf.size(ids), tf.float64)
+        if self.measure:
+            began = tf.py_function(time.perf_counter, [], tf.float64)
+            # A slowed input pipeline (benchmarks and tests of heterogeneous workers): a wait per example.
+            waited = tf.py_function(_wait, [examples * tf.gather(self.delays, replica)], tf.float64)
+            with tf.control_dependencies([began, waited]):
+                ids = tf.identity(ids)
         x, y = tf.gather(self.x, ids), tf.gather(self.y, ids)
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(self.loss(y, self.model(x, training=True))) / total
         grads = tape.gradient(loss, self.model.trainable_variables)
+        speed = tf.zeros([self.replicas], tf.float64)
+        if self.measure:  # this replica's own time, before the all-reduce in apply_gradients
+            with tf.control_dependencies(grads):
+                ended = tf.py_function(time.perf_counter, [], tf.float64)
+            speed = tf.one_hot(replica, self.replicas, dtype=tf.float64) * examples / tf.maximum(ended - began, 1e-6)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         self.counts.assign_add(tf.math.bincount(ids, minlength=self.examples, maxlength=self.examples,
                                                 dtype=tf.float32))
-        return loss
+        return speed
 
     def _distributed_step(self, ids: Any, total: Any) -> Any:
-        return self.strategy.run(self._replica_step, args=(ids, total))
+        import tensorflow as tf
+
+        speeds = self.strategy.run(self._replica_step, args=(ids, total))
+        if self.coordinator is not None:
+            return speeds
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, speeds, axis=None)
+
+    def split(self, examples: int) -> list[int]:
+        """Examples per replica: in proportion to the measured speeds with ``balance``, else equal."""
+        if self.options.balance and self.meter.ready:
+            return proportional_split(examples, self.meter.speeds.tolist())
+        return [len(part) for part in np.array_split(np.arange(examples), self.replicas)]
 
     def step(self, ids: np.ndarray) -> None:
         """Trains one step on the example ids ``ids`` (split over the replicas in order)."""
@@ -159,10 +193,28 @@ class Trainer:
         if self.coordinator is not None:
             self.coordinator.schedule(self._step, args=(tf.constant(ids, tf.int32), total))
             return
-        parts = np.array_split(ids.astype(np.int32), self.replicas)
+        parts = np.split(ids.astype(np.int32), np.cumsum(self.split(len(ids)))[:-1])
         dist = self.strategy.experimental_distribute_values_from_function(
             lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
-        self._step(dist, total)
+        speeds = self._step(dist, total).numpy()
+        self.steps_run += 1
+        if self.steps_run > 1:  # the first step also traced the function
+            self.meter.update(speeds)
+        sizes = [len(part) for part in parts]
+        if self.options.balance and self.chief and self.meter.ready and sizes != self.sizes:
+            _say(f"replica batches {sizes} at step {self.steps_run} (examples/s measured: "
+                 f"{', '.join(f'{v:.0f}' for v in self.meter.speeds)})")
+        self.sizes = sizes
+
+    def accuracy(self) -> float | None:
+        """The share of the job's examples the model classifies right (None: not a classifier, or on a
+        parameter server, whose variables the coordinator would have to fetch)."""
+        if not self.measure or not np.issubdtype(self.y.dtype, np.integer):
+            return None
+        logits = self.model(self.x, training=False).numpy()
+        if logits.ndim != 2 or logits.shape[1] < 2:
+            return None
+        return float(np.mean(np.argmax(logits, axis=1) == self.y.reshape(-1)))
 
     def barrier(self) -> None:
         if self.coordinator is not None:
@@ -237,14 +289,23 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
         position = min(state.position + batch, state.examples)
         state = replace(state, step=state.step + 1, position=position)
         if position == state.examples:
-            _say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step}")
+            accuracy = trainer.accuracy()
+            _say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step} at {time.time():.3f}"
+                 + ("" if accuracy is None else f" accuracy {accuracy:.4f}"))
             state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
             order, after = epoch_order(state.rng, state.examples)
         if options.save_every and state.step % options.save_every == 0:
             _save(trainer, state)
     _save(trainer, state)
-    _say(f"finished at step {state.step}")
+    _say(f"finished at step {state.step} at {time.time():.3f}")
     return state
+
+
+def _wait(seconds: Any) -> float:
+    seconds = float(seconds)
+    if seconds > 0:
+        time.sleep(seconds)
+    return seconds
 
 
 def _await_turn(gate: str, step: int) -> None:
