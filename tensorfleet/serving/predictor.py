@@ -12,7 +12,7 @@ import dataclasses
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -20,12 +20,13 @@ from tensorfleet.serving.batching import Batcher, BatchingOptions
 from tensorfleet.serving.elastic import Autoscaler
 from tensorfleet.serving.errors import Code, ServingError
 from tensorfleet.serving.metrics import ServingMetrics
+from tensorfleet.serving.options import ScalingOptions, StageOptions
 from tensorfleet.serving.replicas import ReplicaPool
 from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.servable import Servable, Signature
 from tensorfleet.serving.stages import StagedRunner
 from tensorfleet.serving.standby import StandbySupply
-from tensorfleet.validation import integer, number, positive_int
+from tensorfleet.validation import positive_int
 
 __all__ = ["Prediction", "Predictor"]
 
@@ -54,34 +55,28 @@ class Predictor:
     """
 
     def __init__(self, repository: ModelRepository, *, batching: BatchingOptions | None = None,
-                 request_threads: int = 4, replicas: int = 0, max_replicas: int | None = None,
-                 target_wait: float = 0.01, stages: int = 1, micro_batches: int = 4,
-                 stage_devices: Sequence[str] | None = None, min_replicas: int | None = None,
-                 idle_timeout: float = 60.0, standby: StandbySupply | None = None) -> None:
+                 request_threads: int = 4, scaling: ScalingOptions | None = None, stages: StageOptions | None = None,
+                 standby: StandbySupply | None = None) -> None:
+        scaling, staging = scaling or ScalingOptions(), stages or StageOptions()
         self.repository = repository
-        self.replicas = integer("replicas", replicas, minimum=0)
         # elastic serving starts at min_replicas; at 0 (scale to zero) a request starts the first
         # replica on a standby process (TensorFlow imported, shared by the server's models)
-        self.min_replicas = self.replicas if min_replicas is None else integer("min_replicas", min_replicas,
-                                                                                 minimum=0)
-        self.replicated = self.replicas > 0 or min_replicas is not None
-        if min_replicas is not None:
-            self.replicas = self.min_replicas
+        elastic = scaling.elastic
+        self.replicas = self.min_replicas = scaling.min_replicas if elastic else scaling.replicas
+        self.max_replicas = scaling.max_replicas if elastic else scaling.replicas
+        self.replicated = elastic or scaling.replicas > 0
         self._own_standby = standby is None and self.min_replicas == 0 and self.replicated
         self.standby = StandbySupply() if self._own_standby else standby
-        self.idle_timeout = number("idle_timeout", idle_timeout, above=0)
-        self.stages = positive_int("stages", stages)
-        self.micro_batches = positive_int("micro_batches", micro_batches)
-        if stage_devices and self.stages < 2:
-            raise ValueError(f"Stage devices place the stages of --stages K (K >= 2). Received: stages={stages}, "
-                             f"stage_devices={list(stage_devices)}")
-        self.stage_devices = list(stage_devices or [])
+        self.idle_timeout = scaling.idle_timeout
+        self.target_wait = scaling.target_ms / 1e3
+        self.stages, self.micro_batches = staging.stages, staging.micro_batches
+        if staging.devices and self.stages < 2:
+            raise ValueError(f"Stage devices place the stages of --stages K (K >= 2). Received: stages={self.stages}, "
+                             f"stage_devices={list(staging.devices)}")
+        self.stage_devices = list(staging.devices or [])
         if self.stages > 1 and self.replicated:
-            raise ValueError(f"Serve either stages or replicas, not both. Received: stages={stages}, "
-                             f"replicas={replicas}")
-        self.max_replicas = self.replicas if max_replicas is None else integer(
-            "max_replicas", max_replicas, minimum=max(self.replicas, 1))
-        self.target_wait = target_wait
+            raise ValueError(f"Serve either stages or replicas, not both. Received: stages={self.stages}, "
+                             f"replicas={self.max_replicas}")
         if batching is not None and batching.num_batch_threads < self.max_replicas:  # keep every replica busy
             batching = dataclasses.replace(batching, num_batch_threads=self.max_replicas)
         self.batching = batching

@@ -9,6 +9,7 @@ until SIGTERM or SIGINT, as ``tensorfleet serve`` does.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import signal
@@ -101,12 +102,9 @@ class ModelServer:
     def _predictor(self, entry: ModelEntry, batching: BatchingOptions | None, devices: object) -> Predictor:
         repository = ModelRepository(entry.name, entry.base_path, policy=entry.policy, labels=entry.labels,
                                      num_versions=entry.num_versions, specific=entry.versions)
-        scaling, stages = self.scaling, self.stage_options
+        stages = dataclasses.replace(self.stage_options, devices=tuple(devices) if devices else None)
         return Predictor(repository, batching=batching, request_threads=self.front.request_threads,
-                         replicas=scaling.replicas, max_replicas=scaling.max_replicas,
-                         min_replicas=scaling.min_replicas, idle_timeout=scaling.idle_timeout,
-                         stages=stages.stages, micro_batches=stages.micro_batches, stage_devices=devices,
-                         target_wait=scaling.target_ms / 1e3, standby=self.standby)
+                         scaling=self.scaling, stages=stages, standby=self.standby)
 
     @property
     def versions(self) -> list[int]:
