@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from tensorfleet.tuning.distributed import search
+    from tensorfleet.tuning.distributed import Supervision, TrialOptions, search
 
     load_before = os.getloadavg()[0]
     rates: dict[int, list[float]] = {1: [], 2: []}
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         for i, (_, workers) in enumerate(tqdm(runs, desc="searches", file=sys.stderr)):
             out = Path(scratch) / f"s{i}"
             result = search(SCRIPT, out=out, workers=workers, max_trials=args.trials, epochs=args.epochs,
-                            pin_cores=True, timeout=1800, log=lambda line: None)
+                            trial=TrialOptions(pin_cores=True), supervision=Supervision(timeout=1800),
+                            log=lambda line: None)
             if result.completed != args.trials:
                 raise RuntimeError(f"a search completed {result.completed} of {args.trials} trials")
             rates[workers].append(_trials_per_hour(out))

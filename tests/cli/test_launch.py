@@ -55,7 +55,6 @@ def test_launch_restarts_the_job_up_to_max_restarts(script: Path, capsys) -> Non
     (["launch", "--workers", "0", "SCRIPT"], "error: A job needs at least one worker (or a chief). Received: workers=0"),
     (["launch", "MISSING"], "error: The script to launch does not exist. Received: script="),
     (["launch", "--ports", "1,x", "SCRIPT"], "error: --ports must be comma-separated integers. Received: --ports='1,x'"),
-    (["launch", "--mode", "ring", "SCRIPT"], "error: mode must be one of 'auto', 'collective', 'parameter_server'"),
     (["launch", "--evaluator", "--evaluator-timeout", "-1", "SCRIPT"],
      "error: evaluator_timeout must be a finite number >= 0. Received: evaluator_timeout=-1.0"),
 ])
@@ -75,6 +74,8 @@ def test_launch_conflicting_tf_config_is_one_clear_error(script: Path, capsys, m
     ("--wokers", "Error: No such option: --wokers. Did you mean --workers?"),
     ("--max-restart=2", "Error: No such option: --max-restart=2. Did you mean --max-restarts?"),
     ("--frobnicate", "Error: No such option: --frobnicate"),
+    ("--mode", "Error: Invalid value for '--mode': Value error, '2' is not one of 'auto', 'collective', "
+               "'parameter_server'."),
 ])
 def test_launch_unknown_option_before_the_script_is_reported_as_an_option(script: Path, capsys, option,
                                                                           message) -> None:
