@@ -41,9 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.model == "transformer_block":
         x_train, x_test = x_train[..., 0], x_test[..., 0]  # 8 rows of 8 pixels
     layout = args.layout if args.model == "transformer_block" else args.layout.replace(";heads:b2", "")
+    # As the mtf and keras backends lay out the transformer block: the model width (d_model) whole, the MLP's
+    # second Dense split by rows (Megatron); the dtensor backend reads these patterns beside the rules.
+    model_axis = args.layout.split("hidden:")[1].split(";")[0] if "hidden:" in args.layout else None
+    patterns = {"embed/kernel": (None, None), "embed/bias": (None,), "mlp_out/kernel": (model_axis, None),
+                "mlp_out/bias": (None,)}
     for backend in ("mtf", "keras", "dtensor"):
         mesh = Mesh(args.mesh_shape, layout, backend=backend)
-        with mesh.scope():  # the one way in, on every backend: build and compile inside, then Keras' fit
+        with mesh.scope(patterns=patterns):  # the one way in, on every backend: build and compile inside, then fit
             model = tfl.models.build(args.model)
             model.compile(optimizer=tf.keras.optimizers.SGD(args.learning_rate),
                           loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
