@@ -54,3 +54,10 @@ def test_the_yaml_reference_lists_every_key_with_its_flag() -> None:
     rows = [line for line in reference.yaml_keys_table().splitlines()[2:]]
     assert [row.split("`")[1] for row in rows] == list(KEYS)
     assert "| `rounds` | `10` | `--rounds` |" in reference.yaml_keys_table()
+
+
+def test_word_indexes_in_pages_are_text_and_references_stay_links() -> None:
+    page = ("a [data replica][model shard] b `x[a][b c]`\n```\n[p][q r]\n```\n"
+            "[t][u v]\n\n[u v]: https://example.org\n[k][tensorfleet.io]\n")
+    assert reference.prose_brackets(page) == page.replace("[data replica][model shard]",
+                                                          "\\[data replica\\]\\[model shard\\]")

@@ -10,6 +10,7 @@ CLI's reference (``docs/ref-cli.md``) is generated from the typer app by mkdocs-
 from __future__ import annotations
 
 import pkgutil
+import re
 import sys
 from pathlib import Path
 
@@ -154,8 +155,26 @@ def readme_matrix() -> str:
     return text.split("<!-- matrix:start -->", 1)[1].split("<!-- matrix:end -->", 1)[0].strip()
 
 
+# "[data replica][model shard]" in prose: a reference-style link whose label has a space and which the
+# page does not define is text (an index written in words), not a cross-reference to look up.
+_PROSE_INDEX = re.compile(r"\[([^\]\n`]+)\]\[([^\]\n`]* [^\]\n`]*)\]")
+_CODE = re.compile(r"(^```.*?^```[ \t]*$|`[^`\n]*`)", re.S | re.M)
+
+
+def prose_brackets(markdown: str) -> str:
+    """``markdown`` with such word indexes escaped, code left alone."""
+    defined = set(re.findall(r"^[ \t]*\[([^\]]+)\]:", markdown, re.M))
+
+    def escape(match: re.Match[str]) -> str:
+        return match.group(0) if match.group(2) in defined else f"\\[{match.group(1)}\\]\\[{match.group(2)}\\]"
+
+    parts = _CODE.split(markdown)
+    return "".join(part if n % 2 else _PROSE_INDEX.sub(escape, part) for n, part in enumerate(parts))
+
+
 def on_page_markdown(markdown, page, config, files):
-    """Fills the generated tables into the pages that hold their markers."""
+    """Fills the generated tables into the pages that hold their markers; escapes word indexes."""
+    markdown = prose_brackets(markdown)
     if YAML_MARKER in markdown:
         markdown = markdown.replace(YAML_MARKER, yaml_keys_table())
     if MATRIX_MARKER in markdown:
