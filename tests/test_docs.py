@@ -5,11 +5,18 @@ temporary working directory: its ```python blocks in one namespace, its ```bash 
 directory with the environment's ``bin`` first on PATH, blocks with a file name saved to that file
 (``docs/hooks/codeblocks.py`` says how). A page marked ``<!-- docs-test: tff -->`` runs on the tff
 track. The pictures a page lists are kept for the site's build, which then need not draw them again.
+
+Most of a page's time is a new process importing TensorFlow, on one core: the pages selected for
+the run are started two at a time (``TENSORFLEET_DOCS_PAGES_AT_ONCE``) when the first of them is
+reached, and each page's test waits for its own.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -56,9 +63,31 @@ def test_tutorials_and_how_tos_show_no_code_that_does_not_run() -> None:
     assert sketches == [], "blocks the runner skips (use python/bash, or text for output)"
 
 
+def _run(page: Path, workdir: Path) -> tuple[Path, object]:
+    return workdir, codeblocks.run_page_in_process(page, workdir, timeout=880)
+
+
+@pytest.fixture(scope="module")
+def page_runs(request: pytest.FixtureRequest):
+    """The selected pages' runs, started at most two at a time; page -> Future of (workdir, result)."""
+    selected = [item.callspec.params["page"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_every_block_of_the_page_runs"]
+    at_once = int(os.environ.get("TENSORFLEET_DOCS_PAGES_AT_ONCE", "2"))
+    with tempfile.TemporaryDirectory(prefix="tensorfleet-docs-") as scratch, \
+            ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
+        runs: dict[Path, Future] = {}
+        for i, page in enumerate(selected):
+            workdir = Path(scratch) / f"{i}-{page.stem}"
+            workdir.mkdir()
+            runs[page] = pool.submit(_run, page, workdir)
+        yield runs
+        for future in runs.values():
+            future.cancel()
+
+
 @pytest.mark.parametrize("page", [_param(page) for page in PAGES])
-def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
-    done = codeblocks.run_page_in_process(page, tmp_path, timeout=880)
+def test_every_block_of_the_page_runs(page: Path, page_runs) -> None:
+    workdir, done = page_runs[page].result()
     assert done.returncode == 0, f"{page.name} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert f"ran every block of {page.name}" in done.stdout
-    codeblocks.keep_pictures(page, tmp_path)
+    codeblocks.keep_pictures(page, workdir)
