@@ -159,12 +159,14 @@ class Autoscaler:
         from tensorfleet.io import save_figure
 
         fig, ax = plt.subplots(figsize=(7, 3))
-        if self.sizes:
-            times, counts = zip(*self.sizes)
+        colds = [(began - self._start, seconds) for began, seconds in self.pool.cold_starts if began >= self._start]
+        # The count is sampled each interval; a cold start (from zero, to one replica) is placed when it ended.
+        points = sorted([*self.sizes, *((t + d, 1) for t, d in colds)])
+        if points:
+            times, counts = zip(*points)
             ax.step(times, counts, where="post", label="replicas")
         for event in self.events:
             ax.axvline(event.seconds, color="tab:green" if event.after > event.before else "tab:red", alpha=0.5)
-        colds = [(began - self._start, seconds) for began, seconds in self.pool.cold_starts if began >= self._start]
         if colds:
             ax.scatter([t + d for t, d in colds], [1] * len(colds), marker="^", color="tab:purple", zorder=3,
                        label=f"cold starts ({len(colds)}, longest {max(d for _, d in colds):.2f} s)")

@@ -139,8 +139,9 @@ def test_only_the_busy_model_keeps_a_replica_and_the_idle_one_goes_to_zero_and_a
         thread.join(60)
     for answer in answers:
         assert_float32_close(answer, digits_models[1].predict(images[:2], verbose=0))
-    assert any(line.startswith("scaled 'b' v2 from 1 to 0 replicas: no request for 3 s (idle timeout)")
-               for line in zero_server.test_log)
+    # The pool's count drops before the scaler logs the event: wait for the line, not only the count.
+    assert _wait(lambda: any(line.startswith("scaled 'b' v2 from 1 to 0 replicas: no request for 3 s (idle timeout)")
+                             for line in zero_server.test_log), 30)
     colds = len(b.cold_starts)
     assert_float32_close(_rest(zero_server, "b", images[:4]), digits_models[2].predict(images[:4], verbose=0))
     assert len(b.cold_starts) == colds + 1  # the next request after zero: one cold start
