@@ -72,8 +72,8 @@ def test_a_registered_layout_is_planned_beside_the_others():
 
     L.LAYOUTS.register("flat_ring", FlatRing(), description="Data parallel, one ring over every device.")
     try:
-        result = planner.plan(parameters=1e9, batch_size=64, devices=16, nodes=2, device_memory="80GB",
-                              bandwidth="25Gbps", intra_bandwidth="300GB/s", latency="0us")
+        result = planner.plan(parameters=1e9, batch_size=64, devices=16, device_memory="80GB", bandwidth="25Gbps",
+                              network=planner.Network(nodes=2, intra_bandwidth="300GB/s", latency="0us"))
         flat, two_level = result.row("flat_ring"), result.row("data_allreduce")
     finally:
         L.LAYOUTS.unregister("flat_ring")
