@@ -113,7 +113,10 @@ class Autoscaler:
                 if change:
                     self._scale(change, size, waits)
             except Exception as exc:  # a replica that cannot start must not end autoscaling
-                self.log(f"scaling {self.pool.name!r} from {size} replicas failed: {type(exc).__name__}: {exc}")
+                self._failed(size, exc)
+
+    def _failed(self, size: int, exc: Exception) -> None:
+        self.log(f"scaling {self.pool.name!r} from {size} replicas failed: {type(exc).__name__}: {exc}")
 
     def _record(self, before: int, after: int, reason: str) -> None:
         event = ScaleEvent(time.monotonic() - self._start, before, after, reason)
@@ -141,7 +144,7 @@ class Autoscaler:
                 try:
                     self._record(size, self.pool.grow(), reason)
                 except Exception as exc:  # a replica that cannot start must not end autoscaling
-                    self.log(f"scaling {self.pool.name!r} from {size} replicas failed: {type(exc).__name__}: {exc}")
+                    self._failed(size, exc)
                 finally:
                     self._growing.clear()
 
