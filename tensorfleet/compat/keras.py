@@ -261,29 +261,51 @@ __all__ += ["intercept_compile"]
 
 
 def intercept_compile(hook: Any) -> Any:
-    """A context manager inside which ``model.compile(...)`` of every Keras 2 model calls
+    """A context manager inside which ``model.compile(...)`` of every Keras model calls
     ``hook(model, keras_compile, *args, **kwargs)`` instead, ``keras_compile`` being Keras' own
     ``Model.compile`` (the hook calls it, or not). What a strategy scope gets from Keras itself (a
     model built inside ``strategy.scope()`` remembers it), a mesh scope needs this for: Keras has
-    no public hook that tells the scope which model is being compiled. Restored on exit."""
+    no public hook that tells the scope which model is being compiled. Restored on exit.
+
+    Keras 2's ``Model.compile`` is intercepted, and Keras 3's too when the ``keras`` package (3.x)
+    is imported, so that the hook sees a Keras 3 model compiled inside and can refuse it (with
+    :func:`require_keras2`) before it trains outside tensorfleet's reach.
+    """
     import contextlib
     import functools
+    import sys
 
     import tensorflow as tf
 
-    model_class = tf.keras.Model
-    keras_compile = model_class.__dict__["compile"]
+    classes = [tf.keras.Model]
+    keras3 = sys.modules.get("keras")  # a Keras 3 model exists only once its package is imported
+    if keras3 is not None and getattr(keras3, "Model", None) not in (None, tf.keras.Model) \
+            and _keras_major("keras") >= 3:
+        classes.append(keras3.Model)
 
-    @functools.wraps(keras_compile)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - Keras' own name
-        return hook(self, keras_compile, *args, **kwargs)
+    def patch(model_class: type) -> tuple[type, Any, Any]:
+        own = model_class.__dict__.get("compile")  # Keras 3 defines it on a base (Trainer), not on Model
+        keras_compile = getattr(model_class, "compile")
+
+        @functools.wraps(keras_compile)
+        def compile(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - Keras' own name
+            return hook(self, keras_compile, *args, **kwargs)
+
+        return model_class, own, compile
+
+    patches = [patch(c) for c in classes]
 
     @contextlib.contextmanager
     def intercepting() -> Any:
-        model_class.compile = compile
+        for model_class, _, compile in patches:  # noqa: A001
+            model_class.compile = compile
         try:
             yield
         finally:
-            model_class.compile = keras_compile
+            for model_class, own, _ in patches:
+                if own is None:
+                    del model_class.compile
+                else:
+                    model_class.compile = own
 
     return intercepting()

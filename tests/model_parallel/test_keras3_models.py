@@ -62,3 +62,21 @@ def test_what_is_no_keras_layer_is_named():
     with pytest.raises(TypeError, match=r"^ColumnParallelDense\.from_dense takes a Keras layer \(tf\.keras / "
                                         r"tf_keras\)\. Received: layer of type str$"):
         tp.ColumnParallelDense.from_dense("dense", devices=["/CPU:0", "/CPU:1"])
+
+
+@pytest.mark.parametrize("backend", ["keras", "mtf"])
+def test_a_keras3_model_compiled_inside_mesh_scope_is_refused_at_compile(keras3, keras3_model, backend):
+    from tensorfleet.model_parallel.mesh import Mesh
+
+    mesh = Mesh("b:2", "batch:b", backend=backend)
+    keras_compile = keras3.Model.compile
+    with mesh.scope():
+        built_inside = keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
+        for model in (keras3_model, built_inside):
+            with pytest.raises(Keras3ModelError, match=r"^model\.compile inside Mesh\.scope\(\) received a Keras 3 "
+                                                       r"model \(keras\.src\.models\.sequential\.Sequential\)\." + _FIX):
+                model.compile(optimizer="sgd", loss="mse")
+            assert not model.compiled  # refused before Keras compiled anything
+    assert keras3.Model.compile is keras_compile  # the scope leaves Keras 3 as it found it
+    built_inside.compile(optimizer="sgd", loss="mse")  # outside the scope Keras 3 is not ours to refuse
+    assert built_inside.compiled
