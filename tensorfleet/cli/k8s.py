@@ -190,11 +190,14 @@ def serving_command(
     from tensorfleet.serving import k8s as sk8s
 
     argv = list(serve_args or [])
-    docs = sk8s.serving_manifests(name=name, image=image, replicas=replicas, namespace=namespace,
-                                  model_base_path=model_base_path, model_name=model_name, min_replicas=min_replicas,
-                                  max_replicas=max_replicas, target_cpu=target_cpu, grpc_port=port,
-                                  rest_port=rest_api_port, cpu=cpu, memory=memory, model_claim=model_claim,
-                                  serve_args=argv[1:] if argv[:1] == ["--"] else argv)
+    argv = argv[1:] if argv[:1] == ["--"] else argv
+    docs = sk8s.serving_manifests(
+        name=name, image=image, namespace=namespace,
+        scaling=sk8s.PodScaling(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
+                                target_cpu=target_cpu),
+        model=sk8s.ServedModel(base_path=model_base_path, name=model_name, claim=model_claim),
+        server=sk8s.ServerFlags(grpc_port=port, rest_port=rest_api_port, args=tuple(argv)),
+        resources=sk8s.PodResources(cpu=cpu, memory=memory))
     _emit(docs, output, sk8s.write, ", ".join(d["kind"] for d in docs))
 
 

@@ -17,8 +17,9 @@ def _container(docs) -> dict:
 
 
 def test_manifests_validate_and_round_trip_through_yaml(tmp_path: Path) -> None:
-    docs = k8s.serving_manifests(name="digits", image="registry.example/digits:1", min_replicas=2, max_replicas=6,
-                                 model_claim="models")
+    docs = k8s.serving_manifests(name="digits", image="registry.example/digits:1",
+                                 scaling=k8s.PodScaling(min_replicas=2, max_replicas=6),
+                                 model=k8s.ServedModel(claim="models"))
     assert [(d["apiVersion"], d["kind"], d["metadata"]["name"]) for d in docs] == [
         ("apps/v1", "Deployment", "digits"), ("v1", "Service", "digits"),
         ("autoscaling/v2", "HorizontalPodAutoscaler", "digits")]
@@ -29,8 +30,8 @@ def test_manifests_validate_and_round_trip_through_yaml(tmp_path: Path) -> None:
 
 
 def test_container_runs_serve_on_tf_serving_ports_with_probes_on_the_rest_port() -> None:
-    docs = k8s.serving_manifests(name="digits", image="img:1", replicas=3,
-                                 serve_args=["--enable-batching", "--max-batch-size", "32"])
+    docs = k8s.serving_manifests(name="digits", image="img:1", scaling=k8s.PodScaling(replicas=3),
+                                 server=k8s.ServerFlags(args=("--enable-batching", "--max-batch-size", "32")))
     assert docs[0]["spec"]["replicas"] == 3
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]
     container = _container(docs)
@@ -57,8 +58,9 @@ def test_the_command_parses_with_the_real_serve_cli_and_the_probes_hit_real_rout
     from tensorfleet.cli.serve import serve_command
     from tensorfleet.serving.rest import ROUTES
 
-    command = _container(k8s.serving_manifests(name="digits", image="img:1", model_name="mnist", grpc_port=9000,
-                                               rest_port=9001, model_base_path="/srv/m"))["command"]
+    command = _container(k8s.serving_manifests(
+        name="digits", image="img:1", model=k8s.ServedModel(base_path="/srv/m", name="mnist"),
+        server=k8s.ServerFlags(grpc_port=9000, rest_port=9001)))["command"]
     app = typer.Typer()
     app.command("serve")(serve_command)
     params = typer.main.get_command(app).make_context("serve", command[2:]).params
@@ -68,7 +70,8 @@ def test_the_command_parses_with_the_real_serve_cli_and_the_probes_hit_real_rout
 
 
 def test_autoscaler_bounds_and_cpu_target_and_the_deployment_leaves_the_count_to_it() -> None:
-    docs = k8s.serving_manifests(name="digits", image="img:1", min_replicas=2, max_replicas=6, target_cpu=65)
+    docs = k8s.serving_manifests(name="digits", image="img:1",
+                                 scaling=k8s.PodScaling(min_replicas=2, max_replicas=6, target_cpu=65))
     assert docs[2]["spec"] == {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "digits"},
         "minReplicas": 2, "maxReplicas": 6,
@@ -82,38 +85,49 @@ def test_autoscaler_bounds_and_cpu_target_and_the_deployment_leaves_the_count_to
 
 
 def test_a_model_claim_is_mounted_read_only_at_the_base_path() -> None:
-    docs = k8s.serving_manifests(name="digits", image="img:1", model_claim="trained-models",
-                                 model_base_path="/models/digits")
+    docs = k8s.serving_manifests(name="digits", image="img:1",
+                                 model=k8s.ServedModel(base_path="/models/digits", claim="trained-models"))
     assert _container(docs)["volumeMounts"] == [{"name": "models", "mountPath": "/models/digits", "readOnly": True}]
     assert docs[0]["spec"]["template"]["spec"]["volumes"] == [
         {"name": "models", "persistentVolumeClaim": {"claimName": "trained-models", "readOnly": True}}]
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"name": "Digits"}, "name must be a DNS label of at most 63 characters (lower-case letters, digits and '-', "
-                         "starting and ending with a letter or digit). Received: name='Digits'"),
-    ({"replicas": 0}, "replicas must be a positive integer. Received: replicas=0"),
-    ({"min_replicas": 0, "max_replicas": 2}, "min_replicas must be a positive integer. Received: min_replicas=0"),
-    ({"min_replicas": 4, "max_replicas": 2},
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: k8s.serving_manifests(name="Digits", image="img:1"),
+     "name must be a DNS label of at most 63 characters (lower-case letters, digits and '-', "
+     "starting and ending with a letter or digit). Received: name='Digits'"),
+    (lambda: k8s.PodScaling(replicas=0), "replicas must be a positive integer. Received: replicas=0"),
+    (lambda: k8s.PodScaling(min_replicas=0, max_replicas=2),
+     "min_replicas must be a positive integer. Received: min_replicas=0"),
+    (lambda: k8s.PodScaling(min_replicas=4, max_replicas=2),
      "min_replicas must not exceed max_replicas. Received: min_replicas=4, max_replicas=2"),
-    ({"max_replicas": 2}, "min_replicas and max_replicas go together (they make the HorizontalPodAutoscaler). "
-                          "Received: min_replicas=None, max_replicas=2"),
-    ({"replicas": 2, "min_replicas": 2, "max_replicas": 6},
+    (lambda: k8s.PodScaling(max_replicas=2), "min_replicas and max_replicas go together (they make the "
+                                              "HorizontalPodAutoscaler). Received: min_replicas=None, max_replicas=2"),
+    (lambda: k8s.PodScaling(replicas=2, min_replicas=2, max_replicas=6),
      "Give replicas or min_replicas/max_replicas, not both: with an autoscaler the Deployment has no replica count "
      "of its own (so that applying the manifest again does not reset the autoscaler's). Received: replicas=2, "
      "min_replicas=2, max_replicas=6"),
-    ({"min_replicas": 1, "max_replicas": 2, "target_cpu": 0},
+    (lambda: k8s.PodScaling(min_replicas=1, max_replicas=2, target_cpu=0),
      "target_cpu must be a positive integer. Received: target_cpu=0"),
-    ({"rest_port": 8500}, "grpc_port and rest_port must differ. Received: grpc_port=8500, rest_port=8500"),
-    ({"model_base_path": "models/digits"},
-     "model_base_path must be an absolute path in the pod. Received: model_base_path='models/digits'"),
-    ({"model_name": "a/b"}, "model_name must be a non-empty name without '/' or spaces. Received: model_name='a/b'"),
-    ({"serve_args": ["--host=127.0.0.1"]},
-     "serve_args must not set --host: the manifest sets it (name it with model_name, the ports with grpc_port and "
-     "rest_port). Received: '--host=127.0.0.1'"),
-    ({"cpu": "lots"}, "cpu must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: cpu='lots'"),
+    (lambda: k8s.ServerFlags(rest_port=8500),
+     "grpc_port and rest_port must differ. Received: grpc_port=8500, rest_port=8500"),
+    (lambda: k8s.ServedModel(base_path="models/digits"),
+     "base_path must be an absolute path in the pod. Received: base_path='models/digits'"),
+    (lambda: k8s.ServedModel(name="a/b"),
+     "The model's name must be a non-empty name without '/' or spaces. Received: name='a/b'"),
+    (lambda: k8s.ServerFlags(args=("--host=127.0.0.1",)),
+     "args must not set --host: the manifest sets it (the model's name with ServedModel(name=...), the ports with "
+     "grpc_port and rest_port). Received: '--host=127.0.0.1'"),
+    (lambda: k8s.PodResources(cpu="lots"),
+     "cpu must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: cpu='lots'"),
 ])
-def test_bad_arguments_are_one_clear_error(options, message) -> None:
+def test_bad_arguments_are_one_clear_error(make, message) -> None:
     with pytest.raises(ValueError) as info:
-        k8s.serving_manifests(**{"name": "digits", "image": "img:1", **options})
+        make()
     assert str(info.value) == message
+
+
+def test_a_group_that_is_not_its_option_class_is_named() -> None:
+    with pytest.raises(TypeError) as info:
+        k8s.serving_manifests(name="digits", image="img:1", scaling=3)
+    assert str(info.value) == "scaling must be a PodScaling, such as scaling=PodScaling(). Received: scaling=3"
