@@ -1,6 +1,8 @@
 """Secure aggregation that is secure in simulation: SecAgg (Bonawitz et al., CCS 2017) and SecAgg+
 (Bell et al., CCS 2020) with real cryptography (X25519, HKDF, AES from ``cryptography``), Shamir
-t-of-n sharing and masks mod ``2 ** bits``. The server side
+t-of-n sharing and masks mod ``2 ** bits``; DP's noise on the unmasked sum or, distributed, Skellam
+noise added by each client before masking; and the malicious-server variant (Ed25519-signed keys,
+a consistency round). The server side
 (:class:`~tensorfleet.federated.secure.server.SecAggServer`) receives only masked vectors, opaque
 encrypted shares, public keys and the shares it needs to unmask the sum.
 
@@ -13,12 +15,14 @@ Example:
     [0.25, 0.25, 0.25]
 """
 
-from tensorfleet.federated.secure.messages import SecureAggregationError, TooFewSurvivorsError
-from tensorfleet.federated.secure.protocol import (Dropouts, SecureAggregation, SecureAggregator, SecureRound,
+from tensorfleet.federated.secure.messages import (InconsistentViewError, SecureAggregationError,
+                                                   TooFewSurvivorsError)
+from tensorfleet.federated.secure.protocol import (Dropouts, SecureAggregation, SecureAggregator, SecureDp, SecureRound,
                                                    run_round, traffic)
+from tensorfleet.federated.secure.skellam import SkellamPlan
 from tensorfleet.federated.secure.quantize import Quantizer
 
 from tensorfleet.federated.secure import part as _part  # noqa: E402,F401  registers secagg and secagg+
 
-__all__ = ["Dropouts", "Quantizer", "SecureAggregation", "SecureAggregationError", "SecureAggregator", "SecureRound",
-           "TooFewSurvivorsError", "run_round", "traffic"]
+__all__ = ["Dropouts", "InconsistentViewError", "Quantizer", "SecureAggregation", "SecureAggregationError",
+           "SecureAggregator", "SecureDp", "SecureRound", "SkellamPlan", "TooFewSurvivorsError", "run_round", "traffic"]

@@ -8,25 +8,37 @@ only the messages of :mod:`~tensorfleet.federated.secure.messages`:
 2. its quantized update plus ``PRG(b)`` plus, for each neighbour ``v`` that shared keys,
    ``+PRG(s_uv)`` if ``u < v`` else ``-PRG(s_uv)``, mod ``2 ** bits`` (the pairwise masks cancel in the sum);
 3. the shares it holds of the survivors' ``b`` and of the dropped clients' mask keys.
+
+With distributed DP (``settings.noise > 0``) step 2 quantizes by conditional randomized rounding
+and adds Skellam noise to the values before masking
+(:mod:`~tensorfleet.federated.secure.skellam`). In the malicious-server variant
+(``settings.malicious``, Bonawitz et al. 2017, section 6) the client signs its public keys with its
+registered Ed25519 identity and refuses neighbours' keys whose signature fails; before step 3 it
+signs the survivor list it was shown (:meth:`SecAggClient.sign_survivors`) and releases shares only
+when every signature the server forwards verifies over that same list
+(:class:`~tensorfleet.federated.secure.messages.InconsistentViewError` otherwise, nothing released).
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from tensorfleet.federated.secure import keys as crypto
 from tensorfleet.federated.secure import shamir
-from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, MaskedInput, NeighbourKeys,
-                                                   RoundSettings, SecureAggregationError, UnmaskingShares,
-                                                   UnmaskRequest)
+from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, InconsistentViewError,
+                                                   MaskedInput, NeighbourKeys, RoundSettings, SecureAggregationError,
+                                                   SignedSurvivors, SurvivorSignature, UnmaskingShares,
+                                                   UnmaskRequest, keys_payload, survivors_payload)
+from tensorfleet.federated.secure.skellam import skellam_noise
 
 __all__ = ["SecAggClient", "masks_of"]
 
 _SHARE_BYTES = 2 * shamir.WORDS * 4
+_ROUNDING_DRAWS = 200  # conditional rounding keeps a draw with probability >= 1 - exp(-1/2) each
 
 
 def _header(sender: int, recipient: int, round_num: int) -> bytes:
@@ -55,10 +67,22 @@ class SecAggClient:
     Args:
         client: the client's id in the round (0 to clients - 1).
         settings: the round's :class:`RoundSettings`.
-        rng: draws the stochastic rounding of quantization (secrets come from the OS's CSPRNG).
+        rng: draws the stochastic rounding of quantization and distributed DP's noise (secrets come
+            from the OS's CSPRNG).
+        identity: the client's signing key (the malicious-server variant).
+        pki: every client's registered Ed25519 public key, by id (the malicious-server variant).
     """
 
-    def __init__(self, client: int, settings: RoundSettings, rng: np.random.Generator) -> None:
+    def __init__(self, client: int, settings: RoundSettings, rng: np.random.Generator,
+                 identity: crypto.Identity | None = None, pki: Mapping[int, bytes] | None = None) -> None:
+        if settings.malicious and (identity is None or pki is None):
+            raise ValueError(f"Client {client} of a malicious-server round needs its identity and the registered "
+                             f"public keys (pki). Received: identity={identity is not None}, pki={pki is not None}")
+        self._identity = identity
+        self._pki = dict(pki or {})
+        self._signed: frozenset[int] | None = None
+        self._plain: np.ndarray | None = None  # the quantized values, and below the noise: never sent
+        self._noise: np.ndarray | None = None
         self.client = client
         self._settings = settings
         self._rng = rng
@@ -71,7 +95,19 @@ class SecAggClient:
         self.saturated = 0
 
     def advertise(self) -> AdvertisedKeys:
-        return AdvertisedKeys(self.client, self._cipher.public, self._mask.public)
+        cipher, mask = self._cipher.public, self._mask.public
+        if not self._settings.malicious:
+            return AdvertisedKeys(self.client, cipher, mask)
+        payload = keys_payload(self._settings.round_num, self.client, cipher, mask)
+        return AdvertisedKeys(self.client, cipher, mask, self._identity.sign(payload))
+
+    def _check_signed(self, keys: AdvertisedKeys) -> None:
+        registered = self._pki.get(keys.client)
+        payload = keys_payload(self._settings.round_num, keys.client, keys.cipher_public, keys.mask_public)
+        if registered is None or not crypto.verify(registered, keys.signature, payload):
+            raise InconsistentViewError(
+                f"Client {self.client} aborts round {self._settings.round_num}: the keys given for client "
+                f"{keys.client} are not signed by its registered identity (substituted keys); no share released.")
 
     def _channel(self, other: AdvertisedKeys) -> bytes:
         """The key of the share channel with ``other`` (one X25519 agreement serves both directions)."""
@@ -83,6 +119,9 @@ class SecAggClient:
     def share_keys(self, neighbour_keys: NeighbourKeys) -> list[EncryptedShare]:
         """Split the self-mask seed and the mask key among the neighbours and this client."""
         self._neighbours = {k.client: k for k in neighbour_keys.keys if k.client != self.client}
+        if self._settings.malicious:
+            for keys in self._neighbours.values():
+                self._check_signed(keys)
         holders = sorted([*self._neighbours, self.client])
         shares = shamir.split([self._self_seed, self._mask.private_bytes()], [h + 1 for h in holders],
                               threshold=self._settings.needed(len(holders)))
@@ -119,7 +158,7 @@ class SecAggClient:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"A client's weight in secure aggregation is from 0 to 1. Received: weight={weight}")
         clip = quantizer.clip
-        ints, _ = quantizer.quantize(np.clip(values, -clip, clip) * weight, self._rng)
+        ints = self._quantized(np.clip(values, -clip, clip) * weight)
         self.saturated = int(np.count_nonzero(np.abs(values) > clip))
         scaled = weight * quantizer.levels
         counters = np.asarray([self.saturated > 0, min(self.saturated, quantizer.levels),
@@ -129,9 +168,57 @@ class SecAggClient:
                                                              self._self_seed)
         return MaskedInput(self.client, quantizer.reduce(vector))
 
-    def unmask(self, request: UnmaskRequest) -> UnmaskingShares:
+    def _quantized(self, values: np.ndarray) -> np.ndarray:
+        """``values`` quantized; with distributed DP by conditional rounding (redrawn until the centred
+        vector's norm is within ``settings.bound``) and plus Skellam noise, mod ``2 ** bits``."""
+        settings, quantizer = self._settings, self._settings.quantizer
+        ints, _ = quantizer.quantize(values, self._rng)
+        if settings.noise <= 0:
+            return ints
+        for _ in range(_ROUNDING_DRAWS):
+            if float(np.linalg.norm(ints.astype(np.float64) - quantizer.levels / 2.0)) <= settings.bound:
+                break
+            ints, _ = quantizer.quantize(values, self._rng)
+        else:
+            raise SecureAggregationError(f"Client {self.client}'s rounding exceeded the norm bound {settings.bound:.6g} "
+                                         f"in {_ROUNDING_DRAWS} draws (each succeeds with probability >= 0.39).")
+        self._plain = ints.copy()
+        self._noise = skellam_noise(self._rng, settings.noise, ints.size)
+        return quantizer.reduce(ints.astype(np.int64) + self._noise)
+
+    def sign_survivors(self, request: UnmaskRequest) -> SurvivorSignature:
+        """The malicious-server variant's consistency round: sign the survivor list shown to this client."""
+        needed = self._settings.needed(len(self._neighbours) + 1)
+        if self.client not in request.survivors or len(request.survivors) < needed:
+            raise InconsistentViewError(f"Client {self.client} aborts round {self._settings.round_num}: the survivor "
+                                        f"list must hold it and at least {needed} clients. Received: "
+                                        f"{sorted(request.survivors)[:20]}")
+        self._signed = request.survivors
+        return SurvivorSignature(self.client, self._identity.sign(
+            survivors_payload(self._settings.round_num, request.survivors)))
+
+    def _check_view(self, request: UnmaskRequest, proof: SignedSurvivors | None) -> None:
+        """Every forwarded signature verifies over the list this client signed, from enough clients."""
+        round_num = self._settings.round_num
+        if self._signed is None or proof is None or request.survivors != self._signed:
+            raise InconsistentViewError(f"Client {self.client} aborts round {round_num}: it is asked to unmask for "
+                                        f"a survivor list it did not sign; no share released.")
+        payload = survivors_payload(round_num, self._signed)
+        bad = sorted(v for v, sig in proof.signatures.items()
+                     if v not in self._signed or not crypto.verify(self._pki.get(v, bytes(32)), sig, payload))
+        needed = self._settings.needed(len(self._neighbours) + 1)
+        if bad or len(proof.signatures) < needed:
+            raise InconsistentViewError(
+                f"Client {self.client} aborts round {round_num}: the survivor lists differ between clients "
+                f"(signatures of clients {bad[:20]} do not verify over the list it signed, "
+                f"{len(proof.signatures) - len(bad)} do, {needed} needed); no share released.")
+
+    def unmask(self, request: UnmaskRequest, proof: SignedSurvivors | None = None) -> UnmaskingShares:
         """The shares this client holds of the survivors' self-mask seeds and the dropped clients'
-        mask keys; refuses a request that names a client on both sides (that would unmask it)."""
+        mask keys; refuses a request that names a client on both sides (that would unmask it), and
+        in the malicious-server variant one whose survivor list ``proof`` does not show every signer saw."""
+        if self._settings.malicious:
+            self._check_view(request, proof)
         if request.survivors & request.dropped:
             raise SecureAggregationError(f"Client {self.client} refuses to reveal both secrets of clients "
                                          f"{sorted(request.survivors & request.dropped)}.")

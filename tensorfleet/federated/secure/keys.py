@@ -17,7 +17,9 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -25,9 +27,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from tensorfleet.federated.secure.quantize import modulus_dtype
 
-__all__ = ["KEY_BYTES", "KeyPair", "decrypt", "derive", "encrypt", "expand_mask", "private_from_bytes"]
+__all__ = ["KEY_BYTES", "SIGNATURE_BYTES", "Identity", "KeyPair", "decrypt", "derive", "encrypt", "expand_mask",
+           "private_from_bytes", "verify"]
 
 KEY_BYTES = 32
+SIGNATURE_BYTES = 64
 _RAW = {"encoding": serialization.Encoding.Raw, "format": serialization.PublicFormat.Raw}
 
 
@@ -53,6 +57,32 @@ class KeyPair:
     def agree(self, public: bytes) -> bytes:
         """The X25519 secret shared with the holder of ``public``."""
         return self.private.exchange(X25519PublicKey.from_public_bytes(public))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A client's long-term Ed25519 signing key (RFC 8032); :attr:`public` (32 bytes) is what a PKI
+    registers for it, outside the protocol."""
+
+    private: Ed25519PrivateKey
+    public: bytes
+
+    @classmethod
+    def generate(cls) -> "Identity":
+        private = Ed25519PrivateKey.generate()
+        return cls(private, private.public_key().public_bytes(**_RAW))
+
+    def sign(self, data: bytes) -> bytes:
+        return self.private.sign(data)
+
+
+def verify(public: bytes, signature: bytes, data: bytes) -> bool:
+    """Whether ``signature`` is the Ed25519 signature of ``data`` by the holder of ``public``."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def private_from_bytes(raw: bytes) -> KeyPair:

@@ -7,6 +7,8 @@ shares the protocol allows the server to collect).
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -15,8 +17,9 @@ import numpy as np
 from tensorfleet.federated.secure.quantize import Quantizer
 from tensorfleet.validation import integer, number
 
-__all__ = ["AdvertisedKeys", "EncryptedShare", "MaskedInput", "NeighbourKeys", "RoundSettings",
-           "SecureAggregationError", "TooFewSurvivorsError", "UnmaskRequest", "UnmaskingShares", "expect"]
+__all__ = ["AdvertisedKeys", "EncryptedShare", "InconsistentViewError", "MaskedInput", "NeighbourKeys",
+           "RoundSettings", "SecureAggregationError", "SignedSurvivors", "SurvivorSignature", "TooFewSurvivorsError",
+           "UnmaskRequest", "UnmaskingShares", "expect", "keys_payload", "survivors_payload"]
 
 # Appended to every masked vector: [saturated at all (0/1), saturated values (capped at levels), weight * levels].
 COUNTERS = 3
@@ -30,12 +33,22 @@ class TooFewSurvivorsError(SecureAggregationError):
     """Fewer clients answered than the threshold needs to unmask the sum."""
 
 
+class InconsistentViewError(SecureAggregationError):
+    """A client of the malicious-server variant aborts: a signature does not verify (a substituted
+    key, or survivor lists that differ between clients); it released no share."""
+
+
 @dataclass(frozen=True)
 class RoundSettings:
     """What every party of a round knows: the round, the vector length (``size`` values, plus the
     saturation counters and the weight), the quantizer (modulus, clip, clients), the graph's ``degree`` (None:
     every pair, SecAgg) and ``graph_seed``, and the ``threshold`` as a share of each client's share
-    holders (its neighbours and itself): a secret needs ``floor(threshold * holders) + 1`` shares."""
+    holders (its neighbours and itself): a secret needs ``floor(threshold * holders) + 1`` shares.
+
+    Distributed DP: each client adds Skellam noise of variance ``noise`` to its values and redraws its
+    rounding until its centred integer vector's L2 norm is at most ``bound``
+    (:mod:`~tensorfleet.federated.secure.skellam`). ``malicious``: keys are signed and survivor lists
+    checked (Bonawitz et al. 2017, section 6), every client holding a registered identity."""
 
     round_num: int
     size: int
@@ -43,12 +56,16 @@ class RoundSettings:
     threshold: float = 0.5
     degree: int | None = None
     graph_seed: int = 0
+    noise: float = 0.0
+    bound: float = math.inf
+    malicious: bool = False
 
     def __post_init__(self) -> None:
         integer("round_num", self.round_num, minimum=0)
         integer("size", self.size, minimum=1)
         number("threshold", self.threshold, minimum=0, below=1)
         integer("degree", self.degree, minimum=2, optional=True)
+        number("noise", self.noise, minimum=0)
 
     @property
     def length(self) -> int:
@@ -70,13 +87,26 @@ def expect(kind: type, items: Any, what: str) -> list[Any]:
     return out
 
 
+def keys_payload(round_num: int, client: int, cipher_public: bytes, mask_public: bytes) -> bytes:
+    """What a client signs of its advertised keys (the malicious-server variant)."""
+    return b"tensorfleet secagg keys" + struct.pack("<II", round_num, client) + cipher_public + mask_public
+
+
+def survivors_payload(round_num: int, survivors: frozenset[int]) -> bytes:
+    """What a client signs of the survivor list it was shown (the consistency check)."""
+    ids = sorted(survivors)
+    return b"tensorfleet secagg survivors" + struct.pack(f"<II{len(ids)}I", round_num, len(ids), *ids)
+
+
 @dataclass(frozen=True)
 class AdvertisedKeys:
-    """Round 0, client -> server: the client's two X25519 public keys (share encryption, masks)."""
+    """Round 0, client -> server: the client's two X25519 public keys (share encryption, masks), and
+    in the malicious-server variant its Ed25519 signature of them under its registered identity."""
 
     client: int
     cipher_public: bytes
     mask_public: bytes
+    signature: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -125,3 +155,20 @@ class UnmaskingShares:
     client: int
     self_mask_shares: Mapping[int, np.ndarray]
     key_shares: Mapping[int, np.ndarray]
+
+
+@dataclass(frozen=True)
+class SurvivorSignature:
+    """Consistency round, client -> server: ``client``'s signature of the survivor list it was shown."""
+
+    client: int
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class SignedSurvivors:
+    """Server -> clients: the survivor list and every signature the server collected of it; a client
+    releases shares only when each verifies over the list it signed itself."""
+
+    survivors: frozenset[int]
+    signatures: Mapping[int, bytes]

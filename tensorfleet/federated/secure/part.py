@@ -5,7 +5,10 @@ train in the compiled round, then every participant's update goes through one ro
 protocol (:class:`~tensorfleet.federated.secure.protocol.SecureAggregator`) and the server
 optimizer applies the unmasked, dequantized mean. ``dropout_after_upload`` simulates clients that
 stop after their masked vector arrived (dropouts and stragglers before upload are the simulation's
-own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). When
+own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). ``dp="distributed"`` has each client add Skellam noise before masking; the simulation's
+``epsilon`` record is then this part's own (the Skellam bound at the fewest survivors, no sampling
+amplification, delta ``1e-5``: :mod:`~tensorfleet.federated.secure.skellam`). ``malicious=True``
+runs the malicious-server variant (signed keys, consistency round). When
 the survivors cannot unmask the sum the round raises
 :class:`~tensorfleet.federated.aggregators.parts.AggregationError` and is not applied.
 
@@ -15,7 +18,7 @@ The ``tff`` backend has no form of them: TFF's ``SecureSumFactory`` is a plain s
 Example:
     >>> from tensorfleet.federated.aggregators import AGGREGATORS, catalogue
     >>> sorted(AGGREGATORS.get("secagg+").defaults)
-    ['bits', 'clip', 'degree', 'dp_clip', 'dropout_after_upload', 'noise_multiplier', 'threshold']
+    ['bits', 'clip', 'degree', 'dp', 'dp_clip', 'dropout_after_upload', 'malicious', 'noise_multiplier', 'threshold']
     >>> [row["backends"] for row in catalogue() if row["name"].startswith("secagg")]
     [['compiled'], ['compiled']]
 """
@@ -31,13 +34,14 @@ import numpy as np
 from tensorfleet.federated.aggregators import AGGREGATORS
 from tensorfleet.federated.aggregators.parts import Aggregate, AggregationError, Aggregator, AggregatorPart
 from tensorfleet.federated.secure.messages import COUNTERS, SecureAggregationError
-from tensorfleet.federated.secure.protocol import Dropouts, SecureAggregation, SecureAggregator
+from tensorfleet.federated.secure.protocol import Dropouts, SecureAggregation, SecureAggregator, SecureDp
 from tensorfleet.validation import integer, number
 
 __all__ = ["SecurePart", "secure_upload_bytes"]
 
 DEFAULTS = {"bits": 16, "clip": 1.0, "threshold": 0.5, "degree": 0, "noise_multiplier": 0.0, "dp_clip": 1.0,
-            "dropout_after_upload": 0.0}
+            "dp": "central", "malicious": False, "dropout_after_upload": 0.0}
+DISTRIBUTED_DELTA = 1e-5
 _KEYS_BYTES = 2 * 32 + 4
 
 
@@ -68,16 +72,27 @@ class SecurePart(AggregatorPart):
         metrics = {"saturated": result.saturated_values, "saturated_clients": result.saturated_clients,
                    "dropped_after_upload": len(gone), "survivors": result.clients,
                    "upload_bytes": result.traffic.upload}
+        if self.aggregator.dp is SecureDp.DISTRIBUTED:
+            metrics["epsilon"] = self.aggregator.epsilon(clients_per_round=count, num_clients=count,
+                                                         rounds=int(ctx.round_num), delta=DISTRIBUTED_DELTA,
+                                                         size=int(np.asarray(updates.values).shape[1]))
         return Aggregate(result.mean, state, metrics)
 
 
 def _part(kind: SecureAggregation, *, clients_per_round: int, seed: int, bits: int, clip: float, threshold: float,
-          degree: int, noise_multiplier: float, dp_clip: float, dropout_after_upload: float) -> SecurePart:
+          degree: int, noise_multiplier: float, dp_clip: float, dp: str, malicious: bool,
+          dropout_after_upload: float) -> SecurePart:
     integer("degree", degree, minimum=0)
     aggregator = SecureAggregator(kind=kind, clip=clip, bits=bits, threshold=threshold, degree=degree or None,
-                                  noise_multiplier=noise_multiplier, dp_clip=dp_clip, seed=seed)
+                                  noise_multiplier=noise_multiplier, dp_clip=dp_clip, dp=dp, malicious=malicious,
+                                  seed=seed)
     aggregator.quantizer(integer("clients_per_round", clients_per_round, minimum=2))  # bits enough for the sum
     return SecurePart(aggregator, number("dropout_after_upload", dropout_after_upload, minimum=0, below=1))
+
+
+def _central(options: dict[str, Any]) -> bool:
+    """Whether the simulation accounts the noise as central (distributed DP reports its own epsilon)."""
+    return str(options["dp"]).strip().lower() != SecureDp.DISTRIBUTED.value
 
 
 def secure_upload_bytes(sizes: list[int], options: dict[str, Any]) -> int:
@@ -95,5 +110,6 @@ for _kind, _paper, _text, _aliases in (
          "degree O(log n) (SecAgg+, Bell et al. 2020). Compiled backend only: TFF's SecureSumFactory is a plain "
          "sum in simulation.", ("secagg_plus",))):
     AGGREGATORS.register(_kind.value, Aggregator(compiled=functools.partial(_part, _kind), tff=None,
-                                                 defaults=dict(DEFAULTS), dp=True, upload_bytes=secure_upload_bytes,
+                                                 defaults=dict(DEFAULTS), dp=_central,
+                                                 upload_bytes=secure_upload_bytes,
                                                  paper=_paper), description=_text, aliases=_aliases)

@@ -25,13 +25,16 @@ import numpy as np
 
 from tensorfleet.federated.secure.client import SecAggClient
 from tensorfleet.federated.secure.graph import default_degree
-from tensorfleet.federated.secure.messages import RoundSettings, SecureAggregationError
+from tensorfleet.federated.secure.keys import SIGNATURE_BYTES, Identity
+from tensorfleet.federated.secure.messages import RoundSettings, SecureAggregationError, TooFewSurvivorsError
 from tensorfleet.federated.secure.quantize import MAX_BITS, Quantizer
 from tensorfleet.federated.secure.server import SecAggServer, SecureSum, ServerView
 from tensorfleet.federated.secure.shamir import WORDS
+from tensorfleet.federated.secure.skellam import SkellamPlan
 from tensorfleet.validation import choice, integer, number
 
-__all__ = ["Dropouts", "SecureAggregation", "SecureAggregator", "SecureRound", "Traffic", "run_round", "traffic"]
+__all__ = ["Dropouts", "SecureAggregation", "SecureAggregator", "SecureDp", "SecureRound", "Traffic", "make_clients",
+           "run_round", "traffic"]
 
 MESSAGE_ROUNDS = 4  # client -> server: keys, shares, masked vector, unmasking shares
 _FIELD_BITS = 21
@@ -43,6 +46,14 @@ class SecureAggregation(str, Enum):
 
     SECAGG = "secagg"  # every pair (Bonawitz et al. 2017)
     SECAGG_PLUS = "secagg+"  # a random k-regular graph, k = O(log n) (Bell et al. 2020)
+
+
+class SecureDp(str, Enum):
+    """Where DP's noise is added: to the unmasked sum (``central``) or by each client before masking
+    (``distributed``, Skellam noise: :mod:`~tensorfleet.federated.secure.skellam`)."""
+
+    CENTRAL = "central"
+    DISTRIBUTED = "distributed"
 
 
 def _ids(values: Iterable[int]) -> frozenset[int]:
@@ -65,14 +76,25 @@ class Dropouts:
         object.__setattr__(self, "after_upload", _ids(after_upload))
 
 
+def make_clients(count: int, settings: RoundSettings, rng: np.random.Generator) -> list[SecAggClient]:
+    """``count`` clients of a round; in the malicious-server variant each with an Ed25519 identity
+    registered in a PKI that every client holds (set up outside the protocol, as the paper assumes)."""
+    if not settings.malicious:
+        return [SecAggClient(i, settings, rng) for i in range(count)]
+    identities = [Identity.generate() for _ in range(count)]
+    pki = {i: identity.public for i, identity in enumerate(identities)}
+    return [SecAggClient(i, settings, rng, identity=identities[i], pki=pki) for i in range(count)]
+
+
 def run_round(updates: Sequence[Any], settings: RoundSettings, *, dropouts: Dropouts = Dropouts(),
-              rng: np.random.Generator | None = None,
-              weights: Sequence[float] | None = None) -> tuple[SecureSum, ServerView]:
+              rng: np.random.Generator | None = None, weights: Sequence[float] | None = None,
+              clients: Sequence[SecAggClient] | None = None) -> tuple[SecureSum, ServerView]:
     """Run one round: ``updates[i]`` is client ``i``'s float update, ``weights[i]`` its weight (0 to
-    1; default 1). Returns the unmasked sum and everything the server received; raises
+    1; default 1); ``clients`` the round's clients (default :func:`make_clients`). Returns the
+    unmasked sum and everything the server received; raises
     :class:`~tensorfleet.federated.secure.messages.TooFewSurvivorsError` when the sum cannot be unmasked."""
     rng = rng if rng is not None else np.random.default_rng()
-    clients = [SecAggClient(i, settings, rng) for i in range(len(updates))]
+    clients = list(clients) if clients is not None else make_clients(len(updates), settings, rng)
     server = SecAggServer(settings)
     active = [c for c in clients if c.client not in dropouts.before_keys]
     plans = server.receive_keys([c.advertise() for c in active])
@@ -84,7 +106,8 @@ def run_round(updates: Sequence[Any], settings: RoundSettings, *, dropouts: Drop
     weights = [1.0] * len(updates) if weights is None else weights
     request = server.receive_masked([c.masked_input(updates[c.client], weights[c.client]) for c in uploading])
     answering = [c for c in uploading if c.client not in dropouts.after_upload]
-    return server.unmask([c.unmask(request) for c in answering]), server.view
+    proof = server.consistency([c.sign_survivors(request) for c in answering]) if settings.malicious else None
+    return server.unmask([c.unmask(request, proof) for c in answering]), server.view
 
 
 @dataclass(frozen=True)
@@ -105,14 +128,18 @@ def traffic(view: ServerView, settings: RoundSettings) -> Traffic:
     clients = max(len(view.keys), 1)
     share_bytes = math.ceil(WORDS * _FIELD_BITS / 8)
     vector_bytes = math.ceil(settings.length * settings.quantizer.bits / 8)
-    keys = sum(len(k.cipher_public) + len(k.mask_public) + _ID_BYTES for k in view.keys)
+    signed = SIGNATURE_BYTES if view.keys and view.keys[0].signature else 0  # the malicious-server variant
+    keys = sum(len(k.cipher_public) + len(k.mask_public) + len(k.signature) + _ID_BYTES for k in view.keys)
     shares = sum(len(s.ciphertext) + 2 * _ID_BYTES for s in view.shares)
     masked = len(view.masked) * (vector_bytes + _ID_BYTES)
+    consistency = sum(len(s.signature) + _ID_BYTES for s in view.signatures)
     unmasking = sum(_ID_BYTES + (len(r.self_mask_shares) + len(r.key_shares)) * (share_bytes + _ID_BYTES)
                     for r in view.unmasking)
     degree = len(view.shares) / clients  # neighbours each client sent shares to
-    download = degree * (2 * 32 + _ID_BYTES) + shares / clients + _ID_BYTES * len(view.masked)
-    return Traffic(upload=(keys + shares + masked + unmasking) / clients, download=download)
+    download = (degree * (2 * 32 + signed + _ID_BYTES) + shares / clients + _ID_BYTES * len(view.masked)
+                + (consistency if signed else 0))
+    return Traffic(upload=(keys + shares + masked + consistency + unmasking) / clients, download=download,
+                   message_rounds=MESSAGE_ROUNDS + (1 if signed else 0))
 
 
 @dataclass(frozen=True)
@@ -146,9 +173,14 @@ class SecureAggregator:
         bits: sums are taken mod ``2 ** bits`` (what a value costs on the wire).
         threshold: a secret needs more than this share of its holders' shares.
         degree: SecAgg+'s even degree (None: ``2 * ceil(log2 n)``).
-        noise_multiplier: central DP after unmasking: each update is L2-clipped to ``dp_clip`` and
-            the sum gets Gaussian noise of stddev ``noise_multiplier * dp_clip`` (0: none).
+        noise_multiplier: DP: each update is L2-clipped to ``dp_clip`` and the sum gets noise of
+            stddev ``noise_multiplier * dp_clip`` (0: none), where ``dp`` says.
         dp_clip: the L2 clip of DP.
+        dp: ``"central"``: Gaussian noise on the unmasked sum (the server sees the sum without it);
+            ``"distributed"``: each of the round's n clients adds Skellam noise of 1/n of the variance
+            to its quantized values before masking (the server never sees an un-noised sum).
+        malicious: the malicious-server variant: signed keys and a consistency round (Bonawitz et
+            al. 2017, section 6; one more message round).
         seed: seeds the graph, the rounding and the noise (with the round number).
     """
 
@@ -159,10 +191,13 @@ class SecureAggregator:
     degree: int | None = None
     noise_multiplier: float = 0.0
     dp_clip: float = 1.0
+    dp: SecureDp | str = SecureDp.CENTRAL
+    malicious: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", choice(SecureAggregation, "kind", self.kind))
+        object.__setattr__(self, "dp", choice(SecureDp, "dp", self.dp))
         number("clip", self.clip, above=0)
         integer("bits", self.bits, minimum=2, maximum=MAX_BITS)
         number("threshold", self.threshold, minimum=0, below=1)
@@ -171,18 +206,42 @@ class SecureAggregator:
                              f"Received: degree={self.degree}")
         number("noise_multiplier", self.noise_multiplier, minimum=0)
         number("dp_clip", self.dp_clip, above=0)
+        if self.dp is SecureDp.DISTRIBUTED and self.noise_multiplier == 0:
+            raise ValueError("dp='distributed' adds each client's share of the noise: it needs noise_multiplier > 0. "
+                             "Received: noise_multiplier=0")
+        if not isinstance(self.malicious, bool):
+            raise ValueError(f"malicious must be True or False. Received: {self.malicious!r}")
+        if self.malicious and self.threshold < 0.5:
+            raise ValueError(f"The malicious-server variant needs threshold >= 0.5, so that two disjoint groups of "
+                             f"clients cannot each reach it with a different survivor list. Received: "
+                             f"threshold={self.threshold}")
         integer("seed", self.seed, minimum=0)
 
-    def quantizer(self, clients: int) -> Quantizer:
-        return Quantizer(clip=self.clip, bits=self.bits, clients=clients)
+    def quantizer(self, clients: int, size: int = 1) -> Quantizer:
+        plan = self.skellam_plan(clients, size)
+        return Quantizer(clip=self.clip, bits=self.bits, clients=clients, headroom=plan.margin if plan else 0)
+
+    def min_survivors(self, clients: int) -> int:
+        """The fewest of ``clients`` whose sum a round releases (SecAgg's threshold; SecAgg+ is held to it too)."""
+        return min(clients, int(self.threshold * clients) + 1)
+
+    def skellam_plan(self, clients: int, size: int) -> SkellamPlan | None:
+        """Distributed DP's grid and noise for ``clients`` updates of ``size`` values (None: not distributed)."""
+        if self.dp is not SecureDp.DISTRIBUTED:
+            return None
+        return SkellamPlan.of(clip=self.clip, dp_clip=self.dp_clip, noise_multiplier=self.noise_multiplier,
+                              bits=self.bits, clients=clients, size=size, min_survivors=self.min_survivors(clients))
 
     def settings(self, clients: int, size: int, round_num: int) -> RoundSettings:
         degree = None
         if self.kind is SecureAggregation.SECAGG_PLUS:
             degree = self.degree if self.degree is not None else default_degree(clients)
             degree = None if degree < 2 or degree >= clients - 1 else degree
-        return RoundSettings(round_num=round_num, size=size, quantizer=self.quantizer(clients),
-                             threshold=self.threshold, degree=degree, graph_seed=self.seed * 1_000_003 + round_num)
+        plan = self.skellam_plan(clients, size)
+        return RoundSettings(round_num=round_num, size=size, quantizer=self.quantizer(clients, size),
+                             threshold=self.threshold, degree=degree, graph_seed=self.seed * 1_000_003 + round_num,
+                             noise=plan.client_mu if plan else 0.0, bound=plan.bound if plan else math.inf,
+                             malicious=self.malicious)
 
     def aggregate(self, updates: Sequence[Any], round_num: int, *, weights: Sequence[float] | None = None,
                   dropouts: Dropouts = Dropouts(), rng: np.random.Generator | None = None) -> SecureRound:
@@ -205,12 +264,8 @@ class SecureAggregator:
             scaled = [float(w) / top if top > 0 else 1.0 for w in weights]
         settings = self.settings(len(rows), rows[0].size, round_num)
         result, view = run_round(rows, settings, dropouts=dropouts, rng=rng, weights=scaled)
-        quantizer = settings.quantizer
-        total = result.values.astype(np.float64)
-        if self.noise_multiplier > 0:  # in units of quantization steps, so that dequantizing scales it back
-            stddev = self.noise_multiplier * self.dp_clip * quantizer.levels / (2.0 * self.clip)
-            total = total + rng.normal(0.0, stddev, total.shape)
-        count = len(result.clients)
+        quantizer, count = settings.quantizer, len(result.clients)
+        total = self._noised_total(result, len(rows), rows[0].size, round_num, rng)
         weight = result.weight / quantizer.levels
         if weight <= 0:
             raise SecureAggregationError(f"The clients that survived round {round_num} ({count}) have weight 0 in "
@@ -220,8 +275,36 @@ class SecureAggregator:
                            saturated_clients=result.saturated_clients, saturated_values=result.saturated_values,
                            traffic=traffic(view, settings))
 
-    def epsilon(self, *, clients_per_round: int, num_clients: int, rounds: int, delta: float = 1e-5) -> float:
-        """The epsilon the central noise spends (accounted as ``dp_fixed``: the same clip and noise)."""
+    def _noised_total(self, result: SecureSum, clients: int, size: int, round_num: int,
+                      rng: np.random.Generator) -> np.ndarray:
+        """The survivors' sum as float64 integers: central noise added here, distributed noise decoded."""
+        count = len(result.clients)
+        plan = self.skellam_plan(clients, size)
+        if plan is not None:
+            if count < plan.min_survivors:
+                raise TooFewSurvivorsError(
+                    f"Round {round_num} has {count} survivors; distributed DP releases a sum of at least "
+                    f"{plan.min_survivors} (its epsilon is for their noise). The round is void and the model unchanged.")
+            return plan.decode(result.values, count).astype(np.float64)
+        total = result.values.astype(np.float64)
+        if self.noise_multiplier > 0:  # in units of quantization steps, so that dequantizing scales it back
+            levels = self.quantizer(clients).levels
+            total = total + rng.normal(0.0, self.noise_multiplier * self.dp_clip * levels / (2.0 * self.clip),
+                                       total.shape)
+        return total
+
+    def epsilon(self, *, clients_per_round: int, num_clients: int, rounds: int, delta: float = 1e-5,
+                size: int | None = None) -> float:
+        """The epsilon the noise spends after ``rounds`` rounds. Central: accounted as ``dp_fixed`` (the
+        same clip and noise, sampling without replacement). Distributed: the Skellam bound for updates
+        of ``size`` values with the fewest survivors' noise and no amplification by sampling
+        (:class:`~tensorfleet.federated.secure.skellam.SkellamPlan`; ``num_clients`` unused)."""
+        if self.dp is SecureDp.DISTRIBUTED:
+            if size is None:
+                raise ValueError("The epsilon of distributed DP depends on the update's size (its rounding): pass "
+                                 "size=. Received: size=None")
+            return self.skellam_plan(clients_per_round, integer("size", size, minimum=1)).epsilon(rounds=rounds,
+                                                                                               delta=delta)
         from tensorfleet.federated.aggregators.dp import epsilon
 
         return epsilon(noise_multiplier=self.noise_multiplier, clients_per_round=clients_per_round,

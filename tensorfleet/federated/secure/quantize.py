@@ -44,16 +44,19 @@ class Quantizer:
         clip: the largest magnitude a value keeps (larger ones saturate, and are counted).
         bits: the modulus is ``2 ** bits`` (what each masked value costs on the wire).
         clients: how many clients' integers may be summed (the round's sampled clients).
+        headroom: room left on either side of the clients' sum (distributed DP's noise).
     """
 
     clip: float
     bits: int
     clients: int
+    headroom: int = 0
 
     def __post_init__(self) -> None:
         number("clip", self.clip, above=0)
         integer("bits", self.bits, minimum=2, maximum=MAX_BITS)
         integer("clients", self.clients, minimum=1)
+        integer("headroom", self.headroom, minimum=0)
         if self.levels < 1:
             raise ValueError(f"bits={self.bits} leave no quantization levels for {self.clients} clients (the sum of "
                              f"every client's values must stay below 2 ** bits): use bits >= "
@@ -61,7 +64,7 @@ class Quantizer:
 
     @property
     def levels(self) -> int:
-        return (2 ** self.bits - 1) // self.clients
+        return (2 ** self.bits - 1 - 2 * self.headroom) // self.clients
 
     @property
     def dtype(self) -> type:

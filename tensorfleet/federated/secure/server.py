@@ -21,8 +21,9 @@ from tensorfleet.federated.secure import keys as crypto
 from tensorfleet.federated.secure import shamir
 from tensorfleet.federated.secure.graph import neighbours
 from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, MaskedInput, NeighbourKeys,
-                                                   RoundSettings, SecureAggregationError, TooFewSurvivorsError,
-                                                   UnmaskingShares, UnmaskRequest, expect)
+                                                   RoundSettings, SecureAggregationError, SignedSurvivors,
+                                                   SurvivorSignature, TooFewSurvivorsError, UnmaskingShares,
+                                                   UnmaskRequest, expect)
 
 __all__ = ["SecAggServer", "SecureSum", "ServerView"]
 
@@ -34,6 +35,7 @@ class ServerView:
     keys: list[AdvertisedKeys] = field(default_factory=list)
     shares: list[EncryptedShare] = field(default_factory=list)
     masked: list[MaskedInput] = field(default_factory=list)
+    signatures: list[SurvivorSignature] = field(default_factory=list)
     unmasking: list[UnmaskingShares] = field(default_factory=list)
 
 
@@ -114,6 +116,13 @@ class SecAggServer:
             self._masked[item.client] = item.vector
         survivors = frozenset(self._masked)
         return UnmaskRequest(survivors, frozenset(self._sharing - survivors))
+
+    def consistency(self, signatures: Sequence[SurvivorSignature]) -> SignedSurvivors:
+        """The malicious-server variant's consistency round: forward every client's signature of the
+        survivor list to every client (each checks them against the list it signed)."""
+        received = expect(SurvivorSignature, signatures, "survivor signatures")
+        self.view.signatures.extend(received)
+        return SignedSurvivors(frozenset(self._masked), {item.client: item.signature for item in received})
 
     def _secret(self, owner: int, kind: str, given: dict[int, np.ndarray], responders: list[int]) -> bytes:
         holders = self._graph[owner] | {owner}
