@@ -200,10 +200,16 @@ def checkpoint_config(out_dir: str | os.PathLike[str] | None) -> dict[str, Any] 
     return None if found is None else dict(found[1]["config"])
 
 
-def check_shapes(out_dir: str | os.PathLike[str], leaves: Sequence[Any], template: Sequence[Any]) -> None:
-    """CheckpointMismatchError when the checkpoint's tensors do not have the shapes of ``template``."""
-    shapes = [np.shape(v) for v in leaves]
-    expected = [np.shape(v) for v in template]
+def check_shapes(out_dir: str | os.PathLike[str], leaves: Sequence[Any], template: Sequence[Any],
+                 ragged: Sequence[int] = ()) -> None:
+    """CheckpointMismatchError when the checkpoint's tensors do not have the shapes of ``template``
+    (the first axis of the leaves at the positions ``ragged`` may differ: state that grows with the
+    clients sampled)."""
+    def shape(i: int, v: Any) -> tuple[Any, ...]:
+        return ("clients", *np.shape(v)[1:]) if i in ragged else np.shape(v)
+
+    shapes = [shape(i, v) for i, v in enumerate(leaves)]
+    expected = [shape(i, v) for i, v in enumerate(template)]
     if shapes != expected:
         raise CheckpointMismatchError(f"The checkpoint in {Path(out_dir)} holds tensors of shapes {shapes[:6]}...; "
                                       f"this configuration's model state has {expected[:6]}... (another model?).")

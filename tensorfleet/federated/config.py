@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
 from tensorfleet.io import UnwritablePathError, check_writable
 from tensorfleet.federated.backends.compiled_layout import NonTrainable
+from tensorfleet.federated.backends.compiled_local import check_per_client
 from tensorfleet.federated.sampling import StragglerPolicy
 from tensorfleet.validation import boolean, choice, integer, number, positive_int
 
@@ -83,8 +84,10 @@ class SimulationConfig:
             ``partial`` (its partial work counts, weighted by the examples it trained on: up to
             the deadline, or its epochs).
         non_trainable: what the compiled backend's server does with non-trainable weights
-            (BatchNormalization's statistics): ``mean`` (weighted by examples) or ``initial``
-            (kept at their initial values, as the tff backend's FedAvg keeps them).
+            (BatchNormalization's statistics): ``mean`` (weighted by examples), ``initial``
+            (kept at their initial values, as the tff backend's FedAvg keeps them) or ``per_client``
+            (FedBN, Li et al., ICLR 2021: each client keeps its own BatchNormalization layers,
+            statistics and ``gamma``/``beta``, across rounds; compiled backend only).
         client_speed: median simulated client speed in examples per second (latencies are
             log-normal around it, fixed per client by the seed).
         eval_every: evaluation period in rounds.
@@ -175,11 +178,25 @@ class SimulationConfig:
                                client_learning_rate=self.client_learning_rate, server_optimizer=self.server_optimizer,
                                server_learning_rate=self.server_learning_rate, **checked["algorithm_options"])
         checked["aggregator_options"], checked["aggregator_name"] = self._check_aggregator(checked["clients_per_round"])
+        if checked["non_trainable"] == NonTrainable.PER_CLIENT.value:
+            self._check_per_client(checked)
         checked["where"] = choose_backend(self.backend, self.workers, algorithm=checked["algorithm"],
                                           aggregator=checked["aggregator_name"])
+        if checked["non_trainable"] == NonTrainable.PER_CLIENT.value and checked["where"].backend is Backend.TFF:
+            check_per_client(tff=True, received=f"algorithm={checked['algorithm']!r}, aggregator="
+                                                f"{checked['aggregator_name']!r}, which only backend='tff' runs")
         checked["backend"], checked["workers"] = checked["where"].backend, checked["where"].workers
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+
+    def _check_per_client(self, checked: dict[str, Any]) -> None:
+        """FedBN's refusals that the options alone decide: the tff backend, or FedSGD (no local steps)."""
+        backend = choice(Backend, "backend", self.backend)
+        if backend is Backend.TFF or self.workers is not None:
+            check_per_client(tff=True, received=f"backend={backend.value!r}" +
+                             (f", workers={self.workers!r}" if self.workers is not None else ""))
+        check_per_client(tff=False, received=f"algorithm={checked['algorithm']!r}",
+                         local_steps=checked["client_opt"] is not None)
 
     def _check_aggregator(self, clients_per_round: int) -> tuple[dict[str, Any], str | None]:
         from tensorfleet.federated import aggregators

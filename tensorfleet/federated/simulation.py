@@ -51,6 +51,8 @@ from tensorfleet.federated.backends import Backend, BackendChoice
 from tensorfleet.federated.config import SimulationConfig
 from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.backends.compiled_eval import ModelWeights
+from tensorfleet.federated.backends.compiled_layout import NonTrainable
+from tensorfleet.federated.backends.compiled_local import GLOBAL_BN
 from tensorfleet.federated.sampling import ClientSampler, split_clients
 from tensorfleet.validation import choice
 
@@ -138,7 +140,8 @@ class Simulation:
         intra_op, inter_op = thread_pools()
         return {**self.as_dict(), "backend_requested": self.requested_backend.value,
                 "tf_threads": {"intra_op": intra_op, "inter_op": inter_op},
-                **({"dp_delta": self.config.dp_delta} if dp else {})}
+                **({"dp_delta": self.config.dp_delta} if dp else {}),
+                **({"global_bn": GLOBAL_BN} if self.config.non_trainable == NonTrainable.PER_CLIENT.value else {})}
 
     def header(self) -> str:
         """What runs, for the progress bar: ``fedavg on compiled (chosen by auto)``."""
@@ -211,9 +214,28 @@ class Simulation:
         return self._eval_model
 
     def evaluate_central(self, state: Any = None) -> dict[str, float]:
+        """The server model on the central ``test_data`` (under FedBN its BatchNormalization layers are the
+        participants' mean: the history's ``config["global_bn"]`` says so)."""
         assert self.test_data is not None
-        model = self.keras_model(state)
-        x, y = self.test_data
+        return self._evaluate(self.keras_model(state), *self.test_data)
+
+    def evaluate_clients(self, data: dict[str, tuple[Any, Any]]) -> dict[str, dict[str, Any]]:
+        """Each client's model on its own ``(x, y)`` (``data``: client id -> its test examples): under
+        FedBN (``non_trainable="per_client"``) the server's weights with the client's own BatchNormalization
+        layers, as FedBN's paper evaluates; ``own_bn`` False where the client has none (never sampled, or no
+        FedBN: the server model's). Returns client id -> ``{"test_loss", "test_accuracy", "own_bn"}``."""
+        self.build()
+        model = self.keras_model()
+        out = {}
+        for client_id, (x, y) in data.items():
+            weights, own = self.rounds.client_weights(str(client_id))
+            weights.assign_weights_to(model)
+            x, y = _check_test_data((x, y))
+            out[client_id] = {**self._evaluate(model, x, y), "own_bn": own}
+        self.rounds.assign_weights_to(model)
+        return out
+
+    def _evaluate(self, model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         if self._central_step is None:
             self._central_step = tff_model.central_step(model, x, y)
         total_loss, correct = 0.0, 0
@@ -245,7 +267,7 @@ class Simulation:
         if found is None:
             return None
         leaves, round_num, rounds = found
-        checkpoint.check_shapes(self.config.out_dir, leaves, template.state_leaves())
+        checkpoint.check_shapes(self.config.out_dir, leaves, template.state_leaves(), template.ragged_leaves)
         template.load_leaves(leaves)
         return template, round_num, rounds
 

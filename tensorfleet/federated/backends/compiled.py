@@ -24,9 +24,9 @@ client's count; ``tf.while_loop`` loops (one per lane: a lane per CPU core, each
 the model, run side by side) train the participants. A client with a non-finite update gets weight 0,
 as in TFF. The server weights, optimizer state, non-trainable weights and the aggregator's state stay in
 variables the round updates in place, so a round's call takes its data and returns a few numbers.
-The non-trainable weights (BatchNormalization's moving statistics) are the clients' mean weighted by
-examples by default, or kept at their initial values as TFF's FedAvg keeps them
-(:class:`~tensorfleet.federated.backends.compiled_layout.NonTrainable`). The initial weights are
+BatchNormalization's statistics are the clients' mean weighted by examples, kept at their initial values
+(TFF's FedAvg), or kept per client with the BN layers' weights (FedBN:
+:class:`~tensorfleet.federated.backends.compiled_layout.NonTrainable`). The initial weights are
 ``model_fn()``'s, made eagerly: TFF's ``initialize`` makes the same model from the same initializers,
 so no TFF process, worker or tracing is needed, and federated evaluation runs in this process too
 (:func:`~tensorfleet.federated.backends.compiled_eval.evaluate_batches`).
@@ -39,27 +39,22 @@ first round, and ``backend="auto"`` runs them on TFF (tff track).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tensorfleet.federated.aggregators.parts import AggregatorPart, ClientUpdates, RoundContext
-from tensorfleet.federated.backends.compiled_eval import one_label_per_example
-from tensorfleet.federated.backends.compiled_layout import NonTrainable, RoundShape, default_lanes, flatten, fori
+from tensorfleet.federated.backends.compiled_layout import (
+    NonTrainable, RoundShape, default_lanes, flatten, fori, pad_clients, trace_round,
+)
+from tensorfleet.federated.backends.compiled_local import LocalLayers, check_per_client
 from tensorfleet.federated.backends.compiled_scope import (
     batch_dependent_layers, compiled_aggregators, compiled_algorithms, compiled_refusal, runs_compiled, unsupported,
 )
 
-__all__ = ["CompiledFedAvg", "NonTrainable", "RoundShape", "batch_dependent_layers", "build_engine",
+__all__ = ["CompiledFedAvg", "NonTrainable", "RoundShape", "batch_dependent_layers",
            "compiled_aggregators", "compiled_algorithms", "compiled_refusal", "default_lanes", "runs_compiled",
            "unsupported"]
-
-# The weights a model had when its first engine was built (an engine trains in the model, so a
-# second run of the same simulation would otherwise start from the last client's weights).
-_INITIAL_WEIGHTS: "weakref.WeakKeyDictionary[Any, tuple[list[np.ndarray], list[np.ndarray]]]" = \
-    weakref.WeakKeyDictionary()
-
 
 class CompiledFedAvg:
     """Federated rounds as compiled TensorFlow functions, composed from parts.
@@ -77,7 +72,8 @@ class CompiledFedAvg:
         shape: the round's layout (:class:`RoundShape`).
         seed: the simulation's seed (DP noise, a host part's draws).
         model: a model ``model_fn()`` already made, to train in (else one is made).
-        non_trainable: :class:`NonTrainable` (``mean`` by default).
+        non_trainable: :class:`NonTrainable` (``mean`` by default; ``per_client``: FedBN,
+            :mod:`~tensorfleet.federated.backends.compiled_local`).
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, initial_weights: Any, client_work: Any,
@@ -106,6 +102,9 @@ class CompiledFedAvg:
         self.loss_fn, self.client_work, self.part = loss_fn, client_work, aggregator
         self.server_optimizer, self.seed = server_optimizer, int(seed)
         self.non_trainable = choice(NonTrainable, "non_trainable", non_trainable)
+        self._local = LocalLayers(self.model) if self.non_trainable is NonTrainable.PER_CLIENT else None
+        if self._local is not None:
+            check_per_client(tff=False, received="this client work", local_steps=client_work.local_steps)
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         self._specs, self._sizes = specs, tuple(int(np.prod(w.shape)) for w in specs)
         # The server's model, optimizer state, non-trainable weights and the aggregator's state live
@@ -113,6 +112,9 @@ class CompiledFedAvg:
         self._weight_vars = [tf.Variable(w, dtype=v.dtype, trainable=False) for w, v in zip(trainable, self.variables)]
         self._frozen_vars = [tf.Variable(w, trainable=False) for w in frozen]
         self._frozen_sizes = [int(np.prod(np.shape(w))) for w in frozen]
+        if self._local is not None:  # FedBN: the shared weights' mask and the round's per-client rows
+            self._shared = tf.constant(self._local.shared_mask(self._sizes))
+            self._local_rows = tf.Variable(tf.zeros([self.clients_per_round, self._local.size]), trainable=False)
         self._state_vars = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False),
                                                  server_optimizer.initialize(tuple(specs)))
         self._part_keys = sorted(aggregator.initial_state())
@@ -128,7 +130,6 @@ class CompiledFedAvg:
         """The aggregator's current clip (DP), or None."""
         return self._part_vars["clip"].read_value() if "clip" in self._part_vars else None
 
-    # The padded client batch: x [K, L, ...], y [K, L], examples [K] (the real rows of each).
     def pack(self, clients: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
         """Pads the clients' (already ordered) examples into the round's arrays; a client with more
         examples than the round was traced for (data made on request is not measured ahead) makes the
@@ -140,16 +141,7 @@ class CompiledFedAvg:
             self.steps = -(-longest // self.batch_size)
             self.length = self.steps * self.batch_size
             self._round = self._apply = None
-        # One label per example: labels shaped [1] (as TFF's tutorials reshape them) are the same labels.
-        clients = [(xk, one_label_per_example(yk)) for xk, yk in clients]
-        x0, y0 = clients[0]
-        x = np.zeros((self.clients_per_round, self.length, *x0.shape[1:]), dtype=x0.dtype)
-        y = np.zeros((self.clients_per_round, self.length), dtype=y0.dtype)
-        examples = np.zeros((self.clients_per_round,), dtype=np.int32)
-        for k, (xk, yk) in enumerate(clients):
-            n = len(yk)
-            x[k, :n], y[k, :n], examples[k] = xk, yk, n
-        return x, y, examples
+        return pad_clients(clients, self.clients_per_round, self.length)
 
     def _client_update(self, lane: tuple[Any, list[Any], list[Any]], weights: list[Any], flat_weights: Any,
                        xk: Any, yk: Any, n: Any) -> tuple[Any, Any, Any]:
@@ -205,18 +197,23 @@ class CompiledFedAvg:
         correct sum, examples, weighted steps], the weighted sum of the clients' non-trainable weights)``."""
         import tensorflow as tf
 
-        lanes, d, part = len(self._lanes), sum(self._sizes), self.part
+        lanes, d, part, local = len(self._lanes), sum(self._sizes), self.part, self._local
         rows_kept = part.rows or part.host
         flat_weights = flatten(weights)
         mean_frozen = self.non_trainable is NonTrainable.MEAN and bool(frozen)
+        local_in = self._local_rows.read_value() if local is not None else None
 
         def client(lane: Any, j: int, i: Any, acc: Any) -> Any:
-            total, aux, kept, frozen_sum, sums = acc
+            total, aux, kept, frozen_sum, sums, local_out = acc
             k = j + i * lanes
-            if mean_frozen:
-                for v, w in zip(lane[2], frozen):
+            start, frozen_k, flat_k = ((weights, frozen, flat_weights) if local is None
+                                       else self._local_start(weights, local_in[k]))
+            if mean_frozen or local is not None:
+                for v, w in zip(lane[2], frozen_k):
                     v.assign(w)
-            update, sums_k, steps = self._client_update(lane, weights, flat_weights, x[k], y[k], examples[k])
+            update, sums_k, steps = self._client_update(lane, start, flat_k, x[k], y[k], examples[k])
+            if local is not None:  # FedBN: the BN layers' weights are not sent
+                update = update * self._shared
             finite = tf.reduce_all(tf.math.is_finite(update))
             n_k = tf.cast(examples[k], tf.float32)
             weight = tf.where(finite, n_k, 0.0)
@@ -227,9 +224,13 @@ class CompiledFedAvg:
                 total, aux = total + value, aux + aux_k
             if mean_frozen:
                 frozen_sum = frozen_sum + weight * flatten([v.read_value() for v in lane[2]])
-            return total, aux, kept, frozen_sum, sums + tf.stack([weight, sums_k[0], sums_k[1], n_k, weight * steps])
+            if local is not None:  # the client's BN layers after its steps: kept, and into the server's mean
+                row = flatten([lane[1][t].read_value() for t in local.trainable] + [v.read_value() for v in lane[2]])
+                frozen_sum, local_out = frozen_sum + weight * row, local_out.write(i, row)
+            return (total, aux, kept, frozen_sum, sums + tf.stack([weight, sums_k[0], sums_k[1], n_k, weight * steps]),
+                    local_out)
 
-        frozen_zero = tf.zeros([sum(self._frozen_sizes)] if mean_frozen else [0])
+        frozen_zero = tf.zeros([self._frozen_sum_size])
         outs = []
         for j, lane in enumerate(self._lanes):  # independent loops: TensorFlow runs them side by side
             if not self.client_work.local_steps:  # (FedSGD's clients all compute at the server weights)
@@ -238,13 +239,17 @@ class CompiledFedAvg:
             n = tf.maximum((participants - j + lanes - 1) // lanes, 0)
             kept = tuple(tf.TensorArray(tf.float32, size=n, element_shape=shape)
                          for shape in ([d], [part.aux_size], [])) if rows_kept else ()
+            local_out = () if local is None else tf.TensorArray(tf.float32, size=n, element_shape=[local.size])
             init = (() if rows_kept else tf.zeros([d]), () if rows_kept else tf.zeros([part.aux_size]), kept,
-                    frozen_zero, tf.zeros([5]))
+                    frozen_zero, tf.zeros([5]), local_out)
             outs.append(fori(n, lambda i, acc, lane=lane, j=j: client(lane, j, i, acc), init))
         sums = tf.add_n([o[4] for o in outs])
         frozen_sum = tf.add_n([o[3] for o in outs])
+        slots = [tf.range(j, participants, lanes)[:, None] for j in range(lanes)]
+        if local is not None:  # every lane's BN rows into their clients' slots, read back after the round
+            self._local_rows.assign(tf.add_n([tf.scatter_nd(slot, o[5].stack(), [self.clients_per_round, local.size])
+                                               for slot, o in zip(slots, outs)]))
         if rows_kept:  # every lane's rows into their clients' slots
-            slots = [tf.range(j, participants, lanes)[:, None] for j in range(lanes)]
             values, aux, kept_weights = (
                 tf.add_n([tf.scatter_nd(slot, o[2][m].stack(), [self.clients_per_round, *tail])
                           for slot, o in zip(slots, outs)]) if 0 not in tail else tf.zeros([self.clients_per_round, 0])
@@ -252,6 +257,17 @@ class CompiledFedAvg:
             return ClientUpdates(values, aux, kept_weights, participants), sums, frozen_sum
         return (ClientUpdates(tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs]), sums[0], participants),
                 sums, frozen_sum)
+
+    def _local_start(self, weights: list[Any], row: Any) -> tuple[list[Any], list[Any], Any]:
+        """FedBN: ``(trainable, non-trainable, flat trainable)`` a client starts from: the server's
+        weights with the BN layers of its ``row``."""
+        import tensorflow as tf
+
+        bn, frozen = self._local.split(row)
+        start = list(weights)
+        for t, piece in zip(self._local.trainable, bn):
+            start[t] = tf.reshape(piece, self._specs[t].shape)
+        return start, [tf.reshape(p, v.shape) for p, v in zip(frozen, self._frozen_vars)], flatten(start)
 
     def _unflatten(self, flat: Any) -> list[Any]:
         """A flat vector of the model's trainable weights as one tensor per weight."""
@@ -305,24 +321,36 @@ class CompiledFedAvg:
         for var, new, old in zip(self._weight_vars, new_weights, weights):
             var.assign(tf.where(finite, new, old))
         tf.nest.map_structure(lambda var, value: var.assign(value), self._state_vars, new_state)
-        if self.non_trainable is NonTrainable.MEAN and self._frozen_vars:
-            mean = tf.split(frozen_sum / tf.maximum(weight_sum, 1e-30), self._frozen_sizes)
-            for var, value in zip(self._frozen_vars, mean):
+        if self._frozen_sum_size:  # the clients' mean: statistics (mean), or FedBN's BN layers (per_client)
+            mean = frozen_sum / tf.maximum(weight_sum, 1e-30)
+            targets = [self._weight_vars[t] for t in self._local.trainable] if self._local is not None else []
+            targets += self._frozen_vars
+            for var, value in zip(targets, tf.split(mean, [int(np.prod(v.shape)) for v in targets])):
                 var.assign(tf.where(weight_sum > 0, tf.reshape(value, var.shape), var.read_value()))
         return tf.stack([loss_sum / seen, correct_sum / seen, seen])
 
     def next(self, clients: Sequence[tuple[np.ndarray, np.ndarray]], round_num: int = 0,
              client_ids: Sequence[str] = ()) -> dict[str, float]:
         """Runs round ``round_num`` over ``clients`` (each ``(x, y)`` in training order; ``client_ids``
-        their ids, for a ``host`` aggregator); returns the train metrics and the aggregator's."""
+        their ids, for a ``host`` aggregator and FedBN); returns the train metrics and the aggregator's."""
         x, y, examples = self.pack(clients)
         args = (x, y, examples, np.int32(len(clients)), np.int64(round_num))
+        if self._local is not None:  # FedBN: each participant's own BN layers (or the server's) into the round
+            if len(client_ids) != len(clients):
+                raise ValueError(f"non_trainable='per_client' needs the participants' ids. Received: "
+                                 f"{len(client_ids)} ids for {len(clients)} clients")
+            server = self._local.server_row(self.get_weights(), self.get_non_trainable())
+            self._local_rows.assign(self._local.rows(client_ids, server, self.clients_per_round))
         if self.part.host:
-            return self._next_host(args, client_ids)
-        if self._round is None:
-            self._round = self._trace(self._round_impl, x, y)
-        out = self._round(*args).numpy().tolist()
-        return self._record(out[:3], dict(zip(self._metric_keys, out[3:])))
+            record = self._next_host(args, client_ids)
+        else:
+            if self._round is None:
+                self._round = trace_round(self._round_impl, x, y)
+            out = self._round(*args).numpy().tolist()
+            record = self._record(out[:3], dict(zip(self._metric_keys, out[3:])))
+        if self._local is not None:
+            self._local.keep(client_ids, self._local_rows.numpy()[:len(clients)])
+        return record
 
     def _next_host(self, args: tuple[Any, ...], client_ids: Sequence[str]) -> dict[str, float]:
         """A round of a ``host`` aggregator: compiled client work, ``aggregate`` in Python, compiled server
@@ -330,11 +358,11 @@ class CompiledFedAvg:
         import tensorflow as tf
 
         if self._round is None:
-            self._round = self._trace(self._train_impl, args[0], args[1])
+            self._round = trace_round(self._train_impl, args[0], args[1])
             d = sum(self._sizes)
             self._apply = tf.function(self._apply_impl, autograph=False).get_concrete_function(
                 tf.TensorSpec([d], tf.float32), tf.TensorSpec([5], tf.float32),
-                tf.TensorSpec([sum(self._frozen_sizes) if self._uses_frozen_sum else 0], tf.float32))
+                tf.TensorSpec([self._frozen_sum_size], tf.float32))
         values, aux, weights, sums, frozen_sum = self._round(*args)
         p = int(args[3])
         updates = ClientUpdates(values.numpy()[:p], aux.numpy()[:p], weights.numpy()[:p], p, tuple(client_ids))
@@ -346,8 +374,11 @@ class CompiledFedAvg:
         return self._record(out, {k: float(np.asarray(v)) for k, v in metrics.items()})
 
     @property
-    def _uses_frozen_sum(self) -> bool:
-        return self.non_trainable is NonTrainable.MEAN and bool(self._frozen_vars)
+    def _frozen_sum_size(self) -> int:
+        """The length of the clients' weighted sum the server averages (``mean``'s statistics, FedBN's rows)."""
+        if self._local is not None:
+            return self._local.size
+        return sum(self._frozen_sizes) if self.non_trainable is NonTrainable.MEAN else 0
 
     @staticmethod
     def _record(out: list[float], metrics: dict[str, float]) -> dict[str, float]:
@@ -355,24 +386,23 @@ class CompiledFedAvg:
         return {"train_loss": loss, "train_accuracy": accuracy, "num_examples": int(seen),
                 **{f"aggregator_{k}": v for k, v in metrics.items()}}
 
-    def _trace(self, fn: Callable[..., Any], x: np.ndarray, y: np.ndarray) -> Any:
-        """``fn`` as a concrete function for arrays shaped as ``x`` and ``y``: traced once, without
-        AutoGraph (the round's loops are explicit; converting the model's and the optimizers' code
-        costs seconds of start-up), or with it for a model that needs it."""
-        import tensorflow as tf
-
-        signature = [tf.TensorSpec(x.shape, x.dtype), tf.TensorSpec(y.shape, y.dtype),
-                     tf.TensorSpec(x.shape[:1], tf.int32), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)]
-        try:
-            return tf.function(fn, autograph=False).get_concrete_function(*signature)
-        except tf.errors.OperatorNotAllowedInGraphError:  # Python control flow on tensors in the model
-            return tf.function(fn, autograph=True).get_concrete_function(*signature)
-
     def get_weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self._weight_vars]
 
     def get_non_trainable(self) -> list[np.ndarray]:
         return [v.numpy() for v in self._frozen_vars]
+
+    @property
+    def local_states(self) -> dict[str, np.ndarray]:
+        """FedBN: client id -> its BN layers' row, for the clients sampled so far (else empty)."""
+        return dict(self._local.states) if self._local is not None else {}
+
+    def client_weights(self, client_id: str) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
+        """``(trainable, non_trainable, own)``: the weights client ``client_id`` evaluates with: the server's,
+        with its own BN layers under FedBN (``own``; False: the server's, it has none or there is no FedBN)."""
+        if self._local is None:
+            return self.get_weights(), self.get_non_trainable(), False
+        return self._local.client(client_id, self.get_weights(), self.get_non_trainable())
 
     def assign_weights_to(self, model: Any) -> None:
         """Sets ``model``'s weights (a model of ``model_fn``) to the server's, in one traced call."""
@@ -395,11 +425,21 @@ class CompiledFedAvg:
                 *(self._part_vars[k] for k in self._part_keys)]
 
     def state_leaves(self) -> list[np.ndarray]:
-        """Weights, server optimizer state, non-trainable weights and the aggregator's state (for checkpoints)."""
-        return [v.numpy() for v in self._targets()]
+        """Weights, server optimizer state, non-trainable weights and the aggregator's state (for checkpoints),
+        then FedBN's per-client ids and rows."""
+        return [v.numpy() for v in self._targets()] + (self._local.leaves() if self._local is not None else [])
+
+    @property
+    def ragged_leaves(self) -> tuple[int, ...]:
+        """The leaves whose first axis grows with the clients sampled (FedBN's ids and rows)."""
+        n = len(self._targets())
+        return (n, n + 1) if self._local is not None else ()
 
     def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
         targets = self._targets()
+        if self._local is not None and len(leaves) == len(targets) + 2:
+            self._local.load(*leaves[-2:])
+            leaves = leaves[:-2]
         if len(leaves) != len(targets):
             raise ValueError(f"A checkpoint of this backend holds {len(targets)} tensors. Received: {len(leaves)}")
         expected = [tuple(v.shape) for v in targets]
@@ -407,30 +447,3 @@ class CompiledFedAvg:
             raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another model?).")
         for var, value in zip(targets, leaves):
             var.assign(np.asarray(value, dtype=var.dtype.as_numpy_dtype))
-
-
-def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examples: int) -> CompiledFedAvg:
-    """The engine of a :class:`~tensorfleet.federated.config.SimulationConfig` from the registries'
-    parts (the algorithm's client work and server optimizer, the aggregator's compiled form),
-    training in ``model`` (``model_fn()`` made eagerly) from its weights: TFF's ``initialize`` makes
-    the same model from the same initializers, so no TFF process is built for them."""
-    import tensorflow as tf
-
-    from tensorfleet.federated import tff_model
-    from tensorfleet.federated.aggregators import build_part
-    from tensorfleet.federated.algorithms import ALGORITHMS, make_optimizer
-
-    initial = _INITIAL_WEIGHTS.setdefault(model, ([np.asarray(w) for w in model.trainable_weights],
-                                                  [np.asarray(w) for w in model.non_trainable_weights]))
-    loss, _ = tff_model.loss_and_metrics(model)
-    algorithm = ALGORITHMS.get(config.algorithm)
-    client_optimizer = make_optimizer(config.client_opt) if config.client_opt is not None else None
-    part = build_part(config.aggregator_name or "mean", clients_per_round=config.clients_per_round,
-                      seed=config.seed, options=config.aggregator_options)
-    with tf.init_scope():
-        return CompiledFedAvg(model_fn=model_fn, loss_fn=loss, initial_weights=initial,
-                              client_work=algorithm.client_work(client_optimizer, config.hyperparameters),
-                              aggregator=part, server_optimizer=make_optimizer(config.server_opt),
-                              shape=RoundShape(config.batch_size, max_examples * config.local_epochs,
-                                               config.clients_per_round),
-                              seed=config.seed, model=model, non_trainable=config.non_trainable)

@@ -17,7 +17,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["NonTrainable", "RoundShape", "default_lanes", "flatten", "fori"]
+import numpy as np
+
+__all__ = ["NonTrainable", "RoundShape", "default_lanes", "flatten", "fori", "pad_clients", "trace_round"]
 
 
 class NonTrainable(str, Enum):
@@ -26,10 +28,14 @@ class NonTrainable(str, Enum):
     ``mean``: every client starts from the server's and the server takes their mean weighted by
     examples after the round (the common practice). ``initial``: the server keeps them at their
     initial values (TFF's FedAvg, whose clients send trainable deltas only; the tff backend's behaviour).
+    ``per_client``: FedBN (Li et al., ICLR 2021): every client keeps its own BatchNormalization layers,
+    statistics and ``gamma``/``beta`` alike, across rounds; only the other weights are averaged
+    (:mod:`~tensorfleet.federated.backends.compiled_local`; compiled backend only).
     """
 
     MEAN = "mean"
     INITIAL = "initial"
+    PER_CLIENT = "per_client"
 
 
 @dataclass(frozen=True)
@@ -83,3 +89,34 @@ def fori(n: Any, body: Callable[[Any, Any], Any], init: Any) -> Any:
         return i + 1, body(i, acc)
 
     return tf.while_loop(cond, loop, (tf.constant(0), init))[1]
+
+
+def pad_clients(clients: Sequence[tuple[np.ndarray, np.ndarray]], slots: int, length: int) -> tuple[np.ndarray, ...]:
+    """The clients' examples padded into a round's arrays: ``x [slots, length, ...]``, ``y [slots, length]``
+    (labels one per example: shaped ``[1]``, as TFF's tutorials reshape them, they are the same labels)
+    and each client's count ``[slots]``."""
+    from tensorfleet.federated.backends.compiled_eval import one_label_per_example
+
+    clients = [(xk, one_label_per_example(yk)) for xk, yk in clients]
+    x0, y0 = clients[0]
+    x = np.zeros((slots, length, *x0.shape[1:]), dtype=x0.dtype)
+    y = np.zeros((slots, length), dtype=y0.dtype)
+    examples = np.zeros((slots,), dtype=np.int32)
+    for k, (xk, yk) in enumerate(clients):
+        n = len(yk)
+        x[k, :n], y[k, :n], examples[k] = xk, yk, n
+    return x, y, examples
+
+
+def trace_round(fn: Callable[..., Any], x: np.ndarray, y: np.ndarray) -> Any:
+    """``fn(x, y, examples, participants, round_num)`` as a concrete function for arrays shaped as ``x``
+    and ``y``: traced once, without AutoGraph (the round's loops are explicit; converting the model's and
+    the optimizers' code costs seconds of start-up), or with it for a model that needs it."""
+    import tensorflow as tf
+
+    signature = [tf.TensorSpec(x.shape, x.dtype), tf.TensorSpec(y.shape, y.dtype),
+                 tf.TensorSpec(x.shape[:1], tf.int32), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)]
+    try:
+        return tf.function(fn, autograph=False).get_concrete_function(*signature)
+    except tf.errors.OperatorNotAllowedInGraphError:  # Python control flow on tensors in the model
+        return tf.function(fn, autograph=True).get_concrete_function(*signature)

@@ -14,14 +14,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from tensorfleet.federated.backends import Backend
 from tensorfleet.federated.backends.compiled_eval import ModelWeights
 
-__all__ = ["CompiledRounds", "ROUND_BACKENDS", "RoundBackend", "TffRounds"]
+if TYPE_CHECKING:
+    from tensorfleet.federated.backends.compiled import CompiledFedAvg
+
+__all__ = ["CompiledRounds", "ROUND_BACKENDS", "RoundBackend", "TffRounds", "build_engine"]
 
 
 class RoundBackend(Protocol):
@@ -49,6 +53,10 @@ class RoundBackend(Protocol):
     def model_weights(self) -> ModelWeights:
         """The server model's weights (trainable and non-trainable)."""
 
+    def client_weights(self, client_id: str) -> tuple[ModelWeights, bool]:
+        """``(weights, own)``: the weights client ``client_id`` evaluates with; ``own``: with layers of
+        its own (FedBN's BatchNormalization), else the server model's."""
+
     def assign_weights_to(self, model: Any, state: Any = None) -> None:
         """Sets ``model``'s weights to the server's (or to those of a TFF ``state`` given)."""
 
@@ -57,6 +65,10 @@ class RoundBackend(Protocol):
 
     def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
         """Restores a checkpoint's arrays (same count and shapes as :meth:`state_leaves`)."""
+
+    @property
+    def ragged_leaves(self) -> tuple[int, ...]:
+        """The positions of :meth:`state_leaves` whose first axis grows with the clients sampled."""
 
     def evaluate_federated(self, model: Any, datasets: Sequence[Any]) -> dict[str, float]:
         """Federated evaluation of the server model on the evaluation clients' batched datasets."""
@@ -79,8 +91,6 @@ class CompiledRounds:
         return None  # the engine is made with the initial state, from the built model
 
     def initialize(self, model: Any, max_examples: int) -> None:
-        from tensorfleet.federated.backends.compiled import build_engine
-
         self.engine = build_engine(self.sim.config, self.sim.model_fn, model, max_examples)
 
     def run_round(self, round_num: int, participants: Sequence[str], work: dict[str, int]) -> dict[str, Any]:
@@ -91,6 +101,10 @@ class CompiledRounds:
     def model_weights(self) -> ModelWeights:
         return ModelWeights(trainable=self.engine.get_weights(), non_trainable=self.engine.get_non_trainable())
 
+    def client_weights(self, client_id: str) -> tuple[ModelWeights, bool]:
+        trainable, non_trainable, own = self.engine.client_weights(client_id)
+        return ModelWeights(trainable, non_trainable), own
+
     def assign_weights_to(self, model: Any, state: Any = None) -> None:
         self.engine.assign_weights_to(model)  # straight from the engine's variables, in one traced call
 
@@ -99,6 +113,10 @@ class CompiledRounds:
 
     def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
         self.engine.load_leaves(leaves)
+
+    @property
+    def ragged_leaves(self) -> tuple[int, ...]:
+        return self.engine.ragged_leaves
 
     def evaluate_federated(self, model: Any, datasets: Sequence[Any]) -> dict[str, float]:
         from tensorfleet.federated.backends.compiled_eval import evaluate_batches
@@ -126,6 +144,10 @@ class TffRounds:
             from tensorfleet.federated import algorithms
 
             sim, config = self.sim, self.sim.config
+            if config.non_trainable == "per_client":  # auto chose tff (the model, or a tff checkpoint)
+                from tensorfleet.federated.backends.compiled_local import check_per_client
+
+                check_per_client(tff=True, received="backend='auto', which runs this simulation on tff")
             if config.non_trainable != "initial" and sim._keras_model.non_trainable_weights:
                 raise ValueError(f"backend='tff' keeps a model's non-trainable weights (BatchNormalization's "
                                  f"statistics) at their initial values, as TFF's FedAvg does. Received: "
@@ -181,6 +203,11 @@ class TffRounds:
         weights = self.process.get_model_weights(self.state)
         return ModelWeights(trainable=weights.trainable, non_trainable=weights.non_trainable)
 
+    def client_weights(self, client_id: str) -> tuple[ModelWeights, bool]:
+        return self.model_weights(), False  # TFF's clients keep nothing between rounds
+
+    ragged_leaves: tuple[int, ...] = ()
+
     def assign_weights_to(self, model: Any, state: Any = None) -> None:
         self.process.get_model_weights(self.state if state is None else state).assign_weights_to(model)
 
@@ -207,3 +234,38 @@ class TffRounds:
 
 
 ROUND_BACKENDS: dict[Backend, type] = {Backend.COMPILED: CompiledRounds, Backend.TFF: TffRounds}
+
+
+# The weights a model had when its first engine was built (an engine trains in the model, so a
+# second run of the same simulation would otherwise start from the last client's weights).
+_INITIAL_WEIGHTS: "weakref.WeakKeyDictionary[Any, tuple[list[np.ndarray], list[np.ndarray]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examples: int) -> "CompiledFedAvg":
+    """The engine of a :class:`~tensorfleet.federated.config.SimulationConfig` from the registries'
+    parts (the algorithm's client work and server optimizer, the aggregator's compiled form),
+    training in ``model`` (``model_fn()`` made eagerly) from its weights: TFF's ``initialize`` makes
+    the same model from the same initializers, so no TFF process is built for them."""
+    import tensorflow as tf
+
+    from tensorfleet.federated import tff_model
+    from tensorfleet.federated.aggregators import build_part
+    from tensorfleet.federated.algorithms import ALGORITHMS, make_optimizer
+    from tensorfleet.federated.backends.compiled import CompiledFedAvg, RoundShape
+
+    initial = _INITIAL_WEIGHTS.setdefault(model, ([np.asarray(w) for w in model.trainable_weights],
+                                                  [np.asarray(w) for w in model.non_trainable_weights]))
+    loss, _ = tff_model.loss_and_metrics(model)
+    algorithm = ALGORITHMS.get(config.algorithm)
+    client_optimizer = make_optimizer(config.client_opt) if config.client_opt is not None else None
+    part = build_part(config.aggregator_name or "mean", clients_per_round=config.clients_per_round,
+                      seed=config.seed, options=config.aggregator_options)
+    with tf.init_scope():
+        return CompiledFedAvg(model_fn=model_fn, loss_fn=loss, initial_weights=initial,
+                              client_work=algorithm.client_work(client_optimizer, config.hyperparameters),
+                              aggregator=part, server_optimizer=make_optimizer(config.server_opt),
+                              shape=RoundShape(config.batch_size, max_examples * config.local_epochs,
+                                               config.clients_per_round),
+                              seed=config.seed, model=model, non_trainable=config.non_trainable)
+
