@@ -90,7 +90,7 @@ def reap(process: Any) -> None:
 def run_workers(commands: list[list[str]], envs: list[dict[str, str]], *, timeout: float) -> list[str]:
     """Runs each command (with its environment, from the project root) at once and returns their output.
 
-    Every process must exit 0 within ``timeout`` seconds (the assertion shows its last lines); none
+    Every process must exit 0 within ``timeout`` seconds (the assertion shows the last lines of each that did not); none
     outlives the call: each runs in its own session, killed with its children if still running.
     """
     import signal
@@ -109,8 +109,9 @@ def run_workers(commands: list[list[str]], envs: list[dict[str, str]], *, timeou
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    for index, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"worker {index} exited {p.returncode}:\n{log[-3000:]}"
+    failed = [f"worker {index} exited {p.returncode}:\n{log[-3000:]}"
+              for index, (p, log) in enumerate(zip(procs, logs)) if p.returncode != 0]
+    assert not failed, "\n\n".join(failed)
     return logs
 
 

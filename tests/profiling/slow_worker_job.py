@@ -1,9 +1,10 @@
 """One worker of a 2-process MultiWorkerMirrored job whose input pipeline sleeps a known time per batch.
 
-Run by test_straggler.py. The steps to record and the directory come from the environment
-(``TENSORFLEET_PROFILE_STEPS``, ``TENSORFLEET_PROFILE_DIR``) as a launcher sets them, and the
-sleep per batch from ``SLEEP_SECONDS`` (0 on the healthy worker). With ``SIZES_DIR`` the workers
-then train, without sleeping, an MLP of each width of ``WIDTHS``, recorded into ``SIZES_DIR/h<width>``.
+Run by test_straggler.py, one phase per job (``JOB_PHASE``). ``straggler``: the steps to record and
+the directory come from the environment (``TENSORFLEET_PROFILE_STEPS``, ``TENSORFLEET_PROFILE_DIR``)
+as a launcher sets them, and the sleep per batch from ``SLEEP_SECONDS`` (0 on the healthy worker).
+``sizes``: the workers train, without sleeping, an MLP of each width of ``WIDTHS``, recorded into
+``SIZES_DIR/h<width>``.
 """
 
 from __future__ import annotations
@@ -52,21 +53,21 @@ def main() -> None:
     strategy = tfl.strategies.build("multi_worker_mirrored", implementation="ring", timeout_seconds=120)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    data = sleepy_dataset(float(os.environ.get("SLEEP_SECONDS", "0"))).with_options(options)
-    with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
-                                     tf.keras.layers.Dense(10)])
-        model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(data, steps_per_epoch=14, epochs=1, verbose=0, callbacks=profiling.callbacks())
-    if os.environ.get("SIZES_DIR"):
-        steady = sleepy_dataset(0).prefetch(2).with_options(options)
-        for width in WIDTHS:
-            with strategy.scope():
-                model = mlp(width)
-                model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            recorder = profiling.ProfileCallback(os.path.join(os.environ["SIZES_DIR"], f"h{width}"), steps="2-7")
-            model.fit(steady, steps_per_epoch=9, epochs=1, verbose=0, callbacks=[recorder])
-
+    if os.environ["JOB_PHASE"] == "straggler":
+        data = sleepy_dataset(float(os.environ.get("SLEEP_SECONDS", "0"))).with_options(options)
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
+                                         tf.keras.layers.Dense(10)])
+            model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(data, steps_per_epoch=14, epochs=1, verbose=0, callbacks=profiling.callbacks())
+        return
+    steady = sleepy_dataset(0).prefetch(2).with_options(options)
+    for width in WIDTHS:
+        with strategy.scope():
+            model = mlp(width)
+            model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        recorder = profiling.ProfileCallback(os.path.join(os.environ["SIZES_DIR"], f"h{width}"), steps="2-7")
+        model.fit(steady, steps_per_epoch=9, epochs=1, verbose=0, callbacks=[recorder])
 
 if __name__ == "__main__":
     main()
