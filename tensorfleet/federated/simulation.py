@@ -39,7 +39,6 @@ Example (two quick rounds; the digits MLP is already well above chance, 0.1):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any, Callable
@@ -56,7 +55,7 @@ from tensorfleet.federated.backends.compiled_local import GLOBAL_BN
 from tensorfleet.federated.sampling import ClientSampler, split_clients
 from tensorfleet.validation import choice
 
-__all__ = ["ModelWeights", "Simulation"]
+__all__ = ["ModelWeights", "Simulation", "settle_backend"]
 
 
 class Simulation:
@@ -114,7 +113,9 @@ class Simulation:
                              f"({len(self.train_ids)}). Received: clients_per_round={self.config.clients_per_round}")
         self.test_data = _check_test_data(test_data)
         self.sampler = ClientSampler(clients, self.train_ids, self.config)
-        self._settle_backend()
+        # Where the rounds run, beside the user's config (which is never rewritten): the data checked now
+        # ('compiled' refuses what it cannot run); 'auto' is decided once, when the model is built.
+        self.where = settle_backend(self.config, self.clients)
         self._element_spec = clients.element_type_structure
         self._keras_model: Any = None
         self._eval_model: Any = None
@@ -128,7 +129,7 @@ class Simulation:
     # ----------------------------------------------------------------- configuration
     def as_dict(self) -> dict[str, Any]:
         """The configuration as plain data (what a checkpoint must match, plus ``rounds``) with the clients."""
-        return {**self.config.trajectory(), "num_train_clients": len(self.train_ids),
+        return {**self.config.trajectory(), "backend": self.backend.value, "num_train_clients": len(self.train_ids),
                 "num_eval_clients": len(self.eval_ids),
                 "clients": getattr(self.clients, "description", type(self.clients).__name__)}
 
@@ -146,22 +147,17 @@ class Simulation:
     def header(self) -> str:
         """What runs, for the progress bar: ``fedavg on compiled (chosen by auto)``."""
         chosen = " (chosen by auto)" if self.requested_backend is Backend.AUTO else ""
-        return f"{self.config.algorithm} on {self.config.backend.value}{chosen}"
+        return f"{self.config.algorithm} on {self.backend.value}{chosen}"
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the trajectory (not ``rounds``) plus the data."""
         return checkpoint.fingerprint(self.as_dict(), self.train_ids, self.clients)
 
     # ----------------------------------------------------------------- building
-    def _settle_backend(self, model: Any = None) -> None:
-        """Checks ``compiled`` against the data (and the model), and decides ``auto`` (which resumes a
-        checkpoint on the backend that wrote it, as the state is that backend's)."""
-        where = self.config.where.resolve(self.clients, model)
-        if model is not None and where.compiled and self.requested_backend is Backend.AUTO and self.config.resume \
-                and (checkpoint.checkpoint_config(self.config.out_dir) or {}).get("backend") == Backend.TFF.value:
-            where = BackendChoice(Backend.TFF)
-        if where != self.config.where:
-            self.config = self.sampler.config = dataclasses.replace(self.config, backend=where.backend)
+    @property
+    def backend(self) -> Backend:
+        """The backend that runs the rounds: ``tff`` or ``compiled`` (``auto`` until the model is built)."""
+        return self.where.backend
 
     def tff_model_fn(self) -> Any:
         """The ``model_fn`` TFF needs: the Keras model wrapped with ``from_keras_model``."""
@@ -181,12 +177,12 @@ class Simulation:
 
             model = require_keras2(self.model_fn(), "tfl.federated.Simulation (the model of model_fn)")
             tff_model.check_model(model, self._element_spec)
-            self._settle_backend(model)
+            self.where = settle_backend(self.config, self.clients, model)  # 'auto' decided, once
             self._keras_model = model
         if self.rounds is None:
             from tensorfleet.federated.backends.rounds import ROUND_BACKENDS
 
-            self.rounds = ROUND_BACKENDS[self.config.backend](self)
+            self.rounds = ROUND_BACKENDS[self.backend](self)
             self.rounds.build()
         return self.rounds.process
 
@@ -386,6 +382,18 @@ class Simulation:
         if getattr(self, "weights", None) is None:
             raise RuntimeError("final_weights() needs a finished run(); call run() first.")
         return [np.asarray(w) for w in self.weights.trainable]
+
+
+def settle_backend(config: SimulationConfig, clients: Any, model: Any = None) -> BackendChoice:
+    """Where ``config``'s rounds run for ``clients`` (and ``model``, once built), without changing ``config``:
+    ``compiled`` checked against them (ValueError for what it cannot run as TFF does); ``auto`` decided
+    (``auto`` again while ``model`` is None and the data allow ``compiled``), resuming a checkpoint on the
+    backend that wrote it, as the state is that backend's."""
+    where = config.where.resolve(clients, model)
+    if model is not None and where.compiled and config.backend is Backend.AUTO and config.resume \
+            and (checkpoint.checkpoint_config(config.out_dir) or {}).get("backend") == Backend.TFF.value:
+        return BackendChoice(Backend.TFF)
+    return where
 
 
 def _check_test_data(test_data: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray] | None:

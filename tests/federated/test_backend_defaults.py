@@ -47,6 +47,8 @@ def test_auto_runs_compiled_and_says_so_in_the_header_and_the_metadata(clients, 
     assert sim.header() == "fedprox on compiled (chosen by auto)"
     assert "fedprox on compiled (chosen by auto)" in capsys.readouterr().err  # the progress bar's title
     assert sim.runtime is None and sim.rounds.engine is not None  # no TFF worker started
+    # 'auto' decided beside the user's config, which stays as given
+    assert sim.backend is Backend.COMPILED and sim.config.backend is Backend.AUTO and sim.sampler.config is sim.config
     saved = json.loads((tmp_path / "metrics.json").read_text())["config"]
     assert (saved["backend"], saved["backend_requested"]) == ("compiled", "auto")
     assert saved["proximal_gradient"] == "mu * (w - w_server)"
@@ -125,7 +127,7 @@ def test_dp_noise_on_both_backends_has_the_same_distribution_and_epsilon(clients
                          clients_per_round=5, seed=3, progress=False, backend=backend, aggregator="dp_fixed",
                          aggregator_options={"noise_multiplier": noise_multiplier, "clip": 1.0})
         history = sim.run()
-        assert sim.config.backend.value == backend
+        assert sim.backend.value == backend and sim.config.backend.value == backend
         return np.concatenate([w.ravel() for w in sim.final_weights()]), history.rounds[0].get("epsilon")
 
     clean, eps_clean = first_round("compiled", 0.0)

@@ -154,7 +154,7 @@ class TffRounds:
                                  f"non_trainable={config.non_trainable!r} for a model with "
                                  f"{len(sim._keras_model.non_trainable_weights)} of them; pass "
                                  f"non_trainable='initial', or run it on backend='compiled'.")
-            self.runtime = config.where.install()
+            self.runtime = sim.where.install()
             self.process = algorithms.build_process(config.algorithm, sim.tff_model_fn(), aggregator=self._aggregator(),
                                                     **config.optimizer_overrides, **config.hyperparameters)
             if sim.eval_ids:

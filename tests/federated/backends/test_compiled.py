@@ -220,8 +220,8 @@ def test_auto_backend_runs_compiled_where_it_equals_tff_and_tff_elsewhere(digits
                          **options)
         sim.run()
         assert sim.history.config["backend_requested"] == "auto"
-        assert sim.header() == f"{algorithm} on {sim.config.backend.value} (chosen by auto)"
-        return sim.config.backend.value, sim.history.config["backend"]
+        assert sim.header() == f"{algorithm} on {sim.backend.value} (chosen by auto)"
+        return sim.backend.value, sim.history.config["backend"]
 
     assert backend(lambda: models.build("digits_mlp", hidden=8)) == ("compiled", "compiled")
     assert backend(_with_batch_norm) == ("compiled", "compiled")

@@ -103,7 +103,7 @@ def test_our_client_data_named_and_batched_as_tffs_trains_on_the_compiled_backen
     assert is_batched(batched.element_type_structure) and _spec(xy_clients(batched)) == \
         {"x": ([784], "float32"), "y": ([1], "int32")}
     plain = Simulation(_dense((28, 28)), ours, rounds=1, clients_per_round=2, batch_size=5, progress=False)
-    assert [r["num_examples"] for r in plain.run().rounds] == [20] and plain.config.backend.value == "compiled"
+    assert [r["num_examples"] for r in plain.run().rounds] == [20] and plain.backend.value == "compiled"
     # Batched as TFF's tutorials batch (labels shaped [1]), federated evaluation on the same clients.
     sim = Simulation(_dense((784,)), batched, rounds=1, clients_per_round=2, batch_size=5, straggler_deadline=100.0,
                      eval_clients=batched, progress=False)
