@@ -58,14 +58,15 @@ $(VENV_TFF)/.tensorfleet-installed: requirements/tff.txt requirements/tff-nodeps
 demo: install
 	$(BIN)/python -m tensorfleet.demo
 
-# Both tracks and the site's build run even when one fails; the target fails if any did. The build
+# Both tracks and the site's build run even when one fails; the target fails if any did. Each track
+# lists its slowest tests, so that a run shows where the suite's time goes. The build
 # comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
 test: install install-tff
 	@status=0; \
 	echo "== current track: $(BIN)/python -m pytest -m 'not tff'"; \
-	$(BIN)/python -m pytest -m "not tff" $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -m "not tff" --durations=25 $(PYTEST_ARGS) || status=$$?; \
 	echo "== tff track: $(BIN_TFF)/python -m pytest -m tff"; \
-	$(BIN_TFF)/python -m pytest -m tff $(PYTEST_ARGS) || status=$$?; \
+	$(BIN_TFF)/python -m pytest -m tff --durations=10 $(PYTEST_ARGS) || status=$$?; \
 	echo "== docs: $(BIN)/mkdocs build --strict"; \
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet || status=$$?; \
 	exit $$status
