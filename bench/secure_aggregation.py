@@ -16,7 +16,17 @@ with 5 local epochs of batch 10, ``--rounds`` rounds (50) with the plain mean, `
 ``secagg+`` at 16 bits (clip 1.0), same seed; central test accuracy at the end, and how far the
 final weights are from the plain mean's.
 
-Run with ``python bench/secure_aggregation.py [--budget 60] [--rounds 50] [--skip-accuracy]``.
+Part 3, the variants (``--variants``): each kind semi-honest (the cells above), with distributed DP
+(each client's Skellam noise before masking, noise multiplier 1 at clip 1), in the malicious-server
+variant (signed keys, a consistency round) and with both, for n = 10 and 100 at d = 10^4: bytes,
+message rounds, seconds per round (median of ``--repeats`` runs, the variants of one cell run one
+after another so that their ratio to the semi-honest round is taken under the same load), and the
+epsilon of one distributed-DP round at delta 1e-5 (its fewest survivors' noise). n = 1000 is left
+out: its rounds take minutes each on two shared cores, and the variants' costs per client do not
+depend on n beyond what n = 100 shows.
+
+Run with ``python bench/secure_aggregation.py [--budget 60] [--rounds 50] [--skip-accuracy]
+[--variants] [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -176,13 +186,46 @@ def accuracy(rounds: int) -> None:
               f"{gap:.2e} | {wall:.1f} |", flush=True)
 
 
+VARIANTS = {"semi-honest": {}, "distributed DP": {"dp": "distributed", "noise_multiplier": 1.0},
+            "malicious": {"malicious": True}, "both": {"dp": "distributed", "noise_multiplier": 1.0, "malicious": True}}
+
+
+def variants_table(repeats: int, d: int = 10_000) -> None:
+    print("\n| n | d | aggregator | variant | up bytes/client | down bytes/client | message rounds | s/round | "
+          "x semi-honest s | epsilon of 1 round |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n in (10, 100):
+        updates = list(np.random.default_rng(n).normal(0, 0.1, (n, d)).astype(np.float32))
+        for kind in ("secagg", "secagg+"):
+            aggregators = {name: SecureAggregator(kind=kind, bits=BITS, clip=1.0, **options)
+                           for name, options in VARIANTS.items()}
+            times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+            results = {}
+            for _ in range(repeats):  # alternate: each repeat runs every variant once
+                for name, aggregator in aggregators.items():
+                    start = time.perf_counter()
+                    results[name] = aggregator.aggregate(updates, round_num=0)
+                    times[name].append(time.perf_counter() - start)
+            base = float(np.median(times["semi-honest"]))
+            for name, aggregator in aggregators.items():
+                traffic_, seconds = results[name].traffic, float(np.median(times[name]))
+                eps = (f"{aggregator.epsilon(clients_per_round=n, num_clients=n, rounds=1, size=d):.2f}"
+                       if aggregator.dp.value == "distributed" else "")
+                print(f"| {n} | {d:.0e} | {kind} | {name} | {traffic_.upload:,.0f} | {traffic_.download:,.0f} | "
+                      f"{traffic_.message_rounds} | {seconds:.3f} | {seconds / base:.2f} | {eps} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=60.0, help="run a cell only if predicted below (s)")
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="also the distributed-DP and malicious variants")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant cell (median)")
     args = parser.parse_args()
+    if args.variants:
+        variants_table(args.repeats)
     if not args.skip_cost:
         cost_table(args.budget)
     if not args.skip_accuracy:

@@ -5,8 +5,8 @@ train in the compiled round, then every participant's update goes through one ro
 protocol (:class:`~tensorfleet.federated.secure.protocol.SecureAggregator`) and the server
 optimizer applies the unmasked, dequantized mean. ``dropout_after_upload`` simulates clients that
 stop after their masked vector arrived (dropouts and stragglers before upload are the simulation's
-own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). ``dp="distributed"`` has each client add Skellam noise before masking; the simulation's
-``epsilon`` record is then this part's own (the Skellam bound at the fewest survivors, no sampling
+own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). ``dp="distributed"`` has each client add Skellam noise before masking; each round's record then
+holds this part's own ``aggregator_epsilon`` instead of ``epsilon`` (the Skellam bound at the fewest survivors, no sampling
 amplification, delta ``1e-5``: :mod:`~tensorfleet.federated.secure.skellam`). ``malicious=True``
 runs the malicious-server variant (signed keys, consistency round). When
 the survivors cannot unmask the sum the round raises

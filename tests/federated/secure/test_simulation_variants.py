@@ -1,0 +1,35 @@
+"""Distributed DP and the malicious-server variant as options of a simulation's secagg aggregators."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorfleet as tfl
+from tensorfleet.federated.secure import SecureAggregator
+
+
+@pytest.fixture(scope="module")
+def digits():
+    split = tfl.models.datasets.load_digits(flat=True)
+    return split, tfl.federated.partition(split.x_train, split.y_train, num_clients=12, seed=0)
+
+
+def test_distributed_dp_with_a_malicious_server_check_trains_and_reports_its_epsilon(digits):
+    split, clients = digits
+    options = {"bits": 24, "noise_multiplier": 0.3, "dp_clip": 1.0, "clip": 0.5, "dp": "distributed",
+               "malicious": True}
+    sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_mlp"), clients, "fedavg", aggregator="secagg+",
+                                   aggregator_options=options, rounds=2, clients_per_round=5, seed=3,
+                                   progress=False)
+    history = sim.run()
+    size = sum(int(np.prod(w.shape)) for w in sim.keras_model().trainable_weights)
+    aggregator = SecureAggregator(kind="secagg+", bits=24, noise_multiplier=0.3, dp_clip=1.0, clip=0.5,
+                                  dp="distributed", malicious=True)
+    for record in history.rounds:
+        assert "epsilon" not in record  # not the central Gaussian's: the part reports the Skellam bound
+        assert record["aggregator_epsilon"] == pytest.approx(aggregator.epsilon(
+            clients_per_round=5, num_clients=12, rounds=record["round"], size=size), rel=1e-12)
+        assert record["aggregator_survivors"] == 5
+    assert history.rounds[1]["aggregator_epsilon"] > history.rounds[0]["aggregator_epsilon"] > 0
+    assert all(np.isfinite(w).all() for w in sim.final_weights())
