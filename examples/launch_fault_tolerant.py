@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from tensorfleet.cluster.fault_tolerance import resumed_epoch
-from tensorfleet.cluster.launcher import Fault, launch
+from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
 
 SCRIPT = Path(__file__).with_name("train_digits_multiworker.py")
 
@@ -24,9 +24,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         result = launch(
             SCRIPT, ["--epochs", "6", "--examples-per-epoch", "256", "--log-steps"],
-            workers=2, max_restarts=2, backoff=1.0, timeout=300, backup_dir=Path(scratch) / "backup",
-            faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")],
-            sink=lambda line: print(line) if "step" not in line and "Unable to register" not in line else None,
+            workers=2, timeouts=Timeouts(timeout=300),
+            recovery=Recovery(max_restarts=2, backoff=1.0, backup_dir=Path(scratch) / "backup",
+                              faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")]),
+            output=TaskOutput(sink=lambda line: print(line) if "step" not in line else None),
         )
     print(f"\nexit status {result.returncode}, {result.restarts} restart(s), {result.duration:.1f} s")
     print(f"resumed at epoch {resumed_epoch(result.output('worker:0', attempt=1))}")

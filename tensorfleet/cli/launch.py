@@ -91,7 +91,7 @@ def launch_command(
     """
     _reject_unknown_option(ctx, script)
     from tensorfleet.cli.main import verbose
-    from tensorfleet.cluster.launcher import launch
+    from tensorfleet.cluster.launcher import Recovery, TaskCommand, TaskOutput, Timeouts, launch
 
     port_list = None
     if ports is not None:
@@ -111,10 +111,10 @@ def launch_command(
         return
     env, runner = _profiling(profile_steps, profile_dir)
     result = launch(
-        script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list,
-        mode=mode, max_restarts=max_restarts, backoff=backoff, timeout=timeout, hang_timeout=hang_timeout,
-        backup_dir=backup_dir, quiet=not verbose(ctx), check=False, env=env, runner=runner,
-        evaluator_timeout=evaluator_timeout,
+        script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list, mode=mode,
+        recovery=Recovery(max_restarts=max_restarts, backoff=backoff, backup_dir=backup_dir),
+        timeouts=Timeouts(timeout=timeout, hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout),
+        output=TaskOutput(quiet=not verbose(ctx)), command=TaskCommand(env=env, runner=runner), check=False,
     )
     _finish(result)
     if profile_steps is not None:

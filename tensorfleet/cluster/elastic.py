@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
@@ -118,6 +118,10 @@ def launch_elastic(
     phase resumes from that backup. The batch policy reaches the script as
     ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`).
 
+    ``launch_kwargs`` are more of :func:`~tensorfleet.cluster.launcher.launch`'s options (``timeouts``,
+    ``recovery``, ``command``, ``output``, ``ports``, ...); every phase gets ``backup_dir`` as its
+    ``recovery.backup_dir``, and ``sink`` unless ``output`` is given.
+
     Returns:
         One :class:`~tensorfleet.cluster.result.LaunchResult` per phase.
 
@@ -125,18 +129,22 @@ def launch_elastic(
         >>> results = launch_elastic("train.py", phases=[ElasticPhase(2, 2), ElasticPhase(1, 4), ElasticPhase(2)],
         ...                          backup_dir="/tmp/job")  # doctest: +SKIP
     """
+    from tensorfleet.cluster.launch_options import Recovery, TaskCommand, TaskOutput
     from tensorfleet.cluster.launcher import launch
 
     _check_phases(phases)
-    base_env = dict(launch_kwargs.pop("env", None) or {})
+    command = launch_kwargs.pop("command", None) or TaskCommand()
+    recovery = replace(launch_kwargs.pop("recovery", None) or Recovery(), backup_dir=backup_dir)
+    output = launch_kwargs.pop("output", None) or TaskOutput(sink=sink)
+    base_env = dict(command.env or {})
     base_env[ENV_BATCH_POLICY] = _resolve_policy(policy).value
     results = []
     for phase in phases:
         env = dict(base_env)
         if phase.until_epoch is not None:
             env[ENV_STOP_AFTER_EPOCH] = str(phase.until_epoch)
-        results.append(launch(script, args, workers=phase.workers, backup_dir=backup_dir, env=env,
-                              sink=sink, **launch_kwargs))
+        results.append(launch(script, args, workers=phase.workers, recovery=recovery,
+                              command=replace(command, env=env), output=output, **launch_kwargs))
     return results
 
 

@@ -6,7 +6,10 @@ starts one process per task on 127.0.0.1 with free ports and each task's TF_CONF
 task (``[worker:1] ...``), forwards SIGINT/SIGTERM to every task's process group, and ends
 with the chief's exit status (worker 0's when there is no chief) or the first failure's.
 
-When a task dies the job is restarted, up to ``max_restarts`` times with exponential backoff
+Its options beyond the cluster's shape come in four small groups (:mod:`~tensorfleet.cluster.launch_options`):
+:class:`Recovery`, :class:`Timeouts`, :class:`TaskOutput` and :class:`TaskCommand`.
+
+When a task dies the job is restarted, up to ``Recovery.max_restarts`` times with exponential backoff
 (:mod:`~tensorfleet.cluster.supervisor` is the state machine that decides):
 
 * multi-worker mirrored (collective) jobs restart every task, because the collective group
@@ -18,11 +21,11 @@ When a task dies the job is restarted, up to ``max_restarts`` times with exponen
 A collective that hangs because a peer is gone is ended by the launcher noticing the dead
 peer (it stops the survivors at once instead of letting them wait), by the script's own
 ``CommunicationOptions(timeout_seconds=...)``, or, for tasks that neither exit nor print,
-by ``hang_timeout``: no output from any task for that long counts as a failure.
+by ``Timeouts.hang_timeout``: no output from any task for that long counts as a failure.
 
 SIGTERM alone does not end a multi-worker TensorFlow task: TensorFlow's preemption notifier
 catches it (the coordination service treats it as a preemption notice), so after forwarding
-SIGINT or SIGTERM the launcher waits ``grace`` seconds and then SIGKILLs what is left.
+SIGINT or SIGTERM the launcher waits ``Timeouts.grace`` seconds and then SIGKILLs what is left.
 
 In a parameter-server job only the chief runs the script; workers and ps run tensorfleet's
 server (``python -P -m tensorfleet.cluster.launcher --serve``, :func:`~tensorfleet.cluster.server.serve`),
@@ -33,7 +36,7 @@ they leave is :mod:`~tensorfleet.cluster.result`, and what the tasks are told an
 
 Example:
     >>> from tensorfleet.cluster import launcher
-    >>> result = launcher.launch("train.py", workers=2, max_restarts=2)  # doctest: +SKIP
+    >>> result = launcher.launch("train.py", workers=2, recovery=launcher.Recovery(max_restarts=2))  # doctest: +SKIP
     >>> result.returncode, result.restarts  # doctest: +SKIP
     (0, 0)
 """
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -50,15 +52,16 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_TRAINING_ENDED, check_task_counts
+from tensorfleet.cluster.launch_options import Recovery, TaskCommand, TaskOutput, Timeouts, group
 from tensorfleet.cluster.processes import Fault, JobMode, LocalJob
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
 from tensorfleet.netbind import loopback_env
 from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfigError, parse_tf_config
-from tensorfleet.validation import choice, integer, number
+from tensorfleet.validation import choice
 
 __all__ = [
     "Fault",
@@ -67,7 +70,11 @@ __all__ = [
     "LaunchFailedError",
     "LaunchResult",
     "PortInUseError",
+    "Recovery",
     "TFConfigConflictError",
+    "TaskCommand",
+    "TaskOutput",
+    "Timeouts",
     "launch",
 ]
 
@@ -94,11 +101,6 @@ class TFConfigConflictError(TFConfigError):
     """TF_CONFIG is already set in the environment and names another cluster."""
 
 
-def _default_sink(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
 def launch(
     script: str | os.PathLike[str],
     args: Sequence[str] = (),
@@ -109,23 +111,11 @@ def launch(
     evaluator: bool = False,
     ports: Sequence[int] | None = None,
     mode: JobMode | str = JobMode.AUTO,
-    max_restarts: int = 0,
-    backoff: float = 1.0,
-    max_backoff: float = 30.0,
-    timeout: float | None = None,
-    hang_timeout: float | None = None,
-    grace: float = 5.0,
-    evaluator_timeout: float = 300.0,
-    env: Mapping[str, str] | None = None,
-    backup_dir: str | os.PathLike[str] | None = None,
-    faults: Sequence[Fault] = (),
-    stop_when: str | None = None,
-    sink: Callable[[str], None] | None = _default_sink,
-    quiet: bool = True,
-    progress_interval: float = 2.0,
+    recovery: Recovery = Recovery(),
+    timeouts: Timeouts = Timeouts(),
+    output: TaskOutput = TaskOutput(),
+    command: TaskCommand = TaskCommand(),
     check: bool = True,
-    python: str | None = None,
-    runner: Sequence[str] = (),
 ) -> LaunchResult:
     """Runs ``script`` as a local tf.distribute cluster, one process per task.
 
@@ -141,34 +131,11 @@ def launch(
         ports: one port per task (chief, workers, ps, evaluator order); free ports by default.
         mode: ``"auto"`` (parameter server when ``ps > 0``, else collective), ``"collective"``
             or ``"parameter_server"``; decides what a restart restarts.
-        max_restarts: how many times a failed job (or ps worker) is restarted.
-        backoff: seconds before the first restart, doubled for each further one.
-        max_backoff: cap of the backoff.
-        timeout: seconds one attempt may run before it counts as failed (hung).
-        hang_timeout: seconds without output from any task before the attempt counts as hung.
-        grace: seconds tasks get after SIGTERM/SIGINT before SIGKILL.
-        evaluator_timeout: seconds the evaluator may take, once training has ended, to finish
-            its evaluations by itself; then it is stopped (an event says so).
-        env: extra environment variables for every task (TF_CONFIG is set by the launcher).
-        backup_dir: exported to the tasks as ``TENSORFLEET_BACKUP_DIR`` for
-            :func:`tensorfleet.cluster.fault_tolerance.callbacks`.
-        faults: faults to inject (tests and benchmarks of recovery).
-        stop_when: a regular expression; the first line of the chief's output (worker 0's
-            without a chief) matching it stops the job on purpose (SIGTERM to all tasks); the
-            result then has ``stopped=True``. Only the chief's lines count because the chief
-            writes the backups: a line it prints after a backup means the backup is complete.
-        sink: receives every prefixed output line and launcher event; ``None`` keeps them only
-            in the result.
-        quiet: leave TensorFlow's known start-up noise (the "Unable to register cuDNN factory"
-            lines every task prints; :data:`tensorfleet.cluster.console.NOISE`) out of what
-            ``sink`` gets and of the log tail of an error; the result keeps every line.
-        progress_interval: a progress bar a task redraws with ``\r`` (Keras' ``fit``) reaches
-            ``sink`` as one line of its state at most this often (seconds), and its final state.
+        recovery: restarts, their backoff, the backup directory and faults to inject (:class:`Recovery`).
+        timeouts: of an attempt, of a silence, of the grace after SIGTERM and of the evaluator (:class:`Timeouts`).
+        output: where the tasks' lines go, how they are shown and the line that stops the job (:class:`TaskOutput`).
+        command: the tasks' interpreter, runner module and extra environment (:class:`TaskCommand`).
         check: raise :class:`LaunchFailedError` when the job fails for good.
-        python: the interpreter for the tasks (default: this one).
-        runner: interpreter arguments before the script, such as ``("-m",
-            "tensorfleet.profiling.autorun")``, a module that runs the script as ``python SCRIPT``
-            would, with something added (``tensorfleet launch --profile-steps`` uses that one).
 
     Returns:
         A :class:`LaunchResult`: exit status (the chief's, or the first failure's), restarts,
@@ -176,7 +143,8 @@ def launch(
 
     Raises:
         FileNotFoundError: the script does not exist.
-        ValueError: zero workers, a negative count, or a bad option.
+        ValueError: zero workers, a negative count, or a bad option (each group checks its own when made).
+        TypeError: a group that is not its option class.
         PortInUseError: a requested port is taken.
         TFConfigConflictError: TF_CONFIG is set in the environment for another cluster.
         LaunchFailedError: with ``check=True``, the job failed and the restart limit is reached;
@@ -189,36 +157,26 @@ def launch(
     """
     script_path = _check_script(script)
     chief = check_task_counts(workers, ps, chief)  # a ps job gets a chief: the coordinator runs there
-    integer("max_restarts", max_restarts, minimum=0)
-    for name, seconds in (("backoff", backoff), ("max_backoff", max_backoff), ("grace", grace),
-                          ("evaluator_timeout", evaluator_timeout), ("timeout", timeout),
-                          ("hang_timeout", hang_timeout)):
-        number(name, seconds, minimum=0, optional=True)
-    for fault in faults:
-        _check_task_name(fault.task)
-        if fault.watch is not None:
-            _check_task_name(fault.watch)
+    recovery, timeouts = group("recovery", recovery, Recovery), group("timeouts", timeouts, Timeouts)
+    output, command = group("output", output, TaskOutput), group("command", command, TaskCommand)
     spec = ClusterSpec.local(workers=workers, ps=ps, chief=chief, evaluator=evaluator, host=_LOCALHOST,
                              ports=list(ports) if ports is not None else None)
     job_mode = _resolve_mode(mode, spec)
     if ports is not None:
         _check_ports_free(spec)
-    task_env = _task_env(spec, env, backup_dir)
-    if isinstance(runner, str) or not all(isinstance(a, str) for a in runner):
-        raise ValueError(f"runner must be a sequence of strings, such as ('-m', 'tensorfleet.profiling.autorun'). "
-                         f"Received: runner={runner!r}")
-    argv = [python or sys.executable, *runner, str(script_path), *map(str, args)]
-    number("progress_interval", progress_interval, minimum=0)
+    task_env = _task_env(spec, command.env, recovery.backup_dir)
     scratch = tempfile.mkdtemp(prefix="tensorfleet-launch-") if evaluator else None
     if scratch is not None:
         task_env[ENV_TRAINING_ENDED] = os.path.join(scratch, "training-ended")
-    job = LocalJob(spec=spec, mode=job_mode, argv=argv, env=task_env, sink=sink, faults=faults, stop_when=stop_when,
-                   quiet=quiet, progress_interval=progress_interval)
+    job = LocalJob(spec=spec, mode=job_mode, argv=command.argv(str(script_path), args), env=task_env,
+                   sink=output.sink, faults=recovery.faults, stop_when=output.stop_when, quiet=output.quiet,
+                   progress_interval=output.progress_interval)
     with forwarded_signals(job) as received:
         try:
-            outcome = Supervisor(job, max_restarts=max_restarts, backoff=backoff, max_backoff=max_backoff,
-                                 timeout=timeout, hang_timeout=hang_timeout, grace=grace, received=received,
-                                 evaluator_timeout=evaluator_timeout).run()
+            outcome = Supervisor(job, max_restarts=recovery.max_restarts, backoff=recovery.backoff,
+                                 max_backoff=recovery.max_backoff, timeout=timeouts.timeout,
+                                 hang_timeout=timeouts.hang_timeout, grace=timeouts.grace, received=received,
+                                 evaluator_timeout=timeouts.evaluator_timeout).run()
         finally:
             job.stop_all(signal.SIGKILL, 0.0)
             if scratch is not None:
@@ -241,11 +199,6 @@ def _check_script(script: str | os.PathLike[str]) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"The script to launch is not a file. Received: script={str(script)!r}")
     return path.resolve()
-
-
-def _check_task_name(name: str) -> None:
-    if not re.fullmatch(r"(chief|worker|ps|evaluator):(\d+)", name):
-        raise ValueError(f"A task is named 'role:index', e.g. 'worker:1'. Received: {name!r}")
 
 
 def _resolve_mode(mode: JobMode | str, spec: ClusterSpec) -> JobMode:

@@ -11,7 +11,7 @@ import portpicker
 import pytest
 
 from tensorfleet.cluster.console import ProgressLines, is_noise
-from tensorfleet.cluster.launcher import launch
+from tensorfleet.cluster.launcher import TaskCommand, TaskOutput, launch
 
 # Plain Keras fit with its default progress bar (verbose="auto" is 1 here): 2 epochs of 20 steps,
 # each step slowed down so that an epoch takes about a second.
@@ -39,8 +39,9 @@ def test_a_launched_keras_fit_shows_its_progress_as_lines_per_task(tmp_path: Pat
     script = tmp_path / "fit.py"
     script.write_text(KERAS_SCRIPT)
     shown: list[str] = []
-    result = launch(script, workers=1, sink=shown.append, progress_interval=0.3, ports=[portpicker.pick_unused_port()],
-                    env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    result = launch(script, workers=1, ports=[portpicker.pick_unused_port()],
+                    output=TaskOutput(sink=shown.append, progress_interval=0.3),
+                    command=TaskCommand(env={"TF_CPP_MIN_LOG_LEVEL": "2"}))
     assert result.returncode == 0
     task_lines = [line[len("[worker:0] "):] for line in shown if line.startswith("[worker:0] ")]
     assert all("\r" not in line and "\b" not in line and len(line) < 200 for line in task_lines), task_lines

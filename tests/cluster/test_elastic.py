@@ -12,6 +12,7 @@ from tensorfleet.cluster import elastic
 from tensorfleet.cluster.contract import ENV_BATCH_POLICY
 from tensorfleet.cluster.elastic import BatchPolicy, BatchSizes, ElasticPhase, batch_sizes, launch_elastic
 from tensorfleet.cluster.fault_tolerance import resumed_epoch
+from tensorfleet.cluster.launch_options import Timeouts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -74,7 +75,7 @@ def test_job_stopped_at_2_workers_continues_at_1_and_back_at_2_from_the_same_bac
         ["--model", "digits_mlp", "--epochs", str(epochs), "--examples-per-epoch", str(examples),
          "--per-replica-batch-size", "32"],
         phases=[ElasticPhase(workers=2, until_epoch=2), ElasticPhase(workers=1, until_epoch=4), ElasticPhase(workers=2)],
-        backup_dir=tmp_path / "backup", policy="keep_per_replica", timeout=150)
+        backup_dir=tmp_path / "backup", policy="keep_per_replica", timeouts=Timeouts(timeout=150))
     assert [(r.stopped, r.returncode, r.cluster.num_tasks()) for r in results] == [(True, 0, 2), (True, 0, 1), (False, 0, 2)]
 
     def chief(i: int) -> list[str]:

@@ -132,11 +132,12 @@ def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_d
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_under_the_launcher_the_same_script_trains_in_the_worker_and_evaluates_in_the_evaluator(tmp_path):
-    from tensorfleet.cluster.launcher import launch
+    from tensorfleet.cluster.launcher import TaskCommand, TaskOutput, Timeouts, launch
 
     checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
-    result = launch(JOB, ["--launched", str(checkpoints), str(out), "3"], workers=1, evaluator=True, timeout=150,
-                    sink=None, env={"PYTHONPATH": str(ROOT)})
+    result = launch(JOB, ["--launched", str(checkpoints), str(out), "3"], workers=1, evaluator=True,
+                    timeouts=Timeouts(timeout=150), output=TaskOutput(sink=None),
+                    command=TaskCommand(env={"PYTHONPATH": str(ROOT)}))
     assert result.returncode == 0, "\n".join(result.output())
     rows = evaluated_checkpoints(out)
     assert rows[-1]["checkpoint"] == 3  # the last checkpoint is evaluated before the evaluator stops
@@ -148,7 +149,7 @@ def test_under_the_launcher_the_same_script_trains_in_the_worker_and_evaluates_i
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_an_evaluator_busy_when_training_ends_still_evaluates_the_last_checkpoint(tmp_path, digits_flat):
-    from tensorfleet.cluster.launcher import launch
+    from tensorfleet.cluster.launcher import TaskCommand, TaskOutput, Timeouts, launch
 
     # No last checkpoint is named: the evaluator learns from the launcher that training has ended. The
     # trainer pauses between epochs so that earlier checkpoints are evaluated while it trains, and exits
@@ -156,8 +157,9 @@ def test_an_evaluator_busy_when_training_ends_still_evaluates_the_last_checkpoin
     # over). The old 5 s grace (here 0.5 s) stopped the evaluator before it had evaluated the last.
     checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
     result = launch(JOB, ["--launched", str(checkpoints), str(out), "3", "--until-training-ends", "--repeat", "100",
-                          "--pause", "2", "--hard-exit"], workers=1, evaluator=True, grace=0.5, evaluator_timeout=120,
-                    timeout=150, sink=None, env={"PYTHONPATH": str(ROOT)})
+                          "--pause", "2", "--hard-exit"], workers=1, evaluator=True,
+                    timeouts=Timeouts(timeout=150, grace=0.5, evaluator_timeout=120), output=TaskOutput(sink=None),
+                    command=TaskCommand(env={"PYTHONPATH": str(ROOT)}))
     assert result.returncode == 0, "\n".join(result.output())
     events = [line.text for line in result.events]
     assert "training ended; waiting up to 120s (evaluator_timeout) for evaluator:0 to evaluate the last checkpoint" \
@@ -179,14 +181,15 @@ def test_an_evaluator_busy_when_training_ends_still_evaluates_the_last_checkpoin
 
 @pytest.mark.timeout(60)
 def test_an_evaluator_that_does_not_end_is_stopped_after_evaluator_timeout(tmp_path):
-    from tensorfleet.cluster.launcher import launch
+    from tensorfleet.cluster.launcher import TaskOutput, Timeouts, launch
 
     script = tmp_path / "never_done.py"
     script.write_text("import json, os, time\n"
                       "if json.loads(os.environ['TF_CONFIG'])['task']['type'] == 'evaluator':\n"
                       "    print('evaluating forever', flush=True)\n"
                       "    time.sleep(600)\n")
-    result = launch(script, workers=1, evaluator=True, evaluator_timeout=1.0, grace=1.0, timeout=50, sink=None)
+    result = launch(script, workers=1, evaluator=True, timeouts=Timeouts(timeout=50, grace=1.0, evaluator_timeout=1.0),
+                    output=TaskOutput(sink=None))
     assert result.returncode == 0
     events = [line.text for line in result.events]
     assert events[-2:] == [
@@ -196,22 +199,23 @@ def test_an_evaluator_that_does_not_end_is_stopped_after_evaluator_timeout(tmp_p
 
 
 def test_evaluator_timeout_must_not_be_negative(tmp_path):
-    from tensorfleet.cluster.launcher import launch
+    from tensorfleet.cluster.launcher import Timeouts, launch
 
     script = tmp_path / "train.py"
     script.write_text("")
-    with pytest.raises(ValueError, match=r"evaluator_timeout.*Received: evaluator_timeout=-1"):
-        launch(script, workers=1, evaluator=True, evaluator_timeout=-1)
+    with pytest.raises(ValueError, match=r"^evaluator_timeout must be a finite number >= 0\. Received: evaluator_timeout=-1$"):
+        launch(script, workers=1, evaluator=True, timeouts=Timeouts(evaluator_timeout=-1))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_example_evaluates_every_checkpoint_up_to_where_early_stopping_ended_training(tmp_path, digits_flat):
     from examples.evaluate_while_training import build_model as example_model
-    from tensorfleet.cluster.launcher import launch
+    from tensorfleet.cluster.launcher import TaskCommand, TaskOutput, Timeouts, launch
 
     result = launch(ROOT / "examples" / "evaluate_while_training.py", ["--out", str(tmp_path), "--epochs", "8"],
-                    workers=2, evaluator=True, timeout=240, sink=None, env={"PYTHONPATH": str(ROOT)})
+                    workers=2, evaluator=True, timeouts=Timeouts(timeout=240), output=TaskOutput(sink=None),
+                    command=TaskCommand(env={"PYTHONPATH": str(ROOT)}))
     assert result.returncode == 0, "\n".join(result.output())
     assert [s.status for s in result.spans if s.task == "evaluator:0"] == [0]
     epochs = sum(line.startswith("Epoch ") for line in result.output("worker:0"))

@@ -14,7 +14,9 @@ import pytest
 from tensorfleet.io import write_json
 from tensorfleet.cluster import fault_tolerance as ft
 from tensorfleet.strategies.tf_config import ClusterSpec
-from tensorfleet.cluster.launcher import Fault, launch
+from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+
+QUIET = TaskOutput(sink=None)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -152,15 +154,17 @@ def test_worker_killed_in_epoch_3_then_frozen_in_epoch_5_resumes_each_time_to_th
     # out 8 s and the spurious timeout used up the job's last restart.
     common = ["--model", "digits_cnn", "--epochs", "6", "--examples-per-epoch", "256", "--collective-timeout", "15"]
     clean = launch(script, [*common, "--weights-out", str(tmp_path / "clean.npz")], workers=2,
-                   backup_dir=tmp_path / "clean-backup", timeout=150, sink=None)
+                   recovery=Recovery(backup_dir=tmp_path / "clean-backup"), timeouts=Timeouts(timeout=150),
+                   output=QUIET)
     assert clean.restarts == 0
     # Attempt 0: worker 1 SIGKILLed during epoch 3. Attempt 1: worker 1 frozen (SIGSTOP) during
     # epoch 5: no process exits, so only the collective/heartbeat timeout in worker 0 ends the
     # hang, and the launcher restarts the job again.
     faulty = launch(script, [*common, "--log-steps", "--weights-out", str(tmp_path / "faulty.npz")], workers=2,
-                    backup_dir=tmp_path / "faulty-backup", max_restarts=2, backoff=0.5, timeout=150, sink=None,
-                    faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$"),
-                            Fault("worker:1", r"^tensorfleet: epoch 5 step 2$", signal=signal.SIGSTOP, attempt=1)])
+                    recovery=Recovery(max_restarts=2, backoff=0.5, backup_dir=tmp_path / "faulty-backup", faults=[
+                        Fault("worker:1", r"^tensorfleet: epoch 3 step 2$"),
+                        Fault("worker:1", r"^tensorfleet: epoch 5 step 2$", signal=signal.SIGSTOP, attempt=1)]),
+                    timeouts=Timeouts(timeout=150), output=QUIET)
     assert faulty.returncode == 0 and faulty.restarts == 2
     restarts = [e for e in faulty.events if "restarting all 2 tasks" in e.text]
     assert restarts[0].text.startswith("worker:1 was killed by SIGKILL; restarting all 2 tasks (restart 1/2)")
@@ -192,8 +196,9 @@ def test_worker_killed_in_epoch_3_then_frozen_in_epoch_5_resumes_each_time_to_th
 def test_parameter_server_worker_killed_is_restarted_alone_and_training_completes(tmp_path: Path) -> None:
     epochs, steps = 4, 50
     result = launch(EXAMPLES / "train_digits_ps.py", ["--epochs", str(epochs), "--steps-per-epoch", str(steps)],
-                    workers=2, ps=1, max_restarts=2, backoff=0.5, timeout=180, sink=None,
-                    faults=[Fault("worker:1", r"^tensorfleet: epoch 2/4 begin$", watch="chief:0")])
+                    workers=2, ps=1, timeouts=Timeouts(timeout=180), output=QUIET,
+                    recovery=Recovery(max_restarts=2, backoff=0.5,
+                                      faults=[Fault("worker:1", r"^tensorfleet: epoch 2/4 begin$", watch="chief:0")]))
     assert result.returncode == 0 and result.restarts == 1
     assert [e.text for e in result.events if "restart" in e.text] == [
         "worker:1 was killed by SIGKILL; restarting worker:1 only (restart 1/2) in 0.5s",

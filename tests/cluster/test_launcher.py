@@ -21,7 +21,11 @@ from tensorfleet.cluster.launcher import (
     Fault,
     LaunchFailedError,
     PortInUseError,
+    Recovery,
+    TaskCommand,
+    TaskOutput,
     TFConfigConflictError,
+    Timeouts,
     launch,
 )
 
@@ -49,7 +53,7 @@ def task_script(tmp_path: Path) -> Path:
 
 
 def _quiet(**kw):
-    return dict(sink=None, **kw)
+    return dict(output=TaskOutput(sink=None, **kw))
 
 
 def test_each_task_gets_its_own_tf_config_on_localhost(task_script: Path) -> None:
@@ -70,7 +74,7 @@ def test_each_task_gets_its_own_tf_config_on_localhost(task_script: Path) -> Non
 
 def test_output_lines_are_prefixed_with_the_task(task_script: Path) -> None:
     seen: list[str] = []
-    launch(task_script, workers=2, sink=seen.append)
+    launch(task_script, workers=2, output=TaskOutput(sink=seen.append))
     assert "[worker:0] worker:0 attempt 0" in seen
     assert "[worker:1] worker:1 attempt 0" in seen
 
@@ -83,7 +87,7 @@ def test_exit_status_is_the_first_failures(task_script: Path) -> None:
 
 def test_restart_limit_reached_names_the_failure_and_shows_its_log_tail(task_script: Path) -> None:
     with pytest.raises(LaunchFailedError) as info:
-        launch(task_script, ["3"], workers=2, max_restarts=0, **_quiet())
+        launch(task_script, ["3"], workers=2, recovery=Recovery(max_restarts=0), **_quiet())
     message = str(info.value)
     assert "worker:1 exited with status 3" in message
     assert "restart limit reached (0 of max_restarts=0)" in message
@@ -92,7 +96,7 @@ def test_restart_limit_reached_names_the_failure_and_shows_its_log_tail(task_scr
 
 
 def test_failed_job_restarts_all_tasks_after_backoff_and_completes(task_script: Path) -> None:
-    result = launch(task_script, ["3"], workers=2, max_restarts=2, backoff=0.6, **_quiet())
+    result = launch(task_script, ["3"], workers=2, recovery=Recovery(max_restarts=2, backoff=0.6), **_quiet())
     assert result.returncode == 0
     assert result.restarts == 1
     assert result.output("worker:0", attempt=1) [1:] == ["worker:0 attempt 1"]
@@ -105,23 +109,23 @@ def test_failed_job_restarts_all_tasks_after_backoff_and_completes(task_script: 
 
 
 def test_hang_timeout_ends_a_silent_attempt_in_a_restart(task_script: Path) -> None:
-    result = launch(task_script, ["0", "hang"], workers=2, max_restarts=1, backoff=0.1, hang_timeout=3.0,
-                    **_quiet())
+    result = launch(task_script, ["0", "hang"], workers=2, recovery=Recovery(max_restarts=1, backoff=0.1),
+                    timeouts=Timeouts(hang_timeout=3.0), **_quiet())
     assert result.returncode == 0 and result.restarts == 1
     assert any("no task printed anything for hang_timeout=3s (hung)" in e.text for e in result.events)
 
 
 def test_attempt_timeout_without_restarts_fails_with_status_124(task_script: Path) -> None:
     with pytest.raises(LaunchFailedError, match=r"attempt 0 ran longer than timeout=1s") as info:
-        launch(task_script, ["0", "hang"], workers=1, timeout=1.0, **_quiet())
+        launch(task_script, ["0", "hang"], workers=1, timeouts=Timeouts(timeout=1.0), **_quiet())
     assert info.value.result.returncode == 124
 
 
 def test_injected_fault_kills_the_task_and_the_job_restarts(tmp_path: Path) -> None:
     script = tmp_path / "slow.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(3)\nprint('finished')\n")
-    result = launch(script, workers=2, max_restarts=1, backoff=0.1,
-                    faults=[Fault("worker:1", r"^ready$", signal.SIGKILL)], **_quiet())
+    result = launch(script, workers=2, **_quiet(), recovery=Recovery(
+        max_restarts=1, backoff=0.1, faults=[Fault("worker:1", r"^ready$", signal.SIGKILL)]))
     assert result.returncode == 0 and result.restarts == 1
     assert any("worker:1 was killed by SIGKILL" in e.text for e in result.events)
     assert result.output("worker:1", attempt=0) == ["ready"]
@@ -136,7 +140,7 @@ def test_injected_fault_kills_the_task_and_the_job_restarts(tmp_path: Path) -> N
 def test_stop_when_stops_the_job_on_purpose(tmp_path: Path) -> None:
     script = tmp_path / "count.py"
     script.write_text("import time\nfor i in range(100):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.05)\n")
-    result = launch(script, workers=1, stop_when=r"^tick 3$", **_quiet())
+    result = launch(script, workers=1, **_quiet(stop_when=r"^tick 3$"))
     assert result.stopped and result.returncode == 0
     assert "tick 3" in result.output("worker:0")
     assert "tick 99" not in result.output("worker:0")
@@ -164,8 +168,8 @@ def _start_launcher(tmp_path: Path, extra: str = "") -> tuple[subprocess.Popen[s
     pids = tmp_path / "pids"
     pids.mkdir()
     code = textwrap.dedent(f"""
-        from tensorfleet.cluster.launcher import launch
-        launch({str(script)!r}, [{str(pids)!r}], workers=2, grace=5.0, check=False{extra})
+        from tensorfleet.cluster.launcher import Timeouts, launch
+        launch({str(script)!r}, [{str(pids)!r}], workers=2, timeouts=Timeouts(grace=5.0), check=False{extra})
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -246,16 +250,43 @@ def test_zero_workers_is_a_clear_error(task_script: Path) -> None:
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"workers": -1}, "workers must be an integer >= 0. Received: workers=-1"),
-    ({"max_restarts": -2}, "max_restarts must be an integer >= 0. Received: max_restarts=-2"),
-    ({"timeout": -1.0}, "timeout must be a finite number >= 0. Received: timeout=-1.0"),
     ({"mode": "ring"}, "mode must be one of 'auto', 'collective', 'parameter_server'. Received: mode='ring'"),
     ({"mode": "parameter_server"}, "mode='parameter_server' needs at least one ps task. Received: ps=0"),
-    ({"faults": [Fault("worker1", "x")]}, "A task is named 'role:index', e.g. 'worker:1'. Received: 'worker1'"),
 ])
 def test_bad_options_are_clear_errors(task_script: Path, kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:
         launch(task_script, **kwargs)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Recovery(max_restarts=-2), "max_restarts must be an integer >= 0. Received: max_restarts=-2"),
+    (lambda: Recovery(faults=[Fault("worker1", "x")]),
+     "A task is named 'role:index', e.g. 'worker:1'. Received: 'worker1'"),
+    (lambda: Timeouts(timeout=-1.0), "timeout must be a finite number >= 0. Received: timeout=-1.0"),
+    (lambda: Timeouts(grace=float("nan")), "grace must be a finite number >= 0. Received: grace=nan"),
+    (lambda: TaskOutput(stop_when="(tick"),
+     "stop_when must be a regular expression (missing ), unterminated subpattern at position 0). "
+     "Received: stop_when='(tick'"),
+    (lambda: TaskOutput(progress_interval=-1), "progress_interval must be a finite number >= 0. "
+                                               "Received: progress_interval=-1"),
+    (lambda: TaskCommand(runner="-m x"), "runner must be a sequence of strings, such as ('-m', "
+                                         "'tensorfleet.profiling.autorun'). Received: runner='-m x'"),
+    (lambda: TaskCommand(env={"A": 1}), "env must map names to strings. Received: env={'A': 1}"),
+])
+def test_each_option_group_refuses_a_bad_value_when_made(make, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        make()
+    assert str(info.value) == message
+
+
+def test_a_group_of_the_wrong_type_is_named(task_script: Path) -> None:
+    with pytest.raises(TypeError) as info:
+        launch(task_script, recovery={"max_restarts": 2})
+    assert str(info.value) == ("recovery must be a Recovery, such as recovery=Recovery(). "
+                               "Received: recovery={'max_restarts': 2}")
+    with pytest.raises(TypeError, match=r"^sink must be a function of one line \(str\), or None\. Received: sink=3$"):
+        TaskOutput(sink=3)
 
 
 def test_port_in_use_is_a_clear_error(task_script: Path) -> None:
@@ -291,7 +322,7 @@ def test_tf_config_naming_the_same_cluster_is_accepted(task_script: Path, monkey
 
 def test_env_must_not_set_tf_config(task_script: Path) -> None:
     with pytest.raises(TFConfigConflictError, match=r"env must not set TF_CONFIG"):
-        launch(task_script, env={"TF_CONFIG": "{}"})
+        launch(task_script, command=TaskCommand(env={"TF_CONFIG": "{}"}))
 
 
 def test_the_launcher_itself_listens_on_no_port(task_script: Path) -> None:
@@ -302,7 +333,7 @@ def test_the_launcher_itself_listens_on_no_port(task_script: Path) -> None:
 
     before = listening()
     during: list[set[tuple[str, int]]] = []
-    launch(task_script, workers=2, sink=lambda line: during.append(listening()))
+    launch(task_script, workers=2, output=TaskOutput(sink=lambda line: during.append(listening())))
     assert during and all(sockets == before for sockets in during)
 
 

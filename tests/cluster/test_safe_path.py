@@ -13,7 +13,7 @@ import portpicker
 import pytest
 
 from tensorfleet.cluster.contract import SERVE_ARGS
-from tensorfleet.cluster.launcher import launch
+from tensorfleet.cluster.launcher import TaskOutput, launch
 from tensorfleet.cluster.processes import JobMode, LocalJob
 from tensorfleet.strategies.tf_config import ClusterSpec
 from tests.conftest import reap
@@ -59,6 +59,6 @@ def test_a_launched_script_imports_from_its_own_directory_not_the_working_one(tm
     scripts.mkdir()
     (scripts / "helper.py").write_text("GREETING = 'hello from the script directory'\n")
     (scripts / "train.py").write_text("import bisect, helper\nprint(helper.GREETING, bisect.bisect([1, 3], 2))\n")
-    result = launch(scripts / "train.py", workers=1, sink=None, ports=[portpicker.pick_unused_port()])
+    result = launch(scripts / "train.py", workers=1, output=TaskOutput(sink=None), ports=[portpicker.pick_unused_port()])
     assert result.returncode == 0
     assert [line.text for line in result.lines] == ["hello from the script directory 1"]

@@ -1,0 +1,177 @@
+"""The groups of :func:`~tensorfleet.cluster.launcher.launch`'s options, each a small frozen dataclass.
+
+The common call stays short (``launch("train.py", workers=2)``); what belongs together is passed
+together and checked when it is made, one clear error for a bad value:
+
+* :class:`Recovery`: what happens when a task dies (restarts, their backoff, the backup directory
+  the tasks resume from) and the faults injected to test it;
+* :class:`Timeouts`: how long an attempt, a silence, a stop and the evaluator may take;
+* :class:`TaskOutput`: where the tasks' lines go, how they are shown, and the line that stops the job;
+* :class:`TaskCommand`: how each task's process is started (interpreter, runner, environment).
+
+Example:
+    >>> from tensorfleet.cluster.launcher import launch
+    >>> launch("train.py", workers=2, recovery=Recovery(max_restarts=2, backup_dir="backup"),
+    ...        timeouts=Timeouts(hang_timeout=60), output=TaskOutput(sink=None))  # doctest: +SKIP
+    >>> Recovery(max_restarts=-1)
+    Traceback (most recent call last):
+    ValueError: max_restarts must be an integer >= 0. Received: max_restarts=-1
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from tensorfleet.cluster.processes import Fault
+from tensorfleet.validation import integer, number
+
+__all__ = ["Recovery", "TaskCommand", "TaskOutput", "Timeouts"]
+
+
+def _check_task_name(name: str) -> None:
+    if not isinstance(name, str) or not re.fullmatch(r"(chief|worker|ps|evaluator):(\d+)", name):
+        raise ValueError(f"A task is named 'role:index', e.g. 'worker:1'. Received: {name!r}")
+
+
+def print_line(text: str) -> None:
+    """The default :attr:`TaskOutput.sink`: each line to this process's standard output, at once."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What happens when a task dies, and the faults injected to see it happen.
+
+    Args:
+        max_restarts: how many times a failed job (or parameter-server worker) is restarted.
+        backoff: seconds before the first restart, doubled for each further one.
+        max_backoff: cap of the backoff.
+        backup_dir: exported to the tasks as ``TENSORFLEET_BACKUP_DIR`` for
+            :func:`tensorfleet.cluster.fault_tolerance.callbacks` (where a restarted job resumes from).
+        faults: :class:`~tensorfleet.cluster.processes.Fault` s to inject (tests and benchmarks of recovery).
+    """
+
+    max_restarts: int = 0
+    backoff: float = 1.0
+    max_backoff: float = 30.0
+    backup_dir: str | os.PathLike[str] | None = None
+    faults: Sequence[Fault] = ()
+
+    def __post_init__(self) -> None:
+        integer("max_restarts", self.max_restarts, minimum=0)
+        number("backoff", self.backoff, minimum=0)
+        number("max_backoff", self.max_backoff, minimum=0)
+        if isinstance(self.faults, Fault) or not all(isinstance(f, Fault) for f in self.faults):
+            raise TypeError(f"faults must be a sequence of Fault. Received: faults={self.faults!r}")
+        for fault in self.faults:
+            _check_task_name(fault.task)
+            if fault.watch is not None:
+                _check_task_name(fault.watch)
+        object.__setattr__(self, "faults", tuple(self.faults))
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long things may take, in seconds.
+
+    Args:
+        timeout: one attempt, before it counts as failed (hung); ``None``: no limit.
+        hang_timeout: without output from any task, before the attempt counts as hung; ``None``: no limit.
+        grace: what tasks get after SIGTERM/SIGINT before SIGKILL.
+        evaluator_timeout: what the evaluator may take, once training has ended, to finish its evaluations
+            by itself; then it is stopped (an event says so).
+    """
+
+    timeout: float | None = None
+    hang_timeout: float | None = None
+    grace: float = 5.0
+    evaluator_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        number("timeout", self.timeout, minimum=0, optional=True)
+        number("hang_timeout", self.hang_timeout, minimum=0, optional=True)
+        number("grace", self.grace, minimum=0)
+        number("evaluator_timeout", self.evaluator_timeout, minimum=0)
+
+
+@dataclass(frozen=True)
+class TaskOutput:
+    """Where the tasks' output lines go and how they are shown.
+
+    Args:
+        sink: receives every prefixed output line (``[worker:1] ...``) and launcher event; ``None``
+            keeps them only in the result. Default: this process's standard output.
+        quiet: leave TensorFlow's known start-up noise (:data:`tensorfleet.cluster.console.NOISE`) out
+            of what ``sink`` gets and of the log tail of an error; the result keeps every line.
+        progress_interval: a progress bar a task redraws with ``\\r`` (Keras' ``fit``) reaches ``sink`` as
+            one line of its state at most this often (seconds), and its final state.
+        stop_when: a regular expression; the first line of the chief's output (worker 0's without a
+            chief) matching it stops the job on purpose (SIGTERM to all tasks); the result then has
+            ``stopped=True``. Only the chief's lines count because the chief writes the backups: a
+            line it prints after a backup means the backup is complete.
+    """
+
+    sink: Callable[[str], None] | None = print_line
+    quiet: bool = True
+    progress_interval: float = 2.0
+    stop_when: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sink is not None and not callable(self.sink):
+            raise TypeError(f"sink must be a function of one line (str), or None. Received: sink={self.sink!r}")
+        number("progress_interval", self.progress_interval, minimum=0)
+        if self.stop_when is not None:
+            try:
+                re.compile(self.stop_when)
+            except (re.error, TypeError) as exc:
+                raise ValueError(f"stop_when must be a regular expression ({exc}). "
+                                 f"Received: stop_when={self.stop_when!r}") from None
+
+
+@dataclass(frozen=True)
+class TaskCommand:
+    """How each task's process is started: ``python [*runner] SCRIPT [*args]`` in this environment plus ``env``.
+
+    Args:
+        env: extra environment variables for every task (TF_CONFIG is set by the launcher).
+        python: the interpreter (default: this one).
+        runner: interpreter arguments before the script, such as ``("-m", "tensorfleet.profiling.autorun")``,
+            a module that runs the script as ``python SCRIPT`` would, with something added
+            (``tensorfleet launch --profile-steps`` uses that one).
+    """
+
+    env: Mapping[str, str] | None = None
+    python: str | None = None
+    runner: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.runner, str) or not all(isinstance(a, str) for a in self.runner):
+            raise ValueError("runner must be a sequence of strings, such as ('-m', 'tensorfleet.profiling.autorun'). "
+                             f"Received: runner={self.runner!r}")
+        object.__setattr__(self, "runner", tuple(self.runner))
+        if self.env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in
+                                            _items(self.env)):
+            raise ValueError(f"env must map names to strings. Received: env={self.env!r}")
+
+    def argv(self, script: str, args: Sequence[Any]) -> list[str]:
+        """The command line of a task running ``script`` with ``args``."""
+        return [self.python or sys.executable, *self.runner, script, *map(str, args)]
+
+
+def _items(env: Any) -> list[tuple[Any, Any]]:
+    if not isinstance(env, Mapping):
+        raise ValueError(f"env must map names to strings. Received: env={env!r}")
+    return list(env.items())
+
+
+def group(name: str, value: Any, kind: type) -> Any:
+    """``value`` if it is a ``kind`` (one of the groups above); else one clear error naming it."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, such as {name}={kind.__name__}(). "
+                        f"Received: {name}={value!r}")
+    return value
