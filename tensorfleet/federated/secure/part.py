@@ -83,6 +83,8 @@ def _part(kind: SecureAggregation, *, clients_per_round: int, seed: int, bits: i
           degree: int, noise_multiplier: float, dp_clip: float, dp: str, malicious: bool,
           dropout_after_upload: float) -> SecurePart:
     integer("degree", degree, minimum=0)
+    if isinstance(malicious, str):  # from the command line's NAME:key=value spec
+        malicious = {"true": True, "false": False}.get(malicious.strip().lower(), malicious)
     aggregator = SecureAggregator(kind=kind, clip=clip, bits=bits, threshold=threshold, degree=degree or None,
                                   noise_multiplier=noise_multiplier, dp_clip=dp_clip, dp=dp, malicious=malicious,
                                   seed=seed)

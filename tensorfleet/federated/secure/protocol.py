@@ -31,7 +31,7 @@ from tensorfleet.federated.secure.quantize import MAX_BITS, Quantizer
 from tensorfleet.federated.secure.server import SecAggServer, SecureSum, ServerView
 from tensorfleet.federated.secure.shamir import WORDS
 from tensorfleet.federated.secure.skellam import SkellamPlan
-from tensorfleet.validation import choice, integer, number
+from tensorfleet.validation import boolean, choice, integer, number
 
 __all__ = ["Dropouts", "SecureAggregation", "SecureAggregator", "SecureDp", "SecureRound", "Traffic", "make_clients",
            "run_round", "traffic"]
@@ -209,9 +209,7 @@ class SecureAggregator:
         if self.dp is SecureDp.DISTRIBUTED and self.noise_multiplier == 0:
             raise ValueError("dp='distributed' adds each client's share of the noise: it needs noise_multiplier > 0. "
                              "Received: noise_multiplier=0")
-        if not isinstance(self.malicious, bool):
-            raise ValueError(f"malicious must be True or False. Received: {self.malicious!r}")
-        if self.malicious and self.threshold < 0.5:
+        if boolean("malicious", self.malicious) and self.threshold < 0.5:
             raise ValueError(f"The malicious-server variant needs threshold >= 0.5, so that two disjoint groups of "
                              f"clients cannot each reach it with a different survivor list. Received: "
                              f"threshold={self.threshold}")

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tensorfleet.federated.aggregators import AGGREGATORS
 from tensorfleet.federated.secure import Dropouts, InconsistentViewError, SecureAggregator
 from tensorfleet.federated.secure.client import SecAggClient
 from tensorfleet.federated.secure.keys import Identity
@@ -97,5 +98,10 @@ def test_malicious_needs_identities_and_a_majority_threshold():
         SecAggClient(0, settings, np.random.default_rng(0))
     with pytest.raises(ValueError, match="threshold >= 0.5"):
         SecureAggregator(malicious=True, threshold=0.3)
-    with pytest.raises(ValueError, match="malicious must be True or False"):
+    with pytest.raises(ValueError, match="malicious must be true or false"):
         SecureAggregator(malicious="yes")
+    options = dict(clients_per_round=4, seed=0, bits=16, clip=1.0, threshold=0.5, degree=0, noise_multiplier=0.0,
+                   dp_clip=1.0, dp="central", dropout_after_upload=0.0)
+    assert AGGREGATORS.get("secagg").compiled(**options, malicious="true").aggregator.malicious is True  # the CLI's
+    with pytest.raises(ValueError, match="malicious must be true or false. Received: malicious='maybe'"):
+        AGGREGATORS.get("secagg").compiled(**options, malicious="maybe")
