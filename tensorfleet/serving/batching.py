@@ -2,11 +2,14 @@
 
 Two policies decide when a batch goes. ``timeout`` (TF Serving's shared batch scheduler): when the
 queued requests hold ``max_batch_size`` rows or the oldest has waited ``batch_timeout_micros``, so
-a lone request always waits out the timeout. ``adaptive`` (the default): a batch goes at once when
-no batch is running (waiting could only gather requests that will be gathered anyway while it
-runs) or when requests arrive too far apart for a companion to come within the timeout; it waits,
-up to ``batch_timeout_micros``, only while another batch is running, i.e. while the load makes a
-fuller batch likely. The rows are stacked and padded with zeros
+a lone request always waits out the timeout. ``adaptive`` (the default) waits only while the load
+makes a fuller batch likely, never when the server is idle: a batch goes at once when requests
+arrive too far apart for a companion to come within the timeout, or when the queue holds as many
+rows as were in flight (queued or running) at the most during the last few batches, i.e. when the
+callers of a steady load are all in. Short of that it waits for the rest, until arrivals pause
+(no request for two mean gaps between arrivals), the batch is full or its oldest request has
+waited ``batch_timeout_micros``; while another batch runs it waits behind it. At concurrency 1 a
+request is all the load there is, so it goes at once. The rows are stacked and padded with zeros
 to the next of a few allowed batch sizes, so the signature only ever sees those shapes and its
 kernels are chosen once per size; every caller gets back exactly its own rows.
 
@@ -94,7 +97,7 @@ def split_rows(outputs: Arrays, counts: Sequence[int]) -> list[dict[str, np.ndar
 
 
 class BatchingPolicy(str, Enum):
-    """When a batch goes: ``adaptive`` (at once unless another batch runs) or ``timeout`` (TF Serving's)."""
+    """When a batch goes: ``adaptive`` (at once when the load's requests are in) or ``timeout`` (TF Serving's)."""
 
     ADAPTIVE = "adaptive"
     TIMEOUT = "timeout"
@@ -111,8 +114,9 @@ class BatchingOptions:
         allowed_batch_sizes: sizes batches are padded to (default: :func:`allowed_batch_sizes`).
         max_enqueued_batches: queued requests beyond this many batches' worth are refused
             (RESOURCE_EXHAUSTED / HTTP 429) instead of waiting without bound.
-        policy: ``adaptive`` (a batch waits only while another runs) or ``timeout`` (the first
-            request of a batch always waits ``batch_timeout_micros`` for others, as TF Serving does).
+        policy: ``adaptive`` (a batch waits only while more of the load's requests are on their way)
+            or ``timeout`` (the first request of a batch always waits ``batch_timeout_micros`` for
+            others, as TF Serving does).
     """
 
     max_batch_size: int = 32
@@ -150,13 +154,19 @@ class _Task:
         self.since = time.monotonic()
 
 
+QUIET_GAPS = 2.0  # adaptive: arrivals have paused after this many mean gaps without a request
+PEAK_BATCHES = 8  # adaptive: the load's size is the most rows in flight over this many batches
+
+
 class Batcher:
     """Queues requests for one signature and runs them in batches on ``num_batch_threads`` threads.
 
-    A batch is due when the queued rows reach ``max_batch_size``, when its oldest request has
-    waited ``batch_timeout_micros``, and with the adaptive policy also when no batch is running or
-    requests arrive further apart (a moving mean of the gaps) than the timeout. A request wakes a batch thread only when it is the first in the queue
-    or fills a batch, not every time: the threads do not trade the interpreter lock per request.
+    A batch is due when the queued rows reach ``max_batch_size`` or its oldest request has waited
+    ``batch_timeout_micros``; with the adaptive policy also when requests arrive further apart (a
+    moving mean of the gaps) than the timeout, when the queue holds the rows the load had in flight
+    at its peak over the last batches, or when arrivals pause. A request wakes a batch thread only
+    when it is the first in the queue, completes what a thread waits for or fills a batch, not every
+    time: the threads do not trade the interpreter lock per request.
 
     Example:
         >>> batcher = Batcher(lambda a: {"y": a["x"] * 2}, BatchingOptions(max_batch_size=4))
@@ -179,6 +189,10 @@ class Batcher:
         self._running = 0  # batches taken and not yet answered
         self._last_arrival = time.monotonic()
         self._gap = float("inf")  # moving mean of the seconds between arrivals
+        self._in_flight = 0  # rows queued or in a running batch
+        self._peak = 0  # the most rows in flight since the last batch was taken
+        self._peaks: deque[int] = deque([1], maxlen=PEAK_BATCHES)  # that most, for the last batches
+        self._want = options.max_batch_size + 1  # the queued rows a waiting thread is woken at
         self.batches = 0
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                          for i in range(options.num_batch_threads)]
@@ -197,17 +211,27 @@ class Batcher:
             self._tasks.append(task)
             gap, self._last_arrival = task.since - self._last_arrival, task.since
             self._gap = gap if self._gap == float("inf") else 0.8 * self._gap + 0.2 * gap
+            self._in_flight += task.rows
+            self._peak = max(self._peak, self._in_flight)
             before, self._rows = self._rows, self._rows + task.rows
             if before == 0:
                 self._due.notify()  # an idle thread starts gathering this batch
             elif before < self.options.max_batch_size <= self._rows:
                 self._due.notify_all()  # the batch is full: whoever gathers it runs it now
+            elif before < self._want <= self._rows:
+                self._due.notify()  # the rows a thread waits for are in
         return task.future
 
     @property
     def queue_depth(self) -> int:
         """Requests waiting to join a batch."""
         return len(self._tasks)
+
+    @property
+    def load(self) -> int:
+        """Adaptive: the rows a batch waits for, the most in flight over the last batches (at least 1)."""
+        with self._lock:
+            return min(max(self._peaks), self.options.max_batch_size)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Stops taking requests, runs every queued one, then stops the threads."""
@@ -219,9 +243,24 @@ class Batcher:
         for thread in self._threads:
             thread.join(timeout)
 
+    def _wait(self) -> float:
+        """Seconds the queued batch may still wait (<= 0: it is due now). Called with the lock held."""
+        largest, timeout = self.options.max_batch_size, self.options.batch_timeout_micros / 1e6
+        if self._rows >= largest or self._closed:
+            return 0.0
+        now = time.monotonic()
+        remaining = self._tasks[0].since + timeout - now
+        if not self._adaptive or self._running:
+            return remaining  # the timeout rule, or waiting behind a running batch (woken when it ends)
+        if self._gap > timeout:
+            return 0.0  # requests come too far apart for a companion to come within the timeout
+        self._want = min(max(self._peaks), largest)
+        if self._rows >= self._want:
+            return 0.0  # the load's requests are all in (at concurrency 1: this one)
+        return min(remaining, self._last_arrival + QUIET_GAPS * self._gap - now)  # until arrivals pause
+
     def _take(self) -> list[_Task] | None:
         """Blocks until a batch is due and takes it (None once closed with nothing queued)."""
-        largest, timeout = self.options.max_batch_size, self.options.batch_timeout_micros / 1e6
         with self._lock:
             while True:
                 if not self._tasks:
@@ -229,16 +268,15 @@ class Batcher:
                         return None
                     self._due.wait()
                     continue
-                if self._rows >= largest or self._closed:
-                    break
-                if self._adaptive and (self._running == 0 or self._gap > timeout):
-                    break  # nothing to wait behind, or no companion likely within the timeout
-                remaining = self._tasks[0].since + timeout - time.monotonic()
+                remaining = self._wait()
                 if remaining <= 0:
                     break
                 self._due.wait(remaining)
+            self._want = self.options.max_batch_size + 1
+            self._peaks.append(self._peak)
+            self._peak = self._in_flight
             batch, rows = [], 0
-            while self._tasks and (not batch or rows + self._tasks[0].rows <= largest):
+            while self._tasks and (not batch or rows + self._tasks[0].rows <= self.options.max_batch_size):
                 task = self._tasks.popleft()
                 batch.append(task)
                 rows += task.rows
@@ -253,28 +291,32 @@ class Batcher:
             batch = self._take()
             if batch is None:
                 return
+            live = [t for t in batch if t.future.set_running_or_notify_cancel()]
+            outputs: Mapping[str, np.ndarray] | Exception | None = None
             try:
-                self._execute([t for t in batch if t.future.set_running_or_notify_cancel()])
+                outputs = self._execute(live)
+            except Exception as exc:  # every caller of the batch gets the failure, the thread lives on
+                outputs = exc
             finally:
-                with self._lock:
+                with self._lock:  # counted out before any caller hears back (and sends its next request)
                     self._running -= 1
+                    self._in_flight -= sum(t.rows for t in batch)
+                    self.batches += isinstance(outputs, Mapping)
                     if self._tasks:
                         self._due.notify()  # a thread waiting behind this batch takes what queued meanwhile
+            if isinstance(outputs, Exception):
+                for task in live:
+                    task.future.set_exception(outputs)
+            elif outputs is not None:
+                for task, rows in zip(live, split_rows(outputs, [t.rows for t in live])):
+                    task.future.set_result(rows)
 
-    def _execute(self, batch: list[_Task]) -> None:
+    def _execute(self, batch: list[_Task]) -> Mapping[str, np.ndarray] | None:
+        """The batch's outputs, one signature call on its merged (and padded) rows; None if empty."""
         if not batch:
-            return
+            return None
         counts = [t.rows for t in batch]
         # adaptive: a lone one-row request runs as it came, as a per-request call does (a padded
         # second row costs a third more on CPU); anything batched is padded to an allowed size
         size = 1 if self._adaptive and counts == [1] else padded_size(sum(counts), self.options.sizes)
-        try:
-            outputs = self._run(merge_rows([t.arrays for t in batch], size))
-        except Exception as exc:  # every caller of the batch gets the failure, the thread lives on
-            for task in batch:
-                task.future.set_exception(exc)
-            return
-        with self._lock:
-            self.batches += 1
-        for task, rows in zip(batch, split_rows(outputs, counts)):
-            task.future.set_result(rows)
+        return self._run(merge_rows([t.arrays for t in batch], size))
