@@ -12,7 +12,7 @@ one client's centred integer vector has L2 norm at most :attr:`SkellamPlan.bound
 randomized rounding, Kairouz, Liu and Steinke, ICML 2021, section 4.1: the client redraws its
 stochastic rounding until the bound holds, so it holds always), so swapping one client moves the sum by
 ``D2 = 2 * bound`` in L2 and ``D1 = min(sqrt(d) * D2, D2 ** 2)`` in L1 (an integer vector). For
-integer orders ``a > 1`` the mechanism is ``(a, eps(a))``-RDP with (the paper's Theorem 3.5)::
+integer orders ``a > 1`` the mechanism is ``(a, eps(a))``-RDP with (the paper's Theorem 3.5):
 
     eps(a) = a * D2**2 / (2 mu) + min(((2a - 1) * D2**2 + 6 * D1) / (4 mu**2), 3 * D1 / (2 mu))
 
