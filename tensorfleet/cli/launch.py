@@ -39,7 +39,8 @@ def _reject_unknown_option(ctx: typer.Context, script: Path) -> None:
 
 def launch_command(
     ctx: typer.Context,
-    script: Path = typer.Argument(..., help="The training script every trainer task runs."),
+    script: Optional[Path] = typer.Argument(  # noqa: UP007 - none with --share, whose jobs follow their shares
+        None, help="The training script every trainer task runs."),
     args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script."),  # noqa: UP006,UP007
     workers: int = typer.Option(2, "--workers", "-n", help="Number of worker tasks."),
     ps: int = typer.Option(0, "--ps", help="Number of parameter-server tasks (adds a chief)."),
@@ -81,6 +82,12 @@ def launch_command(
     stop_at_step: Optional[int] = typer.Option(  # noqa: UP007
         None, "--stop-at-step", help="Stop a migratable job after this step, saved and ready to move."),
     save_every: int = typer.Option(0, "--save-every", help="Checkpoint a migratable job every N steps."),
+    share: Optional[List[float]] = typer.Option(  # noqa: UP006,UP007
+        None, "--share", help="Time-slice migratable jobs on these devices: '--share 0.75 a.py --share 0.25 b.py' "
+        "gives each job its share of the steps (shares sum to 1); checkpoints in --checkpoint-dir/<job>."),
+    quantum: int = typer.Option(8, "--quantum", help="Steps in one round of --share, split by the shares."),
+    timeline: Optional[Path] = typer.Option(  # noqa: UP007
+        None, "--timeline", help="The PNG timeline of --share's slices (default: --checkpoint-dir/timeline.png)."),
 ) -> None:
     """Start one process per task on 127.0.0.1, each with its TF_CONFIG; restart on failure.
 
@@ -89,8 +96,18 @@ def launch_command(
     task (SIGKILL follows after a grace period); when training ends an evaluator still at work is told so and
     waited for (--evaluator-timeout) to evaluate the last checkpoint; the exit status is the chief's (worker 0's without a chief) or the first failure's.
     """
+    from tensorfleet.cli.main import click_exceptions, verbose
+
+    migration = {"strategy": strategy, "devices": devices, "workers": workers, "ps": ps, "quiet": not verbose(ctx),
+                 "changes": {"epochs": epochs, "global_batch_size": global_batch_size, "policy": batch_policy,
+                             "stop_at_step": stop_at_step, "save_every": save_every}}
+    if share:
+        _finish_shared(_share(_shared_jobs(share, script, list(args or [])), directory=checkpoint_dir,
+                              quantum=quantum, timeline=timeline, **migration))
+        return
+    if script is None:
+        raise click_exceptions().MissingParameter(ctx=ctx, param_type="argument", param_hint="'SCRIPT'")
     _reject_unknown_option(ctx, script)
-    from tensorfleet.cli.main import verbose
     from tensorfleet.cluster.launcher import Recovery, TaskCommand, TaskOutput, Timeouts, launch
 
     port_list = None
@@ -103,10 +120,8 @@ def launch_command(
     if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
         script_args = script_args[1:]
     if strategy is not None or resume_from is not None or checkpoint_dir is not None:
-        result = _migrate(script, strategy=strategy, devices=devices, workers=workers, ps=ps,
-                          directory=resume_from or checkpoint_dir, resume=resume_from is not None,
-                          changes={"epochs": epochs, "global_batch_size": global_batch_size, "policy": batch_policy,
-                                   "stop_at_step": stop_at_step, "save_every": save_every}, quiet=not verbose(ctx))
+        result = _migrate(script, directory=resume_from or checkpoint_dir, resume=resume_from is not None,
+                          **migration)
         _finish(result)
         return
     env, runner = _profiling(profile_steps, profile_dir)
@@ -132,7 +147,7 @@ def _migrate(script: Path, *, strategy: MigrationStrategy | None, devices: int, 
              directory: Path | None, resume: bool, changes: dict[str, Any], quiet: bool) -> Any:
     """Runs a migratable job (see :func:`tensorfleet.cluster.migration.migrate`)."""
     from tensorfleet.cluster.jobstate import read_state
-    from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, migrate
+    from tensorfleet.cluster.migration import MigrationError, migrate
 
     if directory is None:
         raise MigrationError("A migratable job (--strategy) keeps its checkpoints in a directory: give "
@@ -142,11 +157,98 @@ def _migrate(script: Path, *, strategy: MigrationStrategy | None, devices: int, 
         if progress is None:
             raise MigrationError("--checkpoint-dir starts a migratable job: give its --strategy too.")
         strategy = MigrationStrategy(progress.strategy)
-    mirrored = strategy is MigrationStrategy.MIRRORED
-    to = Placement(strategy, devices=devices, workers=1 if mirrored else workers, ps=ps)
-    given = {k: v for k, v in changes.items() if v is not None}
-    run = RunOptions.from_progress(progress, **given) if progress is not None else RunOptions(**given)
+    to, run = _placement_and_run(strategy, devices, workers, ps, progress, changes)
     return migrate(script, directory, to=to, run=run, resume=resume, check=False, sink=_echo, quiet=quiet)
+
+
+def _placement_and_run(strategy: MigrationStrategy, devices: int, workers: int, ps: int, progress: Any,
+                       changes: dict[str, Any]) -> tuple[Any, Any]:
+    """Where a migratable job runs, and its run options: the checkpoint's (``progress``) with ``changes``."""
+    from tensorfleet.cluster.migration import Placement, RunOptions
+
+    one_process = strategy is MigrationStrategy.MIRRORED or strategy.value == "mesh"  # over local devices
+    to = Placement(strategy, devices=devices, workers=1 if one_process else workers, ps=ps)
+    given = {k: v for k, v in changes.items() if v is not None}
+    return to, RunOptions.from_progress(progress, **given) if progress is not None else RunOptions(**given)
+
+
+def _shared_jobs(shares: list[float], script: Path | None, args: list[str]) -> list[tuple[float, Path]]:
+    """``(share, script)`` of each job of ``--share S1 A.PY --share S2 B.PY ...``: the shares before the first
+    script are the option's; the rest of the line (``--share S2 B.PY ...``) reaches us as the script's arguments."""
+    tokens, shares, scripts = [*([str(script)] if script is not None else []), *args], list(shares), []
+    while tokens:
+        token = tokens.pop(0)
+        if token == "--share" or token.startswith("--share="):
+            value = token.split("=", 1)[1] if "=" in token else (tokens.pop(0) if tokens else "")
+            try:
+                shares.append(float(value))
+            except ValueError:
+                raise ValueError(f"--share takes a fraction of the devices between 0 and 1, then the job's script "
+                                 f"(--share 0.25 b.py). Received: --share {value!r}") from None
+        elif token.startswith("-"):
+            raise ValueError(f"With --share, the options of launch come before the first --share; after it only "
+                             f"'--share FRACTION SCRIPT' pairs follow. Received: {token!r}")
+        else:
+            scripts.append(Path(token))
+    if len(shares) != len(scripts):
+        raise ValueError(f"Each shared job is '--share FRACTION SCRIPT'. Received: {len(shares)} share(s) "
+                         f"{shares} and {len(scripts)} script(s) {[str(s) for s in scripts]}")
+    for path in scripts:
+        if not path.is_file():
+            raise FileNotFoundError(f"The script of a shared job does not exist. Received: {str(path)!r}")
+    return list(zip(shares, scripts))
+
+
+def _share(jobs: list[tuple[float, Path]], *, directory: Path | None, quantum: int, timeline: Path | None,
+           strategy: MigrationStrategy | None, devices: int, workers: int, ps: int, changes: dict[str, Any],
+           quiet: bool) -> tuple[Any, list[str], Path | None]:
+    """Runs the jobs time-sliced by their shares (:func:`tensorfleet.cluster.multiplex.share`); the result,
+    the jobs' names and the timeline written (``None`` when a job failed before its first step)."""
+    from tensorfleet.cluster.jobstate import LATEST, read_state
+    from tensorfleet.cluster.migration import MigrationError
+    from tensorfleet.cluster.multiplex import SharedJob, share
+    from tensorfleet.io import check_writable
+
+    if directory is None:
+        raise MigrationError("Shared jobs keep their checkpoints in a directory each: give --checkpoint-dir DIR "
+                             "(a job's is DIR/<its script's name>; an existing one is continued).")
+    names = [path.stem for _, path in jobs]
+    if len(set(names)) != len(names):
+        raise MigrationError(f"Shared jobs need scripts of different names (each names its checkpoint directory). "
+                             f"Received: {[str(path) for _, path in jobs]}")
+    timeline = timeline if timeline is not None else directory / "timeline.png"
+    check_writable(timeline)
+    shared = []
+    for (fraction, path), name in zip(jobs, names):
+        progress = read_state(directory / name)[0] if (directory / name / LATEST).exists() else None
+        kind = strategy or (MigrationStrategy(progress.strategy) if progress else MigrationStrategy.MIRRORED)
+        to, run = _placement_and_run(kind, devices, workers, ps, progress, changes)
+        shared.append(SharedJob(path, directory / name, to, run, share=fraction))
+
+    def echo(line: str) -> None:  # "[job 0] [worker:0] ..." -> "[a] [worker:0] ..."
+        index, _, rest = line[len("[job "):].partition("] ")
+        if quiet and rest.split("] ", 1)[-1].startswith("tensorfleet: step "):
+            return  # the scheduler's step marks: the summary counts them
+        typer.echo(f"[{names[int(index)]}] {rest}")
+
+    result = share(shared, quantum=quantum, sink=echo)
+    if not all(result.steps):
+        return result, names, None
+    return result, names, result.plot(timeline, names=[f"{n} (share {f:g})" for n, (f, _) in zip(names, jobs)])
+
+
+def _finish_shared(outcome: tuple[Any, list[str], Path | None]) -> None:
+    result, names, timeline = outcome
+    shares = result.shares() if timeline is not None else [0.0] * len(names)
+    for name, launched, steps, got, asked in zip(names, result.results, result.steps, shares, result.requested):
+        typer.echo(f"{name}: {len(steps)} steps, {got:.2f} of the steps while all jobs ran (share {asked:g}), "
+                   f"exit status {launched.returncode}")
+        if launched.returncode and launched.error:
+            typer.echo(f"error: {name}: {launched.error}", err=True)
+    typer.echo(f"makespan {result.makespan:.1f} s" + (f"; timeline: {timeline}" if timeline is not None else ""))
+    failed = [r.returncode for r in result.results if r.returncode]
+    if failed:
+        raise typer.Exit(failed[0])
 
 
 def _echo(line: str) -> None:

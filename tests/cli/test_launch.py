@@ -83,3 +83,80 @@ def test_launch_unknown_option_before_the_script_is_reported_as_an_option(script
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1] == message
     assert "does not exist" not in err
+
+
+# ---------------------------------------------------------------- launch --share
+
+MIGRATING_JOB = Path(__file__).parents[1] / "cluster" / "migrating_job.py"
+
+
+@pytest.fixture
+def two_jobs(tmp_path: Path) -> tuple[Path, Path]:
+    """Two migratable jobs: the same small MLP on the first and the second 96 training digits (6 steps of 16)."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text(MIGRATING_JOB.read_text())
+    b.write_text(MIGRATING_JOB.read_text().replace("[:EXAMPLES]", "[EXAMPLES:2 * EXAMPLES]"))
+    return a, b
+
+
+@pytest.mark.timeout(180)
+def test_share_runs_two_jobs_time_sliced_and_writes_the_timeline(two_jobs, tmp_path: Path, capsys) -> None:
+    import re
+
+    from tensorfleet.cluster.jobstate import read_state
+
+    a, b = two_jobs
+    ckpt = tmp_path / "ckpt"
+    assert main(["launch", "--checkpoint-dir", str(ckpt), "--epochs", "1", "--global-batch-size", "16",
+                 "--quantum", "4", "--share", "0.75", str(a), "--share=0.25", str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "[a] [worker:0] tensorfleet: finished at step 6" in "\n".join(out)
+    assert "[b] [worker:0] tensorfleet: saved step 6" in out
+    summary = [re.fullmatch(r"(\w): (\d+) steps, ([0-9.]+) of the steps while all jobs ran \(share ([0-9.]+)\), "
+                            r"exit status 0", line) for line in out[-3:-1]]
+    assert [(m.group(1), m.group(2), m.group(4)) for m in summary] == [("a", "6", "0.75"), ("b", "6", "0.25")]
+    got = [float(m.group(3)) for m in summary]
+    assert got[0] > got[1] and abs(sum(got) - 1) <= 0.011  # a ran 3 steps a round to b's 1 while both ran
+    assert re.fullmatch(rf"makespan [0-9.]+ s; timeline: {re.escape(str(ckpt / 'timeline.png'))}", out[-1])
+    assert (ckpt / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    assert [read_state(ckpt / name)[0].step for name in ("a", "b")] == [6, 6]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--share", "0.5", "A", "--share", "0.6", "B"],
+     "error: The jobs' shares must each be between 0 and 1 and sum to 1. Received: shares=[0.5, 0.6] (sum 1.1)"),
+    (["--share", "1.5", "A", "--share", "-0.5", "B"],
+     "error: The jobs' shares must each be between 0 and 1 and sum to 1. Received: shares=[1.5, -0.5] (sum 1)"),
+    (["--share", "0.5", "A", "--share", "0.5", "MISSING"],
+     "error: The script of a shared job does not exist. Received: 'MISSING'"),
+    (["--share", "0.5", "A", "--share", "half", "B"],
+     "error: --share takes a fraction of the devices between 0 and 1, then the job's script (--share 0.25 b.py). "
+     "Received: --share 'half'"),
+    (["--share", "half", "A", "--share", "0.5", "B"],
+     "Error: Invalid value for '--share': Input should be a valid number, unable to parse string as a number"),
+    (["--share", "0.5", "A", "--share", "0.5"], "error: Each shared job is '--share FRACTION SCRIPT'. Received: 2 "
+                                                "share(s) [0.5, 0.5] and 1 script(s) ['A']"),
+    (["--share", "0.5", "A", "--epochs", "2", "--share", "0.5", "B"],
+     "error: With --share, the options of launch come before the first --share; after it only "
+     "'--share FRACTION SCRIPT' pairs follow. Received: '--epochs'"),
+])
+def test_share_bad_input_is_one_clear_error_before_anything_starts(two_jobs, tmp_path: Path, capsys, argv,
+                                                                   message) -> None:
+    names = {"A": str(two_jobs[0]), "B": str(two_jobs[1]), "MISSING": str(tmp_path / "missing.py")}
+    ckpt = tmp_path / "ckpt"
+    assert main(["launch", "--checkpoint-dir", str(ckpt), *[names.get(a, a) for a in argv]]) == 2
+    err = capsys.readouterr().err.strip()
+    for name, path in names.items():
+        message = message.replace(f"'{name}'", repr(path))
+    assert err.splitlines()[-1] == message
+    assert not ckpt.exists()
+
+
+def test_share_needs_a_checkpoint_dir_and_launch_needs_a_script(two_jobs, capsys) -> None:
+    a, b = map(str, two_jobs)
+    assert main(["launch", "--share", "0.5", a, "--share", "0.5", b]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: Shared jobs keep their checkpoints in a directory each: give --checkpoint-dir DIR (a job's is "
+        "DIR/<its script's name>; an existing one is continued).")
+    assert main(["launch", "--workers", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "Error: Missing argument 'SCRIPT'."
