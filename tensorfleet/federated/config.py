@@ -110,7 +110,8 @@ class SimulationConfig:
 
     Besides the fields, a config holds what they resolve to: ``client_opt`` and ``server_opt``
     (optimizer specs after overrides), ``hyperparameters`` (the algorithm's options with its
-    defaults), ``aggregator_name`` and ``where`` (the :class:`~tensorfleet.federated.backends.BackendChoice`).
+    defaults), ``aggregator_name``, ``fewest_clients`` (the fewest participants a round of the aggregator
+    needs, and why) and ``where`` (the :class:`~tensorfleet.federated.backends.BackendChoice`).
     """
 
     algorithm: str = "fedavg"
@@ -145,6 +146,7 @@ class SimulationConfig:
     server_opt: Any = field(init=False, repr=False)
     hyperparameters: dict[str, Any] = field(init=False, repr=False)
     aggregator_name: str | None = field(init=False, repr=False)
+    fewest_clients: tuple[int, str] = field(init=False, repr=False)
     where: BackendChoice = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -178,6 +180,7 @@ class SimulationConfig:
                                client_learning_rate=self.client_learning_rate, server_optimizer=self.server_optimizer,
                                server_learning_rate=self.server_learning_rate, **checked["algorithm_options"])
         checked["aggregator_options"], checked["aggregator_name"] = self._check_aggregator(checked["clients_per_round"])
+        checked["fewest_clients"] = self._fewest_clients(checked["aggregator_name"], checked["aggregator_options"])
         if checked["non_trainable"] == NonTrainable.PER_CLIENT.value:
             self._check_per_client(checked)
         checked["where"] = choose_backend(self.backend, self.workers, algorithm=checked["algorithm"],
@@ -197,6 +200,13 @@ class SimulationConfig:
                              (f", workers={self.workers!r}" if self.workers is not None else ""))
         check_per_client(tff=False, received=f"algorithm={checked['algorithm']!r}",
                          local_steps=checked["client_opt"] is not None)
+
+    @staticmethod
+    def _fewest_clients(name: str | None, options: dict[str, Any]) -> tuple[int, str]:
+        """``(fewest participants a round needs, why)``: the registered aggregator's (1 for none, or a TFF factory)."""
+        from tensorfleet.federated.aggregators import AGGREGATORS
+
+        return AGGREGATORS.get(name).fewest_clients(options) if name in AGGREGATORS else (1, "")
 
     def _check_aggregator(self, clients_per_round: int) -> tuple[dict[str, Any], str | None]:
         from tensorfleet.federated import aggregators

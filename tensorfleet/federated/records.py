@@ -1,6 +1,6 @@
 """What a round records besides its training metrics, from the configuration alone: the privacy
 spent (:func:`round_epsilon`), the bytes clients upload (:func:`upload_bytes`), and the check that
-a round's participants are enough for Krum (:func:`check_participants`).
+a round's participants are enough for its aggregator (:func:`check_participants`).
 
 Example:
     >>> from tensorfleet.federated.config import SimulationConfig
@@ -14,6 +14,8 @@ Example:
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from tensorfleet.federated.aggregators.parts import too_few_clients
 
 __all__ = ["check_participants", "is_dp", "round_epsilon", "upload_bytes"]
 
@@ -60,14 +62,12 @@ def upload_bytes(config: Any, sizes: Sequence[int]) -> int:
 
 
 def check_participants(config: Any, who: dict[str, list[str]], round_num: int) -> None:
-    """ValueError when dropouts and stragglers leave Krum fewer clients than its bound needs."""
-    if config.aggregator_name != "krum" or not who["participants"]:
+    """ValueError when dropouts and stragglers leave a round fewer participants than its aggregator needs
+    (``config.fewest_clients``: Krum's bound, a secure aggregator's 2, an aggregator's own ``min_clients``)."""
+    fewest, rule = config.fewest_clients
+    count = len(who["participants"])
+    if count == 0 or count >= fewest:
         return
-    from tensorfleet.federated.aggregators.aggregate import check_krum_clients
-
-    try:
-        check_krum_clients(len(who["participants"]), int(config.aggregator_options.get("num_byzantine", 1)),
-                           name="participants")
-    except ValueError as err:
-        raise ValueError(f"Round {round_num}: {err} ({len(who['dropped'])} of {len(who['sampled'])} sampled clients "
-                         f"dropped out, {len(who['stragglers'])} missed the straggler deadline)") from None
+    error = too_few_clients(config.aggregator_name, fewest, rule, "participants", count)
+    raise ValueError(f"Round {round_num}: {error} ({len(who['dropped'])} of {len(who['sampled'])} sampled clients "
+                     f"dropped out, {len(who['stragglers'])} missed the straggler deadline)")

@@ -138,8 +138,8 @@ def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(client
     ({"colour": "blue"}, TypeError, r"Simulation takes no option 'colour'. Its options: algorithm, rounds, "),
     ({"checkpoint_every": 1}, ValueError, r"checkpoint_every needs an out_dir. Received: checkpoint_every=1, out_dir=None"),
     ({"aggregator": "krum", "aggregator_options": {"num_byzantine": 2}, "clients_per_round": 6}, ValueError,
-     r"Krum needs more than 2 \* num_byzantine \+ 2 clients \(n > 2f \+ 2, Blanchard et al. 2017\): with "
-     r"num_byzantine=2, at least 7. Received: clients_per_round=6, num_byzantine=2"),
+     r"Aggregator 'krum' needs at least 7 clients \(n > 2 \* num_byzantine \+ 2, Blanchard et al. 2017; "
+     r"num_byzantine=2\). Received: clients_per_round=6"),
     ({"progress": "no"}, ValueError, r"progress must be true or false. Received: progress='no'"),
     ({"resume": 0}, ValueError, r"resume must be true or false. Received: resume=0"),
     ({"dp_delta": 1}, ValueError, r"dp_delta must be a finite number > 0 and < 1. Received: dp_delta=1"),
@@ -219,8 +219,8 @@ def test_krum_round_left_with_too_few_clients_by_dropout_fails_before_training(c
                      progress=False)
     who = sim.sample(1)
     assert len(who["participants"]) == 3 and len(who["dropped"]) == 2  # seed 0, measured
-    with pytest.raises(ValueError, match=r"^Round 1: Krum needs more than 2 \* num_byzantine \+ 2 clients .* "
-                                         r"Received: participants=3, num_byzantine=1 \(2 of 5 sampled clients "
+    with pytest.raises(ValueError, match=r"^Round 1: Aggregator 'krum' needs at least 5 clients .* "
+                                         r"Received: participants=3 \(2 of 5 sampled clients "
                                          r"dropped out, 0 missed the straggler deadline\)$"):
         sim.run()
     assert sim.history.rounds == []

@@ -38,7 +38,7 @@ import importlib.util
 from typing import Any
 
 from tensorfleet.federated.aggregators.builtin import builtin_entries
-from tensorfleet.federated.aggregators.parts import Aggregator, AggregatorPart
+from tensorfleet.federated.aggregators.parts import Aggregator, AggregatorPart, too_few_clients
 from tensorfleet.registry import Registry
 
 __all__ = ["AGGREGATORS", "Aggregator", "AggregatorPart", "aggregator_options", "build_aggregator", "build_part",
@@ -57,10 +57,15 @@ def aggregator_options(name: str) -> list[str]:
 
 def check_aggregator_options(name: str, options: dict[str, Any], *, clients_per_round: int | None = None) -> None:
     """TypeError naming the first of ``options`` that aggregator ``name`` (canonical) does not take;
-    with ``clients_per_round``, also the values (the compiled form is made: ValueError naming a bad
-    one, such as ``krum``'s ``num_byzantine`` needing more clients)."""
+    with ``clients_per_round``, also the values: ValueError when they are fewer than the aggregator
+    needs (``Aggregator.min_clients``: ``krum``'s bound on ``num_byzantine``, a secure aggregator's 2),
+    or when its compiled form refuses an option's value."""
     entry = AGGREGATORS.get(name)
     entry.given(name, options)
+    if clients_per_round is not None:
+        fewest, rule = entry.fewest_clients(options)
+        if clients_per_round < fewest:
+            raise too_few_clients(name, fewest, rule, "clients_per_round", clients_per_round)
     if clients_per_round is not None and entry.compiled is not None:
         entry.part(clients_per_round=clients_per_round, seed=0, options=options, name=name)
 
@@ -81,8 +86,7 @@ def build_aggregator(name: str, *, clients_per_round: int, **options: Any) -> An
     if entry.tff is None:
         raise ValueError(f"Aggregator {canonical!r} runs on the compiled backend only (it has no TFF form). "
                          f"Received: aggregator={name!r} on backend='tff'; use backend='compiled' or 'auto'.")
-    if entry.compiled is not None:  # the values checked as the compiled backend checks them
-        entry.part(clients_per_round=clients_per_round, seed=0, options=options, name=canonical)
+    check_aggregator_options(canonical, options, clients_per_round=clients_per_round)  # as the compiled backend
     return entry.tff(clients_per_round=clients_per_round, **given)
 
 

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -163,12 +164,7 @@ def _robust_tff(rule: str) -> Any:
 
 def _robust_part(rule: str) -> Any:
     def build(*, clients_per_round: int, seed: int, **options: Any) -> RobustPart:
-        if rule == "krum":
-            from tensorfleet.federated.aggregators.aggregate import check_krum_clients
-
-            check_krum_clients(clients_per_round, integer("num_byzantine", options["num_byzantine"], minimum=0),
-                               name="clients_per_round")
-        return RobustPart(rule, **options)
+        return RobustPart(rule, **options)  # (the fewest clients: the entry's min_clients, checked by the caller)
 
     build.__name__ = f"_{rule}_part"
     return build
@@ -193,9 +189,16 @@ def _compression_bytes(sizes: list[int], options: dict[str, Any]) -> int:
 KRUM_BYZANTINE = 1
 
 
+def _krum_fewest(options: dict[str, Any]) -> int:
+    """Krum's bound n > 2f + 2 (Blanchard et al. 2017): at least ``2 * num_byzantine + 3`` clients."""
+    return 2 * integer("num_byzantine", options["num_byzantine"], minimum=0) + 3
+
+
 def builtin_entries() -> list[tuple[str, Aggregator, tuple[str, ...], str]]:
-    """``(name, entry, aliases, description)`` of every built-in aggregator."""
-    return [
+    """``(name, entry, aliases, description)`` of every built-in aggregator. Each needs one client a round
+    (a trimmed mean trims ``floor(beta * n)`` per side, ``beta < 0.5``, so one is always left) but Krum,
+    whose bound is ``n > 2f + 2``."""
+    entries = [
         ("mean", Aggregator(compiled=lambda clients_per_round, seed: MeanPart(), tff=_mean_tff),
          (), "Weighted mean (TFF MeanFactory), FedAvg's default."),
         ("dp_fixed", Aggregator(compiled=_dp_fixed_part, tff=_dp_fixed_tff, dp=True,
@@ -216,6 +219,10 @@ def builtin_entries() -> list[tuple[str, Aggregator, tuple[str, ...], str]]:
          (), "Coordinate-wise trimmed mean, beta trimmed per side (Yin et al. 2018)."),
         ("krum", Aggregator(compiled=_robust_part("krum"), tff=_robust_tff("krum"),
                             defaults={"num_byzantine": KRUM_BYZANTINE, "num_selected": 1},
-                            paper="Blanchard et al., NeurIPS 2017"),
+                            paper="Blanchard et al., NeurIPS 2017", min_clients=_krum_fewest,
+                            min_clients_rule="n > 2 * num_byzantine + 2, Blanchard et al. 2017; "
+                                             "num_byzantine={num_byzantine}"),
          ("multi_krum",), "(Multi-)Krum (Blanchard et al. 2017)."),
     ]
+    return [(name, entry if entry.min_clients is not None else dataclasses.replace(entry, min_clients=1), aliases, text)
+            for name, entry, aliases, text in entries]

@@ -39,7 +39,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 __all__ = ["Aggregate", "AggregationError", "Aggregator", "AggregatorPart", "ClientUpdates", "RoundContext",
-           "clip_rows", "gaussian_noise"]
+           "clip_rows", "gaussian_noise", "too_few_clients"]
 
 
 class AggregationError(ValueError):
@@ -165,6 +165,10 @@ class Aggregator:
             or a function of the options (every option, defaults included) saying whether they add noise.
         upload_bytes: ``(sizes, options) -> bytes`` one client uploads; None: float32 values.
         paper: where the rule comes from.
+        min_clients: the fewest clients a round needs: a number, or a function of the options (every
+            option, defaults included); None: the fewest ``clients_per_round`` the compiled form's
+            factory accepts (found by asking it, from 1 up to 64).
+        min_clients_rule: why, formatted with the options (``"n > 2 * {num_byzantine} + 2"``).
     """
 
     compiled: Callable[..., AggregatorPart] | None
@@ -173,6 +177,8 @@ class Aggregator:
     dp: bool | Callable[[dict[str, Any]], bool] = False
     upload_bytes: Callable[[list[int], dict[str, Any]], int] | None = None
     paper: str = ""
+    min_clients: int | Callable[[dict[str, Any]], int] | None = None
+    min_clients_rule: str = ""
 
     def options(self) -> list[str]:
         """The option names this aggregator takes."""
@@ -192,11 +198,39 @@ class Aggregator:
             raise ValueError(f"Aggregator {name!r} has no compiled form; backend='tff' runs it.")
         return self.compiled(clients_per_round=clients_per_round, seed=seed, **self.given(name, options))
 
+    def fewest_clients(self, options: dict[str, Any]) -> tuple[int, str]:
+        """``(fewest clients a round needs, why)`` with ``options`` (see ``min_clients``)."""
+        given = {**self.defaults, **options}
+        if self.min_clients is not None:
+            fewest = self.min_clients(given) if callable(self.min_clients) else self.min_clients
+            return int(fewest), self.min_clients_rule.format(**given)
+        if self.compiled is None:
+            return 1, ""
+        for clients in range(1, 65):
+            try:
+                self.compiled(clients_per_round=clients, seed=0, **given)
+            except (ValueError, TypeError):
+                continue
+            return clients, "" if clients == 1 else "the fewest clients_per_round its compiled form accepts"
+        return 1, ""  # no count is accepted: its options are wrong, and making it says so
+
     def bytes_per_client(self, sizes: list[int], options: dict[str, Any]) -> int:
         """Bytes one client uploads for tensors of ``sizes``."""
         if self.upload_bytes is None:
             return 4 * int(sum(sizes))
         return int(self.upload_bytes(list(sizes), {**self.defaults, **options}))
+
+
+def too_few_clients(name: str, fewest: int, rule: str, what: str, count: int) -> ValueError:
+    """The error for a round (or configuration) that gives aggregator ``name`` ``count`` clients, fewer
+    than its ``fewest`` (``what`` names the count: ``clients_per_round``, ``participants``).
+
+    Example:
+        >>> too_few_clients("krum", 5, "n > 2 * num_byzantine + 2 with num_byzantine=1", "clients_per_round", 4)
+        ValueError("Aggregator 'krum' needs at least 5 clients (n > 2 * num_byzantine + 2 with num_byzantine=1). Received: clients_per_round=4")
+    """
+    why = f" ({rule})" if rule else ""
+    return ValueError(f"Aggregator {name!r} needs at least {fewest} clients{why}. Received: {what}={count}")
 
 
 def clip_rows(rows: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
