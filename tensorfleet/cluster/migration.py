@@ -10,7 +10,19 @@ task program (:mod:`~tensorfleet.cluster.resumable`) reads it under any of:
 
 * ``mirrored`` over ``devices`` local devices (one process);
 * ``multi_worker_mirrored`` over ``workers`` processes;
-* ``parameter_server`` with ``workers`` workers and ``ps`` parameter servers (and a chief).
+* ``parameter_server`` with ``workers`` workers and ``ps`` parameter servers (and a chief);
+* ``mesh``: the data-parallel layout of :class:`~tensorfleet.model_parallel.mesh.Mesh` over ``devices``
+  local devices (a 1-D mesh ``"b:N"`` with the rule ``"batch:b"``, dtensor backend), the model
+  built and compiled in ``mesh.scope()`` and each step run by the mesh's own training function.
+
+A job stops at a step boundary when told to (``stop_at_step``) or when a task receives SIGTERM
+(what Kubernetes and ``kill`` send) or SIGINT: the step in progress finishes, the checkpoint is
+written (atomically, the previous one kept) and the task exits with status 75
+(:data:`~tensorfleet.cluster.contract.STOPPED_STATUS`, "stopped to move"; the launcher, when it was
+itself signalled, then exits 75 too). Under multi-worker mirrored the stop is agreed: every step's
+all-reduce carries each worker's stop request, and all workers stop after the first step in which
+any had one, so they all stop at the same step. The servers of a parameter-server job outlive the
+signal until the chief has saved.
 
 The global batch follows the policy of :mod:`~tensorfleet.cluster.elastic`: ``keep_global``
 (the same global batch at every size) or ``keep_per_replica``. Positions count examples, so
@@ -45,9 +57,12 @@ from tensorfleet.cluster.processes import Fault
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.validation import choice, integer, positive_int
 
-__all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "check_migration", "job_model", "migrate"]
+__all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "check_mesh_batches", "check_migration",
+           "job_model", "migrate"]
 
 _BYTES_PER_PARAMETER = 4 * 3  # float32 weights and Adam's two slots; other optimizers hold no more
+#: Seconds a signalled task has to finish its step and write its checkpoint before the launcher SIGKILLs it.
+_STOP_GRACE = 120.0
 
 
 class MigrationError(ValueError):
@@ -60,6 +75,12 @@ class MigrationStrategy(str, Enum):
     MIRRORED = "mirrored"
     MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
     PARAMETER_SERVER = "parameter_server"
+    MESH = "mesh"
+
+    @property
+    def in_one_process(self) -> bool:
+        """Replicas over local devices of one process (``devices=N``), not over processes."""
+        return self in (MigrationStrategy.MIRRORED, MigrationStrategy.MESH)
 
 
 @dataclass(frozen=True)
@@ -82,17 +103,17 @@ class Placement:
         if kind is not MigrationStrategy.PARAMETER_SERVER and self.ps:
             raise MigrationError(f"ps tasks belong to strategy='parameter_server'. Received: strategy="
                                  f"{kind.value!r}, ps={self.ps}")
-        if kind is MigrationStrategy.MIRRORED and self.workers != 1:
-            raise MigrationError(f"strategy='mirrored' runs in one process over local devices (devices=N). "
+        if kind.in_one_process and self.workers != 1:
+            raise MigrationError(f"strategy={kind.value!r} runs in one process over local devices (devices=N). "
                                  f"Received: workers={self.workers}; use 'multi_worker_mirrored' for processes.")
-        if kind is not MigrationStrategy.MIRRORED and self.devices != 1:
-            raise MigrationError(f"devices=N is for strategy='mirrored'. Received: strategy={kind.value!r}, "
+        if not kind.in_one_process and self.devices != 1:
+            raise MigrationError(f"devices=N is for strategy='mirrored' or 'mesh'. Received: strategy={kind.value!r}, "
                                  f"devices={self.devices}")
 
     @property
     def replicas(self) -> int:
         """Replicas that share one step (a parameter server's step runs on one worker)."""
-        if self.strategy is MigrationStrategy.MIRRORED:
+        if self.strategy.in_one_process:
             return self.devices
         return self.workers if self.strategy is MigrationStrategy.MULTI_WORKER_MIRRORED else 1
 
@@ -100,6 +121,8 @@ class Placement:
         kind = self.strategy
         if kind is MigrationStrategy.MIRRORED:
             return f"mirrored over {self.devices} device(s)"
+        if kind is MigrationStrategy.MESH:
+            return f"the mesh's data-parallel layout over {self.devices} device(s)"
         if kind is MigrationStrategy.MULTI_WORKER_MIRRORED:
             return f"multi_worker_mirrored over {self.workers} worker(s)"
         return f"parameter_server with {self.workers} worker(s) and {self.ps} ps"
@@ -163,13 +186,14 @@ def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: Ru
             hold the model.
     """
     try:
-        batch_sizes(to.replicas, policy=run.policy, global_batch_size=run.global_batch_size,
-                    per_replica_batch_size=run.per_replica_batch_size)
+        batch = batch_sizes(to.replicas, policy=run.policy, global_batch_size=run.global_batch_size,
+                            per_replica_batch_size=run.per_replica_batch_size).global_batch_size
     except ValueError as exc:
         raise MigrationError(f"{to.describe()} cannot take the job's batch: {exc}") from None
     state = None
     if resume:
         state, _ = read_state(directory)
+        check_mesh_batches(to, state.examples, batch)
         if model is not None and fingerprint(model) != state.fingerprint:
             raise CheckpointError(f"The checkpoint in {str(directory)!r} is of another model (its fingerprint "
                                   f"{state.fingerprint}, this job's model {fingerprint(model)}). Resume it with "
@@ -178,6 +202,16 @@ def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: Ru
     if parameters is not None:
         _check_memory(to, parameters, memory_bytes)
     return state
+
+
+def check_mesh_batches(to: Placement, examples: int, batch: int) -> None:
+    """The mesh splits every step's batch evenly over its devices, the epoch's last (shorter) one too."""
+    last = examples % batch
+    if to.strategy is MigrationStrategy.MESH and last % to.devices:
+        raise MigrationError(f"{to.describe()} cannot take the job's batches: an epoch of {examples} examples ends "
+                             f"with a batch of {last}, which its {to.devices} devices cannot split evenly. Received: "
+                             f"global_batch_size={batch}, devices={to.devices}; pick a batch whose remainder they "
+                             "divide, or mirrored.")
 
 
 def _parameters(model: Any) -> int | None:
@@ -190,7 +224,7 @@ def _parameters(model: Any) -> int | None:
 
 def _check_memory(to: Placement, parameters: int, memory_bytes: float | None) -> None:
     """A replica of mirrored strategies holds the whole model and its slots; a ps task its share."""
-    sharing = to.devices if to.strategy is MigrationStrategy.MIRRORED else to.workers + to.ps + 1
+    sharing = to.devices if to.strategy.in_one_process else to.workers + to.ps + 1
     available = memory_bytes if memory_bytes is not None else _machine_memory() / sharing
     needed = parameters * _BYTES_PER_PARAMETER
     if to.strategy is MigrationStrategy.PARAMETER_SERVER:
@@ -226,21 +260,25 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
         run: epochs, batch policy, seed, how often to save and where to stop (``stop_at_step``:
             the job saves there and ends with status 75, ready to move); default: when resuming,
             the checkpoint's (:meth:`RunOptions.from_progress`), else ``RunOptions()``.
+            A SIGTERM or SIGINT to a task, or to this process, stops the job at the next step
+            boundary, saved (see the module).
         resume: continue from ``directory``'s checkpoint; default: when it holds one.
         memory_bytes, faults, sink, quiet, check, timeout: see :func:`check_migration` and
             :func:`~tensorfleet.cluster.launcher.launch`.
 
     Returns:
-        The launch's :class:`~tensorfleet.cluster.result.LaunchResult` (``stopped`` when it
-        ended at ``stop_at_step``).
+        The launch's :class:`~tensorfleet.cluster.result.LaunchResult` (``stopped`` when it ended at
+        ``stop_at_step`` or on a signal; ``returncode`` 75 when this process was signalled).
 
     Raises:
         FileNotFoundError: no job file.
         CheckpointError, MigrationError: see :func:`check_migration`; nothing was started and the
             checkpoint is as it was.
+        LaunchFailedError: with ``check``, the job failed (a stop to move is not a failure).
     """
     from tensorfleet.cluster.jobstate import LATEST
-    from tensorfleet.cluster.launcher import launch
+    from tensorfleet.cluster.launch_options import Recovery, TaskCommand, TaskOutput, Timeouts
+    from tensorfleet.cluster.launcher import LaunchFailedError, launch
 
     path = Path(job)
     if not path.is_file():
@@ -256,6 +294,11 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
                "per_replica_batch_size": run.per_replica_batch_size, "seed": run.seed, "save_every": run.save_every,
                "stop_at_step": run.stop_at_step, "resume": resume, "gate": run.gate, "balance": run.balance,
                "input_delay": run.input_delay, "slowdown": list(run.slowdown) if run.slowdown else None}
-    return launch(path, (), workers=to.workers, ps=to.ps, runner=("-m", "tensorfleet.cluster.resumable"),
-                  env={ENV_MIGRATION: json.dumps(options), "TF_CPP_MIN_LOG_LEVEL": "2"}, faults=faults, sink=sink,
-                  quiet=quiet, check=check, timeout=timeout)
+    result = launch(path, (), workers=to.workers, ps=to.ps, recovery=Recovery(faults=faults),
+                    timeouts=Timeouts(timeout=timeout, grace=_STOP_GRACE), output=TaskOutput(sink=sink, quiet=quiet),
+                    command=TaskCommand(runner=("-m", "tensorfleet.cluster.resumable"),
+                                        env={ENV_MIGRATION: json.dumps(options), "TF_CPP_MIN_LOG_LEVEL": "2"}),
+                    check=False)
+    if check and not result.ok and not result.stopped:
+        raise LaunchFailedError(result.error or f"The job failed with status {result.returncode}.", result)
+    return result

@@ -238,10 +238,12 @@ class LocalJob:
                 and code != HUNG_STATUS)
 
     # Processes ------------------------------------------------------------------------
+    def serves(self, role: str) -> bool:
+        """Whether tasks of ``role`` run a server rather than the script (workers and ps of a parameter-server job)."""
+        return self.mode is JobMode.PARAMETER_SERVER and role in (Role.WORKER.value, Role.PS.value)
+
     def task_argv(self, role: str) -> list[str]:
-        if self.mode is JobMode.PARAMETER_SERVER and role in (Role.WORKER.value, Role.PS.value):
-            return [sys.executable, *SERVE_ARGS]
-        return self.argv
+        return [sys.executable, *SERVE_ARGS] if self.serves(role) else self.argv
 
     def start_task(self, role: str, index: int, attempt: int) -> TaskProcess:
         env = dict(self.base_env)
@@ -261,10 +263,16 @@ class LocalJob:
         self.activity = time.monotonic()
 
     def stop_all(self, signum: int, grace: float) -> None:
-        """Sends ``signum`` to every live task, then reaps all (SIGKILL after ``grace`` s)."""
+        """Sends ``signum`` to every live task, then reaps all (SIGKILL after ``grace`` s); servers last and
+        without waiting: once the others are gone they hold nothing (a migratable job's ignore SIGTERM)."""
         self.forward(signum)
-        for task in self.tasks.values():
-            task.reap(grace)
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            if not self.serves(task.role):
+                task.reap(grace)
+        for task in tasks:
+            if self.serves(task.role):
+                task.reap(0.0)
 
     def forward(self, signum: int) -> None:
         for task in list(self.tasks.values()):

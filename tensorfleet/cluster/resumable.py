@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -36,7 +37,7 @@ from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, epoch_order, fingerprint, new_rng_state,
                                           read_state, tf_checkpoint_prefix, write_checkpoint)
 
-__all__ = ["MigratableJob", "TaskOptions", "load_job", "main"]
+__all__ = ["MigratableJob", "StopRequest", "TaskOptions", "Trainer", "load_job", "main"]
 
 _PREFIX = "tensorfleet:"
 
@@ -87,6 +88,28 @@ def _say(text: str) -> None:
     print(f"{_PREFIX} {text}", flush=True)
 
 
+class StopRequest:
+    """SIGTERM (what Kubernetes and ``kill`` send) or SIGINT, noted when it comes and acted on at the
+    next step boundary: the step in progress finishes, the checkpoint is written, the task exits
+    with :data:`~tensorfleet.cluster.contract.STOPPED_STATUS`."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        """Takes SIGTERM and SIGINT from here on (again after TensorFlow installed handlers of its own)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._note)
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        if self.signal is None:
+            self.signal = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
 def _build_strategy(options: TaskOptions) -> tuple[Any, Any]:
     import tensorfleet as tfl
 
@@ -116,29 +139,47 @@ class Trainer:
         import tensorflow as tf
 
         self.options = options
-        self.strategy, self.coordinator = _build_strategy(options)  # first: logical devices precede the runtime
+        self.strategy, self.coordinator = self._placement(options)  # first: logical devices precede the runtime
         tf.config.experimental.enable_op_determinism()
         tf.keras.utils.set_random_seed(options.seed)
         x, y = job.data()
         self.x, self.y = np.asarray(x), np.asarray(y)
         self.examples = len(self.x)
-        with self.strategy.scope():
-            self.model = job.build_model()
-            self.optimizer = self.model.optimizer
-            self.optimizer.build(self.model.trainable_variables)
-            self.counts = tf.Variable(tf.zeros([self.examples]), trainable=False, name="example_counts",
-                                      aggregation=tf.VariableAggregation.SUM)
-        self.loss = _per_example_loss(self.model.loss)
+        self.model, self.optimizer, self.counts = self._build(job)
+        self.loss = self._per_example_loss()
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, counts=self.counts)
-        self.replicas = 1 if self.coordinator is not None else self.strategy.num_replicas_in_sync
+        self.replicas = self._replicas()
         self.chief = self._is_chief()
         self.measure = self.coordinator is None  # a parameter server's workers run no Python
         factors = list(options.slowdown or [1.0] * self.replicas) + [1.0] * self.replicas
         self.delays = tf.constant([options.input_delay * f for f in factors[:self.replicas]], tf.float64)
         self.meter = SpeedMeter(self.replicas)
+        self.stop = StopRequest()
+        self.peers_stop = False  # what the last step's all-reduce said of every task's stop request
         self.steps_run = 0
         self.sizes: list[int] = []
         self._step = tf.function(self._distributed_step, reduce_retracing=True)  # batches change shape
+
+    def _placement(self, options: TaskOptions) -> tuple[Any, Any]:
+        return _build_strategy(options)
+
+    def _build(self, job: MigratableJob) -> tuple[Any, Any, Any]:
+        """The job's model and optimizer (its slots built, so that a checkpoint restores into them) and the counts."""
+        import tensorflow as tf
+
+        with self.strategy.scope():
+            model = job.build_model()
+            optimizer = model.optimizer
+            optimizer.build(model.trainable_variables)
+            counts = tf.Variable(tf.zeros([self.examples]), trainable=False, name="example_counts",
+                                 aggregation=tf.VariableAggregation.SUM)
+        return model, optimizer, counts
+
+    def _per_example_loss(self) -> Any:
+        return _per_example_loss(self.model.loss)
+
+    def _replicas(self) -> int:
+        return 1 if self.coordinator is not None else self.strategy.num_replicas_in_sync
 
     def _is_chief(self) -> bool:
         resolver = getattr(self.strategy, "cluster_resolver", None)
@@ -146,7 +187,17 @@ class Trainer:
             return True
         return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)
 
-    def _replica_step(self, ids: Any, total: Any) -> Any:
+    @property
+    def collective(self) -> bool:
+        """Whether the replicas are processes of their own (multi-worker mirrored), whose stop must be agreed."""
+        return self.options.strategy == "multi_worker_mirrored"
+
+    def stop_agreed(self) -> bool:
+        """Whether the job stops at this step boundary: a stop request of this process, or, with processes
+        that step together, of any of them as the last step's all-reduce carried it (so all stop at once)."""
+        return self.peers_stop if self.collective else self.stop.requested
+
+    def _replica_step(self, ids: Any, total: Any, stop: Any) -> Any:
         import tensorflow as tf
 
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -169,15 +220,16 @@ class Trainer:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         self.counts.assign_add(tf.math.bincount(ids, minlength=self.examples, maxlength=self.examples,
                                                 dtype=tf.float32))
-        return speed
+        # The speeds and every task's stop request travel in one small all-reduce.
+        return tf.concat([speed, tf.reshape(stop, [1])], axis=0)
 
-    def _distributed_step(self, ids: Any, total: Any) -> Any:
+    def _distributed_step(self, ids: Any, total: Any, stop: Any) -> Any:
         import tensorflow as tf
 
-        speeds = self.strategy.run(self._replica_step, args=(ids, total))
+        reported = self.strategy.run(self._replica_step, args=(ids, total, stop))
         if self.coordinator is not None:
-            return speeds
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, speeds, axis=None)
+            return reported
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, reported, axis=None)
 
     def split(self, examples: int) -> list[int]:
         """Examples per replica: in proportion to the measured speeds with ``balance``, else equal."""
@@ -190,13 +242,15 @@ class Trainer:
         import tensorflow as tf
 
         total = tf.constant(float(len(ids)))
+        stop = tf.constant(1.0 if self.stop.requested else 0.0, tf.float64)
         if self.coordinator is not None:
-            self.coordinator.schedule(self._step, args=(tf.constant(ids, tf.int32), total))
+            self.coordinator.schedule(self._step, args=(tf.constant(ids, tf.int32), total, stop))
             return
         parts = np.split(ids.astype(np.int32), np.cumsum(self.split(len(ids)))[:-1])
         dist = self.strategy.experimental_distribute_values_from_function(
             lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
-        speeds = self._step(dist, total).numpy()
+        reported = self._step(dist, total, stop).numpy()
+        speeds, self.peers_stop = reported[:-1], bool(reported[-1] > 0)
         self.steps_run += 1
         if self.steps_run > 1:  # the first step also traced the function
             self.meter.update(speeds)
@@ -211,10 +265,13 @@ class Trainer:
         parameter server, whose variables the coordinator would have to fetch)."""
         if not self.measure or not np.issubdtype(self.y.dtype, np.integer):
             return None
-        logits = self.model(self.x, training=False).numpy()
+        logits = np.asarray(self.predict(self.x))
         if logits.ndim != 2 or logits.shape[1] < 2:
             return None
         return float(np.mean(np.argmax(logits, axis=1) == self.y.reshape(-1)))
+
+    def predict(self, x: np.ndarray) -> Any:
+        return self.model(x, training=False).numpy()
 
     def barrier(self) -> None:
         if self.coordinator is not None:
@@ -262,7 +319,8 @@ def _save(trainer: Trainer, state: JobProgress) -> None:
 
 
 def train(trainer: Trainer, state: JobProgress) -> JobProgress:
-    """Trains from ``state`` to the end of the job or to ``stop_at_step``; returns the last state."""
+    """Trains from ``state`` to the end of the job, to ``stop_at_step``, or to the step boundary where a
+    SIGTERM or SIGINT stops it (:class:`StopRequest`); returns the last state, saved."""
     options = trainer.options
     batch = batch_for(options, trainer.replicas)
     state = replace(state, strategy=options.strategy, replicas=trainer.replicas, global_batch_size=batch,
@@ -276,8 +334,14 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
             _save(trainer, state)
             _say(f"stopping at step {state.step} as planned at {time.time():.3f}")
             return state
+        if trainer.stop_agreed():
+            _save(trainer, state)
+            _say(f"stopping at step {state.step} to move ({_stop_reason(trainer)}) at {time.time():.3f}")
+            return state
         if options.gate:
-            _await_turn(options.gate, state.step - begin)
+            _await_turn(options.gate, state.step - begin, trainer.stop)
+            if trainer.stop_agreed():
+                continue  # stopped while waiting for its turn: saved at the top of the loop
         trainer.step(order[state.position:state.position + batch])
         if options.gate:
             trainer.barrier()
@@ -301,6 +365,12 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
     return state
 
 
+def _stop_reason(trainer: Trainer) -> str:
+    if trainer.stop.signal is not None:
+        return f"received {signal.Signals(trainer.stop.signal).name}"
+    return "another task received a stop signal"
+
+
 def _wait(seconds: Any) -> float:
     seconds = float(seconds)
     if seconds > 0:
@@ -308,12 +378,13 @@ def _wait(seconds: Any) -> float:
     return seconds
 
 
-def _await_turn(gate: str, step: int) -> None:
-    """Waits at a step boundary until the scheduler of shared devices allows this run's step ``step + 1``.
+def _await_turn(gate: str, step: int, stop: StopRequest) -> None:
+    """Waits at a step boundary until the scheduler of shared devices allows this run's step ``step + 1``,
+    or a stop is requested (then the next step carries the request to the other tasks).
 
     The gate file holds how many steps this run may have done (see :mod:`~tensorfleet.cluster.multiplex`).
     """
-    while True:
+    while not stop.requested:
         try:
             allowed = int(Path(gate).read_text() or 0)
         except (OSError, ValueError):
@@ -328,11 +399,21 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         sys.exit("usage: python -m tensorfleet.cluster.resumable JOB.py  (options in $TENSORFLEET_MIGRATION)")
     options = TaskOptions(**json.loads(os.environ[ENV_MIGRATION]))
-    trainer = Trainer(load_job(argv[0]), options)
+    trainer = _trainer(load_job(argv[0]), options)
+    trainer.stop.install()  # after the strategy: TensorFlow's multi-worker runtime installs a SIGTERM handler
     state = train(trainer, _initial_state(trainer, options))
     sys.stdout.flush()
-    stopped = options.stop_at_step is not None and state.epoch < options.epochs
+    stopped = state.epoch < options.epochs  # at stop_at_step, or on a signal: ready to move
     os._exit(STOPPED_STATUS if stopped else 0)  # a parameter-server coordinator would keep the interpreter alive
+
+
+def _trainer(job: MigratableJob, options: TaskOptions) -> Trainer:
+    """The trainer of ``options.strategy`` (the mesh's lives in :mod:`~tensorfleet.cluster.mesh_job`)."""
+    if options.strategy == "mesh":
+        from tensorfleet.cluster.mesh_job import MeshJobTrainer
+
+        return MeshJobTrainer(job, options)
+    return Trainer(job, options)
 
 
 if __name__ == "__main__":  # pragma: no cover - the task the launcher starts

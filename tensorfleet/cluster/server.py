@@ -8,7 +8,10 @@ ps tasks serve a ``tf.distribute.Server``. The launcher and a TFJob start them w
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any, Mapping
+
+from tensorfleet.cluster.contract import ENV_MIGRATION
 
 from tensorfleet.strategies.tf_config import TFConfigError, parse_tf_config
 
@@ -31,6 +34,12 @@ def serve(tf_config: str | Mapping[str, Any] | None = None) -> None:
     config = parse_tf_config(raw)
     if config.task is None:
         raise TFConfigError("TF_CONFIG has no 'task'; the server needs to know which task it is.")
+    if ENV_MIGRATION in os.environ:
+        # A migratable job stops on SIGTERM/SIGINT at a step boundary, and its chief needs the variables on
+        # the ps tasks (and the workers' steps) until its checkpoint is written: the servers outlive the
+        # signal and end by SIGKILL (the launcher's once the chief has exited, Kubernetes' after its grace).
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
     server = start_server(config.cluster, config.task.role, config.task.index)
     print(f"tensorfleet: {config.task} serving at {config.task.address}", flush=True)
     server.join()

@@ -4,7 +4,7 @@
 
     RUNNING --a task failed, or the attempt hung--> FAILED
     RUNNING --every trainer exited 0 (or 75)------> FINISHING --> finished (after the evaluator)
-    RUNNING --SIGINT/SIGTERM to the launcher------> INTERRUPTED --> interrupted
+    RUNNING --SIGINT/SIGTERM to the launcher------> INTERRUPTED --> interrupted (75: stopped to move)
     RUNNING --stop_when matched-------------------> STOPPING --> stopped on purpose
     FAILED  --restart limit reached---------------> GIVING_UP --> failed
     FAILED  --a worker of a parameter-server job--> RESTARTING_TASK --> RUNNING
@@ -165,10 +165,22 @@ class Supervisor:
         return JobOutcome(0, self.restarts, stopped=bool(self.stopped))
 
     def interrupt(self) -> JobOutcome:
-        name = signal.Signals(self.received[0]).name
+        """The signal went to every task; the trainers get ``grace`` seconds first. When every trainer
+        exited with STOPPED_STATUS (a migratable job stops at a step boundary, checkpoint written), the
+        job stopped to move: the rest (servers that outlive the signal) are killed, the status is 75."""
+        signum = self.received[0]
+        name = signal.Signals(signum).name
         self.job.event(f"received {name}; stopping all tasks")
-        self.job.stop_all(self.received[0], self.grace)
-        return JobOutcome(shell_status(-self.received[0]), self.restarts, f"Interrupted by {name}.")
+        trainers = [task for task_name, task in self.job.tasks.items() if task_name in self.job.trainers]
+        for task in trainers:
+            task.reap(self.grace)
+        if trainers and all(task.proc.returncode == STOPPED_STATUS for task in trainers):
+            self.job.stop_all(signal.SIGKILL, 0.0)
+            self.job.event(f"the job stopped to move (every trainer exited with status {STOPPED_STATUS} after "
+                           "the signal)")
+            return JobOutcome(STOPPED_STATUS, self.restarts, stopped=True)
+        self.job.stop_all(signum, self.grace)
+        return JobOutcome(shell_status(-signum), self.restarts, f"Interrupted by {name}.")
 
     def stop(self) -> JobOutcome:
         self.job.stop_all(signal.SIGTERM, self.grace)

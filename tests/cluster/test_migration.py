@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import subprocess
-import sys
+import os
+import re
+import signal
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
 
+from tensorfleet.cluster.contract import STOPPED_STATUS
 from tensorfleet.cluster.jobstate import CheckpointError, epoch_order, latest, read_state, tf_checkpoint_prefix
 from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, check_migration, migrate
 from tensorfleet.cluster.processes import Fault
@@ -48,23 +50,41 @@ def _digest(directory: Path) -> str:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Mirrored 2 -> multi-worker mirrored 2 -> parameter server 2 workers x 1 ps -> mirrored 1, two epochs.
+    """Mirrored 2 -> multi-worker mirrored 2 -> parameter server 2 workers x 1 ps -> the mesh's data-parallel
+    layout over 2 devices -> mirrored 1, two epochs.
 
     The first move is SIGKILLed while it writes its checkpoint: the next placement continues from
-    whatever checkpoint was last complete.
+    whatever checkpoint was last complete. The parameter-server phase is stopped by a SIGTERM to the
+    launcher (this process) while its chief waits at a gate after step 17: the launcher forwards it to
+    every task, the servers outlive it, the chief saves and the launcher exits 75.
     """
     directory = tmp_path_factory.mktemp("migration") / "ckpt"
-    phases = [(Placement("mirrored", devices=2), 5, [Fault("worker:0", r"saving step 5$")]),
-              (Placement("multi_worker_mirrored", workers=2), 11, []),
-              (Placement("parameter_server", workers=2, ps=1), 17, []),
-              (Placement("mirrored"), None, [])]
+    gate = directory.parent / "gate"
+    gate.write_text("6")  # the parameter-server phase may do steps 12-17, then waits
+    phases = [(Placement("mirrored", devices=2), 5, [Fault("worker:0", r"saving step 5$")], None),
+              (Placement("multi_worker_mirrored", workers=2), 11, [], None),
+              (Placement("parameter_server", workers=2, ps=1), None, [], str(gate)),
+              (Placement("mesh", devices=2), 21, [], None),
+              (Placement("mirrored"), None, [], None)]
     record: dict = {"directory": directory, "phases": []}
-    for to, stop, faults in phases:
+    for to, stop, faults, gated in phases:
         result = migrate(JOB, directory, to=to, run=RunOptions(epochs=2, global_batch_size=BATCH, save_every=1,
-                                                               stop_at_step=stop),
-                         faults=faults, check=False, timeout=240)
+                                                               stop_at_step=stop, gate=gated),
+                         faults=faults, check=False, timeout=240, sink=_signal_self_after(r"\[chief:0\] .* step 17 done"))
         record["phases"].append((result, *_saved(directory)))
     return record
+
+
+def _signal_self_after(pattern: str) -> Callable[[str], None]:
+    """A sink that sends SIGTERM to this process (the launcher, forwarding it) at the first line matching."""
+    sent: list[bool] = []
+
+    def sink(line: str) -> None:
+        if not sent and re.search(pattern, line):
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return sink
 
 
 @pytest.mark.slow
@@ -75,34 +95,31 @@ def test_chain_reads_every_example_once_and_continues_adam(chain: dict) -> None:
     first = jobstate.new_rng_state(0)
     order1, after = epoch_order(first, EXAMPLES)
     order2, _ = epoch_order(after, EXAMPLES)
-    (killed, s1, c1, i1), (mwms, s2, c2, i2), (ps, s3, c3, i3), (last, s4, c4, i4) = chain["phases"]
+    (killed, s1, c1, i1), (mwms, s2, c2, i2), (ps, s3, c3, i3), (mesh, s5, c5, i5), (last, s4, c4, i4) = \
+        chain["phases"]
     assert killed.returncode == 128 + 9 and "was killed by SIGKILL" in (killed.error or "")
     assert s1.step in (4, 5) and i1 == s1.step  # the killed save left the one before it, or had just finished
     np.testing.assert_array_equal(c1, _expected_counts(s1.step, [order1]))
-    assert mwms.stopped and ps.stopped and last.ok and not last.stopped
+    assert mwms.stopped and ps.stopped and mesh.stopped and last.ok and not last.stopped
+    assert (mwms.returncode, ps.returncode, mesh.returncode) == (0, STOPPED_STATUS, 0)
+    assert "stopping at step 17 to move (received SIGTERM)" in "\n".join(ps.output("chief:0"))
+    assert [e.text for e in ps.events][-2:] == [
+        "received SIGTERM; stopping all tasks",
+        f"the job stopped to move (every trainer exited with status {STOPPED_STATUS} after the signal)"]
     for state, counts, iterations, step, strategy, replicas in (
             (s2, c2, i2, 11, "multi_worker_mirrored", 2), (s3, c3, i3, 17, "parameter_server", 1),
-            (s4, c4, i4, 24, "mirrored", 1)):
+            (s5, c5, i5, 21, "mesh", 2), (s4, c4, i4, 24, "mirrored", 1)):
         assert (state.step, iterations, state.strategy, state.replicas) == (step, step, strategy, replicas)
         np.testing.assert_array_equal(counts, _expected_counts(step, [order1, order2]))
     assert (s4.epoch, s4.position) == (2, 0) and set(c4.tolist()) == {2.0}
-    assert [h["strategy"] for h in s4.history] == ["mirrored", "multi_worker_mirrored", "parameter_server",
+    assert [h["strategy"] for h in s4.history] == ["mirrored", "multi_worker_mirrored", "parameter_server", "mesh",
                                                    "mirrored"]
-    assert [h["step"] for h in s4.history] == [0, s1.step, 11, 17]
+    assert [h["step"] for h in s4.history] == [0, s1.step, 11, 17, 21]
     assert f"resumed at step {s1.step} (epoch 1" in "\n".join(mwms.output("worker:1"))
     assert "resumed at step 11 (epoch 1, example 88 of 96)" in "\n".join(ps.output("chief:0"))
-    assert "optimizer step 17" in "\n".join(last.output("worker:0"))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_same_size_and_strategy_continues_bit_identically(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(HERE / "identity_job.py"), str(JOB), str(tmp_path)],
-                         capture_output=True, text=True, timeout=280)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["iterations"] == 7
-    assert len(result["equal"]) == 15 and all(result["equal"].values()), result["equal"]
+    assert "resumed at step 17 (epoch 2, example 40 of 96) from parameter_server over 1 replica(s); optimizer " \
+           "step 17" in "\n".join(mesh.output("worker:0"))
+    assert "optimizer step 21" in "\n".join(last.output("worker:0"))
 
 
 def test_bad_migrations_fail_before_start_and_leave_the_checkpoint(chain: dict, tmp_path: Path) -> None:
@@ -119,6 +136,9 @@ def test_bad_migrations_fail_before_start_and_leave_the_checkpoint(chain: dict, 
     with pytest.raises(MigrationError, match=r"parameter_server with 2 worker\(s\) and 1 ps cannot hold the model: "
                        r"1,210 parameters need about 14,520 bytes"):
         migrate(JOB, directory, to=Placement("parameter_server", workers=2, ps=1), run=run, memory_bytes=10_000)
+    with pytest.raises(MigrationError, match=r"the mesh's data-parallel layout over 5 device\(s\) cannot take the job's "
+                       r"batches: an epoch of 96 examples ends with a batch of 6, which its 5 devices cannot split"):
+        migrate(JOB, directory, to=Placement("mesh", devices=5), run=RunOptions(epochs=2, global_batch_size=10))
     with pytest.raises(CheckpointError, match="No migration checkpoint to resume from"):
         migrate(JOB, tmp_path / "empty", to=Placement("mirrored"), run=run, resume=True)
     assert _digest(directory) == before
@@ -130,6 +150,8 @@ def test_placement_rejects_what_its_strategy_cannot_run() -> None:
         Placement("parameter_server", workers=2)
     with pytest.raises(MigrationError, match=r"Received: workers=2; use 'multi_worker_mirrored'"):
         Placement("mirrored", workers=2)
+    with pytest.raises(MigrationError, match=r"strategy='mesh' runs in one process over local devices"):
+        Placement("mesh", workers=2)
     with pytest.raises(ValueError, match="strategy"):
         Placement("central_storage")
     assert [Placement("mirrored", devices=4).replicas, Placement("multi_worker_mirrored", workers=3).replicas,

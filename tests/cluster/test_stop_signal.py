@@ -1,0 +1,79 @@
+"""A migratable job stops on SIGTERM at a step boundary, every worker at the same step, and continues
+bit-identically: real multi-worker mirrored processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tensorfleet.cluster.contract import STOPPED_STATUS
+from tensorfleet.cluster.jobstate import epoch_order, new_rng_state, read_state, tf_checkpoint_prefix
+from tensorfleet.cluster.migration import Placement, RunOptions, migrate
+from tensorfleet.cluster.processes import Fault
+
+JOB = Path(__file__).parent / "migrating_job.py"
+EXAMPLES, BATCH, GATE_STEPS = 96, 8, 5  # 12 steps an epoch; the job waits after step 5 until the gate opens
+ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _tensors(directory: Path) -> dict:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf_checkpoint_prefix(read_state(directory)[1]))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if name[0] != "_"}
+
+
+def _signalled_run(directory: Path, gate: Path) -> object:
+    """Two workers, held at the gate after step 5; SIGTERM to worker 1 alone, then the gate opens."""
+    gate.write_text(str(GATE_STEPS))
+    opened = threading.Event()
+
+    def sink(line: str) -> None:  # the launcher's event comes just before its kill
+        if line.startswith("[launcher] injecting fault") and not opened.is_set():
+            opened.set()
+            threading.Timer(1.0, gate.write_text, (str(10**6),)).start()
+
+    run = RunOptions(epochs=1, global_batch_size=BATCH, gate=str(gate))
+    return migrate(JOB, directory, to=Placement("multi_worker_mirrored", workers=2), run=run, sink=sink,
+                   faults=[Fault("worker:1", rf"step {GATE_STEPS} done", signal=signal.SIGTERM)], timeout=240)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_job_resumes_bit_identically(tmp_path: Path) -> None:
+    to = Placement("multi_worker_mirrored", workers=2)
+    with ThreadPoolExecutor(2) as pool:  # the unbroken run beside the signalled one
+        unbroken = pool.submit(migrate, JOB, tmp_path / "unbroken", to=to,
+                               run=RunOptions(epochs=1, global_batch_size=BATCH), timeout=240)
+        stopped = _signalled_run(tmp_path / "moved", tmp_path / "gate")
+        unbroken = unbroken.result()
+    assert stopped.stopped and stopped.returncode == 0
+    assert sorted(s.status for s in stopped.spans) == [STOPPED_STATUS, STOPPED_STATUS]
+    lines = {task: "\n".join(stopped.output(task)) for task in ("worker:0", "worker:1")}
+    steps = {task: re.findall(r"stopping at step (\d+) to move \((.+?)\)", text) for task, text in lines.items()}
+    # Worker 0 got no signal: it stops where worker 1 does because the step's all-reduce told it.
+    assert steps["worker:1"] == [(steps["worker:0"][0][0], "received SIGTERM")], steps
+    assert steps["worker:0"][0][1] == "another task received a stop signal"
+    state = read_state(tmp_path / "moved")[0]
+    assert str(state.step) == steps["worker:0"][0][0] and GATE_STEPS < state.step < EXAMPLES // BATCH
+    assert (state.epoch, state.position) == (0, state.step * BATCH)  # mid-epoch
+    order, _ = epoch_order(new_rng_state(0), EXAMPLES)
+    counts = _tensors(tmp_path / "moved")["counts/.ATTRIBUTES/VARIABLE_VALUE"]
+    assert np.flatnonzero(counts).tolist() == sorted(order[:state.step * BATCH].tolist())
+    assert int(_tensors(tmp_path / "moved")[ITERATIONS]) == state.step
+
+    resumed = migrate(JOB, tmp_path / "moved", to=to, timeout=240)
+    assert resumed.ok and not resumed.stopped
+    assert f"resumed at step {state.step} (epoch 1, example {state.step * BATCH} of {EXAMPLES})" in \
+        "\n".join(resumed.output("worker:0"))
+    straight, moved = _tensors(tmp_path / "unbroken"), _tensors(tmp_path / "moved")
+    assert sorted(straight) == sorted(moved) and len(moved) == 15
+    assert int(moved[ITERATIONS]) == EXAMPLES // BATCH
+    unequal = [name for name in straight if not np.array_equal(straight[name], moved[name])]
+    assert unequal == []  # weights, Adam's slots and step, example counts: bit for bit
