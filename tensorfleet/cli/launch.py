@@ -7,6 +7,11 @@ With ``--strategy`` the script is a migratable job (``build_model()`` and ``data
 :mod:`tensorfleet.cluster.migration`), and ``--resume-from DIR`` moves it to the strategy and
 world size given:
     $ tensorfleet launch --resume-from ckpt --strategy parameter_server --workers 2 --ps 1 job.py
+
+With ``--share`` two or more migratable jobs share these devices by time slices at step
+boundaries (:func:`tensorfleet.cluster.multiplex.share`), each its fraction of the steps; the
+options come first and apply to every job, each ``--share FRACTION SCRIPT`` is one job:
+    $ tensorfleet launch --checkpoint-dir ckpt --epochs 2 --share 0.75 a.py --share 0.25 b.py
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ def launch_command(
         None, "--stop-at-step", help="Stop a migratable job after this step, saved and ready to move."),
     save_every: int = typer.Option(0, "--save-every", help="Checkpoint a migratable job every N steps."),
     share: Optional[List[float]] = typer.Option(  # noqa: UP006,UP007
-        None, "--share", help="Time-slice migratable jobs on these devices: '--share 0.75 a.py --share 0.25 b.py' "
+        None, "--share", metavar="FRACTION SCRIPT", help="Time-slice migratable jobs on these devices: '--share 0.75 a.py --share 0.25 b.py' "
         "gives each job its share of the steps (shares sum to 1); checkpoints in --checkpoint-dir/<job>."),
     quantum: int = typer.Option(8, "--quantum", help="Steps in one round of --share, split by the shares."),
     timeline: Optional[Path] = typer.Option(  # noqa: UP007
