@@ -157,3 +157,18 @@ def test_fedbn_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match=r"non_trainable must be one of 'mean', 'initial', 'per_client'\. "
                                          r"Received: non_trainable='fedbn'"):
         SimulationConfig(non_trainable="fedbn")
+
+
+def test_a_model_without_batch_normalization_keeps_nothing_per_client():
+    import tensorflow as tf
+
+    def dense():
+        tf.keras.utils.set_random_seed(3)
+        return tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+
+    sim = Simulation(dense, make_clients(), "fedavg", backend="compiled", clients_per_round=2, seed=2, batch_size=4,
+                     progress=False, non_trainable="per_client", rounds=1)
+    sim.run()
+    assert sim.rounds.engine.local_states == {} and sim.rounds.client_weights("client_000")[1] is False
+    # kernel, bias and the server SGD's learning rate: no per-client leaves
+    assert len(sim.rounds.state_leaves()) == 3 and sim.rounds.ragged_leaves == ()

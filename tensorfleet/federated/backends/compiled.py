@@ -105,6 +105,7 @@ class CompiledFedAvg:
         self._local = LocalLayers(self.model) if self.non_trainable is NonTrainable.PER_CLIENT else None
         if self._local is not None:
             check_per_client(tff=False, received="this client work", local_steps=client_work.local_steps)
+            self._local = self._local if self._local.size else None  # nothing of its own: FedAvg's round
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
         self._specs, self._sizes = specs, tuple(int(np.prod(w.shape)) for w in specs)
         # The server's model, optimizer state, non-trainable weights and the aggregator's state live
