@@ -171,8 +171,7 @@ def _placement_and_run(strategy: MigrationStrategy, devices: int, workers: int, 
     """Where a migratable job runs, and its run options: the checkpoint's (``progress``) with ``changes``."""
     from tensorfleet.cluster.migration import Placement, RunOptions
 
-    one_process = strategy is MigrationStrategy.MIRRORED or strategy.value == "mesh"  # over local devices
-    to = Placement(strategy, devices=devices, workers=1 if one_process else workers, ps=ps)
+    to = Placement(strategy, devices=devices, workers=1 if strategy.in_one_process else workers, ps=ps)
     given = {k: v for k, v in changes.items() if v is not None}
     return to, RunOptions.from_progress(progress, **given) if progress is not None else RunOptions(**given)
 
