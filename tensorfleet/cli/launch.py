@@ -243,10 +243,10 @@ def _share(jobs: list[tuple[float, Path]], *, directory: Path | None, quantum: i
 
 def _finish_shared(outcome: tuple[Any, list[str], Path | None]) -> None:
     result, names, timeline = outcome
-    shares = result.shares() if timeline is not None else [0.0] * len(names)
+    shares = result.shares() if timeline is not None else [None] * len(names)  # no shares without every job's steps
     for name, launched, steps, got, asked in zip(names, result.results, result.steps, shares, result.requested):
-        typer.echo(f"{name}: {len(steps)} steps, {got:.2f} of the steps while all jobs ran (share {asked:g}), "
-                   f"exit status {launched.returncode}")
+        what = f"{got:.2f} of the steps while all jobs ran" if got is not None else "no shares measured"
+        typer.echo(f"{name}: {len(steps)} steps, {what} (share {asked:g}), exit status {launched.returncode}")
         if launched.returncode and launched.error:
             typer.echo(f"error: {name}: {launched.error}", err=True)
     typer.echo(f"makespan {result.makespan:.1f} s" + (f"; timeline: {timeline}" if timeline is not None else ""))

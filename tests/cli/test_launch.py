@@ -160,3 +160,23 @@ def test_share_needs_a_checkpoint_dir_and_launch_needs_a_script(two_jobs, capsys
         "DIR/<its script's name>; an existing one is continued).")
     assert main(["launch", "--workers", "2"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "Error: Missing argument 'SCRIPT'."
+
+
+def test_share_summary_of_a_job_that_failed_before_its_first_step_names_it_and_exits_with_its_status(capsys) -> None:
+    import typer
+
+    from tensorfleet.cli.launch import _finish_shared
+    from tensorfleet.cluster.multiplex import ShareResult
+    from tensorfleet.cluster.result import LaunchResult
+    from tensorfleet.strategies.tf_config import ClusterSpec
+
+    cluster = ClusterSpec.local(workers=1)
+    result = ShareResult(results=[LaunchResult(0, 0, cluster), LaunchResult(3, 0, cluster, error="worker:0 exited 3")],
+                         steps=[[1.0, 2.0], []], requested=[0.5, 0.5], makespan=4.0)
+    with pytest.raises(typer.Exit) as info:
+        _finish_shared((result, ["a", "b"], None))
+    assert info.value.exit_code == 3
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["a: 2 steps, no shares measured (share 0.5), exit status 0",
+                                "b: 0 steps, no shares measured (share 0.5), exit status 3", "makespan 4.0 s"]
+    assert err.strip() == "error: b: worker:0 exited 3"
