@@ -145,45 +145,41 @@ def _weights(path: Path) -> list[np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_worker_killed_in_epoch_3_then_frozen_in_epoch_5_resumes_each_time_to_the_uninterrupted_weights(
+def test_worker_frozen_in_epoch_3_is_found_by_the_collective_timeout_and_resumes_to_the_uninterrupted_weights(
         tmp_path: Path) -> None:
     import signal
 
     script = EXAMPLES / "train_digits_multiworker.py"
     # 15 s, not less: on a loaded 2-core machine (load average 8 seen) a healthy collective waited
     # out 8 s and the spurious timeout used up the job's last restart.
-    common = ["--model", "digits_cnn", "--epochs", "6", "--examples-per-epoch", "256", "--collective-timeout", "15"]
+    common = ["--model", "digits_cnn", "--epochs", "4", "--examples-per-epoch", "256", "--collective-timeout", "15"]
     clean = launch(script, [*common, "--weights-out", str(tmp_path / "clean.npz")], workers=2,
                    recovery=Recovery(backup_dir=tmp_path / "clean-backup"), timeouts=Timeouts(timeout=150),
                    output=QUIET)
     assert clean.restarts == 0
-    # Attempt 0: worker 1 SIGKILLed during epoch 3. Attempt 1: worker 1 frozen (SIGSTOP) during
-    # epoch 5: no process exits, so only the collective/heartbeat timeout in worker 0 ends the
-    # hang, and the launcher restarts the job again.
+    # Worker 1 frozen (SIGSTOP) during epoch 3: no process exits, so only the collective/heartbeat
+    # timeout in worker 0 ends the hang, and the launcher restarts the job. (A killed worker's restart
+    # is examples/launch_fault_tolerant.py's, run by tests/test_example_scripts.py, and test_launcher's.)
     faulty = launch(script, [*common, "--log-steps", "--weights-out", str(tmp_path / "faulty.npz")], workers=2,
-                    recovery=Recovery(max_restarts=2, backoff=0.5, backup_dir=tmp_path / "faulty-backup", faults=[
-                        Fault("worker:1", r"^tensorfleet: epoch 3 step 2$"),
-                        Fault("worker:1", r"^tensorfleet: epoch 5 step 2$", signal=signal.SIGSTOP, attempt=1)]),
+                    recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "faulty-backup", faults=[
+                        Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGSTOP)]),
                     timeouts=Timeouts(timeout=150), output=QUIET)
-    assert faulty.returncode == 0 and faulty.restarts == 2
+    assert faulty.returncode == 0 and faulty.restarts == 1
     restarts = [e for e in faulty.events if "restarting all 2 tasks" in e.text]
-    assert restarts[0].text.startswith("worker:1 was killed by SIGKILL; restarting all 2 tasks (restart 1/2)")
-    assert restarts[1].text.startswith("worker:0 exited with status 1; restarting all 2 tasks (restart 2/2)")
+    assert restarts[0].text.startswith("worker:0 exited with status 1; restarting all 2 tasks (restart 1/1)")
     frozen = next(e.time for e in faulty.events if e.text.startswith("injecting fault: SIGSTOP to worker:1"))
-    assert restarts[1].time - frozen < 60
-    second = "\n".join(faulty.output("worker:0", attempt=1))
-    assert "heartbeat timeout" in second or "Collective ops is aborted" in second
+    assert restarts[0].time - frozen < 60
+    first = "\n".join(faulty.output("worker:0", attempt=0))
+    assert "heartbeat timeout" in first or "Collective ops is aborted" in first
 
     def begun(lines: list[str]) -> list[int]:
-        return [int(m.group(1)) for line in lines if (m := re.match(r"tensorfleet: epoch (\d)/6 begin", line))]
+        return [int(m.group(1)) for line in lines if (m := re.match(r"tensorfleet: epoch (\d)/4 begin", line))]
 
     for task in ("worker:0", "worker:1"):
         assert ft.resumed_epoch(faulty.output(task, attempt=0)) is None
         assert begun(faulty.output(task, attempt=0)) == [1, 2, 3]
         assert ft.resumed_epoch(faulty.output(task, attempt=1)) == 3
-        assert begun(faulty.output(task, attempt=1)) == [3, 4, 5]
-        assert ft.resumed_epoch(faulty.output(task, attempt=2)) == 5
-        assert begun(faulty.output(task, attempt=2)) == [5, 6]
+        assert begun(faulty.output(task, attempt=1)) == [3, 4]
     clean_w, faulty_w = _weights(tmp_path / "clean.npz"), _weights(tmp_path / "faulty.npz")
     assert [w.shape for w in clean_w] == [w.shape for w in faulty_w]
     difference = max(float(np.abs(a - b).max()) for a, b in zip(clean_w, faulty_w))
