@@ -21,7 +21,10 @@ Heterogeneous workers (``--part heterogeneous``): multi-worker mirrored over 3 w
 whose input waits ``--delay`` seconds per example times 1, 2 and 4 (a sleep in their input
 pipeline), the equal split of the global batch against batches in proportion to the measured
 speeds, alternated ``--rounds`` times; throughput is examples/s after the first epoch (tracing
-and the first measurements), and the accuracy after every epoch is printed for both.
+and the first measurements), and the accuracy after every epoch is printed for both. Then the
+same under a parameter server with 3 workers (slowed alike, tf.data's sleep on the worker) and 1
+ps: the equal split is the parameter server's own (every step the global batch, on whichever
+worker is free), against workers that take batches by speed (:mod:`tensorfleet.cluster.ps_balance`).
 
 Example:
     python bench/jobs_that_move.py --part heterogeneous --rounds 2
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=float, default=25e6)
     parser.add_argument("--steps", type=int, default=2, help="steps run at each placement")
     parser.add_argument("--plot", type=Path, default=None)
-    parser.add_argument("--part", choices=("all", "migration", "multiplex", "heterogeneous"), default="all")
+    parser.add_argument("--part", choices=("all", "migration", "multiplex", "heterogeneous", "heterogeneous-ps"),
+                        default="all")
     parser.add_argument("--delay", type=float, default=0.004)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--share-width", type=int, default=2048)
@@ -96,17 +100,29 @@ def main(argv: list[str] | None = None) -> None:
         _multiplex(args)
     if args.part in ("all", "heterogeneous"):
         _heterogeneous(args)
+    if args.part == "heterogeneous-ps":
+        from tensorfleet.cluster.migration import Placement
+
+        _heterogeneous_under(args, Placement("parameter_server", workers=3, ps=1), batch=16)
 
 
 def _heterogeneous(args: argparse.Namespace) -> None:
+    from tensorfleet.cluster.migration import Placement
+
+    _heterogeneous_under(args, Placement("multi_worker_mirrored", workers=3), batch=48)
+    _heterogeneous_under(args, Placement("parameter_server", workers=3, ps=1), batch=16)
+
+
+def _heterogeneous_under(args: argparse.Namespace, to, *, batch: int) -> None:
     import statistics
 
-    from tensorfleet.cluster.migration import Placement, RunOptions, migrate
+    from tensorfleet.cluster.migration import RunOptions, migrate
 
-    epochs, batch, examples = 6, 48, 512
+    epochs, examples = 6, 512
     rates: dict[bool, list[float]] = {False: [], True: []}
     accuracy: dict[bool, list[str]] = {}
     splits: list[str] = []
+    lead = "chief:0" if to.ps else "worker:0"
     with tempfile.TemporaryDirectory(prefix="jobs-that-differ-") as scratch:
         job = Path(scratch) / "job.py"
         job.write_text(JOB.format(width=64))
@@ -114,17 +130,17 @@ def _heterogeneous(args: argparse.Namespace) -> None:
             for balance in ((False, True) if i % 2 == 0 else (True, False)):
                 run = RunOptions(epochs=epochs, global_batch_size=batch, balance=balance, input_delay=args.delay,
                                  slowdown=(1.0, 2.0, 4.0))
-                result = migrate(job, Path(scratch) / f"r{i}-{balance}", to=Placement("multi_worker_mirrored",
-                                 workers=3), run=run, timeout=1800)
-                lead = "\n".join(result.output("worker:0"))
-                begin = float(re.search(r"epoch 1/\d+ end at step \d+ at ([0-9.]+)", lead).group(1))
-                end = float(re.search(r"finished at step \d+ at ([0-9.]+)", lead).group(1))
+                result = migrate(job, Path(scratch) / f"r{i}-{balance}", to=to, run=run, timeout=1800)
+                log = "\n".join(result.output(lead))
+                begin = float(re.search(r"epoch 1/\d+ end at step \d+ at ([0-9.]+)", log).group(1))
+                end = float(re.search(r"finished at step \d+ at ([0-9.]+)", log).group(1))
                 rates[balance].append((epochs - 1) * examples / (end - begin))
-                accuracy[balance] = re.findall(r"accuracy ([0-9.]+)", lead)
-                splits += re.findall(r"replica batches (\[[0-9, ]+\])", lead)[-1:]
+                accuracy[balance] = re.findall(r"accuracy ([0-9.]+)", log)
+                splits += re.findall(r"(?:replica|worker) batches (\[[0-9, ]+\])", log)[-1:]
     equal, balanced = statistics.median(rates[False]), statistics.median(rates[True])
-    print(f"jobs that move: heterogeneous workers, multi_worker_mirrored over 3 workers slowed 1x/2x/4x "
-          f"({args.delay * 1000:g} ms an example times the factor), global batch {batch}, {examples} examples, "
+    print(f"jobs that move: heterogeneous workers, {to.describe()}, workers slowed 1x/2x/4x "
+          f"({args.delay * 1000:g} ms an example times the factor), global batch {batch}"
+          f"{' (a step on one worker; balanced: 3 x 16 split by speed)' if to.ps else ''}, {examples} examples, "
           f"{epochs} epochs, {args.rounds} round(s) alternated")
     print("| split | examples/s after epoch 1 (median; each run) | accuracy after each epoch |")
     print("|---|---|---|")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["SpeedMeter", "proportional_split"]
+__all__ = ["SpeedMeter", "proportional_split", "ps_workers", "worker_wait"]
 
 
 def proportional_split(examples: int, speeds: Sequence[float]) -> list[int]:
@@ -61,3 +61,24 @@ class SpeedMeter:
     @property
     def ready(self) -> bool:
         return self.measured > 0 and bool((self.speeds > 0).all())
+
+
+def worker_wait(ids: Any, microseconds: Any) -> Any:
+    """``ids`` after a sleep of ``microseconds`` on the worker that runs it (a slowed input pipeline, for
+    benchmarks and tests of heterogeneous workers); a worker runs no Python, so the wait is tf.data's."""
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensors(ids)
+    slept = tf.raw_ops.SleepDataset(input_dataset=tf.data.experimental.to_variant(dataset),
+                                    sleep_microseconds=tf.cast(microseconds, tf.int64),
+                                    output_types=[tf.int32], output_shapes=[tf.TensorShape([None])])
+    return tf.data.experimental.from_variant(slept, tf.TensorSpec([None], tf.int32)).get_single_element()
+
+
+def ps_workers() -> int:
+    """The worker tasks of this parameter-server job (its TF_CONFIG)."""
+    import os
+
+    from tensorfleet.strategies.tf_config import parse_tf_config
+
+    return parse_tf_config(os.environ.get("TF_CONFIG", "")).cluster.num_tasks("worker")

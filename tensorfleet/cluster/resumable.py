@@ -10,7 +10,13 @@ job stopped and at what world size it continues does not change which examples i
   ``replica_id_in_sync_group``), each replica's loss is its examples' sum divided by the step's
   number of examples, so the all-reduced gradient is the mean over the step whatever the split;
 * parameter server: the coordinator schedules each step, with its ids, on whichever worker is
-  free (``ClusterCoordinator``); the variables live on the ps tasks.
+  free (``ClusterCoordinator``); the variables live on the ps tasks. With ``balance`` the workers
+  take batches by speed from a queue of the epoch's order instead (:mod:`~tensorfleet.cluster.ps_balance`);
+* the mesh's data-parallel layout: :mod:`~tensorfleet.cluster.mesh_job`.
+
+A SIGTERM or SIGINT (:class:`StopRequest`) stops the job at the next step boundary, saved, with
+status 75; under multi-worker mirrored every step's all-reduce carries each worker's request, so
+all stop after the same step.
 
 Each step also adds its ids to a ``counts`` variable saved with the model, so the checkpoint
 shows how many times every example was trained on. ``python -m tensorfleet.cluster.resumable
@@ -32,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorfleet.cluster.balance import SpeedMeter, proportional_split
+from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_workers, worker_wait
 from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, epoch_order, fingerprint, new_rng_state,
                                           read_state, tf_checkpoint_prefix, write_checkpoint)
@@ -84,7 +90,7 @@ def load_job(path: str | os.PathLike[str]) -> MigratableJob:
     return MigratableJob(names["build_model"], names["data"])
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
     print(f"{_PREFIX} {text}", flush=True)
 
 
@@ -151,8 +157,9 @@ class Trainer:
         self.replicas = self._replicas()
         self.chief = self._is_chief()
         self.measure = self.coordinator is None  # a parameter server's workers run no Python
-        factors = list(options.slowdown or [1.0] * self.replicas) + [1.0] * self.replicas
-        self.delays = tf.constant([options.input_delay * f for f in factors[:self.replicas]], tf.float64)
+        slowed = self.replicas if self.coordinator is None else ps_workers()  # a parameter server's: per worker
+        factors = list(options.slowdown or [1.0] * slowed) + [1.0] * slowed
+        self.delays = tf.constant([options.input_delay * f for f in factors[:slowed]], tf.float64)
         self.meter = SpeedMeter(self.replicas)
         self.stop = StopRequest()
         self.peers_stop = False  # what the last step's all-reduce said of every task's stop request
@@ -202,6 +209,9 @@ class Trainer:
 
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         examples = tf.cast(tf.size(ids), tf.float64)
+        if self.coordinator is not None and self.options.input_delay:  # a worker runs no Python: tf.data waits
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            ids = worker_wait(ids, examples * 1e6 * tf.gather(self.delays, worker))
         if self.measure:
             began = tf.py_function(time.perf_counter, [], tf.float64)
             # A slowed input pipeline (benchmarks and tests of heterogeneous workers): a wait per example.
@@ -256,15 +266,16 @@ class Trainer:
             self.meter.update(speeds)
         sizes = [len(part) for part in parts]
         if self.options.balance and self.chief and self.meter.ready and sizes != self.sizes:
-            _say(f"replica batches {sizes} at step {self.steps_run} (examples/s measured: "
+            say(f"replica batches {sizes} at step {self.steps_run} (examples/s measured: "
                  f"{', '.join(f'{v:.0f}' for v in self.meter.speeds)})")
         self.sizes = sizes
 
     def accuracy(self) -> float | None:
-        """The share of the job's examples the model classifies right (None: not a classifier, or on a
-        parameter server, whose variables the coordinator would have to fetch)."""
-        if not self.measure or not np.issubdtype(self.y.dtype, np.integer):
+        """The share of the job's examples the model classifies right (None: not a classifier), after every
+        step scheduled so far has run."""
+        if not np.issubdtype(self.y.dtype, np.integer):
             return None
+        self.barrier()
         logits = np.asarray(self.predict(self.x))
         if logits.ndim != 2 or logits.shape[1] < 2:
             return None
@@ -297,7 +308,7 @@ def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
             raise CheckpointError(f"The checkpoint in {options.directory!r} is of another model (fingerprint "
                                   f"{state.fingerprint}, this job's model {digest}).")
         trainer.restore(path)
-        _say(f"resumed at step {state.step} (epoch {state.epoch + 1}, example {state.position} of "
+        say(f"resumed at step {state.step} (epoch {state.epoch + 1}, example {state.position} of "
              f"{state.examples}) from {state.strategy} over {state.replicas} replica(s); optimizer step "
              f"{int(trainer.optimizer.iterations.numpy())}")
         return state
@@ -309,13 +320,13 @@ def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
                     strategy=options.strategy, replicas=trainer.replicas)
 
 
-def _save(trainer: Trainer, state: JobProgress) -> None:
+def save_progress(trainer: Trainer, state: JobProgress) -> None:
     trainer.barrier()
     if trainer.chief:
-        _say(f"saving step {state.step}")
+        say(f"saving step {state.step}")
     write_checkpoint(trainer.options.directory, state, trainer.checkpoint, chief=trainer.chief)
     if trainer.chief:
-        _say(f"saved step {state.step}")
+        say(f"saved step {state.step}")
 
 
 def train(trainer: Trainer, state: JobProgress) -> JobProgress:
@@ -327,16 +338,12 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
                     epochs=options.epochs,
                     history=[*state.history, {"step": state.step, "strategy": options.strategy,
                                               "replicas": trainer.replicas, "global_batch_size": batch}])
+    if hasattr(trainer, "train_loop"):  # a parameter server whose workers take batches by speed (ps_balance)
+        return trainer.train_loop(state)
     order, after = epoch_order(state.rng, state.examples)
     first, begin = True, state.step
     while state.epoch < options.epochs:
-        if options.stop_at_step is not None and state.step >= options.stop_at_step:
-            _save(trainer, state)
-            _say(f"stopping at step {state.step} as planned at {time.time():.3f}")
-            return state
-        if trainer.stop_agreed():
-            _save(trainer, state)
-            _say(f"stopping at step {state.step} to move ({_stop_reason(trainer)}) at {time.time():.3f}")
+        if stopped_here(trainer, state):
             return state
         if options.gate:
             _await_turn(options.gate, state.step - begin, trainer.stop)
@@ -345,30 +352,38 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
         trainer.step(order[state.position:state.position + batch])
         if options.gate:
             trainer.barrier()
-            _say(f"step {state.step + 1} done at {time.time():.3f}")
+            say(f"step {state.step + 1} done at {time.time():.3f}")
         if first:
             trainer.barrier()
-            _say(f"first step done at {time.time():.3f}")
+            say(f"first step done at {time.time():.3f}")
             first = False
         position = min(state.position + batch, state.examples)
         state = replace(state, step=state.step + 1, position=position)
         if position == state.examples:
             accuracy = trainer.accuracy()
-            _say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step} at {time.time():.3f}"
+            say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step} at {time.time():.3f}"
                  + ("" if accuracy is None else f" accuracy {accuracy:.4f}"))
             state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
             order, after = epoch_order(state.rng, state.examples)
         if options.save_every and state.step % options.save_every == 0:
-            _save(trainer, state)
-    _save(trainer, state)
-    _say(f"finished at step {state.step} at {time.time():.3f}")
+            save_progress(trainer, state)
+    save_progress(trainer, state)
+    say(f"finished at step {state.step} at {time.time():.3f}")
     return state
 
 
-def _stop_reason(trainer: Trainer) -> str:
-    if trainer.stop.signal is not None:
-        return f"received {signal.Signals(trainer.stop.signal).name}"
-    return "another task received a stop signal"
+def stopped_here(trainer: Trainer, state: JobProgress) -> bool:
+    """Whether the job stops at this step boundary (``stop_at_step``, or a stop signal, agreed); if so, saved."""
+    if trainer.options.stop_at_step is not None and state.step >= trainer.options.stop_at_step:
+        reason = "as planned"
+    elif trainer.stop_agreed():
+        reason = (f"to move (received {signal.Signals(trainer.stop.signal).name})" if trainer.stop.signal is not None
+                  else "to move (another task received a stop signal)")
+    else:
+        return False
+    save_progress(trainer, state)
+    say(f"stopping at step {state.step} {reason} at {time.time():.3f}")
+    return True
 
 
 def _wait(seconds: Any) -> float:
@@ -413,6 +428,10 @@ def _trainer(job: MigratableJob, options: TaskOptions) -> Trainer:
         from tensorfleet.cluster.mesh_job import MeshJobTrainer
 
         return MeshJobTrainer(job, options)
+    if options.strategy == "parameter_server" and options.balance:
+        from tensorfleet.cluster.ps_balance import BalancedServerTrainer
+
+        return BalancedServerTrainer(job, options)
     return Trainer(job, options)
 
 

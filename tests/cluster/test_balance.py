@@ -20,6 +20,7 @@ JOB = Path(__file__).parent / "migrating_job.py"
     (8, [1.0, 1.0], [4, 4]),
     (7, [4.0, 2.0, 1.0], [3, 2, 2]),
     (2, [1.0, 1.0, 1.0], [1, 1, 0]),
+    (16, [112.0, 29.0], [12, 4]),  # two parameter-server workers' batches (workers x global batch 8)
 ])
 def test_a_step_is_split_in_proportion_to_speed_with_one_example_each(examples, speeds, sizes) -> None:
     assert proportional_split(examples, speeds) == sizes
@@ -58,3 +59,24 @@ def test_balanced_batches_follow_speed_and_train_the_same_update(tmp_path: Path)
             np.testing.assert_array_equal(tensors[True][name], value)
         else:  # the same examples per step, summed in another grouping: float32 rounding apart
             np.testing.assert_allclose(tensors[True][name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_parameter_server_workers_take_batches_by_speed_and_read_every_example_once(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from tensorfleet.cluster.jobstate import read_state, tf_checkpoint_prefix
+
+    run = RunOptions(epochs=2, global_batch_size=8, balance=True, input_delay=0.004, slowdown=(1.0, 4.0))
+    result = migrate(JOB, tmp_path, to=Placement("parameter_server", workers=2, ps=1), run=run, timeout=280)
+    log = "\n".join(result.output("chief:0"))
+    splits = [[int(v) for v in m.split(", ")] for m in re.findall(r"worker batches \[(\d+, \d+)\]", log)]
+    # Both workers' batches add up to workers x global batch; worker 1, its input 4x slower, gets the smaller.
+    assert splits and all(sum(s) == 16 and s[0] > s[1] for s in splits), splits
+    per_worker = [int(v) for v in re.findall(r"epoch 2/2 end .* examples per worker \[(\d+), (\d+)\]", log)[0]]
+    assert sum(per_worker) == 2 * 96 and per_worker[0] > per_worker[1], per_worker
+    state, path = read_state(tmp_path)
+    reader = tf.train.load_checkpoint(tf_checkpoint_prefix(path))
+    assert set(reader.get_tensor("counts/.ATTRIBUTES/VARIABLE_VALUE").tolist()) == {2.0}  # each example once an epoch
+    assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == state.step
