@@ -154,7 +154,8 @@ class _Task:
         self.since = time.monotonic()
 
 
-QUIET_GAPS = 2.0  # adaptive: arrivals have paused after this many mean gaps without a request
+QUIET_GAPS = 2.0  # adaptive: arrivals have paused after this many mean gaps without a request (beyond
+# the time the front needs to send out the answers of the last batch, one mean gap per answer)
 PEAK_BATCHES = 8  # adaptive: the load's size is the most rows in flight over this many batches
 
 
@@ -192,6 +193,7 @@ class Batcher:
         self._in_flight = 0  # rows queued or in a running batch
         self._peak = 0  # the most rows in flight since the last batch was taken
         self._peaks: deque[int] = deque([1], maxlen=PEAK_BATCHES)  # that most, for the last batches
+        self._handed_back, self._answers = time.monotonic(), 0  # when the last batch's answers went, how many
         self._want = options.max_batch_size + 1  # the queued rows a waiting thread is woken at
         self.batches = 0
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
@@ -257,7 +259,10 @@ class Batcher:
         self._want = min(max(self._peaks), largest)
         if self._rows >= self._want:
             return 0.0  # the load's requests are all in (at concurrency 1: this one)
-        return min(remaining, self._last_arrival + QUIET_GAPS * self._gap - now)  # until arrivals pause
+        # until arrivals pause; the front sending out the last batch's answers is not a pause in the load
+        quiet = max(self._last_arrival + QUIET_GAPS * self._gap,
+                    self._handed_back + (self._answers + QUIET_GAPS) * self._gap)
+        return min(remaining, quiet - now)
 
     def _take(self) -> list[_Task] | None:
         """Blocks until a batch is due and takes it (None once closed with nothing queued)."""
@@ -300,6 +305,7 @@ class Batcher:
             finally:
                 with self._lock:  # counted out before any caller hears back (and sends its next request)
                     self._running -= 1
+                    self._handed_back, self._answers = time.monotonic(), len(live)
                     self._in_flight -= sum(t.rows for t in batch)
                     self.batches += isinstance(outputs, Mapping)
                     if self._tasks:
@@ -307,6 +313,8 @@ class Batcher:
             if isinstance(outputs, Exception):
                 for task in live:
                     task.future.set_exception(outputs)
+            elif outputs is not None and len(live) == 1 and len(next(iter(outputs.values()))) == live[0].rows:
+                live[0].future.set_result(dict(outputs))  # a lone request run unpadded: every row is its own
             elif outputs is not None:
                 for task, rows in zip(live, split_rows(outputs, [t.rows for t in live])):
                     task.future.set_result(rows)
