@@ -2,7 +2,8 @@
 Kubernetes.
 
 * :func:`launch` starts one process per task of a tf.distribute cluster on this machine
-  (:mod:`tensorfleet.cluster.launcher`), restarts failed tasks and resumes from backups; its
+  (:mod:`tensorfleet.cluster.launcher`; its options in groups, :class:`Recovery`, :class:`Timeouts`,
+  :class:`TaskOutput`, :class:`TaskCommand`), restarts failed tasks and resumes from backups; its
   parts are the task processes (:mod:`~tensorfleet.cluster.processes`), the supervision state
   machine (:mod:`~tensorfleet.cluster.supervisor`), the record of a run
   (:mod:`~tensorfleet.cluster.result`) and the server of parameter-server tasks
@@ -27,8 +28,10 @@ from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConf
 __getattr__, _LAZY = attach(
     __name__,
     modules=("contract", "elastic", "evaluation", "fault_tolerance", "jobstate", "k8s", "launcher", "migration",
-             "multiplex", "processes", "result", "resumable", "server", "supervisor"),
-    names={"launch": "launcher", "launch_elastic": "elastic", "migrate": "migration", "share": "multiplex", "tfjob": "k8s"},
+             "multiplex", "processes", "ps_balance", "result", "resumable", "server", "supervisor"),
+    names={"launch": "launcher", "launch_elastic": "elastic", "migrate": "migration", "share": "multiplex", "tfjob": "k8s",
+           "Recovery": "launch_options", "Timeouts": "launch_options", "TaskOutput": "launch_options",
+           "TaskCommand": "launch_options"},
 )
 
 __all__ = ["ClusterSpec", "Role", "TFConfig", "TFConfigError", "parse_tf_config", *_LAZY]
