@@ -81,8 +81,8 @@ def serve_command(
     num_batch_threads: int = typer.Option(2, "--num-batch-threads", "--num_batch_threads",
                                           help="Batches run at once."),
     batching_policy: BatchingPolicy = typer.Option(
-        BatchingPolicy.ADAPTIVE, "--batching-policy", help="adaptive: a batch waits only while another runs; timeout: "
-        "the first request of a batch waits --batch-timeout-micros for others (TF Serving's)."),
+        BatchingPolicy.ADAPTIVE, "--batching-policy", help="adaptive: a lone request goes at once; under load a "
+        "batch waits for the requests on their way (at most --batch-timeout-micros); timeout: the first request of a batch waits --batch-timeout-micros for others (TF Serving's)."),
     allowed_batch_sizes: Optional[str] = typer.Option(  # noqa: UP007
         None, "--allowed-batch-sizes", help="Sizes batches are padded to, e.g. 2,8,32 (default: powers of 2)."),
     model_version_policy: VersionPolicy = typer.Option(
