@@ -140,6 +140,9 @@ def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(client
     ({"aggregator": "krum", "aggregator_options": {"num_byzantine": 2}, "clients_per_round": 6}, ValueError,
      r"Aggregator 'krum' needs at least 7 clients \(n > 2 \* num_byzantine \+ 2, Blanchard et al. 2017; "
      r"num_byzantine=2\). Received: clients_per_round=6"),
+    ({"aggregator": "dp_adaptive", "aggregator_options": {"noise_multiplier": 1.0}, "clients_per_round": 10}, ValueError,
+     r"dp_adaptive's clipped-count noise \(0.05 \* clients_per_round = 0.5\) is too low for noise_multiplier=1: it "
+     r"needs noise_multiplier < 0.1 \* clients_per_round. Received: noise_multiplier=1, clients_per_round=10; "),
     ({"progress": "no"}, ValueError, r"progress must be true or false. Received: progress='no'"),
     ({"resume": 0}, ValueError, r"resume must be true or false. Received: resume=0"),
     ({"dp_delta": 1}, ValueError, r"dp_delta must be a finite number > 0 and < 1. Received: dp_delta=1"),

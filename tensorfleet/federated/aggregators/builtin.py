@@ -56,6 +56,11 @@ class DPPart(AggregatorPart):
             number("target_quantile", adaptive[0], above=0, below=1)
             number("clip_learning_rate", adaptive[1], above=0)
             self.count_stddev = 0.05 * self.clients_per_round if noise > 0 else 0.0  # TFF's adaptive_clip_noise_params
+            if noise > 0 and noise >= 2 * self.count_stddev:  # TFF's adaptive_clip_noise_params refuses it too
+                raise ValueError(f"dp_adaptive's clipped-count noise (0.05 * clients_per_round = {self.count_stddev:g}) "
+                                 f"is too low for noise_multiplier={noise:g}: it needs noise_multiplier < 0.1 * "
+                                 f"clients_per_round. Received: noise_multiplier={noise:g}, clients_per_round="
+                                 f"{self.clients_per_round}; raise clients_per_round or lower noise_multiplier.")
             self.value_noise = (noise ** -2 - (2 * self.count_stddev) ** -2) ** -0.5 if noise > 0 else 0.0
 
     def initial_state(self) -> dict[str, np.ndarray]:
