@@ -59,8 +59,9 @@ def run(
         help="drop (default: stragglers are left out) | partial (their partial work counts, weighted by examples)."),
     non_trainable: Optional[NonTrainable] = typer.Option(
         None, "--non-trainable", case_sensitive=False,
-        help="mean (default: BatchNormalization statistics averaged by examples) | initial (kept, as TFF does)."),
-    dp: Optional[str] = typer.Option(None, "--dp", help="'noise_multiplier=1.0,clip=0.5' or 'adaptive:noise_multiplier=1.0'."),
+        help="mean (default: BatchNormalization statistics averaged by examples) | initial (kept, as TFF "
+             "does) | per_client (FedBN: each client keeps its own BatchNormalization layers)."),
+    dp: Optional[str] = typer.Option(None, "--dp", help="'noise_multiplier=1.0,clip=0.5' or 'adaptive:noise_multiplier=0.5'."),
     aggregator: Optional[str] = typer.Option(None, "--aggregator", help="NAME[:key=value,...], e.g. trimmed_mean:beta=0.2."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for metrics, plots, checkpoints."),
     seed: Optional[int] = typer.Option(None, "--seed"),
