@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from tensorfleet.federated.aggregators.parts import too_few_clients
 
-__all__ = ["check_participants", "is_dp", "round_epsilon", "upload_bytes"]
+__all__ = ["check_participants", "is_dp", "round_epsilon", "sent_sizes", "upload_bytes"]
 
 
 def _entry(config: Any) -> Any:
@@ -59,6 +59,19 @@ def upload_bytes(config: Any, sizes: Sequence[int]) -> int:
     if entry is None:
         return 4 * int(sum(sizes))
     return entry.bytes_per_client(list(sizes), config.aggregator_options)
+
+
+def sent_sizes(config: Any, model: Any) -> list[int]:
+    """The sizes of the trainable tensors a client of ``model`` uploads: every one, except under FedBN
+    (``non_trainable="per_client"``) its BatchNormalization layers', which stay on the client."""
+    import numpy as np
+
+    kept: set[int] = set()
+    if str(getattr(config.non_trainable, "value", config.non_trainable)) == "per_client":
+        from tensorfleet.federated.backends.compiled_local import batch_norm_variables
+
+        kept = set(batch_norm_variables(model))
+    return [int(np.prod(w.shape)) for i, w in enumerate(model.trainable_weights) if i not in kept]
 
 
 def check_participants(config: Any, who: dict[str, list[str]], round_num: int) -> None:

@@ -312,7 +312,7 @@ class Simulation:
         if who["participants"]:
             record.update(state.run_round(round_num, who["participants"], who["work"]))
         if self._keras_model is not None:
-            sizes = [int(np.prod(w.shape)) for w in self._keras_model.trainable_weights]
+            sizes = records.sent_sizes(self.config, self._keras_model)
             record["upload_bytes"] = records.upload_bytes(self.config, sizes) * len(who["participants"])
         eps = records.round_epsilon(self.config, num_clients=len(self.train_ids), rounds_done=round_num)
         if eps is not None:

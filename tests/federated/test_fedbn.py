@@ -112,6 +112,10 @@ def test_fedbn_matches_the_numpy_rule_and_keeps_state_for_sampled_clients_only(t
     both = sorted(sampled[0] & sampled[1])[0]
     assert not np.allclose(own[both][0], server[2])
     assert "participants' BatchNormalization" in sim.history.config["global_bn"]
+    # What a client uploads: the shared weights' float32 values, not its BN layers'.
+    shared = sum(int(np.prod(np.shape(server[i]))) for i in (0, 1, 4, 5))
+    assert [r["upload_bytes"] for r in sim.history.rounds] == [4 * shared * r["participants"]
+                                                               for r in sim.history.rounds]
 
 
 def test_each_client_is_evaluated_with_its_own_batch_normalization(two_rounds):
