@@ -250,7 +250,7 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
     import tensorflow as tf
 
     from tensorfleet.federated import tff_model
-    from tensorfleet.federated.aggregators import build_part
+    from tensorfleet.federated.aggregators import AGGREGATORS, build_part
     from tensorfleet.federated.algorithms import ALGORITHMS, make_optimizer
     from tensorfleet.federated.backends.compiled import CompiledFedAvg, RoundShape
 
@@ -259,8 +259,11 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
     loss, _ = tff_model.loss_and_metrics(model)
     algorithm = ALGORITHMS.get(config.algorithm)
     client_optimizer = make_optimizer(config.client_opt) if config.client_opt is not None else None
-    part = build_part(config.aggregator_name or "mean", clients_per_round=config.clients_per_round,
-                      seed=config.seed, options=config.aggregator_options)
+    name = config.aggregator_name or "mean"
+    options = dict(config.aggregator_options)
+    if "delta" in AGGREGATORS.get(AGGREGATORS.canonical(name)).defaults and options.get("delta") is None:
+        options["delta"] = config.dp_delta  # an aggregator that accounts its own epsilon does so at the run's delta
+    part = build_part(name, clients_per_round=config.clients_per_round, seed=config.seed, options=options)
     with tf.init_scope():
         return CompiledFedAvg(model_fn=model_fn, loss_fn=loss, initial_weights=initial,
                               client_work=algorithm.client_work(client_optimizer, config.hyperparameters),

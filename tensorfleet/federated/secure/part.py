@@ -7,7 +7,7 @@ optimizer applies the unmasked, dequantized mean. ``dropout_after_upload`` simul
 stop after their masked vector arrived (dropouts and stragglers before upload are the simulation's
 own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). ``dp="distributed"`` has each client add Skellam noise before masking; each round's record then
 holds this part's own ``aggregator_epsilon`` instead of ``epsilon`` (the Skellam bound at the fewest survivors, no sampling
-amplification, delta ``1e-5``: :mod:`~tensorfleet.federated.secure.skellam`). ``malicious=True``
+amplification, at option ``delta``: a simulation's ``dp_delta``, else ``1e-5``: :mod:`~tensorfleet.federated.secure.skellam`). ``malicious=True``
 runs the malicious-server variant (signed keys, consistency round). When
 the survivors cannot unmask the sum the round raises
 :class:`~tensorfleet.federated.aggregators.parts.AggregationError` and is not applied.
@@ -18,7 +18,7 @@ The ``tff`` backend has no form of them: TFF's ``SecureSumFactory`` is a plain s
 Example:
     >>> from tensorfleet.federated.aggregators import AGGREGATORS, catalogue
     >>> sorted(AGGREGATORS.get("secagg+").defaults)
-    ['bits', 'clip', 'degree', 'dp', 'dp_clip', 'dropout_after_upload', 'malicious', 'noise_multiplier', 'threshold']
+    ['bits', 'clip', 'degree', 'delta', 'dp', 'dp_clip', 'dropout_after_upload', 'malicious', 'noise_multiplier', 'threshold']
     >>> [row["backends"] for row in catalogue() if row["name"].startswith("secagg")]
     [['compiled'], ['compiled']]
 """
@@ -40,7 +40,7 @@ from tensorfleet.validation import integer, number
 __all__ = ["SecurePart", "secure_upload_bytes"]
 
 DEFAULTS = {"bits": 16, "clip": 1.0, "threshold": 0.5, "degree": 0, "noise_multiplier": 0.0, "dp_clip": 1.0,
-            "dp": "central", "malicious": False, "dropout_after_upload": 0.0}
+            "dp": "central", "malicious": False, "dropout_after_upload": 0.0, "delta": None}
 DISTRIBUTED_DELTA = 1e-5
 _KEYS_BYTES = 2 * 32 + 4
 
@@ -51,9 +51,11 @@ class SecurePart(AggregatorPart):
     host = True
     rows = True
 
-    def __init__(self, aggregator: SecureAggregator, dropout_after_upload: float) -> None:
+    def __init__(self, aggregator: SecureAggregator, dropout_after_upload: float, delta: float = DISTRIBUTED_DELTA
+                 ) -> None:
         self.aggregator = aggregator
         self.dropout_after_upload = dropout_after_upload
+        self.delta = delta
 
     def client(self, update: Any, weight: Any, state: dict[str, Any], ctx: Any) -> tuple[Any, Any]:
         return update, self.no_aux(update)  # the weight is applied inside the protocol
@@ -74,14 +76,14 @@ class SecurePart(AggregatorPart):
                    "upload_bytes": result.traffic.upload}
         if self.aggregator.dp is SecureDp.DISTRIBUTED:
             metrics["epsilon"] = self.aggregator.epsilon(clients_per_round=count, num_clients=count,
-                                                         rounds=int(ctx.round_num), delta=DISTRIBUTED_DELTA,
+                                                         rounds=int(ctx.round_num), delta=self.delta,
                                                          size=int(np.asarray(updates.values).shape[1]))
         return Aggregate(result.mean, state, metrics)
 
 
 def _part(kind: SecureAggregation, *, clients_per_round: int, seed: int, bits: int, clip: float, threshold: float,
           degree: int, noise_multiplier: float, dp_clip: float, dp: str, malicious: bool,
-          dropout_after_upload: float) -> SecurePart:
+          dropout_after_upload: float, delta: float | None = None) -> SecurePart:
     integer("degree", degree, minimum=0)
     if isinstance(malicious, str):  # from the command line's NAME:key=value spec
         malicious = {"true": True, "false": False}.get(malicious.strip().lower(), malicious)
@@ -89,7 +91,8 @@ def _part(kind: SecureAggregation, *, clients_per_round: int, seed: int, bits: i
                                   noise_multiplier=noise_multiplier, dp_clip=dp_clip, dp=dp, malicious=malicious,
                                   seed=seed)
     aggregator.quantizer(integer("clients_per_round", clients_per_round, minimum=2))  # bits enough for the sum
-    return SecurePart(aggregator, number("dropout_after_upload", dropout_after_upload, minimum=0, below=1))
+    return SecurePart(aggregator, number("dropout_after_upload", dropout_after_upload, minimum=0, below=1),
+                      DISTRIBUTED_DELTA if delta is None else number("delta", delta, above=0, below=1))
 
 
 def _central(options: dict[str, Any]) -> bool:

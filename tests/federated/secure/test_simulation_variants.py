@@ -21,15 +21,17 @@ def test_distributed_dp_with_a_malicious_server_check_trains_and_reports_its_eps
                "malicious": True}
     sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_mlp"), clients, "fedavg", aggregator="secagg+",
                                    aggregator_options=options, rounds=2, clients_per_round=5, seed=3,
-                                   progress=False)
+                                   progress=False, dp_delta=1e-6)
     history = sim.run()
     size = sum(int(np.prod(w.shape)) for w in sim.keras_model().trainable_weights)
     aggregator = SecureAggregator(kind="secagg+", bits=24, noise_multiplier=0.3, dp_clip=1.0, clip=0.5,
                                   dp="distributed", malicious=True)
     for record in history.rounds:
         assert "epsilon" not in record  # not the central Gaussian's: the part reports the Skellam bound
-        assert record["aggregator_epsilon"] == pytest.approx(aggregator.epsilon(
-            clients_per_round=5, num_clients=12, rounds=record["round"], size=size), rel=1e-12)
+        # at the simulation's dp_delta (a smaller delta: a larger epsilon than at the default 1e-5)
+        at = {delta: aggregator.epsilon(clients_per_round=5, num_clients=12, rounds=record["round"], size=size,
+                                        delta=delta) for delta in (1e-6, 1e-5)}
+        assert record["aggregator_epsilon"] == pytest.approx(at[1e-6], rel=1e-12) and at[1e-6] > at[1e-5]
         assert record["aggregator_survivors"] == 5
     assert history.rounds[1]["aggregator_epsilon"] > history.rounds[0]["aggregator_epsilon"] > 0
     assert all(np.isfinite(w).all() for w in sim.final_weights())
