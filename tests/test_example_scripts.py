@@ -2,7 +2,9 @@
 
 train_digits_multiworker.py and train_digits_ps.py run under the launcher in tests/cluster
 (fault tolerance, elastic); the others run here, each in a process of its own in a temporary
-directory.
+directory. The one-process scripts start two at a time when the first of them is reached (much of
+each is a new process importing TensorFlow, on one core); the scripts that start processes of their
+own run alone.
 """
 
 from __future__ import annotations
@@ -13,42 +15,81 @@ import subprocess
 import sys
 from pathlib import Path
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
+# The one-process scripts and their arguments ({dir}: the script's working directory).
+ONE_PROCESS = {
+    "export_microcontroller.py": ("{dir}/edge", "--epochs", "1"),
+    "federated_simulation.py": ("--rounds", "2", "--out", "{dir}/fed"),
+    "model_parallel_mesh.py": ("--epochs", "1"),
+    "model_parallel_pipeline.py": ("--out", "{dir}/schedule.png"),
+}
 
-def run(script: str, *args: str, cwd: Path) -> str:
-    result = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=cwd, capture_output=True,
-                            text=True, timeout=400, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+def _completed(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=400, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def _stdout(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout
 
 
+def run(script: str, *args: str, cwd: Path) -> str:
+    return _stdout(_completed(script, list(args), cwd))
+
+
+@pytest.fixture(scope="module")
+def one_process(request, tmp_path_factory):
+    """script -> (its working directory, the Future of its run) for the selected tests' scripts, the
+    runs started two at a time."""
+    selected = {item.originalname for item in request.session.items}
+    root = tmp_path_factory.mktemp("examples")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs: dict[str, tuple[Path, Future]] = {}
+        for script, args in ONE_PROCESS.items():
+            if not any(name.startswith(f"test_{Path(script).stem}_") for name in selected):
+                continue
+            cwd = root / Path(script).stem
+            cwd.mkdir()
+            runs[script] = (cwd, pool.submit(_completed, script, [a.format(dir=cwd) for a in args], cwd))
+        yield {script: (cwd, future) for script, (cwd, future) in runs.items()}
+
+
+def ran(one_process, script: str) -> tuple[Path, str]:
+    cwd, future = one_process[script]
+    return cwd, _stdout(future.result())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(450)
-def test_export_microcontroller_writes_a_model_that_fits_the_board_and_its_c_sources(tmp_path):
-    out = run("export_microcontroller.py", str(tmp_path / "edge"), "--epochs", "1", cwd=tmp_path)
+def test_export_microcontroller_writes_a_model_that_fits_the_board_and_its_c_sources(one_process):
+    workdir, out = ran(one_process, "export_microcontroller.py")
     assert "target arduino_nano_33_ble (flash 1,048,576, RAM 262,144): fits" in out
-    assert sorted(p.name for p in (tmp_path / "edge" / "c").iterdir()) == [
+    assert sorted(p.name for p in (workdir / "edge" / "c").iterdir()) == [
         "digits_model_data.cc", "digits_model_data.h", "digits_op_resolver.h"]
     assert {"digits_int8.tflite", "digits_int8_report.json", "digits_int8_report.png"} <= {
-        p.name for p in (tmp_path / "edge").iterdir()}
+        p.name for p in (workdir / "edge").iterdir()}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(450)
-def test_federated_simulation_runs_its_rounds_and_leaves_metrics_plots_and_a_checkpoint(tmp_path):
-    out = run("federated_simulation.py", "--rounds", "2", "--out", str(tmp_path / "fed"), cwd=tmp_path)
+def test_federated_simulation_runs_its_rounds_and_leaves_metrics_plots_and_a_checkpoint(one_process):
+    workdir, out = ran(one_process, "federated_simulation.py")
     assert re.search(r"final central test accuracy: 0\.\d{3} after 2 rounds", out), out
     assert {"metrics.json", "metrics.csv", "checkpoint.npz", "accuracy.png", "partition.png"} <= {
-        p.name for p in (tmp_path / "fed").iterdir()}
+        p.name for p in (workdir / "fed").iterdir()}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(450)
-def test_model_parallel_mesh_trains_the_same_model_on_all_three_backends(tmp_path):
-    out = run("model_parallel_mesh.py", "--epochs", "1", cwd=tmp_path)
+def test_model_parallel_mesh_trains_the_same_model_on_all_three_backends(one_process):
+    _, out = ran(one_process, "model_parallel_mesh.py")
     losses = dict(re.findall(r"(mtf|keras|dtensor): mesh .* epoch losses \[([0-9.]+)\]", out))
     assert sorted(losses) == ["dtensor", "keras", "mtf"], out
     # Same initial weights and batches: one epoch of 44 SGD steps ends at the same loss.
@@ -57,11 +98,11 @@ def test_model_parallel_mesh_trains_the_same_model_on_all_three_backends(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(450)
-def test_model_parallel_pipeline_learns_digits_and_draws_its_schedule(tmp_path):
-    out = run("model_parallel_pipeline.py", "--out", str(tmp_path / "schedule.png"), cwd=tmp_path)
+def test_model_parallel_pipeline_learns_digits_and_draws_its_schedule(one_process):
+    workdir, out = ran(one_process, "model_parallel_pipeline.py")
     match = re.search(r"1f1b: 4 stages of \[2, 2, 2, 2\] layers on 4 devices; .*test accuracy (0\.\d+)", out)
     assert match and float(match.group(1)) > 0.9, out
-    assert (tmp_path / "schedule.png").stat().st_size > 0
+    assert (workdir / "schedule.png").stat().st_size > 0
 
 
 @pytest.mark.slow
