@@ -87,12 +87,11 @@ def reap(process: Any) -> None:
         process.wait()
 
 
-def run_workers(commands: list[list[str]], envs: list[dict[str, str]], *, timeout: float) -> list[str]:
-    """Runs each command (with its environment, from the project root) at once and returns their output.
-
-    Every process must exit 0 within ``timeout`` seconds (the assertion shows the last lines of each that did not); none
-    outlives the call: each runs in its own session, killed with its children if still running.
-    """
+def collect_workers(commands: list[list[str]], envs: list[dict[str, str]], *,
+                    timeout: float) -> tuple[list[Any], list[str]]:
+    """Runs each command (with its environment, from the project root) at once and returns the
+    processes and their output, whatever their exit statuses. None outlives the call (bounded by
+    ``timeout`` seconds): each runs in its own session, killed with its children if still running."""
     import signal
     import subprocess
     from pathlib import Path
@@ -109,6 +108,13 @@ def run_workers(commands: list[list[str]], envs: list[dict[str, str]], *, timeou
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+    return procs, logs
+
+
+def run_workers(commands: list[list[str]], envs: list[dict[str, str]], *, timeout: float) -> list[str]:
+    """:func:`collect_workers`, and every process must have exited 0 (the assertion shows the last
+    lines of each that did not)."""
+    procs, logs = collect_workers(commands, envs, timeout=timeout)
     failed = [f"worker {index} exited {p.returncode}:\n{log[-3000:]}"
               for index, (p, log) in enumerate(zip(procs, logs)) if p.returncode != 0]
     assert not failed, "\n\n".join(failed)

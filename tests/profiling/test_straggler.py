@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from tensorfleet.strategies.tf_config import ClusterSpec
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import collect_workers
 
 TIMEOUT = 180
 SLOW_SECONDS = 0.2
@@ -36,8 +35,6 @@ def lost_its_peer(log: str) -> bool:
 def run_profiled_job(directory: Path, phase: str) -> None:
     """Runs the 2-worker job's ``phase`` (``straggler`` or ``sizes``) into ``directory``, again on a fresh
     cluster when the profiler's stop crashed a worker; any other failure fails at once."""
-    import subprocess
-
     for attempt in range(ATTEMPTS):
         root = directory / f"attempt-{attempt}"
         spec = ClusterSpec.local(workers=2)
@@ -45,10 +42,8 @@ def run_profiled_job(directory: Path, phase: str) -> None:
                   if phase == "straggler" else {"SIZES_DIR": str(root / "sizes")})
         envs = [{**os.environ, **phased, "TF_CONFIG": spec.tf_config_json("worker", index), "PYTHONFAULTHANDLER": "1",
                  "JOB_PHASE": phase, "SLEEP_SECONDS": str(SLOW_SECONDS if index == 1 else 0)} for index in range(2)]
-        procs = [subprocess.Popen([sys.executable, "-m", "tests.profiling.slow_worker_job"], cwd=ROOT, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  start_new_session=True) for env in envs]
-        logs = finish(procs)
+        procs, logs = collect_workers([[sys.executable, "-m", "tests.profiling.slow_worker_job"]] * 2, envs,
+                                      timeout=TIMEOUT)
         if all(p.returncode == 0 for p in procs):
             name = "profile" if phase == "straggler" else "sizes"
             (root / name).rename(directory / name)
@@ -60,19 +55,6 @@ def run_profiled_job(directory: Path, phase: str) -> None:
             failed = [f"worker {i} exited {p.returncode}:\n{log[-3000:]}" for i, (p, log) in enumerate(zip(procs, logs))]
             pytest.fail("\n\n".join(failed))
     pytest.fail(f"the profiler's stop crashed a worker in each of {ATTEMPTS} runs of the {phase} job")
-
-
-def finish(procs: list) -> list[str]:
-    """Waits for every process (bounded by TIMEOUT) and returns their output; none outlives the call."""
-    import signal
-
-    try:
-        return [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
 
 
 @pytest.fixture(scope="module")
