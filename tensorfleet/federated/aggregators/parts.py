@@ -138,6 +138,11 @@ class AggregatorPart:
 
         return tf.zeros([self.aux_size], update.dtype)
 
+    def check_size(self, size: int) -> None:
+        """Called once the model is built, before the first round's client work: each client's flat update
+        holds ``size`` values. Raise ValueError (naming the option to change) when this part cannot
+        aggregate updates of that size; the default takes any."""
+
     def client(self, update: Any, weight: Any, state: dict[str, Any], ctx: RoundContext) -> tuple[Any, Any]:
         """One client's ``(value [d], aux [aux_size])`` in the graph, from its flat ``update``
         (``initial - trained``; a non-finite one comes as zeros with weight 0) and ``weight`` (the
@@ -156,7 +161,8 @@ class Aggregator:
     Attributes:
         compiled: ``(clients_per_round, seed, **options) -> AggregatorPart``; cheap, no TensorFlow:
             it checks the options' values (ValueError naming the option) and is called when a
-            simulation's configuration is made.
+            simulation's configuration is made (what depends on the model's size, when the
+            simulation starts: :meth:`AggregatorPart.check_size`).
         tff: ``(clients_per_round, **options) -> tff.aggregators factory`` for the ``tff`` backend,
             or None when only the compiled backend runs it.
         defaults: every option and its default (an option not here is refused).

@@ -264,6 +264,7 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
     if "delta" in AGGREGATORS.get(AGGREGATORS.canonical(name)).defaults and options.get("delta") is None:
         options["delta"] = config.dp_delta  # an aggregator that accounts its own epsilon does so at the run's delta
     part = build_part(name, clients_per_round=config.clients_per_round, seed=config.seed, options=options)
+    part.check_size(sum(int(np.prod(w.shape)) for w in model.trainable_weights))  # before any client work
     with tf.init_scope():
         return CompiledFedAvg(model_fn=model_fn, loss_fn=loss, initial_weights=initial,
                               client_work=algorithm.client_work(client_optimizer, config.hyperparameters),

@@ -51,11 +51,17 @@ class SecurePart(AggregatorPart):
     host = True
     rows = True
 
-    def __init__(self, aggregator: SecureAggregator, dropout_after_upload: float, delta: float = DISTRIBUTED_DELTA
-                 ) -> None:
+    def __init__(self, aggregator: SecureAggregator, dropout_after_upload: float, delta: float = DISTRIBUTED_DELTA,
+                 clients_per_round: int = 2) -> None:
         self.aggregator = aggregator
+        self.clients_per_round = clients_per_round
         self.dropout_after_upload = dropout_after_upload
         self.delta = delta
+
+    def check_size(self, size: int) -> None:
+        """The bits checked against the model's update (distributed DP's noise margin widens with the
+        values it covers; the configuration's check could only assume one)."""
+        self.aggregator.quantizer(self.clients_per_round, size)
 
     def client(self, update: Any, weight: Any, state: dict[str, Any], ctx: Any) -> tuple[Any, Any]:
         return update, self.no_aux(update)  # the weight is applied inside the protocol
@@ -90,9 +96,12 @@ def _part(kind: SecureAggregation, *, clients_per_round: int, seed: int, bits: i
     aggregator = SecureAggregator(kind=kind, clip=clip, bits=bits, threshold=threshold, degree=degree or None,
                                   noise_multiplier=noise_multiplier, dp_clip=dp_clip, dp=dp, malicious=malicious,
                                   seed=seed)
-    aggregator.quantizer(integer("clients_per_round", clients_per_round, minimum=2))  # bits enough for the sum
+    # bits enough for the sum (and for distributed DP's noise on one value: the model's size is checked
+    # when the simulation starts, SecurePart.check_size)
+    aggregator.quantizer(integer("clients_per_round", clients_per_round, minimum=2))
     return SecurePart(aggregator, number("dropout_after_upload", dropout_after_upload, minimum=0, below=1),
-                      DISTRIBUTED_DELTA if delta is None else number("delta", delta, above=0, below=1))
+                      DISTRIBUTED_DELTA if delta is None else number("delta", delta, above=0, below=1),
+                      clients_per_round)
 
 
 def _central(options: dict[str, Any]) -> bool:

@@ -114,10 +114,11 @@ class SkellamPlan:
             needed = next((b for b in range(bits + 1, MAX_BITS + 1)
                            if cls._fit(clip, dp_clip, noise_multiplier, b, n, d, min_survivors)), None)
             advice = f"use bits >= {needed}" if needed else f"no bits up to {MAX_BITS} do: lower noise_multiplier"
-            raise ValueError(f"bits={bits} leave no room for distributed DP's noise: {n} clients' values of at least "
-                             f"{MIN_LEVELS} levels each plus the noise's margin on either side (stddev "
-                             f"noise_multiplier * dp_clip = {noise_multiplier * dp_clip:g}) would wrap around "
-                             f"2 ** bits; {advice}. Received: bits={bits}")
+            size_text = f"{d:,} value" + ("s" if d > 1 else "")
+            raise ValueError(f"bits={bits} leave no room for distributed DP's noise on updates of {size_text}: {n} "
+                             f"clients' values of at least {MIN_LEVELS} levels each plus the noise's margin on either "
+                             f"side (stddev noise_multiplier * dp_clip = {noise_multiplier * dp_clip:g}; it widens "
+                             f"with the values) would wrap around 2 ** bits; {advice}. Received: bits={bits}")
         return plan
 
     @classmethod
