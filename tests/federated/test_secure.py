@@ -70,12 +70,48 @@ def test_fewer_answers_than_the_threshold_fail_with_one_clear_error():
     assert len(total.clients) == 10
 
 
-def test_secagg_plus_threshold_is_per_neighbourhood():
-    settings = _settings(12, 8, degree=4)  # 5 holders per secret, 3 needed
-    graph = neighbours(12, degree=4, seed=7)
-    victim_neighbours = sorted(graph[0])
-    with pytest.raises(TooFewSurvivorsError, match="client 0's self-mask seed needs 3 shares of 5"):
-        run_round(list(np.zeros((12, 8))), settings, dropouts=Dropouts(after_upload=[0, *victim_neighbours[:2]]))
+def _most_dropouts_every_neighbourhood_survives(graph, most):
+    """A maximal set of clients (taken in id order) with at most ``most`` in any client's holders (it and its
+    neighbours): adding any other client leaves some neighbourhood short."""
+    holders = [graph[u] | {u} for u in range(len(graph))]
+    gone: set[int] = set()
+    for u in range(len(graph)):
+        if all(len(h & (gone | {u})) <= most for h in holders):
+            gone.add(u)
+    return gone, holders
+
+
+@pytest.mark.parametrize("when", ["before_upload", "after_upload"])
+def test_secagg_plus_unmasks_with_each_neighbourhood_at_its_threshold_and_fails_one_below(when):
+    n, d = 20, 40
+    settings = _settings(n, d, degree=4)  # 5 holders per secret, 3 needed: 2 of any neighbourhood may stop
+    graph = neighbours(n, degree=4, seed=7)
+    gone, holders = _most_dropouts_every_neighbourhood_survives(graph, most=2)
+    assert any(len(h & gone) == 2 for h in holders)  # some neighbourhood is exactly at its threshold
+    updates = list(np.random.default_rng(1).normal(0, 0.4, (n, d)))
+    total, _ = run_round(updates, settings, dropouts=Dropouts(**{when: gone}), rng=np.random.default_rng(5))
+    arrived = set(range(n)) - gone if when == "before_upload" else set(range(n))
+    ints = _quantized(updates, settings, arrived, 5)
+    assert total.clients == tuple(sorted(arrived))
+    np.testing.assert_array_equal(total.values.astype(np.uint64),
+                                  sum(ints[u].astype(np.uint64) for u in arrived) % 2 ** 16)
+    # each client lies in 5 neighbourhoods, so 3 of every 5 answering is more than SecAgg's t = 11 of 20
+    assert n - len(gone) >= 11
+    one_more = gone | {min(set(range(n)) - gone)}
+    short = [u for u in range(n) if len(holders[u] - one_more) < 3]  # the server rebuilds survivors' seeds first
+    survivors = set(range(n)) - (one_more if when == "before_upload" else set())
+    short_survivors = [u for u in short if u in survivors]
+    first, secret = (min(short_survivors), "self-mask seed") if short_survivors else (min(short), "mask key")
+    with pytest.raises(TooFewSurvivorsError, match=rf"client {first}'s {secret} needs 3 shares of 5, and only "
+                                                   rf"{len(holders[first] - one_more)} .* model unchanged"):
+        run_round(updates, settings, dropouts=Dropouts(**{when: one_more}), rng=np.random.default_rng(5))
+    secagg, _ = run_round(updates, _settings(n, d), dropouts=Dropouts(**{when: one_more}))  # 11 of 20 needed
+    assert len(secagg.clients) == (n if when == "after_upload" else n - len(one_more)) and n - len(one_more) >= 11
+    crowded = {0, *sorted(graph[0])[:2]}  # 17 of 20 answer, but not enough of client 0's neighbourhood
+    with pytest.raises(TooFewSurvivorsError, match="needs 3 shares of 5, and only 2"):
+        run_round(updates, settings, dropouts=Dropouts(**{when: crowded}))
+    secagg, _ = run_round(updates, _settings(n, d), dropouts=Dropouts(**{when: crowded}))
+    assert len(secagg.clients) == (n if when == "after_upload" else n - 3)
 
 
 def test_server_refuses_anything_but_messages():

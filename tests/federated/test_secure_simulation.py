@@ -40,22 +40,24 @@ def test_secure_mean_at_32_bits_trains_as_the_plain_mean(digits):
         np.testing.assert_allclose(a, b, atol=2e-6)
 
 
-@pytest.fixture
-def kept_part():
-    """secagg registered once more under a test name, keeping the part it builds within reach."""
-    entry, made = AGGREGATORS.get("secagg"), []
+@pytest.fixture(params=["secagg", "secagg+"])
+def kept_part(request):
+    """secagg (and secagg+) registered once more under a test name, keeping the part it builds within reach."""
+    entry, made = AGGREGATORS.get(request.param), []
 
     def compiled(**options):
         made.append(entry.compiled(**options))
         return made[-1]
 
     AGGREGATORS.register("secagg_kept", dataclasses.replace(entry, compiled=compiled))
-    yield made
+    yield request.param, made
     AGGREGATORS.unregister("secagg_kept")
 
 
 def test_a_round_that_cannot_unmask_leaves_the_model_unchanged(digits, kept_part):
-    sim = _sim(digits, "secagg_kept", {"bits": 16})
+    kind, kept_part = kept_part
+    plus = kind == "secagg+"  # a ring of degree 2: each secret has 3 holders, 2 needed
+    sim = _sim(digits, "secagg_kept", {"bits": 16, **({"degree": 2} if plus else {})})
     kept = {}
 
     def after_round(record):  # round 1 went through; make round 2 lose too many clients after upload
@@ -63,7 +65,10 @@ def test_a_round_that_cannot_unmask_leaves_the_model_unchanged(digits, kept_part
         kept_part[-1].dropout_after_upload = 0.6
 
     sim.round_listeners.append(after_round)
-    with pytest.raises(AggregationError, match=r"round 2 cannot unmask: .* needs 3 shares of 5, and only 2"):
+    # 3 of 5 stop after upload: SecAgg is short of its 3 of 5; in SecAgg+'s ring of 5, some client's 3 holders
+    # keep at most 1
+    shortfall = r"needs 2 shares of 3, and only [01]" if plus else r"needs 3 shares of 5, and only 2"
+    with pytest.raises(AggregationError, match=rf"round 2 cannot unmask: .* {shortfall}"):
         sim.run()
     assert [r["round"] for r in sim.history.rounds] == [1]
     for a, b in zip(sim.state.model_weights().trainable, kept["weights"]):

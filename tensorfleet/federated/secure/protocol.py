@@ -220,7 +220,10 @@ class SecureAggregator:
         return Quantizer(clip=self.clip, bits=self.bits, clients=clients, headroom=plan.margin if plan else 0)
 
     def min_survivors(self, clients: int) -> int:
-        """The fewest of ``clients`` whose sum a round releases (SecAgg's threshold; SecAgg+ is held to it too)."""
+        """The fewest of ``clients`` whose sum distributed DP releases (its epsilon counts their noise): SecAgg's
+        threshold. A floor on the noise, so of the whole round for SecAgg+ too; SecAgg+'s masks come off by each
+        neighbourhood's threshold, which on its ring implies more than ``threshold * clients`` answers whenever
+        every client shared keys (docs/explanation-secure-aggregation.md)."""
         return min(clients, int(self.threshold * clients) + 1)
 
     def skellam_plan(self, clients: int, size: int) -> SkellamPlan | None:
