@@ -14,19 +14,26 @@ unscaled prediction beside its figure, so the model's error is shown. Bytes are 
 Part 2, accuracy: 100 clients of scikit-learn's digits (IID), 10 a round, the digits CNN, FedAvg
 with 5 local epochs of batch 10, ``--rounds`` rounds (50) with the plain mean, ``secagg`` and
 ``secagg+`` at 16 bits (clip 1.0), same seed; central test accuracy at the end, and how far the
-final weights are from the plain mean's.
+final weights are from the plain mean's. Then at each ``--noise-multiplier`` z (L2 clip ``--dp-clip``,
+1.0): ``dp_fixed`` (the central Gaussian on the plain sum), SecAgg with the same Gaussian added to the
+unmasked sum (``dp="central"``) and SecAgg with each client's Skellam noise before masking
+(``dp="distributed"``), each with its epsilon after the last round at delta 1e-5 (central: accounted
+as ``dp_fixed``, sampling 10 of 100 credited; distributed: the Skellam bound at the fewest
+survivors, no sampling credit).
 
 Part 3, the variants (``--variants``): each kind semi-honest (the cells above), with distributed DP
 (each client's Skellam noise before masking, noise multiplier 1 at clip 1), in the malicious-server
 variant (signed keys, a consistency round) and with both, for n = 10 and 100 at d = 10^4: bytes,
 message rounds, seconds per round (median of ``--repeats`` runs, the variants of one cell run one
 after another so that their ratio to the semi-honest round is taken under the same load), and the
-epsilon of one distributed-DP round at delta 1e-5 (its fewest survivors' noise). n = 1000 is left
-out: its rounds take minutes each on two shared cores, and the variants' costs per client do not
-depend on n beyond what n = 100 shows.
+epsilon of one distributed-DP round at delta 1e-5 (its fewest survivors' noise). ``--variants-clients``
+(10 100) and ``--variants-kinds`` pick the cells; a kind whose semi-honest round at n >= 1000 is
+predicted above ``--budget`` seconds is not run and its prediction is printed (SecAgg at n = 1000:
+about 20 minutes a round here, so ``--variants-clients 1000 --variants-kinds secagg+``).
 
 Run with ``python bench/secure_aggregation.py [--budget 60] [--rounds 50] [--skip-accuracy]
-[--variants] [--repeats 3]``.
+[--skip-cost] [--variants] [--repeats 3] [--variants-clients N ...] [--variants-kinds K ...]
+[--noise-multiplier Z ...] [--dp-clip C] [--only LABEL]``.
 """
 
 from __future__ import annotations
@@ -158,45 +165,74 @@ def cost_table(budget: float) -> None:
               f"{1 if kind == 'mean' else 4} | {shown} | {'' if kind == 'mean' else f'{predicted:.2f}'} |")
 
 
-def accuracy(rounds: int) -> None:
+def accuracy_rows(noise_multipliers: list[float], dp_clip: float) -> list[tuple[str, str | None, dict | None]]:
+    """``(label, aggregator, options)`` of the accuracy table: the plain mean, both secure kinds, then at each
+    noise multiplier ``dp_fixed`` (central Gaussian, no secure aggregation), SecAgg with the same noise added
+    to the unmasked sum (central) and SecAgg with each client's Skellam noise before masking (distributed)."""
+    rows: list[tuple[str, str | None, dict | None]] = [("mean", None, None), ("secagg", "secagg", {"bits": BITS}),
+                                                       ("secagg+", "secagg+", {"bits": BITS})]
+    for z in noise_multipliers:
+        dp = {"noise_multiplier": z, "dp_clip": dp_clip}
+        rows += [(f"dp_fixed z={z:g}", "dp_fixed", {"noise_multiplier": z, "clip": dp_clip}),
+                 (f"secagg, central DP after unmasking z={z:g}", "secagg", {"bits": BITS, **dp, "dp": "central"}),
+                 (f"secagg, distributed DP z={z:g}", "secagg", {"bits": BITS, **dp, "dp": "distributed"})]
+    return rows
+
+
+def accuracy(rounds: int, noise_multipliers: list[float], dp_clip: float = 1.0, only: str | None = None) -> None:
     import tensorfleet as tfl
 
     split = tfl.models.datasets.load_digits()
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=100, scheme="iid", seed=0)
-    print(f"\n| aggregator | test accuracy after {rounds} rounds | points from the mean | saturated values "
-          f"(all rounds) | largest weight difference from the mean's | wall s |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| aggregator | test accuracy after {rounds} rounds | points from the mean | epsilon after {rounds} "
+          f"rounds (delta 1e-5) | saturated values (all rounds) | largest weight difference from the mean's | wall s |")
+    print("|---|---|---|---|---|---|---|")
     reference: dict[str, object] = {}
-    for name in ("mean", "secagg", "secagg+"):
+    for label, name, options in accuracy_rows(noise_multipliers, dp_clip):
+        if only is not None and name is not None and only not in label:
+            continue
         sim = tfl.federated.Simulation(
             lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds, clients_per_round=10, seed=0,
             batch_size=10, local_epochs=5, test_data=(split.x_test, split.y_test), eval_every=rounds,
-            progress=False, backend="compiled", aggregator=None if name == "mean" else name,
-            aggregator_options=None if name == "mean" else {"bits": BITS})
+            progress=False, backend="compiled", aggregator=name, aggregator_options=options, dp_delta=1e-5)
         start = time.perf_counter()
         history = sim.run()
         wall = time.perf_counter() - start
         records = history.as_dict()["rounds"]
         saturated = sum(r.get("aggregator_saturated", 0) for r in records)
+        # central DP's epsilon is the simulation's (sampling 10 of 100 credited); distributed DP's the part's own
+        eps = records[-1].get("epsilon", records[-1].get("aggregator_epsilon"))
         accuracy, weights = records[-1]["test_accuracy"], sim.final_weights()
         reference.setdefault("accuracy", accuracy)
         reference.setdefault("weights", weights)
         gap = max(float(np.abs(a - b).max()) for a, b in zip(weights, reference["weights"]))
-        print(f"| {name} | {accuracy:.4f} | {100 * (accuracy - reference['accuracy']):+.2f} | {saturated:.0f} | "
-              f"{gap:.2e} | {wall:.1f} |", flush=True)
+        shown = "" if eps is None or not math.isfinite(eps) else f"{eps:,.1f}"
+        print(f"| {label} | {accuracy:.4f} | {100 * (accuracy - reference['accuracy']):+.2f} | {shown} | "
+              f"{saturated:.0f} | {gap:.2e} | {wall:.1f} |", flush=True)
 
 
 VARIANTS = {"semi-honest": {}, "distributed DP": {"dp": "distributed", "noise_multiplier": 1.0},
             "malicious": {"malicious": True}, "both": {"dp": "distributed", "noise_multiplier": 1.0, "malicious": True}}
 
 
-def variants_table(repeats: int, d: int = 10_000) -> None:
+def variants_table(repeats: int, clients: list[int], kinds: list[str], budget: float, d: int = 10_000) -> None:
+    """Each variant of each kind at each n; a kind whose semi-honest round is predicted above ``budget``
+    seconds is not run, its predicted seconds printed instead (unit costs measured now, unscaled)."""
+    unit = unit_costs() if any(n >= 1000 for n in clients) else None
     print("\n| n | d | aggregator | variant | up bytes/client | down bytes/client | message rounds | s/round | "
           "x semi-honest s | epsilon of 1 round |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for n in (10, 100):
+    ratios, skipped = [], []
+    for n in clients:
         updates = list(np.random.default_rng(n).normal(0, 0.1, (n, d)).astype(np.float32))
-        for kind in ("secagg", "secagg+"):
+        for kind in kinds:
+            predicted = predict(kind, n, d, unit) if unit is not None else 0.0
+            if predicted > budget:
+                skipped.append((n, kind, predicted))
+                print(f"| {n} | {d:.0e} | {kind} | semi-honest | {traffic(kind, n, d)[0]:,.0f} | "
+                      f"{traffic(kind, n, d)[1]:,.0f} | 4 | not run: predicted {predicted:,.0f} s unscaled | | |",
+                      flush=True)
+                continue
             aggregators = {name: SecureAggregator(kind=kind, bits=BITS, clip=1.0, **options)
                            for name, options in VARIANTS.items()}
             times: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -207,12 +243,21 @@ def variants_table(repeats: int, d: int = 10_000) -> None:
                     results[name] = aggregator.aggregate(updates, round_num=0)
                     times[name].append(time.perf_counter() - start)
             base = float(np.median(times["semi-honest"]))
+            if predicted > 0:
+                ratios.append(base / predicted)
             for name, aggregator in aggregators.items():
                 traffic_, seconds = results[name].traffic, float(np.median(times[name]))
                 eps = (f"{aggregator.epsilon(clients_per_round=n, num_clients=n, rounds=1, size=d):.2f}"
                        if aggregator.dp.value == "distributed" else "")
                 print(f"| {n} | {d:.0e} | {kind} | {name} | {traffic_.upload:,.0f} | {traffic_.download:,.0f} | "
                       f"{traffic_.message_rounds} | {seconds:.3f} | {seconds / base:.2f} | {eps} |", flush=True)
+    if unit is not None:
+        print("unit costs: " + ", ".join(f"{k} {v * 1e6:.3f} us" for k, v in unit.items()))
+    for n, kind, predicted in skipped:
+        scale = f"; x {np.median(ratios):.2f}, the measured / predicted of the semi-honest cells run here: " \
+                f"{predicted * np.median(ratios):,.0f} s" if ratios else ""
+        print(f"{kind} at n = {n}, d = {d:.0e} not run: its semi-honest round is predicted at {predicted:,.0f} s "
+              f"unscaled{scale}")
 
 
 def main() -> None:
@@ -223,13 +268,19 @@ def main() -> None:
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--variants", action="store_true", help="also the distributed-DP and malicious variants")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant cell (median)")
+    parser.add_argument("--variants-clients", type=int, nargs="+", default=[10, 100], help="n of the variants")
+    parser.add_argument("--variants-kinds", nargs="+", default=["secagg", "secagg+"], help="kinds of the variants")
+    parser.add_argument("--noise-multiplier", type=float, nargs="*", default=[1.0],
+                        help="the accuracy table's DP rows at each (none: no DP rows)")
+    parser.add_argument("--dp-clip", type=float, default=1.0, help="the DP rows' L2 clip")
+    parser.add_argument("--only", default=None, help="the accuracy table's rows whose label holds this (and the mean)")
     args = parser.parse_args()
     if args.variants:
-        variants_table(args.repeats)
+        variants_table(args.repeats, args.variants_clients, args.variants_kinds, args.budget)
     if not args.skip_cost:
         cost_table(args.budget)
     if not args.skip_accuracy:
-        accuracy(args.rounds)
+        accuracy(args.rounds, args.noise_multiplier, args.dp_clip, args.only)
 
 
 if __name__ == "__main__":
