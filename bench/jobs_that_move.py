@@ -23,8 +23,11 @@ pipeline), the equal split of the global batch against batches in proportion to 
 speeds, alternated ``--rounds`` times; throughput is examples/s after the first epoch (tracing
 and the first measurements), and the accuracy after every epoch is printed for both. Then the
 same under a parameter server with 3 workers (slowed alike, tf.data's sleep on the worker) and 1
-ps: the equal split is the parameter server's own (every step the global batch, on whichever
-worker is free), against workers that take batches by speed (:mod:`tensorfleet.cluster.ps_balance`).
+ps (``--part heterogeneous-ps`` alone): the equal split there is the equal static split of every
+epoch (``equal_shares``: rounds of one step of the global batch per worker, joined, so each worker
+reads a third of the epoch once and the slowest sets the pace), against the coordinator's own
+dispatch (every step on whichever worker is free) and the workers that take batches by speed with
+that dispatch (:mod:`tensorfleet.cluster.ps_balance`); the examples each worker read are printed.
 
 Example:
     python bench/jobs_that_move.py --part heterogeneous --rounds 2
@@ -103,51 +106,69 @@ def main(argv: list[str] | None = None) -> None:
     if args.part == "heterogeneous-ps":
         from tensorfleet.cluster.migration import Placement
 
-        _heterogeneous_under(args, Placement("parameter_server", workers=3, ps=1), batch=16)
+        _heterogeneous_under(args, Placement("parameter_server", workers=3, ps=1), batch=16, splits=_PS_SPLITS)
+
+
+_MWMS_SPLITS = (("equal", {}), ("by measured speed", {"balance": True}))
+#: Under a parameter server the equal split is the equal static split of every epoch (rounds of one step per
+#: worker, joined: each worker an equal share, each example once); the coordinator's own dispatch and the
+#: balanced mode (batches by speed from a queue, with that dispatch) are measured against it.
+_PS_SPLITS = (("equal shares (rounds joined)", {"equal_shares": True}), ("coordinator's dispatch", {}),
+              ("by measured speed (dispatch)", {"balance": True}))
 
 
 def _heterogeneous(args: argparse.Namespace) -> None:
     from tensorfleet.cluster.migration import Placement
 
-    _heterogeneous_under(args, Placement("multi_worker_mirrored", workers=3), batch=48)
-    _heterogeneous_under(args, Placement("parameter_server", workers=3, ps=1), batch=16)
+    _heterogeneous_under(args, Placement("multi_worker_mirrored", workers=3), batch=48, splits=_MWMS_SPLITS)
+    _heterogeneous_under(args, Placement("parameter_server", workers=3, ps=1), batch=16, splits=_PS_SPLITS)
 
 
-def _heterogeneous_under(args: argparse.Namespace, to, *, batch: int) -> None:
+def _heterogeneous_under(args: argparse.Namespace, to, *, batch: int, splits: tuple) -> None:
     import statistics
 
     from tensorfleet.cluster.migration import RunOptions, migrate
 
     epochs, examples = 6, 512
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    accuracy: dict[bool, list[str]] = {}
-    splits: list[str] = []
+    rates: dict[str, list[float]] = {name: [] for name, _ in splits}
+    accuracy: dict[str, list[str]] = {}
+    readers: dict[str, str] = {}
+    chosen: list[str] = []
     lead = "chief:0" if to.ps else "worker:0"
     with tempfile.TemporaryDirectory(prefix="jobs-that-differ-") as scratch:
         job = Path(scratch) / "job.py"
         job.write_text(JOB.format(width=64))
         for i in range(args.rounds):
-            for balance in ((False, True) if i % 2 == 0 else (True, False)):
-                run = RunOptions(epochs=epochs, global_batch_size=batch, balance=balance, input_delay=args.delay,
-                                 slowdown=(1.0, 2.0, 4.0))
-                result = migrate(job, Path(scratch) / f"r{i}-{balance}", to=to, run=run, timeout=1800)
+            shift = i % len(splits)  # the order rotated every round
+            for k, (name, extra) in enumerate(splits[shift:] + splits[:shift]):
+                run = RunOptions(epochs=epochs, global_batch_size=batch, input_delay=args.delay,
+                                 slowdown=(1.0, 2.0, 4.0), **extra)
+                result = migrate(job, Path(scratch) / f"r{i}-{k}", to=to, run=run, timeout=1800)
                 log = "\n".join(result.output(lead))
                 begin = float(re.search(r"epoch 1/\d+ end at step \d+ at ([0-9.]+)", log).group(1))
                 end = float(re.search(r"finished at step \d+ at ([0-9.]+)", log).group(1))
-                rates[balance].append((epochs - 1) * examples / (end - begin))
-                accuracy[balance] = re.findall(r"accuracy ([0-9.]+)", log)
-                splits += re.findall(r"(?:replica|worker) batches (\[[0-9, ]+\])", log)[-1:]
-    equal, balanced = statistics.median(rates[False]), statistics.median(rates[True])
+                rates[name].append((epochs - 1) * examples / (end - begin))
+                accuracy[name] = re.findall(r"accuracy ([0-9.]+)", log)
+                readers[name] = (re.findall(r"examples per worker (\[[0-9, ]+\])", log) or ["-"])[-1]
+                chosen += re.findall(r"(?:replica|worker) batches (\[[0-9, ]+\])", log)[-1:]
+    base = splits[0][0]
     print(f"jobs that move: heterogeneous workers, {to.describe()}, workers slowed 1x/2x/4x "
           f"({args.delay * 1000:g} ms an example times the factor), global batch {batch}"
-          f"{' (a step on one worker; balanced: 3 x 16 split by speed)' if to.ps else ''}, {examples} examples, "
-          f"{epochs} epochs, {args.rounds} round(s) alternated")
-    print("| split | examples/s after epoch 1 (median; each run) | accuracy after each epoch |")
-    print("|---|---|---|")
-    for name, key in (("equal", False), ("by measured speed", True)):
-        runs = ", ".join(f"{r:.0f}" for r in rates[key])
-        print(f"| {name} | {statistics.median(rates[key]):.0f} ({runs}) | {' '.join(accuracy[key])} |")
-    print(f"throughput, by speed / equal: {balanced / equal:.2f}x; last split by speed: {', '.join(splits)}")
+          f"{' (a step on one worker; by speed: 3 x 16 split by speed)' if to.ps else ''}, {examples} examples, "
+          f"{epochs} epochs, {args.rounds} round(s), the order rotated")
+    print(f"| split | examples/s after epoch 1 (median; each run) | / {base} | accuracy after each epoch |"
+          + (" examples per worker, all epochs |" if to.ps else ""))
+    print("|---|---|---|---|" + ("---|" if to.ps else ""))
+    for name, _ in splits:
+        median = statistics.median(rates[name])
+        runs = ", ".join(f"{r:.0f}" for r in rates[name])
+        print(f"| {name} | {median:.0f} ({runs}) | {median / statistics.median(rates[base]):.2f}x | "
+              f"{' '.join(accuracy[name])} |" + (f" {readers[name]} |" if to.ps else ""))
+    last = splits[-1][0]
+    print(f"throughput, {last} / {base}: {statistics.median(rates[last]) / statistics.median(rates[base]):.2f}x"
+          + (f"; / {splits[1][0]}: {statistics.median(rates[last]) / statistics.median(rates[splits[1][0]]):.2f}x"
+             if len(splits) > 2 else "")
+          + f"; last split by speed: {', '.join(chosen)}")
 
 
 def _multiplex(args: argparse.Namespace) -> None:

@@ -143,6 +143,10 @@ class RunOptions:
     gate: str | None = None
     #: Per-replica batches in proportion to each replica's measured speed (:mod:`~tensorfleet.cluster.balance`).
     balance: bool = False
+    #: Under a parameter server: steps in rounds of one per worker, each round joined, so that every worker
+    #: reads an equal share of every epoch once and the slowest sets the pace (the equal static split of the
+    #: input per worker, with an epoch that reads every example once; to compare with).
+    equal_shares: bool = False
     #: Seconds each replica's input waits per example, times its ``slowdown`` factor (to benchmark heterogeneity).
     input_delay: float = 0.0
     slowdown: tuple[float, ...] | None = None
@@ -185,6 +189,9 @@ def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: Ru
         MigrationError: a world size the batch policy cannot divide, or a placement that cannot
             hold the model.
     """
+    if run.equal_shares and (run.balance or to.strategy is not MigrationStrategy.PARAMETER_SERVER):
+        raise MigrationError(f"equal_shares is a parameter server's way of splitting the epoch, without balance. "
+                             f"Received: equal_shares=True, balance={run.balance}, to={to.describe()}.")
     try:
         batch = batch_sizes(to.replicas, policy=run.policy, global_batch_size=run.global_batch_size,
                             per_replica_batch_size=run.per_replica_batch_size).global_batch_size
@@ -293,6 +300,7 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
                "epochs": run.epochs, "global_batch_size": run.global_batch_size, "policy": run.policy.value,
                "per_replica_batch_size": run.per_replica_batch_size, "seed": run.seed, "save_every": run.save_every,
                "stop_at_step": run.stop_at_step, "resume": resume, "gate": run.gate, "balance": run.balance,
+               "equal_shares": run.equal_shares,
                "input_delay": run.input_delay, "slowdown": list(run.slowdown) if run.slowdown else None}
     result = launch(path, (), workers=to.workers, ps=to.ps, recovery=Recovery(faults=faults),
                     timeouts=Timeouts(timeout=timeout, grace=_STOP_GRACE), output=TaskOutput(sink=sink, quiet=quiet),

@@ -16,15 +16,29 @@ equal split gives every worker ``global_batch_size``, as an unbalanced parameter
 
 The gradient is weighted by examples: each step's loss is its examples' sum divided by the global
 batch size, so every example moves the weights by the same amount whichever worker read it, the
-update the equal split makes in expectation. Steps are scheduled in waves that can never ask the
-queue for more than it holds (a dequeue of more would wait for ever); between waves the coordinator
-joins, reads the speeds and decides where to stop or save, so ``stop_at_step``, ``save_every`` and a
-stop signal act at exact step counts.
+update the equal split makes in expectation.
+
+The coordinator's own dispatch is kept: steps are scheduled one after another, with no wait between
+them, and each worker takes the next as soon as it is free. A dequeue of more than the queue holds
+would wait for ever, so each step is given a cap, and the caps of the steps not yet known to be done
+never add up to more than the queue holds (a step takes the smaller of its worker's batch and its
+cap); the coordinator learns what a step took by fetching its result, the oldest first, only when
+the caps would otherwise run out. It waits for every step (joins) only where the epoch needs it:
+at the epoch's end (the accuracy, and the next epoch's order), and where ``stop_at_step``,
+``save_every`` or a stop signal saves, at exact step counts.
+
+What the split by speed adds to that dispatch is not throughput: the coordinator already gives a
+free worker the next step, so under the equal split a faster worker takes more steps and every
+worker is busy; the job's rate is the sum of the workers' either way. It makes the steps equally
+long, so a slow worker's gradient is computed on weights as few updates old as a fast one's, and a
+slow worker's last step of an epoch holds the epoch's end back by one equal-length step, not by
+one of its own slow ones.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -34,10 +48,7 @@ from tensorfleet.cluster.balance import proportional_split, ps_workers, worker_w
 from tensorfleet.cluster.jobstate import JobProgress, epoch_order
 from tensorfleet.cluster.resumable import MigratableJob, Trainer, save_progress, say, stopped_here
 
-__all__ = ["BalancedServerTrainer", "train_waves"]
-
-_WAVE_STEPS_PER_WORKER = 4
-
+__all__ = ["BalancedServerTrainer", "train_dispatched"]
 
 class BalancedServerTrainer(Trainer):
     """:class:`~tensorfleet.cluster.resumable.Trainer` of a parameter server whose workers take batches by speed."""
@@ -54,7 +65,10 @@ class BalancedServerTrainer(Trainer):
             self.queue = tf.queue.FIFOQueue(self.examples, [tf.int32], shapes=[[]], name="epoch_order")
         self.worker_speeds = np.zeros(self.workers)
         self.worker_examples = np.zeros(self.workers, dtype=np.int64)
-        self._wave_step = tf.function(lambda cap: self.strategy.run(self._worker_step, args=(cap,)))
+        self.pending: deque[tuple[Any, int]] = deque()  # steps scheduled, not yet known done, and their caps
+        self.capped = 0  # the caps of those steps: never more than the queue holds
+        self.queued = 0  # examples in the queue, as far as the finished steps tell
+        self._capped_step = tf.function(lambda cap: self.strategy.run(self._worker_step, args=(cap,)))
         return built
 
     def _worker_step(self, cap: Any) -> Any:
@@ -76,67 +90,76 @@ class BalancedServerTrainer(Trainer):
                                                 dtype=tf.float32))
         return tf.stack([tf.cast(worker, tf.float64), tf.cast(size, tf.float64), seconds])
 
-    def wave(self, steps: int, cap: int) -> None:
-        """Runs ``steps`` steps, each of at most ``cap`` examples, and waits for them; records the speeds."""
-        import tensorflow as tf
-
-        results = [self.coordinator.schedule(self._wave_step, args=(tf.constant(cap, tf.int32),))
-                   for _ in range(steps)]
-        self.coordinator.join()
-        for worker, size, seconds in (r.fetch() for r in results):
-            w = int(worker)
-            speed = size / max(seconds, 1e-6)
-            seen = self.worker_speeds[w] > 0
-            self.worker_speeds[w] = 0.5 * self.worker_speeds[w] + 0.5 * speed if seen else speed
-            self.worker_examples[w] += int(size)
-        self.steps_run += steps
+    def record(self, worker: int, size: int, seconds: float) -> None:
+        """Notes a finished step's examples and speed, and sets the batches by speed once every worker has one."""
+        speed = size / max(seconds, 1e-6)
+        seen = self.worker_speeds[worker] > 0
+        self.worker_speeds[worker] = 0.5 * self.worker_speeds[worker] + 0.5 * speed if seen else speed
+        self.worker_examples[worker] += size
         if self.options.balance and (self.worker_speeds > 0).all():
             sizes = proportional_split(self.workers * self.options.global_batch_size, self.worker_speeds.tolist())
-            if sizes != self.sizes:
+            if sizes != self.sizes and (not self.sizes or max(abs(a - b) for a, b in zip(sizes, self.sizes)) > 1):
                 say(f"worker batches {sizes} at step {self.steps_run} (examples/s measured: "
                      f"{', '.join(f'{v:.0f}' for v in self.worker_speeds)})")
                 self.batches.assign(sizes)
                 self.sizes = sizes
 
+    def schedule(self, cap: int) -> None:
+        """Schedules one step of at most ``cap`` examples (no wait)."""
+        import tensorflow as tf
+
+        self.pending.append((self.coordinator.schedule(self._capped_step, args=(tf.constant(cap, tf.int32),)), cap))
+        self.capped += cap
+        self.steps_run += 1
+
+    def settle_one(self) -> None:
+        """Waits for the oldest step not yet known to be done, and notes what it took."""
+        remote, cap = self.pending.popleft()
+        worker, size, seconds = remote.fetch()
+        self.capped -= cap
+        self.queued -= int(size)
+        self.record(int(worker), int(size), float(seconds))
+
+    def barrier(self) -> None:
+        super().barrier()
+        while self.pending:
+            self.settle_one()
+
     def train_loop(self, state: JobProgress) -> JobProgress:
-        return train_waves(self, state)
+        return train_dispatched(self, state)
 
     def fill(self, ids: np.ndarray) -> None:
         self.queue.enqueue_many([ids.astype(np.int32)])
-
-    def remaining(self) -> int:
-        return int(self.queue.size().numpy())
+        self.queued += len(ids)
 
 
-def _wave_size(trainer: BalancedServerTrainer, state: JobProgress, remaining: int) -> tuple[int, int]:
-    """How many steps the next wave runs and the most examples each may take: never more than the queue
-    holds, and never past ``stop_at_step`` or the next ``save_every``."""
-    largest = int(max(trainer.sizes or [trainer.options.global_batch_size]))
-    steps, cap = (remaining // largest, largest) if remaining >= largest else (1, remaining)
-    options = trainer.options
-    steps = min(steps, _WAVE_STEPS_PER_WORKER * trainer.workers)  # speeds measured, batches set, every wave
-    if options.stop_at_step is not None:
-        steps = min(steps, options.stop_at_step - state.step)
-    if options.save_every:
-        steps = min(steps, options.save_every - state.step % options.save_every)
-    return max(steps, 1), cap
-
-
-def train_waves(trainer: BalancedServerTrainer, state: JobProgress) -> JobProgress:
-    """:func:`~tensorfleet.cluster.resumable.train` for a balanced parameter server: waves of steps."""
+def train_dispatched(trainer: BalancedServerTrainer, state: JobProgress) -> JobProgress:
+    """:func:`~tensorfleet.cluster.resumable.train` for a balanced parameter server: the coordinator's
+    dispatch, each step capped so that the steps in flight never ask the queue for more than it holds."""
     options = trainer.options
     order, after = epoch_order(state.rng, state.examples)
     trainer.fill(order[state.position:])
     first = True
     while state.epoch < options.epochs:
-        if stopped_here(trainer, state):
-            return state
-        steps, cap = _wave_size(trainer, state, state.examples - state.position)
-        trainer.wave(steps, cap)
-        if first:
-            say(f"first step done at {time.time():.3f}")
-            first = False
-        state = replace(state, step=state.step + steps, position=state.examples - trainer.remaining())
+        if options.stop_at_step is not None and state.step >= options.stop_at_step or trainer.stop_agreed():
+            trainer.barrier()
+            state = replace(state, position=state.examples - trainer.queued)
+            if stopped_here(trainer, state):
+                return state
+        room = trainer.queued - trainer.capped
+        if room == 0 and trainer.pending:
+            trainer.settle_one()
+            continue
+        if room > 0:
+            trainer.schedule(min(room, int(max(trainer.sizes or [options.global_batch_size]))))
+            state = replace(state, step=state.step + 1)
+            if first:
+                trainer.barrier()
+                say(f"first step done at {time.time():.3f}")
+                first = False
+        if trainer.queued == 0 or (room > 0 and options.save_every and state.step % options.save_every == 0):
+            trainer.barrier()
+            state = replace(state, position=state.examples - trainer.queued)
         if state.position == state.examples:
             accuracy = trainer.accuracy()
             say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step} at {time.time():.3f}"
@@ -146,7 +169,7 @@ def train_waves(trainer: BalancedServerTrainer, state: JobProgress) -> JobProgre
             order, after = epoch_order(state.rng, state.examples)
             if state.epoch < options.epochs:
                 trainer.fill(order)
-        if options.save_every and state.step % options.save_every == 0:
+        if room > 0 and options.save_every and state.step % options.save_every == 0:
             save_progress(trainer, state)
     save_progress(trainer, state)
     say(f"finished at step {state.step} at {time.time():.3f}")

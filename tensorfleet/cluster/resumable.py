@@ -10,8 +10,10 @@ job stopped and at what world size it continues does not change which examples i
   ``replica_id_in_sync_group``), each replica's loss is its examples' sum divided by the step's
   number of examples, so the all-reduced gradient is the mean over the step whatever the split;
 * parameter server: the coordinator schedules each step, with its ids, on whichever worker is
-  free (``ClusterCoordinator``); the variables live on the ps tasks. With ``balance`` the workers
-  take batches by speed from a queue of the epoch's order instead (:mod:`~tensorfleet.cluster.ps_balance`);
+  free (``ClusterCoordinator``), so a faster worker takes more steps; the variables live on the ps
+  tasks. With ``balance`` the workers take batches by speed from a queue of the epoch's order instead
+  (:mod:`~tensorfleet.cluster.ps_balance`); with ``equal_shares`` the steps go in rounds of one per
+  worker, each round joined (every worker an equal share of the epoch: the slowest sets the pace);
 * the mesh's data-parallel layout: :mod:`~tensorfleet.cluster.mesh_job`.
 
 A SIGTERM or SIGINT (:class:`StopRequest`) stops the job at the next step boundary, saved, with
@@ -65,6 +67,7 @@ class TaskOptions:
     resume: bool = False
     gate: str | None = None
     balance: bool = False
+    equal_shares: bool = False
     input_delay: float = 0.0
     slowdown: tuple[float, ...] | list[float] | None = None
 
@@ -165,6 +168,8 @@ class Trainer:
         self.peers_stop = False  # what the last step's all-reduce said of every task's stop request
         self.steps_run = 0
         self.sizes: list[int] = []
+        self.worker_examples = np.zeros(slowed, dtype=np.int64)  # a parameter server's: who read the epoch
+        self._reports: list[Any] = []
         self._step = tf.function(self._distributed_step, reduce_retracing=True)  # batches change shape
 
     def _placement(self, options: TaskOptions) -> tuple[Any, Any]:
@@ -209,9 +214,10 @@ class Trainer:
 
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         examples = tf.cast(tf.size(ids), tf.float64)
-        if self.coordinator is not None and self.options.input_delay:  # a worker runs no Python: tf.data waits
+        if self.coordinator is not None:
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            ids = worker_wait(ids, examples * 1e6 * tf.gather(self.delays, worker))
+            if self.options.input_delay:  # a worker runs no Python: tf.data waits
+                ids = worker_wait(ids, examples * 1e6 * tf.gather(self.delays, worker))
         if self.measure:
             began = tf.py_function(time.perf_counter, [], tf.float64)
             # A slowed input pipeline (benchmarks and tests of heterogeneous workers): a wait per example.
@@ -230,6 +236,8 @@ class Trainer:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         self.counts.assign_add(tf.math.bincount(ids, minlength=self.examples, maxlength=self.examples,
                                                 dtype=tf.float32))
+        if self.coordinator is not None:  # which worker ran the step, and on how many examples
+            return tf.stack([tf.cast(worker, tf.float64), examples])
         # The speeds and every task's stop request travel in one small all-reduce.
         return tf.concat([speed, tf.reshape(stop, [1])], axis=0)
 
@@ -254,7 +262,10 @@ class Trainer:
         total = tf.constant(float(len(ids)))
         stop = tf.constant(1.0 if self.stop.requested else 0.0, tf.float64)
         if self.coordinator is not None:
-            self.coordinator.schedule(self._step, args=(tf.constant(ids, tf.int32), total, stop))
+            self._reports.append(self.coordinator.schedule(self._step, args=(tf.constant(ids, tf.int32), total, stop)))
+            self.steps_run += 1
+            if self.options.equal_shares and len(self._reports) == len(self.worker_examples):
+                self.barrier()  # a round of one step per worker: the next starts when the slowest is done
             return
         parts = np.split(ids.astype(np.int32), np.cumsum(self.split(len(ids)))[:-1])
         dist = self.strategy.experimental_distribute_values_from_function(
@@ -287,6 +298,9 @@ class Trainer:
     def barrier(self) -> None:
         if self.coordinator is not None:
             self.coordinator.join()
+            for worker, examples in (r.fetch() for r in self._reports):
+                self.worker_examples[int(worker)] += int(examples)
+            self._reports = []
 
     def restore(self, path: Path) -> None:
         self.checkpoint.read(tf_checkpoint_prefix(path)).assert_existing_objects_matched()
@@ -362,7 +376,7 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
         if position == state.examples:
             accuracy = trainer.accuracy()
             say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step} at {time.time():.3f}"
-                 + ("" if accuracy is None else f" accuracy {accuracy:.4f}"))
+                 + ("" if accuracy is None else f" accuracy {accuracy:.4f}") + _per_worker(trainer))
             state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
             order, after = epoch_order(state.rng, state.examples)
         if options.save_every and state.step % options.save_every == 0:
@@ -370,6 +384,14 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
     save_progress(trainer, state)
     say(f"finished at step {state.step} at {time.time():.3f}")
     return state
+
+
+def _per_worker(trainer: Trainer) -> str:
+    """A parameter server's examples read by each worker so far (after a barrier), for the epoch's log line."""
+    if trainer.coordinator is None:
+        return ""
+    trainer.barrier()
+    return f"; examples per worker {trainer.worker_examples.tolist()}"
 
 
 def stopped_here(trainer: Trainer, state: JobProgress) -> bool:

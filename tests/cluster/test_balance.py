@@ -80,3 +80,17 @@ def test_parameter_server_workers_take_batches_by_speed_and_read_every_example_o
     reader = tf.train.load_checkpoint(tf_checkpoint_prefix(path))
     assert set(reader.get_tensor("counts/.ATTRIBUTES/VARIABLE_VALUE").tolist()) == {2.0}  # each example once an epoch
     assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == state.step
+
+
+@pytest.mark.parametrize(("to", "balance", "described"), [
+    (Placement("mirrored", devices=2), False, r"mirrored over 2 device\(s\)"),
+    (Placement("parameter_server", workers=2, ps=1), True, r"parameter_server with 2 worker\(s\) and 1 ps"),
+])
+def test_equal_shares_is_a_parameter_server_split_without_balance(tmp_path: Path, to, balance, described) -> None:
+    from tensorfleet.cluster.migration import MigrationError
+
+    run = RunOptions(epochs=1, global_batch_size=8, equal_shares=True, balance=balance)
+    with pytest.raises(MigrationError, match=r"equal_shares is a parameter server's way of splitting the epoch, "
+                       rf"without balance. Received: equal_shares=True, balance={balance}, to={described}."):
+        migrate(JOB, tmp_path / "never", to=to, run=run, timeout=60)
+    assert not (tmp_path / "never").exists()
