@@ -32,7 +32,7 @@ predicted above ``--budget`` seconds is not run and its prediction is printed (S
 about 20 minutes a round here, so ``--variants-clients 1000 --variants-kinds secagg+``).
 
 Run with ``python bench/secure_aggregation.py [--budget 60] [--rounds 50] [--skip-accuracy]
-[--skip-cost] [--variants] [--repeats 3] [--variants-clients N ...] [--variants-kinds K ...]
+[--skip-cost] [--variants] [--repeats 3] [--variants-clients N ...] [--variants-kinds K ...] [--variants-names V ...]
 [--noise-multiplier Z ...] [--dp-clip C] [--only LABEL]``.
 """
 
@@ -215,9 +215,12 @@ VARIANTS = {"semi-honest": {}, "distributed DP": {"dp": "distributed", "noise_mu
             "malicious": {"malicious": True}, "both": {"dp": "distributed", "noise_multiplier": 1.0, "malicious": True}}
 
 
-def variants_table(repeats: int, clients: list[int], kinds: list[str], budget: float, d: int = 10_000) -> None:
-    """Each variant of each kind at each n; a kind whose semi-honest round is predicted above ``budget``
-    seconds is not run, its predicted seconds printed instead (unit costs measured now, unscaled)."""
+def variants_table(repeats: int, clients: list[int], kinds: list[str], budget: float, d: int = 10_000,
+                   names: list[str] | None = None) -> None:
+    """Each variant (of ``names``, with the semi-honest round they are compared with) of each kind at each n;
+    a kind whose semi-honest round is predicted above ``budget`` seconds is not run, its predicted seconds
+    printed instead (unit costs measured now, unscaled)."""
+    chosen = {k: v for k, v in VARIANTS.items() if names is None or k in names or k == "semi-honest"}
     unit = unit_costs() if any(n >= 1000 for n in clients) else None
     print("\n| n | d | aggregator | variant | up bytes/client | down bytes/client | message rounds | s/round | "
           "x semi-honest s | epsilon of 1 round |")
@@ -234,8 +237,8 @@ def variants_table(repeats: int, clients: list[int], kinds: list[str], budget: f
                       flush=True)
                 continue
             aggregators = {name: SecureAggregator(kind=kind, bits=BITS, clip=1.0, **options)
-                           for name, options in VARIANTS.items()}
-            times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+                           for name, options in chosen.items()}
+            times: dict[str, list[float]] = {name: [] for name in chosen}
             results = {}
             for _ in range(repeats):  # alternate: each repeat runs every variant once
                 for name, aggregator in aggregators.items():
@@ -270,13 +273,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant cell (median)")
     parser.add_argument("--variants-clients", type=int, nargs="+", default=[10, 100], help="n of the variants")
     parser.add_argument("--variants-kinds", nargs="+", default=["secagg", "secagg+"], help="kinds of the variants")
+    parser.add_argument("--variants-names", nargs="+", default=None, choices=list(VARIANTS),
+                        help="the variants run beside the semi-honest round (default: all)")
     parser.add_argument("--noise-multiplier", type=float, nargs="*", default=[1.0],
                         help="the accuracy table's DP rows at each (none: no DP rows)")
     parser.add_argument("--dp-clip", type=float, default=1.0, help="the DP rows' L2 clip")
     parser.add_argument("--only", default=None, help="the accuracy table's rows whose label holds this (and the mean)")
     args = parser.parse_args()
     if args.variants:
-        variants_table(args.repeats, args.variants_clients, args.variants_kinds, args.budget)
+        variants_table(args.repeats, args.variants_clients, args.variants_kinds, args.budget,
+                       names=args.variants_names)
     if not args.skip_cost:
         cost_table(args.budget)
     if not args.skip_accuracy:
