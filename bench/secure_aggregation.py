@@ -33,7 +33,7 @@ about 20 minutes a round here, so ``--variants-clients 1000 --variants-kinds sec
 
 Run with ``python bench/secure_aggregation.py [--budget 60] [--rounds 50] [--skip-accuracy]
 [--skip-cost] [--variants] [--repeats 3] [--variants-clients N ...] [--variants-kinds K ...] [--variants-names V ...]
-[--noise-multiplier Z ...] [--dp-clip C] [--only LABEL]``.
+[--noise-multiplier Z ...] [--dp-clip C] [--only LABEL] [--seeds 1]``.
 """
 
 from __future__ import annotations
@@ -179,36 +179,57 @@ def accuracy_rows(noise_multipliers: list[float], dp_clip: float) -> list[tuple[
     return rows
 
 
-def accuracy(rounds: int, noise_multipliers: list[float], dp_clip: float = 1.0, only: str | None = None) -> None:
+def _train(clients: object, split: object, rounds: int, name: str | None, options: dict | None,
+           seed: int) -> tuple[float, float | None, float, list[np.ndarray], float]:
+    """One run of the accuracy table: ``(test accuracy, epsilon, saturated values, final weights, wall s)``."""
+    import tensorfleet as tfl
+
+    sim = tfl.federated.Simulation(
+        lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds, clients_per_round=10, seed=seed,
+        batch_size=10, local_epochs=5, test_data=(split.x_test, split.y_test), eval_every=rounds,
+        progress=False, backend="compiled", aggregator=name, aggregator_options=options, dp_delta=1e-5)
+    start = time.perf_counter()
+    records = sim.run().as_dict()["rounds"]
+    wall = time.perf_counter() - start
+    # central DP's epsilon is the simulation's (sampling 10 of 100 credited); distributed DP's the part's own
+    eps = records[-1].get("epsilon", records[-1].get("aggregator_epsilon"))
+    saturated = sum(r.get("aggregator_saturated", 0) for r in records)
+    return records[-1]["test_accuracy"], eps, saturated, sim.final_weights(), wall
+
+
+def accuracy(rounds: int, noise_multipliers: list[float], dp_clip: float = 1.0, only: str | None = None,
+             seeds: int = 1) -> None:
     import tensorfleet as tfl
 
     split = tfl.models.datasets.load_digits()
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=100, scheme="iid", seed=0)
+    rows = [row for row in accuracy_rows(noise_multipliers, dp_clip)
+            if only is None or row[1] is None or only in row[0]]
     print(f"\n| aggregator | test accuracy after {rounds} rounds | points from the mean | epsilon after {rounds} "
           f"rounds (delta 1e-5) | saturated values (all rounds) | largest weight difference from the mean's | wall s |")
     print("|---|---|---|---|---|---|---|")
-    reference: dict[str, object] = {}
-    for label, name, options in accuracy_rows(noise_multipliers, dp_clip):
-        if only is not None and name is not None and only not in label:
-            continue
-        sim = tfl.federated.Simulation(
-            lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds, clients_per_round=10, seed=0,
-            batch_size=10, local_epochs=5, test_data=(split.x_test, split.y_test), eval_every=rounds,
-            progress=False, backend="compiled", aggregator=name, aggregator_options=options, dp_delta=1e-5)
-        start = time.perf_counter()
-        history = sim.run()
-        wall = time.perf_counter() - start
-        records = history.as_dict()["rounds"]
-        saturated = sum(r.get("aggregator_saturated", 0) for r in records)
-        # central DP's epsilon is the simulation's (sampling 10 of 100 credited); distributed DP's the part's own
-        eps = records[-1].get("epsilon", records[-1].get("aggregator_epsilon"))
-        accuracy, weights = records[-1]["test_accuracy"], sim.final_weights()
-        reference.setdefault("accuracy", accuracy)
-        reference.setdefault("weights", weights)
-        gap = max(float(np.abs(a - b).max()) for a, b in zip(weights, reference["weights"]))
-        shown = "" if eps is None or not math.isfinite(eps) else f"{eps:,.1f}"
-        print(f"| {label} | {accuracy:.4f} | {100 * (accuracy - reference['accuracy']):+.2f} | {shown} | "
-              f"{saturated:.0f} | {gap:.2e} | {wall:.1f} |", flush=True)
+    found: dict[str, list[float]] = {label: [] for label, _, _ in rows}
+    for seed in range(seeds):
+        reference: dict[str, object] = {}
+        for label, name, options in rows:
+            accuracy, eps, saturated, weights, wall = _train(clients, split, rounds, name, options, seed)
+            found[label].append(accuracy)
+            reference.setdefault("accuracy", accuracy)
+            reference.setdefault("weights", weights)
+            gap = max(float(np.abs(a - b).max()) for a, b in zip(weights, reference["weights"]))
+            shown = "" if eps is None or not math.isfinite(eps) else f"{eps:,.1f}"
+            print(f"| {label}{f' (seed {seed})' if seeds > 1 else ''} | {accuracy:.4f} | "
+                  f"{100 * (accuracy - reference['accuracy']):+.2f} | {shown} | {saturated:.0f} | {gap:.2e} | "
+                  f"{wall:.1f} |", flush=True)
+    if seeds > 1:  # each seed samples, trains and draws noise anew; a row's difference is paired with its seed's mean
+        print(f"\n| aggregator | mean test accuracy over seeds 0-{seeds - 1} | min - max | points from the mean, "
+              f"mean over seeds | min - max |")
+        print("|---|---|---|---|---|")
+        base = np.asarray(found[rows[0][0]])
+        for label, values in found.items():
+            values, points = np.asarray(values), 100 * (np.asarray(values) - base)
+            print(f"| {label} | {values.mean():.4f} | {values.min():.4f} - {values.max():.4f} | {points.mean():+.2f} | "
+                  f"{points.min():+.2f} - {points.max():+.2f} |")
 
 
 VARIANTS = {"semi-honest": {}, "distributed DP": {"dp": "distributed", "noise_multiplier": 1.0},
@@ -279,6 +300,7 @@ def main() -> None:
                         help="the accuracy table's DP rows at each (none: no DP rows)")
     parser.add_argument("--dp-clip", type=float, default=1.0, help="the DP rows' L2 clip")
     parser.add_argument("--only", default=None, help="the accuracy table's rows whose label holds this (and the mean)")
+    parser.add_argument("--seeds", type=int, default=1, help="the accuracy table at seeds 0 to N - 1, summarized")
     args = parser.parse_args()
     if args.variants:
         variants_table(args.repeats, args.variants_clients, args.variants_kinds, args.budget,
@@ -286,7 +308,7 @@ def main() -> None:
     if not args.skip_cost:
         cost_table(args.budget)
     if not args.skip_accuracy:
-        accuracy(args.rounds, args.noise_multiplier, args.dp_clip, args.only)
+        accuracy(args.rounds, args.noise_multiplier, args.dp_clip, args.only, args.seeds)
 
 
 if __name__ == "__main__":
