@@ -77,3 +77,56 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_job_resumes_bit_id
     assert int(moved[ITERATIONS]) == EXAMPLES // BATCH
     unequal = [name for name in straight if not np.array_equal(straight[name], moved[name])]
     assert unequal == []  # weights, Adam's slots and step, example counts: bit for bit
+
+
+
+# A one-process placement takes the signal itself (no all-reduce to agree on): the mirrored job's steps are
+# slowed (a wait in the step's input) so that the signal lands inside a step, which finishes before the stop;
+# the mesh's steps are too short for that, so its job waits at a gate after step 5 and the signal lands there.
+ONE_PROCESS = {
+    "mirrored": (Placement("mirrored"), RunOptions(epochs=1, global_batch_size=BATCH, input_delay=0.03),
+                 Fault("worker:0", r"first step done", signal=signal.SIGTERM, delay=0.1)),
+    "mesh": (Placement("mesh", devices=2), RunOptions(epochs=1, global_batch_size=BATCH, gate="GATE"),
+             Fault("worker:0", rf"step {GATE_STEPS} done", signal=signal.SIGTERM)),
+}
+
+
+def _stop_and_resume(directory: Path, to: Placement, run: RunOptions, fault: Fault) -> tuple:
+    if run.gate:
+        Path(run.gate).write_text(str(GATE_STEPS))
+    stopped = migrate(JOB, directory, to=to, run=run, faults=[fault], timeout=240)
+    state, saved = read_state(directory)[0], _tensors(directory)  # complete and loadable, or this raises
+    resumed = migrate(JOB, directory, to=to, run=RunOptions(epochs=1, global_batch_size=BATCH), timeout=240)
+    return stopped, state, saved, resumed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sigterm_stops_one_process_jobs_at_a_step_and_they_resume_bit_identically(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    with ThreadPoolExecutor(4) as pool:  # both placements at once, each beside its unbroken run
+        runs = {name: (pool.submit(migrate, JOB, tmp_path / f"{name}-unbroken", to=to,
+                                   run=RunOptions(epochs=1, global_batch_size=BATCH), timeout=240),
+                       pool.submit(_stop_and_resume, tmp_path / name, to,
+                                   replace(run, gate=str(tmp_path / f"{name}-gate")) if run.gate else run, fault))
+                for name, (to, run, fault) in ONE_PROCESS.items()}
+        runs = {name: (unbroken.result(), moved.result()) for name, (unbroken, moved) in runs.items()}
+    order, _ = epoch_order(new_rng_state(0), EXAMPLES)
+    for name, (unbroken, (stopped, state, saved, resumed)) in runs.items():
+        assert stopped.stopped and [s.status for s in stopped.spans] == [STOPPED_STATUS], name
+        log = "\n".join(stopped.output("worker:0"))
+        stops = re.findall(r"stopping at step (\d+) to move \(received SIGTERM\)", log)
+        assert stops == [str(state.step)] and 1 <= state.step < EXAMPLES // BATCH, (name, stops, state.step)
+        if name == "mesh":
+            assert state.step == GATE_STEPS
+        assert (state.epoch, state.position) == (0, state.step * BATCH), name  # mid-epoch, at a step's end
+        assert np.flatnonzero(saved["counts/.ATTRIBUTES/VARIABLE_VALUE"]).tolist() == \
+            sorted(order[:state.step * BATCH].tolist()), name
+        assert int(saved[ITERATIONS]) == state.step, name
+        assert unbroken.ok and resumed.ok and not resumed.stopped, name
+        straight, moved = _tensors(tmp_path / f"{name}-unbroken"), _tensors(tmp_path / name)
+        assert sorted(straight) == sorted(moved) == sorted(saved), name
+        assert int(moved[ITERATIONS]) == EXAMPLES // BATCH, name
+        unequal = [key for key in straight if not np.array_equal(straight[key], moved[key])]
+        assert unequal == [], name  # the same steps in the same order of computation: bit for bit
