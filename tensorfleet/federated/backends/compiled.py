@@ -203,13 +203,21 @@ class CompiledFedAvg:
         flat_weights = flatten(weights)
         mean_frozen = self.non_trainable is NonTrainable.MEAN and bool(frozen)
         local_in = self._local_rows.read_value() if local is not None else None
+        # A lane's loop carries only what this round's parts use: every value it carries costs each
+        # client's iteration (FedAvg x mean carries the updates' sum and four sums alone).
+        carried = {"value": [d], "weight": []}
+        if part.aux_size:
+            carried["aux"] = [part.aux_size]
+        if mean_frozen or local is not None:
+            carried["frozen"] = [self._frozen_sum_size]
+        n_sums = 5 if self.client_work.normalized else 4
 
         def client(lane: Any, j: int, i: Any, acc: Any) -> Any:
-            total, aux, kept, frozen_sum, sums, local_out = acc
+            acc = dict(acc)
             k = j + i * lanes
             start, frozen_k, flat_k = ((weights, frozen, flat_weights) if local is None
                                        else self._local_start(weights, local_in[k]))
-            if mean_frozen or local is not None:
+            if "frozen" in carried:
                 for v, w in zip(lane[2], frozen_k):
                     v.assign(w)
             update, sums_k, steps = self._client_update(lane, start, flat_k, x[k], y[k], examples[k])
@@ -218,46 +226,65 @@ class CompiledFedAvg:
             finite = tf.reduce_all(tf.math.is_finite(update))
             n_k = tf.cast(examples[k], tf.float32)
             weight = tf.where(finite, n_k, 0.0)
-            value, aux_k = part.client(tf.where(finite, update, tf.zeros_like(update)), weight, part_state, ctx)
+            # A branch, not tf.where: a finite update (every one, nearly always) passes on uncopied.
+            update = tf.cond(finite, lambda: update, lambda: tf.zeros_like(update))
+            value, aux_k = part.client(update, weight, part_state, ctx)
+            own = {"value": value, "aux": aux_k, "weight": weight}
+            if "frozen" in carried:
+                if local is not None:  # the client's BN layers after its steps: kept, and into the server's mean
+                    row = flatten([lane[1][t].read_value() for t in local.trainable] +
+                                  [v.read_value() for v in lane[2]])
+                    acc["local"] = acc["local"].write(i, row)
+                else:
+                    row = flatten([v.read_value() for v in lane[2]])
+                acc["frozen"] = acc["frozen"] + weight * row
+            for key in ("value", "aux"):
+                if key in carried:
+                    acc[key] = acc[key].write(i, own[key]) if rows_kept else acc[key] + own[key]
             if rows_kept:
-                kept = tuple(t.write(i, v) for t, v in zip(kept, (value, aux_k, weight)))
-            else:
-                total, aux = total + value, aux + aux_k
-            if mean_frozen:
-                frozen_sum = frozen_sum + weight * flatten([v.read_value() for v in lane[2]])
-            if local is not None:  # the client's BN layers after its steps: kept, and into the server's mean
-                row = flatten([lane[1][t].read_value() for t in local.trainable] + [v.read_value() for v in lane[2]])
-                frozen_sum, local_out = frozen_sum + weight * row, local_out.write(i, row)
-            return (total, aux, kept, frozen_sum, sums + tf.stack([weight, sums_k[0], sums_k[1], n_k, weight * steps]),
-                    local_out)
+                acc["weight"] = acc["weight"].write(i, weight)
+            sums = [weight, sums_k[0], sums_k[1], n_k] + ([weight * steps] if n_sums == 5 else [])
+            acc["sums"] = acc["sums"] + tf.stack(sums)
+            return acc
 
-        frozen_zero = tf.zeros([self._frozen_sum_size])
         outs = []
         for j, lane in enumerate(self._lanes):  # independent loops: TensorFlow runs them side by side
             if not self.client_work.local_steps:  # (FedSGD's clients all compute at the server weights)
                 for v, w in zip(lane[1], weights):
                     v.assign(w)
-            n = tf.maximum((participants - j + lanes - 1) // lanes, 0)
-            kept = tuple(tf.TensorArray(tf.float32, size=n, element_shape=shape)
-                         for shape in ([d], [part.aux_size], [])) if rows_kept else ()
-            local_out = () if local is None else tf.TensorArray(tf.float32, size=n, element_shape=[local.size])
-            init = (() if rows_kept else tf.zeros([d]), () if rows_kept else tf.zeros([part.aux_size]), kept,
-                    frozen_zero, tf.zeros([5]), local_out)
+            n = (participants - j + lanes - 1) // lanes  # (never negative: j < lanes)
+            init: dict[str, Any] = {"sums": tf.zeros([n_sums])}
+            for key, shape in carried.items():
+                if key == "frozen":
+                    init[key] = tf.zeros(shape)
+                elif rows_kept:
+                    init[key] = tf.TensorArray(tf.float32, size=n, element_shape=shape)
+                elif key != "weight":  # (the weights' sum is the first of the sums)
+                    init[key] = tf.zeros(shape)
+            if local is not None:
+                init["local"] = tf.TensorArray(tf.float32, size=n, element_shape=[local.size])
             outs.append(fori(n, lambda i, acc, lane=lane, j=j: client(lane, j, i, acc), init))
-        sums = tf.add_n([o[4] for o in outs])
-        frozen_sum = tf.add_n([o[3] for o in outs])
-        slots = [tf.range(j, participants, lanes)[:, None] for j in range(lanes)]
+        sums = tf.add_n([o["sums"] for o in outs])
+        if n_sums == 4:  # (the weighted steps only FedNova uses)
+            sums = tf.concat([sums, tf.zeros([1])], 0)
+        frozen_sum = (tf.add_n([o["frozen"] for o in outs]) if "frozen" in carried
+                      else tf.zeros([self._frozen_sum_size]))
+        slots = [tf.range(j, participants, lanes)[:, None] for j in range(lanes)] if rows_kept or local is not None else []
+
+        def rows(key: str, tail: list[int]) -> Any:
+            """Every lane's rows of ``key`` into their clients' slots (zeros for a value not carried)."""
+            if key not in outs[0]:
+                return tf.zeros([self.clients_per_round, *tail])
+            return tf.add_n([tf.scatter_nd(slot, o[key].stack(), [self.clients_per_round, *tail])
+                             for slot, o in zip(slots, outs)])
+
         if local is not None:  # every lane's BN rows into their clients' slots, read back after the round
-            self._local_rows.assign(tf.add_n([tf.scatter_nd(slot, o[5].stack(), [self.clients_per_round, local.size])
-                                               for slot, o in zip(slots, outs)]))
-        if rows_kept:  # every lane's rows into their clients' slots
-            values, aux, kept_weights = (
-                tf.add_n([tf.scatter_nd(slot, o[2][m].stack(), [self.clients_per_round, *tail])
-                          for slot, o in zip(slots, outs)]) if 0 not in tail else tf.zeros([self.clients_per_round, 0])
-                for m, tail in enumerate(([d], [part.aux_size], [])))
-            return ClientUpdates(values, aux, kept_weights, participants), sums, frozen_sum
-        return (ClientUpdates(tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs]), sums[0], participants),
-                sums, frozen_sum)
+            self._local_rows.assign(rows("local", [local.size]))
+        if rows_kept:
+            return (ClientUpdates(rows("value", [d]), rows("aux", [part.aux_size]), rows("weight", []), participants),
+                    sums, frozen_sum)
+        aux = tf.add_n([o["aux"] for o in outs]) if "aux" in carried else tf.zeros([0])
+        return ClientUpdates(tf.add_n([o["value"] for o in outs]), aux, sums[0], participants), sums, frozen_sum
 
     def _local_start(self, weights: list[Any], row: Any) -> tuple[list[Any], list[Any], Any]:
         """FedBN: ``(trainable, non-trainable, flat trainable)`` a client starts from: the server's
@@ -293,8 +320,10 @@ class CompiledFedAvg:
         for key in self._part_keys:
             self._part_vars[key].assign(tf.cast(new_part_state[key], self._part_vars[key].dtype))
         self._metric_keys = sorted(metrics)
-        return tf.concat([self._finish(weights, update, sums, frozen_sum),
-                          tf.stack([tf.cast(metrics[k], tf.float32) for k in self._metric_keys] or tf.zeros([0]))], 0)
+        out = self._finish(weights, update, sums, frozen_sum)
+        if not self._metric_keys:
+            return out
+        return tf.concat([out, tf.stack([tf.cast(metrics[k], tf.float32) for k in self._metric_keys])], 0)
 
     def _train_impl(self, x: Any, y: Any, examples: Any, participants: Any, round_num: Any) -> Any:
         """A ``host`` aggregator's first step in the graph: the clients' rows, aux, weights, sums and non-trainable sum."""
