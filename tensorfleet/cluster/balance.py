@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["SpeedMeter", "proportional_split", "ps_workers", "worker_wait"]
+__all__ = ["SpeedMeter", "proportional_split", "ps_workers", "python_wait", "worker_wait"]
 
 
 def proportional_split(examples: int, speeds: Sequence[float]) -> list[int]:
@@ -61,6 +61,17 @@ class SpeedMeter:
     @property
     def ready(self) -> bool:
         return self.measured > 0 and bool((self.speeds > 0).all())
+
+
+def python_wait(seconds: Any) -> float:
+    """Sleeps ``seconds`` in the replica's own Python (``tf.py_function``): a slowed input pipeline where a
+    replica runs Python (mirrored, multi-worker mirrored), for benchmarks and tests of heterogeneous workers."""
+    import time
+
+    seconds = float(seconds)
+    if seconds > 0:
+        time.sleep(seconds)
+    return seconds
 
 
 def worker_wait(ids: Any, microseconds: Any) -> Any:

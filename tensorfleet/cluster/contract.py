@@ -14,12 +14,13 @@ Example:
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 from tensorfleet.validation import integer
 
 __all__ = [
     "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
-    "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "check_task_counts", "describe_exit", "shell_status",
+    "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "StopRequest", "check_task_counts", "describe_exit", "shell_status",
 ]
 
 #: ``role:index`` of the task, e.g. ``worker:1``.
@@ -88,3 +89,25 @@ def check_task_counts(workers: int, ps: int, chief: bool, *, job: str = "A job")
     if ps and not workers:
         raise ValueError(f"A parameter-server job needs at least one worker. Received: workers=0, ps={ps}")
     return bool(chief or ps)
+
+
+class StopRequest:
+    """SIGTERM (what Kubernetes and ``kill`` send) or SIGINT, noted when it comes and acted on at the
+    next step boundary: the step in progress finishes, the checkpoint is written, the task exits
+    with :data:`STOPPED_STATUS`."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        """Takes SIGTERM and SIGINT from here on (again after TensorFlow installed handlers of its own)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._note)
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        if self.signal is None:
+            self.signal = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_workers, worker_wait
-from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS
+from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_workers, python_wait, worker_wait
+from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS, StopRequest
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, epoch_order, fingerprint, new_rng_state,
                                           read_state, tf_checkpoint_prefix, write_checkpoint)
 
@@ -95,28 +95,6 @@ def load_job(path: str | os.PathLike[str]) -> MigratableJob:
 
 def say(text: str) -> None:
     print(f"{_PREFIX} {text}", flush=True)
-
-
-class StopRequest:
-    """SIGTERM (what Kubernetes and ``kill`` send) or SIGINT, noted when it comes and acted on at the
-    next step boundary: the step in progress finishes, the checkpoint is written, the task exits
-    with :data:`~tensorfleet.cluster.contract.STOPPED_STATUS`."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def install(self) -> None:
-        """Takes SIGTERM and SIGINT from here on (again after TensorFlow installed handlers of its own)."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._note)
-
-    def _note(self, signum: int, _frame: Any) -> None:
-        if self.signal is None:
-            self.signal = signum
-
-    @property
-    def requested(self) -> bool:
-        return self.signal is not None
 
 
 def _build_strategy(options: TaskOptions) -> tuple[Any, Any]:
@@ -221,7 +199,7 @@ class Trainer:
         if self.measure:
             began = tf.py_function(time.perf_counter, [], tf.float64)
             # A slowed input pipeline (benchmarks and tests of heterogeneous workers): a wait per example.
-            waited = tf.py_function(_wait, [examples * tf.gather(self.delays, replica)], tf.float64)
+            waited = tf.py_function(python_wait, [examples * tf.gather(self.delays, replica)], tf.float64)
             with tf.control_dependencies([began, waited]):
                 ids = tf.identity(ids)
         x, y = tf.gather(self.x, ids), tf.gather(self.y, ids)
@@ -406,13 +384,6 @@ def stopped_here(trainer: Trainer, state: JobProgress) -> bool:
     save_progress(trainer, state)
     say(f"stopping at step {state.step} {reason} at {time.time():.3f}")
     return True
-
-
-def _wait(seconds: Any) -> float:
-    seconds = float(seconds)
-    if seconds > 0:
-        time.sleep(seconds)
-    return seconds
 
 
 def _await_turn(gate: str, step: int, stop: StopRequest) -> None:
