@@ -23,13 +23,14 @@ small pure functions that tests check with numpy alone.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -40,6 +41,7 @@ __all__ = ["BatchingPolicy", "Batcher", "BatchingOptions", "allowed_batch_sizes"
            "split_rows"]
 
 Arrays = Mapping[str, np.ndarray]
+_LOG = logging.getLogger(__name__)
 
 
 def allowed_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -144,14 +146,35 @@ class BatchingOptions:
         return self.allowed_batch_sizes or allowed_batch_sizes(self.max_batch_size)
 
 
-class _Task:
-    __slots__ = ("arrays", "rows", "future", "since")
+Done = Callable[[Union[dict, BaseException]], None]  # told a request's outputs, or its failure
 
-    def __init__(self, arrays: Arrays) -> None:
+
+class _Task:
+    """A queued request: its arrays, and the future of its outputs or the callable told them."""
+
+    __slots__ = ("arrays", "rows", "future", "done", "since")
+
+    def __init__(self, arrays: Arrays, done: Done | None) -> None:
         self.arrays = arrays
         self.rows = next(iter(arrays.values())).shape[0]
-        self.future: Future = Future()
+        self.done = done
+        self.future: Future | None = Future() if done is None else None
         self.since = time.monotonic()
+
+    def live(self) -> bool:
+        """False if its caller cancelled the future before the batch started."""
+        return self.future is None or self.future.set_running_or_notify_cancel()
+
+    def answer(self, outcome: dict | BaseException) -> None:
+        if self.future is None:
+            try:
+                self.done(outcome)
+            except Exception:  # the caller's callable failed: the batch thread lives on, as a future's would
+                _LOG.exception("the callable told a batched request's outcome raised")
+        elif isinstance(outcome, BaseException):
+            self.future.set_exception(outcome)
+        else:
+            self.future.set_result(outcome)
 
 
 QUIET_GAPS = 2.0  # adaptive: arrivals have paused after this many mean gaps without a request (beyond
@@ -201,9 +224,13 @@ class Batcher:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, arrays: Arrays) -> Future:
-        """Queues one request's checked arrays; the future holds exactly its rows of every output."""
-        task = _Task(arrays)
+    def submit(self, arrays: Arrays, done: Done | None = None) -> Future | None:
+        """Queues one request's checked arrays; the future holds exactly its rows of every output.
+
+        With ``done``, no future is made: ``done(outputs)`` (or ``done(exception)``) is called on the
+        batch thread, which costs less per request than a future and its callbacks.
+        """
+        task = _Task(arrays, done)
         with self._lock:
             if self._closed:
                 raise ServingError("The server is shutting down.", Code.UNAVAILABLE)
@@ -296,7 +323,7 @@ class Batcher:
             batch = self._take()
             if batch is None:
                 return
-            live = [t for t in batch if t.future.set_running_or_notify_cancel()]
+            live = [t for t in batch if t.live()]
             outputs: Mapping[str, np.ndarray] | Exception | None = None
             try:
                 outputs = self._execute(live)
@@ -312,12 +339,12 @@ class Batcher:
                         self._due.notify()  # a thread waiting behind this batch takes what queued meanwhile
             if isinstance(outputs, Exception):
                 for task in live:
-                    task.future.set_exception(outputs)
+                    task.answer(outputs)
             elif outputs is not None and len(live) == 1 and len(next(iter(outputs.values()))) == live[0].rows:
-                live[0].future.set_result(dict(outputs))  # a lone request run unpadded: every row is its own
+                live[0].answer(dict(outputs))  # a lone request run unpadded: every row is its own
             elif outputs is not None:
                 for task, rows in zip(live, split_rows(outputs, [t.rows for t in live])):
-                    task.future.set_result(rows)
+                    task.answer(rows)
 
     def _execute(self, batch: list[_Task]) -> Mapping[str, np.ndarray] | None:
         """The batch's outputs, one signature call on its merged (and padded) rows; None if empty."""

@@ -4,9 +4,11 @@ It does what TF Serving's REST API needs and no more: keep-alive and pipelined r
 (answered in order), chunked or sized bodies, ``Expect: 100-continue``, a body limit (413 once
 the body has been read, so the client sees the reply rather than a reset), malformed requests
 (400, then the connection closes), a request target over 8 KiB (414), idle keep-alive connections closed after ``idle_seconds``, and
-a drain on stop (stop listening, finish what is in flight, close). A handler gets ``(method, path, body)`` and returns a :class:`Reply`, or an asyncio
-future of one for work that runs elsewhere (a prediction); nothing per request is built that the
-reply does not need, so a request costs the event loop a few tens of microseconds.
+a drain on stop (stop listening, finish what is in flight, close). A handler gets ``(method, path, body)`` and returns a :class:`Reply`, or a
+:class:`Pending` reply for work that runs elsewhere (a prediction), or an asyncio future of one.
+Nothing per request is built that the reply does not need: a pending reply is written by the call
+that resolves it (no event-loop callback per reply), and the head of a reply is made once per
+status, content type and length, so a request costs the event loop a few tens of microseconds.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from urllib.parse import unquote
 
 import httptools
 
-__all__ = ["HttpServer", "Reply"]
+__all__ = ["HttpServer", "Pending", "Reply"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,39 @@ class Reply:
     content_type: str = "application/json"
 
 
-Handler = Callable[[str, str, bytes], Union[Reply, "asyncio.Future[Reply]"]]
+class Pending:
+    """A reply still being computed elsewhere. Whoever computes it calls :meth:`resolve` on the
+    server's event-loop thread, which writes it out at once (replies still leave in request order).
+
+    Example:
+        >>> pending = Pending()
+        >>> pending.resolve(Reply(200, b"{}"))
+        >>> pending.reply.status
+        200
+    """
+
+    __slots__ = ("reply", "_connection", "_slot")
+
+    def __init__(self) -> None:
+        self.reply: Reply | None = None
+        self._connection: _Connection | None = None
+        self._slot: _Slot | None = None
+
+    def resolve(self, reply: Reply) -> None:
+        """Hands ``reply`` to the connection that waits for it (the first call only counts)."""
+        if self.reply is None:
+            self.reply = reply
+            if self._connection is not None:
+                self._connection._fill(self._slot, reply)
+
+    def _deliver_to(self, connection: _Connection, slot: _Slot) -> None:
+        if self.reply is not None:
+            connection._fill(slot, self.reply)
+        else:
+            self._connection, self._slot = connection, slot
+
+
+Handler = Callable[[str, str, bytes], Union[Reply, Pending, "asyncio.Future[Reply]"]]
 # (path, status, seconds from the request's last byte to its reply) for every answered request.
 Observer = Callable[[str, int, float], None]
 
@@ -42,10 +76,19 @@ MAX_URL_BYTES = 8192  # a longer request target is refused (414) before it is he
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
+_HEADS: dict[tuple[int, str, int, bool], bytes] = {}  # made once per (status, type, length, close)
+
+
 def _head(status: int, content_type: str, length: int, close: bool) -> bytes:
-    connection = "Connection: close\r\n" if close else ""
-    return (f"HTTP/1.1 {status} {_PHRASES.get(status, 'Unknown')}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {length}\r\n{connection}\r\n").encode()
+    key = (status, content_type, length, close)
+    head = _HEADS.get(key)
+    if head is None:
+        if len(_HEADS) >= 4096:
+            _HEADS.clear()
+        connection = "Connection: close\r\n" if close else ""
+        head = _HEADS[key] = (f"HTTP/1.1 {status} {_PHRASES.get(status, 'Unknown')}\r\nContent-Type: {content_type}"
+                              f"\r\nContent-Length: {length}\r\n{connection}\r\n").encode()
+    return head
 
 
 class _Slot:
@@ -104,10 +147,10 @@ class _Connection(asyncio.Protocol):
             raise ValueError("request target too long")  # the parser stops: data_received answers 414
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name == b"content-length" and value.strip().isdigit():
+        size = len(name)  # only two headers matter here: the others are passed over by their length
+        if size == 14 and name.lower() == b"content-length" and value.strip().isdigit():
             self._expected = int(value)
-        elif name == b"expect" and value.strip().lower() == b"100-continue":
+        elif size == 6 and name.lower() == b"expect" and value.strip().lower() == b"100-continue":
             self._continue = True
 
     def on_headers_complete(self) -> None:
@@ -136,6 +179,8 @@ class _Connection(asyncio.Protocol):
             result = self.server.internal_error(exc)
         if isinstance(result, Reply):
             self._fill(slot, result)
+        elif isinstance(result, Pending):
+            result._deliver_to(self, slot)
         else:
             result.add_done_callback(lambda future: self._fill(slot, self.server.outcome(future)))
 
@@ -175,7 +220,7 @@ class HttpServer:
     """Serves ``handler`` on one event loop.
 
     Args:
-        handler: ``(method, path, body) -> Reply | Future[Reply]``.
+        handler: ``(method, path, body) -> Reply | Pending | Future[Reply]``.
         error: ``(status, message) -> Reply`` for what the server refuses itself (400, 413, 500).
         max_body_bytes: bodies over this get 413.
         observe: called with (path, status, seconds) for every answered request.

@@ -76,7 +76,10 @@ class ServingMetrics:
         """One answered request: its front (``rest``/``grpc``), its status (``OK`` or a code name), its latency."""
         with self._lock:
             self.requests[(api, status)] += 1
-            self.latency.setdefault(api, Histogram(LATENCY_BUCKETS_US)).observe(seconds * 1e6)
+            histogram = self.latency.get(api)
+            if histogram is None:
+                histogram = self.latency[api] = Histogram(LATENCY_BUCKETS_US)
+            histogram.observe(seconds * 1e6)
 
     def observe_batch(self, rows: int) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from tensorfleet.serving.batching import Batcher, BatchingOptions
+from tensorfleet.serving.batching import Batcher, BatchingOptions, Done
 from tensorfleet.serving.elastic import Autoscaler
 from tensorfleet.serving.errors import Code, ServingError
 from tensorfleet.serving.metrics import ServingMetrics
@@ -33,17 +33,27 @@ __all__ = ["Prediction", "Predictor"]
 
 @dataclass
 class Prediction:
-    """A request accepted for running: where it runs and the future of its outputs."""
+    """A request accepted for running: where it runs and the future of its outputs (None when
+    :meth:`Predictor.submit` was given a ``done`` callable instead)."""
 
     servable: Servable
     signature: Signature
     outputs: list[str]
-    future: Future
+    future: Future | None
 
     def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
         """The requested outputs, once computed (``output_filter`` applied)."""
+        if self.future is None:
+            raise ValueError("This prediction was submitted with a done callable; its outcome goes there.")
         values = self.future.result(timeout)
         return {k: values[k] for k in self.outputs}
+
+
+def _outcome(future: Future) -> dict | BaseException:
+    """A done future's result, or its exception (a cancelled one: the server is stopping)."""
+    if future.cancelled():
+        return ServingError("The request was cancelled: the server is stopping.", Code.UNAVAILABLE)
+    return future.exception() or future.result()
 
 
 class Predictor:
@@ -110,12 +120,17 @@ class Predictor:
 
     def submit(self, model: str, inputs: Mapping[str, Any], *, version: int | None = None, label: str | None = None,
                signature_name: str | None = None, output_filter: list[str] | None = None,
-               strict_dtype: bool = False, servable: Servable | None = None) -> Prediction:
+               strict_dtype: bool = False, servable: Servable | None = None,
+               done: Done | None = None) -> Prediction:
         """Checks the request and starts it; every problem with it raises ServingError here.
 
         ``servable``, when given, is the version already picked for the request (REST reads the
         signature's input names from it). A request not pinned to a version that picked one just
-        unloaded goes to the version that replaced it.
+        unloaded goes to the version that replaced it. ``done``, when given, is called with the
+        signature's outputs (all of them; ``output_filter`` is the caller's to apply, as
+        :meth:`Prediction.result` does) or the exception, on the thread that ran the request,
+        after the request is counted out, and the prediction has no future: what the REST front
+        uses, a future and its callbacks cost more per request.
         """
         pinned = version is not None or label is not None
         for _ in range(3):
@@ -131,16 +146,25 @@ class Predictor:
             servable = None
         else:
             raise ServingError(f"The versions of {model!r} are changing too fast; retry.", Code.UNAVAILABLE)
+        version_run = servable.version
+        finished = None
+        if done is not None:
+            def finished(outcome: dict | BaseException) -> None:
+                self._count(version_run, -1)
+                done(outcome)
         try:
             if self.batching is None:
                 future = self._pool.submit(self._runner(servable), signature.name, arrays)
             else:
-                future = self._batcher(servable, signature.name).submit(arrays)
+                future = self._batcher(servable, signature.name).submit(arrays, finished)
         except BaseException:
-            self._count(servable.version, -1)
+            self._count(version_run, -1)
             raise
-        version_run = servable.version
-        future.add_done_callback(lambda _: self._count(version_run, -1))
+        if future is not None and finished is None:
+            future.add_done_callback(lambda _: self._count(version_run, -1))
+        elif future is not None:  # one signature call per request, on the pool: its future tells ``done``
+            future.add_done_callback(lambda f: finished(_outcome(f)))
+            future = None
         return Prediction(servable, signature, outputs, future)
 
     def _reserve(self, version: int) -> bool:
@@ -161,6 +185,9 @@ class Predictor:
 
     def _batcher(self, servable: Servable, signature: str) -> Batcher:
         key = (servable.version, signature)
+        batcher = self._batchers.get(key)  # found without the lock (one dict read); made under it
+        if batcher is not None:
+            return batcher
         with self._lock:
             if key not in self._batchers:
                 run = self._runner(servable)

@@ -15,22 +15,23 @@ the replies of a batch come back to the loop with one wake-up.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import math
 import re
 import sys
 import threading
-from concurrent.futures import Future
 from typing import Any, Callable
 
 import numpy as np
 
 from tensorfleet.serving.errors import ServingError, as_serving_error
-from tensorfleet.serving.http import HttpServer, Reply
+from tensorfleet.serving.http import HttpServer, Pending, Reply
 from tensorfleet.serving.predictor import Predictor
-from tensorfleet.serving.servable import Signature
+from tensorfleet.serving.servable import Servable, Signature
 
 __all__ = ["ROUTES", "RestApi", "RestServer", "decode_body", "encode_reply", "parse_predict_body", "predict_reply",
-           "status_reply"]
+           "read_instances", "status_reply"]
 
 try:  # JSON in and out of :predict several times faster than the json module (an optional speed-up)
     import orjson as _orjson
@@ -110,17 +111,75 @@ def encode_reply(outputs: dict[str, np.ndarray], rows: bool) -> bytes:
         >>> encode_reply({"y": np.array([[0.1], [2.0]], np.float32)}, rows=True)
         b'{"predictions":[[0.1],[2.0]]}'
     """
-    if _orjson is None or not all(v.dtype.kind in "biu" or (v.dtype.kind == "f" and np.isfinite(v).all())
-                                  for v in outputs.values()):
-        return json.dumps(predict_reply(outputs, rows), separators=(",", ":")).encode()
-    if len(outputs) == 1:
-        tree: Any = next(iter(outputs.values()))
-    elif rows:
-        count = len(next(iter(outputs.values())))
-        tree = [{k: v[i] for k, v in outputs.items()} for i in range(count)]
-    else:
-        tree = outputs
-    return _orjson.dumps({"predictions" if rows else "outputs": tree}, option=_orjson.OPT_SERIALIZE_NUMPY)
+    if _orjson is not None and all(v.dtype.kind in "biuf" for v in outputs.values()):
+        if len(outputs) == 1:
+            tree: Any = next(iter(outputs.values()))
+        elif rows:
+            count = len(next(iter(outputs.values())))
+            tree = [{k: v[i] for k, v in outputs.items()} for i in range(count)]
+        else:
+            tree = outputs
+        text = _orjson.dumps({"predictions" if rows else "outputs": tree}, option=_orjson.OPT_SERIALIZE_NUMPY)
+        # orjson writes NaN and infinities as null: only then (or for an output named so) look closer
+        if b"null" not in text or all(v.dtype.kind in "biu" or np.isfinite(v).all() for v in outputs.values()):
+            return text
+    return json.dumps(predict_reply(outputs, rows), separators=(",", ":")).encode()
+
+
+# The common :predict body, {"instances": [...]} of numbers only, and its array's bytes with every
+# number character made "0" and the whitespace taken out (what the checks of read_instances look at).
+_INSTANCES = re.compile(rb"[ \t\n\r]*\{[ \t\n\r]*\"instances\"[ \t\n\r]*:[ \t\n\r]*(\[[0-9.eE+\-\[\], \t\n\r]*\])"
+                        rb"[ \t\n\r]*\}[ \t\n\r]*")
+_ZEROS = bytes.maketrans(b"123456789.eE+-", b"0" * 14)
+
+
+@functools.lru_cache(maxsize=32)
+def _row_skeleton(inner: tuple[int, ...]) -> bytes:
+    """A row of shape ``inner`` as JSON with its numbers left out: ``(2, 1)`` -> ``[[],[]]``."""
+    text = b""
+    for size in reversed(inner):
+        text = b"[" + b",".join([text] * size) + b"]"
+    return text
+
+
+def read_instances(raw: bytes, inner: tuple[int, ...]) -> np.ndarray | None:
+    """The body ``{"instances": [row, ...]}``, each row a nest of numbers of shape ``inner`` (every
+    size known and positive), as one array of shape ``(rows, *inner)``, read without building the
+    nested lists; None for any other body, which :func:`decode_body` and :func:`parse_predict_body`
+    read (with their errors). The array equals ``np.asarray`` of the decoded rows, dtype included.
+
+    The body's bytes are checked to be exactly that JSON: only brackets, commas, number characters
+    and whitespace; the brackets and commas those of ``rows`` rows of shape ``inner``; no number
+    beside a bracket's outer side; the numbers, with the brackets taken out, a JSON array (orjson)
+    of one number per place.
+
+    Example:
+        >>> read_instances(b'{"instances": [[1.5, 2], [3, 4]]}', (2,)).tolist()
+        [[1.5, 2.0], [3.0, 4.0]]
+        >>> read_instances(b'{"instances": [[1, 2], [3]]}', (2,)) is None
+        True
+    """
+    if _orjson is None:
+        return None
+    match = _INSTANCES.fullmatch(raw)
+    if match is None:
+        return None
+    array = match.group(1)
+    zeros = array.translate(_ZEROS, b" \t\n\r")
+    if b"]0" in zeros or b"0[" in zeros:  # a number outside the brackets of its place
+        return None
+    skeleton = zeros.translate(None, b"0")
+    places = skeleton.count(b",") + 1
+    rows, extra = divmod(places, math.prod(inner))
+    if extra or not rows or skeleton != b"[" + b",".join([_row_skeleton(inner)] * rows) + b"]":
+        return None
+    try:
+        numbers = _orjson.loads(b"[" + array.translate(None, b"[]") + b"]")
+    except ValueError:
+        return None
+    if len(numbers) != places:
+        return None
+    return np.array(numbers).reshape(rows, *inner)
 
 
 def decode_body(raw: bytes) -> Any:
@@ -157,22 +216,18 @@ def _version(text: str | None) -> int | None:
 
 class _Completions:
     """Predictions handed from the model's threads to the event loop with one wake-up per burst: a
-    batch that answers 32 requests wakes the loop once, not 32 times."""
+    batch that answers 32 requests wakes the loop once, not 32 times, and each reply is written
+    out by the drain that finishes it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._ready: list[tuple[asyncio.Future, Future, Callable[[Future], Reply]]] = []
+        self._ready: list[tuple[Pending, Any, Callable[[Any], Reply]]] = []
         self._lock = threading.Lock()
 
-    def watch(self, future: Future, finish: Callable[[Future], Reply]) -> asyncio.Future:
-        """An asyncio future of ``finish(future)``, set on the loop once ``future`` is done."""
-        waiter = self.loop.create_future()
-        future.add_done_callback(lambda done: self._done(waiter, done, finish))
-        return waiter
-
-    def _done(self, waiter: asyncio.Future, future: Future, finish: Callable[[Future], Reply]) -> None:
+    def ready(self, pending: Pending, outcome: Any, finish: Callable[[Any], Reply]) -> None:
+        """Called on a model's thread: ``pending`` is resolved with ``finish(outcome)`` on the loop."""
         with self._lock:
-            self._ready.append((waiter, future, finish))
+            self._ready.append((pending, outcome, finish))
             if len(self._ready) > 1:
                 return  # a wake-up is on its way already
         try:
@@ -183,9 +238,8 @@ class _Completions:
     def _drain(self) -> None:
         with self._lock:
             ready, self._ready = self._ready, []
-        for waiter, future, finish in ready:
-            if not waiter.done():
-                waiter.set_result(finish(future))
+        for pending, outcome, finish in ready:
+            pending.resolve(finish(outcome))
 
 
 def _error(status: int, message: str) -> Reply:
@@ -198,7 +252,7 @@ def _json(value: Any, status: int = 200) -> Reply:
 
 class RestApi:
     """TF Serving's REST API over a :class:`~tensorfleet.serving.predictor.Predictor`:
-    ``(method, path, body)`` in, a :class:`~tensorfleet.serving.http.Reply` (or a future of one) out."""
+    ``(method, path, body)`` in, a :class:`~tensorfleet.serving.http.Reply` (or a pending one) out."""
 
     def __init__(self, predictor: Predictor, loop: asyncio.AbstractEventLoop) -> None:
         self.predictor = predictor
@@ -206,8 +260,9 @@ class RestApi:
         self._completions = _Completions(loop)
         self._get = {"/monitoring/prometheus/metrics": self._metrics, "/healthz": self._healthz,
                      "/readyz": self._readyz}
+        self._paths: dict[str, tuple[str | None, ...]] = {}  # what follows /v1/models/ -> its parts
 
-    def __call__(self, method: str, path: str, body: bytes) -> Reply | asyncio.Future:
+    def __call__(self, method: str, path: str, body: bytes) -> Reply | Pending:
         if path.startswith(_MODELS):
             return self.models(method, path[len(_MODELS):], body)
         page = self._get.get(path)
@@ -227,13 +282,18 @@ class RestApi:
         ready = self.predictor.ready
         return _json({"ready": ready, "versions": self.repository.versions}, 200 if ready else 503)
 
-    def models(self, method: str, rest: str, body: bytes) -> Reply | asyncio.Future:
-        match = _PATH.match(rest)
-        if not match:
-            return _error(404, f"Malformed request: {method} {_MODELS}{rest}")
-        name, label, meta, verb = match["name"], match["label"], match["meta"], match["verb"]
+    def models(self, method: str, rest: str, body: bytes) -> Reply | Pending:
+        parts = self._paths.get(rest)
+        if parts is None:  # a path not seen lately: parsed, and kept (the same few paths come again and again)
+            match = _PATH.match(rest)
+            if not match:
+                return _error(404, f"Malformed request: {method} {_MODELS}{rest}")
+            if len(self._paths) >= 1024:
+                self._paths.clear()
+            parts = self._paths[rest] = (match["name"], match["version"], match["label"], match["meta"], match["verb"])
+        name, version_text, label, meta, verb = parts
         try:
-            version = _version(match["version"])
+            version = _version(version_text)
             if verb is not None:
                 if verb != "predict":
                     return _error(400 if verb in ("classify", "regress") else 404,
@@ -251,23 +311,45 @@ class RestApi:
         except Exception as exc:  # a bad request answers 4xx; the server stays up
             return _failure(exc)
 
-    def predict(self, name: str, version: int | None, label: str | None, raw: bytes) -> asyncio.Future:
-        body = decode_body(raw)
-        servable = self.repository.get(name, version, label)
-        sig_name = body.get("signature_name") if isinstance(body, dict) else None
-        inputs, rows = parse_predict_body(body, servable.signature(sig_name))
-        prediction = self.predictor.submit(name, inputs, version=version, label=label, signature_name=sig_name,
-                                           servable=servable)
-        wanted = prediction.outputs
+    def predict(self, name: str, version: int | None, label: str | None, raw: bytes) -> Pending:
+        servable, inputs = self._row_inputs(name, version, label, raw)
+        sig_name, rows = None, True
+        if inputs is None:
+            body = decode_body(raw)
+            servable = servable or self.repository.get(name, version, label)
+            sig_name = body.get("signature_name") if isinstance(body, dict) else None
+            inputs, rows = parse_predict_body(body, servable.signature(sig_name))
+        pending = Pending()
 
-        def finish(future: Future) -> Reply:
+        def finish(outcome: dict[str, np.ndarray] | BaseException) -> Reply:  # on the loop, after submit returned
+            if isinstance(outcome, BaseException):
+                return _failure(outcome)
             try:
-                outputs = future.result()
-                return Reply(200, encode_reply({k: outputs[k] for k in wanted}, rows))
+                return Reply(200, encode_reply({k: outcome[k] for k in prediction.outputs}, rows))
             except Exception as exc:
                 return _failure(exc)
 
-        return self._completions.watch(prediction.future, finish)
+        completions = self._completions
+        prediction = self.predictor.submit(name, inputs, version=version, label=label, signature_name=sig_name,
+                                           servable=servable,
+                                           done=lambda outcome: completions.ready(pending, outcome, finish))
+        return pending
+
+    def _row_inputs(self, name: str, version: int | None, label: str | None,
+                    raw: bytes) -> tuple[Servable | None, dict[str, np.ndarray] | None]:
+        """(the servable, its inputs) when the body is the common row form that :func:`read_instances`
+        reads for the default signature's one input; else (the servable or None, None), and the body
+        is read in full (a request for a model or version not served fails there, after the body's
+        own errors, as it always has)."""
+        try:
+            servable = self.repository.get(name, version, label)
+        except ServingError:
+            return None, None
+        signature = servable.signatures.get("serving_default")
+        if signature is None or signature.row_shape is None:
+            return servable, None
+        array = read_instances(raw, signature.row_shape)
+        return servable, None if array is None else {signature.row_input: array}
 
     def metadata(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
         from google.protobuf.json_format import MessageToDict
@@ -306,9 +388,16 @@ class RestServer:
         self._loop = new_event_loop()
         metrics = predictor.metrics
 
+        models: dict[str, str | None] = {}  # path -> the model it names, found once per path
+
         def observe(path: str, status: int, seconds: float) -> None:
             if path.startswith("/v1/"):
-                model = re.split(r"[/:]", path[len(_MODELS):], maxsplit=1)[0] if path.startswith(_MODELS) else None
+                model = models.get(path, "")
+                if model == "":
+                    if len(models) >= 1024:
+                        models.clear()
+                    model = models[path] = (re.split(r"[/:]", path[len(_MODELS):], maxsplit=1)[0]
+                                            if path.startswith(_MODELS) else None)
                 metrics.observe_request("rest", _STATUS_NAMES.get(status, str(status)), seconds, model=model)
 
         self._http = HttpServer(RestApi(predictor, self._loop), _error, max_body_bytes=max_body_bytes,

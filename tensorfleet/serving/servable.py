@@ -69,6 +69,14 @@ class Signature:
                        for k, s in sorted(kwargs.items())}
         self.outputs = {k: TensorSpecInfo(k, np.dtype(t.dtype.as_numpy_dtype), tuple(t.shape.as_list()))
                         for k, t in sorted(function.structured_outputs.items())}
+        self._inner = {k: s.shape[1:] if s.shape and s.shape[0] is None and None not in s.shape[1:] else None
+                       for k, s in self.inputs.items()}
+        # one input whose every size past the batch is known: the REST front reads its rows straight
+        # into an array of that shape (tensorfleet.serving.rest.read_instances)
+        only = next(iter(self.inputs.values())) if len(self.inputs) == 1 else None
+        known = only is not None and len(only.shape) >= 1 and all(d is not None and d > 0 for d in only.shape[1:])
+        self.row_input: str | None = only.name if known else None
+        self.row_shape: tuple[int, ...] | None = tuple(only.shape[1:]) if known else None
 
     def check(self, inputs: Mapping[str, np.ndarray], *, strict_dtype: bool = False) -> dict[str, np.ndarray]:
         """``inputs`` with every name, dtype and shape checked; the arrays returned share one batch size.
@@ -76,10 +84,11 @@ class Signature:
         ``strict_dtype`` (gRPC, whose tensors carry a dtype) refuses a dtype other than the
         signature's; otherwise numbers are converted as :func:`to_array` does.
         """
-        missing, unknown = sorted(set(self.inputs) - set(inputs)), sorted(set(inputs) - set(self.inputs))
-        if missing or unknown:
-            raise ServingError(f"Signature {self.name!r} takes inputs {sorted(self.inputs)}; missing {missing}, "
-                               f"unknown {unknown}.")
+        if not isinstance(inputs, dict) or inputs.keys() != self.inputs.keys():
+            missing, unknown = sorted(set(self.inputs) - set(inputs)), sorted(set(inputs) - set(self.inputs))
+            if missing or unknown:
+                raise ServingError(f"Signature {self.name!r} takes inputs {sorted(self.inputs)}; missing {missing}, "
+                                   f"unknown {unknown}.")
         arrays = {}
         for name, spec in self.inputs.items():
             value = inputs[name]
@@ -89,7 +98,9 @@ class Signature:
                     raise ServingError(f"Input {name!r} must be {spec.dtype.name}. Received: {array.dtype.name}")
             else:
                 array = to_array(name, value, spec)
-            if array.ndim != len(spec.shape) or any(d is not None and d != a for d, a in zip(spec.shape, array.shape)):
+            inner = self._inner[name]  # every size past the batch known: one comparison
+            if array.ndim != len(spec.shape) or (array.shape[1:] != inner if inner is not None else
+                                                  any(d is not None and d != a for d, a in zip(spec.shape, array.shape))):
                 raise ServingError(f"Input {name!r} must have shape {spec.describe()}. Received: {_received(array)}")
             arrays[name] = array
         sizes = {a.shape[0] for a in arrays.values()}

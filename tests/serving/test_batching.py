@@ -79,6 +79,43 @@ def test_a_failing_batch_fails_each_caller_and_the_batcher_goes_on():
     batcher.close()
 
 
+def test_a_done_callable_is_told_each_callers_rows_or_the_failure_and_no_future_is_made():
+    def run(arrays):
+        if np.any(arrays["x"] < 0):
+            raise RuntimeError("negative input")
+        return {"y": arrays["x"] * 10}
+
+    told: dict[int, object] = {}
+    changed = threading.Condition()
+
+    def done(i):
+        def tell(outcome):
+            with changed:
+                told[i] = outcome
+                changed.notify_all()
+            if i == 0:
+                raise KeyError("a caller's callable that fails")  # the batch thread must live on
+        return tell
+
+    def wait_for(count):
+        with changed:
+            assert changed.wait_for(lambda: len(told) == count, 10), told
+
+    batcher = Batcher(run, BatchingOptions(max_batch_size=4, batch_timeout_micros=100_000, num_batch_threads=1,
+                                           policy="timeout"))
+    rows = [np.array([1.0]), np.array([2.0, 3.0]), np.array([4.0])]  # 4 rows: one full batch
+    assert [batcher.submit({"x": x}, done(i)) for i, x in enumerate(rows)] == [None] * 3
+    wait_for(3)
+    assert batcher.submit({"x": np.array([-1.0])}, done(3)) is None
+    wait_for(4)
+    assert batcher.submit({"x": np.array([5.0])}, done(4)) is None
+    wait_for(5)
+    batcher.close()
+    assert {i: told[i]["y"].tolist() for i in (0, 1, 2, 4)} == {0: [10.0], 1: [20.0, 30.0], 2: [40.0], 4: [50.0]}
+    assert isinstance(told[3], RuntimeError) and "negative input" in str(told[3])
+    assert batcher.batches == 2  # the failed call is not counted
+
+
 def test_close_runs_what_is_queued_then_refuses_new_requests():
     from tensorfleet.serving.errors import ServingError
 
