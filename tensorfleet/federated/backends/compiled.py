@@ -10,7 +10,8 @@ small models nearly all of it is that per-round traffic and per-client Python, n
 work, aggregator, finalizer) as one function traced once (without AutoGraph: its loops are
 explicit), from three parts:
 
-* the algorithm's client work (:mod:`~tensorfleet.federated.algorithms.client_work`: local steps
+* the algorithm's client work (:mod:`~tensorfleet.federated.algorithms.client_work`, run by
+  :func:`~tensorfleet.federated.backends.compiled_client.client_update`: local steps
   of the client optimizer from the server weights, FedProx's pull, FedSGD's batch gradients,
   FedNova's normalized steps) on the batches TFF's dataset would give (the real rows only);
 * the aggregator's compiled form (:class:`~tensorfleet.federated.aggregators.parts.AggregatorPart`):
@@ -44,6 +45,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tensorfleet.federated.aggregators.parts import AggregatorPart, ClientUpdates, RoundContext
+from tensorfleet.federated.backends.compiled_client import client_update
 from tensorfleet.federated.backends.compiled_layout import (
     NonTrainable, RoundShape, default_lanes, flatten, fori, pad_clients, trace_round,
 )
@@ -144,49 +146,6 @@ class CompiledFedAvg:
             self._round = self._apply = None
         return pad_clients(clients, self.clients_per_round, self.length)
 
-    def _client_update(self, lane: tuple[Any, list[Any], list[Any]], weights: list[Any], flat_weights: Any,
-                       xk: Any, yk: Any, n: Any) -> tuple[Any, Any, Any]:
-        """One client's ``(update, [loss sum, correct sum], steps)``, the update flat: the delta
-        ``initial - trained`` after local steps, or (FedSGD) the example-weighted mean of its batch gradients."""
-        import tensorflow as tf
-
-        B, work = self.batch_size, self.client_work
-        model, variables, _ = lane
-        if work.local_steps:  # (FedSGD's clients all start where the round set the model)
-            for v, w in zip(variables, weights):
-                v.assign(w)
-        opt_state = work.optimizer.initialize(tuple(self._specs)) if work.local_steps else ()
-        # Only FedSGD sums gradients: no loop variables that a step does not change.
-        grad_sum = () if work.local_steps else tf.zeros_like(flat_weights)
-
-        def step(s: Any, carry: Any) -> Any:
-            opt_state, grad_sum, sums = carry
-            # The batch TFF's dataset would give: its real rows only, so no padding enters the model.
-            end = tf.minimum((s + 1) * B, n)
-            xb, yb = xk[s * B:end], yk[s * B:end]
-            rows = tf.cast(end - s * B, tf.float32)
-            with tf.GradientTape() as tape:
-                logits = model(xb, training=True)
-                loss = self.loss_fn(yb, logits)
-            grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            if work.local_steps:
-                current = tuple(v.read_value() for v in variables)
-                opt_state, updated = work.optimizer.next(opt_state, current, tuple(work.gradients(grads, current, weights)))
-                for v, u in zip(variables, updated):
-                    v.assign(u)
-            else:
-                grad_sum = grad_sum + rows * flatten(grads)
-            hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=yb.dtype), yb), tf.float32)
-            return opt_state, grad_sum, sums + tf.stack([loss * rows, tf.reduce_sum(hits)])
-
-        steps = (n + B - 1) // B
-        _, grad_sum, sums = fori(steps, step, (opt_state, grad_sum, tf.zeros([2])))
-        steps = tf.cast(steps, tf.float32)
-        if not work.local_steps:
-            return grad_sum / tf.cast(n, tf.float32), sums, steps
-        update = flat_weights - flatten([v.read_value() for v in variables])
-        return (update / tf.maximum(steps, 1.0) if work.normalized else update), sums, steps
-
     def _context(self, round_num: Any) -> RoundContext:
         return RoundContext(round_num=round_num, seed=self.seed, clients_per_round=self.clients_per_round,
                             sizes=self._sizes)
@@ -220,7 +179,8 @@ class CompiledFedAvg:
             if "frozen" in carried:
                 for v, w in zip(lane[2], frozen_k):
                     v.assign(w)
-            update, sums_k, steps = self._client_update(lane, start, flat_k, x[k], y[k], examples[k])
+            update, sums_k, steps = client_update(self.client_work, self.loss_fn, self.batch_size, self._specs, lane,
+                                                  start, flat_k, x[k], y[k], examples[k])
             if local is not None:  # FedBN: the BN layers' weights are not sent
                 update = update * self._shared
             finite = tf.reduce_all(tf.math.is_finite(update))
@@ -264,8 +224,17 @@ class CompiledFedAvg:
             if local is not None:
                 init["local"] = tf.TensorArray(tf.float32, size=n, element_shape=[local.size])
             outs.append(fori(n, lambda i, acc, lane=lane, j=j: client(lane, j, i, acc), init))
+        return self._gather(outs, carried, participants)
+
+    def _gather(self, outs: list[dict[str, Any]], carried: dict[str, list[int]], participants: Any) -> Any:
+        """The lanes' loop results as the round's ``(ClientUpdates, sums, non-trainable sum)``: sums added,
+        rows (a part that keeps them, FedBN's) scattered into their clients' slots."""
+        import tensorflow as tf
+
+        lanes, d, part, local = len(self._lanes), sum(self._sizes), self.part, self._local
+        rows_kept = part.rows or part.host
         sums = tf.add_n([o["sums"] for o in outs])
-        if n_sums == 4:  # (the weighted steps only FedNova uses)
+        if not self.client_work.normalized:  # (the weighted steps only FedNova uses)
             sums = tf.concat([sums, tf.zeros([1])], 0)
         frozen_sum = (tf.add_n([o["frozen"] for o in outs]) if "frozen" in carried
                       else tf.zeros([self._frozen_sum_size]))
