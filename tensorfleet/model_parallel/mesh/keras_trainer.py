@@ -232,8 +232,8 @@ class MeshTrainer(tf.keras.Model):
         # epoch poisoned DTensor's executor (CancelledError in the next epoch or in validation).
         data = data.take(len(x) // batch_size * batch_size).repeat()
         # No tf.data autotuning: its model thread sleeps in doubling periods (up to a minute), and destroying
-        # the iterator at the end of fit, evaluate or predict waited for it to wake (stalls of 3 to 60 s were
-        # seen on a 2-core machine). The data are arrays in memory; there is nothing to tune.
+        # the iterator at the end of fit, evaluate or predict waited for it to wake (stalls of seconds to over
+        # a minute were seen on a 2-core machine). The data are arrays in memory; there is nothing to tune.
         options = tf.data.Options()
         options.autotune.enabled = False
         data = data.with_options(options)
