@@ -14,27 +14,10 @@ Example:
 
 from __future__ import annotations
 
-import logging
-import os
-
 from tensorfleet.lazy import attach
 
-# TensorFlow >= 2.16 serves Keras 3 as ``tf.keras`` unless told otherwise; every room here (and
-# tfmot, TFF) targets the Keras 2 API, which tf_keras provides. Chosen before TensorFlow reads it, so
-# a user's ``tf.keras.Sequential`` is a model every room takes; a value the user set wins.
-if "TF_USE_LEGACY_KERAS" not in os.environ:
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    logging.getLogger(__name__).info("tensorfleet: TF_USE_LEGACY_KERAS=1 (tf.keras is tf_keras, the Keras 2 API)")
-else:
-    logging.getLogger(__name__).info("tensorfleet: TF_USE_LEGACY_KERAS=%s, as set before import",
-                                     os.environ["TF_USE_LEGACY_KERAS"])
-
-# Keras Tuner decides once, as it loads, which Keras it drives, and takes Keras 3 whenever that is
-# installed (it is, beside TensorFlow >= 2.16); a finder (standard library only) makes a Keras Tuner
-# imported after this one drive tf_keras too, so a user's own `import keras_tuner` takes their models.
-from tensorfleet.compat.keras_tuner import prefer_keras2  # noqa: E402
-
-prefer_keras2()
+# Which Keras the process uses is the user's: importing tensorfleet sets no TF_USE_LEGACY_KERAS and leaves
+# Keras Tuner alone. Each entry point looks at the model it receives (tensorfleet.compat.keras).
 
 __version__ = "0.1.0"
 

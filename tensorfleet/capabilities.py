@@ -39,12 +39,12 @@ class Probe:
 
 
 def _keras2() -> str | None:
-    from tensorfleet.compat.keras import keras_flavour
+    from tensorfleet.compat.keras import keras2
 
-    flavour = keras_flavour()
-    if flavour == "keras3":
-        return ("tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1 or tf_keras is missing): "
-                "`pip install tf_keras` and import tensorfleet before TensorFlow")
+    try:
+        keras2()
+    except ImportError as error:
+        return str(error)
     return None
 
 
@@ -103,13 +103,13 @@ def _litert() -> str | None:
 
 
 def _keras_tuner() -> str | None:
-    from tensorfleet.compat.keras_tuner import drives_keras2, import_keras_tuner
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
 
     try:
         import_keras_tuner()
     except Exception as error:
         return f"Keras Tuner is not usable here ({type(error).__name__}: {error}); `pip install keras-tuner`"
-    return None if drives_keras2() else "Keras Tuner drives Keras 3 here, not tf_keras"
+    return None
 
 
 def _profiler() -> str | None:

@@ -8,8 +8,10 @@
 3. edge: the model of part 1 converted to full int8, run on the TFLite Micro interpreter, and
    exported as C sources; prints size, arena and accuracy.
 
-It starts by printing the versions it runs on (Python, TensorFlow, and the Keras behind ``tf.keras``:
-tf_keras on TensorFlow >= 2.16). Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
+It starts by printing the versions it runs on (Python, TensorFlow, and the Keras behind ``tf.keras``: Keras 3
+on TensorFlow >= 2.16 unless the process chose tf_keras). Part 1 runs in that Keras; parts 2 and 3 run Keras 2
+(tf_keras) models, which the federated and edge rooms take for now: part 3 converts a tf_keras twin that
+holds part 1's trained weights. Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
 Run with ``python -m tensorfleet.demo [--devices N] [--epochs E] [--rounds R] [--out DIR] [--verbose]``;
 TensorFlow's start-up and converter noise is left out unless ``--verbose``
 (:mod:`tensorfleet.cluster.console`).
@@ -38,8 +40,8 @@ def versions() -> str:
 
     from tensorfleet.compat.keras import keras_flavour
 
-    # tf.keras is tf_keras (TensorFlow >= 2.16 with TF_USE_LEGACY_KERAS=1) or the keras package (2.14's
-    # Keras 2, or Keras 3); its module has no version of its own on 2.14, its package does.
+    # tf.keras is Keras 3 (TensorFlow >= 2.16), tf_keras (TF_USE_LEGACY_KERAS=1 set by the user) or the keras
+    # package 2.14 (TensorFlow 2.14); its module has no version of its own on 2.14, its package does.
     package = "tf_keras" if keras_flavour() == "tf_keras" else "keras"
     try:
         keras = f"{package if package == 'tf_keras' else 'Keras'} {version(package)}"
@@ -48,10 +50,8 @@ def versions() -> str:
     return f"Python {platform.python_version()}, TensorFlow {tf.__version__}, {keras} (tf.keras)"
 
 
-def _EpochTimer() -> "object":
-    import tensorflow as tf
-
-    class EpochTimer(tf.keras.callbacks.Callback):
+def _EpochTimer(keras: Any) -> "object":
+    class EpochTimer(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
             self.seconds: list[float] = []
@@ -70,19 +70,20 @@ def run(*, devices: int = 2, epochs: int = 5, batch_size: int = 64, return_model
     import tensorfleet as tfl
 
     names = tfl.strategies.simulate_devices(devices)
-    import tensorflow as tf
+    from tensorfleet.compat.keras import module_of
 
     split = tfl.models.datasets.load_digits()
     strategy = tfl.strategies.build("mirrored", devices=names)
     print(f"strategy: mirrored over {strategy.num_replicas_in_sync} logical CPU devices {names}")
     with strategy.scope():
-        model = tfl.models.build("digits_cnn")
-        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        model = tfl.models.build("digits_cnn")  # in the Keras tf.keras is in this process
+        keras = module_of(model)
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     print(f"model: digits_cnn, {model.count_params():,} parameters; data: scikit-learn digits, "
           f"{len(split.x_train)} train / {len(split.x_test)} test")
     inputs = tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=batch_size, strategy=model)
-    timer = _EpochTimer()
+    timer = _EpochTimer(keras)
     model.fit(**inputs, epochs=epochs + 1, verbose=2, callbacks=[timer])
     seconds = sum(timer.seconds[1:])  # the first epoch also traces and builds the graph
     result = model.evaluate(**tfl.strategies.evaluate_inputs(split.x_test, split.y_test, batch_size=batch_size,
@@ -107,7 +108,7 @@ def run_federated(*, rounds: int = 10, out_dir: str = "out/demo/federated") -> d
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=20, scheme="dirichlet",
                                       alpha=0.5, seed=0)
     sim = tfl.federated.Simulation(
-        lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds, clients_per_round=5, seed=0,
+        lambda: tfl.models.build("digits_cnn", keras="keras2"), clients, "fedavg", rounds=rounds, clients_per_round=5, seed=0,
         local_epochs=2, client_learning_rate=0.1, backend="compiled",
         test_data=(split.x_test, split.y_test), eval_every=1, out_dir=out_dir)
     history = sim.run()
@@ -124,7 +125,7 @@ def run_edge(model: object, *, out_dir: str = "out/demo/edge") -> dict[str, floa
     import tensorfleet as tfl
 
     split = tfl.models.datasets.load_digits()
-    plain = tfl.models.build("digits_cnn")  # the same weights outside the strategy
+    plain = tfl.models.build("digits_cnn", keras="keras2")  # part 1's weights, outside the strategy, in tf_keras
     plain.set_weights(model.get_weights())  # type: ignore[attr-defined]
     artifact = tfl.edge.convert(plain, quantization="int8", representative_data=split.x_train[:200])
     artifact.save(Path(out_dir) / "digits_int8.tflite")

@@ -12,6 +12,12 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The suite's process is one whose `tf.keras` is Keras 2 (tf_keras), chosen here the way a user chooses it,
+# before TensorFlow starts: most tests write their models with `tf.keras` and run them in the rooms that
+# take Keras 2 models. Keras 3 tests write `import keras` (the `keras3` fixture), which is Keras 3 whatever
+# this says; tests of a user's default process (tf.keras is Keras 3) run scripts in a child without it
+# (`user_env()`). tensorfleet itself never sets it: tests/test_compat.py holds that.
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import pytest  # noqa: E402
 
@@ -78,6 +84,14 @@ def digits_flat() -> Any:
     from tensorfleet.models.datasets import load_digits
 
     return load_digits(flat=True)
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment of a user's process on today's TensorFlow: this one's without ``TF_USE_LEGACY_KERAS``
+    (so ``tf.keras`` is Keras 3 where Keras 3 is installed), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env.update(extra)
+    return env
 
 
 def reap(process: Any) -> None:

@@ -103,15 +103,19 @@ def _run(code: str, **env: str) -> str:
 
 
 SCRIPT = """
-import tensorfleet, os, tensorflow as tf
-from tensorfleet.compat.keras import keras_flavour, require_keras2, Keras3ModelError
-model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
-try:
-    require_keras2(model, "probe")
-    taken = "taken"
-except Keras3ModelError:
-    taken = "refused"
-print(os.environ["TF_USE_LEGACY_KERAS"], keras_flavour(), taken)
+import os, sys
+import tensorflow as tf
+before = (os.environ.get("TF_USE_LEGACY_KERAS"), sorted(f.__class__.__name__ for f in sys.meta_path))
+import tensorfleet, tensorfleet.strategies, tensorfleet.tuning, tensorfleet.compat.keras
+import keras_tuner
+from tensorfleet.compat.keras import keras_flavour
+after = (os.environ.get("TF_USE_LEGACY_KERAS"), sorted(f.__class__.__name__ for f in sys.meta_path))
+import subprocess
+child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('TF_USE_LEGACY_KERAS'))"],
+                       capture_output=True, text=True).stdout.strip()
+from keras_tuner.src.backend import config
+print(before == after, after[0], child, keras_flavour(), tf.keras.Model.__module__.split(".")[0],
+      "multi" if config.multi_backend() else "keras2")
 """
 
 
@@ -122,20 +126,25 @@ def _tf_major_minor() -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_import_tensorfleet_makes_tf_keras_the_keras_of_a_users_script() -> None:
-    expected = "tf_keras" if _tf_major_minor() >= (2, 16) else "keras2"
-    assert _run(SCRIPT) == f"1 {expected} taken"
+def test_import_tensorfleet_changes_neither_tf_keras_nor_keras_tuner_nor_children() -> None:
+    # A user's process as it starts: no TF_USE_LEGACY_KERAS. Importing tensorfleet (and its rooms) sets none,
+    # for the process or a child it starts, adds no import hook, and leaves tf.keras and Keras Tuner on the
+    # Keras they choose themselves: Keras 3 on TensorFlow >= 2.16, Keras 2 on 2.14.
+    if _tf_major_minor() >= (2, 16):
+        assert _run(SCRIPT) == "True None None keras3 keras multi"
+    else:
+        assert _run(SCRIPT) == "True None None keras2 keras keras2"
 
 
 @pytest.mark.slow
-def test_a_users_own_legacy_keras_variable_wins_and_keras3_models_are_refused() -> None:
+def test_a_users_own_legacy_keras_choice_is_kept() -> None:
     if _tf_major_minor() < (2, 16):
-        assert _run(SCRIPT, TF_USE_LEGACY_KERAS="0") == "0 keras2 taken"  # TensorFlow 2.14 reads no such variable
-    else:
-        assert _run(SCRIPT, TF_USE_LEGACY_KERAS="0") == "0 keras3 refused"
+        pytest.skip("TensorFlow 2.14 reads no TF_USE_LEGACY_KERAS: its tf.keras is Keras 2 already")
+    # A user who wants Keras 2 sets the variable before TensorFlow starts; tensorfleet keeps it.
+    assert _run(SCRIPT, TF_USE_LEGACY_KERAS="1").split()[:5] == ["True", "1", "1", "tf_keras", "tf_keras"]
 
 
-def test_a_keras3_model_gets_one_error_naming_the_fix() -> None:
+def test_a_keras3_model_gets_one_error_naming_the_way_to_keras2() -> None:
     from tensorfleet.compat.keras import Keras3ModelError, _keras_major, require_keras2
 
     if _keras_major("keras") < 3:
@@ -143,14 +152,55 @@ def test_a_keras3_model_gets_one_error_naming_the_fix() -> None:
     import keras
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    with pytest.raises(Keras3ModelError, match=r"tfl\.edge\.convert received a Keras 3 model .*import tensorfleet"):
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.convert runs Keras 2 \(tf_keras\) models only for now, "
+                                               r"and received a Keras 3 model \(keras\.src\.models\.sequential\."
+                                               r"Sequential\)\. For Keras 2, build the model with `import tf_keras as keras`"):
         require_keras2(model, "tfl.edge.convert")
+
+
+def test_keras_of_tells_each_keras_and_names_what_is_none() -> None:
+    from tensorfleet.compat.keras import Keras, keras2, keras_of, module_of
+
+    model = keras2().Sequential([keras2().layers.Dense(2, input_shape=(3,))])
+    assert keras_of(model) is Keras.KERAS2 and module_of(model) is keras2()
+    assert keras_of(keras2().optimizers.SGD()) is Keras.KERAS2
+    with pytest.raises(TypeError, match=r"^probe takes a Keras model \(Keras 3 or tf_keras\)\. "
+                                        r"Received: model of type int$"):
+        keras_of(3, "probe")
+
+
+def test_keras_names_are_one_vocabulary() -> None:
+    from tensorfleet.compat.keras import Keras, as_keras
+
+    assert [as_keras(name) for name in ("keras2", "tf_keras", "2", "keras3", "Keras", "3")] == \
+        [Keras.KERAS2] * 3 + [Keras.KERAS3] * 3
+    with pytest.raises(ValueError, match=r"^keras must be one of 'keras3', 'keras2' \(also 'tf_keras'\), or None "
+                                         r"for the Keras tf.keras is in this process\. Received: keras='jax'$"):
+        as_keras("jax")
+
+
+def test_no_module_of_the_package_reads_tf_keras() -> None:
+    # What `tf.keras` is depends on the user's process; the package names the Keras it means (keras2(), the
+    # model's own Keras, or the user's through compat.keras.keras_module), so only the seam reads tf.keras.
+    import io
+    import tokenize
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "compat" / "keras.py":
+            continue
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+                  if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]
+        for i in range(len(tokens) - 2):
+            if [t.string for t in tokens[i:i + 3]] == ["tf", ".", "keras"]:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{tokens[i].start[0]}")
+    assert found == []
 
 
 def test_what_is_no_keras_model_is_named() -> None:
     from tensorfleet.compat.keras import require_keras2
 
-    with pytest.raises(TypeError, match=r"^probe takes a Keras model \(tf.keras / tf_keras\)\. Received: model of type int$"):
+    with pytest.raises(TypeError, match=r"^probe takes a Keras model \(Keras 3 or tf_keras\)\. Received: model of type int$"):
         require_keras2(3, "probe")
 
 
@@ -162,24 +212,6 @@ def test_tff_missing_is_one_error_naming_the_tff_track(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "tensorflow_federated", None)  # what an environment without TFF gives
     with pytest.raises(TffUnavailableError, match=r"the tff backend needs tensorflow-federated.*make install-tff"):
         import_tff("the tff backend")
-
-
-@pytest.mark.slow
-def test_a_users_own_keras_tuner_after_import_tensorfleet_takes_tf_keras_models() -> None:
-    code = """
-import tensorfleet, numpy as np, tempfile
-import keras_tuner as kt, tensorflow as tf
-def build(hp):
-    model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(hp.Int("units", 2, 3)),
-                                 tf.keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    return model
-x, y = np.zeros((8, 4)), np.zeros((8, 1))
-tuner = kt.RandomSearch(build, objective="val_loss", max_trials=1, directory=tempfile.mkdtemp(), overwrite=True)
-tuner.search(x, y, validation_data=(x, y), epochs=1, verbose=0)
-print(len(tuner.oracle.trials), isinstance(tuner.get_best_models(1)[0], tf.keras.Model))
-"""
-    assert _run(code) == "1 True"
 
 
 def test_import_tensorfleet_imports_no_library() -> None:

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from tensorfleet.cluster.contract import ENV_TRAINING_ENDED
 from tensorfleet.compat import distribute as tf_internals
-from tensorfleet.compat.keras import require_keras2
+from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.io import write_bytes, write_text
 from tensorfleet.validation import integer
 
@@ -72,9 +72,8 @@ def training_ended(environ: dict[str, str] | None = None) -> bool:
 def checkpoint_callback(checkpoint_dir: str | os.PathLike[str]) -> Any:
     """Keras' ``ModelCheckpoint`` saving weights (and the optimizer's step) as ``ckpt-<epoch>``
     every epoch, which :func:`evaluation` watches for."""
-    import tensorflow as tf
 
-    return tf.keras.callbacks.ModelCheckpoint(os.path.join(os.fspath(checkpoint_dir), "ckpt-{epoch}"),
+    return keras2().callbacks.ModelCheckpoint(os.path.join(os.fspath(checkpoint_dir), "ckpt-{epoch}"),
                                               save_weights_only=True)
 
 
@@ -224,7 +223,7 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
     recorder = _Recorder(model, Path(checkpoint_dir), out_path, monitor, mode, log)
     model.evaluate = recorder.hook(model.evaluate)
 
-    class _Record(tf.keras.callbacks.Callback):
+    class _Record(keras2().callbacks.Callback):
         def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             recorder.record(dict(logs or {}))
 
@@ -232,7 +231,7 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
     evaluator = tf_internals.sidecar_evaluator_class(stop=recorder.finished)(
         model, x if y is None else tf.data.Dataset.from_tensor_slices((x, y)).batch(32), str(checkpoint_dir),
         steps=steps, max_evaluations=last_checkpoint,
-        callbacks=[tf.keras.callbacks.TensorBoard(str(out_path / "tensorboard")), _Record()])
+        callbacks=[keras2().callbacks.TensorBoard(str(out_path / "tensorboard")), _Record()])
     if last_checkpoint is not None and last_checkpoint in recorder.done:
         log(f"checkpoint {last_checkpoint}, the last, was evaluated before; nothing to do")
         return True

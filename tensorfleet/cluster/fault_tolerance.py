@@ -35,11 +35,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-import tensorflow as tf
 
 from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_STOP_AFTER_EPOCH, STOPPED_STATUS
 from tensorfleet.io import write_bytes, write_json
 from tensorfleet.validation import positive_int
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["BackupCleanup", "BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch", "backup_dir", "callbacks",
            "resumed_epoch"]
@@ -83,7 +83,7 @@ def _default_backup(base: str | os.PathLike[str] | None, environ: Mapping[str, s
     return base is None and not env.get(ENV_BACKUP_DIR)
 
 
-class BackupCleanup(tf.keras.callbacks.Callback):
+class BackupCleanup(keras2().callbacks.Callback):
     """Removes the backup directory tensorfleet chose, once ``fit`` has ended successfully.
 
     ``BackupAndRestore`` deletes its files when ``fit`` ends but leaves the directory; a run
@@ -112,7 +112,7 @@ def _should_write(model: Any) -> bool:
     return bool(strategy is None or strategy.extended.should_checkpoint)
 
 
-class EpochLog(tf.keras.callbacks.Callback):
+class EpochLog(keras2().callbacks.Callback):
     """Prints ``tensorfleet: epoch E/N begin|end ...`` lines and where a run resumed.
 
     The lines are for people and for the launcher's ``faults``/``stop_when`` patterns. It has
@@ -153,7 +153,7 @@ class StepLog(EpochLog):
         self._print(f"epoch {self._epoch} step {batch + 1}")
 
 
-class BestModelCheckpoint(tf.keras.callbacks.Callback):
+class BestModelCheckpoint(keras2().callbacks.Callback):
     """Keeps the best model so far (``.keras`` file), written atomically by the chief.
 
     Every worker saves (saving may read synchronised variables, which is a collective in
@@ -210,7 +210,7 @@ class BestModelCheckpoint(tf.keras.callbacks.Callback):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-class StopAfterEpoch(tf.keras.callbacks.Callback):
+class StopAfterEpoch(keras2().callbacks.Callback):
     """Ends the process right after epoch ``epoch`` was backed up, as a preempted job would.
 
     The process exits with :data:`~tensorfleet.cluster.contract.STOPPED_STATUS` (75, the
@@ -263,7 +263,7 @@ def callbacks(
     if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
         raise ValueError(f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}")
     directory = backup_dir(backup)
-    result: list[Any] = [tf.keras.callbacks.BackupAndRestore(str(directory), save_freq=save_freq)]
+    result: list[Any] = [keras2().callbacks.BackupAndRestore(str(directory), save_freq=save_freq)]
     if _default_backup(backup):
         result.append(BackupCleanup(directory))
     if best_model is not None:

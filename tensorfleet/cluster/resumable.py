@@ -44,6 +44,7 @@ from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_worke
 from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS, StopRequest
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, epoch_order, fingerprint, new_rng_state,
                                           read_state, tf_checkpoint_prefix, write_checkpoint)
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["MigratableJob", "StopRequest", "TaskOptions", "Trainer", "load_job", "main"]
 
@@ -112,11 +113,10 @@ def _build_strategy(options: TaskOptions) -> tuple[Any, Any]:
 
 
 def _per_example_loss(loss: Any) -> Any:
-    import tensorflow as tf
 
-    if isinstance(loss, tf.keras.losses.Loss):
+    if isinstance(loss, keras2().losses.Loss):
         return type(loss).from_config({**loss.get_config(), "reduction": "none"})
-    return tf.keras.losses.get(loss)
+    return keras2().losses.get(loss)
 
 
 class Trainer:
@@ -128,7 +128,7 @@ class Trainer:
         self.options = options
         self.strategy, self.coordinator = self._placement(options)  # first: logical devices precede the runtime
         tf.config.experimental.enable_op_determinism()
-        tf.keras.utils.set_random_seed(options.seed)
+        keras2().utils.set_random_seed(options.seed)
         x, y = job.data()
         self.x, self.y = np.asarray(x), np.asarray(y)
         self.examples = len(self.x)

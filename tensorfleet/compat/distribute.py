@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from typing import Any, Callable, Iterator
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["closure_output", "closure_queue_lock", "coordinator_cluster", "cross_device_ops", "new_closure_queue",
            "new_mirrored_strategy", "parameter_server_workers", "queue_accepts_closures", "sidecar_checkpoint_wait",
@@ -159,9 +160,8 @@ def sidecar_evaluator_class(stop: Callable[[], bool]) -> type:
     The evaluator asks its private ``_timeout_fn`` after waiting a while without a new checkpoint
     and stops when it returns True; the public class has no argument for it.
     """
-    import tensorflow as tf
 
-    class Sidecar(tf.keras.utils.SidecarEvaluator):
+    class Sidecar(keras2().utils.SidecarEvaluator):
         def _timeout_fn(self) -> bool:
             return bool(stop())
 
@@ -173,9 +173,8 @@ def sidecar_checkpoint_wait(seconds: int) -> Iterator[None]:
     """Makes ``SidecarEvaluator`` wait ``seconds`` instead of 30 without a new checkpoint before it
     asks its stop hook, while inside. Its module reads the wait from the private constant
     ``_CHECKPOINT_TIMEOUT_SEC`` when the loop starts; a release without it keeps its own wait."""
-    import tensorflow as tf
 
-    module = sys.modules[tf.keras.utils.SidecarEvaluator.__module__]
+    module = sys.modules[keras2().utils.SidecarEvaluator.__module__]
     before = getattr(module, "_CHECKPOINT_TIMEOUT_SEC", None)
     if before is None:
         yield

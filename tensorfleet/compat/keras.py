@@ -1,36 +1,63 @@
-"""Keras as tensorfleet uses it: the Keras 2 API (tf_keras on TensorFlow >= 2.16, ``tf.keras`` before).
+"""Which Keras: the user's, as it is. tensorfleet never chooses for the process.
 
-TensorFlow 2.16 and later serve Keras 3 as ``tf.keras`` unless ``TF_USE_LEGACY_KERAS=1`` was set
-before ``tf.keras`` was first touched; ``import tensorfleet`` sets it (a value of the user's own
-wins). Keras 3 models cannot run here: parameter-server ``fit`` has no ClusterCoordinator in Keras 3's
-trainer, MultiWorkerMirrored ``fit`` is broken upstream, tfmot and TFF take only Keras 2 models. So
-every entry point that takes a model calls :func:`require_keras2` first.
+Two Kerases live beside TensorFlow >= 2.16: Keras 3 (the ``keras`` package, what ``tf.keras`` is
+unless ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow first touched Keras) and tf_keras (the
+Keras 2 API). On TensorFlow < 2.16 (the tff track) ``tf.keras`` is Keras 2 itself. Importing
+tensorfleet changes neither ``TF_USE_LEGACY_KERAS`` nor what ``tf.keras`` is: each entry point looks
+at what it receives (:func:`keras_of` a model, :func:`saved_keras` of a ``.keras`` file) and runs it
+with that Keras; a model tensorfleet builds itself (:func:`keras_module` with no choice) is built in
+the Keras ``tf.keras`` is in the caller's process.
+
+A room that still runs Keras 2 models only (federated, edge, the mesh) calls :func:`require_keras2`,
+whose error says which Keras the room needs and how to get it; a room uses :func:`keras2` (never
+``tf.keras``) for what it builds itself.
 
 Example:
     >>> import tensorfleet.compat.keras as ck
     >>> ck.require_keras2(object(), "convert")
     Traceback (most recent call last):
-    TypeError: convert takes a Keras model (tf.keras / tf_keras). Received: model of type object
+    TypeError: convert takes a Keras model (Keras 3 or tf_keras). Received: model of type object
 """
 
 from __future__ import annotations
 
+import enum
+import json
 import logging
 import os
+import zipfile
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-__all__ = ["Keras3ModelError", "is_keras3_model", "keras_flavour", "require_keras2"]
+__all__ = ["Keras", "Keras3ModelError", "KerasFileError", "is_keras3_model", "keras2", "keras3", "keras_flavour",
+           "keras_module", "keras_of", "load_model", "module_of", "require_keras2", "saved_keras", "user_keras"]
 
 log = logging.getLogger(__name__)
 
-_FIX = ("tensorfleet runs Keras 2 models (tf_keras, TensorFlow's `tf.keras` with TF_USE_LEGACY_KERAS=1). "
-        "Build the model with `tf.keras` after `import tensorfleet` (which selects tf_keras), or with "
-        "`import tf_keras as keras`; do not `import keras` (that is Keras 3), and do not set "
-        "TF_USE_LEGACY_KERAS=0.")
+
+class Keras(str, enum.Enum):
+    """The two Kerases a model can be written in, as the API, the CLI and config files name them."""
+
+    KERAS2 = "keras2"
+    """tf_keras on TensorFlow >= 2.16 (``import tf_keras``), ``tf.keras`` on TensorFlow < 2.16."""
+    KERAS3 = "keras3"
+    """The ``keras`` package 3.x: ``import keras``, and ``tf.keras`` on TensorFlow >= 2.16 by default."""
+
+
+_ALIASES = {"keras2": Keras.KERAS2, "tf_keras": Keras.KERAS2, "2": Keras.KERAS2,
+            "keras3": Keras.KERAS3, "keras": Keras.KERAS3, "3": Keras.KERAS3}
+
+KERAS2_HOWTO = ("For Keras 2, build the model with `import tf_keras as keras` (or set TF_USE_LEGACY_KERAS=1 "
+                "before TensorFlow starts, so that `tf.keras` is tf_keras).")
 
 
 class Keras3ModelError(TypeError):
     """A Keras 3 model was handed to an entry point that runs Keras 2 (tf_keras) models only."""
+
+
+class KerasFileError(ValueError):
+    """A saved Keras model (``.keras`` / ``.h5``) cannot be read: damaged, or of a Keras not installed here."""
 
 
 def _keras_major(package: str) -> int:
@@ -40,6 +67,13 @@ def _keras_major(package: str) -> int:
         return int(version(package).split(".")[0])
     except (PackageNotFoundError, ValueError):
         return 3
+
+
+def _tf_before_216() -> bool:
+    import tensorflow as tf
+
+    major, minor = (int(part) for part in tf.__version__.split(".")[:2])
+    return (major, minor) < (2, 16)
 
 
 def keras_flavour() -> str:
@@ -52,10 +86,94 @@ def keras_flavour() -> str:
     return "keras2" if _keras_major(root) == 2 else "keras3"
 
 
+def user_keras() -> Keras:
+    """The Keras of the caller's process: what ``tf.keras`` is there (never changed by tensorfleet)."""
+    return Keras.KERAS3 if keras_flavour() == "keras3" else Keras.KERAS2
+
+
+def as_keras(which: Keras | str | None) -> Keras:
+    """``which`` as a :class:`Keras`; ``None`` is :func:`user_keras`. Accepts ``"keras2"``/``"tf_keras"``/``"2"`` and
+    ``"keras3"``/``"keras"``/``"3"``.
+
+    Raises:
+        ValueError: any other value (the message lists the accepted ones).
+    """
+    if which is None:
+        return user_keras()
+    if isinstance(which, Keras):
+        return which
+    key = str(which).strip().lower()
+    if key not in _ALIASES:
+        raise ValueError(f"keras must be one of 'keras3', 'keras2' (also 'tf_keras'), or None for the Keras "
+                         f"tf.keras is in this process. Received: keras={which!r}")
+    return _ALIASES[key]
+
+
+def keras2() -> ModuleType:
+    """The Keras 2 API as a module: tf_keras on TensorFlow >= 2.16, ``tf.keras`` on TensorFlow < 2.16.
+
+    Raises:
+        ImportError: TensorFlow >= 2.16 without tf_keras installed (the message names the package).
+    """
+    import tensorflow as tf
+
+    if _tf_before_216():
+        return tf.keras
+    try:
+        import tf_keras
+    except ImportError as error:
+        raise ImportError(f"Keras 2 models need the tf_keras package beside TensorFlow {tf.__version__}: "
+                          f"`pip install tf_keras=={tf.__version__}` ({error})") from None
+    return tf_keras
+
+
+def keras3() -> ModuleType:
+    """The ``keras`` package at version 3 (Keras 3's TensorFlow backend).
+
+    Raises:
+        ImportError: Keras 3 is not installed here (the tff track's TensorFlow 2.14 has Keras 2.14).
+    """
+    import tensorflow as tf  # noqa: F401  (Keras 3 picks its backend from what is loaded)
+
+    try:
+        import keras
+    except ImportError as error:
+        raise ImportError(f"Keras 3 is not installed here ({error}): `pip install 'keras>=3'`") from None
+    if not keras.__version__.startswith("3."):
+        raise ImportError(f"Keras 3 is not installed here: keras is {keras.__version__} (TensorFlow < 2.16 "
+                          "ships Keras 2). Use the current track (TensorFlow 2.21) for Keras 3 models.")
+    return keras
+
+
+def keras_module(which: Keras | str | None = None) -> ModuleType:
+    """The Keras module for ``which`` (:func:`as_keras`): :func:`keras2` or :func:`keras3`."""
+    return keras3() if as_keras(which) is Keras.KERAS3 else keras2()
+
+
 def is_keras3_model(model: Any) -> bool:
     """True when ``model`` is a Keras 3 object: its class comes from the ``keras`` package at major version 3+."""
     roots = {cls.__module__.split(".")[0] for cls in type(model).__mro__}
-    return "keras" in roots and _keras_major("keras") >= 3
+    return "keras" in roots and "tf_keras" not in roots and _keras_major("keras") >= 3
+
+
+def keras_of(obj: Any, where: str = "tensorfleet", kind: str = "model") -> Keras:
+    """Which Keras ``obj`` (a model, layer, optimizer, loss ...) belongs to, from its class.
+
+    Raises:
+        TypeError: ``obj`` is not a Keras object (the message names ``where`` and what was received).
+    """
+    roots = {cls.__module__.split(".")[0] for cls in type(obj).__mro__}
+    if "tf_keras" in roots:
+        return Keras.KERAS2
+    if "keras" in roots:
+        return Keras.KERAS3 if _keras_major("keras") >= 3 else Keras.KERAS2
+    raise TypeError(f"{where} takes a Keras {kind} (Keras 3 or tf_keras). Received: {kind} of type "
+                    f"{type(obj).__qualname__}")
+
+
+def module_of(obj: Any, where: str = "tensorfleet", kind: str = "model") -> ModuleType:
+    """The Keras module ``obj`` belongs to (:func:`keras_of`): layers, optimizers and losses for it come from here."""
+    return keras_module(keras_of(obj, where, kind))
 
 
 def require_keras2(model: Any, where: str) -> Any:
@@ -66,27 +184,92 @@ def require_keras2(model: Any, where: str) -> Any:
         where: the entry point's name, for the message (``"tfl.edge.convert"``).
 
     Raises:
-        Keras3ModelError: ``model`` is a Keras 3 model (the message names the fix).
+        Keras3ModelError: ``model`` is a Keras 3 model (the message says how to get Keras 2).
         TypeError: ``model`` is not a Keras model at all.
     """
-    import tensorflow as tf
-
-    return _require_keras2(model, where, "model", tf.keras.Model)
+    return _require_keras2(model, where, "model", "Model")
 
 
-def _require_keras2(obj: Any, where: str, kind: str, keras2_class: type) -> Any:
+def _require_keras2(obj: Any, where: str, kind: str, class_name: str) -> Any:
     if is_keras3_model(obj):
-        raise Keras3ModelError(f"{where} received a Keras 3 {kind} ({type(obj).__module__}."
-                               f"{type(obj).__qualname__}). {_FIX}")
+        raise Keras3ModelError(f"{where} runs Keras 2 (tf_keras) {kind}s only for now, and received a Keras 3 "
+                               f"{kind} ({type(obj).__module__}.{type(obj).__qualname__}). {KERAS2_HOWTO}")
+    keras_of(obj, where, kind)
+    keras2_class = getattr(keras2().layers if class_name == "Layer" else keras2(), class_name)
     if not isinstance(obj, keras2_class):
-        raise TypeError(f"{where} takes a Keras {kind} (tf.keras / tf_keras). "
-                        f"Received: {kind} of type {type(obj).__qualname__}")
+        raise TypeError(f"{where} takes a Keras {kind} (Keras 3 or tf_keras). Received: {kind} of type "
+                        f"{type(obj).__qualname__}")
     return obj
 
 
 def legacy_keras_selected() -> bool:
-    """Whether this process asked TensorFlow for tf_keras as ``tf.keras`` (``TF_USE_LEGACY_KERAS``)."""
+    """Whether this process asked TensorFlow for tf_keras as ``tf.keras`` (``TF_USE_LEGACY_KERAS``), as a user
+    who wants Keras 2 does; tensorfleet never sets it."""
     return os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+
+
+def saved_keras(path: str | os.PathLike[str]) -> Keras:
+    """Which Keras wrote the saved model at ``path``: a ``.keras`` archive records it in ``metadata.json``
+    (``keras_version``), an ``.h5`` file in its root attribute ``keras_version``.
+
+    Raises:
+        KerasFileError: ``path`` is not a readable ``.keras`` or ``.h5`` file, or records no version.
+    """
+    path = Path(path)
+    version = _saved_version(path)
+    try:
+        major = int(str(version).split(".")[0])
+    except ValueError:
+        raise KerasFileError(f"{path} records keras_version {version!r}, which is not a version number") from None
+    return Keras.KERAS3 if major >= 3 else Keras.KERAS2
+
+
+def _saved_version(path: Path) -> str:
+    if not path.is_file():
+        raise KerasFileError(f"No Keras model file at {path} ({'a folder' if path.is_dir() else 'nothing there'}); "
+                             "expected a .keras or .h5 file")
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                metadata = json.loads(archive.read("metadata.json"))
+            return str(metadata["keras_version"])
+        except (KeyError, ValueError, zipfile.BadZipFile, OSError) as error:
+            raise KerasFileError(f"{path} is a zip archive but not a readable .keras model: its metadata.json "
+                                 f"is missing or damaged ({type(error).__name__}: {error})") from None
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if head == b"\x89HDF\r\n\x1a\n":
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as h5:
+                version = h5.attrs.get("keras_version")
+        except OSError as error:
+            raise KerasFileError(f"{path} is an HDF5 file that cannot be read ({error})") from None
+        if version is None:
+            raise KerasFileError(f"{path} is an HDF5 file without a Keras model (no keras_version attribute)")
+        return version.decode() if isinstance(version, bytes) else str(version)
+    raise KerasFileError(f"{path} is neither a .keras archive (zip) nor an .h5 model (HDF5): its first bytes are "
+                         f"{head!r}")
+
+
+def load_model(path: str | os.PathLike[str], *, compile: bool = True, where: str = "tensorfleet") -> Any:  # noqa: A002
+    """The model saved at ``path``, loaded by the Keras that wrote it (:func:`saved_keras`).
+
+    Raises:
+        KerasFileError: the file is damaged, or its Keras is not installed here; the message names the file.
+    """
+    which = saved_keras(path)
+    try:
+        module = keras_module(which)
+    except ImportError as error:
+        raise KerasFileError(f"{where}: {path} was saved by {which.value}, which is not installed here: {error}") \
+            from None
+    try:
+        return module.models.load_model(str(path), compile=compile)
+    except Exception as error:  # any Keras deserialization failure is a problem with the file
+        raise KerasFileError(f"{where}: {path} (saved by {which.value}) could not be loaded by "
+                             f"{module.__name__} {module.__version__}: {type(error).__name__}: {error}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -110,9 +293,7 @@ def require_keras2_layer(layer: Any, where: str) -> Any:
         Keras3ModelError: ``layer`` is a Keras 3 layer (the message names the fix).
         TypeError: ``layer`` is not a Keras layer at all.
     """
-    import tensorflow as tf
-
-    return _require_keras2(layer, where, "layer", tf.keras.layers.Layer)
+    return _require_keras2(layer, where, "layer", "Layer")
 
 
 def keras_internal(module: str) -> Any:
@@ -120,11 +301,7 @@ def keras_internal(module: str) -> Any:
     with Keras 2.14 (``keras.src`` on TensorFlow >= 2.16 is Keras 3, whose internals are another thing)."""
     import importlib
 
-    import tensorflow as tf
-
-    root = tf.keras.layers.Layer.__module__.split(".")[0]
-    if root not in ("tf_keras", "keras"):
-        raise RuntimeError(f"tf.keras is neither tf_keras nor Keras 2 here (its Layer comes from {root!r}). {_FIX}")
+    root = keras2().layers.Layer.__module__.split(".")[0]
     return importlib.import_module(f"{root}.src.{module}")
 
 
@@ -224,11 +401,10 @@ def dropout_noise_shape(layer: Any, inputs: Any) -> Any:
 def unfuse_normalization(layer: Any) -> None:
     """Makes a Keras ``LayerNormalization`` or ``BatchNormalization`` compute unfused (same maths, plain ops):
     DTensor has no layout propagation for ``FusedBatchNormV3``, which both use when fused."""
-    import tensorflow as tf
-
-    if isinstance(layer, tf.keras.layers.LayerNormalization):
+    layers = keras2().layers
+    if isinstance(layer, layers.LayerNormalization):
         layer._fused = False  # chosen in build(); read in every call()
-    elif isinstance(layer, tf.keras.layers.BatchNormalization):
+    elif isinstance(layer, layers.BatchNormalization):
         layer.fused = False
 
 
@@ -275,11 +451,9 @@ def intercept_compile(hook: Any) -> Any:
     import functools
     import sys
 
-    import tensorflow as tf
-
-    classes = [tf.keras.Model]
+    classes = [keras2().Model]
     keras3 = sys.modules.get("keras")  # a Keras 3 model exists only once its package is imported
-    if keras3 is not None and getattr(keras3, "Model", None) not in (None, tf.keras.Model) \
+    if keras3 is not None and getattr(keras3, "Model", None) not in (None, classes[0]) \
             and _keras_major("keras") >= 3:
         classes.append(keras3.Model)
 

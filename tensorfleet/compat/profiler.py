@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from typing import Any, ContextManager
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["ConverterMissingError", "callback_list_calling", "cluster_coordinator", "cluster_resolver",
            "converter_name", "implements_train_batch_hooks", "set_train_batch_hooks", "step_trace",
@@ -92,10 +93,9 @@ def callback_list_calling(callback: Any) -> Any:
     here). Keras does not tell a callback which list holds it, and the profiling callback needs that
     list to switch its per-step dispatch.
     """
-    import tensorflow as tf
 
     owner = sys._getframe(2).f_locals.get("self")
-    if isinstance(owner, tf.keras.callbacks.CallbackList) and any(c is callback for c in owner.callbacks):
+    if isinstance(owner, keras2().callbacks.CallbackList) and any(c is callback for c in owner.callbacks):
         return owner
     return None
 

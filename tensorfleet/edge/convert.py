@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from tensorfleet.compat.keras import require_keras2
+from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.compat.litert import set_dense_per_channel
 from tensorfleet.edge.artifact import TFLiteArtifact, verify_int8
 from tensorfleet.edge.errors import QuantizationError
@@ -143,25 +143,26 @@ def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, nu
 
 
 def load_keras_model(spec: Any) -> Any:
-    """A Keras model from a model object, a ``tensorfleet.models`` name, or a saved-model path."""
-    import tensorflow as tf
+    """A Keras 2 model from a model object, a ``tensorfleet.models`` name (built in tf_keras), or a saved model:
+    a ``.keras``/``.h5`` file is read by the Keras that wrote it, so a Keras 3 file gets
+    :class:`~tensorfleet.compat.keras.Keras3ModelError` (the edge runs Keras 2 models only, for now)."""
+    from tensorfleet.compat.keras import load_model
 
-    if isinstance(spec, tf.keras.Model):
-        return spec
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
+        if path.is_dir():
+            return require_keras2(keras2().models.load_model(path, compile=False), f"the saved model {path}")
         if path.exists():
-            return tf.keras.models.load_model(path, compile=False)
+            return require_keras2(load_model(path, compile=False, where="tfl.edge"), f"the model file {path}")
         from tensorfleet import models
 
         if str(spec) in models.MODELS:
-            return models.build(str(spec))
+            return models.build(str(spec), keras="keras2")
         looks_like_path = path.suffix in (".keras", ".h5") or os.sep in str(spec)
         if looks_like_path:
             raise FileNotFoundError(f"No saved Keras model at {str(spec)!r}.")
         models.MODELS.canonical(str(spec))  # raises UnknownNameError with the names and a suggestion
-    raise TypeError(f"model must be a tf.keras.Model, a tensorfleet.models name or a path. "
-                    f"Received: {type(spec).__name__}")
+    return require_keras2(spec, "tfl.edge.convert")
 
 
 def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32, representative_data: Any = None,
@@ -170,8 +171,7 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
     """Converts a Keras model to TFLite with one quantization mode.
 
     Args:
-        model: a ``tf.keras.Model`` (Keras 2: tf_keras), a ``tensorfleet.models`` name or a saved Keras
-            model path.
+        model: a Keras 2 (tf_keras) model, a ``tensorfleet.models`` name or a saved Keras model path.
         quantization: ``float32``, ``dynamic``, ``float16``, ``int8`` or ``int16x8``.
         representative_data: calibration samples shaped like the model input (needed by
             ``int8`` and ``int16x8``); at most ``num_calibration_samples`` are used.
@@ -187,7 +187,8 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         A :class:`TFLiteArtifact` with the flatbuffer and its metadata.
 
     Raises:
-        Keras3ModelError: ``model`` is a Keras 3 model (build it with ``tf.keras`` after ``import tensorfleet``).
+        Keras3ModelError: ``model`` is a Keras 3 model or a Keras 3 ``.keras`` file (the edge runs Keras 2 models
+            for now: build it with ``import tf_keras as keras``).
 
     Example:
         >>> artifact = convert(model, "int8", representative_data=x_train[:100])  # doctest: +SKIP

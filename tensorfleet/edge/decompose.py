@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorfleet.compat.keras import require_keras2
+from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.edge.decompose_plan import LayerPlan, DecompositionMethod, form_of, plan_layer
 from tensorfleet.edge.decompose_factors import layer_kind, weight_kernel
 from tensorfleet.edge.errors import DecompositionError
@@ -110,12 +110,11 @@ class DecompositionPlan:
 
 
 def _check_model(model: Any, where: str) -> Any:
-    import tensorflow as tf
 
     require_keras2(model, where)
-    if not isinstance(model, tf.keras.Model):
+    if not isinstance(model, keras2().Model):
         raise DecompositionError(f"{where} needs a tf.keras.Model. Received: {type(model).__name__}")
-    config = model.get_config() if isinstance(model, tf.keras.Sequential) or _is_functional(model) else None
+    config = model.get_config() if isinstance(model, keras2().Sequential) or _is_functional(model) else None
     if config is None or "layers" not in config:
         raise DecompositionError(f"{where} needs a functional or Sequential Keras model (their config lists the "
                                  f"layers); a subclassed model cannot be rebuilt. Received: {type(model).__name__}")
@@ -232,10 +231,9 @@ def _factored_config(config: dict[str, Any], plan: DecompositionPlan, sequential
 
 
 def _apply(model: Any, plan: DecompositionPlan) -> Any:
-    import tensorflow as tf
 
     config = _check_model(model, "tfl.edge.decompose")
-    sequential = isinstance(model, tf.keras.Sequential)
+    sequential = isinstance(model, keras2().Sequential)
     names = {layer.name for layer in model.layers}
     missing = [row.name for row in plan.decomposed if row.name not in names]
     if missing or plan.model_name != model.name:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["Factor", "layer_kind", "kernel_of", "svd_factors", "tucker2_factors", "cp_factors", "cp_full_rank",
            "fit_cp", "layer_macs", "weight_kernel",
@@ -41,11 +42,10 @@ class Factor:
 
 def layer_kind(layer: Any) -> str | None:
     """``"dense"``, ``"conv"`` (kh x kw), ``"conv1x1"``, or None for a layer no method factors."""
-    import tensorflow as tf
 
-    if type(layer) is tf.keras.layers.Dense:
+    if type(layer) is keras2().layers.Dense:
         return "dense"
-    if type(layer) is tf.keras.layers.Conv2D:
+    if type(layer) is keras2().layers.Conv2D:
         return "conv1x1" if tuple(layer.kernel_size) == (1, 1) else "conv"
     return None
 
@@ -77,9 +77,8 @@ def layer_macs(layer: Any) -> int:
 
 
 def _serialize(cls: Any, config: dict[str, Any]) -> dict[str, Any]:
-    import tensorflow as tf
 
-    return tf.keras.layers.serialize(cls.from_config(config))
+    return keras2().layers.serialize(cls.from_config(config))
 
 
 def _factor(layer: Any, name: str, last: bool, weights: list[np.ndarray], macs: int, **changes: Any) -> Factor:
@@ -175,7 +174,6 @@ def fit_cp(kernel: np.ndarray, rank: int) -> tuple[np.ndarray, list[np.ndarray]]
 
 def cp_factors(layer: Any, rank: int, fitted: tuple[np.ndarray, list[np.ndarray]] | None = None) -> list[Factor]:
     """1x1 Conv2D, kh x 1 and 1 x kw DepthwiseConv2D, 1x1 Conv2D (CP of rank ``rank``)."""
-    import tensorflow as tf
 
     kernel = kernel_of(layer)
     kh, kw, cin, cout = kernel.shape
@@ -194,12 +192,12 @@ def cp_factors(layer: Any, rank: int, fitted: tuple[np.ndarray, list[np.ndarray]
         ("dh", (kh, 1), (sh, 1), (dh, 1), a[:, None, :, None], out_h * in_w * kh),
         ("dw", (1, kw), (1, sw), (1, dw), b[None, :, :, None], outside * kw),
     ]:
-        layer_dw = tf.keras.layers.DepthwiseConv2D(
+        layer_dw = keras2().layers.DepthwiseConv2D(
             size, strides=stride, padding=base["padding"], dilation_rate=dilation, use_bias=False,
-            depthwise_regularizer=base["kernel_regularizer"] and tf.keras.regularizers.get(base["kernel_regularizer"]),
+            depthwise_regularizer=base["kernel_regularizer"] and keras2().regularizers.get(base["kernel_regularizer"]),
             dtype=base["dtype"], name=f"{layer.name}_{suffix}", trainable=base["trainable"])
         array = np.asarray(kernel_1d, dtype)
-        depthwise.append(Factor(tf.keras.layers.serialize(layer_dw), (array,), array.size, positions * rank))
+        depthwise.append(Factor(keras2().layers.serialize(layer_dw), (array,), array.size, positions * rank))
     return [first, *depthwise, last]
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tensorfleet.compat.keras import require_keras2
+from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.registry import Registry
 from tensorfleet.validation import integer, number, positive_int
 
@@ -156,12 +156,11 @@ def finetune(model: Any, technique: str | Technique, x: Any, y: Any, *, epochs: 
     name = TECHNIQUES.canonical(technique.value if isinstance(technique, Technique) else technique)
     positive_int("epochs", epochs)
     spec = TECHNIQUES.get(name)
-    import tensorflow as tf
 
     wrapped = spec.wrap(model, **options)
     if loss is None:
-        softmax_out = getattr(model.layers[-1], "activation", None) is tf.keras.activations.softmax
-        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax_out)
+        softmax_out = getattr(model.layers[-1], "activation", None) is keras2().activations.softmax
+        loss = keras2().losses.SparseCategoricalCrossentropy(from_logits=not softmax_out)
     wrapped.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
     wrapped.fit(x, y, epochs=epochs, batch_size=batch_size, validation_data=validation_data, verbose=verbose,
                 callbacks=spec.callbacks())
@@ -199,8 +198,8 @@ def distill(teacher: Any, student: Any, x: Any, y: Any, *, temperature: float = 
     soft_targets = teacher.predict(x, batch_size=256, verbose=0)
     if not from_logits:
         soft_targets = np.log(np.clip(soft_targets, 1e-8, 1.0))
-    optimizer = tf.keras.optimizers.Adam(learning_rate)
-    ce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras2().optimizers.Adam(learning_rate)
+    ce = keras2().losses.SparseCategoricalCrossentropy(from_logits=True)
     t = float(temperature)
 
     @tf.function

@@ -135,7 +135,7 @@ def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None 
     aggregator, options = _aggregator(cfg)
     per_round = cfg["clients_per_round"] or max(1, min(10, len(clients.client_ids) - cfg["eval_clients"]))
     return Simulation(
-        lambda: models.build(name, **model_kwargs), clients, cfg["algorithm"], rounds=cfg["rounds"],
+        lambda: models.build(name, keras="keras2", **model_kwargs), clients, cfg["algorithm"], rounds=cfg["rounds"],
         clients_per_round=per_round, seed=cfg["seed"], batch_size=cfg["batch_size"],
         local_epochs=cfg["local_epochs"], client_learning_rate=cfg["client_lr"],
         server_learning_rate=cfg["server_lr"], aggregator=aggregator, aggregator_options=options,

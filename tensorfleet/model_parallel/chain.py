@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from typing import Any
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["chain_layers"]
 
@@ -30,16 +31,15 @@ def chain_layers(model: Any, *, supported: str = "") -> list[Any]:
         ValueError: the model has no layers, or a layer does not take the previous layer's
             output as its only input (the error names the layer, its type and its inputs).
     """
-    import tensorflow as tf
 
     from tensorfleet.compat.keras import is_keras3_model, require_keras2
 
     if is_keras3_model(model):
         require_keras2(model, "chain_layers")
-    layers = [layer for layer in model.layers if not isinstance(layer, tf.keras.layers.InputLayer)]
+    layers = [layer for layer in model.layers if not isinstance(layer, keras2().layers.InputLayer)]
     if not layers:
         raise ValueError(f"Model {model.name!r} has no layers to split across devices.")
-    if not isinstance(model, tf.keras.Sequential):
+    if not isinstance(model, keras2().Sequential):
         previous = None
         for layer in layers:
             breaks = _how_it_breaks_the_chain(layer, previous)

@@ -36,7 +36,7 @@ from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
-from tensorfleet.compat.keras import attention_parts, require_keras2_layer
+from tensorfleet.compat.keras import attention_parts, keras2, require_keras2_layer
 from tensorfleet.validation import positive_int
 
 __all__ = [
@@ -102,7 +102,7 @@ def _sum_on(tensors: list[tf.Tensor], device: str) -> tf.Tensor:
         return tf.add_n([tf.identity(t) for t in tensors]) if len(tensors) > 1 else tf.identity(tensors[0])
 
 
-class ColumnParallelDense(tf.keras.layers.Layer):
+class ColumnParallelDense(keras2().layers.Layer):
     """A dense layer whose kernel is split along its output axis over ``devices``.
 
     Args:
@@ -126,9 +126,9 @@ class ColumnParallelDense(tf.keras.layers.Layer):
         self.units = positive_int("units", units)
         self.devices = check_devices(devices)
         self.shard_units = split_evenly(units, len(self.devices), what="units")
-        self.activation = tf.keras.activations.get(activation)
+        self.activation = keras2().activations.get(activation)
         self.use_bias = use_bias
-        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.kernel_initializer = keras2().initializers.get(kernel_initializer)
         self.gather_output = gather_output
 
     def build(self, input_shape: Any) -> None:
@@ -138,7 +138,7 @@ class ColumnParallelDense(tf.keras.layers.Layer):
         for i, device in enumerate(self.devices):
             with tf.device(device):
                 self.kernels.append(self.add_weight(f"kernel_{i}", shape=(in_dim, self.shard_units),
-                                                    initializer=tf.keras.initializers.Constant(parts[i])))
+                                                    initializer=keras2().initializers.Constant(parts[i])))
                 if self.use_bias:
                     self.biases.append(self.add_weight(f"bias_{i}", shape=(self.shard_units,), initializer="zeros"))
         super().build(input_shape)
@@ -159,7 +159,7 @@ class ColumnParallelDense(tf.keras.layers.Layer):
         return outputs
 
     @classmethod
-    def from_dense(cls, dense: tf.keras.layers.Dense, *, devices: Sequence[str], gather_output: bool = False,
+    def from_dense(cls, dense: keras2().layers.Dense, *, devices: Sequence[str], gather_output: bool = False,
                    **kwargs: Any) -> "ColumnParallelDense":
         """A column-parallel copy of a built ``Dense`` layer (same weights, same function)."""
         require_keras2_layer(dense, "ColumnParallelDense.from_dense")
@@ -177,7 +177,7 @@ class ColumnParallelDense(tf.keras.layers.Layer):
         return layer
 
 
-class RowParallelDense(tf.keras.layers.Layer):
+class RowParallelDense(keras2().layers.Layer):
     """A dense layer whose kernel is split along its input axis over ``devices``.
 
     Takes either the list of input slices a :class:`ColumnParallelDense` returns, or one
@@ -202,9 +202,9 @@ class RowParallelDense(tf.keras.layers.Layer):
         super().__init__(**kwargs)
         self.units = positive_int("units", units)
         self.devices = check_devices(devices)
-        self.activation = tf.keras.activations.get(activation)
+        self.activation = keras2().activations.get(activation)
         self.use_bias = use_bias
-        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.kernel_initializer = keras2().initializers.get(kernel_initializer)
 
     def build(self, input_shape: Any) -> None:
         n = len(self.devices)
@@ -218,7 +218,7 @@ class RowParallelDense(tf.keras.layers.Layer):
         for i, device in enumerate(self.devices):
             with tf.device(device):
                 self.kernels.append(self.add_weight(f"kernel_{i}", shape=(self.shard_in, self.units),
-                                                    initializer=tf.keras.initializers.Constant(parts[i])))
+                                                    initializer=keras2().initializers.Constant(parts[i])))
         if self.use_bias:
             with tf.device(self.devices[0]):
                 self.bias = self.add_weight("bias", shape=(self.units,), initializer="zeros")
@@ -247,7 +247,7 @@ class RowParallelDense(tf.keras.layers.Layer):
             return self.activation(y)
 
     @classmethod
-    def from_dense(cls, dense: tf.keras.layers.Dense, *, devices: Sequence[str], **kwargs: Any) -> "RowParallelDense":
+    def from_dense(cls, dense: keras2().layers.Dense, *, devices: Sequence[str], **kwargs: Any) -> "RowParallelDense":
         """A row-parallel copy of a built ``Dense`` layer (same weights, same function)."""
         require_keras2_layer(dense, "RowParallelDense.from_dense")
         _require_built(dense)
@@ -261,7 +261,7 @@ class RowParallelDense(tf.keras.layers.Layer):
         return layer
 
 
-class ParallelMLP(tf.keras.layers.Layer):
+class ParallelMLP(keras2().layers.Layer):
     """Megatron's MLP: column-parallel ``Dense(hidden, activation)`` then row-parallel ``Dense(units)``.
 
     One reduction per forward pass; the hidden activations never leave their devices.
@@ -284,7 +284,7 @@ class ParallelMLP(tf.keras.layers.Layer):
         return self.row(self.column(inputs))
 
     @classmethod
-    def from_dense(cls, first: tf.keras.layers.Dense, second: tf.keras.layers.Dense, *,
+    def from_dense(cls, first: keras2().layers.Dense, second: keras2().layers.Dense, *,
                    devices: Sequence[str], **kwargs: Any) -> "ParallelMLP":
         """The split copy of ``second(first(x))``; ``second`` must have no activation of its own
         beyond what a row-parallel layer applies after its reduction."""
@@ -298,7 +298,7 @@ class ParallelMLP(tf.keras.layers.Layer):
         return mlp
 
 
-class ParallelSelfAttention(tf.keras.layers.Layer):
+class ParallelSelfAttention(keras2().layers.Layer):
     """Megatron's self-attention: ``num_heads / N`` whole heads on each of the N devices.
 
     Computes what ``tf.keras.layers.MultiHeadAttention(num_heads, key_dim)(x, x)`` computes
@@ -321,7 +321,7 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
         self.shard_heads = split_evenly(num_heads, len(self.devices), what="num_heads")
         self.output_dim = output_dim
         self.use_bias = use_bias
-        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.kernel_initializer = keras2().initializers.get(kernel_initializer)
 
     def build(self, input_shape: Any) -> None:
         model_dim = int(tf.TensorShape(input_shape)[-1])
@@ -337,11 +337,11 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
             with tf.device(device):
                 for name in ("query", "key", "value"):
                     shard[f"{name}_kernel"] = self.add_weight(f"{name}_kernel_{i}", shape=(model_dim, h, k),
-                                                              initializer=tf.keras.initializers.Constant(parts[name][i]))
+                                                              initializer=keras2().initializers.Constant(parts[name][i]))
                     if self.use_bias:
                         shard[f"{name}_bias"] = self.add_weight(f"{name}_bias_{i}", shape=(h, k), initializer="zeros")
                 shard["output_kernel"] = self.add_weight(f"output_kernel_{i}", shape=(h, k, out_dim),
-                                                         initializer=tf.keras.initializers.Constant(parts["output"][i]))
+                                                         initializer=keras2().initializers.Constant(parts["output"][i]))
             self.shards.append(shard)
         if self.use_bias:
             with tf.device(self.devices[0]):
@@ -368,7 +368,7 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
         return y
 
     @classmethod
-    def from_keras(cls, attention: tf.keras.layers.MultiHeadAttention, *, devices: Sequence[str],
+    def from_keras(cls, attention: keras2().layers.MultiHeadAttention, *, devices: Sequence[str],
                    **kwargs: Any) -> "ParallelSelfAttention":
         """A head-split copy of a built ``MultiHeadAttention`` used as self-attention."""
         require_keras2_layer(attention, "ParallelSelfAttention.from_keras")
@@ -393,7 +393,7 @@ class ParallelSelfAttention(tf.keras.layers.Layer):
         return layer
 
 
-class ParallelTransformerBlock(tf.keras.layers.Layer):
+class ParallelTransformerBlock(keras2().layers.Layer):
     """A tensor-parallel transformer block: Megatron attention and MLP with residuals.
 
     ``x + attention(x)`` then ``h + mlp(h)``: the function of
@@ -444,6 +444,6 @@ def _initial_parts(initializer: Any, shape: tuple[int, ...], parts: int, *, axis
     return _split(full, parts, axis=axis)
 
 
-def _require_built(layer: tf.keras.layers.Layer) -> None:
+def _require_built(layer: keras2().layers.Layer) -> None:
     if not layer.built:
         raise ValueError(f"Layer {layer.name!r} must be built (called once) before it can be split.")

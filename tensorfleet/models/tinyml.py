@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tensorfleet.models.zoo import MODELS, seeded_glorot
+from tensorfleet.models.zoo import MODELS, resolve_keras, seeded_glorot
 from tensorfleet.validation import positive_int
 
 __all__ = [
@@ -72,65 +72,61 @@ REFERENCE: dict[str, Reference] = {
 }
 
 
-def _init(seed: int | None, k: int, *, relu: bool = False, depthwise: bool = False) -> Any:
-    import tensorflow as tf
-
+def _init(K: Any, seed: int | None, k: int, *, relu: bool = False, depthwise: bool = False) -> Any:
     s = None if seed is None else seed + k
     # He init before ReLU keeps activations at scale through deep stacks; with Glorot an
     # untrained 27-layer MobileNet's logits shrink to ~1e-13, so small that TFLM's int8 softmax
     # aborts. Keras counts a depthwise kernel's fan-in as 9 * channels (not 9), so it gets an
     # explicit He standard deviation.
     if depthwise:
-        return tf.keras.initializers.RandomNormal(stddev=float(np.sqrt(2.0 / 9.0)), seed=s)
-    return tf.keras.initializers.HeNormal(seed=s) if relu else seeded_glorot(seed, k)
+        return K.initializers.RandomNormal(stddev=float(np.sqrt(2.0 / 9.0)), seed=s)
+    return K.initializers.HeNormal(seed=s) if relu else seeded_glorot(seed, k, K)
 
 
 def ds_cnn(*, num_classes: int = 12, filters: int = 64, input_shape: tuple[int, int, int] = (49, 10, 1),
-           seed: int | None = 0) -> Any:
+           seed: int | None = 0, keras: str | None = None) -> Any:
     """Depthwise-separable CNN for keyword spotting (MLPerf Tiny KWS reference), softmax out."""
     positive_int("num_classes", num_classes)
     positive_int("filters", filters)
-    import tensorflow as tf
-
-    layers = tf.keras.layers
-    reg = tf.keras.regularizers.l2(1e-4)
-    inputs = tf.keras.Input(shape=input_shape, name="mfcc")
+    K = resolve_keras(keras)
+    layers = K.layers
+    reg = K.regularizers.l2(1e-4)
+    inputs = K.Input(shape=input_shape, name="mfcc")
     x = layers.Conv2D(filters, (10, 4), strides=(2, 2), padding="same", kernel_regularizer=reg,
-                      kernel_initializer=_init(seed, 0))(inputs)
+                      kernel_initializer=_init(K, seed, 0))(inputs)
     x = layers.BatchNormalization()(x)
     x = layers.Activation("relu")(x)
     x = layers.Dropout(0.2)(x)
     for block in range(4):
         x = layers.DepthwiseConv2D((3, 3), padding="same", depthwise_regularizer=reg,
-                                   depthwise_initializer=_init(seed, 10 + 2 * block))(x)
+                                   depthwise_initializer=_init(K, seed, 10 + 2 * block))(x)
         x = layers.BatchNormalization()(x)
         x = layers.Activation("relu")(x)
         x = layers.Conv2D(filters, (1, 1), padding="same", kernel_regularizer=reg,
-                          kernel_initializer=_init(seed, 11 + 2 * block))(x)
+                          kernel_initializer=_init(K, seed, 11 + 2 * block))(x)
         x = layers.BatchNormalization()(x)
         x = layers.Activation("relu")(x)
     x = layers.Dropout(0.4)(x)
     x = layers.AveragePooling2D(pool_size=(input_shape[0] // 2, input_shape[1] // 2))(x)
     x = layers.Flatten()(x)
-    outputs = layers.Dense(num_classes, activation="softmax", kernel_initializer=_init(seed, 30))(x)
-    return tf.keras.Model(inputs, outputs, name="ds_cnn")
+    outputs = layers.Dense(num_classes, activation="softmax", kernel_initializer=_init(K, seed, 30))(x)
+    return K.Model(inputs, outputs, name="ds_cnn")
 
 
 def resnet8(*, num_classes: int = 10, input_shape: tuple[int, int, int] = (32, 32, 3),
-            seed: int | None = 0) -> Any:
+            seed: int | None = 0, keras: str | None = None) -> Any:
     """ResNet-8 for CIFAR-10 shaped images (MLPerf Tiny image classification reference)."""
     positive_int("num_classes", num_classes)
-    import tensorflow as tf
-
-    layers = tf.keras.layers
-    reg = tf.keras.regularizers.l2(1e-4)
+    K = resolve_keras(keras)
+    layers = K.layers
+    reg = K.regularizers.l2(1e-4)
     counter = iter(range(100))
 
     def conv(filters: int, kernel: int, strides: int = 1) -> Any:
         return layers.Conv2D(filters, kernel, strides=strides, padding="same", kernel_regularizer=reg,
-                             kernel_initializer=_init(seed, next(counter)))
+                             kernel_initializer=_init(K, seed, next(counter)))
 
-    inputs = tf.keras.Input(shape=input_shape, name="image")
+    inputs = K.Input(shape=input_shape, name="image")
     x = conv(16, 3)(inputs)
     x = layers.BatchNormalization()(x)
     x = layers.Activation("relu")(x)
@@ -145,55 +141,53 @@ def resnet8(*, num_classes: int = 10, input_shape: tuple[int, int, int] = (32, 3
         x = layers.Activation("relu")(x)
     x = layers.AveragePooling2D(pool_size=x.shape[1])(x)
     x = layers.Flatten()(x)
-    outputs = layers.Dense(num_classes, activation="softmax", kernel_initializer=_init(seed, 99))(x)
-    return tf.keras.Model(inputs, outputs, name="resnet8")
+    outputs = layers.Dense(num_classes, activation="softmax", kernel_initializer=_init(K, seed, 99))(x)
+    return K.Model(inputs, outputs, name="resnet8")
 
 
 def anomaly_autoencoder(*, input_dim: int = 640, hidden: int = 128, bottleneck: int = 8,
-                        seed: int | None = 0) -> Any:
+                        seed: int | None = 0, keras: str | None = None) -> Any:
     """Fully-connected autoencoder for anomaly detection (MLPerf Tiny AD reference)."""
     positive_int("input_dim", input_dim)
     positive_int("hidden", hidden)
     positive_int("bottleneck", bottleneck)
-    import tensorflow as tf
-
-    layers = tf.keras.layers
-    inputs = tf.keras.Input(shape=(input_dim,), name="frames")
+    K = resolve_keras(keras)
+    layers = K.layers
+    inputs = K.Input(shape=(input_dim,), name="frames")
     x = inputs
     widths = [hidden] * 4 + [bottleneck] + [hidden] * 4
     for k, width in enumerate(widths):
-        x = layers.Dense(width, kernel_initializer=_init(seed, k))(x)
+        x = layers.Dense(width, kernel_initializer=_init(K, seed, k))(x)
         x = layers.BatchNormalization()(x)
         x = layers.Activation("relu")(x)
-    outputs = layers.Dense(input_dim, kernel_initializer=_init(seed, 50), name="reconstruction")(x)
-    return tf.keras.Model(inputs, outputs, name="anomaly_autoencoder")
+    outputs = layers.Dense(input_dim, kernel_initializer=_init(K, seed, 50), name="reconstruction")(x)
+    return K.Model(inputs, outputs, name="anomaly_autoencoder")
 
 
 def mobilenet_v1_025(*, num_classes: int = 2, input_shape: tuple[int, int, int] = (96, 96, 3),
-                     seed: int | None = 0) -> Any:
+                     seed: int | None = 0, keras: str | None = None) -> Any:
     """MobileNetV1 with width multiplier 0.25 for visual wake words (MLPerf Tiny VWW reference)."""
     positive_int("num_classes", num_classes)
-    import tensorflow as tf
-
-    layers = tf.keras.layers
+    K = resolve_keras(keras)
+    layers = K.layers
     counter = iter(range(100))
 
     def bn_relu(x: Any) -> Any:
         return layers.Activation("relu")(layers.BatchNormalization()(x))
 
-    inputs = tf.keras.Input(shape=input_shape, name="image")
+    inputs = K.Input(shape=input_shape, name="image")
     x = bn_relu(layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False,
-                              kernel_initializer=_init(seed, next(counter), relu=True))(inputs))
+                              kernel_initializer=_init(K, seed, next(counter), relu=True))(inputs))
     plan = [(16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (128, 2)] + [(128, 1)] * 5 + [(256, 2), (256, 1)]
     for filters, strides in plan:
         x = bn_relu(layers.DepthwiseConv2D(3, strides=strides, padding="same", use_bias=False,
-                                           depthwise_initializer=_init(seed, next(counter), depthwise=True))(x))
+                                           depthwise_initializer=_init(K, seed, next(counter), depthwise=True))(x))
         x = bn_relu(layers.Conv2D(filters, 1, padding="same", use_bias=False,
-                                  kernel_initializer=_init(seed, next(counter), relu=True))(x))
+                                  kernel_initializer=_init(K, seed, next(counter), relu=True))(x))
     x = layers.AveragePooling2D(pool_size=x.shape[1:3])(x)
     x = layers.Flatten()(x)
-    outputs = layers.Dense(num_classes, activation="softmax", kernel_initializer=_init(seed, 99))(x)
-    return tf.keras.Model(inputs, outputs, name="mobilenet_v1_025")
+    outputs = layers.Dense(num_classes, activation="softmax", kernel_initializer=_init(K, seed, 99))(x)
+    return K.Model(inputs, outputs, name="mobilenet_v1_025")
 
 
 class TinyData(NamedTuple):

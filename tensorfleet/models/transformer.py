@@ -12,32 +12,30 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from tensorfleet.models.zoo import MODELS, seeded_glorot
+from tensorfleet.models.zoo import MODELS, resolve_keras, seeded_glorot
 from tensorfleet.validation import positive_int
 
-__all__ = ["TransformerBlock", "transformer_block"]
+__all__ = ["TransformerBlock", "block_class", "transformer_block"]
 
 
-def _block_class() -> Any:
-    import tensorflow as tf
-
-    class TransformerBlock(tf.keras.layers.Layer):
+def _block_class(K: Any) -> Any:
+    class TransformerBlock(K.layers.Layer):
         """``h = x + MHA(x, x)``; ``out = h + Dense(d_model)(Dense(hidden, relu)(h))``."""
 
         def __init__(self, *, num_heads: int, key_dim: int, hidden: int, seed: int | None = 0,
                      **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            init = partial(seeded_glorot, seed)
+            init = partial(seeded_glorot, seed, keras=K)
             self.num_heads, self.key_dim, self.hidden, self.seed = num_heads, key_dim, hidden, seed
-            self.attention = tf.keras.layers.MultiHeadAttention(
+            self.attention = K.layers.MultiHeadAttention(
                 num_heads, key_dim, kernel_initializer=init(10), name="attention")
-            self.dense1 = tf.keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(11), name="mlp_in")
+            self.dense1 = K.layers.Dense(hidden, activation="relu", kernel_initializer=init(11), name="mlp_in")
             self._init_out = init(12)
             self.dense2: Any = None
 
         def build(self, input_shape: Any) -> None:
             d_model = int(input_shape[-1])
-            self.dense2 = tf.keras.layers.Dense(d_model, kernel_initializer=self._init_out, name="mlp_out")
+            self.dense2 = K.layers.Dense(d_model, kernel_initializer=self._init_out, name="mlp_out")
             super().build(input_shape)
 
         def call(self, inputs: Any) -> Any:
@@ -51,21 +49,27 @@ def _block_class() -> Any:
     return TransformerBlock
 
 
-_CLASS: Any = None
+_CLASSES: dict[str, Any] = {}
+
+
+def block_class(keras: Any = None) -> Any:
+    """The ``TransformerBlock`` layer class of ``keras`` (a Keras module or name; None: the caller's Keras)."""
+    K = resolve_keras(keras)
+    if K.__name__ not in _CLASSES:
+        _CLASSES[K.__name__] = _block_class(K)
+    return _CLASSES[K.__name__]
 
 
 def __getattr__(name: str) -> Any:
     # The Keras layer class is made on first use so that importing this module needs no TensorFlow.
-    global _CLASS
     if name == "TransformerBlock":
-        if _CLASS is None:
-            _CLASS = _block_class()
-        return _CLASS
+        return block_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def transformer_block(*, num_classes: int = 10, seq_len: int = 8, features: int = 8, d_model: int = 16,
-                      num_heads: int = 4, key_dim: int = 4, hidden: int = 32, seed: int | None = 0) -> Any:
+                      num_heads: int = 4, key_dim: int = 4, hidden: int = 32, seed: int | None = 0,
+                      keras: str | None = None) -> Any:
     """Embedding, one transformer block, mean pooling, logits; input ``(seq_len, features)``.
 
     Digits from ``load_digits()`` fit as ``x[..., 0]`` (8 rows of 8 pixels).
@@ -82,16 +86,15 @@ def transformer_block(*, num_classes: int = 10, seq_len: int = 8, features: int 
     positive_int("num_heads", num_heads)
     positive_int("key_dim", key_dim)
     positive_int("hidden", hidden)
-    import tensorflow as tf
-
-    init = partial(seeded_glorot, seed)
-    block_cls = __getattr__("TransformerBlock")
-    inputs = tf.keras.Input(shape=(seq_len, features), name="rows")
-    x = tf.keras.layers.Dense(d_model, kernel_initializer=init(0), name="embed")(inputs)
+    K = resolve_keras(keras)
+    init = partial(seeded_glorot, seed, keras=K)
+    block_cls = block_class(K)
+    inputs = K.Input(shape=(seq_len, features), name="rows")
+    x = K.layers.Dense(d_model, kernel_initializer=init(0), name="embed")(inputs)
     x = block_cls(num_heads=num_heads, key_dim=key_dim, hidden=hidden, seed=seed, name="block")(x)
-    x = tf.keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    outputs = tf.keras.layers.Dense(num_classes, kernel_initializer=init(1), name="logits")(x)
-    return tf.keras.Model(inputs, outputs, name="transformer_block")
+    x = K.layers.GlobalAveragePooling1D(name="pool")(x)
+    outputs = K.layers.Dense(num_classes, kernel_initializer=init(1), name="logits")(x)
+    return K.Model(inputs, outputs, name="transformer_block")
 
 
 MODELS.register("transformer_block", transformer_block, aliases=("transformer",),

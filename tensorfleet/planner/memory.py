@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Sequence
 
-from tensorfleet.compat.keras import require_keras2
+from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.strategies.memory_savers import Precision
 from tensorfleet.validation import choice, integer, positive_int
 
@@ -176,7 +176,6 @@ def layer_table(model: Any) -> list[LayerMemory]:
         >>> sum(row.parameters for row in table) == model.count_params()
         True
     """
-    import tensorflow as tf
 
     require_keras2(model, "the planner's memory model")
     if not model.built:
@@ -185,7 +184,7 @@ def layer_table(model: Any) -> list[LayerMemory]:
     for layer in model.layers:
         params = sum(int(math.prod(w.shape)) for w in layer.weights)
         trainable = sum(int(math.prod(w.shape)) for w in layer.trainable_weights)
-        shape = layer.output_shape if not isinstance(layer, tf.keras.layers.InputLayer) else layer.output_shape
+        shape = layer.output_shape if not isinstance(layer, keras2().layers.InputLayer) else layer.output_shape
         shape = shape[0] if isinstance(shape, list) and len(shape) == 1 else shape
         rows.append(LayerMemory(name=layer.name, kind=type(layer).__name__, parameters=params,
                                 trainable=trainable, activation_values=_values_per_example(shape)))

@@ -231,7 +231,7 @@ def workload_from_model(name: str, **model_kwargs: Any) -> Workload:
     """
     from tensorfleet.models import build
 
-    model = build(name, **model_kwargs)
+    model = build(name, **{"keras": "keras2", **model_kwargs})  # the memory model reads Keras 2 layers
     table = layer_table(model)
     with_weights = [row.activation_values for row in table if row.parameters]
     return Workload(

@@ -17,6 +17,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from tensorfleet.profiling.recorder import callbacks
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["install", "main"]
 
@@ -26,11 +27,10 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
     extra = callbacks(environ)
     if not extra:
         return False
-    import tensorflow as tf
 
     from tensorfleet.profiling.callback import ProfileCallback
 
-    model_class = tf.keras.Model
+    model_class = keras2().Model
     original = model_class.fit
 
     @functools.wraps(original)

@@ -6,16 +6,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-import tensorflow as tf
 
 from tensorfleet.compat.profiler import (callback_list_calling, cluster_coordinator, implements_train_batch_hooks,
                                          set_train_batch_hooks)
 from tensorfleet.profiling.recorder import Capture, StepRange, task_directory
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["ProfileCallback"]
 
 
-class ProfileCallback(tf.keras.callbacks.Callback):
+class ProfileCallback(keras2().callbacks.Callback):
     """Records steps ``steps`` of ``fit`` (counted from 0 across epochs) into ``logdir/<task>``.
 
     The profiler starts as the step before the first chosen one ends and stops as the step after

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from tensorfleet.compat.keras import require_keras2
+from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.validation import integer
 
 __all__ = ["DEFAULT_SIGNATURE", "ExportResult", "TensorSignature", "export", "load_keras_model"]
@@ -202,11 +202,10 @@ def _write_warmup(directory: Path, warmup: Any, inputs: list[str], model_name: s
 
 def load_keras_model(path: str | os.PathLike[str]) -> Any:
     """Loads a ``.keras``/``.h5`` file or a Keras SavedModel directory for export (no compile needed)."""
-    import tensorflow as tf
 
     if not Path(path).exists():
         raise FileNotFoundError(f"No Keras model at {str(path)!r}.")
-    return tf.keras.models.load_model(path, compile=False)
+    return keras2().models.load_model(path, compile=False)
 
 
 def _new_directory(parent: Path, prefix: str) -> Path:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from tensorfleet.compat import distribute as tf_internals
-from tensorfleet.compat.keras import is_keras3_model, require_keras2
+from tensorfleet.compat.keras import KERAS2_HOWTO, Keras3ModelError, is_keras3_model, keras2
 from tensorfleet.validation import integer, positive_int
 
 __all__ = ["FitInputs", "fit_inputs", "evaluate_inputs", "uses_coordinator"]
@@ -61,17 +61,22 @@ def uses_coordinator(strategy: Any) -> bool:
 
 
 def _current_strategy(strategy: Any, where: str) -> Any:
-    """The strategy itself, a Keras model's strategy, or the one in scope; a Keras 3 model is refused."""
+    """The strategy itself, a Keras model's strategy (either Keras), or the one in scope. A Keras 3 model under
+    a parameter server is refused: Keras 3's own ``fit`` has no ClusterCoordinator."""
     import tensorflow as tf
 
-    if is_keras3_model(strategy):
-        require_keras2(strategy, where)
     if strategy is None:
         return tf.distribute.get_strategy()
     if isinstance(strategy, tf.distribute.Strategy):
         return strategy
-    if isinstance(getattr(strategy, "distribute_strategy", None), tf.distribute.Strategy):
-        return strategy.distribute_strategy
+    model_strategy = getattr(strategy, "distribute_strategy", None)
+    if isinstance(model_strategy, tf.distribute.Strategy):
+        if is_keras3_model(strategy) and uses_coordinator(model_strategy):
+            raise Keras3ModelError(
+                f"{where} received a Keras 3 model built under a parameter-server strategy, and Keras 3's own fit "
+                "has no parameter-server training (keras-team/keras#18624). Use multi_worker_mirrored for a Keras 3 "
+                f"model, or build it in tf_keras for a parameter-server job. {KERAS2_HOWTO}")
+        return model_strategy
     raise TypeError("strategy must be a tf.distribute.Strategy or a Keras model built under one. "
                     f"Received: strategy={type(strategy).__name__}")
 
@@ -151,7 +156,8 @@ def fit_inputs(
         steps_per_epoch: default ``ceil(len(x) / batch_size)``.
 
     Raises:
-        tensorfleet.compat.keras.Keras3ModelError: ``strategy`` is a Keras 3 model.
+        tensorfleet.compat.keras.Keras3ModelError: ``strategy`` is a Keras 3 model under a parameter server
+            (Keras 3's ``fit`` has none).
 
     Example:
         >>> import tensorflow as tf
@@ -165,12 +171,11 @@ def fit_inputs(
         ...                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         >>> inputs = fit_inputs(x, y, batch_size=64, strategy=model)
         >>> inputs
-        FitInputs(x=_PrefetchDataset)
+        FitInputs(x=_PrefetchDataset, shuffle=bool)
         >>> history = model.fit(**inputs, epochs=2, verbose=0)
         >>> len(history.history["loss"])
         2
     """
-    import tensorflow as tf
 
     strategy = _current_strategy(strategy, "fit_inputs")
     coordinated = uses_coordinator(strategy)
@@ -196,9 +201,10 @@ def fit_inputs(
         validation = {"validation_data": validation["x"], "validation_steps": validation.get("steps")}
     if coordinated or dataset_fn is not None:
         # Keras calls a DatasetCreator once per worker with its InputContext.
-        return FitInputs(x=tf.keras.utils.experimental.DatasetCreator(make), steps_per_epoch=steps_per_epoch,
+        return FitInputs(x=keras2().utils.experimental.DatasetCreator(make), steps_per_epoch=steps_per_epoch,
                          **validation)
-    return FitInputs(x=make(None), **validation)
+    # The dataset is shuffled already; Keras 3's fit warns that its own shuffle=True is ignored otherwise.
+    return FitInputs(x=make(None), shuffle=False, **validation)
 
 
 def evaluate_inputs(x: Any, y: Any = None, *, batch_size: int = 32, strategy: Any = None) -> FitInputs:
@@ -209,12 +215,11 @@ def evaluate_inputs(x: Any, y: Any = None, *, batch_size: int = 32, strategy: An
     Keras hands out to whichever worker is free, so the examples are covered once only when the
     workers run equally many of those steps.
     """
-    import tensorflow as tf
 
     strategy = _current_strategy(strategy, "evaluate_inputs")
     n = _check_arrays(x, y, batch_size)
     if uses_coordinator(strategy):
         # Each worker reads every W-th example, repeated; Keras cuts the steps at ceil(n / batch).
         make = _dataset_fn(x, y, batch_size, shuffle=False, seed=0, repeat=True, workers=_num_workers(strategy))
-        return FitInputs(x=tf.keras.utils.experimental.DatasetCreator(make), steps=math.ceil(n / batch_size))
+        return FitInputs(x=keras2().utils.experimental.DatasetCreator(make), steps=math.ceil(n / batch_size))
     return FitInputs(x=_dataset_fn(x, y, batch_size, shuffle=False, seed=0, repeat=False)(None))

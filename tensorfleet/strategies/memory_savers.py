@@ -26,7 +26,7 @@ import contextlib
 from enum import Enum
 from typing import Any, Iterator, Sequence
 
-from tensorfleet.compat.keras import is_keras3_model, require_keras2
+from tensorfleet.compat.keras import is_keras3_model, keras2, require_keras2
 from tensorfleet.validation import choice, positive_int
 
 __all__ = ["Precision", "accumulate_gradients", "mixed_precision", "recompute"]
@@ -77,9 +77,9 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
             f"Received: {type(model).__name__}"
         )
 
-    class GradientAccumulationModel(tf.keras.Model):
+    class GradientAccumulationModel(keras2().Model):
         def train_step(self, data: Any) -> dict[str, Any]:
-            x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+            x, y, sample_weight = keras2().utils.unpack_x_y_sample_weight(data)
             if sample_weight is not None:
                 raise ValueError("accumulate_gradients does not support sample weights.")
             size = tf.shape(tf.nest.flatten(x)[0])[0]
@@ -130,21 +130,20 @@ def mixed_precision(policy: str | Precision = "mixed_float16") -> Iterator[Any]:
         >>> tf.keras.mixed_precision.global_policy().name  # restored on leaving the block
         'float32'
     """
-    import tensorflow as tf
 
     prec = choice(Precision, "policy", policy)
-    old = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy(prec.value)
+    old = keras2().mixed_precision.global_policy()
+    keras2().mixed_precision.set_global_policy(prec.value)
 
     def wrap(optimizer: Any) -> Any:
         if prec is Precision.MIXED_FLOAT16:
-            return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+            return keras2().mixed_precision.LossScaleOptimizer(optimizer)
         return optimizer  # bfloat16 has float32's range: no loss scaling
 
     try:
         yield wrap
     finally:
-        tf.keras.mixed_precision.set_global_policy(old)
+        keras2().mixed_precision.set_global_policy(old)
 
 
 _RECOMPUTE_CLASS: list[type] = []
@@ -156,7 +155,7 @@ def _recompute_class() -> type:
         return _RECOMPUTE_CLASS[0]
     import tensorflow as tf
 
-    class RecomputeBlock(tf.keras.layers.Layer):
+    class RecomputeBlock(keras2().layers.Layer):
         """Applies ``layers`` in order; under training, through ``tf.recompute_grad``."""
 
         def __init__(self, layers: Sequence[Any], **kwargs: Any) -> None:

@@ -32,6 +32,7 @@ from tensorfleet.strategies.staleness import (
     resolve_staleness,
 )
 from tensorfleet.validation import integer, number, positive_int
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["StalenessScheduler", "TrainingRun", "train"]
 
@@ -196,7 +197,7 @@ def _measured_step(strategy: Any, model: Any, optimizer: Any, version: Any,
     steps that worker has run (counted in ``worker_steps`` on the parameter server)."""
     import tensorflow as tf
 
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    loss_fn = keras2().losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     num_workers = int(worker_steps.shape[0])
 
     @tf.function

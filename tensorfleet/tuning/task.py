@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, missing_functions_message
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "KERAS3_MARK", "MARK", "TuneScriptError", "keras2_hypermodel",
            "main", "make_tuner", "load_script", "split_data"]
@@ -150,13 +151,12 @@ def _save_atomically(tuner: Any) -> None:
 
 
 def _objective_check(name: str) -> Any:
-    import tensorflow as tf
 
     from tensorfleet.compat.keras_tuner import import_keras_tuner
 
     kt = import_keras_tuner()
 
-    class ObjectiveCheck(tf.keras.callbacks.Callback):
+    class ObjectiveCheck(keras2().callbacks.Callback):
         """Ends the search after the first epoch when the model does not report the objective; says
         when each epoch begins (a line the supervisor keeps, shown with --verbose)."""
 

@@ -163,9 +163,9 @@ def test_importing_the_edge_package_does_not_import_tensorflow() -> None:
 def test_a_keras3_model_is_refused_with_the_fix_named(keras3_model: Any) -> None:
     from tensorfleet.compat.keras import Keras3ModelError
 
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.convert received a Keras 3 model "
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.convert runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
                                                r"\(keras\.src\.models\.sequential\.Sequential\)\. .*"
-                                               r"Build the model with `tf\.keras` after `import tensorfleet`"):
+                                               r"For Keras 2, build the model with `import tf_keras as keras`"):
         edge.convert(keras3_model, "int8", np.zeros((4, 4), np.float32), progress=False)
 
 

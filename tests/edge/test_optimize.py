@@ -117,11 +117,11 @@ def test_a_keras3_model_is_refused_by_each_entry_point(keras3_model: Any, digits
     from tensorfleet.compat.keras import Keras3ModelError
 
     x, y = np.zeros((4, 4), np.float32), np.zeros(4, np.int64)
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.finetune received a Keras 3 model"):
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.finetune runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model"):
         opt.finetune(keras3_model, "prune", x, y)
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.freeze_layers received a Keras 3 model"):
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.freeze_layers runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model"):
         opt.freeze_layers(keras3_model, first=1)
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.distill received a Keras 3 model"):
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.distill runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model"):
         opt.distill(digits_model, keras3_model, x, y)
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.distill received a Keras 3 model"):
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.distill runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model"):
         opt.distill(keras3_model, digits_model, x, y)

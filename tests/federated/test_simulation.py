@@ -239,7 +239,8 @@ def test_a_keras_3_model_is_refused_with_the_fix_named(clients):
         return keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
 
     sim = Simulation(keras3, clients, rounds=1, clients_per_round=2, progress=False)
-    with pytest.raises(Keras3ModelError, match=r"^tfl.federated.Simulation \(the model of model_fn\) received a Keras 3 "
+    with pytest.raises(Keras3ModelError, match=r"^tfl.federated.Simulation \(the model of model_fn\) runs Keras 2 \(tf_keras\) "
+                                               r"models only for now, and received a Keras 3 "
                                                r"model \(keras.src.models.sequential.Sequential\)"):
         sim.run()
     assert sim.history.rounds == []

@@ -8,7 +8,7 @@ import pytest
 
 from tensorfleet.compat.keras import Keras3ModelError
 
-_FIX = r".*import tensorfleet.*tf_keras"
+_FIX = r" For Keras 2, build the model with `import tf_keras as keras`"
 
 
 def test_mesh_refuses_a_keras3_model_at_fit_check_keras_model_and_weight_splits(keras3_model):
@@ -18,14 +18,14 @@ def test_mesh_refuses_a_keras3_model_at_fit_check_keras_model_and_weight_splits(
 
     mesh = Mesh("b:2", "batch:b", backend="keras")
     x, y = np.zeros((8, 4), np.float32), np.zeros(8, np.int64)
-    with pytest.raises(Keras3ModelError, match=r"^Mesh received a Keras 3 model \(keras\.src\.models\.sequential\."
+    with pytest.raises(Keras3ModelError, match=r"^Mesh runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model \(keras\.src\.models\.sequential\."
                                                r"Sequential\)\." + _FIX):
         mesh.fit(keras3_model, x, y, batch_size=4, verbose=False)
-    with pytest.raises(Keras3ModelError, match=r"^Mesh received a Keras 3 model"):
+    with pytest.raises(Keras3ModelError, match=r"^Mesh runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model"):
         mesh.check(keras3_model, 4)
-    with pytest.raises(Keras3ModelError, match=r"^Mesh\.keras_model received a Keras 3 model" + _FIX):
+    with pytest.raises(Keras3ModelError, match=r"^Mesh\.keras_model runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
         mesh.keras_model(keras3_model)
-    with pytest.raises(Keras3ModelError, match=r"^Mesh\.weight_splits received a Keras 3 model" + _FIX):
+    with pytest.raises(Keras3ModelError, match=r"^Mesh\.weight_splits runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
         mesh.weight_splits(keras3_model)
 
 
@@ -33,9 +33,9 @@ def test_pipeline_and_chain_layers_refuse_a_keras3_model(keras3_model):
     from tensorfleet.model_parallel import chain_layers
     from tensorfleet.model_parallel.pipeline import Pipeline
 
-    with pytest.raises(Keras3ModelError, match=r"^Pipeline received a Keras 3 model" + _FIX):
+    with pytest.raises(Keras3ModelError, match=r"^Pipeline runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
         Pipeline(keras3_model, num_stages=2, micro_batches=2)
-    with pytest.raises(Keras3ModelError, match=r"^chain_layers received a Keras 3 model" + _FIX):
+    with pytest.raises(Keras3ModelError, match=r"^chain_layers runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
         chain_layers(keras3_model)
 
 
@@ -44,15 +44,15 @@ def test_tensor_parallel_copies_refuse_keras3_layers(keras3, keras3_model):
 
     devices = ["/CPU:0", "/CPU:1"]
     dense = keras3_model.layers[-1]
-    with pytest.raises(Keras3ModelError, match=r"^ColumnParallelDense\.from_dense received a Keras 3 layer "
+    with pytest.raises(Keras3ModelError, match=r"^ColumnParallelDense\.from_dense runs Keras 2 \(tf_keras\) layers only for now, and received a Keras 3 layer "
                                                r"\(keras\.src\.layers\.core\.dense\.Dense\)\." + _FIX):
         tp.ColumnParallelDense.from_dense(dense, devices=devices)
-    with pytest.raises(Keras3ModelError, match=r"^RowParallelDense\.from_dense received a Keras 3 layer"):
+    with pytest.raises(Keras3ModelError, match=r"^RowParallelDense\.from_dense runs Keras 2 \(tf_keras\) layers only for now, and received a Keras 3 layer"):
         tp.RowParallelDense.from_dense(dense, devices=devices)
-    with pytest.raises(Keras3ModelError, match=r"^ParallelMLP\.from_dense received a Keras 3 layer"):
+    with pytest.raises(Keras3ModelError, match=r"^ParallelMLP\.from_dense runs Keras 2 \(tf_keras\) layers only for now, and received a Keras 3 layer"):
         tp.ParallelMLP.from_dense(dense, dense, devices=devices)
     attention = keras3.layers.MultiHeadAttention(2, 4)
-    with pytest.raises(Keras3ModelError, match=r"^ParallelSelfAttention\.from_keras received a Keras 3 layer"):
+    with pytest.raises(Keras3ModelError, match=r"^ParallelSelfAttention\.from_keras runs Keras 2 \(tf_keras\) layers only for now, and received a Keras 3 layer"):
         tp.ParallelSelfAttention.from_keras(attention, devices=devices)
 
 

@@ -128,7 +128,7 @@ def test_bad_inputs_are_rejected_at_the_boundary():
     with pytest.raises(ValueError, match="devices divisible by tensor x pipeline. Received: devices=6, tensor=4"):
         M.estimate_from_counts(stage_parameters=[1.0], stage_activation_values=[1.0], batch_size=8,
                                parallelism="hybrid", devices=6, tensor=4)
-    with pytest.raises(TypeError, match=r"^the planner's memory model takes a Keras model \(tf.keras / tf_keras\)\. Received: model of type str$"):
+    with pytest.raises(TypeError, match=r"^the planner's memory model takes a Keras model \(Keras 3 or tf_keras\)\. Received: model of type str$"):
         M.layer_table("digits_mlp")
     with pytest.raises(ValueError, match=r"num_stages must be at most the number of layers \(3\).*Received: num_stages=4"):
         M.estimate(model, batch_size=8, parallelism="pipeline", devices=4)

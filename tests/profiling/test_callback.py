@@ -71,7 +71,7 @@ def test_fit_of_a_keras_3_model_refuses_the_callback_before_recording(tmp_path):
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile("sgd", "mse")
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.profiling\.ProfileCallback received a Keras 3 model "
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.profiling\.ProfileCallback runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
                                                r"\(keras\.src\.models\.sequential\.Sequential\)\. tensorfleet runs "
                                                r"Keras 2 models"):
         model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), epochs=1, verbose=0,

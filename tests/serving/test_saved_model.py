@@ -81,8 +81,8 @@ def test_a_keras3_model_is_refused_with_the_fix_named(tmp_path, keras3_model):
     from tensorfleet.compat.keras import Keras3ModelError
     from tensorfleet.serving import export
 
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.serving\.export received a Keras 3 model "
+    with pytest.raises(Keras3ModelError, match=r"^tfl\.serving\.export runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
                                                r"\(keras\.src\.models\.sequential\.Sequential\)\. .*"
-                                               r"do not `import keras` \(that is Keras 3\)"):
+                                               r"For Keras 2, build the model with `import tf_keras as keras`"):
         export(keras3_model, tmp_path / "k3", version=1)
     assert not (tmp_path / "k3").exists()  # refused before anything was written

@@ -127,14 +127,14 @@ def test_a_script_that_builds_keras_3_models_is_refused_with_one_error_naming_it
 
     script = tmp_path / "keras3_search.py"
     script.write_text(KERAS3_SCRIPT)
-    with pytest.raises(Keras3ModelError, match=r"^build_model of keras3_search\.py received a Keras 3 model "
+    with pytest.raises(Keras3ModelError, match=r"^build_model of keras3_search\.py runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
                                                r"\(keras\.src\.models\.sequential\.Sequential\)\. tensorfleet runs "
                                                r"Keras 2 models"):
         search(script, out=tmp_path / "out", workers=1, max_trials=2, **FAST)
     assert main(["tune", str(script), "--out", str(tmp_path / "cli"), "--workers", "1", "--max-trials", "2"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith(
-        "error: build_model of keras3_search.py received a Keras 3 model (keras.src.models.sequential.Sequential)."), \
+        "error: build_model of keras3_search.py runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model (keras.src.models.sequential.Sequential)."), \
         error
 
 

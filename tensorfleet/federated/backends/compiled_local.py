@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["GLOBAL_BN", "LocalLayers", "batch_norm_variables", "check_per_client"]
 
@@ -63,9 +64,8 @@ def check_per_client(*, tff: bool, received: str, local_steps: bool = True) -> N
 def batch_norm_variables(model: Any) -> list[int]:
     """The positions in ``model.trainable_variables`` of its BatchNormalization layers' variables
     (nested models and layers included)."""
-    import tensorflow as tf
 
-    owned = {id(v) for layer in [model, *model.submodules] if isinstance(layer, tf.keras.layers.BatchNormalization)
+    owned = {id(v) for layer in [model, *model.submodules] if isinstance(layer, keras2().layers.BatchNormalization)
              for v in layer.trainable_variables}
     return [i for i, v in enumerate(model.trainable_variables) if id(v) in owned]
 

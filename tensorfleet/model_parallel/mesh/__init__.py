@@ -57,6 +57,7 @@ from tensorfleet.model_parallel.mesh.layout import MeshLayout
 from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 from tensorfleet.registry import Registry
 from tensorfleet.validation import integer, positive_int
+from tensorfleet.compat.keras import keras2
 
 __all__ = [
     "Mesh",
@@ -271,8 +272,6 @@ class Mesh:
                 shape than the model's input, or a layout the model or the devices do not fit.
             TypeError: ``model`` is not a Keras model.
         """
-        import tensorflow as tf
-
         from tensorfleet.model_parallel.mesh.keras_model import OnMesh, attach
         from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
 
@@ -286,7 +285,7 @@ class Mesh:
         if not isinstance(trainer, StepTrainer) or trainer.mesh is not self:
             trainer = StepTrainer(self, model)
             attach(model, trainer)
-        model.compile(tf.keras.optimizers.SGD(learning_rate), tf.keras.losses.SparseCategoricalCrossentropy(True))
+        model.compile(keras2().optimizers.SGD(learning_rate), keras2().losses.SparseCategoricalCrossentropy(True))
         return _fit_history(trainer, x, y, epochs=epochs, batch_size=batch_size, verbose=verbose)
 
     def fit_mtf(self, model_fn: Any, x: Any, y: Any, *, dims: Mapping[str, int], epochs: int = 1,
@@ -327,8 +326,6 @@ class Mesh:
             >>> len(history.step_loss), history.loss[1] < history.loss[0]
             (16, True)
         """
-        import tensorflow as tf
-
         from tensorfleet.model_parallel.mesh.mtf import prepare_mtf_model
         from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
 
@@ -350,7 +347,7 @@ class Mesh:
 
         mtf_mesh = Mesh(self.layout.mesh_shape, self.layout.layout, backend="mtf", devices=self._devices)
         trainer = StepTrainer(mtf_mesh, prepare=prepare)
-        trainer.compile(tf.keras.optimizers.SGD(learning_rate), tf.keras.losses.SparseCategoricalCrossentropy(True))
+        trainer.compile(keras2().optimizers.SGD(learning_rate), keras2().losses.SparseCategoricalCrossentropy(True))
         return _fit_history(trainer, x, y, epochs=epochs, batch_size=batch_size, verbose=verbose)
 
 

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from tensorfleet.model_parallel.chain import chain_layers
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["ACTIVATIONS", "SUPPORTED", "MeshStep", "mesh_steps", "model_dimensions"]
 
@@ -43,8 +44,9 @@ class MeshStep:
 
 
 def _dense_out_dim(layers: list[Any], i: int, steps: list[MeshStep]) -> str:
-    from tensorfleet.models.transformer import TransformerBlock
+    from tensorfleet.models.transformer import block_class
 
+    TransformerBlock = block_class("keras2")  # noqa: N806 - the class, by its name
     if i == len(layers) - 1:
         return "classes"
     if isinstance(layers[i + 1], TransformerBlock):
@@ -62,10 +64,9 @@ def mesh_steps(model: Any) -> list[MeshStep]:
         >>> [(s.kind, s.out_dim) for s in mesh_steps(tfl.models.build("digits_mlp"))]
         [('dense', 'hidden'), ('dense', 'classes')]
     """
-    import tensorflow as tf
+    from tensorfleet.models.transformer import block_class
 
-    from tensorfleet.models.transformer import TransformerBlock
-
+    TransformerBlock = block_class("keras2")  # noqa: N806 - the class, by its name
     _check_keras_model(model)
     layers = chain_layers(model, supported=SUPPORTED)
     if len(model.inputs[0].shape) not in (2, 3):
@@ -73,14 +74,14 @@ def mesh_steps(model: Any) -> list[MeshStep]:
                          f"Received: input shape {tuple(model.inputs[0].shape)}")
     steps: list[MeshStep] = []
     for i, layer in enumerate(layers):
-        if isinstance(layer, tf.keras.layers.Dense):
+        if isinstance(layer, keras2().layers.Dense):
             if layer.activation.__name__ not in ACTIVATIONS:
                 raise ValueError(f"{SUPPORTED} Received: layer {layer.name!r} of type Dense with activation "
                                  f"{layer.activation.__name__!r}")
             steps.append(MeshStep("dense", layer, _dense_out_dim(layers, i, steps)))
         elif isinstance(layer, TransformerBlock):
             steps.append(MeshStep("block", layer, "d_model"))
-        elif isinstance(layer, tf.keras.layers.GlobalAveragePooling1D):
+        elif isinstance(layer, keras2().layers.GlobalAveragePooling1D):
             steps.append(MeshStep("pool", layer))
         else:
             raise ValueError(f"{SUPPORTED} Received: layer {layer.name!r} of type {type(layer).__name__}")
@@ -91,17 +92,16 @@ def mesh_steps(model: Any) -> list[MeshStep]:
 
 def _check_keras_model(model: Any) -> None:
     """A Keras model whose input shape and layer order Keras knows, or one error that says what to do."""
-    import tensorflow as tf
 
     from tensorfleet.compat.keras import is_keras3_model, require_keras2
 
     if is_keras3_model(model):
         require_keras2(model, "Mesh")
-    if not isinstance(model, tf.keras.Model):
+    if not isinstance(model, keras2().Model):
         raise TypeError(f"A Mesh trains a Keras model. Received: model={model!r} of type {type(model).__name__}")
     if model.inputs:
         return
-    if isinstance(model, tf.keras.Sequential):
+    if isinstance(model, keras2().Sequential):
         raise ValueError(f"A Mesh lays out tensor dimensions from the model's input shape, and model {model.name!r} "
                          f"has none yet: build the model first (model.build(input_shape), e.g. model.build((None,) + x.shape[1:])) "
                          f"or give it an Input (tf.keras.Input(shape) as its first layer). Received: Sequential "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensorfleet.compat.keras import attention_parts
+from tensorfleet.compat.keras import attention_parts, keras2
 from tensorfleet.model_parallel import tensor_parallel as tp
 from tensorfleet.model_parallel.mesh.dimensions import MeshStep, mesh_steps
 from tensorfleet.model_parallel.mesh.step_trainer import MeshRun
@@ -97,8 +97,8 @@ def prepare(mesh: Any, model: Any, dims: dict[str, int], *, x_shape: tuple[int, 
     grid, model_axis = _mesh_grid(mesh)
     chain, write_back = _parallel_chain(mesh_steps(model), mesh.layout.rules, model_axis, grid[0])
     variables = [v for kind, layer in chain for v in layer.trainable_variables]
-    optimizer = tf.keras.optimizers.SGD(learning_rate)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras2().optimizers.SGD(learning_rate)
+    loss_fn = keras2().losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def forward(xb: Any, row: list[str]) -> Any:
         h = xb

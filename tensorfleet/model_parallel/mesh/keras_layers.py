@@ -45,6 +45,7 @@ from tensorfleet.compat.keras import (
     producing_layer,
     smart_cond,
 )
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["Adaptation", "adapt", "adapt_split_readers", "adaptation", "depthwise_conv2d"]
 
@@ -71,9 +72,8 @@ def adapt(layer: Any, batch_axis: str | None = None, mesh: Any = None) -> bool:
     """Gives ``layer`` a ``call`` DTensor can lay out if it needs one (DepthwiseConv2D, Dropout; with
     the DTensor ``mesh`` also pooling and Concatenate, which have no weight to name the mesh);
     returns whether it did. ``batch_axis``: the mesh dimension the batch is split over. Idempotent."""
-    import tensorflow as tf
 
-    layers = tf.keras.layers
+    layers = keras2().layers
     if layer in _ADAPTED:
         return True
     if mesh is not None and isinstance(layer, _batch_parallel()):
@@ -125,10 +125,9 @@ def _walk(model: Any, axes: dict[str, Any], batch_axis: str | None, mesh: Any, i
 
 def _output_split(layer: Any, read: list[bool], axes: dict[str, Any], batch_axis: str | None, mesh: Any,
                   adapted: list[str]) -> bool:
-    import tensorflow as tf
 
-    layers = tf.keras.layers
-    if isinstance(layer, tf.keras.Model):
+    layers = keras2().layers
+    if isinstance(layer, keras2().Model):
         return any(_walk(layer, axes, batch_axis, mesh, read, adapted)[0])
     if isinstance(layer, _batch_parallel()):
         if any(read) and adapt(layer, batch_axis, mesh):
@@ -148,9 +147,8 @@ def _output_split(layer: Any, read: list[bool], axes: dict[str, Any], batch_axis
 
 
 def _batch_parallel() -> tuple[type, ...]:
-    import tensorflow as tf
 
-    layers = tf.keras.layers
+    layers = keras2().layers
     return (layers.MaxPooling1D, layers.AveragePooling1D, layers.MaxPooling2D, layers.AveragePooling2D,
             layers.Concatenate)
 

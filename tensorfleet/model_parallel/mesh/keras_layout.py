@@ -109,6 +109,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from tensorfleet.model_parallel.mesh.keras_layers import adapt
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["KEPT_WHOLE", "KerasLayout", "WeightLayout", "weight_dimensions"]
 
@@ -124,9 +125,8 @@ def weight_dimensions(layer: Any, name: str, rank: int, input_rank: int = 2) -> 
         >>> weight_dimensions(tf.keras.layers.Embedding(10, 4), "embeddings", 2)
         ((None, None), 'vocab')
     """
-    import tensorflow as tf
 
-    layers = tf.keras.layers
+    layers = keras2().layers
     axes: list[str | None] = [None] * rank
     if isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
         axes[2 if name == "depthwise_kernel" and rank == 4 else 0] = "channels"  # (kh, kw, channels, multiplier)

@@ -19,6 +19,7 @@ import contextlib
 from typing import Any, Iterator
 
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["OnMesh", "attach", "clip_gradients", "compile_on_mesh", "dtensor_trainer", "host_value", "mesh_scope",
            "require_laid_out", "with_mesh"]
@@ -87,27 +88,26 @@ def mesh_scope(layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Iterator[Ke
 
     from tensorfleet.compat.keras import layout_map_scope
 
-    keras_map = tf.keras.dtensor.experimental.LayoutMap(mesh=dmesh)
+    keras_map = keras2().dtensor.experimental.LayoutMap(mesh=dmesh)
     # Keras' random layers (Dropout, also inside MultiHeadAttention) on a mesh need a tf.random.Generator
     # (their state is a DVariable); the process-wide choice is restored when the scope ends.
-    generator = tf.keras.backend.experimental.is_tf_random_generator_enabled()
-    tf.keras.backend.experimental.enable_tf_random_generator()
+    generator = keras2().backend.experimental.is_tf_random_generator_enabled()
+    keras2().backend.experimental.enable_tf_random_generator()
     try:
         with layout_map_scope(keras_map), tf.variable_creator_scope(_creator(layout, dmesh, zero)):
             yield layout
     finally:
         if not generator:
-            tf.keras.backend.experimental.disable_tf_random_generator()
+            keras2().backend.experimental.disable_tf_random_generator()
 
 
 def with_mesh(optimizer: Any, dmesh: Any) -> Any:
     """``optimizer`` rebuilt from its config with ``mesh=``, so that Keras creates its slots (and
     step counter, learning rate) as DVariables laid out like the weights."""
-    import tensorflow as tf
 
     from tensorfleet.compat.keras import optimizer_mesh
 
-    optimizer = tf.keras.optimizers.get(optimizer)
+    optimizer = keras2().optimizers.get(optimizer)
     takes_mesh, built_with = optimizer_mesh(optimizer)
     if takes_mesh and built_with is dmesh:
         return optimizer
@@ -117,13 +117,13 @@ def with_mesh(optimizer: Any, dmesh: Any) -> Any:
     config = optimizer.get_config()
     for name in ("clipnorm", "clipvalue", "global_clipnorm"):  # applied by the trainer: see clip_gradients
         config.pop(name, None)
-    if isinstance(optimizer, tf.keras.optimizers.SGD) and not config.get("momentum"):
+    if isinstance(optimizer, keras2().optimizers.SGD) and not config.get("momentum"):
         # With momentum exactly 0, TF 2.14's DTensor loses the layout of Keras' "m * momentum" (folded to a
         # constant) and the update fails ("Incompatible shapes: [4] vs. [8]" in SGD/add); 1e-30 x m is below
         # what float32 weights of the size of a step can show.
         config["momentum"] = 1e-30
     if isinstance(config.get("learning_rate"), dict):
-        config["learning_rate"] = tf.keras.optimizers.schedules.deserialize(config["learning_rate"])
+        config["learning_rate"] = keras2().optimizers.schedules.deserialize(config["learning_rate"])
     rebuilt = type(optimizer)(**config, mesh=dmesh)
     rebuilt.mesh_clipping = {n: getattr(optimizer, n, None) for n in ("clipnorm", "clipvalue", "global_clipnorm")}
     return rebuilt
@@ -195,7 +195,6 @@ class OnMesh:
 
     def save(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
         """Writes a one-device copy of the model (see the class); takes Keras' ``save`` arguments."""
-        import tensorflow as tf
 
         copy = self.one_device_copy()
         compiled = self.__dict__.get("mesh_compiled")
@@ -204,19 +203,18 @@ class OnMesh:
             ckwargs = dict(ckwargs)
             optimizer = cargs[0] if cargs else ckwargs.pop("optimizer", "rmsprop")
             if not isinstance(optimizer, str):
-                optimizer = tf.keras.optimizers.get(optimizer).__class__.from_config(optimizer.get_config())
+                optimizer = keras2().optimizers.get(optimizer).__class__.from_config(optimizer.get_config())
             copy.compile(optimizer, *cargs[1:], **ckwargs)
             _copy_optimizer_state(self.mesh_trainer.optimizer, copy)
         copy.save(filepath, *args, **kwargs)
 
     def one_device_copy(self) -> Any:
         """A model of the same layers on one device, with this model's weights gathered from the shards."""
-        import tensorflow as tf
 
         on_mesh = type(self)
         self.__class__ = next(c for c in on_mesh.__mro__[1:] if not issubclass(c, OnMesh))  # Keras clones its class
         try:
-            copy = tf.keras.models.clone_model(self)
+            copy = keras2().models.clone_model(self)
         except (ValueError, NotImplementedError) as exc:  # a subclassed model without get_config
             raise ValueError(f"Model {self.name!r} on a mesh can be saved whole only if Keras can rebuild it "  # type: ignore[attr-defined]
                              "from its config (Sequential, functional, or get_config/from_config); otherwise "

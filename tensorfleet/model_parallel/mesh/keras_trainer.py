@@ -12,7 +12,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tensorfleet.compat.keras import loss_function_wrapper, require_keras2, unfuse_normalization
+from tensorfleet.compat.keras import keras2, loss_function_wrapper, require_keras2, unfuse_normalization
 from tensorfleet.model_parallel.mesh.keras_layers import adapt_split_readers
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
@@ -44,7 +44,7 @@ def avg_pool_gradient(op: Any, grad: Any) -> Any:
     return spread
 
 
-class MeshTrainer(tf.keras.Model):
+class MeshTrainer(keras2().Model):
     """Trains ``model`` (built in ``Mesh.scope()``) with its weights laid out on a DTensor mesh.
 
     ``fit`` and ``evaluate`` take arrays (``x``, ``y``, ``batch_size``; full batches only, the batch
@@ -88,9 +88,9 @@ class MeshTrainer(tf.keras.Model):
                 with tf.name_scope(self.optimizer.name):  # as apply_gradients builds it: "Adam/m/<weight>"
                     self.optimizer.build(self.trainable_variables)
                 shard_optimizer_state(self.optimizer, self.layout.batch_axis)
-            loss_fn = tf.keras.losses.get(loss)
-            self._loss_fn = loss_fn if isinstance(loss_fn, tf.keras.losses.Loss) else loss_function_wrapper(loss_fn)
-            self._loss_tracker = tf.keras.metrics.Mean(name="loss", mesh=self.dmesh)
+            loss_fn = keras2().losses.get(loss)
+            self._loss_fn = loss_fn if isinstance(loss_fn, keras2().losses.Loss) else loss_function_wrapper(loss_fn)
+            self._loss_tracker = keras2().metrics.Mean(name="loss", mesh=self.dmesh)
 
     @property
     def metrics(self) -> list[Any]:

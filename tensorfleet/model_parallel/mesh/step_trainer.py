@@ -23,6 +23,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["MeshRun", "StepTrainer"]
 
@@ -37,7 +38,7 @@ class MeshRun:
     finish: Callable[[], dict[str, Any]]
 
 
-class StepTrainer(tf.keras.Model):
+class StepTrainer(keras2().Model):
     """Trains ``model`` with ``mesh``'s backend, one backend step per batch of Keras' ``fit``.
 
     ``compile`` takes ``tf.keras.optimizers.SGD`` (no momentum) and a sparse categorical
@@ -63,19 +64,19 @@ class StepTrainer(tf.keras.Model):
         self.record: dict[str, Any] = {}
         self._run: MeshRun | None = None
         self._last = 0.0
-        self._loss_tracker = tf.keras.metrics.Mean(name="loss")
+        self._loss_tracker = keras2().metrics.Mean(name="loss")
 
     def call(self, inputs: Any, training: Any = None) -> Any:
         return self.model(inputs, training=training)
 
     def compile(self, optimizer: Any = "sgd", loss: Any = None, metrics: Any = None, **kwargs: Any) -> None:
-        optimizer = tf.keras.optimizers.get(optimizer)
+        optimizer = keras2().optimizers.get(optimizer)
         backend = self.mesh.backend.value
-        if type(optimizer) is not tf.keras.optimizers.SGD or optimizer.get_config().get("momentum"):
+        if type(optimizer) is not keras2().optimizers.SGD or optimizer.get_config().get("momentum"):
             raise ValueError(f"The {backend} mesh backend trains with plain SGD (tf.keras.optimizers.SGD without "
                              f"momentum); backend='dtensor' takes any Keras optimizer. Received: optimizer={optimizer!r}")
-        loss_fn = tf.keras.losses.get(loss)
-        if not (isinstance(loss_fn, tf.keras.losses.SparseCategoricalCrossentropy)
+        loss_fn = keras2().losses.get(loss)
+        if not (isinstance(loss_fn, keras2().losses.SparseCategoricalCrossentropy)
                 and loss_fn.get_config().get("from_logits")):
             raise ValueError(f"The {backend} mesh backend trains on the softmax cross-entropy of logits: "
                              "loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True); backend='dtensor' "

@@ -8,6 +8,7 @@ usual, with the step's ``bubble_fraction`` recorded beside the loss.
 from __future__ import annotations
 
 from typing import Any
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["pipeline_keras_model"]
 
@@ -19,15 +20,15 @@ def pipeline_keras_model(pipeline: Any) -> Any:
     """
     import tensorflow as tf
 
-    class PipelineModel(tf.keras.Model):
+    class PipelineModel(keras2().Model):
         """Keras front of a :class:`Pipeline`: ``train_step`` is one pipeline step."""
 
         def __init__(self) -> None:
             super().__init__(name=f"{pipeline.model.name}_pipeline")
             self.pipeline = pipeline
             self.inner = pipeline.model
-            self.loss_tracker = tf.keras.metrics.Mean(name="loss")
-            self.bubble_tracker = tf.keras.metrics.Mean(name="bubble_fraction")
+            self.loss_tracker = keras2().metrics.Mean(name="loss")
+            self.bubble_tracker = keras2().metrics.Mean(name="bubble_fraction")
 
         def call(self, inputs: Any, training: Any = None) -> Any:
             return self.inner(inputs, training=training)

@@ -29,6 +29,7 @@ from tensorfleet.model_parallel.pipeline.schedules import (
 from tensorfleet.model_parallel.pipeline.stages import param_count, partition_layers
 from tensorfleet.model_parallel.pipeline.timeline import TimelineEvent, bubble_fraction, plot_schedule
 from tensorfleet.validation import number, positive_int
+from tensorfleet.compat.keras import keras2
 
 __all__ = ["Pipeline", "StepResult"]
 
@@ -127,7 +128,7 @@ class Pipeline:
                              f"{getattr(model, 'name', model)!r} is not built and input_shape=None")
         else:
             self.stages = self._build_on_devices(model, tuple(input_shape), boundaries)
-        self.loss = loss or tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.loss = loss or keras2().losses.SparseCategoricalCrossentropy(from_logits=True)
         if op_cost is not None:
             if len(op_cost) != 2:
                 raise ValueError(f"op_cost must be (forward_seconds, backward_seconds). Received: op_cost={op_cost!r}")
@@ -142,7 +143,7 @@ class Pipeline:
         layers = chain_layers(model)
         weights = None
         if boundaries is None:  # parameter counts need built layers: count them on a throwaway clone
-            probe = tf.keras.models.clone_model(model)
+            probe = keras2().models.clone_model(model)
             probe.build((None, *input_shape))
             weights = [param_count(layer) for layer in chain_layers(probe)]
         stages = partition_layers(layers, self.num_stages, boundaries=boundaries, weights=weights)
