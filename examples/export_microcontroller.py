@@ -26,14 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args(argv)
 
-    import tensorflow as tf
+    import tf_keras as keras  # the edge converts Keras 2 (tf_keras) models for now: see docs/keras.md
 
     import tensorfleet as tfl
 
     split = tfl.models.datasets.load_digits()
-    model = tfl.models.build("digits_cnn")
+    model = tfl.models.build("digits_cnn", keras="tf_keras")
     model.compile(optimizer="adam", metrics=["accuracy"],
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(split.x_train, split.y_train, epochs=args.epochs, verbose=2)
 
     artifact = tfl.edge.convert(model, quantization="int8", representative_data=split.x_train)

@@ -39,7 +39,8 @@ def main() -> None:
     summary.plot(os.path.join(args.out, "partition.png"))
 
     sim = tfl.federated.Simulation(
-        lambda: tfl.models.build("digits_cnn"), clients, args.algorithm,
+        # Federated simulations run Keras 2 (tf_keras) models for now: see docs/keras.md.
+        lambda: tfl.models.build("digits_cnn", keras="tf_keras"), clients, args.algorithm,
         rounds=args.rounds, clients_per_round=10, seed=0,
         test_data=(split.x_test, split.y_test), eval_clients=10, eval_every=5,
         out_dir=args.out, checkpoint_every=5, backend=args.backend)

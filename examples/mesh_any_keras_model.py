@@ -19,11 +19,11 @@ import argparse
 
 
 def build(vocab: int = 32, seq: int = 8, width: int = 16) -> object:
-    import tensorflow as tf
+    import tf_keras as keras  # the mesh runs Keras 2 (tf_keras) models for now: see docs/keras.md
 
-    layers = tf.keras.layers
-    tf.keras.utils.set_random_seed(7)
-    tokens = tf.keras.Input((seq,), dtype="int32", name="tokens")
+    layers = keras.layers
+    keras.utils.set_random_seed(7)
+    tokens = keras.Input((seq,), dtype="int32", name="tokens")
     h = layers.Embedding(vocab, width, name="embed")(tokens)
     h = layers.LayerNormalization(name="ln0")(layers.Add()([h, layers.Conv1D(width, 3, padding="same", name="conv")(h)]))
     attended = layers.MultiHeadAttention(4, width // 4, name="attention")(h, h)
@@ -32,7 +32,7 @@ def build(vocab: int = 32, seq: int = 8, width: int = 16) -> object:
                                                                               name="mlp_in")(h))
     h = layers.BatchNormalization(name="bn")(layers.Add()([h, mlp]))
     pooled = layers.Concatenate(name="both")([layers.MaxPooling1D(2)(h), layers.AveragePooling1D(2)(h)])
-    return tf.keras.Model(tokens, layers.Dense(10, activation="softmax", name="probs")(layers.Flatten()(pooled)))
+    return keras.Model(tokens, layers.Dense(10, activation="softmax", name="probs")(layers.Flatten()(pooled)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,16 +43,16 @@ def main(argv: list[str] | None = None) -> int:
 
     simulate_devices(4)
     import numpy as np
-    import tensorflow as tf
+    import tf_keras as keras
 
     from tensorfleet.model_parallel.mesh import Mesh
 
     x = np.random.RandomState(0).randint(0, 32, (16 * args.steps, 8)).astype("int32")
     y = x.sum(axis=1) % 10
-    tf.keras.backend.experimental.enable_tf_random_generator()
+    keras.backend.experimental.enable_tf_random_generator()
     one = build()
     initial = one.get_weights()
-    one.compile(tf.keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+    one.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
     one_loss = one.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"][-1]
 
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m;heads:m;channels:m")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # is then whole along m; DTensor pools only tensors split along the batch alone.
     with mesh.scope(patterns={"mlp_out/kernel": ("m", None), "mlp_out/bias": (None,)}) as layout:
         model = build()
-        model.compile(tf.keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+        model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
     model.set_weights(initial)
     mesh_loss = model.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"][-1]
     print(layout.summary())

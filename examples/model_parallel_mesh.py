@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tfl.strategies.simulate_devices(4)
     import numpy as np
-    import tensorflow as tf
+    import tf_keras as keras  # the mesh runs Keras 2 (tf_keras) models for now: see docs/keras.md
 
     from tensorfleet.model_parallel.mesh import Mesh
 
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     for backend in ("mtf", "keras", "dtensor"):
         mesh = Mesh(args.mesh_shape, layout, backend=backend)
         with mesh.scope(patterns=patterns):  # the one way in, on every backend: build and compile inside, then fit
-            model = tfl.models.build(args.model)
-            model.compile(optimizer=tf.keras.optimizers.SGD(args.learning_rate),
-                          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model = tfl.models.build(args.model, keras="tf_keras")
+            model.compile(optimizer=keras.optimizers.SGD(args.learning_rate),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         history = model.fit(x_train, split.y_train, epochs=args.epochs, batch_size=args.batch_size, shuffle=False,
                             verbose=0)
         accuracy = float(np.mean(np.argmax(model.predict(x_test, verbose=0), axis=1) == split.y_test))

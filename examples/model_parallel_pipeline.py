@@ -32,20 +32,20 @@ def main(argv: list[str] | None = None) -> int:
 
     tfl.strategies.simulate_devices(4)
     import numpy as np
-    import tensorflow as tf
+    import tf_keras as keras  # pipelines run Keras 2 (tf_keras) models for now: see docs/keras.md
 
     from tensorfleet.model_parallel.pipeline import Pipeline
 
-    tf.keras.utils.set_random_seed(args.seed)
+    keras.utils.set_random_seed(args.seed)
 
     split = tfl.models.datasets.load_digits(flat=True)
-    model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu") for _ in range(7)] +
-                                [tf.keras.layers.Dense(10)], name="deep_mlp")
+    model = keras.Sequential([keras.layers.Dense(64, activation="relu") for _ in range(7)] +
+                             [keras.layers.Dense(10)], name="deep_mlp")
     v = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
     # Not built yet: the pipeline builds each stage's layers on that stage's device.
     pipe = Pipeline(model, num_stages=args.stages, micro_batches=args.micro_batches, schedule=args.schedule,
                     virtual_stages=v, input_shape=(64,))
-    history = pipe.fit(split.x_train, split.y_train, optimizer=tf.keras.optimizers.Adam(3e-3),
+    history = pipe.fit(split.x_train, split.y_train, optimizer=keras.optimizers.Adam(3e-3),
                        epochs=args.epochs, batch_size=64)
     accuracy = float(np.mean(np.argmax(model.predict(split.x_test, verbose=0), axis=1) == split.y_test))
     step = pipe.compute_gradients(split.x_train[:64], split.y_train[:64])

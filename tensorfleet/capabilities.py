@@ -21,13 +21,21 @@ from typing import Callable
 __all__ = ["FEATURES", "Feature", "Probe", "probe", "probe_all", "versions"]
 
 
+KERAS2_ONLY = "runs Keras 2 (tf_keras) models only, for now: see docs/keras.md"
+NO_KERAS = "-"
+
+
 @dataclass(frozen=True)
 class Feature:
-    """One row of the matrix: a key, what it is, and a check that returns None or why it cannot run."""
+    """One row of the matrix: a key, what it is, a check that returns None or why it cannot run, and which
+    Kerases its models may be written in: ``keras3``/``keras2`` are "" where it runs them, else why not
+    (:data:`NO_KERAS` for a feature that takes no Keras model)."""
 
     key: str
     title: str
     check: Callable[[], str | None]
+    keras3: str = ""
+    keras2: str = ""
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class Probe:
     title: str
     available: bool
     reason: str  # empty when available
+    keras3: str = ""  # "yes", "-" (no Keras model), or why a Keras 3 model cannot run here
+    keras2: str = ""
 
 
 def _keras2() -> str | None:
@@ -80,6 +90,10 @@ def _mesh_tf() -> str | None:
     return None
 
 
+def _tf_distribute() -> str | None:
+    return None  # TensorFlow's own tf.distribute, under either Keras
+
+
 def _dtensor() -> str | None:
     import tensorflow as tf
 
@@ -119,28 +133,46 @@ def _profiler() -> str | None:
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("strategies", "Strategies: Keras fit under tf.distribute", _keras2),
-    Feature("cluster", "Cluster: launcher, fault tolerance, elastic, TFJob", _all(_keras2, _module("tensorboard", "tensorboard"))),
-    Feature("mesh-tf", "Model parallel: Mesh-TensorFlow layouts", _all(_keras2, _mesh_tf)),
-    Feature("dtensor", "Model parallel: DTensor mesh, tensor parallel, pipelines, planner", _all(_keras2, _dtensor)),
-    Feature("federated", "Federated: compiled backend, algorithms, aggregators", _keras2),
-    Feature("federated-dp", "Federated: DP epsilon (dp-accounting)", _module("dp_accounting", "dp-accounting")),
-    Feature("federated-tff", "Federated: tff backend, remote TFF workers, TFF ClientData", _tff),
+    Feature("strategies", "Strategies: Keras fit under tf.distribute", _tf_distribute),
+    Feature("cluster", "Cluster: launcher, fault tolerance, elastic, TFJob", _module("tensorboard", "tensorboard")),
+    Feature("mesh-tf", "Model parallel: Mesh-TensorFlow layouts", _all(_keras2, _mesh_tf), keras3=KERAS2_ONLY),
+    Feature("dtensor", "Model parallel: DTensor mesh, tensor parallel, pipelines, planner", _all(_keras2, _dtensor),
+            keras3=KERAS2_ONLY),
+    Feature("federated", "Federated: compiled backend, algorithms, aggregators", _keras2, keras3=KERAS2_ONLY),
+    Feature("federated-dp", "Federated: DP epsilon (dp-accounting)", _module("dp_accounting", "dp-accounting"),
+            keras3=NO_KERAS, keras2=NO_KERAS),
+    Feature("federated-tff", "Federated: tff backend, remote TFF workers, TFF ClientData", _tff,
+            keras3="tensorflow-federated 0.87 takes Keras 2 models (the tff track's TensorFlow 2.14)"),
     Feature("edge", "Edge: TFLite conversion, quantization, LiteRT check",
-            _all(_keras2, _litert, _module("tensorflow_model_optimization", "tensorflow-model-optimization"))),
+            _all(_keras2, _litert, _module("tensorflow_model_optimization", "tensorflow-model-optimization")),
+            keras3=KERAS2_ONLY),
     Feature("edge-micro", "Edge: TFLite Micro validation, arena report, C sources",
-            _module("tflite_micro", "tflite-micro")),
+            _module("tflite_micro", "tflite-micro"), keras3=NO_KERAS, keras2=NO_KERAS),
     Feature("serving", "Serving: TF Serving REST and gRPC APIs", _module("tensorflow_serving.apis.predict_pb2",
                                                                        "tensorflow-serving-api")),
-    Feature("tuning", "Tuning: Keras Tuner search, side-car evaluation", _all(_keras2, _keras_tuner)),
+    Feature("tuning", "Tuning: Keras Tuner search, side-car evaluation", _keras_tuner),
     Feature("profiling", "Profiling: traces and step-time reports", _profiler),
 )
 
 
+def _keras_cell(declared: str, installed: Callable[[], object]) -> str:
+    if declared:
+        return declared
+    try:
+        installed()
+    except ImportError as error:
+        return str(error)
+    return "yes"
+
+
 def probe(feature: Feature) -> Probe:
-    """Runs ``feature``'s check: importing what it needs, nothing more."""
+    """Runs ``feature``'s check: importing what it needs, nothing more; and for each Keras, whether the
+    feature runs its models and the Keras is installed here."""
+    from tensorfleet.compat.keras import keras2, keras3
+
     reason = feature.check() or ""
-    return Probe(feature.key, feature.title, not reason, reason)
+    return Probe(feature.key, feature.title, not reason, reason, _keras_cell(feature.keras3, keras3),
+                 _keras_cell(feature.keras2, keras2))
 
 
 def probe_all() -> list[Probe]:

@@ -9,7 +9,6 @@ own run alone.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
+
+from tests.conftest import user_env
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -31,8 +32,9 @@ ONE_PROCESS = {
 
 
 def _completed(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    # As a user runs it: tf.keras is what TensorFlow makes it (Keras 3), not the suite's tf_keras.
     return subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=400, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                          text=True, timeout=400, env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
 
 
 def _stdout(result: subprocess.CompletedProcess) -> str:
