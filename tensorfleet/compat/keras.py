@@ -483,3 +483,17 @@ def intercept_compile(hook: Any) -> Any:
                     model_class.compile = own
 
     return intercepting()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Serving: the names of a model's inputs and outputs, for Keras 2 and Keras 3 alike.
+
+__all__ += ["producing_layer_name"]
+
+
+def producing_layer_name(tensor: Any) -> str:
+    """The name of the layer that made symbolic ``tensor`` (an input or output of a functional or Sequential
+    model), in either Keras: Keras 3 keeps it in ``_keras_history.operation``, Keras 2 in ``_keras_history.layer``.
+    ``tf_keras``' ``model.input_names`` are these names; a Keras 3 model has no ``input_names``."""
+    history = tensor._keras_history
+    return str((getattr(history, "operation", None) or history.layer).name)
