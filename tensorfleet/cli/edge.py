@@ -71,6 +71,9 @@ def convert_cmd(
     for destination in (out, metadata):
         if destination is not None:
             check_writable(destination)
+    # The model first: a Keras 3 file is refused, and a name that is neither a file nor a zoo model says so,
+    # before anything asks for calibration data it would not use.
+    keras_model = edge.load_keras_model(model)
     rep = None
     if edge.QUANTIZATIONS.get(mode).needs_representative_data:
         if data is not None:
@@ -79,7 +82,8 @@ def convert_cmd(
             raise ValueError(f"--quantization {mode} needs --data FILE.npy with samples for a saved model.")
         else:
             rep = calibration_data(model, samples)
-    artifact = edge.convert(model, mode, rep, num_calibration_samples=samples, per_channel_dense=per_channel_dense)
+    artifact = edge.convert(keras_model, mode, rep, num_calibration_samples=samples,
+                            per_channel_dense=per_channel_dense)
     artifact.save(out)
     if metadata is not None:
         write_json(metadata, artifact.metadata())

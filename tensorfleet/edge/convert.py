@@ -31,7 +31,7 @@ from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.compat.litert import set_dense_per_channel
 from tensorfleet.edge.artifact import TFLiteArtifact, verify_int8
 from tensorfleet.edge.errors import QuantizationError
-from tensorfleet.registry import Registry
+from tensorfleet.registry import Registry, UnknownNameError
 from tensorfleet.validation import positive_int
 
 __all__ = ["Quantization", "QUANTIZATIONS", "QuantizationMode", "convert", "load_keras_model",
@@ -145,7 +145,14 @@ def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, nu
 def load_keras_model(spec: Any) -> Any:
     """A Keras 2 model from a model object, a ``tensorfleet.models`` name (built in tf_keras), or a saved model:
     a ``.keras``/``.h5`` file is read by the Keras that wrote it, so a Keras 3 file gets
-    :class:`~tensorfleet.compat.keras.Keras3ModelError` (the edge runs Keras 2 models only, for now)."""
+    :class:`~tensorfleet.compat.keras.Keras3ModelError` (the edge runs Keras 2 models only, for now).
+
+    Raises:
+        Keras3ModelError: ``spec`` is a Keras 3 model, or a file saved by Keras 3 (refused before it is loaded).
+        FileNotFoundError: ``spec`` names no file and no zoo model, and looks like a path (``.keras``, ``.h5``, ``/``).
+        UnknownNameError: ``spec`` names no file and no zoo model (the zoo's names, and the closest one).
+        KerasFileError: the file is damaged or not a Keras model.
+    """
     from tensorfleet.compat.keras import load_model
 
     if isinstance(spec, (str, os.PathLike)):
@@ -153,16 +160,30 @@ def load_keras_model(spec: Any) -> Any:
         if path.is_dir():
             return require_keras2(keras2().models.load_model(path, compile=False), f"the saved model {path}")
         if path.exists():
-            return require_keras2(load_model(path, compile=False, where="tfl.edge"), f"the model file {path}")
+            _refuse_keras3_file(path)
+            return require_keras2(load_model(path, compile=False, where="tfl.edge"), "tfl.edge")
         from tensorfleet import models
 
         if str(spec) in models.MODELS:
             return models.build(str(spec), keras="keras2")
-        looks_like_path = path.suffix in (".keras", ".h5") or os.sep in str(spec)
-        if looks_like_path:
-            raise FileNotFoundError(f"No saved Keras model at {str(spec)!r}.")
-        models.MODELS.canonical(str(spec))  # raises UnknownNameError with the names and a suggestion
+        try:
+            models.MODELS.canonical(str(spec))
+        except UnknownNameError as error:  # the registry's names and closest match, said as "neither"
+            message = str(error).replace(f"Unknown model {str(spec)!r}.",
+                                         f"No file {str(spec)!r}, and no zoo model of that name.", 1)
+            if path.suffix in (".keras", ".h5") or os.sep in str(spec):
+                raise FileNotFoundError(message) from None
+            raise UnknownNameError(message) from None
     return require_keras2(spec, "tfl.edge.convert")
+
+
+def _refuse_keras3_file(path: Path) -> None:
+    """Keras3ModelError for a file Keras 3 wrote, read from its own record (no Keras 3 model is built for it)."""
+    from tensorfleet.compat.keras import KERAS2_HOWTO, Keras, Keras3ModelError, saved_keras
+
+    if saved_keras(path) is Keras.KERAS3:
+        raise Keras3ModelError(f"tfl.edge runs Keras 2 (tf_keras) models only for now, and {str(path)!r} was saved "
+                               f"by Keras 3; convert a model saved from Keras 2. {KERAS2_HOWTO}")
 
 
 def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32, representative_data: Any = None,

@@ -107,6 +107,38 @@ def test_convert_a_saved_keras_model(digits_model: object, digits: object, tmp_p
     assert meta["ops"] == ["CONV_2D", "CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED", "FULLY_CONNECTED"]
 
 
+def test_a_keras3_file_is_one_clear_error_and_exit_2(keras3_model: object, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "k3.keras"
+    keras3_model.save(saved)  # type: ignore[attr-defined]
+    data = tmp_path / "cal.npy"
+    np.save(data, np.zeros((4, 4), np.float32))
+    out = tmp_path / "k3.tflite"
+    expected = (f"error: tfl.edge runs Keras 2 (tf_keras) models only for now, and '{saved}' was saved by Keras 3; "
+                "convert a model saved from Keras 2. For Keras 2, build the model with `import tf_keras as keras` (or "
+                "set TF_USE_LEGACY_KERAS=1 before TensorFlow starts, so that `tf.keras` is tf_keras).\n")
+    for extra in ([], ["--data", str(data)]):  # refused before --data is asked for, and with it
+        assert main(["edge", "convert", str(saved), "--quantization", "int8", "--out", str(out), *extra]) == 2
+        assert capsys.readouterr().err == expected
+    assert main(["edge", "decompose", str(saved), "--out", str(tmp_path / "small.keras")]) == 2
+    assert capsys.readouterr().err == expected
+    assert not out.exists()
+
+
+def test_a_missing_or_damaged_file_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.tflite"
+    assert main(["edge", "convert", "nofile.keras", "--quantization", "int8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: No file 'nofile.keras', and no zoo model of that name. Available: digits_cnn, ")
+    assert err.count("\n") == 1
+    damaged = tmp_path / "damaged.keras"
+    damaged.write_bytes(b"PK\x03\x04 not really a zip")
+    assert main(["edge", "convert", str(damaged), "--quantization", "float32", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {damaged} is neither a .keras archive (zip) nor an .h5 model (HDF5)"), err
+    assert err.count("\n") == 1 and not out.exists()
+
+
 def test_a_name_that_is_not_a_c_identifier_is_refused_with_a_suggestion(
         converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["edge", "export", str(converted), "--name", "digits-v1", "--out", str(tmp_path / "c")]) == 2

@@ -109,12 +109,14 @@ def test_non_finite_or_empty_representative_data(digits_model: Any) -> None:
 
 
 def test_unknown_model_name_suggests() -> None:
-    with pytest.raises(ValueError, match=r"Unknown model 'ds_cn'. Did you mean 'ds_cnn'\?"):
+    with pytest.raises(ValueError, match=r"^No file 'ds_cn', and no zoo model of that name\. Did you mean 'ds_cnn'\? "
+                                         r"Available: digits_cnn, "):
         edge.convert("ds_cn", "float32")
 
 
 def test_missing_saved_model_path() -> None:
-    with pytest.raises(FileNotFoundError, match=r"No saved Keras model at 'nowhere/model.keras'"):
+    with pytest.raises(FileNotFoundError, match=r"^No file 'nowhere/model.keras', and no zoo model of that name\. "
+                                                r"Available: digits_cnn, "):
         edge.convert("nowhere/model.keras", "float32")
 
 
@@ -167,6 +169,19 @@ def test_a_keras3_model_is_refused_with_the_fix_named(keras3_model: Any) -> None
                                                r"\(keras\.src\.models\.sequential\.Sequential\)\. .*"
                                                r"For Keras 2, build the model with `import tf_keras as keras`"):
         edge.convert(keras3_model, "int8", np.zeros((4, 4), np.float32), progress=False)
+
+
+def test_a_keras3_file_is_refused_before_it_is_loaded(keras3_model: Any, tmp_path: Path) -> None:
+    from tensorfleet.compat.keras import Keras3ModelError
+
+    saved = tmp_path / "k3.keras"
+    keras3_model.save(saved)
+    message = (rf"^tfl\.edge runs Keras 2 \(tf_keras\) models only for now, and '{saved}' was saved by Keras 3; convert "
+               r"a model saved from Keras 2\. For Keras 2, build the model with `import tf_keras as keras`")
+    with pytest.raises(Keras3ModelError, match=message):
+        edge.convert(str(saved), "int8", np.zeros((4, 4), np.float32), progress=False)
+    with pytest.raises(Keras3ModelError, match=message):
+        edge.load_keras_model(saved)
 
 
 def _dense_weight_scales(artifact: Any) -> list[int]:
