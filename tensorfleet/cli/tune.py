@@ -50,6 +50,7 @@ def tune_command(
     after a chief that died, --resume continues from the oracle's saved state.
     """
     from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, describe, search
+    from tensorfleet.tuning.task import TunerKerasError
 
     verbose = bool(ctx.find_root().params.get("verbose"))
     try:
@@ -58,6 +59,9 @@ def tune_command(
         result = search(script, out=out, workers=workers, max_trials=max_trials, algorithm=algorithm, epochs=epochs,
                         trial=trial, supervision=Supervision(max_restarts=max_restarts), resume=resume, fresh=fresh,
                         log=typer.echo, verbose=verbose)
+    except TunerKerasError as exc:  # models of the Keras Keras Tuner does not drive here: bad input, status 2
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     except TuningError as exc:  # the search ran and could not finish: status 1, not a usage error
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -1,21 +1,23 @@
-"""Keras Tuner on tf_keras, and the parts of its oracle and tuner tensorfleet reaches into.
+"""Keras Tuner's Keras, and the parts of its oracle and tuner tensorfleet reaches into.
 
 Keras Tuner 1.4 decides once, as it is first imported, which Keras it drives:
 ``keras_tuner/src/backend/config.py`` imports ``keras`` and switches to Keras 3 ("multi-backend")
 whenever that package is Keras 3, which it is beside every TensorFlow >= 2.16 (TensorFlow 2.21
 depends on it). It reads no setting that says otherwise (keras-team/keras-tuner#1039; the pull
-request that would read ``TF_USE_LEGACY_KERAS``, #1040, is unmerged in 1.4.8), and in Keras 3 mode
-it refuses the tf_keras models tensorfleet trains ("Expected the model-building function ... to
-return a valid Keras Model instance").
+request that would read ``TF_USE_LEGACY_KERAS``, #1040, is unmerged in 1.4.8). Driving Keras 3 is
+Keras Tuner's native case, and what a search whose ``build_model(hp)`` returns Keras 3 models needs;
+nothing is changed for it. In Keras 3 mode Keras Tuner refuses tf_keras models, though ("Expected
+the model-building function ... to return a valid Keras Model instance").
 
-:func:`import_keras_tuner` therefore imports Keras Tuner with that decision made for it: when this
-process selected tf_keras (``TF_USE_LEGACY_KERAS``, set by ``import tensorfleet``), the module's
-flag ``_MULTI_BACKEND`` is set to False as the module is loaded, before any other module of Keras
-Tuner reads it, which is the state Keras Tuner itself is in on TensorFlow < 2.16: it then takes
-``tf.keras`` (tf_keras) for its Keras. The flag can only be chosen at that moment (the modules that
-read it define their Keras classes as they load), so a Keras Tuner imported before tensorfleet had a
-say is refused with one clear error rather than patched half-way. :func:`prefer_keras2` arranges it
-for any later ``import keras_tuner`` of the process, without importing anything.
+A process that chose tf_keras itself (``TF_USE_LEGACY_KERAS=1`` in its environment, the user's
+choice; tensorfleet never sets it) gets a Keras Tuner that drives tf_keras from
+:func:`import_keras_tuner`: its module flag ``_MULTI_BACKEND`` is set to False as the module is
+loaded, before any other module of Keras Tuner reads it, which is the state Keras Tuner itself is
+in on TensorFlow < 2.16: it then takes ``tf.keras`` (tf_keras) for its Keras. The flag can only be
+chosen at that moment (the modules that read it define their Keras classes as they load), so a
+Keras Tuner imported before, in Keras 3 mode, is refused with one clear error rather than patched
+half-way. :func:`prefer_keras2` arranges it for any later ``import keras_tuner`` of such a process,
+without importing anything. :func:`tuner_keras` says which Keras the imported Keras Tuner drives.
 
 The rest are small named reaches into the oracle's and the tuner's private state, each with the
 reason it is needed. Keras Tuner's public names (``keras_tuner.Objective``, ``keras_tuner.oracles``,
@@ -24,8 +26,8 @@ reason it is needed. Keras Tuner's public names (``keras_tuner.Objective``, ``ke
 Example:
     >>> from tensorfleet.compat.keras_tuner import import_keras_tuner
     >>> kt = import_keras_tuner()                                   # doctest: +SKIP
-    >>> drives_keras2()                                             # doctest: +SKIP
-    True
+    >>> tuner_keras()           # Keras 3 unless the process set TF_USE_LEGACY_KERAS=1  # doctest: +SKIP
+    <Keras.KERAS3: 'keras3'>
 """
 
 from __future__ import annotations
@@ -37,19 +39,20 @@ import threading
 from types import ModuleType
 from typing import Any, Sequence
 
-from tensorfleet.compat.keras import legacy_keras_selected
+from tensorfleet.compat.keras import Keras, legacy_keras_selected
 
 __all__ = ["KerasTunerBackendError", "drives_keras2", "import_keras_tuner", "prefer_keras2", "objective_from_name",
            "servicer_stopped", "exit_chief", "add_oracle_servicer", "oracle_state_file", "trial_file",
            "replace_trial_saver", "retry_queue", "set_retry_queue", "set_project_dir", "tuner_is_worker",
-           "tuner_state_file"]
+           "search_keras", "tuner_keras", "tuner_state_file"]
 
 _CONFIG = "keras_tuner.src.backend.config"
 _LOCK = threading.Lock()
 
 
 class KerasTunerBackendError(RuntimeError):
-    """Keras Tuner was imported in this process before tensorfleet, and drives Keras 3."""
+    """This process chose tf_keras (``TF_USE_LEGACY_KERAS=1``), but Keras Tuner was imported before
+    :func:`import_keras_tuner` and drives Keras 3."""
 
 
 class _Keras2Loader(importlib.abc.Loader):
@@ -85,14 +88,29 @@ def drives_keras2() -> bool:
     return config is not None and not config.multi_backend()
 
 
+def tuner_keras() -> Keras:
+    """The Keras whose models the imported Keras Tuner takes (:func:`import_keras_tuner` first)."""
+    return Keras.KERAS2 if drives_keras2() else Keras.KERAS3
+
+
+def search_keras() -> Keras:
+    """The Keras a Keras Tuner imported in a process started with this process's environment will drive
+    (without importing anything): tf_keras where ``TF_USE_LEGACY_KERAS=1`` is set or the ``keras`` package
+    is Keras 2 (TensorFlow < 2.16), else Keras 3."""
+    from tensorfleet.compat.keras import _keras_major
+
+    return Keras.KERAS2 if legacy_keras_selected() or _keras_major("keras") < 3 else Keras.KERAS3
+
+
 def prefer_keras2() -> bool:
     """Makes a Keras Tuner imported from now on in this process drive tf_keras, when this process
     selected tf_keras (``TF_USE_LEGACY_KERAS``); returns whether Keras Tuner will (or already does).
 
     Cheap (no import of TensorFlow or Keras Tuner): it adds a finder to ``sys.meta_path`` that loads
     Keras Tuner's backend config as usual and then sets its flag. Called by :func:`import_keras_tuner`;
-    ``import tensorfleet`` may call it too, so that a user's own ``import keras_tuner`` after
-    ``import tensorfleet`` also takes tf_keras models.
+    a tf_keras user may call it before their own ``import keras_tuner`` (``import tensorfleet`` does
+    not: importing tensorfleet changes no library's Keras). Without ``TF_USE_LEGACY_KERAS`` it does
+    nothing and returns False: Keras Tuner then drives Keras 3, as it does on its own.
     """
     with _LOCK:
         if "keras_tuner" in sys.modules:
@@ -105,7 +123,8 @@ def prefer_keras2() -> bool:
 
 
 def import_keras_tuner(*, models: bool = True) -> ModuleType:
-    """``keras_tuner``, made to drive tf_keras when this process selected it.
+    """``keras_tuner``: driving Keras 3 (its own choice beside Keras 3), or tf_keras when this process
+    selected tf_keras with ``TF_USE_LEGACY_KERAS=1``.
 
     Args:
         models: whether Keras Tuner will build and train Keras models here. Without models (an
@@ -114,16 +133,17 @@ def import_keras_tuner(*, models: bool = True) -> ModuleType:
 
     Raises:
         KerasTunerBackendError: ``models`` and Keras Tuner was imported before (by the caller's
-            code, say) in Keras 3 mode, while this process runs tf_keras.
+            code, say) in Keras 3 mode, while this process selected tf_keras.
     """
     prefer_keras2()
     import keras_tuner
 
     if models and legacy_keras_selected() and not drives_keras2():
         raise KerasTunerBackendError(
-            "Keras Tuner was imported before tensorfleet and chose Keras 3 (it does whenever the `keras` "
-            "package is Keras 3), so it would refuse the tf_keras models tensorfleet trains. Import tensorfleet "
-            "before keras_tuner, or run the search in a new process.")
+            "Keras Tuner was imported before tensorfleet.compat.keras_tuner.import_keras_tuner() and chose Keras 3 "
+            "(it does whenever the `keras` package is Keras 3), so it would refuse the tf_keras models this process "
+            "chose with TF_USE_LEGACY_KERAS=1. Call import_keras_tuner() before `import keras_tuner`, run the search "
+            "in a new process, or unset TF_USE_LEGACY_KERAS and build Keras 3 models (`import keras`).")
     return keras_tuner
 
 

@@ -38,7 +38,7 @@ from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.io import check_writable
 from tensorfleet.tuning.config import CONFIG_FILE, SearchConfig, check_script
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
-from tensorfleet.tuning.task import ERROR_MARK, KERAS3_MARK, MARK, PROJECT
+from tensorfleet.tuning.task import ERROR_MARK, KERAS_MARK, MARK, PROJECT, TunerKerasError
 
 __all__ = ["SearchResult", "Supervision", "TrialOptions", "TuningError", "describe", "search"]
 
@@ -99,10 +99,8 @@ class _SearchJob(LocalJob):
             super().on_progress(task, text)
 
     def shown(self, task: TaskProcess, text: str) -> str | None:
-        if text.startswith((ERROR_MARK, KERAS3_MARK)):
-            from tensorfleet.compat.keras import Keras3ModelError
-
-            kind, mark = (Keras3ModelError, KERAS3_MARK) if text.startswith(KERAS3_MARK) else (ValueError, ERROR_MARK)
+        if text.startswith((ERROR_MARK, KERAS_MARK)):
+            kind, mark = (TunerKerasError, KERAS_MARK) if text.startswith(KERAS_MARK) else (ValueError, ERROR_MARK)
             self.errors.append(kind(text[len(mark):].strip()))
             return None
         if text.startswith(MARK):
@@ -231,7 +229,9 @@ def search(script: str | Path, *, out: str | Path = "tune_out", workers: int = 2
         The :class:`SearchResult`; the table, JSON and plots are in ``out``.
 
     Raises:
-        tensorfleet.compat.keras.Keras3ModelError: the script's ``build_model`` returns a Keras 3 model.
+        tensorfleet.tuning.task.TunerKerasError: the script's ``build_model`` returns models of the Keras that
+            Keras Tuner does not drive in this search (Keras 3 it is, unless the environment sets
+            ``TF_USE_LEGACY_KERAS=1``: then tf_keras); the message names the fix.
         ValueError: bad options, or an error in what the script gives (reported by the processes).
         TuningError: the search could not finish.
 
@@ -248,8 +248,11 @@ def search(script: str | Path, *, out: str | Path = "tune_out", workers: int = 2
     _prepare_out(config, resume=resume, fresh=fresh)
     config.save()
     job = _SearchJob(config, log=log, verbose=verbose, faults=supervision.faults)
+    from tensorfleet.compat.keras_tuner import search_keras
+
+    driven = "Keras 3" if search_keras().value == "keras3" else "tf_keras (TF_USE_LEGACY_KERAS=1)"
     log(f"[tune] {config.algorithm.value} search of {Path(config.script).name}: {config.workers} tuner worker(s), "
-        f"{config.max_trials} trials, objective {config.objective}, oracle on {HOST}:{job.port}")
+        f"{config.max_trials} trials, objective {config.objective}, oracle on {HOST}:{job.port}, models in {driven}")
     try:
         restarts = _supervise(job, supervision.timeout)
     finally:

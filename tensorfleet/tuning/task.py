@@ -9,9 +9,18 @@ the workers), ``KERASTUNER_ORACLE_IP`` and ``KERASTUNER_ORACLE_PORT``. The optio
 trains each trial under the search's tensorfleet strategy; the chief serves the oracle
 (:mod:`tensorfleet.tuning.chief`).
 
+Keras Tuner drives the Keras it chose when it was imported (:mod:`tensorfleet.compat.keras_tuner`):
+Keras 3 (``import keras``) in a process whose environment has no ``TF_USE_LEGACY_KERAS``, its own
+choice beside Keras 3; tf_keras where the user set ``TF_USE_LEGACY_KERAS=1`` for the search. Every
+process of a search inherits the environment of the one that started it, so a tf_keras search is
+started as ``TF_USE_LEGACY_KERAS=1 tensorfleet tune ...``. ``build_model`` is checked at its first
+build to return models of that Keras (:func:`checked_hypermodel`); the other Keras is refused with
+one error that names the fix (:class:`TunerKerasError`).
+
 Errors in what the user gave (a script without ``build_model``, an objective the model does not
-report) are printed as one line starting with :data:`ERROR_MARK` and end the process with
-status :data:`EXIT_USER_ERROR`; the supervisor ends the search with that message.
+report) are printed as one line starting with :data:`ERROR_MARK` (:data:`KERAS_MARK` for a model of
+the other Keras) and end the process with status :data:`EXIT_USER_ERROR`; the supervisor ends the
+search with that message.
 """
 
 from __future__ import annotations
@@ -25,14 +34,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, missing_functions_message
-from tensorfleet.compat.keras import keras2
 
-__all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "KERAS3_MARK", "MARK", "TuneScriptError", "keras2_hypermodel",
-           "main", "make_tuner", "load_script", "split_data"]
+__all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "KERAS_MARK", "MARK", "TuneScriptError", "TunerKerasError",
+           "checked_hypermodel", "main", "make_tuner", "load_script", "split_data"]
 
 MARK = "tensorfleet-tune:"
 ERROR_MARK = "tensorfleet-tune-error:"
-KERAS3_MARK = "tensorfleet-tune-keras3:"  # the same, for a script that builds Keras 3 models
+KERAS_MARK = "tensorfleet-tune-keras:"  # the same, for a script whose models are of the Keras Keras Tuner does not drive
 EXIT_USER_ERROR = 3
 PROJECT = "oracle"
 IDLE_PAUSE = 0.5
@@ -41,6 +49,21 @@ CONFIG_ENV = "TENSORFLEET_TUNE_CONFIG"
 
 class TuneScriptError(ValueError):
     """What the user's script or options give cannot be searched (reported, not retried)."""
+
+
+class TunerKerasError(TypeError):
+    """``build_model`` returns models of one Keras while the search's Keras Tuner drives the other."""
+
+
+_HOW = {  # by the Keras of the model built: why Keras Tuner drives the other here, and the two ways out
+    "keras3": "Keras Tuner drives tf_keras (Keras 2) in this search, because TF_USE_LEGACY_KERAS=1 is set in its "
+              "environment. Start the search without TF_USE_LEGACY_KERAS (Keras Tuner then drives Keras 3, its own "
+              "choice), or build the model with tf_keras (`import tf_keras as keras`).",
+    "keras2": "Keras Tuner drives Keras 3 in this search (it does whenever Keras 3 is installed, "
+              "keras-team/keras-tuner#1039). Build the model with `import keras` (Keras 3), or start the search "
+              "with TF_USE_LEGACY_KERAS=1 in its environment (`TF_USE_LEGACY_KERAS=1 tensorfleet tune ...`), which "
+              "makes tf.keras tf_keras and Keras Tuner drive it.",
+}
 
 
 def say(text: str) -> None:
@@ -82,31 +105,38 @@ def _objective(config: SearchConfig) -> Any:
             "pass --direction max or --direction min.") from None
 
 
-def keras2_hypermodel(build_model: Callable[..., Any], where: str = "build_model") -> Callable[..., Any]:
-    """``build_model``, checked at its first build to return a Keras 2 (tf_keras) model.
+def checked_hypermodel(build_model: Callable[..., Any], where: str = "build_model") -> Callable[..., Any]:
+    """``build_model``, checked at its first build to return a model of the Keras that Keras Tuner drives
+    here (:func:`~tensorfleet.compat.keras_tuner.tuner_keras`: Keras 3, or tf_keras where the process set
+    ``TF_USE_LEGACY_KERAS=1``).
 
     Keras Tuner builds the model once as the tuner is made (to learn the search space), in the chief
-    and in every worker, so a script that builds a Keras 3 model is refused before any trial runs.
+    and in every worker, so a script that builds models of the other Keras is refused before any trial
+    runs (Keras Tuner itself would record each trial as failed, with an error that does not say why).
 
     Raises:
-        tensorfleet.compat.keras.Keras3ModelError: the first model built is a Keras 3 model.
+        TunerKerasError: the first model built is of the other Keras (the message names the fix).
+        TypeError: the first thing built is not a Keras model.
     """
-    from tensorfleet.compat.keras import Keras3ModelError, require_keras2
-    from tensorfleet.compat.keras_tuner import import_keras_tuner
+    from tensorfleet.compat.keras import keras_of
+    from tensorfleet.compat.keras_tuner import import_keras_tuner, tuner_keras
 
+    kt = import_keras_tuner()
     # Keras Tuner records most errors of a build as a failed trial and goes on; its FatalError ends the
-    # search. Raised as both, the refusal ends it and is still caught as a Keras3ModelError.
-    fatal = type("Keras3ModelError", (Keras3ModelError, import_keras_tuner().errors.FatalError), {})
+    # search. Raised as both, the refusal ends it and is still caught as a TunerKerasError.
+    fatal = type("TunerKerasError", (TunerKerasError, kt.errors.FatalError), {})
+    driven = tuner_keras()
     checked = False
 
     def build(hp: Any) -> Any:
         nonlocal checked
         model = build_model(hp)
         if not checked:
-            try:
-                require_keras2(model, where)
-            except Keras3ModelError as exc:
-                raise fatal(str(exc)) from None
+            built = keras_of(model, where)
+            if built is not driven:
+                kind = "a Keras 3" if built.value == "keras3" else "a tf_keras (Keras 2)"
+                raise fatal(f"{where} returned {kind} model ({type(model).__module__}.{type(model).__qualname__}), "
+                            f"but {_HOW[built.value]}")
             checked = True
         return model
 
@@ -117,13 +147,13 @@ def make_tuner(config: SearchConfig, build_model: Callable[..., Any], *, strateg
     """Keras Tuner's tuner of ``config.algorithm`` over ``OUT/oracle``, reloading what is there.
 
     Raises:
-        tensorfleet.compat.keras.Keras3ModelError: ``build_model`` returns a Keras 3 model.
+        TunerKerasError: ``build_model`` returns models of the Keras Keras Tuner does not drive here.
     """
     from tensorfleet.compat.keras_tuner import import_keras_tuner
 
     kt = import_keras_tuner()
-    common = {"hypermodel": keras2_hypermodel(build_model, f"build_model of {Path(config.script).name}"), "objective": _objective(config), "directory": config.out,
-              "project_name": PROJECT, "overwrite": False, "distribution_strategy": strategy, "seed": config.seed}
+    common = {"hypermodel": checked_hypermodel(build_model, f"build_model of {Path(config.script).name}"),
+              "objective": _objective(config), "directory": config.out, "project_name": PROJECT, "overwrite": False, "distribution_strategy": strategy, "seed": config.seed}
     if config.algorithm is SearchAlgorithm.HYPERBAND:
         tuner = kt.Hyperband(max_epochs=config.epochs, **common)
         tuner.oracle.max_trials = config.max_trials  # Keras Tuner's own cap on created trials
@@ -151,12 +181,12 @@ def _save_atomically(tuner: Any) -> None:
 
 
 def _objective_check(name: str) -> Any:
-
-    from tensorfleet.compat.keras_tuner import import_keras_tuner
+    from tensorfleet.compat.keras import keras_module
+    from tensorfleet.compat.keras_tuner import import_keras_tuner, tuner_keras
 
     kt = import_keras_tuner()
 
-    class ObjectiveCheck(keras2().callbacks.Callback):
+    class ObjectiveCheck(keras_module(tuner_keras()).callbacks.Callback):  # a callback of the Keras that trains
         """Ends the search after the first epoch when the model does not report the objective; says
         when each epoch begins (a line the supervisor keeps, shown with --verbose)."""
 
@@ -220,7 +250,6 @@ def main(argv: list[str] | None = None) -> int:
     config = SearchConfig(**json.loads(given)) if given else SearchConfig.load(Path(argv[0]))
     if given and chief:
         config.save()
-    from tensorfleet.compat.keras import Keras3ModelError
     from tensorfleet.compat.keras_tuner import import_keras_tuner
 
     kt = import_keras_tuner()  # before the user's script, which may import keras_tuner itself
@@ -239,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             run_chief(config, script["build_model"])
         else:
             run_worker(config, script, tuner_id)
-    except Keras3ModelError as exc:
-        print(f"{KERAS3_MARK} {exc}", flush=True)
+    except TunerKerasError as exc:
+        print(f"{KERAS_MARK} {exc}", flush=True)
         return EXIT_USER_ERROR
     except (TuneScriptError, kt.errors.FatalError) as exc:
         print(f"{ERROR_MARK} {exc}", flush=True)

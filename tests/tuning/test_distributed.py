@@ -104,38 +104,63 @@ def test_an_objective_the_model_does_not_report_ends_the_search_naming_what_it_r
 KERAS3_SCRIPT = """\
 import keras
 
+from tensorfleet.models.datasets import load_digits
+
 
 def build_model(hp):
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hp.Choice("units", [8, 32])),
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hp.Choice("units", [8, 32]), activation="relu"),
                               keras.layers.Dense(10)])
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(optimizer=keras.optimizers.Adam(hp.Choice("learning_rate", [1e-3, 1e-2])),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 
 
 def data():
-    raise AssertionError("the search must stop before it asks for data")
+    split = load_digits(flat=True)
+    return split.x_train, split.y_train, split.x_test, split.y_test
 """
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_script_that_builds_keras_3_models_is_refused_with_one_error_naming_it(tmp_path, capsys):
-    keras = pytest.importorskip("keras", reason="Keras 3 is not installed (the tff track has Keras 2.14)")
-    if not keras.__version__.startswith("3."):
-        pytest.skip(f"keras {keras.__version__} is Keras 2 (the tff track): no Keras 3 model to refuse")
-    from tensorfleet.compat.keras import Keras3ModelError
+@pytest.mark.timeout(240)
+def test_a_keras_3_search_runs_on_two_workers_in_a_users_process(tmp_path, keras3, digits_flat, monkeypatch):
+    from tensorfleet.compat.keras import load_model
 
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS")  # the searches' processes are a user's: Keras Tuner drives Keras 3
     script = tmp_path / "keras3_search.py"
     script.write_text(KERAS3_SCRIPT)
-    with pytest.raises(Keras3ModelError, match=r"^build_model of keras3_search\.py runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
-                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. tensorfleet runs "
-                                               r"Keras 2 models"):
+    lines: list[str] = []
+    result = search(script, out=tmp_path / "out", workers=2, max_trials=3, **{**FAST, "log": lines.append})
+    assert lines[0].endswith(", models in Keras 3")
+    assert result.completed == 3, lines
+    for i in (0, 1):
+        assert f"[tuner:{i}] tuner{i} trains each trial under one_device over 1 replica(s)" in lines
+    trials = _oracle_trials(tmp_path / "out")
+    assert [t["status"] for t in trials.values()] == ["COMPLETED"] * 3
+    assert result.best.score == max(t["score"] for t in trials.values())
+    model = load_model(result.best_model)  # written by Keras 3, read by Keras 3
+    assert isinstance(model, keras3.Model)
+    _, accuracy = model.evaluate(digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
+    assert accuracy == pytest.approx(result.best.score, abs=1e-7)
+    assert model.layers[0].units == result.best.hyperparameters["units"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_keras_3_script_in_a_tf_keras_search_is_refused_with_one_error_naming_the_fix(tmp_path, keras3, capsys):
+    from tensorfleet.tuning.task import TunerKerasError
+
+    script = tmp_path / "keras3_search.py"  # this process set TF_USE_LEGACY_KERAS=1: so do the search's processes
+    script.write_text(KERAS3_SCRIPT.replace("def data():", "def data():\n    raise AssertionError('no data')\n"))
+    expected = ("error: build_model of keras3_search.py returned a Keras 3 model (keras.src.models.sequential.Sequential), "
+                "but Keras Tuner drives tf_keras (Keras 2) in this search, because TF_USE_LEGACY_KERAS=1 is set in its "
+                "environment. Start the search without TF_USE_LEGACY_KERAS (Keras Tuner then drives Keras 3, its own "
+                "choice), or build the model with tf_keras (`import tf_keras as keras`).")
+    with pytest.raises(TunerKerasError) as raised:
         search(script, out=tmp_path / "out", workers=1, max_trials=2, **FAST)
+    assert f"error: {raised.value}" == expected
     assert main(["tune", str(script), "--out", str(tmp_path / "cli"), "--workers", "1", "--max-trials", "2"]) == 2
-    error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and error[0].startswith(
-        "error: build_model of keras3_search.py runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model (keras.src.models.sequential.Sequential)."), \
-        error
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
 
 
 def test_the_command_refuses_an_unknown_algorithm_in_one_line(tmp_path, capsys):

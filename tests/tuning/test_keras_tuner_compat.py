@@ -1,4 +1,5 @@
-"""Keras Tuner on tf_keras beside Keras 3 (tensorfleet.compat.keras_tuner), and the refusal of Keras 3 models."""
+"""Keras Tuner's Keras (tensorfleet.compat.keras_tuner): Keras 3, its own choice, in a user's process; tf_keras where
+the process set TF_USE_LEGACY_KERAS=1 (as this suite's does); a hypermodel of the other Keras refused naming the fix."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorfleet.compat.keras import Keras3ModelError
+from tensorfleet.tuning.task import TunerKerasError
 
 
 def _keras3() -> object:
@@ -21,11 +22,14 @@ def _keras3() -> object:
     return keras
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
-    """``code`` in a new interpreter (Keras Tuner chooses its Keras once per process), as a user runs it."""
+def _run(code: str, *, legacy: bool = False) -> subprocess.CompletedProcess:
+    """``code`` in a new interpreter (Keras Tuner chooses its Keras once per process), as a user runs it: with
+    ``TF_USE_LEGACY_KERAS=1`` when ``legacy`` (a tf_keras user's choice), else without it."""
     env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "KERASTUNER_TUNER_ID",
                                                                "KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if legacy:
+        env["TF_USE_LEGACY_KERAS"] = "1"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -52,32 +56,37 @@ def test_keras_tuner_searches_tf_keras_models_with_keras_3_installed(tmp_path):
     assert isinstance(tuner.get_best_models(1)[0], tf.keras.Model)  # tf_keras here, Keras 2.14 on the tff track
 
 
-def test_a_user_import_after_tensorfleet_takes_tf_keras_models():
+def test_keras_tuner_drives_keras_3_in_a_users_process_and_tf_keras_where_the_user_chose_it():
     _keras3()
-    done = _run("import tensorfleet\n"
-                "from tensorfleet.compat.keras_tuner import drives_keras2, prefer_keras2\n"
-                "assert prefer_keras2()\n"
-                "import keras_tuner as kt, tensorflow as tf\n"
-                "print(drives_keras2(), tf.keras.Model.__module__)")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["True", "tf_keras.src.engine.training"]
+    probe = ("import tensorfleet\n"
+             "from tensorfleet.compat.keras_tuner import prefer_keras2, search_keras, tuner_keras\n"
+             "before = search_keras().value\n"
+             "chose = prefer_keras2()\n"
+             "import keras_tuner, tensorflow as tf\n"
+             "print(before, chose, tuner_keras().value, tf.keras.Model.__module__)")
+    user = _run(probe)  # import tensorfleet changes nothing: Keras Tuner takes Keras 3, as it does alone
+    assert user.returncode == 0, user.stderr[-3000:]
+    assert user.stdout.split() == ["keras3", "False", "keras3", "keras.src.models.model"]
+    legacy = _run(probe, legacy=True)
+    assert legacy.returncode == 0, legacy.stderr[-3000:]
+    assert legacy.stdout.split() == ["keras2", "True", "keras2", "tf_keras.src.engine.training"]
 
 
-def test_keras_tuner_imported_before_tensorfleet_is_refused_naming_the_order():
+def test_keras_tuner_imported_first_in_a_tf_keras_process_is_refused_naming_the_order():
     _keras3()
     done = _run("import keras_tuner\n"
-                "import tensorfleet\n"
                 "from tensorfleet.compat.keras_tuner import KerasTunerBackendError, drives_keras2, import_keras_tuner\n"
                 "import_keras_tuner(models=False)  # an oracle alone takes either Keras\n"
                 "try:\n"
                 "    import_keras_tuner()\n"
                 "except KerasTunerBackendError as exc:\n"
-                "    print(drives_keras2(), exc)")
+                "    print(drives_keras2(), exc)", legacy=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == (
-        "False Keras Tuner was imported before tensorfleet and chose Keras 3 (it does whenever the `keras` package "
-        "is Keras 3), so it would refuse the tf_keras models tensorfleet trains. Import tensorfleet before "
-        "keras_tuner, or run the search in a new process.")
+        "False Keras Tuner was imported before tensorfleet.compat.keras_tuner.import_keras_tuner() and chose Keras 3 "
+        "(it does whenever the `keras` package is Keras 3), so it would refuse the tf_keras models this process chose "
+        "with TF_USE_LEGACY_KERAS=1. Call import_keras_tuner() before `import keras_tuner`, run the search in a new "
+        "process, or unset TF_USE_LEGACY_KERAS and build Keras 3 models (`import keras`).")
 
 
 def _search_config(tmp_path):
@@ -88,7 +97,7 @@ def _search_config(tmp_path):
     return SearchConfig(script=str(script), out=str(tmp_path / "out"), workers=1, max_trials=2)
 
 
-def test_a_hypermodel_that_builds_a_keras_3_model_is_refused_as_the_tuner_is_made(tmp_path, monkeypatch):
+def test_a_keras_3_hypermodel_in_a_tf_keras_process_is_refused_naming_the_fix(tmp_path, monkeypatch):
     keras = _keras3()
     from tensorfleet.tuning.task import make_tuner
 
@@ -100,15 +109,60 @@ def test_a_hypermodel_that_builds_a_keras_3_model_is_refused_as_the_tuner_is_mad
         model.compile(optimizer="sgd", loss="mse")
         return model
 
-    with pytest.raises(Keras3ModelError, match=r"^build_model of search\.py runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
-                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. tensorfleet runs "
-                                               r"Keras 2 models"):
+    with pytest.raises(TunerKerasError, match=r"^build_model of search\.py returned a Keras 3 model "
+                       r"\(keras\.src\.models\.sequential\.Sequential\), but Keras Tuner drives tf_keras \(Keras 2\) in "
+                       r"this search, because TF_USE_LEGACY_KERAS=1 is set in its environment\. Start the search "
+                       r"without TF_USE_LEGACY_KERAS \(Keras Tuner then drives Keras 3, its own choice\), or build the "
+                       r"model with tf_keras \(`import tf_keras as keras`\)\.$"):
         make_tuner(_search_config(tmp_path), build_model)
+
+
+USER_TUNER = """\
+import json, sys
+import keras, tf_keras
+from tensorfleet.tuning.config import SearchConfig
+from tensorfleet.tuning.task import TunerKerasError, make_tuner
+
+def build(module):
+    def build_model(hp):
+        model = module.Sequential([module.Input((4,)), module.layers.Dense(hp.Choice("units", [2, 3]))])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+    return build_model
+
+config = SearchConfig(**json.loads(sys.argv[1]))
+tuner = make_tuner(config, build(keras))
+print(type(tuner.hypermodel.build(tuner.oracle.get_space())).__module__)
+try:
+    make_tuner(SearchConfig(**{**json.loads(sys.argv[1]), "out": config.out + "2"}), build(tf_keras))
+except TunerKerasError as exc:
+    print(exc)
+"""
+
+
+def test_a_keras_3_hypermodel_is_keras_tuners_own_case_in_a_users_process(tmp_path):
+    _keras3()
+    import json
+
+    config = _search_config(tmp_path)
+    given = {"script": config.script, "out": config.out, "workers": 1, "max_trials": 2}
+    done = subprocess.run([sys.executable, "-c", USER_TUNER, json.dumps(given)],
+                          env={k: v for k, v in os.environ.items() if not k.startswith(("TF_USE_LEGACY", "KERASTUNER"))}
+                          | {"TF_CPP_MIN_LOG_LEVEL": "3"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accepted, refused = done.stdout.strip().splitlines()
+    assert accepted == "keras.src.models.sequential"
+    assert refused == (
+        "build_model of search.py returned a tf_keras (Keras 2) model (tf_keras.src.engine.sequential.Sequential), "
+        "but Keras Tuner drives Keras 3 in this search (it does whenever Keras 3 is installed, "
+        "keras-team/keras-tuner#1039). Build the model with `import keras` (Keras 3), or start the search with "
+        "TF_USE_LEGACY_KERAS=1 in its environment (`TF_USE_LEGACY_KERAS=1 tensorfleet tune ...`), which makes "
+        "tf.keras tf_keras and Keras Tuner drive it.")
 
 
 def test_a_hypermodel_is_checked_at_its_first_build_only(tmp_path, monkeypatch):
     from tensorfleet.compat.keras_tuner import import_keras_tuner
-    from tensorfleet.tuning.task import keras2_hypermodel
+    from tensorfleet.tuning.task import checked_hypermodel
 
     built = []
 
@@ -116,10 +170,10 @@ def test_a_hypermodel_is_checked_at_its_first_build_only(tmp_path, monkeypatch):
         built.append(hp)
         return _tf_keras_build(hp) if len(built) == 1 else "not a model"
 
-    build = keras2_hypermodel(build_model, "probe")
+    build = checked_hypermodel(build_model, "probe")
     hp = import_keras_tuner().HyperParameters()
     assert isinstance(build(hp), tf.keras.Model)
     assert build(hp) == "not a model"  # later builds are Keras Tuner's to check, as it does
     with pytest.raises(TypeError, match=r"^probe takes a Keras model \(Keras 3 or tf_keras\)\. "
                                         r"Received: model of type str$"):
-        keras2_hypermodel(lambda hp: "not a model", "probe")(hp)
+        checked_hypermodel(lambda hp: "not a model", "probe")(hp)
