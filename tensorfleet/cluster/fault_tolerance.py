@@ -17,6 +17,15 @@ A restarted job that runs the same script resumes from the last backup: with op
 determinism on, fixed seeds and an input pipeline that yields the same batches for an epoch
 whenever it starts, the resumed run ends with the weights of an uninterrupted one.
 
+The callbacks are those of the model's Keras: ``callbacks(keras=model)`` (or ``keras="keras3"``;
+by default the Keras ``tf.keras`` is in this process). A Keras 3 model gets a subclass of
+``keras.callbacks.BackupAndRestore`` made for several workers
+(:func:`tensorfleet.compat.keras3.backup_and_restore`: Keras 3's own has every worker write the
+one shared file) and Keras 3 classes of the callbacks below; it backs up per epoch only, since
+Keras 3 restores the epoch but not the step within it. Each class exists once per Keras, made on
+first use (:func:`callback_class`); the names of this module (``EpochLog`` ...) are those of the
+process's Keras.
+
 Example:
     >>> from tensorfleet.cluster import fault_tolerance
     >>> cbs = fault_tolerance.callbacks(best_model="out/best.keras")  # doctest: +SKIP
@@ -25,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -37,12 +47,14 @@ from typing import Any, Mapping
 
 
 from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_STOP_AFTER_EPOCH, STOPPED_STATUS
+from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.io import write_bytes, write_json
 from tensorfleet.validation import positive_int
-from tensorfleet.compat.keras import keras2
 
-__all__ = ["BackupCleanup", "BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch", "backup_dir", "callbacks",
-           "resumed_epoch"]
+# The callback classes of the process's Keras, made on first use by the module's __getattr__.
+_CALLBACK_NAMES = ("BackupCleanup", "BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch")
+
+__all__ = [*_CALLBACK_NAMES, "backup_dir", "callback_class", "callbacks", "resumed_epoch"]
 
 _PREFIX = "tensorfleet:"
 
@@ -83,7 +95,7 @@ def _default_backup(base: str | os.PathLike[str] | None, environ: Mapping[str, s
     return base is None and not env.get(ENV_BACKUP_DIR)
 
 
-class BackupCleanup(keras2().callbacks.Callback):
+class _BackupCleanup:
     """Removes the backup directory tensorfleet chose, once ``fit`` has ended successfully.
 
     ``BackupAndRestore`` deletes its files when ``fit`` ends but leaves the directory; a run
@@ -103,7 +115,9 @@ class BackupCleanup(keras2().callbacks.Callback):
         for path in (self.directory, self.directory.parent):
             try:
                 path.rmdir()
-            except OSError:  # not empty (another worker's, or not ours), or already gone
+            except FileNotFoundError:  # already gone
+                continue
+            except OSError:  # not empty (another worker's, or not ours)
                 return
 
 
@@ -112,7 +126,7 @@ def _should_write(model: Any) -> bool:
     return bool(strategy is None or strategy.extended.should_checkpoint)
 
 
-class EpochLog(keras2().callbacks.Callback):
+class _EpochLog:
     """Prints ``tensorfleet: epoch E/N begin|end ...`` lines and where a run resumed.
 
     The lines are for people and for the launcher's ``faults``/``stop_when`` patterns. It has
@@ -146,14 +160,14 @@ class EpochLog(keras2().callbacks.Callback):
         self._print(f"epoch {epoch + 1}/{self._epochs} end {values}".rstrip())
 
 
-class StepLog(EpochLog):
+class _StepLog(_EpochLog):
     """:class:`EpochLog` plus ``tensorfleet: epoch E step S`` after every training step."""
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._print(f"epoch {self._epoch} step {batch + 1}")
 
 
-class BestModelCheckpoint(keras2().callbacks.Callback):
+class _BestModelCheckpoint:
     """Keeps the best model so far (``.keras`` file), written atomically by the chief.
 
     Every worker saves (saving may read synchronised variables, which is a collective in
@@ -210,7 +224,7 @@ class BestModelCheckpoint(keras2().callbacks.Callback):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-class StopAfterEpoch(keras2().callbacks.Callback):
+class _StopAfterEpoch:
     """Ends the process right after epoch ``epoch`` was backed up, as a preempted job would.
 
     The process exits with :data:`~tensorfleet.cluster.contract.STOPPED_STATUS` (75, the
@@ -230,6 +244,66 @@ class StopAfterEpoch(keras2().callbacks.Callback):
             os._exit(STOPPED_STATUS)
 
 
+_BEHAVIOURS: dict[str, type] = {"BackupCleanup": _BackupCleanup, "BestModelCheckpoint": _BestModelCheckpoint,
+                                 "EpochLog": _EpochLog, "StepLog": _StepLog, "StopAfterEpoch": _StopAfterEpoch}
+
+
+def _which_keras(keras: Keras | str | Any) -> Keras:
+    """``keras`` as a :class:`Keras`: a name (:func:`~tensorfleet.compat.keras.as_keras`), or a Keras object's own."""
+    if keras is None or isinstance(keras, (Keras, str)):
+        return as_keras(keras)
+    return keras_of(keras, "fault_tolerance.callbacks")
+
+
+@functools.cache
+def _callback_class(name: str, which: Keras) -> type:
+    behaviour = _BEHAVIOURS[name]
+    # StepLog is an EpochLog of the same Keras, as it was when there was one Keras.
+    base = _callback_class("EpochLog", which) if name == "StepLog" else keras_module(which).callbacks.Callback
+    return type(name, (behaviour, base), {"__module__": __name__, "__doc__": behaviour.__doc__,
+                                          "__qualname__": name, "keras": which})
+
+
+def callback_class(name: str, keras: Keras | str | Any = None) -> type:
+    """The callback class ``name`` of this module for one Keras, made on its first use.
+
+    Args:
+        name: ``"BackupCleanup"``, ``"BestModelCheckpoint"``, ``"EpochLog"``, ``"StepLog"`` or ``"StopAfterEpoch"``.
+        keras: ``"keras3"``, ``"keras2"``, a Keras model (its Keras), or None for the Keras ``tf.keras`` is here.
+
+    Raises:
+        ValueError: an unknown ``name`` or Keras name (the message lists the accepted ones).
+        TypeError: ``keras`` is an object of no Keras.
+
+    Example:
+        >>> callback_class("EpochLog", "keras3").__mro__[2].__module__
+        'keras.src.callbacks.callback'
+    """
+    if name not in _BEHAVIOURS:
+        raise ValueError(f"name must be one of {sorted(_BEHAVIOURS)}. Received: name={name!r}")
+    return _callback_class(name, _which_keras(keras))
+
+
+def __getattr__(name: str) -> type:
+    # EpochLog, StepLog, ... are the classes of this process's Keras, made when first asked for, so that
+    # importing this module imports neither Keras.
+    if name in _BEHAVIOURS:
+        return _callback_class(name, as_keras(None))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _backup_and_restore(which: Keras, directory: Path, save_freq: str | int) -> Any:
+    if which is Keras.KERAS2:
+        return keras_module(which).callbacks.BackupAndRestore(str(directory), save_freq=save_freq)
+    if save_freq != "epoch":
+        raise ValueError("save_freq must be 'epoch' for a Keras 3 model: Keras 3's BackupAndRestore restores the "
+                         "epoch a backup was made in but not the step, so a resumed run would repeat that epoch's "
+                         f"first steps on weights that already learned from them. Received: save_freq={save_freq!r}")
+    from tensorfleet.compat.keras3 import backup_and_restore
+
+    return backup_and_restore(str(directory), save_freq=save_freq)
+
+
 def callbacks(
     backup: str | os.PathLike[str] | None = None,
     *,
@@ -239,6 +313,7 @@ def callbacks(
     mode: str = "min",
     log: bool = True,
     log_steps: bool = False,
+    keras: Keras | str | Any = None,
 ) -> list[Any]:
     """The fault-tolerance callbacks for ``model.fit``, in the order they must run.
 
@@ -250,6 +325,9 @@ def callbacks(
         mode: ``"min"`` or ``"max"`` for ``monitor``.
         log: add :class:`EpochLog` (last, so a line saying an epoch ended comes after its backup).
         log_steps: log with :class:`StepLog` (a line per step too) instead of :class:`EpochLog`.
+        keras: the Keras whose callbacks these are: the model that will ``fit`` (its Keras), ``"keras3"`` or
+            ``"keras2"``; None for the Keras ``tf.keras`` is in this process. A Keras 3 model's
+            ``save_freq`` must be ``"epoch"``.
 
     Returns:
         ``[BackupAndRestore, BackupCleanup?, BestModelCheckpoint?, EpochLog?, StopAfterEpoch?]``;
@@ -262,19 +340,20 @@ def callbacks(
     """
     if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
         raise ValueError(f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}")
+    which = _which_keras(keras)
     directory = backup_dir(backup)
-    result: list[Any] = [keras2().callbacks.BackupAndRestore(str(directory), save_freq=save_freq)]
+    result: list[Any] = [_backup_and_restore(which, directory, save_freq)]
     if _default_backup(backup):
-        result.append(BackupCleanup(directory))
+        result.append(_callback_class("BackupCleanup", which)(directory))
     if best_model is not None:
-        result.append(BestModelCheckpoint(best_model, monitor=monitor, mode=mode))
+        result.append(_callback_class("BestModelCheckpoint", which)(best_model, monitor=monitor, mode=mode))
     if log:
-        result.append(StepLog() if log_steps else EpochLog())
+        result.append(_callback_class("StepLog" if log_steps else "EpochLog", which)())
     stop_after = os.environ.get(ENV_STOP_AFTER_EPOCH, "").strip()
     if stop_after:
         if not stop_after.isdigit():
             raise ValueError(f"{ENV_STOP_AFTER_EPOCH} must be a positive integer. Received: {stop_after!r}")
-        result.append(StopAfterEpoch(int(stop_after)))
+        result.append(_callback_class("StopAfterEpoch", which)(int(stop_after)))
     return result
 
 

@@ -5,6 +5,8 @@ tensorflow-federated, mesh-tensorflow, dp-accounting or the profiler, and every 
 version of them is installed, lives in a module here, one per library:
 
 - ``keras``: tf_keras (the Keras 2 API) as ``tf.keras``, refusing Keras 3 models, tf_keras internals.
+- ``keras3``: Keras 3's TensorFlow trainer mended for multi-worker mirrored ``fit``, its ``BackupAndRestore``
+  for several workers.
 - ``distribute``: ``tf.distribute`` internals (the cluster coordinator's queue, collective keys).
 - ``mesh_tf``: importing mesh-tensorflow on today's TensorFlow.
 - ``keras_tuner``: Keras Tuner on tf_keras, and its oracle's internals.
@@ -22,7 +24,7 @@ from __future__ import annotations
 from tensorfleet.lazy import attach
 
 __getattr__, _SUBMODULES = attach(__name__, modules=(
-    "keras", "distribute", "mesh_tf", "keras_tuner", "tff", "dp", "profiler", "litert",
+    "keras", "keras3", "distribute", "mesh_tf", "keras_tuner", "tff", "dp", "profiler", "litert",
 ))
 
 __all__ = list(_SUBMODULES)

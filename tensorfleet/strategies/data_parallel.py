@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any, Sequence
 
 from tensorfleet.compat import distribute as tf_internals
+from tensorfleet.compat import keras3 as keras3_mends
 from tensorfleet.strategies.devices import local_devices
 from tensorfleet.strategies.registry import Availability, register
 from tensorfleet.strategies.servers import start_server
@@ -195,6 +196,11 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
                           tf_config: str | dict[str, Any] | None = None) -> Any:
     """``MultiWorkerMirroredStrategy``: synchronous replicas across the workers of TF_CONFIG.
 
+    A Keras 3 model's ``fit``, ``evaluate`` and ``predict`` work under it: Keras 3's own fail there
+    (keras-team/keras#20585), so building this strategy in a process that uses Keras 3 installs
+    :func:`tensorfleet.compat.keras3.mend_multi_worker_fit` (Keras 3.15; another version is left as it is,
+    with a warning).
+
     Args:
         implementation: collective implementation, ``"auto"``, ``"ring"`` or ``"nccl"``.
         timeout_seconds: fail a collective that waits longer (a lost peer) instead of
@@ -230,7 +236,11 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         CollectiveImplementation.NCCL: tf.distribute.experimental.CommunicationImplementation.NCCL,
     }[kind]
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl, timeout_seconds=timeout_seconds)
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+    # Keras 3's own fit fails under this strategy (keras-team/keras#20585); a Keras 3 user's fit runs once
+    # its trainer is mended. A process that uses tf_keras only is left as it is.
+    keras3_mends.mend_multi_worker_fit()
+    return strategy
 
 
 def _cluster_resolver(cluster: ClusterSpec, task: Task | None, rpc_layer: str | None = None) -> Any:

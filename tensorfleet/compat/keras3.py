@@ -1,0 +1,256 @@
+"""Keras 3's TensorFlow trainer under ``MultiWorkerMirroredStrategy``: the mends tensorfleet installs.
+
+Keras 3's ``fit`` fails in every worker of a multi-worker mirrored job (keras-team/keras#20585, open
+at Keras 3.15.1). Two places of ``keras/src/backend/tensorflow/trainer.py`` break, found by mending one
+at a time in a launched 2-worker job:
+
+1. ``TensorFlowTrainer._maybe_symbolic_build`` builds the model from a sample batch that it takes with
+   ``strategy.reduce("MEAN", batch, axis=None)`` in eager mode; under the collective strategy that
+   tries to turn a ``PerReplica`` into a tensor ("... PerReplica ... to a Tensor"). Building needs the
+   shapes of one replica's batch only, so the mend takes ``strategy.experimental_local_results(v)[0]``.
+2. ``reduce_per_replica`` reduces a step's logs with ``strategy.reduce("MEAN", v, axis=0)`` when the
+   strategy is multi-worker: "Invalid reduction dimension 0 for input with 0 dimensions" for the scalar
+   loss and metrics. One worker's path (``tf.reduce_mean`` of the stacked replica values, axis 0 of
+   the stack) is the element-wise mean over replicas, which is ``strategy.reduce("MEAN", v,
+   axis=None)`` across workers: the mend reduces every ``"mean"``/``"auto"`` value that way.
+
+Checked on Keras 3.15.1 (TensorFlow 2.21): with both mends ``fit`` (with ``validation_data``),
+``evaluate`` and ``predict`` (whose ``"concat"`` reduction, ``_multi_worker_concat``, works as it is)
+run in 2 launched workers, which end with equal weights, equal to one process on the same global batch
+within float32 tolerance. :func:`mend_multi_worker_fit` installs the mends (idempotent) and
+:func:`restore_multi_worker_fit` takes them out; tensorfleet installs them when it builds a
+``multi_worker_mirrored`` strategy, never at import. On a Keras 3 version not checked here nothing is
+changed and a warning says so.
+
+Keras 3's ``BackupAndRestore`` is not made for several workers either: every worker writes
+``latest.weights.h5`` into the one shared directory at once, deletes it at the end while another may
+still write, and a kill between its two files leaves weights of one epoch beside the epoch count of
+another. :func:`backup_and_restore` returns a subclass that writes only the chief's backup (the other
+workers save to a scratch directory, since saving reads sync-on-read metric variables, a collective),
+each file atomically, the metadata naming the weights file it belongs to.
+
+Example:
+    >>> from tensorfleet.compat import keras3
+    >>> keras3.CHECKED_VERSIONS
+    ('3.15',)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Callable
+
+__all__ = ["CHECKED_VERSIONS", "backup_and_restore", "mend_multi_worker_fit", "multi_worker_fit_mended",
+           "restore_multi_worker_fit"]
+
+log = logging.getLogger(__name__)
+
+CHECKED_VERSIONS = ("3.15",)
+"""Keras 3 releases (major.minor) whose TensorFlow trainer the mends were checked against."""
+
+UPSTREAM_ISSUE = "keras-team/keras#20585"
+
+_originals: dict[str, Any] = {}
+"""What the mends replaced (``"_maybe_symbolic_build"``, ``"reduce_per_replica"``), while installed."""
+
+
+def _trainer_module() -> Any:
+    from keras.src.backend.tensorflow import trainer
+
+    return trainer
+
+
+def _keras3_in_use() -> Any:
+    """The ``keras`` package when it is Keras 3 on the TensorFlow backend and this process uses it (imported,
+    or what ``tf.keras`` is); else None. A tf_keras user's process never imports Keras 3 because of this."""
+    from tensorfleet.compat.keras import Keras, _keras_major, user_keras
+
+    if _keras_major("keras") < 3:
+        return None
+    if "keras" not in sys.modules and user_keras() is not Keras.KERAS3:
+        return None
+    try:
+        import keras
+    except ImportError:
+        return None
+    if keras.backend.backend() != "tensorflow":
+        log.info("Keras %s runs on the %s backend, not TensorFlow's: no multi-worker mends apply.",
+                 keras.__version__, keras.backend.backend())
+        return None
+    return keras
+
+
+def _collective_multi_worker(strategy: Any) -> bool:
+    return bool(strategy is not None and _trainer_module()._collective_all_reduce_multi_worker(strategy))
+
+
+def _mended_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
+        strategy = self._distribute_strategy
+        if iterator is None or not _collective_multi_worker(strategy):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        from keras import tree
+
+        for _, _, epoch_iterator in iterator:
+            # One replica's batch has every shape building needs; reducing the batch over the replicas
+            # is what fails (upstream keras-team/keras#20585).
+            data_batch = tree.map_structure(
+                lambda value: None if value is None else strategy.experimental_local_results(value)[0],
+                next(epoch_iterator))
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    _maybe_symbolic_build.tensorfleet_mend = True  # type: ignore[attr-defined]
+    return _maybe_symbolic_build
+
+
+def _mended_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+        if reduction not in ("auto", "mean") or not _collective_multi_worker(strategy):
+            return original(values, strategy, reduction)
+        from keras import tree
+
+        # Element-wise mean over the replicas of every worker, as one worker's path computes it
+        # (axis=0 fails on the scalar logs: upstream keras-team/keras#20585).
+        return tree.map_structure(lambda value: strategy.reduce("MEAN", value, axis=None), values)
+
+    reduce_per_replica.tensorfleet_mend = True  # type: ignore[attr-defined]
+    return reduce_per_replica
+
+
+def multi_worker_fit_mended() -> bool:
+    """Whether :func:`mend_multi_worker_fit`'s mends are installed in this process."""
+    return bool(_originals)
+
+
+def mend_multi_worker_fit() -> bool:
+    """Mends Keras 3's TensorFlow trainer for ``MultiWorkerMirroredStrategy`` (upstream keras-team/keras#20585).
+
+    Idempotent: a second call changes nothing. Nothing is done (and False returned) when this process does not
+    use Keras 3 on the TensorFlow backend (Keras 3 is neither imported nor what ``tf.keras`` is), or when its
+    version is not one of :data:`CHECKED_VERSIONS` (a warning names the version, the issue and what to do).
+
+    Returns:
+        True when the mends are installed (now or before).
+    """
+    if _originals:
+        return True
+    keras = _keras3_in_use()
+    if keras is None:
+        return False
+    version = ".".join(keras.__version__.split(".")[:2])
+    if version not in CHECKED_VERSIONS:
+        log.warning("Keras %s is not a version tensorfleet checked its multi-worker fit mends on (%s): its "
+                    "TensorFlow trainer is left as it is. If fit fails under multi_worker_mirrored with "
+                    "'PerReplica ... to a Tensor' or 'Invalid reduction dimension 0', that is %s; use Keras %s.",
+                    keras.__version__, ", ".join(f"{v}.x" for v in CHECKED_VERSIONS), UPSTREAM_ISSUE,
+                    CHECKED_VERSIONS[-1])
+        return False
+    trainer = _trainer_module()
+    _originals["_maybe_symbolic_build"] = trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"]
+    _originals["reduce_per_replica"] = trainer.reduce_per_replica
+    trainer.TensorFlowTrainer._maybe_symbolic_build = _mended_symbolic_build(_originals["_maybe_symbolic_build"])
+    # Looked up as a global of the trainer module at every call, so replacing it there reaches fit,
+    # evaluate and predict.
+    trainer.reduce_per_replica = _mended_reduce_per_replica(_originals["reduce_per_replica"])
+    log.info("Mended Keras %s's TensorFlow trainer for MultiWorkerMirroredStrategy (%s).", keras.__version__,
+             UPSTREAM_ISSUE)
+    return True
+
+
+def restore_multi_worker_fit() -> None:
+    """Puts Keras 3's own trainer functions back (a no-op when :func:`mend_multi_worker_fit` installed nothing)."""
+    if not _originals:
+        return
+    trainer = _trainer_module()
+    trainer.TensorFlowTrainer._maybe_symbolic_build = _originals.pop("_maybe_symbolic_build")
+    trainer.reduce_per_replica = _originals.pop("reduce_per_replica")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BackupAndRestore for several workers
+
+
+def _is_chief(model: Any) -> bool:
+    strategy = getattr(model, "distribute_strategy", None)
+    return bool(strategy is None or strategy.extended.should_checkpoint)
+
+
+@functools.cache
+def _backup_class() -> type:
+    import keras
+
+    from tensorfleet.io import write_json
+
+    class BackupAndRestore(keras.callbacks.BackupAndRestore):
+        """Keras 3's ``BackupAndRestore`` for multi-worker jobs and kills: only the chief writes the shared
+        backup, each file atomically, and ``training_metadata.json`` names the weights file it goes with."""
+
+        def __init__(self, backup_dir: str, save_freq: str | int = "epoch") -> None:
+            super().__init__(backup_dir, save_freq=save_freq)
+            self._generation = 0
+
+        def _load_model(self) -> None:
+            if not os.path.exists(self._training_metadata_path):
+                return  # a fresh start (a weights file without its metadata is an unfinished save)
+            with open(self._training_metadata_path) as handle:
+                metadata = json.load(handle)
+            weights = os.path.join(self.backup_dir, metadata["weights"])
+            if self.model.optimizer is not None and not self.model.optimizer.built:
+                self.model.optimizer.build(self.model.trainable_variables)
+            self.model.load_weights(weights)
+            self.model._initial_epoch = int(metadata["epoch"])
+            self._generation = int(metadata.get("generation", 0))
+
+        def _save_model(self) -> None:
+            chief = _is_chief(self.model)
+            directory = self.backup_dir if chief else tempfile.mkdtemp(prefix="tensorfleet-backup-worker-")
+            try:
+                os.makedirs(directory, exist_ok=True)
+                self._generation += 1
+                name = f"backup-{self._generation}.weights.h5"
+                partial = os.path.join(directory, f"partial-{os.getpid()}.weights.h5")
+                # Every worker saves: reading a sync-on-read variable is a collective all of them join.
+                self.model.save_weights(partial, overwrite=True)
+                if not chief:
+                    return
+                os.replace(partial, os.path.join(directory, name))
+                previous = self._previous_weights()
+                write_json(self._training_metadata_path, {"epoch": self._current_epoch, "batch": self._last_batch_seen,
+                                                          "weights": name, "generation": self._generation})
+                for old in previous - {name}:
+                    os.remove(os.path.join(directory, old))
+            finally:
+                if not chief:
+                    shutil.rmtree(directory, ignore_errors=True)
+
+        def _previous_weights(self) -> set[str]:
+            return {entry for entry in os.listdir(self.backup_dir)
+                    if entry.startswith("backup-") and entry.endswith(".weights.h5")}
+
+        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+            # Only the chief wrote here, and the others may end before its last save. As Keras 2's does, this
+            # removes the backup's files, not the directory (which may be one the user named).
+            if not _is_chief(self.model) or not os.path.isdir(self.backup_dir):
+                return
+            for name in self._previous_weights() | {os.path.basename(self._training_metadata_path)}:
+                if os.path.exists(os.path.join(self.backup_dir, name)):
+                    os.remove(os.path.join(self.backup_dir, name))
+
+    BackupAndRestore.__module__ = __name__
+    return BackupAndRestore
+
+
+def backup_and_restore(backup_dir: str, *, save_freq: str | int = "epoch") -> Any:
+    """A Keras 3 ``keras.callbacks.BackupAndRestore`` (a subclass) that multi-worker jobs can share a directory
+    with, and a kill at any moment leaves a backup that restores (see the module's docstring)."""
+    return _backup_class()(backup_dir, save_freq=save_freq)

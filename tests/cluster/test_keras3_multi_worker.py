@@ -1,0 +1,258 @@
+"""Keras 3 under multi_worker_mirrored: the trainer mends (keras-team/keras#20585), a user's ``import keras``
+script launched on 2 workers, and fault tolerance with Keras 3's callbacks (a worker killed, the job resumed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorfleet.cluster import fault_tolerance as ft
+from tensorfleet.cluster.launcher import Fault, Recovery, TaskCommand, TaskOutput, Timeouts, launch
+from tensorfleet.compat import keras3 as mends
+from tests.conftest import user_env
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("keras3_mwms_job.py")
+TIMEOUT = 240
+
+
+# ---------------------------------------------------------------- the mends, in process
+
+
+@pytest.fixture
+def unmended(keras3: Any) -> Any:
+    """Keras 3's trainer as it ships, whatever an earlier test built; put back as it was found afterwards."""
+    was = mends.multi_worker_fit_mended()
+    mends.restore_multi_worker_fit()
+    yield keras3
+    mends.restore_multi_worker_fit()
+    if was:
+        mends.mend_multi_worker_fit()
+
+
+def test_mends_install_once_and_restore(unmended: Any) -> None:
+    from keras.src.backend.tensorflow import trainer
+
+    own = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
+    assert mends.mend_multi_worker_fit() is True
+    mended = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
+    assert all(getattr(f, "tensorfleet_mend", False) for f in mended)
+    assert mends.mend_multi_worker_fit() is True  # idempotent: nothing wrapped twice
+    assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == mended
+    mends.restore_multi_worker_fit()
+    assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == own
+    assert not mends.multi_worker_fit_mended()
+
+
+def test_a_version_not_checked_is_left_as_it_is_and_said(unmended: Any, monkeypatch, caplog) -> None:
+    from keras.src.backend.tensorflow import trainer
+
+    monkeypatch.setattr(mends, "CHECKED_VERSIONS", ("3.99",))
+    with caplog.at_level(logging.WARNING, logger=mends.__name__):
+        assert mends.mend_multi_worker_fit() is False
+    assert not getattr(trainer.reduce_per_replica, "tensorfleet_mend", False)
+    assert caplog.messages == [
+        f"Keras {unmended.__version__} is not a version tensorfleet checked its multi-worker fit mends on (3.99.x): "
+        "its TensorFlow trainer is left as it is. If fit fails under multi_worker_mirrored with 'PerReplica ... to a "
+        "Tensor' or 'Invalid reduction dimension 0', that is keras-team/keras#20585; use Keras 3.99."]
+
+
+def test_mended_reductions_leave_one_worker_strategies_to_keras(unmended: Any, logical_cpus: list[str]) -> None:
+    import tensorflow as tf
+
+    import tensorfleet as tfl
+    from keras.src.backend.tensorflow import trainer
+
+    mends.mend_multi_worker_fit()
+    strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
+    values = strategy.run(lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, "float32"))
+    assert float(trainer.reduce_per_replica({"loss": values}, strategy, "auto")["loss"]) == 0.5
+    assert trainer.reduce_per_replica(values, strategy, "concat").numpy().tolist() == [0.0, 1.0]
+
+
+SCRIPT = textwrap.dedent("""
+    import keras
+    import tensorfleet as tfl
+    from tensorfleet.compat import keras3
+    from keras.src.backend.tensorflow import trainer
+
+    def mended():
+        return bool(getattr(trainer.reduce_per_replica, "tensorfleet_mend", False))
+
+    seen = [mended()]
+    tfl.strategies.build("one_device")
+    seen.append(mended())
+    tfl.strategies.build("multi_worker_mirrored")
+    seen.append(mended())
+    keras3.restore_multi_worker_fit()
+    seen.append(mended())
+    print(seen)
+""")
+
+
+def test_only_building_a_multi_worker_strategy_mends_and_never_the_import() -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=user_env(TF_CONFIG=""), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[False, False, True, False]"
+
+
+# ---------------------------------------------------------------- Keras 3's callbacks, in process
+
+
+def test_callbacks_are_the_keras_of_the_model(keras3: Any, tmp_path: Path) -> None:
+    import tf_keras
+
+    model = keras3.Sequential([keras3.Input((2,)), keras3.layers.Dense(1)])
+    cbs = ft.callbacks(tmp_path / "b", best_model=tmp_path / "best.keras", log_steps=True, keras=model)
+    assert [type(c).__name__ for c in cbs] == ["BackupAndRestore", "BestModelCheckpoint", "StepLog"]
+    assert all(isinstance(c, keras3.callbacks.Callback) for c in cbs)
+    assert isinstance(cbs[0], keras3.callbacks.BackupAndRestore) and cbs[0].backup_dir == str(tmp_path / "b")
+    assert type(cbs[2]) is ft.callback_class("StepLog", "keras3")
+    assert isinstance(cbs[2], ft.callback_class("EpochLog", "keras3"))
+    assert [type(c) for c in ft.callbacks(tmp_path / "b", keras="keras3")] == [
+        type(cbs[0]), ft.callback_class("EpochLog", model)]
+    # The suite's process is a Keras 2 one: by default, and by name, the callbacks are tf_keras's.
+    assert all(isinstance(c, tf_keras.callbacks.Callback) for c in ft.callbacks(tmp_path / "b"))
+    assert type(ft.callbacks(tmp_path / "b", keras="tf_keras")[-1]) is ft.EpochLog
+
+
+def test_keras3_callbacks_refuse_what_they_cannot_do(keras3: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^save_freq must be 'epoch' for a Keras 3 model: Keras 3's BackupAndRestore "
+                                         r"restores the epoch .* Received: save_freq=5$"):
+        ft.callbacks(tmp_path, save_freq=5, keras="keras3")
+    with pytest.raises(TypeError, match=r"^fault_tolerance\.callbacks takes a Keras model \(Keras 3 or tf_keras\)\. "
+                                        r"Received: model of type object$"):
+        ft.callbacks(tmp_path, keras=object())
+    with pytest.raises(ValueError, match=r"^keras must be one of 'keras3', 'keras2' .* Received: keras='keras4'$"):
+        ft.callbacks(tmp_path, keras="keras4")
+    with pytest.raises(ValueError, match=r"^name must be one of \['BackupCleanup', .*\]\. Received: name='Log'$"):
+        ft.callback_class("Log", "keras3")
+
+
+def _keras3_fit(keras: Any, x: np.ndarray, y: np.ndarray, callbacks: list, epochs: int = 4) -> Any:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(x, y, batch_size=64, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    return model
+
+
+def test_keras3_backup_resumes_an_interrupted_fit_to_the_uninterrupted_weights(
+        keras3: Any, digits_flat: Any, tmp_path: Path, capsys) -> None:
+    x, y = digits_flat.x_train[:256], digits_flat.y_train[:256]
+    seen: list[list[str]] = []
+
+    class Interrupt(keras3.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if epoch == 2:
+                seen.append(sorted(os.listdir(tmp_path / "b")))
+                raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _keras3_fit(keras3, x, y, [*ft.callbacks(tmp_path / "b", keras="keras3"), Interrupt()])
+    # The metadata names the one weights file it was written with; the previous epoch's is gone.
+    assert seen == [["backup-2.weights.h5", "training_metadata.json"]]
+    assert json.loads((tmp_path / "b" / "training_metadata.json").read_text()) == {
+        "epoch": 2, "batch": 0, "weights": "backup-2.weights.h5", "generation": 2}
+    capsys.readouterr()
+    resumed = _keras3_fit(keras3, x, y, ft.callbacks(tmp_path / "b", keras="keras3"))
+    assert ft.resumed_epoch(capsys.readouterr().out.splitlines()) == 3
+    assert sorted(os.listdir(tmp_path / "b")) == []  # the files removed at the end; the named directory stays
+    clean = _keras3_fit(keras3, x, y, [])
+    for a, b in zip(clean.get_weights(), resumed.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- 2 launched workers
+
+
+def _launch_cli(out: Path) -> str:
+    """``tensorfleet launch --workers 2 JOB -- OUT`` in a user's environment (tf.keras is Keras 3); a launcher
+    still running at the bound is stopped with SIGTERM (which it passes to its tasks), then killed."""
+    command = [sys.executable, "-m", "tensorfleet.cli.main", "launch", "--workers", "2", "--timeout", str(TIMEOUT - 60),
+               str(JOB), "--", str(out)]
+    process = subprocess.Popen(command, cwd=ROOT, env=user_env(TF_CONFIG=""), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output = process.communicate(timeout=TIMEOUT)[0]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        raise
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("keras3-mwms")
+    _launch_cli(out)
+    done = subprocess.run([sys.executable, str(JOB), str(out), "--one-process"], cwd=ROOT, env=user_env(TF_CONFIG=""),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("worker0", "worker1", "one-process")}
+
+
+def _largest_difference(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(float(np.abs(np.asarray(u) - np.asarray(v)).max()) for u, v in zip(a, b))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT + 60)
+def test_two_launched_workers_fit_a_keras3_model_as_one_process_does(uninterrupted: dict[str, Any]) -> None:
+    first, second, one = uninterrupted["worker0"], uninterrupted["worker1"], uninterrupted["one-process"]
+    assert [first["task"], second["task"]] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
+    assert first["replicas"] == second["replicas"] == 2
+    assert first["iterations"] == second["iterations"] == one["iterations"] == 3 * 8
+    assert len(first["weights"]) == 4
+    assert _largest_difference(first["weights"], second["weights"]) == 0.0  # one all-reduced update for both
+    difference = _largest_difference(first["weights"], one["weights"])
+    print(f"largest weight difference, 2 workers vs one process: {difference}")
+    for a, b in zip(first["weights"], one["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for result in (first, second):
+        # Logged loss and metrics, evaluate and predict over the workers: what one process reports.
+        for name, values in one["history"].items():
+            np.testing.assert_allclose(result["history"][name], values, rtol=1e-5, atol=1e-6)
+        assert result["evaluate"] == pytest.approx(one["evaluate"], rel=1e-5, abs=1e-6)
+        assert result["predict_rows"] == one["predict_rows"] == 359
+        assert result["predict_accuracy"] == one["predict_accuracy"] == pytest.approx(one["evaluate"]["accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT + 60)
+def test_a_killed_keras3_worker_resumes_to_the_uninterrupted_weights(
+        uninterrupted: dict[str, Any], tmp_path: Path) -> None:
+    # The launcher's environment for its tasks is this process's plus env: TF_USE_LEGACY_KERAS=0 makes it a
+    # user's (tf.keras is Keras 3), as user_env() does for a child started here.
+    result = launch(JOB, [str(tmp_path), "--fault-tolerant"], workers=2, timeouts=Timeouts(timeout=TIMEOUT - 60),
+                    command=TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"}), output=TaskOutput(sink=None),
+                    recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "backup", faults=[
+                        Fault("worker:1", r"^tensorfleet: epoch 2 step 3$", signal=signal.SIGKILL)]))
+    assert result.returncode == 0 and result.restarts == 1
+    for task in ("worker:0", "worker:1"):
+        assert ft.resumed_epoch(result.output(task, attempt=0)) is None
+        assert ft.resumed_epoch(result.output(task, attempt=1)) == 2
+    resumed = json.loads((tmp_path / "worker0.json").read_text())
+    assert resumed["iterations"] == 3 * 8
+    difference = _largest_difference(resumed["weights"], uninterrupted["worker0"]["weights"])
+    print(f"largest weight difference to the uninterrupted run: {difference}")
+    for a, b in zip(resumed["weights"], uninterrupted["worker0"]["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert sorted(os.listdir(tmp_path / "backup")) == []  # the chief removed its backup's files at the end
