@@ -20,7 +20,8 @@ app = typer.Typer(name=NAME, help="Export models for `tensorfleet serve` (and TF
 
 @app.command("export")
 def export_cmd(
-    model: Path = typer.Argument(..., help="A saved Keras model: a .keras or .h5 file, or a SavedModel directory."),
+    model: Path = typer.Argument(..., help="A saved Keras model: a .keras or .h5 file (Keras 3 or tf_keras, "
+                               "read by the Keras that wrote it), or a tf_keras SavedModel directory."),
     base: Path = typer.Argument(..., help="The model's base directory; the version goes to BASE/<version>/."),
     version: int = typer.Option(1, "--version", "-v", help="The version number (a positive integer)."),
     input_names: Optional[List[str]] = typer.Option(  # noqa: UP006,UP007

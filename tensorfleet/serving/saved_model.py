@@ -8,6 +8,11 @@ model.
 Only the model's variables and one ``tf.function`` are saved (not Keras' own per-layer traces), so
 export is quick, and a model built under any ``tf.distribute`` strategy scope exports the same way:
 its mirrored variables are saved once, as plain variables.
+
+A Keras 3 model and a tf_keras model export the same way, to the same signature: the inputs and
+outputs are named after their layers, with the model's dtypes and a batch dimension of any size.
+(Keras 3's own ``model.export(format="tf_saved_model")`` would name them ``keras_tensor``/``output_0``
+instead; TF Serving runs either, but a client of a version should not have to know which Keras wrote it.)
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from tensorfleet.compat.keras import keras2, require_keras2
+from tensorfleet.compat.keras import Keras, KerasFileError, keras2, keras_of, producing_layer_name
 from tensorfleet.validation import integer
 
 __all__ = ["DEFAULT_SIGNATURE", "ExportResult", "TensorSignature", "export", "load_keras_model"]
@@ -77,6 +82,14 @@ def _names(given: Sequence[str] | None, default: Sequence[str], what: str) -> li
     return _unique(given, what)
 
 
+def _layer_names(model: Any) -> tuple[list[str], list[str]]:
+    """The default signature names: the layers that make the model's inputs and outputs (tf_keras' own
+    ``input_names``/``output_names``; a Keras 3 model has no ``input_names``, so both are read from its graph)."""
+    if keras_of(model, "tfl.serving.export") is Keras.KERAS2:
+        return list(model.input_names), list(model.output_names)
+    return [producing_layer_name(x) for x in model.inputs], [producing_layer_name(y) for y in model.outputs]
+
+
 def _signature_function(model: Any, input_names: list[str], output_names: list[str]) -> Any:
     import tensorflow as tf
 
@@ -96,7 +109,12 @@ def _describe(named: Any) -> tuple[TensorSignature, ...]:
 
 
 def _check_model(model: Any) -> None:
-    if not hasattr(model, "inputs") or not getattr(model, "inputs", None):
+    keras_of(model, "tfl.serving.export")  # TypeError for anything that is not a Keras model
+    try:
+        inputs = model.inputs  # an unbuilt Keras 3 Sequential raises AttributeError here
+    except AttributeError:
+        inputs = None
+    if not inputs:
         raise ValueError("export needs a built Keras model with known inputs (a functional or Sequential "
                          f"model with an input shape). Received: {type(model).__name__}")
 
@@ -108,8 +126,8 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     """Writes ``model`` to ``base_dir/<version>/`` with a ``serving_default`` signature.
 
     Args:
-        model: a built Keras model (functional or Sequential with an input shape), built under
-            any strategy scope or none.
+        model: a built Keras model (functional or Sequential with an input shape), Keras 3 (``import keras``)
+            or tf_keras, built under any strategy scope or none.
         base_dir: the model's base directory, as ``tensorfleet serve`` and TF Serving take it.
         version: a positive integer; TF Serving serves the highest by default.
         input_names: the signature's input names (default: the model's input layer names).
@@ -136,11 +154,11 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     """
     import tensorflow as tf
 
-    require_keras2(model, "tfl.serving.export")
     version = integer("version", version, minimum=1)
     _check_model(model)
-    inputs = _names(input_names, model.input_names, "input_names")
-    outputs = _names(output_names, model.output_names, "output_names")
+    default_inputs, default_outputs = _layer_names(model)
+    inputs = _names(input_names, default_inputs, "input_names")
+    outputs = _names(output_names, default_outputs, "output_names")
     base = Path(base_dir)
     target = base / str(version)
     if target.exists() and not overwrite:
@@ -201,11 +219,33 @@ def _write_warmup(directory: Path, warmup: Any, inputs: list[str], model_name: s
 
 
 def load_keras_model(path: str | os.PathLike[str]) -> Any:
-    """Loads a ``.keras``/``.h5`` file or a Keras SavedModel directory for export (no compile needed)."""
+    """Loads a saved Keras model for export (no compile needed): a ``.keras``/``.h5`` file with the Keras that
+    wrote it (Keras 3 or tf_keras, from the file's own record), or a tf_keras SavedModel directory.
 
-    if not Path(path).exists():
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        KerasFileError: the file or directory is not a Keras model that can be read here (damaged, or of a
+            Keras not installed); the message names the file and the cause.
+
+    Example:
+        >>> model = load_keras_model("digits.keras")                       # doctest: +SKIP
+        >>> tfl.serving.export(model, "models/digits", version=1)          # doctest: +SKIP
+    """
+    from tensorfleet.compat.keras import load_model
+
+    path = Path(path)
+    if not path.exists():
         raise FileNotFoundError(f"No Keras model at {str(path)!r}.")
-    return keras2().models.load_model(path, compile=False)
+    if not path.is_dir():
+        return load_model(path, compile=False, where="tfl.serving.load_keras_model")
+    try:
+        return keras2().models.load_model(str(path), compile=False)
+    except Exception as error:  # whatever tf_keras cannot read in the folder is a problem with the folder
+        raise KerasFileError(
+            f"{path} is a folder that tf_keras cannot load as a Keras model ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else 'no message'}). Give a .keras or .h5 "
+            "file; a SavedModel written by Keras 3's model.export() is already servable: copy it to "
+            "BASE/<version>/.") from None
 
 
 def _new_directory(parent: Path, prefix: str) -> Path:

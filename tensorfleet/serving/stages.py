@@ -7,17 +7,23 @@ At serving time (``ModelServer(stages=K)``), :class:`StagedRunner` keeps one thr
 each optionally on its own device (``stage_devices=``, ``tensorfleet serve --stage-devices``); a batch is cut into micro-batches that flow through the
 stages, so stage ``s`` works on micro-batch ``i`` while stage ``s + 1`` works on ``i - 1`` (the
 forward half of GPipe's schedule). The rows come back in order and equal the unsplit model's.
+
+A Keras 3 model is cut the same way: its chain is read through Keras 3's public graph (each layer's
+``input`` is the ``output`` of the one before), as :func:`~tensorfleet.model_parallel.chain.chain_layers`
+reads a tf_keras model's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tensorfleet.compat.keras import Keras, keras_of, module_of
 from tensorfleet.serving.servable import Servable
 from tensorfleet.validation import positive_int
 
@@ -90,10 +96,11 @@ def stage_functions(model: Any, num_stages: int, input_name: str, output_name: s
     the others pass :data:`STAGE_TENSOR`."""
     import tensorflow as tf
 
-    from tensorfleet.model_parallel.chain import chain_layers
     from tensorfleet.model_parallel.pipeline.stages import partition_layers
 
-    parts = partition_layers(chain_layers(model), num_stages, boundaries=boundaries)
+    layers = _chain(model)
+    weights = [sum(math.prod(v.shape) for v in layer.trainable_variables) for layer in layers]
+    parts = partition_layers(layers, num_stages, boundaries=boundaries, weights=weights)
     spec = tf.TensorSpec([None, *model.inputs[0].shape[1:]], model.inputs[0].dtype, name=input_name)
     functions = []
     for index, layers in enumerate(parts):
@@ -103,6 +110,35 @@ def stage_functions(model: Any, num_stages: int, input_name: str, output_name: s
         out = function.get_concrete_function().structured_outputs[out_name]
         spec = tf.TensorSpec([None, *out.shape[1:]], out.dtype, name=STAGE_TENSOR)
     return functions
+
+
+def _chain(model: Any) -> list[Any]:
+    """The model's layers as one chain, each feeding the next (a clear ValueError naming the layer if not)."""
+    from tensorfleet.model_parallel.chain import chain_layers
+
+    if keras_of(model, "tfl.serving.export") is Keras.KERAS2:
+        return chain_layers(model)
+    keras = module_of(model)
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    if not layers:
+        raise ValueError(f"Model {model.name!r} has no layers to split into stages.")
+    expected, previous = model.inputs[0], None
+    for layer in layers:
+        if layer.input is not expected:
+            source = "the model's input" if previous is None else f"the output of {previous.name!r}"
+            _not_a_chain(model, layer, f"does not take {source} as its only input (a branch, a merge, or a "
+                                       "layer called more than once)")
+        expected, previous = layer.output, layer
+    if expected is not model.outputs[0]:
+        _not_a_chain(model, layers[-1], "makes an output that is not the model's (a layer is called more than once, "
+                                        "or the output comes from a branch)")
+    return layers
+
+
+def _not_a_chain(model: Any, layer: Any, why: str) -> None:
+    raise ValueError(f"Serving a model in stages needs a model whose layers form one chain (each layer feeding the "
+                     f"next); layer {layer.name!r} of model {model.name!r} does not. Wrap branching parts in one "
+                     f"layer. Received: layer {layer.name!r} of type {type(layer).__name__}, which {why}")
 
 
 def _stage(layers: list, out_name: str) -> Any:

@@ -76,13 +76,3 @@ def test_the_exported_version_is_readable_as_the_umask_allows(tmp_path, digits_m
         os.umask(old)
     assert oct(result.path.stat().st_mode & 0o777) == "0o755"  # mkdtemp's 0700 kept TF Serving's user out
 
-
-def test_a_keras3_model_is_refused_with_the_fix_named(tmp_path, keras3_model):
-    from tensorfleet.compat.keras import Keras3ModelError
-    from tensorfleet.serving import export
-
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.serving\.export runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
-                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. .*"
-                                               r"For Keras 2, build the model with `import tf_keras as keras`"):
-        export(keras3_model, tmp_path / "k3", version=1)
-    assert not (tmp_path / "k3").exists()  # refused before anything was written
