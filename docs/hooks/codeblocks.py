@@ -64,7 +64,8 @@ def blocks(text: str) -> list[Block]:
 
 
 def _environment() -> dict[str, str]:
-    env = dict(os.environ)
+    # A reader's process: tf.keras is what TensorFlow makes it (Keras 3 on 2.21), not the test suite's tf_keras.
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
