@@ -1,13 +1,14 @@
 """Train, export and serve a digits classifier, then query it as TF Serving's users do.
 
-The script trains the digits CNN for a few epochs, exports it in TF Serving's versioned layout
+The script trains the digits CNN, a Keras 3 model (``import keras``; a tf_keras model serves the
+same way, with the same signature), for a few epochs, exports it in TF Serving's versioned layout
 (``OUT/digits/1``), serves it with dynamic batching on free ports of 127.0.0.1, and asks it from
 16 concurrent callers, half over REST (plain HTTP and JSON) and half over gRPC (TF Serving's own
 ``PredictionServiceStub``). It checks that every answer equals ``model.predict`` to float32 rounding
 (the server runs batches of other sizes, which some CPUs sum in another order), prints the
 served accuracy and how many signature calls the batcher needed, then trains one epoch more,
-exports that as version 2 while serving, waits for the server to switch to it and asks again.
-The same from the shell:
+saves it as ``digits.keras``, exports that file as version 2 while serving, waits for the server to
+switch to it and asks again. The same from the shell:
 
     tensorfleet serving export digits.keras models/digits --version 1
     tensorfleet serve models/digits --enable-batching --max-batch-size 32 --batch-timeout-micros 2000
@@ -65,16 +66,17 @@ def main() -> None:
     parser.add_argument("--out", default="runs/serve_digits")
     args = parser.parse_args()
 
+    import keras
     import numpy as np
     import portpicker
-    import tensorflow as tf
 
     import tensorfleet as tfl
-    from tensorfleet.serving import BatchingOptions, ModelServer, export
+    from tensorfleet.serving import BatchingOptions, ModelServer, export, load_keras_model
 
     data = tfl.models.datasets.load_digits()
-    model = tfl.models.build("digits_cnn", seed=0)
-    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model = tfl.models.build("digits_cnn", seed=0, keras="keras3")  # keras="keras2": the same CNN in tf_keras
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
     model.fit(data.x_train, data.y_train, epochs=args.epochs, batch_size=32, verbose=0)
     base = os.path.join(args.out, "digits")
     print(export(model, base, version=1, overwrite=True).summary())
@@ -99,7 +101,9 @@ def main() -> None:
               f"served accuracy {np.mean(logits.argmax(1) == y):.3f}, in {servable.calls} signature call(s)")
 
         model.fit(data.x_train, data.y_train, epochs=1, batch_size=32, verbose=0)
-        export(model, base, version=2, overwrite=True)
+        saved = os.path.join(args.out, "digits.keras")
+        model.save(saved)  # a Keras 3 file: read back by Keras 3, as `tensorfleet serving export` reads it
+        export(load_keras_model(saved), base, version=2, overwrite=True)
         deadline = time.monotonic() + 60
         while server.versions != [2] and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -3,7 +3,6 @@ fewer signature calls than requests, and a version exported while serving takes 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import reap
+from tests.conftest import reap, user_env
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "serve_digits.py"
 
@@ -21,7 +20,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "serve_digits.py"
 def test_serve_digits_answers_both_protocols_and_switches_versions(tmp_path):
     process = subprocess.Popen([sys.executable, str(SCRIPT), "--epochs", "1", "--out", str(tmp_path)], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                               env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))  # as a user runs it: Keras 3
     try:
         out, err = process.communicate(timeout=240)
     finally:
