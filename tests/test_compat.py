@@ -217,3 +217,49 @@ def test_tff_missing_is_one_error_naming_the_tff_track(monkeypatch: pytest.Monke
 def test_import_tensorfleet_imports_no_library() -> None:
     assert _run("import sys, tensorfleet; print(sorted(m for m in ('tensorflow', 'keras', 'keras_tuner', "
                 "'tf_keras') if m in sys.modules))") == "[]"
+
+
+def test_saved_files_are_read_by_the_keras_that_wrote_them(tmp_path: Path, keras3) -> None:
+    import numpy as np
+
+    from tensorfleet.compat.keras import Keras, keras2, keras_of, load_model, saved_keras
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    written = {}
+    for name, module in (("k3", keras3), ("k2", keras2())):
+        model = module.Sequential([module.Input((3,)), module.layers.Dense(2, name="out")])
+        model.save(tmp_path / f"{name}.keras")
+        written[name] = model.predict(x, verbose=0)
+    model2 = keras2().Sequential([keras2().Input((3,)), keras2().layers.Dense(2)])
+    model2.save(tmp_path / "k2.h5")
+    assert [saved_keras(tmp_path / f) for f in ("k3.keras", "k2.keras", "k2.h5")] == \
+        [Keras.KERAS3, Keras.KERAS2, Keras.KERAS2]
+    for name, kind in (("k3", Keras.KERAS3), ("k2", Keras.KERAS2)):
+        loaded = load_model(tmp_path / f"{name}.keras", compile=False)
+        assert keras_of(loaded) is kind
+        np.testing.assert_allclose(loaded.predict(x, verbose=0), written[name], rtol=1e-6)
+
+
+def test_damaged_or_foreign_model_files_get_one_error_naming_the_file(tmp_path: Path) -> None:
+    import zipfile
+
+    from tensorfleet.compat.keras import KerasFileError, load_model, saved_keras
+
+    (tmp_path / "random.keras").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(KerasFileError, match=r"random\.keras is neither a \.keras archive \(zip\) nor an \.h5 model"):
+        saved_keras(tmp_path / "random.keras")
+    with zipfile.ZipFile(tmp_path / "nometa.keras", "w") as archive:
+        archive.writestr("config.json", "{}")
+    with pytest.raises(KerasFileError, match=r"nometa\.keras is a zip archive but not a readable \.keras model: its "
+                                             r"metadata\.json is missing or damaged"):
+        load_model(tmp_path / "nometa.keras")
+    with pytest.raises(KerasFileError, match=r"^No Keras model file at .*missing\.keras \(nothing there\); expected a "
+                                             r"\.keras or \.h5 file$"):
+        saved_keras(tmp_path / "missing.keras")
+    with pytest.raises(KerasFileError, match=r"\(a folder\)"):
+        saved_keras(tmp_path)
+    with zipfile.ZipFile(tmp_path / "broken.keras", "w") as archive:
+        archive.writestr("metadata.json", '{"keras_version": "3.15.1"}')
+        archive.writestr("config.json", "not json")
+    with pytest.raises(KerasFileError, match=r"^probe: .*broken\.keras \(saved by keras3\) could not be loaded by keras "):
+        load_model(tmp_path / "broken.keras", where="probe")

@@ -42,3 +42,27 @@ def test_bad_model_options_and_names_are_refused() -> None:
         tfl.models.build("digits_cnn", filters=0)
     with pytest.raises(KeyError, match=r"Unknown model 'digit_cnn'. Did you mean 'digits_cnn'\?"):
         tfl.models.build("digit_cnn")
+
+
+@pytest.mark.parametrize("name", tfl.models.available())
+def test_every_zoo_model_builds_alike_in_keras3_and_tf_keras(name, keras3) -> None:
+    from tensorfleet.compat.keras import Keras, keras_of
+
+    small = {"ds_cnn": {"filters": 8}, "mobilenet_v1_025": {"input_shape": (32, 32, 3)}}.get(name, {})
+    two, three = (tfl.models.build(name, keras=k, **small) for k in ("tf_keras", "keras3"))
+    assert (keras_of(two), keras_of(three)) == (Keras.KERAS2, Keras.KERAS3)
+    assert three.count_params() == two.count_params()
+    assert tuple(three.output_shape) == tuple(two.output_shape)
+    # The same weights give the same outputs in either Keras (float32, another kernel order at most).
+    three.set_weights(two.get_weights())
+    x = np.random.RandomState(0).rand(2, *two.input_shape[1:]).astype(np.float32)
+    np.testing.assert_allclose(three(x, training=False), two(x, training=False), rtol=1e-4, atol=1e-5)
+
+
+def test_the_zoo_builds_in_the_keras_of_the_process_unless_told(keras3) -> None:
+    from tensorfleet.compat.keras import keras_of, user_keras
+
+    assert keras_of(tfl.models.build("digits_mlp")) is user_keras()  # tf_keras in the suite (conftest)
+    with pytest.raises(ValueError, match=r"^keras must be one of 'keras3', 'keras2' \(also 'tf_keras'\), or None for "
+                                         r"the Keras tf.keras is in this process\. Received: keras='torch'$"):
+        tfl.models.build("digits_mlp", keras="torch")
