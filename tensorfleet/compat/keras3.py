@@ -69,9 +69,14 @@ def _trainer_module() -> Any:
 def _keras3_in_use() -> Any:
     """The ``keras`` package when it is Keras 3 on the TensorFlow backend and this process uses it (imported,
     or what ``tf.keras`` is); else None. A tf_keras user's process never imports Keras 3 because of this."""
-    from tensorfleet.compat.keras import Keras, _keras_major, user_keras
+    from importlib.metadata import PackageNotFoundError, version
 
-    if _keras_major("keras") < 3:
+    from tensorfleet.compat.keras import Keras, user_keras
+
+    try:
+        if int(version("keras").split(".")[0]) < 3:
+            return None
+    except (PackageNotFoundError, ValueError):
         return None
     if "keras" not in sys.modules and user_keras() is not Keras.KERAS3:
         return None

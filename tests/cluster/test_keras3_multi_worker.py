@@ -256,3 +256,26 @@ def test_a_killed_keras3_worker_resumes_to_the_uninterrupted_weights(
     for a, b in zip(resumed["weights"], uninterrupted["worker0"]["weights"]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert sorted(os.listdir(tmp_path / "backup")) == []  # the chief removed its backup's files at the end
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * TIMEOUT)
+def test_a_keras3_job_stopped_at_2_workers_continues_at_1_and_back_at_2(
+        uninterrupted: dict[str, Any], tmp_path: Path) -> None:
+    from tensorfleet.cluster.elastic import ElasticPhase, launch_elastic
+
+    results = launch_elastic(JOB, [str(tmp_path), "--fault-tolerant"], backup_dir=tmp_path / "backup",
+                             phases=[ElasticPhase(workers=2, until_epoch=1), ElasticPhase(workers=1, until_epoch=2),
+                                     ElasticPhase(workers=2)],
+                             timeouts=Timeouts(timeout=TIMEOUT - 60), output=TaskOutput(sink=None),
+                             command=TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"}))
+    assert [(r.stopped, r.returncode, r.cluster.num_tasks()) for r in results] == [(True, 0, 2), (True, 0, 1),
+                                                                                    (False, 0, 2)]
+    assert [ft.resumed_epoch(r.output("worker:0")) for r in results] == [None, 2, 3]
+    resumed = json.loads((tmp_path / "worker0.json").read_text())
+    assert resumed["iterations"] == 3 * 8
+    # The global batch is 64 in every phase; one worker sums its gradient in another order than two.
+    difference = _largest_difference(resumed["weights"], uninterrupted["worker0"]["weights"])
+    print(f"largest weight difference to the uninterrupted run: {difference}")
+    for a, b in zip(resumed["weights"], uninterrupted["worker0"]["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
