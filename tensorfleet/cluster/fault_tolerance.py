@@ -95,7 +95,23 @@ def _default_backup(base: str | os.PathLike[str] | None, environ: Mapping[str, s
     return base is None and not env.get(ENV_BACKUP_DIR)
 
 
-class _BackupCleanup:
+class _OfOneKeras:
+    """What every callback here shares: it is made for one Keras (``keras``) and says so when handed a model of
+    the other, instead of failing later somewhere inside that Keras."""
+
+    keras: Keras
+
+    def set_model(self, model: Any) -> None:
+        which = keras_of(model, type(self).__name__)
+        if which is not self.keras:
+            raise TypeError(f"{type(self).__name__} is a {self.keras.value} callback and fit's model is a {which.value} "
+                            f"model. Received: model of type {type(model).__module__}.{type(model).__qualname__}; "
+                            "pass keras=model to tensorfleet.cluster.fault_tolerance.callbacks (or "
+                            "callback_class(name, model)) for callbacks of the model's Keras.")
+        super().set_model(model)  # type: ignore[misc]
+
+
+class _BackupCleanup(_OfOneKeras):
     """Removes the backup directory tensorfleet chose, once ``fit`` has ended successfully.
 
     ``BackupAndRestore`` deletes its files when ``fit`` ends but leaves the directory; a run
@@ -126,7 +142,7 @@ def _should_write(model: Any) -> bool:
     return bool(strategy is None or strategy.extended.should_checkpoint)
 
 
-class _EpochLog:
+class _EpochLog(_OfOneKeras):
     """Prints ``tensorfleet: epoch E/N begin|end ...`` lines and where a run resumed.
 
     The lines are for people and for the launcher's ``faults``/``stop_when`` patterns. It has
@@ -167,7 +183,7 @@ class _StepLog(_EpochLog):
         self._print(f"epoch {self._epoch} step {batch + 1}")
 
 
-class _BestModelCheckpoint:
+class _BestModelCheckpoint(_OfOneKeras):
     """Keeps the best model so far (``.keras`` file), written atomically by the chief.
 
     Every worker saves (saving may read synchronised variables, which is a collective in
@@ -224,7 +240,7 @@ class _BestModelCheckpoint:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-class _StopAfterEpoch:
+class _StopAfterEpoch(_OfOneKeras):
     """Ends the process right after epoch ``epoch`` was backed up, as a preempted job would.
 
     The process exits with :data:`~tensorfleet.cluster.contract.STOPPED_STATUS` (75, the

@@ -140,6 +140,15 @@ def test_keras3_callbacks_refuse_what_they_cannot_do(keras3: Any, tmp_path: Path
         ft.callback_class("Log", "keras3")
 
 
+def test_callbacks_of_the_other_keras_are_one_clear_error(keras3: Any, tmp_path: Path) -> None:
+    model = keras3.Sequential([keras3.Input((2,)), keras3.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(TypeError, match=r"^EpochLog is a keras2 callback and fit's model is a keras3 model\. Received: "
+                                        r"model of type keras\.src\.models\.sequential\.Sequential; pass keras=model "
+                                        r"to tensorfleet\.cluster\.fault_tolerance\.callbacks"):
+        model.fit(np.zeros((8, 2)), np.zeros((8, 1)), verbose=0, callbacks=ft.callbacks(tmp_path, keras="keras2"))
+
+
 def _keras3_fit(keras: Any, x: np.ndarray, y: np.ndarray, callbacks: list, epochs: int = 4) -> Any:
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(10)])
