@@ -35,8 +35,8 @@ from typing import Any
 
 from tensorfleet.io import write_json
 
-__all__ = ["LATEST", "CheckpointError", "JobProgress", "epoch_order", "fingerprint", "latest", "new_rng_state",
-           "read_state", "step_directory"]
+__all__ = ["LATEST", "CheckpointError", "JobProgress", "check_same_keras", "epoch_order", "fingerprint", "latest",
+           "new_rng_state", "read_state", "seed_job", "step_directory"]
 
 #: The pointer to the newest complete checkpoint of a migration directory.
 LATEST = "latest.json"
@@ -66,6 +66,10 @@ class JobProgress:
     strategy: str
     replicas: int
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: The Keras the job's model is written in (:class:`~tensorfleet.compat.keras.Keras`); its variables are
+    #: named by that Keras in the checkpoint, so a checkpoint continues in the same Keras only. Checkpoints
+    #: written before Keras 3 jobs existed lack it: they are tf_keras jobs'.
+    keras: str = "keras2"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,14 +100,61 @@ def epoch_order(rng: dict[str, Any], examples: int) -> tuple[Any, dict[str, Any]
     return order, dict(generator.bit_generator.state)
 
 
+def seed_job(seed: int) -> None:
+    """Seeds Python, numpy and TensorFlow, and tf_keras's own generator when it is installed.
+
+    A Keras 3 model's initializers and seed generators draw their seeds from Python's ``random``
+    when none is given, so the job's Keras 3 model is seeded by that too; Keras 3 itself is also
+    seeded when the job already imported it (importing it only to seed would cost a Keras 2 job
+    1.5 s at every start).
+    """
+    import random
+    import sys
+
+    import numpy as np
+    import tensorflow as tf
+
+    from tensorfleet.compat.keras import keras2
+
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+    try:
+        keras2().utils.set_random_seed(seed)
+    except ImportError:  # a Keras 3 installation without tf_keras
+        pass
+    loaded = sys.modules.get("keras")
+    if loaded is not None and str(getattr(loaded, "__version__", "")).startswith("3."):
+        loaded.utils.set_random_seed(seed)
+
+
 def fingerprint(model: Any) -> str:
     """A short digest of a model's kind: its class and its weights' shapes and dtypes, in order.
 
     Two models with the same fingerprint can restore each other's checkpoints; one with another
     layer, width or dtype cannot.
     """
-    parts = [type(model).__name__] + [f"{tuple(w.shape)}:{w.dtype.name}" for w in model.weights]
+    # A Keras 3 variable's dtype is its name (a str), a tf_keras one's a tf.DType.
+    parts = [type(model).__name__] + [f"{tuple(w.shape)}:{getattr(w.dtype, 'name', w.dtype)}" for w in model.weights]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def check_same_keras(state: JobProgress, model: Any, directory: str | os.PathLike[str]) -> None:
+    """Refuses to continue ``state`` with a model of the other Keras: Keras 3 and tf_keras name a model's and an
+    optimizer's variables differently in a checkpoint, so neither restores the other's.
+
+    Raises:
+        CheckpointError: the checkpoint was written by a job in the other Keras (the message names both).
+    """
+    from tensorfleet.compat.keras import Keras, keras_of
+
+    mine = keras_of(model, "a migratable job's build_model()").value
+    if state.keras != mine:
+        names = {Keras.KERAS2.value: "Keras 2 (tf_keras)", Keras.KERAS3.value: "Keras 3"}
+        raise CheckpointError(f"The checkpoint in {str(directory)!r} was written by a {names[state.keras]} model and "
+                              f"this job's build_model() returns a {names[mine]} model: a job moves between "
+                              "placements, not between Kerases. Resume it with the job as it was written, or start "
+                              "this one in another directory.")
 
 
 def step_directory(directory: str | os.PathLike[str], step: int) -> Path:

@@ -52,7 +52,7 @@ from typing import Any, Callable, Sequence
 
 from tensorfleet.cluster.contract import ENV_MIGRATION
 from tensorfleet.cluster.elastic import BatchPolicy, batch_sizes
-from tensorfleet.cluster.jobstate import CheckpointError, JobProgress, fingerprint, read_state
+from tensorfleet.cluster.jobstate import CheckpointError, JobProgress, check_same_keras, fingerprint, read_state
 from tensorfleet.cluster.processes import Fault
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.validation import choice, integer, positive_int
@@ -192,6 +192,15 @@ def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: Ru
     if run.equal_shares and (run.balance or to.strategy is not MigrationStrategy.PARAMETER_SERVER):
         raise MigrationError(f"equal_shares is a parameter server's way of splitting the epoch, without balance. "
                              f"Received: equal_shares=True, balance={run.balance}, to={to.describe()}.")
+    if model is not None and to.strategy is MigrationStrategy.MESH:
+        from tensorfleet.compat.keras import is_keras3_model
+
+        if is_keras3_model(model):
+            raise MigrationError(f"{to.describe()} runs Keras 2 (tf_keras) models only for now (the mesh builds its "
+                                 f"layouts on tf_keras internals), and the job's build_model() returns a Keras 3 model "
+                                 f"({type(model).__module__}.{type(model).__qualname__}). Move a Keras 3 job between "
+                                 "mirrored, multi_worker_mirrored and parameter_server, or build it with tf_keras "
+                                 "(`import tf_keras as keras`).")
     try:
         batch = batch_sizes(to.replicas, policy=run.policy, global_batch_size=run.global_batch_size,
                             per_replica_batch_size=run.per_replica_batch_size).global_batch_size
@@ -201,6 +210,8 @@ def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: Ru
     if resume:
         state, _ = read_state(directory)
         check_mesh_batches(to, state.examples, batch)
+        if model is not None:
+            check_same_keras(state, model, directory)
         if model is not None and fingerprint(model) != state.fingerprint:
             raise CheckpointError(f"The checkpoint in {str(directory)!r} is of another model (its fingerprint "
                                   f"{state.fingerprint}, this job's model {fingerprint(model)}). Resume it with "

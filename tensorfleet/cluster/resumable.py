@@ -1,8 +1,9 @@
 """The task program of a migratable job: a Keras model trained step by step under any of
 mirrored, multi-worker mirrored or parameter-server, from and to a migration checkpoint.
 
-The job is a Python file that defines ``build_model()`` (a compiled tf.keras model: its
-optimizer and loss are the job's) and ``data()`` (``(x, y)`` arrays). Every step trains on a
+The job is a Python file that defines ``build_model()`` (a compiled Keras model, Keras 3 or
+tf_keras: its optimizer and loss are the job's, and the job runs in the Keras the model is written
+in) and ``data()`` (``(x, y)`` arrays). Every step trains on a
 slice of the epoch's order of example ids, chosen by the step's position alone, so where the
 job stopped and at what world size it continues does not change which examples it reads:
 
@@ -42,9 +43,9 @@ import numpy as np
 
 from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_workers, python_wait, worker_wait
 from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS, StopRequest
-from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, epoch_order, fingerprint, new_rng_state,
-                                          read_state, tf_checkpoint_prefix, write_checkpoint)
-from tensorfleet.compat.keras import keras2
+from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, check_same_keras, epoch_order, fingerprint,
+                                          new_rng_state, read_state, seed_job, tf_checkpoint_prefix, write_checkpoint)
+from tensorfleet.compat.keras import atomic_step_count, is_keras3_model, keras_of, module_of
 
 __all__ = ["MigratableJob", "StopRequest", "TaskOptions", "Trainer", "load_job", "main"]
 
@@ -89,7 +90,7 @@ def load_job(path: str | os.PathLike[str]) -> MigratableJob:
     names = runpy.run_path(str(path), run_name="__tensorfleet_job__")
     missing = [n for n in ("build_model", "data") if not callable(names.get(n))]
     if missing:
-        raise ValueError(f"A migratable job file defines build_model() (a compiled tf.keras model) and data() "
+        raise ValueError(f"A migratable job file defines build_model() (a compiled Keras model) and data() "
                          f"((x, y) arrays). {str(path)!r} lacks: {', '.join(missing)}.")
     return MigratableJob(names["build_model"], names["data"])
 
@@ -112,11 +113,11 @@ def _build_strategy(options: TaskOptions) -> tuple[Any, Any]:
     return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
 
-def _per_example_loss(loss: Any) -> Any:
-
-    if isinstance(loss, keras2().losses.Loss):
+def _per_example_loss(loss: Any, keras: Any) -> Any:
+    """The compiled ``loss`` (of the Keras module ``keras``, the model's) per example: unreduced."""
+    if isinstance(loss, keras.losses.Loss):
         return type(loss).from_config({**loss.get_config(), "reduction": "none"})
-    return keras2().losses.get(loss)
+    return keras.losses.get(loss)
 
 
 class Trainer:
@@ -128,7 +129,7 @@ class Trainer:
         self.options = options
         self.strategy, self.coordinator = self._placement(options)  # first: logical devices precede the runtime
         tf.config.experimental.enable_op_determinism()
-        keras2().utils.set_random_seed(options.seed)
+        seed_job(options.seed)
         x, y = job.data()
         self.x, self.y = np.asarray(x), np.asarray(y)
         self.examples = len(self.x)
@@ -161,12 +162,14 @@ class Trainer:
             model = job.build_model()
             optimizer = model.optimizer
             optimizer.build(model.trainable_variables)
+            if self.coordinator is not None and is_keras3_model(model):  # steps at once on several workers
+                atomic_step_count(optimizer)
             counts = tf.Variable(tf.zeros([self.examples]), trainable=False, name="example_counts",
                                  aggregation=tf.VariableAggregation.SUM)
         return model, optimizer, counts
 
     def _per_example_loss(self) -> Any:
-        return _per_example_loss(self.model.loss)
+        return _per_example_loss(self.model.loss, module_of(self.model, "a migratable job's build_model()"))
 
     def _replicas(self) -> int:
         return 1 if self.coordinator is not None else self.strategy.num_replicas_in_sync
@@ -296,6 +299,7 @@ def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
     digest = fingerprint(trainer.model)
     if options.resume:
         state, path = read_state(options.directory)
+        check_same_keras(state, trainer.model, options.directory)
         if state.fingerprint != digest:
             raise CheckpointError(f"The checkpoint in {options.directory!r} is of another model (fingerprint "
                                   f"{state.fingerprint}, this job's model {digest}).")
@@ -309,7 +313,8 @@ def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
                        rng=new_rng_state(options.seed),
                     examples=trainer.examples, global_batch_size=batch_for(options, trainer.replicas),
                     policy=options.policy, fingerprint=digest, parameters=parameters,
-                    strategy=options.strategy, replicas=trainer.replicas)
+                    strategy=options.strategy, replicas=trainer.replicas,
+                    keras=keras_of(trainer.model, "a migratable job's build_model()").value)
 
 
 def save_progress(trainer: Trainer, state: JobProgress) -> None:
