@@ -18,6 +18,14 @@ this module adds what a job needs around it, in one call the same script makes i
 The trainer writes the checkpoints with :func:`checkpoint_callback` (Keras' ``ModelCheckpoint``
 with weights only, ``ckpt-<epoch>``, the flow ``SidecarEvaluator`` documents), from the chief only.
 
+A Keras 3 model (``model_fn`` returns one; the trainer's callback is ``checkpoint_callback(dir,
+keras="keras3")``, the default in a process where ``tf.keras`` is Keras 3): Keras 3 has no
+``SidecarEvaluator`` and its ``ModelCheckpoint`` writes ``.weights.h5`` files only, which
+TensorFlow's checkpoint watching cannot see. The callback writes the model and its optimizer as a
+TensorFlow checkpoint ``ckpt-<epoch>`` instead (``tf.train.CheckpointManager``), and the evaluator
+runs the same loop ``SidecarEvaluator`` does (``tf.train.checkpoints_iterator``, restore, evaluate)
+with Keras 3's own callbacks; what it writes is the same.
+
 Example (a training script; ``tensorfleet launch --evaluator`` runs the same file in the evaluator
 task, which stops once training has ended, however many epochs early stopping left):
     >>> from tensorfleet.cluster import evaluation as ev
@@ -41,7 +49,7 @@ from typing import Any, Callable
 
 from tensorfleet.cluster.contract import ENV_TRAINING_ENDED
 from tensorfleet.compat import distribute as tf_internals
-from tensorfleet.compat.keras import keras2, require_keras2
+from tensorfleet.compat.keras import Keras, as_keras, is_keras3_model, keras2, keras3, module_of
 from tensorfleet.io import write_bytes, write_text
 from tensorfleet.validation import integer
 
@@ -69,12 +77,33 @@ def training_ended(environ: dict[str, str] | None = None) -> bool:
     return bool(path) and os.path.exists(path)
 
 
-def checkpoint_callback(checkpoint_dir: str | os.PathLike[str]) -> Any:
-    """Keras' ``ModelCheckpoint`` saving weights (and the optimizer's step) as ``ckpt-<epoch>``
-    every epoch, which :func:`evaluation` watches for."""
+def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | str | None = None) -> Any:
+    """A callback that saves the model's weights (and the optimizer's step) as ``ckpt-<epoch>`` every epoch,
+    which :func:`evaluation` watches for.
 
-    return keras2().callbacks.ModelCheckpoint(os.path.join(os.fspath(checkpoint_dir), "ckpt-{epoch}"),
-                                              save_weights_only=True)
+    Args:
+        checkpoint_dir: where the checkpoints go.
+        keras: the Keras of the model that trains (``"keras3"`` or ``"keras2"``); None: the Keras ``tf.keras``
+            is in this process. Keras 2: Keras' ``ModelCheckpoint`` with weights only; Keras 3: a TensorFlow
+            checkpoint of the model and its optimizer (Keras 3's ``ModelCheckpoint`` writes ``.weights.h5``).
+    """
+    directory = os.fspath(checkpoint_dir)
+    if as_keras(keras) is Keras.KERAS2:
+        return keras2().callbacks.ModelCheckpoint(os.path.join(directory, "ckpt-{epoch}"), save_weights_only=True)
+
+    class TensorFlowCheckpoint(keras3().callbacks.Callback):
+        """Writes ``ckpt-<epoch>`` (1-based, as ``ModelCheckpoint`` numbers them) and names it newest."""
+
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+            import tensorflow as tf
+
+            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
+            self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=None, checkpoint_name="ckpt")
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self.manager.save(checkpoint_number=epoch + 1)
+
+    return TensorFlowCheckpoint()
 
 
 def evaluated_checkpoints(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -208,7 +237,7 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
         True after evaluating (the script should exit), False when this process trains.
 
     Raises:
-        tensorfleet.compat.keras.Keras3ModelError: ``model_fn`` built a Keras 3 model.
+        TypeError: ``model_fn`` did not return a Keras model.
     """
     if not (force or is_evaluator()):
         return False
@@ -219,27 +248,51 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
 
     out_path = Path(out)
     out_path.mkdir(parents=True, exist_ok=True)
-    model = require_keras2(model_fn(), "tensorfleet.cluster.evaluation.evaluation (the model model_fn built)")
+    model = model_fn()
+    keras = module_of(model, "tensorfleet.cluster.evaluation.evaluation (the model model_fn built)")
     recorder = _Recorder(model, Path(checkpoint_dir), out_path, monitor, mode, log)
     model.evaluate = recorder.hook(model.evaluate)
 
-    class _Record(keras2().callbacks.Callback):
+    class _Record(keras.callbacks.Callback):
         def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             recorder.record(dict(logs or {}))
 
     x, y = (data if isinstance(data, tuple) and len(data) == 2 else (data, None))
-    evaluator = tf_internals.sidecar_evaluator_class(stop=recorder.finished)(
-        model, x if y is None else tf.data.Dataset.from_tensor_slices((x, y)).batch(32), str(checkpoint_dir),
-        steps=steps, max_evaluations=last_checkpoint,
-        callbacks=[keras2().callbacks.TensorBoard(str(out_path / "tensorboard")), _Record()])
+    dataset = x if y is None else tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    callbacks = [keras.callbacks.TensorBoard(str(out_path / "tensorboard")), _Record()]
     if last_checkpoint is not None and last_checkpoint in recorder.done:
         log(f"checkpoint {last_checkpoint}, the last, was evaluated before; nothing to do")
         return True
     if not recorder.finished():
-        with tf_internals.sidecar_checkpoint_wait(_ASK_EVERY):
-            evaluator.start()
+        if is_keras3_model(model):
+            _evaluate_checkpoints(model, dataset, Path(checkpoint_dir), steps, last_checkpoint, callbacks,
+                                  recorder.finished)
+        else:
+            evaluator = tf_internals.sidecar_evaluator_class(stop=recorder.finished)(
+                model, dataset, str(checkpoint_dir), steps=steps, max_evaluations=last_checkpoint, callbacks=callbacks)
+            with tf_internals.sidecar_checkpoint_wait(_ASK_EVERY):
+                evaluator.start()
     if training_ended():
         newest = recorder.newest()
         log("training ended without writing a checkpoint; nothing to evaluate" if newest is None else
             f"training ended and its last checkpoint, {newest}, is evaluated; the evaluator stops")
     return True
+
+
+def _evaluate_checkpoints(model: Any, data: Any, checkpoint_dir: Path, steps: int | None,
+                          last_checkpoint: int | None, callbacks: list[Any], finished: Callable[[], bool]) -> None:
+    """``SidecarEvaluator.start`` for a Keras 3 model (Keras 3 has none): each new checkpoint restored into the
+    model and its optimizer and evaluated, until ``finished()`` says no new one will come, or after checkpoint
+    ``last_checkpoint``."""
+    import tensorflow as tf
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    for path in tf.train.checkpoints_iterator(str(checkpoint_dir), timeout=_ASK_EVERY, timeout_fn=finished):
+        try:
+            checkpoint.restore(path).expect_partial()
+        except tf.errors.OpError:  # being written or removed as it was read: the next one comes
+            continue
+        model.evaluate(data, steps=steps, callbacks=callbacks, verbose=0)
+        match = _NUMBER.search(path)
+        if last_checkpoint is not None and match and int(match.group(1)) >= last_checkpoint:
+            return
