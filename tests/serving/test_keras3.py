@@ -175,8 +175,13 @@ def test_a_damaged_keras_file_is_one_clear_error_and_exit_2(tmp_path, capsys):
     assert main(["serving", "export", str(damaged), str(tmp_path / "digits")]) == 2
     assert capsys.readouterr().err == (f"error: {damaged} is neither a .keras archive (zip) nor an .h5 model (HDF5): "
                                        "its first bytes are b'this is '\n")
+    assert not (tmp_path / "digits").exists()
+
+
+def test_a_keras3_archive_that_does_not_load_is_one_clear_error_and_exit_2(tmp_path, capsys, keras3):
     import zipfile
 
+    damaged = tmp_path / "damaged.keras"
     with zipfile.ZipFile(damaged, "w") as archive:
         archive.writestr("metadata.json", '{"keras_version": "3.15.1"}')
     assert main(["serving", "export", str(damaged), str(tmp_path / "digits")]) == 2
