@@ -116,9 +116,9 @@ def estimator_stub() -> Iterator[None]:
     __name__>.estimator``) and removed on exit; ``tf.compat.v1`` gets no attribute, so TensorFlow and every
     other library see no change. Nested uses share one stub. Where Estimator exists, this does nothing.
     """
-    import tensorflow as tf
-
-    key = f"{tf.compat.v1.__name__}.estimator"
+    # The module `from tensorflow.compat.v1 import ...` resolves, by its import name: `tf.compat.v1` is another
+    # object (tensorflow._api.v2.compat.v1) until something, such as tf_keras, imports tensorflow.compat.v1.
+    key = f"{importlib.import_module('tensorflow.compat.v1').__name__}.estimator"
     with _STUB_LOCK:
         if _STUB_DEPTH[0]:
             _STUB_DEPTH[0] += 1

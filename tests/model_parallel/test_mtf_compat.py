@@ -4,11 +4,12 @@ Estimator stand-in that today's TensorFlow needs for the import is seen by mesh-
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import user_env  # a user's process: nothing has imported tf_keras (or tf.compat.v1) yet
 
 _USER_SCRIPT = r"""
 import sys
@@ -39,7 +40,7 @@ print("mtf", mtf.__name__, "steps", len(history.step_loss), "learned", history.l
 @pytest.mark.parametrize("first", ["tensorfleet.model_parallel.mesh", "tensorfleet.model_parallel"])
 def test_user_imports_mesh_tensorflow_after_tensorfleet_and_trains_with_fit_mtf(first):
     result = subprocess.run([sys.executable, "-c", _USER_SCRIPT.format(first=first)], capture_output=True, text=True,
-                            timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            timeout=240, env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["tensorflow loaded by the import: False",
                                           "mtf mesh_tensorflow steps 8 learned True kernel (64, 16)"]
@@ -83,7 +84,7 @@ if not had:
 @pytest.mark.timeout(300)
 def test_the_estimator_stand_in_exists_only_while_mesh_tensorflow_imports():
     result = subprocess.run([sys.executable, "-c", _ESTIMATOR_SCRIPT], capture_output=True, text=True, timeout=240,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     import tensorflow as tf
