@@ -8,7 +8,9 @@
   Nets with Sublinear Memory Cost", 2016): its activations are rebuilt in the backward pass.
 
 They wrap a plain Keras model or layer, so ``compile`` and ``fit`` stay as they are, under any
-``tf.distribute`` strategy. :mod:`tensorfleet.planner.memory` estimates what each one saves.
+``tf.distribute`` strategy, in the Keras the model or layers are written in: Keras 3 (``import keras``) or
+tf_keras (Keras 2); one block of layers from both Kerases is refused. :mod:`tensorfleet.planner.memory`
+estimates what each one saves.
 
 Example:
     >>> import tensorflow as tf
@@ -23,10 +25,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import sys
 from enum import Enum
+from types import ModuleType
 from typing import Any, Iterator, Sequence
 
-from tensorfleet.compat.keras import is_keras3_model, keras2, require_keras2
+from tensorfleet.compat.keras import Keras, keras2, keras3, keras_of, keras_module, module_of, user_keras
 from tensorfleet.validation import choice, positive_int
 
 __all__ = ["Precision", "accumulate_gradients", "mixed_precision", "recompute"]
@@ -43,19 +47,28 @@ class Precision(str, Enum):
 def accumulate_gradients(model: Any, steps: int) -> Any:
     """A model that trains like ``model`` but splits every batch into ``steps`` micro-batches.
 
-    Gradients of the micro-batches are averaged (weighted by their sizes) and applied once,
-    so activations are held for one micro-batch at a time. Keras 2 (tf_keras) has no such option.
-    The returned model shares ``model``'s layers and weights; compile and fit it as usual.
+    Gradients of the micro-batches are averaged (the micro-batches are equally large) and applied once,
+    so activations are held for one micro-batch at a time; the optimizer counts one step per batch and
+    the logged loss and metrics are the batch's. The returned model shares ``model``'s layers and
+    weights and is of ``model``'s Keras (Keras 3 or tf_keras); compile and fit it as usual.
+
+    Keras 2 (tf_keras) has no such option. Keras 3's optimizers take ``gradient_accumulation_steps=k``,
+    which accumulates over k *batches* of ``fit`` instead: the same update when each batch is a
+    micro-batch, but ``fit``'s batches, steps, callbacks and logs are then the micro-batches', and
+    the option belongs to the optimizer rather than the model. This one keeps ``fit``'s batch as the
+    unit in both Kerases.
 
     Args:
-        model: a functional or sequential Keras model.
+        model: a functional or sequential Keras model (Keras 3 or tf_keras).
         steps: micro-batches per batch; each batch's size must be divisible by it.
 
     Returns:
-        A ``tf.keras.Model`` whose ``train_step`` accumulates.
+        A model of ``model``'s Keras whose ``train_step`` accumulates.
 
     Raises:
-        tensorfleet.compat.keras.Keras3ModelError: ``model`` is a Keras 3 model.
+        TypeError: ``model`` is not a functional or sequential Keras model.
+        ValueError: ``steps`` is not a positive integer; at run time, a batch not divisible by
+            ``steps``, or sample weights.
 
     Example:
         >>> import tensorflow as tf
@@ -67,54 +80,128 @@ def accumulate_gradients(model: Any, steps: int) -> Any:
         >>> int(acc.optimizer.iterations)  # one update per batch of 256 (four micro-batches of 64)
         2
     """
+    steps = positive_int("steps", steps)
+    which = keras_of(model, "accumulate_gradients")
+    keras = keras_module(which)
+    if not isinstance(model, keras.Model) or not getattr(model, "inputs", None):
+        raise TypeError("accumulate_gradients needs a built functional or sequential Keras model. "
+                        f"Received: {type(model).__name__}")
+    make = _keras3_accumulation if which is Keras.KERAS3 else _keras2_accumulation
+    return make(keras, steps)(inputs=model.inputs, outputs=model.outputs, name=f"{model.name}_accumulate{steps}")
+
+
+def _micro_batches(x: Any, y: Any, sample_weight: Any, steps: int) -> tuple[Any, Any]:
+    """The size of one micro-batch of the batch ``x``, and a function ``i -> (x_i, y_i)``."""
     import tensorflow as tf
 
-    steps = positive_int("steps", steps)
-    require_keras2(model, "accumulate_gradients")
-    if not getattr(model, "inputs", None):
-        raise TypeError(
-            "accumulate_gradients needs a built functional or sequential tf.keras.Model. "
-            f"Received: {type(model).__name__}"
-        )
+    if sample_weight is not None:
+        raise ValueError("accumulate_gradients does not support sample weights. Received: sample_weight of "
+                         f"shape {getattr(sample_weight, 'shape', None)}")
+    size = tf.shape(tf.nest.flatten(x)[0])[0]
+    tf.debugging.assert_equal(size % steps, 0, message=f"batch size must be divisible by steps={steps}")
+    micro = size // steps
 
-    class GradientAccumulationModel(keras2().Model):
+    def part(i: Any) -> tuple[Any, Any]:
+        cut = lambda t: t[i * micro:(i + 1) * micro]  # noqa: E731
+        return tf.nest.map_structure(cut, x), tf.nest.map_structure(cut, y)
+
+    return micro, part
+
+
+def _accumulate(steps: int, variables: Any, micro_step: Any) -> list[Any]:
+    """The mean over ``steps`` micro-batches of ``micro_step(i)``'s gradients, one micro-batch at a time.
+
+    The first micro-batch runs before the loop: a metric that builds its variables on its first update
+    (Keras 3's compiled metrics, without a strategy) must not create them inside a ``tf.while_loop``.
+    """
+    import tensorflow as tf
+
+    first = micro_step(tf.constant(0))
+    total = [tf.zeros_like(v) if g is None else g / steps for v, g in zip(variables, first)]
+
+    def body(i: Any, *total: Any) -> tuple[Any, ...]:
+        grads = micro_step(i)
+        return (i + 1, *[t if g is None else t + g / steps for t, g in zip(total, grads)])
+
+    # One micro-batch at a time (parallel_iterations=1): otherwise the runtime may run several at once
+    # and hold all their activations, which is what this is meant to avoid.
+    _, *total = tf.while_loop(lambda i, *_: i < steps, body, (tf.constant(1), *total), parallel_iterations=1)
+    return total
+
+
+def _keras2_accumulation(keras: ModuleType, steps: int) -> type:
+    import tensorflow as tf
+
+    class GradientAccumulationModel(keras.Model):
         def train_step(self, data: Any) -> dict[str, Any]:
-            x, y, sample_weight = keras2().utils.unpack_x_y_sample_weight(data)
-            if sample_weight is not None:
-                raise ValueError("accumulate_gradients does not support sample weights.")
-            size = tf.shape(tf.nest.flatten(x)[0])[0]
-            tf.debugging.assert_equal(size % steps, 0, message=f"batch size must be divisible by steps={steps}")
-            micro = size // steps
+            _, part = _micro_batches(*keras.utils.unpack_x_y_sample_weight(data), steps)
             variables = self.trainable_variables
 
-            def body(i: Any, *total: Any) -> tuple[Any, ...]:
-                xs = tf.nest.map_structure(lambda t: t[i * micro:(i + 1) * micro], x)
-                ys = tf.nest.map_structure(lambda t: t[i * micro:(i + 1) * micro], y)
+            def micro_step(i: Any) -> list[Any]:
+                xs, ys = part(i)
                 with tf.GradientTape() as tape:
                     pred = self(xs, training=True)
                     loss = self.compute_loss(xs, ys, pred, None)
-                grads = tape.gradient(loss, variables)
                 self.compiled_metrics.update_state(ys, pred)
-                return (i + 1, *[t if g is None else t + g / steps for t, g in zip(total, grads)])
+                return tape.gradient(loss, variables)
 
-            # One micro-batch at a time (parallel_iterations=1): otherwise the runtime may run
-            # several at once and hold all their activations, which is what this is meant to avoid.
-            _, *total = tf.while_loop(lambda i, *_: i < steps, body,
-                                      (tf.constant(0), *[tf.zeros_like(v) for v in variables]),
-                                      parallel_iterations=1)
-            self.optimizer.apply_gradients(zip(total, variables))
+            self.optimizer.apply_gradients(zip(_accumulate(steps, variables, micro_step), variables))
             return self.get_metrics_result()
 
-    return GradientAccumulationModel(inputs=model.inputs, outputs=model.outputs,
-                                     name=f"{model.name}_accumulate{steps}")
+    return GradientAccumulationModel
+
+
+def _keras3_accumulation(keras: ModuleType, steps: int) -> type:
+    import tensorflow as tf
+
+    class GradientAccumulationModel(keras.Model):
+        def train_step(self, data: Any) -> dict[str, Any]:
+            micro, part = _micro_batches(*keras.utils.unpack_x_y_sample_weight(data), steps)
+            variables = self.trainable_variables
+            # Keras 3 divides a replica's loss by the replicas in sync (their gradients are summed); the
+            # logged loss is the replica's own, as Keras' train_step logs it.
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            tracker = next(m for m in self.metrics if m.name == "loss")
+
+            def micro_step(i: Any) -> list[Any]:
+                xs, ys = part(i)
+                with tf.GradientTape() as tape:
+                    pred = self(xs, training=True)
+                    loss = self.compute_loss(x=xs, y=ys, y_pred=pred, training=True)
+                    scaled = self.optimizer.scale_loss(loss)  # a LossScaleOptimizer's loss scaling
+                tracker.update_state(loss * tf.cast(replicas, loss.dtype), sample_weight=micro)
+                self.compute_metrics(xs, ys, pred)
+                return tape.gradient(scaled, variables)
+
+            self.optimizer.apply_gradients(zip(_accumulate(steps, variables, micro_step), variables))
+            return self.get_metrics_result()
+
+    return GradientAccumulationModel
+
+
+def _kerases_in_use() -> list[ModuleType]:
+    """The Kerases a model built now could be written in: tf_keras (when installed), and Keras 3 when this
+    process has imported it or ``tf.keras`` is Keras 3 (never imported here otherwise)."""
+    modules = []
+    with contextlib.suppress(ImportError):
+        modules.append(keras2())
+    if "keras" in sys.modules or user_keras() is Keras.KERAS3:
+        with contextlib.suppress(ImportError):  # the tff track's keras is Keras 2.14
+            modules.append(keras3())
+    return [m for i, m in enumerate(modules) if all(m is not other for other in modules[:i])]
 
 
 @contextlib.contextmanager
 def mixed_precision(policy: str | Precision = "mixed_float16") -> Iterator[Any]:
     """Builds models inside under a Keras mixed-precision policy; restores the old one after.
 
-    Yields a function that wraps an optimizer for loss scaling (needed with float16):
-    ``LossScaleOptimizer`` with dynamic scaling.
+    The policy is set in each Keras a model can be built in here (tf_keras, and Keras 3 once imported or when
+    ``tf.keras`` is Keras 3). Yields a function that wraps an optimizer for loss scaling (needed with float16):
+    the ``LossScaleOptimizer`` of the optimizer's own Keras, with dynamic scaling.
+
+    Raises:
+        ValueError: ``policy`` is not one of :class:`Precision` (the message lists them).
+        TypeError: (from the yielded function) what it wraps is not a Keras optimizer.
 
     Example:
         >>> import tensorflow as tf
@@ -132,30 +219,37 @@ def mixed_precision(policy: str | Precision = "mixed_float16") -> Iterator[Any]:
     """
 
     prec = choice(Precision, "policy", policy)
-    old = keras2().mixed_precision.global_policy()
-    keras2().mixed_precision.set_global_policy(prec.value)
+    kerases = _kerases_in_use()
+    old = [keras.mixed_precision.global_policy() for keras in kerases]
+    for keras in kerases:
+        keras.mixed_precision.set_global_policy(prec.value)
 
     def wrap(optimizer: Any) -> Any:
+        keras = module_of(optimizer, "mixed_precision's wrap", "optimizer")
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(f"mixed_precision's wrap takes a Keras optimizer. Received: optimizer of type "
+                            f"{type(optimizer).__qualname__}")
         if prec is Precision.MIXED_FLOAT16:
-            return keras2().mixed_precision.LossScaleOptimizer(optimizer)
+            return keras.mixed_precision.LossScaleOptimizer(optimizer)
         return optimizer  # bfloat16 has float32's range: no loss scaling
 
     try:
         yield wrap
     finally:
-        keras2().mixed_precision.set_global_policy(old)
+        for keras, policy_before in zip(kerases, old):
+            keras.mixed_precision.set_global_policy(policy_before)
 
 
-_RECOMPUTE_CLASS: list[type] = []
+_RECOMPUTE_CLASSES: dict[Keras, type] = {}
 
 
-def _recompute_class() -> type:
-    """The Keras layer class, created on first use so that importing this module stays TF-free."""
-    if _RECOMPUTE_CLASS:
-        return _RECOMPUTE_CLASS[0]
+def _recompute_class(which: Keras) -> type:
+    """The Keras layer class of ``which`` Keras, created on first use so that importing this module stays TF-free."""
+    if which in _RECOMPUTE_CLASSES:
+        return _RECOMPUTE_CLASSES[which]
     import tensorflow as tf
 
-    class RecomputeBlock(keras2().layers.Layer):
+    class RecomputeBlock(keras_module(which).layers.Layer):
         """Applies ``layers`` in order; under training, through ``tf.recompute_grad``."""
 
         def __init__(self, layers: Sequence[Any], **kwargs: Any) -> None:
@@ -185,7 +279,7 @@ def _recompute_class() -> type:
                 input_shape = layer.compute_output_shape(input_shape)
             return input_shape
 
-    _RECOMPUTE_CLASS.append(RecomputeBlock)
+    _RECOMPUTE_CLASSES[which] = RecomputeBlock
     return RecomputeBlock
 
 
@@ -197,14 +291,16 @@ def recompute(layers: Sequence[Any], *, name: str | None = None) -> Any:
     gradients. Outside training (``training`` false) the block runs plainly.
 
     Args:
-        layers: the layers of the block (not shared elsewhere), applied in order.
+        layers: the layers of the block (not shared elsewhere), applied in order, all of one Keras
+            (Keras 3 or tf_keras).
         name: the block's layer name.
 
     Returns:
-        A Keras layer.
+        A Keras layer of the layers' Keras.
 
     Raises:
-        tensorfleet.compat.keras.Keras3ModelError: a layer is a Keras 3 layer.
+        ValueError: ``layers`` is not a non-empty list.
+        TypeError: an entry is not a Keras layer, or the layers mix Keras 3 and tf_keras.
 
     Example:
         >>> import tensorflow as tf
@@ -217,7 +313,12 @@ def recompute(layers: Sequence[Any], *, name: str | None = None) -> Any:
     """
     if not isinstance(layers, (list, tuple)) or not layers:
         raise ValueError(f"recompute needs a non-empty list of Keras layers. Received: layers={layers!r}")
-    for layer in layers:
-        if is_keras3_model(layer):  # a Keras 3 layer inside a tf_keras layer fails deep in Keras otherwise
-            require_keras2(layer, "recompute")
-    return _recompute_class()(layers, name=name)
+    kerases = [keras_of(layer, "recompute", "layer") for layer in layers]
+    for layer, which in zip(layers, kerases):
+        if not isinstance(layer, keras_module(which).layers.Layer):
+            raise TypeError(f"recompute takes Keras layers. Received: layer of type {type(layer).__qualname__}")
+    if len(set(kerases)) > 1:  # a layer of one Keras inside a layer of the other fails deep in Keras otherwise
+        named = ", ".join(f"{layer.name} ({which.value})" for layer, which in zip(layers, kerases))
+        raise TypeError("recompute takes layers of one Keras: all Keras 3 (import keras) or all tf_keras "
+                        f"(import tf_keras). Received: {named}")
+    return _recompute_class(kerases[0])(layers, name=name)
