@@ -24,7 +24,13 @@ from typing import Any
 from tensorfleet.io import write_json
 from tensorfleet.validation import choice, integer, positive_int
 
-__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "check_script", "SCRIPT_FUNCTIONS"]
+__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_script",
+           "SCRIPT_FUNCTIONS"]
+
+
+class TunerKerasError(TypeError):
+    """``build_model`` returns models of one Keras while the search's Keras Tuner drives the other
+    (see :func:`tensorfleet.tuning.task.checked_hypermodel`)."""
 
 # Strategies a trial can run under inside one tuner worker process (no cluster of its own).
 TRIAL_STRATEGIES = ("one_device", "mirrored", "central_storage", "auto")

@@ -33,7 +33,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, missing_functions_message
+# TunerKerasError lives in config: this module also runs as __main__, where a class of its own would be another
+# class than the one the chief's make_tuner (imported from tensorfleet.tuning.task) raises.
+from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, TunerKerasError, missing_functions_message
 
 __all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "KERAS_MARK", "MARK", "TuneScriptError", "TunerKerasError",
            "checked_hypermodel", "main", "make_tuner", "load_script", "split_data"]
@@ -49,10 +51,6 @@ CONFIG_ENV = "TENSORFLEET_TUNE_CONFIG"
 
 class TuneScriptError(ValueError):
     """What the user's script or options give cannot be searched (reported, not retried)."""
-
-
-class TunerKerasError(TypeError):
-    """``build_model`` returns models of one Keras while the search's Keras Tuner drives the other."""
 
 
 _HOW = {  # by the Keras of the model built: why Keras Tuner drives the other here, and the two ways out
