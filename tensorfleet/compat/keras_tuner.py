@@ -97,9 +97,13 @@ def search_keras() -> Keras:
     """The Keras a Keras Tuner imported in a process started with this process's environment will drive
     (without importing anything): tf_keras where ``TF_USE_LEGACY_KERAS=1`` is set or the ``keras`` package
     is Keras 2 (TensorFlow < 2.16), else Keras 3."""
-    from tensorfleet.compat.keras import _keras_major
+    from importlib.metadata import PackageNotFoundError, version
 
-    return Keras.KERAS2 if legacy_keras_selected() or _keras_major("keras") < 3 else Keras.KERAS3
+    try:
+        keras2_package = int(version("keras").split(".")[0]) < 3
+    except (PackageNotFoundError, ValueError):
+        keras2_package = False
+    return Keras.KERAS2 if legacy_keras_selected() or keras2_package else Keras.KERAS3
 
 
 def prefer_keras2() -> bool:
