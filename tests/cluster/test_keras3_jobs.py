@@ -96,6 +96,8 @@ def test_two_keras3_jobs_share_the_devices(tmp_path: Path, keras3: Any) -> None:
     assert abs(shares[0] - 0.75) <= 0.05 and abs(shares[1] - 0.25) <= 0.05, shares
 
 
+@pytest.mark.slow  # its checkpoint comes from the module's runs
+@pytest.mark.timeout(600)
 def test_a_checkpoint_moves_between_placements_not_between_kerases(runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=rf"^The checkpoint in '{re.escape(str(runs['unbroken']))}' was written "
                        r"by a Keras 3 model and this job's build_model\(\) returns a Keras 2 \(tf_keras\) model: a "
