@@ -74,8 +74,10 @@ def _current_strategy(strategy: Any, where: str) -> Any:
         if is_keras3_model(strategy) and uses_coordinator(model_strategy):
             raise Keras3ModelError(
                 f"{where} received a Keras 3 model built under a parameter-server strategy, and Keras 3's own fit "
-                "has no parameter-server training (keras-team/keras#18624). Use multi_worker_mirrored for a Keras 3 "
-                f"model, or build it in tf_keras for a parameter-server job. {KERAS2_HOWTO}")
+                "has no parameter-server training (keras-team/keras#18624). Run it as a migratable job (`tensorfleet "
+                "launch --strategy parameter_server --workers N --ps M job.py`: tensorfleet's own coordinator loop "
+                "trains Keras 3 models), use multi_worker_mirrored, or build the model in tf_keras. "
+                f"{KERAS2_HOWTO}")
         return model_strategy
     raise TypeError("strategy must be a tf.distribute.Strategy or a Keras model built under one. "
                     f"Received: strategy={type(strategy).__name__}")
@@ -147,7 +149,10 @@ def fit_inputs(
             different inputs than every other strategy.
         shuffle, seed: shuffling of the examples. Under the parameter server every worker
             shuffles alike and worker ``w`` of ``W`` keeps every W-th example from position
-            ``w`` on: the workers read disjoint examples (see the module docstring).
+            ``w`` on: the workers read disjoint examples (see the module docstring). A Keras 3
+            model under any strategy reads one batch before its first epoch to build itself, which
+            starts a pass of the dataset: its epochs then get the orders of passes 1, 2, ... of the
+            same seeded sequence, where the model without a strategy gets passes 0, 1, ...
         validation_data: ``(x_val, y_val)`` arrays.
         dataset_fn: instead of arrays, a function ``(input_context) -> tf.data.Dataset`` of
             batches; requires ``steps_per_epoch``. Under the parameter server it runs on every
