@@ -126,14 +126,12 @@ def restore_central_storage_metrics() -> None:
 def _keras3_in_use() -> bool:
     """Whether the ``keras`` package is Keras 3 on the TensorFlow backend and this process uses it (imported,
     or what ``tf.keras`` is); a tf_keras user's process is never made to import Keras 3 by this."""
-    from tensorfleet.compat.keras import Keras, _keras_major, user_keras
+    from tensorfleet.compat.keras import Keras, keras3, user_keras
 
-    if _keras_major("keras") < 3:
-        return False
     if "keras" not in sys.modules and user_keras() is not Keras.KERAS3:
         return False
     try:
-        import keras
-    except ImportError:
+        keras = keras3()
+    except ImportError:  # not installed, or Keras 2 (the tff track)
         return False
     return bool(keras.backend.backend() == "tensorflow")

@@ -1,4 +1,17 @@
-"""The Keras callback that records chosen steps of ``fit`` (see :mod:`tensorfleet.profiling.recorder`)."""
+"""The Keras callback that records chosen steps of ``fit`` (see :mod:`tensorfleet.profiling.recorder`), in
+Keras 3 and tf_keras alike.
+
+One callback class serves both Kerases: it is a tf_keras ``Callback``, whose protocol Keras 3's ``CallbackList``
+calls as it calls its own (``set_model``, ``set_params`` and the ``on_*`` hooks), while tf_keras' list needs
+its own class's private methods. Two things differ by Keras, and the callback does them itself:
+
+* tf_keras' ``fit`` puts the ``train`` step annotation the analysis cuts steps by around every step; Keras
+  3's TensorFlow trainer puts none, so for a Keras 3 model the callback annotates each recorded step, from
+  its ``on_train_batch_begin`` to its ``on_train_batch_end`` (the step's ``train_function`` call), numbered
+  within its epoch as tf_keras numbers them.
+* tf_keras lets a callback switch its per-step hook dispatch off outside the recorded epochs; Keras 3's
+  ``CallbackList`` has no such switch and calls the hooks every step (a Python call each).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 
+from tensorfleet.compat.keras import is_keras3_model, keras2, keras_of
 from tensorfleet.compat.profiler import (callback_list_calling, cluster_coordinator, implements_train_batch_hooks,
-                                         set_train_batch_hooks)
-from tensorfleet.profiling.recorder import Capture, StepRange, task_directory
-from tensorfleet.compat.keras import keras2
+                                         set_train_batch_hooks, step_trace)
+from tensorfleet.profiling.recorder import STEP_NAME, Capture, StepRange, task_directory
 
 __all__ = ["ProfileCallback"]
 
@@ -22,8 +35,9 @@ class ProfileCallback(keras2().callbacks.Callback):
     the last one begins (or at the end of the epoch or of training), so every chosen step is
     recorded whole, with the ``train`` annotation ``fit`` puts around it, and nothing else is.
 
-    Outside the epochs that hold the chosen steps the callback costs nothing per step: Keras calls
-    no batch hook for it there (unless another callback needs them anyway).
+    Keras 3 and tf_keras models alike (see the module). Outside the epochs that hold the chosen steps the
+    callback costs nothing per step in tf_keras: Keras calls no batch hook for it there (unless another
+    callback needs them anyway); Keras 3 calls them, and they return at once.
 
     Under a parameter-server strategy the workers and ps tasks are recorded too, each into its own
     ``logdir/<role>-<index>`` (see :mod:`tensorfleet.profiling.remote`); the coordinator waits for the
@@ -44,16 +58,18 @@ class ProfileCallback(keras2().callbacks.Callback):
         self._epochs = 0
         self._epoch_base = 0  # steps done before this epoch
         self._owner: Any = None
+        self._annotate = False  # a Keras 3 fit, whose steps this callback annotates itself
+        self._trace: Any = None  # the open annotation of the step running now
 
     def set_model(self, model: Any) -> None:
-        """Keras hands the model being fitted here; only Keras 2 (tf_keras) models are recorded.
+        """Keras hands the model being fitted here (a Keras 3 or a tf_keras model).
 
         Raises:
-            tensorfleet.compat.keras.Keras3ModelError: ``fit`` of a Keras 3 model was given this callback.
+            TypeError: ``model`` is not a Keras model.
         """
-        from tensorfleet.compat.keras import require_keras2
-
-        super().set_model(require_keras2(model, "tfl.profiling.ProfileCallback"))
+        keras_of(model, "tfl.profiling.ProfileCallback")
+        super().set_model(model)
+        self._annotate = is_keras3_model(model)
 
     @property
     def directory(self) -> Path:
@@ -92,10 +108,19 @@ class ProfileCallback(keras2().callbacks.Callback):
         first, last = self.capture.steps.first - 1, self.capture.steps.last + 1
         return self._batch_hooks(self.seen <= last and self.seen + per_epoch > first)
 
+    def _end_step(self) -> None:
+        if self._trace is not None:
+            trace, self._trace = self._trace, None
+            trace.__exit__(None, None, None)
+
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self._stop_if_past()
+        if self._annotate and self.capture.running:
+            self._trace = step_trace(STEP_NAME, batch)
+            self._trace.__enter__()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._end_step()
         # ``batch`` is the epoch's last step done: with steps_per_execution > 1 Keras runs several per call.
         stride = self._epoch_base + batch + 1 - self.seen
         self.seen += stride
@@ -105,12 +130,14 @@ class ProfileCallback(keras2().callbacks.Callback):
             self.capture.start()  # inside the previous call's annotation, which is therefore not recorded
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._end_step()
         per_epoch = (self.params or {}).get("steps")
         if per_epoch:  # counted here too when Keras called no batch hook this epoch
             self.seen = self._epochs * per_epoch
         self._stop_if_past()
 
     def on_train_end(self, logs: Any = None) -> None:
+        self._end_step()
         self.capture.stop()
         self._batch_hooks(True)
         self._owner = None

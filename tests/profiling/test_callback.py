@@ -63,17 +63,35 @@ def test_with_several_steps_per_call_the_calls_holding_the_chosen_steps_are_reco
     assert callback.seen == 12 and not callback.capture.running
 
 
-def test_fit_of_a_keras_3_model_refuses_the_callback_before_recording(tmp_path):
-    keras = pytest.importorskip("keras", reason="Keras 3 is not installed (the tff track has Keras 2.14)")
-    if not keras.__version__.startswith("3."):
-        pytest.skip(f"keras {keras.__version__} is Keras 2 (the tff track): no Keras 3 model to refuse")
-    from tensorfleet.compat.keras import Keras3ModelError
-
+def _keras3_fit(keras, callback, *, epochs: int, steps_per_execution: int = 1, steps_per_epoch: int = 4) -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    model.compile("sgd", "mse")
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.profiling\.ProfileCallback runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
-                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. tensorfleet runs "
-                                               r"Keras 2 models"):
-        model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), epochs=1, verbose=0,
-                  callbacks=[profiling.ProfileCallback(tmp_path, steps="0-1")])
-    assert not list(tmp_path.rglob("*.xplane.pb"))
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))).batch(2)
+    model.fit(data.repeat(), steps_per_epoch=steps_per_epoch, epochs=epochs, verbose=0, shuffle=False,
+              callbacks=[callback])
+
+
+def test_fit_of_a_keras_3_model_records_the_chosen_steps_annotated_as_tf_keras_does(tmp_path, keras3):
+    callback = profiling.ProfileCallback(tmp_path, steps="9-10")  # epoch 2's steps 1 and 2
+    _keras3_fit(keras3, callback, epochs=5)
+    (trace,) = task_traces(tmp_path)
+    assert [s.number for s in trace.steps] == [1, 2]  # Keras 3 annotates no step: the callback did
+    assert all(s.duration_ms > 0 for s in trace.steps)
+    assert callback.seen == 20 and not callback.capture.running
+    profile = profiling.analyze(tmp_path, skip_first=False)
+    assert [t.steps for t in profile.tasks] == [2]
+
+
+def test_keras_3_with_several_steps_per_call_records_the_calls_holding_the_chosen_steps(tmp_path, keras3):
+    callback = profiling.ProfileCallback(tmp_path, steps="4-7")
+    _keras3_fit(keras3, callback, epochs=2, steps_per_execution=2, steps_per_epoch=6)
+    (trace,) = task_traces(tmp_path)
+    assert [s.number for s in trace.steps] == [4, 0]  # as tf_keras: each call annotated with its first step
+    assert callback.seen == 12 and not callback.capture.running
+
+
+def test_the_callback_refuses_what_is_not_a_keras_model(tmp_path):
+    callback = profiling.ProfileCallback(tmp_path, steps="0-1")
+    with pytest.raises(TypeError, match=r"^tfl\.profiling\.ProfileCallback takes a Keras model \(Keras 3 or tf_keras\)\. "
+                                        r"Received: model of type object$"):
+        callback.set_model(object())

@@ -95,3 +95,21 @@ def test_a_task_folder_or_a_single_capture_folder_reads_as_one_task(recorded):
     assert find_traces(logdir) == {"local": [pb]}
     assert find_traces(logdir / "local") == {"local": [pb]}
     assert find_traces(run) == {run.name: [pb]}
+
+
+def test_a_keras3_fit_with_the_same_sleep_is_judged_input_bound_with_its_steps(tmp_path, keras3):
+    from tensorfleet import profiling
+    from tests.profiling.slow_worker_job import sleepy_dataset
+
+    model = keras3.Sequential([keras3.Input((32,)), keras3.layers.Dense(64, activation="relu"), keras3.layers.Dense(10)])
+    model.compile(optimizer="sgd", loss=keras3.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = profiling.ProfileCallback(tmp_path / "profile", steps="3-12")
+    model.fit(sleepy_dataset(SLEEP_MS / 1000), steps_per_epoch=15, epochs=1, verbose=0, shuffle=False,
+              callbacks=[callback])
+    profile = profiling.analyze(tmp_path / "profile")
+    (task,) = profile.tasks
+    assert (task.task, task.steps) == ("local", 9)  # steps 4-12: the first recorded one is left out
+    assert statistics.median(row.input_ms for row in profile.steps) == pytest.approx(SLEEP_MS, rel=0.15)
+    assert profile.verdict.bottleneck is profiling.Bottleneck.INPUT
+    paths = profiling.write_report(profile, tmp_path / "report")
+    assert [s["step"] for s in json.loads(paths["json"].read_text())["steps"]] == list(range(4, 13))
