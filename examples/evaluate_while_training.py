@@ -22,12 +22,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def build_model():
-    import tensorflow as tf
+    import keras
 
-    model = tf.keras.Sequential([tf.keras.Input(shape=(64,)), tf.keras.layers.Dense(32, activation="relu"),
-                                 tf.keras.layers.Dense(10)])
-    model.compile(optimizer=tf.keras.optimizers.Adam(3e-3),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model = keras.Sequential([keras.Input(shape=(64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 
 
@@ -38,10 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/evaluate_while_training")
     args = parser.parse_args(argv)
 
-    from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation  # first: it selects tf_keras
-    from tensorfleet.models.datasets import load_digits
+    import keras
 
-    import tensorflow as tf
+    from tensorfleet import strategies
+    from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation
+    from tensorfleet.models.datasets import load_digits
 
     split = load_digits(flat=True)
     checkpoints = os.path.join(args.out, "ckpt")
@@ -49,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
                   out=os.path.join(args.out, "eval"), monitor="accuracy"):
         return 0  # the evaluator task is done: training ended and its last checkpoint is evaluated
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = strategies.build("multi_worker_mirrored")  # mends Keras 3's multi-worker fit (keras#20585)
     with strategy.scope():
         model = build_model()
     model.fit(split.x_train, split.y_train, epochs=args.epochs, batch_size=64, verbose=2,
               validation_data=(split.x_test, split.y_test),
-              callbacks=[checkpoint_callback(checkpoints),
-                         tf.keras.callbacks.EarlyStopping(monitor="val_loss", patience=args.patience)])
+              callbacks=[checkpoint_callback(checkpoints, keras=model),
+                         keras.callbacks.EarlyStopping(monitor="val_loss", patience=args.patience)])
     return 0
 
 

@@ -77,14 +77,14 @@ def training_ended(environ: dict[str, str] | None = None) -> bool:
     return bool(path) and os.path.exists(path)
 
 
-def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | str | None = None) -> Any:
+def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | str | Any = None) -> Any:
     """A callback that saves the model's weights (and the optimizer's step) as ``ckpt-<epoch>`` every epoch,
     which :func:`evaluation` watches for.
 
     Args:
         checkpoint_dir: where the checkpoints go.
-        keras: the Keras of the model that trains (``"keras3"`` or ``"keras2"``); None: the Keras ``tf.keras``
-            is in this process. Keras 2: Keras' ``ModelCheckpoint`` with weights only; Keras 3: a TensorFlow
+        keras: the Keras of the model that trains: the model itself, ``"keras3"`` or ``"keras2"``; None: the
+            Keras ``tf.keras`` is in this process. Keras 2: Keras' ``ModelCheckpoint`` with weights only; Keras 3: a TensorFlow
             checkpoint of the model and its optimizer (Keras 3's ``ModelCheckpoint`` writes ``.weights.h5``).
     """
     directory = os.fspath(checkpoint_dir)
@@ -92,16 +92,31 @@ def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | s
         return keras2().callbacks.ModelCheckpoint(os.path.join(directory, "ckpt-{epoch}"), save_weights_only=True)
 
     class TensorFlowCheckpoint(keras3().callbacks.Callback):
-        """Writes ``ckpt-<epoch>`` (1-based, as ``ModelCheckpoint`` numbers them) and names it newest."""
+        """Writes ``ckpt-<epoch>`` (1-based, as ``ModelCheckpoint`` numbers them) and names it newest. Under a
+        multi-worker strategy every worker saves (reading mirrored variables is a collective), the chief into
+        ``checkpoint_dir`` and the others into a scratch folder of their own, removed when training ends."""
+
+        scratch: str | None = None
 
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+            import tempfile
+
             import tensorflow as tf
 
+            chief = self.model.distribute_strategy.extended.should_checkpoint
+            self.scratch = None if chief else tempfile.mkdtemp(prefix="tensorfleet-ckpt-")
             checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
-            self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=None, checkpoint_name="ckpt")
+            self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or directory,
+                                                      max_to_keep=1 if self.scratch else None, checkpoint_name="ckpt")
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             self.manager.save(checkpoint_number=epoch + 1)
+
+        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+            if self.scratch:
+                import shutil
+
+                shutil.rmtree(self.scratch, ignore_errors=True)
 
     return TensorFlowCheckpoint()
 

@@ -264,13 +264,6 @@ _BEHAVIOURS: dict[str, type] = {"BackupCleanup": _BackupCleanup, "BestModelCheck
                                  "EpochLog": _EpochLog, "StepLog": _StepLog, "StopAfterEpoch": _StopAfterEpoch}
 
 
-def _which_keras(keras: Keras | str | Any) -> Keras:
-    """``keras`` as a :class:`Keras`: a name (:func:`~tensorfleet.compat.keras.as_keras`), or a Keras object's own."""
-    if keras is None or isinstance(keras, (Keras, str)):
-        return as_keras(keras)
-    return keras_of(keras, "fault_tolerance.callbacks")
-
-
 @functools.cache
 def _callback_class(name: str, which: Keras) -> type:
     behaviour = _BEHAVIOURS[name]
@@ -297,7 +290,7 @@ def callback_class(name: str, keras: Keras | str | Any = None) -> type:
     """
     if name not in _BEHAVIOURS:
         raise ValueError(f"name must be one of {sorted(_BEHAVIOURS)}. Received: name={name!r}")
-    return _callback_class(name, _which_keras(keras))
+    return _callback_class(name, as_keras(keras))
 
 
 def __getattr__(name: str) -> type:
@@ -356,7 +349,7 @@ def callbacks(
     """
     if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
         raise ValueError(f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}")
-    which = _which_keras(keras)
+    which = as_keras(keras)
     directory = backup_dir(backup)
     result: list[Any] = [_backup_and_restore(which, directory, save_freq)]
     if _default_backup(backup):

@@ -91,17 +91,20 @@ def user_keras() -> Keras:
     return Keras.KERAS3 if keras_flavour() == "keras3" else Keras.KERAS2
 
 
-def as_keras(which: Keras | str | None) -> Keras:
-    """``which`` as a :class:`Keras`; ``None`` is :func:`user_keras`. Accepts ``"keras2"``/``"tf_keras"``/``"2"`` and
-    ``"keras3"``/``"keras"``/``"3"``.
+def as_keras(which: Keras | str | Any) -> Keras:
+    """``which`` as a :class:`Keras`: a name (``"keras2"``/``"tf_keras"``/``"2"``, ``"keras3"``/``"keras"``/``"3"``),
+    a Keras object (a model, layer, optimizer ...: its own Keras), or ``None`` (:func:`user_keras`).
 
     Raises:
-        ValueError: any other value (the message lists the accepted ones).
+        ValueError: another string (the message lists the accepted ones).
+        TypeError: an object that is no Keras object.
     """
     if which is None:
         return user_keras()
     if isinstance(which, Keras):
         return which
+    if not isinstance(which, str):
+        return keras_of(which, "keras=", "object")
     key = str(which).strip().lower()
     if key not in _ALIASES:
         raise ValueError(f"keras must be one of 'keras3', 'keras2' (also 'tf_keras'), or None for the Keras "
