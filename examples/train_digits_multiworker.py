@@ -44,15 +44,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import numpy as np
 
-    from tensorfleet.io import write_bytes  # first: import tensorfleet selects tf_keras as tf.keras
+    import tensorflow as tf
+
+    from tensorfleet.io import write_bytes
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
     from tensorfleet import strategies
     from tensorfleet.cluster import elastic, fault_tolerance
 
-    import tensorflow as tf
-
-    tf.keras.utils.set_random_seed(args.seed)
+    keras = tf.keras  # this process's Keras: Keras 3, or tf_keras where TF_USE_LEGACY_KERAS=1 was set
+    keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()
 
     strategy = strategies.build("multi_worker_mirrored", implementation="ring",
@@ -74,15 +75,15 @@ def main(argv: list[str] | None = None) -> None:
     val = tf.data.Dataset.from_tensor_slices((split.x_test, split.y_test)).batch(sizes.global_batch_size)
 
     with strategy.scope():
-        model = build(args.model, seed=args.seed)
+        model = build(args.model, seed=args.seed)  # in this process's Keras too
         model.compile(
-            optimizer=tf.keras.optimizers.Adam(args.learning_rate),
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            optimizer=keras.optimizers.Adam(args.learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
     callbacks = fault_tolerance.callbacks(args.backup_dir, save_freq=save_freq, best_model=args.best_model,
-                                          monitor="val_accuracy", mode="max", log_steps=args.log_steps)
+                                          monitor="val_accuracy", mode="max", log_steps=args.log_steps, keras=model)
     model.fit(dataset, epochs=args.epochs, validation_data=val, callbacks=callbacks, verbose=0)
 
     weights = model.get_weights()

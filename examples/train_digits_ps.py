@@ -32,27 +32,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from tensorfleet import strategies  # first: import tensorfleet selects tf_keras as tf.keras
+    # Keras's own fit under a parameter server is Keras 2's (Keras 3 has none: a Keras 3 model trains there as a
+    # migratable job, docs/how-to-migrate-a-job.md), so this script is written in tf_keras.
+    import tf_keras as keras
+
+    from tensorfleet import strategies
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
-    from tensorfleet.cluster.fault_tolerance import EpochLog
+    from tensorfleet.cluster.fault_tolerance import callback_class
 
-    import tensorflow as tf
-
-    tf.keras.utils.set_random_seed(args.seed)
+    keras.utils.set_random_seed(args.seed)
     strategy = strategies.build("parameter_server")  # the cluster from the launcher's TF_CONFIG
     split = load_digits(seed=args.seed)
 
     with strategy.scope():
-        model = build("digits_cnn", seed=args.seed)
+        model = build("digits_cnn", seed=args.seed, keras="tf_keras")
         model.compile(
-            optimizer=tf.keras.optimizers.Adam(0.01),
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
     inputs = strategies.fit_inputs(split.x_train, split.y_train, batch_size=args.batch_size, strategy=model,
                                    seed=args.seed, steps_per_epoch=args.steps_per_epoch)
-    model.fit(**inputs, epochs=args.epochs, callbacks=[EpochLog()], verbose=0)
+    model.fit(**inputs, epochs=args.epochs, callbacks=[callback_class("EpochLog", model)()], verbose=0)
     logits = model.predict(split.x_test, verbose=0, batch_size=128)
     accuracy = float((logits.argmax(axis=1) == split.y_test).mean())
     print(f"tensorfleet: done iterations={int(model.optimizer.iterations.numpy())} "

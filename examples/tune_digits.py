@@ -22,17 +22,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def build_model(hp):
-    import tensorflow as tf
+    import keras  # Keras 3: Keras Tuner's own Keras (a tf_keras search runs with TF_USE_LEGACY_KERAS=1)
 
-    model = tf.keras.Sequential([
-        tf.keras.layers.Conv2D(hp.Choice("filters", [8, 16, 32]), 3, activation="relu", input_shape=(8, 8, 1)),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(hp.Int("units", 16, 128, step=16), activation="relu"),
-        tf.keras.layers.Dropout(hp.Float("dropout", 0.0, 0.5, step=0.25)),
-        tf.keras.layers.Dense(10),
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(hp.Choice("filters", [8, 16, 32]), 3, activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(hp.Int("units", 16, 128, step=16), activation="relu"),
+        keras.layers.Dropout(hp.Float("dropout", 0.0, 0.5, step=0.25)),
+        keras.layers.Dense(10),
     ])
-    model.compile(optimizer=tf.keras.optimizers.Adam(hp.Float("learning_rate", 1e-4, 1e-2, sampling="log")),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(optimizer=keras.optimizers.Adam(hp.Float("learning_rate", 1e-4, 1e-2, sampling="log")),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 
 
@@ -53,16 +54,16 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
-    from tensorfleet.tuning.distributed import describe, search  # first: import tensorfleet selects tf_keras
+    import keras
 
-    import tensorflow as tf
+    from tensorfleet.tuning.distributed import describe, search
 
     result = search(__file__, workers=args.workers, max_trials=args.max_trials, algorithm=args.algorithm,
                     epochs=args.epochs, out=args.out, resume=args.resume, fresh=not args.resume)
     print((result.out / "results.txt").read_text(), end="")
     print(describe(result))
     if result.best_model is not None:
-        model = tf.keras.models.load_model(result.best_model)
+        model = keras.models.load_model(result.best_model)
         _, _, x_val, y_val = data()
         _, accuracy = model.evaluate(x_val, y_val, batch_size=32, verbose=0)
         print(f"best model re-evaluated: val_accuracy={accuracy:.4f} (search: {result.best.score:.4f})")

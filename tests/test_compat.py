@@ -145,9 +145,9 @@ def test_a_users_own_legacy_keras_choice_is_kept() -> None:
 
 
 def test_a_keras3_model_gets_one_error_naming_the_way_to_keras2() -> None:
-    from tensorfleet.compat.keras import Keras3ModelError, _keras_major, require_keras2
+    from tensorfleet.compat.keras import Keras3ModelError, keras_major, require_keras2
 
-    if _keras_major("keras") < 3:
+    if keras_major("keras") < 3:
         pytest.skip("Keras 3 is not installed on this track (TensorFlow 2.14's keras is 2.14)")
     import keras
 

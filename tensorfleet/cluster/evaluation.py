@@ -88,7 +88,7 @@ def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | s
             checkpoint of the model and its optimizer (Keras 3's ``ModelCheckpoint`` writes ``.weights.h5``).
     """
     directory = os.fspath(checkpoint_dir)
-    if as_keras(keras) is Keras.KERAS2:
+    if as_keras(keras, "checkpoint_callback") is Keras.KERAS2:
         return keras2().callbacks.ModelCheckpoint(os.path.join(directory, "ckpt-{epoch}"), save_weights_only=True)
 
     class TensorFlowCheckpoint(keras3().callbacks.Callback):

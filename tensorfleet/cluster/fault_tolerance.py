@@ -290,7 +290,7 @@ def callback_class(name: str, keras: Keras | str | Any = None) -> type:
     """
     if name not in _BEHAVIOURS:
         raise ValueError(f"name must be one of {sorted(_BEHAVIOURS)}. Received: name={name!r}")
-    return _callback_class(name, as_keras(keras))
+    return _callback_class(name, as_keras(keras, "fault_tolerance.callback_class"))
 
 
 def __getattr__(name: str) -> type:
@@ -349,7 +349,7 @@ def callbacks(
     """
     if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
         raise ValueError(f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}")
-    which = as_keras(keras)
+    which = as_keras(keras, "fault_tolerance.callbacks")
     directory = backup_dir(backup)
     result: list[Any] = [_backup_and_restore(which, directory, save_freq)]
     if _default_backup(backup):

@@ -45,7 +45,8 @@ from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_worke
 from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS, StopRequest
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, check_same_keras, epoch_order, fingerprint,
                                           new_rng_state, read_state, seed_job, tf_checkpoint_prefix, write_checkpoint)
-from tensorfleet.compat.keras import atomic_step_count, is_keras3_model, keras_of, module_of
+from tensorfleet.compat.keras import is_keras3_model, keras_of, module_of
+from tensorfleet.compat.keras3 import atomic_step_count
 
 __all__ = ["MigratableJob", "StopRequest", "TaskOptions", "Trainer", "load_job", "main"]
 

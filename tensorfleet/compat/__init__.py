@@ -4,9 +4,12 @@ Every reach into a private module or attribute of TensorFlow, tf_keras, Keras Tu
 tensorflow-federated, mesh-tensorflow, dp-accounting or the profiler, and every branch on which
 version of them is installed, lives in a module here, one per library:
 
-- ``keras``: tf_keras (the Keras 2 API) as ``tf.keras``, refusing Keras 3 models, tf_keras internals.
+- ``keras``: which Keras (the user's, a model's, a saved file's), each as a module; refusing Keras 3 models
+  where a room runs Keras 2 only.
 - ``keras3``: Keras 3's TensorFlow trainer mended for multi-worker mirrored ``fit``, its ``BackupAndRestore``
-  for several workers.
+  for several workers, its optimizer's step count made atomic under a parameter server.
+- ``keras3_metrics``: Keras 3's metrics under central storage, made what one device logs.
+- ``tf_keras``: tf_keras internals the mesh needs (call context, layout-map scope, attention parts ...).
 - ``distribute``: ``tf.distribute`` internals (the cluster coordinator's queue, collective keys).
 - ``mesh_tf``: importing mesh-tensorflow on today's TensorFlow.
 - ``keras_tuner``: Keras Tuner on tf_keras, and its oracle's internals.
@@ -24,7 +27,7 @@ from __future__ import annotations
 from tensorfleet.lazy import attach
 
 __getattr__, _SUBMODULES = attach(__name__, modules=(
-    "keras", "keras3", "distribute", "mesh_tf", "keras_tuner", "tff", "dp", "profiler", "litert",
+    "keras", "keras3", "keras3_metrics", "tf_keras", "distribute", "mesh_tf", "keras_tuner", "tff", "dp", "profiler", "litert",
 ))
 
 __all__ = list(_SUBMODULES)

@@ -6,8 +6,11 @@ at a time in a launched 2-worker job:
 
 1. ``TensorFlowTrainer._maybe_symbolic_build`` builds the model from a sample batch that it takes with
    ``strategy.reduce("MEAN", batch, axis=None)`` in eager mode; under the collective strategy that
-   tries to turn a ``PerReplica`` into a tensor ("... PerReplica ... to a Tensor"). Building needs the
-   shapes of one replica's batch only, so the mend takes ``strategy.experimental_local_results(v)[0]``.
+   tries to turn a ``PerReplica`` into a tensor ("... PerReplica ... to a Tensor"), and under any
+   strategy of several replicas it fails when the first batch does not split evenly over them (the
+   replicas' parts differ in size: "Inputs to operation AddN ... must have the same size and shape").
+   Building needs the shapes of one replica's batch only, so the mend takes
+   ``strategy.experimental_local_results(v)[0]`` under every strategy of more than one replica.
 2. ``reduce_per_replica`` reduces a step's logs with ``strategy.reduce("MEAN", v, axis=0)`` when the
    strategy is multi-worker: "Invalid reduction dimension 0 for input with 0 dimensions" for the scalar
    loss and metrics. One worker's path (``tf.reduce_mean`` of the stacked replica values, axis 0 of
@@ -17,9 +20,9 @@ at a time in a launched 2-worker job:
 Checked on Keras 3.15.1 (TensorFlow 2.21): with both mends ``fit`` (with ``validation_data``),
 ``evaluate`` and ``predict`` (whose ``"concat"`` reduction, ``_multi_worker_concat``, works as it is)
 run in 2 launched workers, which end with equal weights, equal to one process on the same global batch
-within float32 tolerance. :func:`mend_multi_worker_fit` installs the mends (idempotent) and
-:func:`restore_multi_worker_fit` takes them out; tensorfleet installs them when it builds a
-``multi_worker_mirrored`` strategy, never at import. On a Keras 3 version not checked here nothing is
+within float32 tolerance. :func:`mend_fit` installs the mends (idempotent) and
+:func:`restore_fit` takes them out; tensorfleet installs them when it builds a
+``mirrored``, ``central_storage`` or ``multi_worker_mirrored`` strategy, never at import. On a Keras 3 version not checked here nothing is
 changed and a warning says so.
 
 Keras 3's ``BackupAndRestore`` is not made for several workers either: every worker writes
@@ -46,8 +49,8 @@ import sys
 import tempfile
 from typing import Any, Callable
 
-__all__ = ["CHECKED_VERSIONS", "backup_and_restore", "mend_multi_worker_fit", "multi_worker_fit_mended",
-           "restore_multi_worker_fit"]
+__all__ = ["atomic_step_count", "CHECKED_VERSIONS", "backup_and_restore", "mend_fit", "fit_mended",
+           "restore_fit"]
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +102,14 @@ def _mended_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         strategy = self._distribute_strategy
-        if iterator is None or not _collective_multi_worker(strategy):
+        if iterator is None or strategy is None or strategy.num_replicas_in_sync == 1:
             return original(self, iterator=iterator, data_batch=data_batch)
         from keras import tree
 
         for _, _, epoch_iterator in iterator:
             # One replica's batch has every shape building needs; reducing the batch over the replicas
-            # is what fails (upstream keras-team/keras#20585).
+            # is what fails: across workers (upstream keras-team/keras#20585), and on one machine when the
+            # first batch does not split evenly over the replicas (AddN of [13, 64] and [11, 64]).
             data_batch = tree.map_structure(
                 lambda value: None if value is None else strategy.experimental_local_results(value)[0],
                 next(epoch_iterator))
@@ -132,12 +136,12 @@ def _mended_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., An
     return reduce_per_replica
 
 
-def multi_worker_fit_mended() -> bool:
-    """Whether :func:`mend_multi_worker_fit`'s mends are installed in this process."""
+def fit_mended() -> bool:
+    """Whether :func:`mend_fit`'s mends are installed in this process."""
     return bool(_originals)
 
 
-def mend_multi_worker_fit() -> bool:
+def mend_fit() -> bool:
     """Mends Keras 3's TensorFlow trainer for ``MultiWorkerMirroredStrategy`` (upstream keras-team/keras#20585).
 
     Idempotent: a second call changes nothing. Nothing is done (and False returned) when this process does not
@@ -172,8 +176,8 @@ def mend_multi_worker_fit() -> bool:
     return True
 
 
-def restore_multi_worker_fit() -> None:
-    """Puts Keras 3's own trainer functions back (a no-op when :func:`mend_multi_worker_fit` installed nothing)."""
+def restore_fit() -> None:
+    """Puts Keras 3's own trainer functions back (a no-op when :func:`mend_fit` installed nothing)."""
     if not _originals:
         return
     trainer = _trainer_module()
@@ -259,3 +263,25 @@ def backup_and_restore(backup_dir: str, *, save_freq: str | int = "epoch") -> An
     """A Keras 3 ``keras.callbacks.BackupAndRestore`` (a subclass) that multi-worker jobs can share a directory
     with, and a kill at any moment leaves a backup that restores (see the module's docstring)."""
     return _backup_class()(backup_dir, save_freq=save_freq)
+
+
+def atomic_step_count(optimizer: Any) -> None:
+    """Makes a Keras 3 optimizer count its steps with one atomic add on its variable.
+
+    Keras 3's ``Variable.assign_add`` is ``assign(self + value)``: a read, then a write. Under a parameter
+    server, steps scheduled on several workers update the same variables at once, and two steps that read
+    the count before either writes it count once (measured: 24 steps counted of 26 run); Adam's bias
+    correction reads that count. Its slot and weight updates go through ``tf.Variable.assign_add``/``_sub``
+    already (one op on the ps, atomic); the count is made to as well. Keras 2 counts with
+    ``tf.Variable.assign_add``. The counter is ``optimizer._iterations`` (``iterations`` is a derived value
+    under gradient accumulation); the override is its own, an instance attribute.
+    """
+    import tensorflow as tf
+
+    counter = optimizer._iterations
+    variable = counter.value  # the tf.Variable (on the ps) behind the Keras variable
+
+    def assign_add(value: Any) -> Any:
+        return variable.assign_add(tf.cast(value, variable.dtype))
+
+    counter.assign_add = assign_add

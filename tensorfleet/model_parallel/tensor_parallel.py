@@ -36,7 +36,8 @@ from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
-from tensorfleet.compat.keras import attention_parts, keras2, require_keras2_layer
+from tensorfleet.compat.keras import keras2, require_keras2_layer
+from tensorfleet.compat.tf_keras import attention_parts
 from tensorfleet.validation import positive_int
 
 __all__ = [

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.compat import keras3 as keras3_mends
+from tensorfleet.compat import keras3_metrics
 from tensorfleet.strategies.devices import local_devices
 from tensorfleet.strategies.registry import Availability, register
 from tensorfleet.strategies.servers import start_server
@@ -145,7 +146,18 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
             ops = tf.distribute.HierarchicalCopyAllReduce(num_packs=num_packs)
         else:
             ops = tf.distribute.ReductionToOneDevice()
+    _mend_keras3_fit()
     return _new_mirrored(devices, ops)
+
+
+def _mend_keras3_fit(*, central_storage: bool = False) -> None:
+    """Mends Keras 3's trainer where a user's Keras 3 model will train under this strategy: its sample batch
+    for building (fails across workers, keras-team/keras#20585, and for a first batch that does not split
+    evenly over the replicas), and under central storage its metrics (keras-team/keras#19280). A process
+    that uses tf_keras only is left as it is."""
+    keras3_mends.mend_fit()
+    if central_storage:
+        keras3_metrics.mend_central_storage_metrics()
 
 
 _strategy_count = itertools.count(1)
@@ -184,6 +196,7 @@ def central_storage(*, compute_devices: Sequence[str] | None = None,
     compute_devices = _device_list("compute_devices", compute_devices)
     if parameter_device is not None:
         (parameter_device,) = _device_list("parameter_device", [parameter_device])  # type: ignore[misc]
+    _mend_keras3_fit(central_storage=True)
     return tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=compute_devices, parameter_device=parameter_device
     )
@@ -198,7 +211,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
 
     A Keras 3 model's ``fit``, ``evaluate`` and ``predict`` work under it: Keras 3's own fail there
     (keras-team/keras#20585), so building this strategy in a process that uses Keras 3 installs
-    :func:`tensorfleet.compat.keras3.mend_multi_worker_fit` (Keras 3.15; another version is left as it is,
+    :func:`tensorfleet.compat.keras3.mend_fit` (Keras 3.15; another version is left as it is,
     with a warning).
 
     Args:
@@ -237,9 +250,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
     }[kind]
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl, timeout_seconds=timeout_seconds)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
-    # Keras 3's own fit fails under this strategy (keras-team/keras#20585); a Keras 3 user's fit runs once
-    # its trainer is mended. A process that uses tf_keras only is left as it is.
-    keras3_mends.mend_multi_worker_fit()
+    _mend_keras3_fit()  # Keras 3's own fit fails under this strategy (keras-team/keras#20585)
     return strategy
 
 

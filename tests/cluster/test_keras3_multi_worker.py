@@ -32,26 +32,26 @@ TIMEOUT = 240
 @pytest.fixture
 def unmended(keras3: Any) -> Any:
     """Keras 3's trainer as it ships, whatever an earlier test built; put back as it was found afterwards."""
-    was = mends.multi_worker_fit_mended()
-    mends.restore_multi_worker_fit()
+    was = mends.fit_mended()
+    mends.restore_fit()
     yield keras3
-    mends.restore_multi_worker_fit()
+    mends.restore_fit()
     if was:
-        mends.mend_multi_worker_fit()
+        mends.mend_fit()
 
 
 def test_mends_install_once_and_restore(unmended: Any) -> None:
     from keras.src.backend.tensorflow import trainer
 
     own = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
-    assert mends.mend_multi_worker_fit() is True
+    assert mends.mend_fit() is True
     mended = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
     assert all(getattr(f, "tensorfleet_mend", False) for f in mended)
-    assert mends.mend_multi_worker_fit() is True  # idempotent: nothing wrapped twice
+    assert mends.mend_fit() is True  # idempotent: nothing wrapped twice
     assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == mended
-    mends.restore_multi_worker_fit()
+    mends.restore_fit()
     assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == own
-    assert not mends.multi_worker_fit_mended()
+    assert not mends.fit_mended()
 
 
 def test_a_version_not_checked_is_left_as_it_is_and_said(unmended: Any, monkeypatch, caplog) -> None:
@@ -59,7 +59,7 @@ def test_a_version_not_checked_is_left_as_it_is_and_said(unmended: Any, monkeypa
 
     monkeypatch.setattr(mends, "CHECKED_VERSIONS", ("3.99",))
     with caplog.at_level(logging.WARNING, logger=mends.__name__):
-        assert mends.mend_multi_worker_fit() is False
+        assert mends.mend_fit() is False
     assert not getattr(trainer.reduce_per_replica, "tensorfleet_mend", False)
     assert caplog.messages == [
         f"Keras {unmended.__version__} is not a version tensorfleet checked its multi-worker fit mends on (3.99.x): "
@@ -73,7 +73,7 @@ def test_mended_reductions_leave_one_worker_strategies_to_keras(unmended: Any, l
     import tensorfleet as tfl
     from keras.src.backend.tensorflow import trainer
 
-    mends.mend_multi_worker_fit()
+    mends.mend_fit()
     strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
     values = strategy.run(lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, "float32"))
     assert float(trainer.reduce_per_replica({"loss": values}, strategy, "auto")["loss"]) == 0.5
@@ -94,7 +94,7 @@ SCRIPT = textwrap.dedent("""
     seen.append(mended())
     tfl.strategies.build("multi_worker_mirrored")
     seen.append(mended())
-    keras3.restore_multi_worker_fit()
+    keras3.restore_fit()
     seen.append(mended())
     print(seen)
 """)

@@ -362,7 +362,7 @@ def _fit_history(trainer: Any, x: Any, y: Any, *, epochs: int, batch_size: int, 
 def _scope(mesh: Mesh) -> Iterator[KerasLayout]:
     """What :meth:`Mesh.scope` enters: ``compile`` of a model hands it to the mesh's trainer; with the
     dtensor backend, weights are laid out as they are created."""
-    from tensorfleet.compat.keras import intercept_compile
+    from tensorfleet.compat.tf_keras import intercept_compile
     from tensorfleet.model_parallel.mesh.keras_model import compile_on_mesh, mesh_scope
 
     with contextlib.ExitStack() as stack:

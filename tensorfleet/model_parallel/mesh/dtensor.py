@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from tensorfleet.compat.keras import attention_parts
+from tensorfleet.compat.tf_keras import attention_parts
 from tensorfleet.model_parallel.mesh.dimensions import MeshStep, mesh_steps
 from tensorfleet.model_parallel.mesh.step_trainer import MeshRun
 from tensorfleet.model_parallel.mesh.training import count_devices

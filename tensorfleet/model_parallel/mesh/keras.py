@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensorfleet.compat.keras import attention_parts, keras2
+from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.tf_keras import attention_parts
 from tensorfleet.model_parallel import tensor_parallel as tp
 from tensorfleet.model_parallel.mesh.dimensions import MeshStep, mesh_steps
 from tensorfleet.model_parallel.mesh.step_trainer import MeshRun

@@ -42,7 +42,7 @@ def _creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
-    from tensorfleet.compat.keras import build_call_context
+    from tensorfleet.compat.tf_keras import build_call_context
 
     from tensorfleet.model_parallel.mesh.zero import ZeroVariable, zero_layout
 
@@ -86,7 +86,7 @@ def mesh_scope(layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Iterator[Ke
     the batch axis as well (:class:`~.zero.ZeroVariable`)."""
     import tensorflow as tf
 
-    from tensorfleet.compat.keras import layout_map_scope
+    from tensorfleet.compat.tf_keras import layout_map_scope
 
     keras_map = keras2().dtensor.experimental.LayoutMap(mesh=dmesh)
     # Keras' random layers (Dropout, also inside MultiHeadAttention) on a mesh need a tf.random.Generator
@@ -105,7 +105,7 @@ def with_mesh(optimizer: Any, dmesh: Any) -> Any:
     """``optimizer`` rebuilt from its config with ``mesh=``, so that Keras creates its slots (and
     step counter, learning rate) as DVariables laid out like the weights."""
 
-    from tensorfleet.compat.keras import optimizer_mesh
+    from tensorfleet.compat.tf_keras import optimizer_mesh
 
     optimizer = keras2().optimizers.get(optimizer)
     takes_mesh, built_with = optimizer_mesh(optimizer)

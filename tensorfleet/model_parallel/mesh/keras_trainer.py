@@ -12,7 +12,8 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tensorfleet.compat.keras import keras2, loss_function_wrapper, require_keras2, unfuse_normalization
+from tensorfleet.compat.keras import keras2, require_keras2
+from tensorfleet.compat.tf_keras import loss_function_wrapper, unfuse_normalization
 from tensorfleet.model_parallel.mesh.keras_layers import adapt_split_readers
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh

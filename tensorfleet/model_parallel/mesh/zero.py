@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tensorfleet.compat.keras import optimizer_variables, replace_optimizer_variables
+from tensorfleet.compat.tf_keras import optimizer_variables, replace_optimizer_variables
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
 __all__ = ["ZeroVariable", "gathering", "shard_optimizer_state", "weight_splits", "zero_axis", "zero_layout"]
