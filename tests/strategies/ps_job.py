@@ -54,6 +54,7 @@ def main() -> None:
         callback_error = ""
     except ValueError as exc:
         callback_error = str(exc)
+    keras3_error = refused_keras3(strategy, split)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     gate = tfl.strategies.staleness.installed_gate(coordinator)
     staleness_label, max_clock_gap = gate.policy.label, max(gate.clocks) - min(gate.clocks)
@@ -69,11 +70,31 @@ def main() -> None:
         "variable_devices": sorted({v.device.split("/device:")[0] for v in model.variables}),
         "dense_kernel_shards": [list(v.shape) for v in model.variables if "dense/kernel" in v.name],
         "callback_error": callback_error,
+        "keras3_error": keras3_error,
         "staleness": staleness_label,
         "max_clock_gap": max_clock_gap,
     }))
     sys.stdout.flush()
     os._exit(0)  # in-process servers would keep the interpreter alive
+
+
+def refused_keras3(strategy, split) -> str:
+    """What fit_inputs says of a Keras 3 model built under the parameter server ("" where Keras 3 is absent)."""
+    try:
+        import keras
+    except ImportError:
+        return ""
+    if not keras.__version__.startswith("3."):
+        return ""
+    import tensorfleet as tfl
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    try:
+        tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=64, strategy=model)
+    except TypeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "taken"
 
 
 def input_order(strategy, coordinator) -> dict:

@@ -51,6 +51,17 @@ def test_variables_live_on_the_ps_and_large_ones_are_sharded(ps_results) -> None
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_keras3_model_gets_one_error_naming_what_trains_it_on_a_parameter_server(ps_results) -> None:
+    if not ps_results["keras3_error"]:
+        pytest.skip("Keras 3 is not installed on this track")
+    assert ps_results["keras3_error"].startswith(
+        "Keras3ModelError: fit_inputs received a Keras 3 model built under a parameter-server strategy, and Keras "
+        "3's own fit has no parameter-server training (keras-team/keras#18624). Run it as a migratable job "
+        "(`tensorfleet launch --strategy parameter_server --workers N --ps M job.py`")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_batch_level_callbacks_get_a_clear_error(ps_results) -> None:
     assert ps_results["callback_error"].startswith(
         "Batch-level `Callback`s are not supported with `ParameterServerStrategy`.")
