@@ -44,8 +44,13 @@ their own, the two sides alternating (after, before, before, after, ...) ``--rep
 the script prints each cell's median steady rounds/s of both and their ratio (after / before), and
 the geometric mean of the ratios. It needs no TFF.
 
+``--only keras`` runs the digits CNN built in Keras 3 beside the same model built in tf_keras (the zoo's twins), on
+the compiled backend in the current track's interpreter (``--current-python``, or the one running the script), each
+run in a process of its own, the two alternating ``--repeats`` times; it prints the ratio of the median steady
+rounds/s (Keras 3 / tf_keras). It needs no TFF.
+
 Run with ``python bench/federated_speed.py [--rounds 200] [--seeds 3] [--matrix-rounds 20] [--matrix-seeds 1]
-[--matrix-pools cli|tensorflow] [--only classic|matrix] [--current-python PATH] [--against DIR [--repeats 4]]``.
+[--matrix-pools cli|tensorflow] [--only classic|matrix|keras] [--current-python PATH] [--against DIR [--repeats 4]]``.
 """
 
 from __future__ import annotations
@@ -178,12 +183,13 @@ def _stop_own_children() -> None:
                 continue
 
 
-def contender_tensorfleet(rounds: int, seed: int = SEED) -> dict:
+def contender_tensorfleet(rounds: int, seed: int = SEED, keras: str | None = None) -> dict:
+    """The compiled backend's run; ``keras``: the Keras the digits CNN is built in (None: this process's)."""
     import tensorfleet as tfl
 
     start = time.perf_counter()  # imports done (timed by _child)
     split, clients = _data()
-    sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds,
+    sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn", keras=keras), clients, "fedavg", rounds=rounds,
                                    clients_per_round=PER_ROUND, seed=seed, batch_size=BATCH, progress=False,
                                    backend="compiled")
     log = _RoundLog(start, rounds, split)  # the raw loop's measurements, at the same rounds
@@ -198,17 +204,50 @@ def contender_tensorfleet(rounds: int, seed: int = SEED) -> dict:
 
 def _child(which: str, rounds: int, seed: int) -> None:
     began = time.perf_counter()
-    import tensorfleet  # noqa: F401  (first: on TensorFlow >= 2.16 it selects tf_keras)
+    import tensorfleet  # noqa: F401
     import tensorflow  # noqa: F401
 
     if which == "raw":
         import tensorflow_federated  # noqa: F401
 
     imports = time.perf_counter() - began
-    if which == "tensorfleet":  # as `tensorfleet federated run` does, before TensorFlow's runtime starts
+    if which in ("tensorfleet", *KERAS_TWINS):  # as `tensorfleet federated run` does, before TensorFlow's runtime starts
         tensorfleet.federated.configure_threads(PER_ROUND)
-    result = (contender_raw if which == "raw" else contender_tensorfleet)(rounds, seed)
+    if which in KERAS_TWINS:
+        result = contender_tensorfleet(rounds, seed, keras=which)
+    else:
+        result = (contender_raw if which == "raw" else contender_tensorfleet)(rounds, seed)
     print("RESULT " + json.dumps({**result, "import_s": imports}), flush=True)
+
+
+KERAS_TWINS = ("keras3", "tf_keras")
+
+
+def keras_twins(rounds: int, repeats: int) -> list[str]:
+    """The digits CNN built in Keras 3 and in tf_keras (the zoo's twins), each run on the compiled backend in a
+    process of its own, the two alternating ``repeats`` times; prints each run's steady rounds/s (rounds 2 to
+    ``rounds``) and the ratio of the medians (Keras 3 / tf_keras), and the test accuracy after the last round."""
+    import numpy as np
+
+    steady: dict[str, list[float]] = {k: [] for k in KERAS_TWINS}
+    accuracy: dict[str, list[float]] = {k: [] for k in KERAS_TWINS}
+    lines = [f"Keras 3 against tf_keras on the compiled backend: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per "
+             f"round, {rounds} rounds, seed {SEED}, {repeats} alternating runs each, interpreter {_python('tensorfleet')}",
+             f"{'run':>4} {'keras':10}{'r/s steady':>11}{f'acc r{rounds}':>10}"]
+    print("\n".join(lines), flush=True)
+    for rep in range(repeats):
+        for keras in (KERAS_TWINS if rep % 2 == 0 else KERAS_TWINS[::-1]):
+            out = _run_child(keras, rounds, SEED)
+            times = out["times"]
+            steady[keras].append((rounds - 1) / (times[-1] - times[0]))
+            accuracy[keras].append(out["accuracy"][str(rounds)])
+            lines.append(f"{rep + 1:>4} {keras:10}{steady[keras][-1]:11.2f}{accuracy[keras][-1]:10.4f}")
+            print(lines[-1], flush=True)
+    median = {k: float(np.median(v)) for k, v in steady.items()}
+    lines.append(f"median steady r/s: keras3 {median['keras3']:.2f}, tf_keras {median['tf_keras']:.2f}; "
+                 f"ratio keras3/tf_keras {median['keras3'] / median['tf_keras']:.3f} (target >= 0.95)")
+    print(lines[-1], flush=True)
+    return lines
 
 
 MATRIX_ALGORITHMS = ("fedavg", "fedprox", "fedsgd")
@@ -257,6 +296,7 @@ CURRENT_PYTHON: list[str] = [sys.executable]
 
 
 def _python(which: str) -> str:
+    """The interpreter of a contender: raw TFF and the tff backend on this one, tensorfleet's on --current-python."""
     return sys.executable if which in ("raw", "tff") else CURRENT_PYTHON[0]
 
 
@@ -345,7 +385,8 @@ def main() -> None:
                         "compared per seed and as the mean over seeds).")
     parser.add_argument("--matrix-rounds", type=int, default=20)
     parser.add_argument("--matrix-seeds", type=int, default=1, help="Seeds per matrix cell (accuracy: their mean).")
-    parser.add_argument("--only", choices=["classic", "matrix"], help="Run only the classic comparison or the matrix.")
+    parser.add_argument("--only", choices=["classic", "matrix", "keras"], help="Run only the classic comparison, the "
+                        "matrix, or the Keras 3 / tf_keras twins (on --current-python, or this interpreter).")
     parser.add_argument("--matrix-pools", choices=["cli", "tensorflow"], default="cli",
                         help="The compiled cells' thread pools: as `tensorfleet federated run` sets them (cli, "
                         "default) or TensorFlow's own.")
@@ -358,7 +399,8 @@ def main() -> None:
     parser.add_argument("--against", metavar="DIR", help="Another checkout of tensorfleet (e.g. a git worktree of an "
                         "earlier commit): compare the matrix's compiled cells of this one against it, side by side.")
     parser.add_argument("--repeats", type=int, default=4, help="Alternating runs per side with --against.")
-    parser.add_argument("--child", choices=["raw", "tensorfleet", "tf-pools", "cells"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["raw", "tensorfleet", "tf-pools", "cells", *KERAS_TWINS],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
@@ -389,6 +431,9 @@ def main() -> None:
         return
     if args.control:
         control(args.control, args.matrix_rounds, args.matrix_seeds)
+        return
+    if args.only == "keras":
+        keras_twins(args.rounds, args.repeats)
         return
     if args.only != "matrix":
         classic(args.rounds, args.seeds)

@@ -91,7 +91,7 @@ def _mesh_tf() -> str | None:
 
 
 def _tf_distribute() -> str | None:
-    return None  # TensorFlow's own tf.distribute, under either Keras
+    return None  # TensorFlow's own runtime (tf.distribute, compiled functions), under either Keras
 
 
 def _dtensor() -> str | None:
@@ -138,7 +138,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("mesh-tf", "Model parallel: Mesh-TensorFlow layouts", _all(_keras2, _mesh_tf), keras3=KERAS2_ONLY),
     Feature("dtensor", "Model parallel: DTensor mesh, tensor parallel, pipelines, planner", _all(_keras2, _dtensor),
             keras3=KERAS2_ONLY),
-    Feature("federated", "Federated: compiled backend, algorithms, aggregators", _keras2, keras3=KERAS2_ONLY),
+    Feature("federated", "Federated: compiled backend, algorithms, aggregators", _tf_distribute),
     Feature("federated-dp", "Federated: DP epsilon (dp-accounting)", _module("dp_accounting", "dp-accounting"),
             keras3=NO_KERAS, keras2=NO_KERAS),
     Feature("federated-tff", "Federated: tff backend, remote TFF workers, TFF ClientData", _tff,

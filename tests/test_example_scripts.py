@@ -82,10 +82,22 @@ def test_export_microcontroller_writes_a_model_that_fits_the_board_and_its_c_sou
 @pytest.mark.slow
 @pytest.mark.timeout(450)
 def test_federated_simulation_runs_its_rounds_and_leaves_metrics_plots_and_a_checkpoint(one_process):
+    import json
+
     workdir, out = ran(one_process, "federated_simulation.py")
     assert re.search(r"final central test accuracy: 0\.\d{3} after 2 rounds", out), out
-    assert {"metrics.json", "metrics.csv", "checkpoint.npz", "accuracy.png", "partition.png"} <= {
+    assert {"metrics.json", "metrics.csv", "checkpoint.npz", "accuracy.png", "partition.png", "model.keras"} <= {
         p.name for p in (workdir / "fed").iterdir()}
+    # Its shell twin: the YAML beside it with the Keras 3 model file it saved gives the same rounds.
+    cli = subprocess.run([sys.executable, "-m", "tensorfleet", "federated", "run", "--config",
+                          str(EXAMPLES / "federated_simulation.yaml"), "--model", str(workdir / "fed" / "model.keras"),
+                          "--rounds", "2", "--out", str(workdir / "cli"), "--no-progress"],
+                         cwd=workdir, capture_output=True, text=True, timeout=400, env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    script_run, cli_run = (json.loads((workdir / d / "metrics.json").read_text()) for d in ("fed", "cli"))
+    assert cli_run["config"]["algorithm_options"] == {"mu": 1.0} and cli_run["config"]["aggregator"] == "secagg+"
+    for key in ("train_loss", "test_accuracy", "fed_eval_accuracy"):
+        assert cli_run["rounds"][-1][key] == pytest.approx(script_run["rounds"][-1][key], abs=1e-6), key
 
 
 @pytest.mark.slow

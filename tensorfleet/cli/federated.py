@@ -39,7 +39,7 @@ class TFThreads(str, Enum):
 @app.command("run")
 def run(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML file with the same keys as the flags."),
-    model: Optional[str] = typer.Option(None, "--model", help="A model name (default digits_mlp)."),
+    model: Optional[str] = typer.Option(None, "--model", help="A zoo model name (default digits_mlp) or a saved Keras model file (.keras, .h5: either Keras; the run starts from its weights)."),
     dataset: Optional[str] = typer.Option(None, "--dataset",
                                           help="digits | emnist-synthetic (TFF's own 2 clients; tff track)."),
     clients: Optional[int] = typer.Option(None, "--clients",
@@ -107,7 +107,7 @@ def run(
     with _tff_needed():
         history = _run_or_explain(cfg, workers)
     last = history.rounds[-1] if history.rounds else {}
-    summary = {"algorithm": cfg["algorithm"], "backend": history.config.get("backend"), "rounds": last.get("round", 0)}
+    summary = {"algorithm": cfg["algorithm"].partition(":")[0], "backend": history.config.get("backend"), "rounds": last.get("round", 0)}
     for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
         if key in last:
             summary[key] = round(float(last[key]), 4)

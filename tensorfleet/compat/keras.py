@@ -32,7 +32,9 @@ from typing import Any
 
 __all__ = ["KERAS2_HOWTO", "Keras", "Keras3ModelError", "KerasFileError", "as_keras", "is_keras3_model", "keras2",
            "keras3", "keras_flavour", "keras_major", "keras_module", "keras_of", "legacy_keras_selected", "load_model",
-           "module_of", "require_keras2", "require_keras2_layer", "saved_keras", "user_keras"]
+           "model_variables", "module_of", "sublayers", "require_keras2", "require_keras2_layer", "saved_keras", "set_random_seed",
+           "tf_variable",
+           "user_keras"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +181,49 @@ def keras_of(obj: Any, where: str = "tensorfleet", kind: str = "model") -> Keras
 def module_of(obj: Any, where: str = "tensorfleet", kind: str = "model") -> ModuleType:
     """The Keras module ``obj`` belongs to (:func:`keras_of`): layers, optimizers and losses for it come from here."""
     return keras_module(keras_of(obj, where, kind))
+
+
+def tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` that holds a Keras weight: Keras 3's TensorFlow backend wraps one in its own
+    ``keras.Variable`` (its public ``value``, outside an autocast scope), Keras 2's weights are ``tf.Variable`` objects.
+
+    Code that runs a model in its own compiled loops (assign, read, differentiate) works on these, for
+    either Keras."""
+    import tensorflow as tf
+
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    if isinstance(value, tf.Variable):
+        return value
+    raise TypeError(f"Expected a Keras weight backed by a tf.Variable (TensorFlow backend). Received: "
+                    f"{type(variable).__qualname__}")
+
+
+def model_variables(model: Any) -> tuple[list[Any], list[Any]]:
+    """``(trainable, non-trainable)`` weights of a model of either Keras, as ``tf.Variable`` objects (:func:`tf_variable`).
+
+    The weights only, in the order of ``trainable_weights`` and ``non_trainable_weights``: Keras 3 also
+    counts its random seed generators' states among a model's ``non_trainable_variables``, which are no
+    weights (they are not saved, sent or averaged)."""
+    return ([tf_variable(v) for v in model.trainable_weights], [tf_variable(v) for v in model.non_trainable_weights])
+
+
+def sublayers(model: Any) -> list[Any]:
+    """``model`` and every layer inside it, nested models' and custom layers' included, in either Keras (their
+    private ``_flatten_layers``: Keras 3 models have no ``submodules``, and ``layers`` lists the top level only)."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+def set_random_seed(seed: int) -> None:
+    """Seeds Python's ``random``, NumPy, TensorFlow and the global seed state of every Keras installed (Keras 3's
+    global ``SeedGenerator``, tf_keras's seed generator), as ``keras.utils.set_random_seed`` does for its own Keras:
+    the weights a model is built with, and the draws of its Dropout layers, follow from ``seed``."""
+    import importlib.util
+
+    keras2().utils.set_random_seed(seed)  # Python, NumPy, TensorFlow and tf_keras
+    if not _tf_before_216() and importlib.util.find_spec("keras") is not None and keras_major("keras") >= 3:
+        keras3().utils.set_random_seed(seed)
 
 
 def require_keras2(model: Any, where: str) -> Any:

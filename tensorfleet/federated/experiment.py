@@ -94,26 +94,33 @@ def resolve_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _aggregator(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """``(aggregator name, options)`` from the ``dp`` or ``aggregator`` key (None: the algorithm's mean)."""
     from tensorfleet.federated.aggregators import AGGREGATORS, parse_options
 
     if cfg["dp"] and cfg["aggregator"]:
         raise ValueError(f"Use either dp or aggregator, not both. Received: dp={cfg['dp']!r}, "
                          f"aggregator={cfg['aggregator']!r}")
     if cfg["dp"]:
-        spec = cfg["dp"]
+        spec, key = cfg["dp"], "dp"
         if isinstance(spec, dict):
-            opts = dict(spec)
-            kind = "dp_adaptive" if boolean("dp.adaptive", opts.pop("adaptive", False)) else "dp_fixed"
-            return kind, opts
-        kind = "dp_fixed"
-        if spec.startswith(("adaptive", "fixed")):
-            head, _, spec = spec.partition(":")
-            kind = f"dp_{head}"
-        return kind, parse_options(spec)
-    if cfg["aggregator"]:
+            options = dict(spec)
+            kind = "dp_adaptive" if boolean("dp.adaptive", options.pop("adaptive", False)) else "dp_fixed"
+        else:
+            kind = "dp_fixed"
+            if spec.startswith(("adaptive", "fixed")):
+                head, _, spec = spec.partition(":")
+                kind = f"dp_{head}"
+            options = parse_options(spec)
+    elif cfg["aggregator"]:
         name, _, opts = cfg["aggregator"].partition(":")
-        return AGGREGATORS.canonical(name), parse_options(opts)
-    return None, {}
+        kind, options, key = AGGREGATORS.canonical(name), parse_options(opts), "aggregator"
+    else:
+        return None, {}
+    try:
+        AGGREGATORS.get(kind).given(kind, options)
+    except TypeError as error:  # an option named in text: a problem with the settings, not a call
+        raise ValueError(f"{key}: {error}") from None
+    return kind, options
 
 
 def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None = None) -> Any:
@@ -123,19 +130,22 @@ def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None 
     from tensorfleet.federated.simulation import Simulation
 
     cfg = resolve_config(config)
-    factory = models.MODELS.get(cfg["model"])
-    params = inspect.signature(factory).parameters
-    flat = "input_dim" in params and "input_shape" not in params
+    model_fn, flat = _model_fn(cfg["model"])
     clients, test = load_federated(cfg["dataset"], num_clients=cfg["clients"], scheme=cfg["partition"],
                                    seed=cfg["seed"], flat=flat)
-    x_shape = tuple(clients.element_type_structure["x"].shape)
-    model_kwargs: dict[str, Any] = {"input_dim": x_shape[0]} if flat else (
-        {"input_shape": x_shape} if "input_shape" in params else {})
-    name = cfg["model"]
+    if model_fn is None:  # a zoo model, built for the data's shape in the Keras of this process
+        name, x_shape = cfg["model"], tuple(clients.element_type_structure["x"].shape)
+        params = inspect.signature(models.MODELS.get(name)).parameters
+        model_kwargs: dict[str, Any] = {"input_dim": x_shape[0]} if flat else (
+            {"input_shape": x_shape} if "input_shape" in params else {})
+
+        def model_fn() -> Any:
+            return models.build(name, **model_kwargs)
     aggregator, options = _aggregator(cfg)
+    algorithm, algorithm_options = _algorithm(cfg["algorithm"])
     per_round = cfg["clients_per_round"] or max(1, min(10, len(clients.client_ids) - cfg["eval_clients"]))
     return Simulation(
-        lambda: models.build(name, keras="keras2", **model_kwargs), clients, cfg["algorithm"], rounds=cfg["rounds"],
+        model_fn, clients, algorithm, algorithm_options=algorithm_options, rounds=cfg["rounds"],
         clients_per_round=per_round, seed=cfg["seed"], batch_size=cfg["batch_size"],
         local_epochs=cfg["local_epochs"], client_learning_rate=cfg["client_lr"],
         server_learning_rate=cfg["server_lr"], aggregator=aggregator, aggregator_options=options,
@@ -144,6 +154,47 @@ def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None 
         eval_clients=cfg["eval_clients"] or None, eval_every=cfg["eval_every"], out_dir=cfg["out"],
         checkpoint_every=cfg["checkpoint_every"], progress=cfg["progress"], resume=cfg["resume"],
         backend=cfg["backend"], workers=workers)
+
+
+def _algorithm(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME:key=value,...`` (``fedprox:mu=1.0``, as ``tensorfleet federated algorithms`` prints the
+    options) as ``(name, algorithm_options)``; the options are checked by the algorithm."""
+    from tensorfleet.federated.aggregators import parse_options
+    from tensorfleet.federated.algorithms import resolve
+
+    name, _, opts = spec.partition(":")
+    options = parse_options(opts)
+    try:
+        resolve(name.strip(), **options)
+    except TypeError as error:  # an option named in text: a problem with the settings, not a call
+        raise ValueError(f"algorithm: {error}") from None
+    return name.strip(), options
+
+
+def _model_fn(spec: str) -> tuple[Callable[[], Any] | None, bool]:
+    """``(model_fn, flat)`` for the ``model`` key: a saved model file (``.keras``/``.h5`` of either Keras) is
+    loaded afresh by each call, by the Keras that wrote it, and starts the run from its weights; a zoo name gives
+    ``(None, flat)``, built once the data's shape is known. ``flat``: whether the model takes flat vectors."""
+    from tensorfleet import models
+    from tensorfleet.compat.keras import load_model
+
+    path = models.model_file(spec)
+    if path is None:
+        params = inspect.signature(models.MODELS.get(spec)).parameters
+        return None, "input_dim" in params and "input_shape" not in params
+    if not path.is_file() or path.suffix not in models.MODEL_FILE_SUFFIXES:
+        raise ValueError(f"model must be a zoo name or a saved Keras model file ({', '.join(models.MODEL_FILE_SUFFIXES)}"
+                         f"). Received: model={spec!r} ({'a folder' if path.is_dir() else 'another kind of file'})")
+    where = f"the federated model {path}"
+    probe = load_model(path, compile=False, where=where)
+    shape = probe.input_shape
+    if isinstance(shape, list) or not isinstance(shape, tuple):
+        raise ValueError(f"A federated model takes one input; {path} takes {shape}.")
+
+    def model_fn() -> Any:
+        return load_model(path, compile=False, where=where)
+
+    return model_fn, len(shape) == 2
 
 
 def run_experiment(config: dict[str, Any]) -> Any:

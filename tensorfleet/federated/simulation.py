@@ -173,9 +173,12 @@ class Simulation:
         (:data:`~tensorfleet.federated.backends.rounds.ROUND_BACKENDS`); returns its TFF learning process
         (None where no TFF process is built: the compiled backend needs no process, worker or tracing)."""
         if self._keras_model is None:
-            from tensorfleet.compat.keras import require_keras2
+            from tensorfleet.compat.keras import keras_of, set_random_seed
 
-            model = require_keras2(self.model_fn(), "tfl.federated.Simulation (the model of model_fn)")
+            # The seed makes the whole run: the model's initial weights, each lane's copy and its Dropout draws.
+            set_random_seed(self.config.seed)
+            model = self.model_fn()
+            keras_of(model, "tfl.federated.Simulation (the model of model_fn)")
             tff_model.check_model(model, self._element_spec)
             self.where = settle_backend(self.config, self.clients, model)  # 'auto' decided, once
             self._keras_model = model

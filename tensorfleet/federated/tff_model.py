@@ -20,18 +20,18 @@ import collections
 from typing import Any, Callable
 
 import numpy as np
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import module_of
 
 __all__ = ["central_step", "check_model", "input_spec", "loss_and_metrics", "tff_model_fn"]
 
 
 def loss_and_metrics(model: Any) -> tuple[Any, list[Any]]:
-    """Sparse categorical cross-entropy (from logits unless the last layer is a softmax) and accuracy."""
-
-    last = model.layers[-1]
-    from_logits = getattr(last, "activation", None) is not keras2().activations.softmax
-    return keras2().losses.SparseCategoricalCrossentropy(from_logits=from_logits), \
-        [keras2().metrics.SparseCategoricalAccuracy(name="accuracy")]
+    """Sparse categorical cross-entropy (from logits unless the last layer is a softmax) and accuracy, in the
+    model's own Keras."""
+    keras = module_of(model, "tfl.federated.Simulation (the model of model_fn)")
+    from_logits = getattr(model.layers[-1], "activation", None) is not keras.activations.softmax
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits), \
+        [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
 
 def input_spec(element_spec: Any) -> Any:

@@ -42,6 +42,14 @@ def test_partition_writes_summary_and_plot(capsys, tmp_path):
     (["--clients", "5", "--clients-per-round", "6"],
      "error: clients_per_round must not exceed the number of training clients (5). Received: clients_per_round=6"),
     (["--aggregator", "mediam"], "error: Unknown aggregator 'mediam'. Did you mean 'median'?"),
+    (["--algorithm", "fedprox:nu=1"], "error: algorithm: Algorithm 'fedprox' takes no option 'nu' (its options: mu). "
+                                      "Received: nu=1"),
+    (["--aggregator", "median:beta=1"], "error: aggregator: Aggregator 'median' takes no option 'beta' (its options: "
+                                        "none). Received: beta=1"),
+    (["--dp", "noise=1.0"], "error: dp: Aggregator 'dp_fixed' takes no option 'noise' (its options: noise_multiplier, "
+                            "clip). Received: noise=1.0"),
+    (["--model", "nofile.keras"], "error: No file 'nofile.keras', and no zoo model of that name. Available: digits_cnn"),
+    (["--model", "digits_mpl"], "error: No file 'digits_mpl', and no zoo model of that name. Did you mean 'digits_mlp'?"),
 ])
 def test_bad_run_arguments_exit_2_with_one_clean_line(capsys, argv, message):
     assert main(["federated", "run", "--rounds", "1", *argv]) == 2
@@ -175,3 +183,19 @@ def test_run_on_the_default_backend_needs_no_tff_and_says_compiled(capsys, tmp_p
                  "--clients-per-round", "4", "--aggregator", "trimmed_mean:beta=0.25", "--no-progress"]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["backend"] == "compiled" and last["rounds"] == 2 and 0.0 <= last["test_accuracy"] <= 1.0
+
+
+def test_a_model_path_that_is_no_keras_model_file_exits_2_naming_it(capsys, tmp_path):
+    damaged = tmp_path / "damaged.keras"
+    damaged.write_bytes(bytes(range(256)) * 4)
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model")
+    for model, message in [(tmp_path, f"error: model must be a zoo name or a saved Keras model file (.keras, .h5). "
+                                      f"Received: model='{tmp_path}' (a folder)"),
+                           (text, f"error: model must be a zoo name or a saved Keras model file (.keras, .h5). "
+                                  f"Received: model='{text}' (another kind of file)"),
+                           (damaged, f"error: {damaged}")]:
+        assert main(["federated", "run", "--rounds", "1", "--model", str(model)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.keras", "notes.txt"]

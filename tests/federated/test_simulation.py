@@ -227,20 +227,3 @@ def test_krum_round_left_with_too_few_clients_by_dropout_fails_before_training(c
                                          r"dropped out, 0 missed the straggler deadline\)$"):
         sim.run()
     assert sim.history.rounds == []
-
-
-def test_a_keras_3_model_is_refused_with_the_fix_named(clients):
-    keras = pytest.importorskip("keras")  # Keras 3 beside tf_keras: the current track
-    if not keras.__version__.startswith("3"):
-        pytest.skip(f"keras {keras.__version__} is not Keras 3")
-    from tensorfleet.compat.keras import Keras3ModelError
-
-    def keras3():
-        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
-
-    sim = Simulation(keras3, clients, rounds=1, clients_per_round=2, progress=False)
-    with pytest.raises(Keras3ModelError, match=r"^tfl.federated.Simulation \(the model of model_fn\) runs Keras 2 \(tf_keras\) "
-                                               r"models only for now, and received a Keras 3 "
-                                               r"model \(keras.src.models.sequential.Sequential\)"):
-        sim.run()
-    assert sim.history.rounds == []

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tensorfleet.compat.keras import model_variables
 from tensorfleet.federated.aggregators.parts import AggregatorPart, ClientUpdates, RoundContext
 from tensorfleet.federated.backends.compiled_client import client_update
 from tensorfleet.federated.backends.compiled_layout import (
@@ -86,7 +87,7 @@ class CompiledFedAvg:
         from tensorfleet.validation import choice
 
         self.model = model if model is not None else model_fn()
-        self.variables = list(self.model.trainable_variables)
+        self.variables = model_variables(self.model)[0]
         trainable, frozen = (initial_weights if isinstance(initial_weights, tuple)
                              else (initial_weights, [np.asarray(w) for w in self.model.non_trainable_weights]))
         if len(self.variables) != len(trainable):
@@ -96,7 +97,7 @@ class CompiledFedAvg:
             raise ValueError(f"lanes must be a positive integer (clients trained at once). Received: {lanes!r}")
         # Each lane's model, trainable and non-trainable variables: the first lane trains in ``model``.
         copies = [model_fn() for _ in range(min(lanes, int(shape.clients_per_round)) - 1)]
-        self._lanes = [(m, list(m.trainable_variables), list(m.non_trainable_variables)) for m in [self.model, *copies]]
+        self._lanes = [(m, *model_variables(m)) for m in [self.model, *copies]]
         self.batch_size = int(shape.batch_size)
         self.steps = -(-int(shape.max_examples) // self.batch_size)
         self.length = self.steps * self.batch_size
@@ -408,8 +409,8 @@ class CompiledFedAvg:
         import tensorflow as tf
 
         if self._copy is None or self._copy[0] is not model:
-            pairs = [*zip(model.trainable_variables, self._weight_vars),
-                     *zip(model.non_trainable_variables, self._frozen_vars)]
+            trainable, non_trainable = model_variables(model)
+            pairs = [*zip(trainable, self._weight_vars), *zip(non_trainable, self._frozen_vars)]
 
             def copy() -> None:
                 for target, value in pairs:

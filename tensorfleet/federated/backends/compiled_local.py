@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import model_variables, module_of, sublayers
 
 __all__ = ["GLOBAL_BN", "LocalLayers", "batch_norm_variables", "check_per_client"]
 
@@ -65,9 +65,10 @@ def batch_norm_variables(model: Any) -> list[int]:
     """The positions in ``model.trainable_variables`` of its BatchNormalization layers' variables
     (nested models and layers included)."""
 
-    owned = {id(v) for layer in [model, *model.submodules] if isinstance(layer, keras2().layers.BatchNormalization)
-             for v in layer.trainable_variables}
-    return [i for i, v in enumerate(model.trainable_variables) if id(v) in owned]
+    norm = module_of(model, "non_trainable='per_client'").layers.BatchNormalization
+    owned = {id(v) for layer in sublayers(model) if isinstance(layer, norm)
+             for v in model_variables(layer)[0]}
+    return [i for i, v in enumerate(model_variables(model)[0]) if id(v) in owned]
 
 
 class LocalLayers:
@@ -85,8 +86,8 @@ class LocalLayers:
 
     def __init__(self, model: Any) -> None:
         self.trainable = batch_norm_variables(model)
-        variables = model.trainable_variables
-        pieces = [variables[i] for i in self.trainable] + list(model.non_trainable_variables)
+        variables, non_trainable = model_variables(model)
+        pieces = [variables[i] for i in self.trainable] + non_trainable
         self.sizes = [int(np.prod(v.shape)) for v in pieces]
         self.size = int(sum(self.sizes))
         self.states: dict[str, np.ndarray] = {}
