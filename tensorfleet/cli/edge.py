@@ -71,7 +71,7 @@ def convert_cmd(
     for destination in (out, metadata):
         if destination is not None:
             check_writable(destination)
-    # The model first: a Keras 3 file is refused, and a name that is neither a file nor a zoo model says so,
+    # The model first (a file in the Keras that wrote it): a name that is neither a file nor a zoo model says so,
     # before anything asks for calibration data it would not use.
     keras_model = edge.load_keras_model(model)
     rep = None

@@ -19,15 +19,16 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from tensorfleet.compat.keras import keras2, require_keras2
+from tensorfleet.compat.keras import Keras, keras2, keras_of, module_of
 from tensorfleet.compat.litert import set_dense_per_channel
 from tensorfleet.edge.artifact import TFLiteArtifact, verify_int8
 from tensorfleet.edge.errors import QuantizationError
@@ -143,29 +144,29 @@ def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, nu
 
 
 def load_keras_model(spec: Any) -> Any:
-    """A Keras 2 model from a model object, a ``tensorfleet.models`` name (built in tf_keras), or a saved model:
-    a ``.keras``/``.h5`` file is read by the Keras that wrote it, so a Keras 3 file gets
-    :class:`~tensorfleet.compat.keras.Keras3ModelError` (the edge runs Keras 2 models only, for now).
+    """A Keras model, in the Keras it was written in, from a model object, a ``tensorfleet.models`` name or a saved
+    model: a ``.keras``/``.h5`` file is read by the Keras that wrote it (Keras 3 or tf_keras), a SavedModel folder
+    by tf_keras (Keras 3 cannot load a SavedModel as a model); a zoo name is built in the Keras ``tf.keras`` is in
+    the caller's process.
 
     Raises:
-        Keras3ModelError: ``spec`` is a Keras 3 model, or a file saved by Keras 3 (refused before it is loaded).
         FileNotFoundError: ``spec`` names no file and no zoo model, and looks like a path (``.keras``, ``.h5``, ``/``).
         UnknownNameError: ``spec`` names no file and no zoo model (the zoo's names, and the closest one).
         KerasFileError: the file is damaged or not a Keras model.
+        TypeError: ``spec`` is neither a Keras model, a path nor a name.
     """
     from tensorfleet.compat.keras import load_model
 
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
         if path.is_dir():
-            return require_keras2(keras2().models.load_model(path, compile=False), f"the saved model {path}")
+            return _keras_model(keras2().models.load_model(path, compile=False), f"the saved model {path}")
         if path.exists():
-            _refuse_keras3_file(path)
-            return require_keras2(load_model(path, compile=False, where="tfl.edge"), "tfl.edge")
+            return _keras_model(load_model(path, compile=False, where="tfl.edge"), "tfl.edge")
         from tensorfleet import models
 
         if str(spec) in models.MODELS:
-            return models.build(str(spec), keras="keras2")
+            return models.build(str(spec))
         try:
             models.MODELS.canonical(str(spec))
         except UnknownNameError as error:  # the registry's names and closest match, said as "neither"
@@ -174,16 +175,60 @@ def load_keras_model(spec: Any) -> Any:
             if path.suffix in (".keras", ".h5") or os.sep in str(spec):
                 raise FileNotFoundError(message) from None
             raise UnknownNameError(message) from None
-    return require_keras2(spec, "tfl.edge.convert")
+    return _keras_model(spec, "tfl.edge.convert")
 
 
-def _refuse_keras3_file(path: Path) -> None:
-    """Keras3ModelError for a file Keras 3 wrote, read from its own record (no Keras 3 model is built for it)."""
-    from tensorfleet.compat.keras import KERAS2_HOWTO, Keras, Keras3ModelError, saved_keras
+def _keras_model(model: Any, where: str) -> Any:
+    """``model`` if it is a model of either Keras; else one clear error."""
+    if not isinstance(model, module_of(model, where).Model):
+        raise TypeError(f"{where} takes a Keras model (Keras 3 or tf_keras). Received: {type(model).__qualname__}")
+    return model
 
-    if saved_keras(path) is Keras.KERAS3:
-        raise Keras3ModelError(f"tfl.edge runs Keras 2 (tf_keras) models only for now, and {str(path)!r} was saved "
-                               f"by Keras 3; convert a model saved from Keras 2. {KERAS2_HOWTO}")
+
+def _keras3_inputs(model: Any) -> Any:
+    """The symbolic inputs of a Keras 3 model, in the structure its ``call`` takes (a functional model's
+    ``input``, a Sequential model's one input), or None for a subclassed model that has none."""
+    try:
+        return model.input
+    except (AttributeError, ValueError):  # a Sequential model has its inputs, not an input node of its own
+        pass
+    inputs = list(getattr(model, "inputs", None) or [])
+    if not inputs:
+        return None
+    return inputs[0] if len(inputs) == 1 else inputs
+
+
+@contextlib.contextmanager
+def _converter(model: Any) -> Iterator[Any]:
+    """The TFLite converter for a model of either Keras, for the time of a ``with`` block.
+
+    A tf_keras model goes through ``from_keras_model``. A Keras 3 model is exported by Keras itself
+    (``model.export(format="tf_saved_model")``, which keeps TFLite builtins only: Keras's
+    ``format="litert"`` would turn SELECT_TF_OPS on) with a batch of one, and read back with
+    ``from_saved_model``: Keras 3's ``Flatten`` and ``Reshape`` read the batch size at run time, which a
+    dynamic batch turns into SHAPE, STRIDED_SLICE and PACK operators (flash and arena a microcontroller
+    running one sample at a time does not need); with the batch fixed they fold into one RESHAPE, as
+    tf_keras's do. The flatbuffer's shapes are those of tf_keras's ``(1, ...)`` (its shape signature
+    keeps batch 1 instead of -1).
+    """
+    import tempfile
+
+    import tensorflow as tf
+
+    structure = _keras3_inputs(model) if keras_of(model) is Keras.KERAS3 else None
+    if structure is None:
+        yield tf.lite.TFLiteConverter.from_keras_model(model)
+        return
+
+    def spec(tensor: Any) -> Any:
+        shape = tuple(tensor.shape)
+        return tf.TensorSpec((1 if shape[0] is None else shape[0], *shape[1:]), tensor.dtype,
+                             name=getattr(tensor, "name", None))
+
+    signature = [tf.nest.map_structure(spec, structure)]
+    with tempfile.TemporaryDirectory(prefix="tfl-edge-") as folder:
+        model.export(folder, format="tf_saved_model", input_signature=signature, verbose=False)
+        yield tf.lite.TFLiteConverter.from_saved_model(folder)  # it reads the folder when it converts
 
 
 def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32, representative_data: Any = None,
@@ -192,7 +237,7 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
     """Converts a Keras model to TFLite with one quantization mode.
 
     Args:
-        model: a Keras 2 (tf_keras) model, a ``tensorfleet.models`` name or a saved Keras model path.
+        model: a Keras model (Keras 3 or tf_keras), a ``tensorfleet.models`` name or a saved Keras model path.
         quantization: ``float32``, ``dynamic``, ``float16``, ``int8`` or ``int16x8``.
         representative_data: calibration samples shaped like the model input (needed by
             ``int8`` and ``int16x8``); at most ``num_calibration_samples`` are used.
@@ -208,8 +253,8 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         A :class:`TFLiteArtifact` with the flatbuffer and its metadata.
 
     Raises:
-        Keras3ModelError: ``model`` is a Keras 3 model or a Keras 3 ``.keras`` file (the edge runs Keras 2 models
-            for now: build it with ``import tf_keras as keras``).
+        QuantizationError: the TFLite converter failed (its last line in the message, the cause attached).
+        TypeError: ``model`` is not a Keras model, a path or a zoo name.
 
     Example:
         >>> artifact = convert(model, "int8", representative_data=x_train[:100])  # doctest: +SKIP
@@ -217,7 +262,7 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         'int8'
     """
     if not isinstance(model, (str, os.PathLike)):
-        require_keras2(model, "tfl.edge.convert")
+        _keras_model(model, "tfl.edge.convert")  # before the options: a wrong object is the first thing to say
     name = QUANTIZATIONS.canonical(quantization.value if isinstance(quantization, Quantization) else quantization)
     mode = QUANTIZATIONS.get(name)
     if per_channel_dense and not mode.needs_representative_data:
@@ -235,18 +280,16 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
                              f"shaped like {keras_model.input_shape[1:]}. Received: representative_data=None")
         rep = representative_dataset(representative_data, keras_model.input_shape,
                                      num_samples=num_calibration_samples, progress=progress)
-    import tensorflow as tf
-
-    converter = tf.lite.TFLiteConverter.from_keras_model(keras_model)
-    mode.configure(converter, rep)
-    if mode.needs_representative_data:  # the full-integer modes, whose dense weights TFLM requantizes
-        set_dense_per_channel(converter, bool(per_channel_dense))
-    try:
-        data = converter.convert()
-    except Exception as exc:  # the converter's own messages are long; keep the cause attached
-        raise QuantizationError(f"The TFLite converter failed for quantization={name!r}: "
-                                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
-                                ) from exc
+    with _converter(keras_model) as converter:
+        mode.configure(converter, rep)
+        if mode.needs_representative_data:  # the full-integer modes, whose dense weights TFLM requantizes
+            set_dense_per_channel(converter, bool(per_channel_dense))
+        try:
+            data = converter.convert()
+        except Exception as exc:  # the converter's own messages are long; keep the cause attached
+            raise QuantizationError(f"The TFLite converter failed for quantization={name!r}: "
+                                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
+                                    ) from exc
     artifact = TFLiteArtifact(data, name, keras_model)
     if verify and name == Quantization.INT8.value:
         verify_int8(artifact)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorfleet.compat.keras import keras2, require_keras2
+from tensorfleet.compat.keras import module_of
 from tensorfleet.edge.decompose_plan import LayerPlan, DecompositionMethod, form_of, plan_layer
 from tensorfleet.edge.decompose_factors import layer_kind, weight_kernel
 from tensorfleet.edge.errors import DecompositionError
@@ -110,11 +110,15 @@ class DecompositionPlan:
 
 
 def _check_model(model: Any, where: str) -> Any:
-
-    require_keras2(model, where)
-    if not isinstance(model, keras2().Model):
-        raise DecompositionError(f"{where} needs a tf.keras.Model. Received: {type(model).__name__}")
-    config = model.get_config() if isinstance(model, keras2().Sequential) or _is_functional(model) else None
+    """The config of a functional or Sequential model of either Keras, from which its decomposed twin is built in
+    the same Keras (the factors are layers of the model's own Keras module)."""
+    try:
+        keras = module_of(model, where)
+    except TypeError as error:
+        raise DecompositionError(str(error)) from None
+    if not isinstance(model, keras.Model):
+        raise DecompositionError(f"{where} needs a Keras model (Keras 3 or tf_keras). Received: {type(model).__name__}")
+    config = model.get_config() if isinstance(model, keras.Sequential) or _is_functional(model) else None
     if config is None or "layers" not in config:
         raise DecompositionError(f"{where} needs a functional or Sequential Keras model (their config lists the "
                                  f"layers); a subclassed model cannot be rebuilt. Received: {type(model).__name__}")
@@ -142,7 +146,7 @@ def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *,
     """The per-layer plan of :func:`decompose`, computed without changing the model.
 
     Args:
-        model: a functional or Sequential ``tf.keras`` model.
+        model: a functional or Sequential Keras model, Keras 3 or tf_keras (the decomposed model is of the same Keras).
         method: ``svd`` (Dense and 1x1 Conv2D), ``tucker2`` or ``cp`` (kh x kw Conv2D; Dense and
             1x1 Conv2D then take the svd form).
         rank: an int (one rank for the whole model: capped at each layer's sizes), ``(r_in, r_out)``
@@ -199,10 +203,10 @@ def _chosen_layers(model: Any, method: DecompositionMethod, layers: list[str] | 
 
 def _rewire(obj: Any, renames: dict[str, str]) -> Any:
     """``obj`` (a layer's inbound nodes) with references to a replaced layer pointing at its last factor."""
-    if isinstance(obj, list):
+    if isinstance(obj, (list, tuple)):  # Keras 3 keeps a node's args as a tuple, its keras_history as a list
         if len(obj) >= 3 and isinstance(obj[0], str) and isinstance(obj[1], int) and obj[0] in renames:
-            return [renames[obj[0]], *obj[1:]]
-        return [_rewire(item, renames) for item in obj]
+            return type(obj)([renames[obj[0]], *obj[1:]])
+        return type(obj)(_rewire(item, renames) for item in obj)
     if isinstance(obj, dict):
         return {key: _rewire(value, renames) for key, value in obj.items()}
     return obj
@@ -233,7 +237,7 @@ def _factored_config(config: dict[str, Any], plan: DecompositionPlan, sequential
 def _apply(model: Any, plan: DecompositionPlan) -> Any:
 
     config = _check_model(model, "tfl.edge.decompose")
-    sequential = isinstance(model, keras2().Sequential)
+    sequential = isinstance(model, module_of(model).Sequential)
     names = {layer.name for layer in model.layers}
     missing = [row.name for row in plan.decomposed if row.name not in names]
     if missing or plan.model_name != model.name:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import module_of
 
 __all__ = ["Factor", "layer_kind", "kernel_of", "svd_factors", "tucker2_factors", "cp_factors", "cp_full_rank",
            "fit_cp", "layer_macs", "weight_kernel",
@@ -40,12 +40,20 @@ class Factor:
     macs: int
 
 
+def _keras(layer: Any) -> Any:
+    """The Keras module ``layer`` belongs to: its factors are built there."""
+    return module_of(layer, "tfl.edge.decompose", "layer")
+
+
 def layer_kind(layer: Any) -> str | None:
     """``"dense"``, ``"conv"`` (kh x kw), ``"conv1x1"``, or None for a layer no method factors."""
-
-    if type(layer) is keras2().layers.Dense:
+    try:
+        keras = _keras(layer)
+    except TypeError:  # not a Keras layer at all: nothing to factor
+        return None
+    if type(layer) is keras.layers.Dense:
         return "dense"
-    if type(layer) is keras2().layers.Conv2D:
+    if type(layer) is keras.layers.Conv2D:
         return "conv1x1" if tuple(layer.kernel_size) == (1, 1) else "conv"
     return None
 
@@ -53,6 +61,14 @@ def layer_kind(layer: Any) -> str | None:
 def kernel_of(layer: Any) -> np.ndarray:
     """The layer's kernel in float64."""
     return np.asarray(layer.kernel.numpy(), np.float64)
+
+
+def _shape(layer: Any, which: str) -> tuple[Any, ...]:
+    """``layer``'s input or output shape: tf_keras has ``input_shape``/``output_shape``, Keras 3 the shapes of
+    its symbolic ``input``/``output``."""
+    if hasattr(layer, f"{which}_shape"):
+        return tuple(getattr(layer, f"{which}_shape"))
+    return tuple(getattr(layer, which).shape)
 
 
 def _positions(shape: Any) -> int:
@@ -73,12 +89,12 @@ def weight_kernel(layer: Any) -> Any:
 def layer_macs(layer: Any) -> int:
     """Multiply-accumulates of one example in a Dense, Conv2D or DepthwiseConv2D layer: each output
     position multiplies every entry of the kernel once."""
-    return _positions(layer.output_shape) * int(math.prod(weight_kernel(layer).shape))
+    return _positions(_shape(layer, "output")) * int(math.prod(weight_kernel(layer).shape))
 
 
 def _serialize(cls: Any, config: dict[str, Any]) -> dict[str, Any]:
-
-    return keras2().layers.serialize(cls.from_config(config))
+    layer = cls.from_config(config)
+    return _keras(layer).layers.serialize(layer)
 
 
 def _factor(layer: Any, name: str, last: bool, weights: list[np.ndarray], macs: int, **changes: Any) -> Factor:
@@ -87,11 +103,17 @@ def _factor(layer: Any, name: str, last: bool, weights: list[np.ndarray], macs: 
     if not last:
         config.update(use_bias=False, activation="linear", activity_regularizer=None, bias_regularizer=None,
                       bias_constraint=None)
-    dtype = layer.kernel.dtype.as_numpy_dtype
+    dtype = _dtype(layer)
     arrays = [np.asarray(w, dtype) for w in weights]
     if last and layer.use_bias:
         arrays.append(np.asarray(layer.bias.numpy(), dtype))
     return Factor(_serialize(type(layer), config), tuple(arrays), int(sum(a.size for a in arrays)), int(macs))
+
+
+def _dtype(layer: Any) -> np.dtype:
+    """The NumPy dtype of ``layer``'s kernel (tf_keras: a ``tf.DType``, Keras 3: a name)."""
+    dtype = layer.kernel.dtype
+    return np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
 
 
 def _split(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,11 +127,11 @@ def svd_factors(layer: Any, rank: int) -> list[Factor]:
     kernel = kernel_of(layer)
     if layer_kind(layer) == "dense":
         first, second = _split(kernel, rank)
-        positions = _positions(layer.output_shape)
+        positions = _positions(_shape(layer, "output"))
         return [_factor(layer, f"{layer.name}_u", False, [first], positions * first.size, units=rank),
                 _factor(layer, f"{layer.name}_v", True, [second], positions * second.size)]
     first, second = _split(kernel[0, 0], rank)
-    positions = _positions(layer.output_shape)  # the first factor carries the stride, so both run at the output's
+    positions = _positions(_shape(layer, "output"))  # the first factor carries the stride, so both run at the output's
     return [_factor(layer, f"{layer.name}_u", False, [first[None, None]], positions * first.size, filters=rank),
             _factor(layer, f"{layer.name}_v", True, [second[None, None]], positions * second.size,
                     strides=(1, 1), padding="valid")]
@@ -133,7 +155,7 @@ def tucker2_factors(layer: Any, rank: tuple[int, int]) -> list[Factor]:
         (core, (u_in, u_out)), _ = partial_tucker(kernel, rank=[r_in, r_out], modes=[2, 3], init="svd",
                                                   random_state=0)
     core, u_in, u_out = np.asarray(core), np.asarray(u_in), np.asarray(u_out)
-    inside, outside = _positions(layer.input_shape), _positions(layer.output_shape)
+    inside, outside = _positions(_shape(layer, "input")), _positions(_shape(layer, "output"))
     one = {"kernel_size": (1, 1), "strides": (1, 1), "padding": "valid", "dilation_rate": (1, 1)}
     return [_factor(layer, f"{layer.name}_in", False, [u_in[None, None]], inside * cin * r_in, filters=r_in, **one),
             _factor(layer, f"{layer.name}_core", False, [core], outside * kh * kw * r_in * r_out, filters=r_out),
@@ -179,25 +201,26 @@ def cp_factors(layer: Any, rank: int, fitted: tuple[np.ndarray, list[np.ndarray]
     kh, kw, cin, cout = kernel.shape
     weights, (a, b, c, d) = fitted if fitted is not None else fit_cp(kernel, rank)
     (sh, sw), (dh, dw) = layer.strides, layer.dilation_rate
-    inside, outside = _positions(layer.input_shape), _positions(layer.output_shape)
-    in_w = layer.input_shape[2] or 1
-    out_h = layer.output_shape[1] or 1
+    inside, outside = _positions(_shape(layer, "input")), _positions(_shape(layer, "output"))
+    in_w = _shape(layer, "input")[2] or 1
+    out_h = _shape(layer, "output")[1] or 1
     one = {"kernel_size": (1, 1), "strides": (1, 1), "padding": "valid", "dilation_rate": (1, 1)}
     first = _factor(layer, f"{layer.name}_in", False, [c[None, None]], inside * cin * rank, filters=rank, **one)
     last = _factor(layer, f"{layer.name}_out", True, [(d * weights).T[None, None]], outside * rank * cout, **one)
     base = layer.get_config()
-    dtype = layer.kernel.dtype.as_numpy_dtype
+    dtype = _dtype(layer)
+    keras = _keras(layer)
     depthwise = []
     for suffix, size, stride, dilation, kernel_1d, positions in [
         ("dh", (kh, 1), (sh, 1), (dh, 1), a[:, None, :, None], out_h * in_w * kh),
         ("dw", (1, kw), (1, sw), (1, dw), b[None, :, :, None], outside * kw),
     ]:
-        layer_dw = keras2().layers.DepthwiseConv2D(
+        layer_dw = keras.layers.DepthwiseConv2D(
             size, strides=stride, padding=base["padding"], dilation_rate=dilation, use_bias=False,
-            depthwise_regularizer=base["kernel_regularizer"] and keras2().regularizers.get(base["kernel_regularizer"]),
+            depthwise_regularizer=base["kernel_regularizer"] and keras.regularizers.get(base["kernel_regularizer"]),
             dtype=base["dtype"], name=f"{layer.name}_{suffix}", trainable=base["trainable"])
         array = np.asarray(kernel_1d, dtype)
-        depthwise.append(Factor(keras2().layers.serialize(layer_dw), (array,), array.size, positions * rank))
+        depthwise.append(Factor(keras.layers.serialize(layer_dw), (array,), array.size, positions * rank))
     return [first, *depthwise, last]
 
 

@@ -39,6 +39,35 @@ def digits_artifacts(digits_model: Any, digits: Any) -> dict[str, Any]:
 
 
 
+def kinds_model(keras: Any) -> Any:
+    """Every layer kind decompose meets, with bias, 'same'/'valid' padding, strides and dilation, in a functional
+    graph built in ``keras`` (a Keras module), its weights drawn from N(0, 0.5^2) with seed 1."""
+    layers = keras.layers
+    inputs = keras.Input((12, 12, 5), name="image")
+    x = layers.Conv2D(6, 3, strides=2, padding="same", activation="relu", name="strided")(inputs)
+    x = layers.Conv2D(7, (3, 2), dilation_rate=2, padding="valid", name="dilated")(x)
+    x = layers.Conv2D(4, 1, padding="same", use_bias=False, name="pointwise")(x)
+    x = layers.DepthwiseConv2D(3, padding="same", name="depthwise")(x)
+    x = layers.Flatten(name="flat")(x)
+    x = layers.Dense(9, activation="relu", name="hidden")(x)
+    model = keras.Model(inputs, layers.Dense(3, name="logits")(x), name="kinds")
+    rng = np.random.default_rng(1)
+    for weight in model.weights:
+        weight.assign(rng.normal(scale=0.5, size=weight.shape))
+    return model
+
+
+def full_rank(model: Any, method: str) -> Any:
+    """The ranks at which every factored form of :func:`kinds_model` is exact: cp's by layer, None (energy 1.0)
+    for svd and tucker2."""
+    from tensorfleet.edge.decompose_factors import cp_full_rank
+
+    if method != "cp":
+        return None
+    return {layer.name: cp_full_rank(tuple(layer.kernel.shape)) if layer.kernel.shape[0] > 1 else 4
+            for layer in model.layers if type(layer).__name__ == "Conv2D"} | {"hidden": 9, "logits": 3}
+
+
 @pytest.fixture(scope="session")
 def int8_artifact(digits_artifacts: dict[str, Any]) -> Any:
     return digits_artifacts["int8"]

@@ -107,22 +107,46 @@ def test_convert_a_saved_keras_model(digits_model: object, digits: object, tmp_p
     assert meta["ops"] == ["CONV_2D", "CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED", "FULLY_CONNECTED"]
 
 
-def test_a_keras3_file_is_one_clear_error_and_exit_2(keras3_model: object, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    saved = tmp_path / "k3.keras"
-    keras3_model.save(saved)  # type: ignore[attr-defined]
-    data = tmp_path / "cal.npy"
-    np.save(data, np.zeros((4, 4), np.float32))
-    out = tmp_path / "k3.tflite"
-    expected = (f"error: tfl.edge runs Keras 2 (tf_keras) models only for now, and '{saved}' was saved by Keras 3; "
-                "convert a model saved from Keras 2. For Keras 2, build the model with `import tf_keras as keras` (or "
-                "set TF_USE_LEGACY_KERAS=1 before TensorFlow starts, so that `tf.keras` is tf_keras).\n")
-    for extra in ([], ["--data", str(data)]):  # refused before --data is asked for, and with it
-        assert main(["edge", "convert", str(saved), "--quantization", "int8", "--out", str(out), *extra]) == 2
-        assert capsys.readouterr().err == expected
-    assert main(["edge", "decompose", str(saved), "--out", str(tmp_path / "small.keras")]) == 2
-    assert capsys.readouterr().err == expected
-    assert not out.exists()
+def test_a_keras3_file_converts_in_a_users_process_then_reports_exports_and_compiles(
+        keras3: object, digits_model: object, digits: object, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+    import sys
+
+    from tensorfleet import models
+    from tensorfleet.compat.keras import Keras, saved_keras
+    from tests.conftest import user_env
+    from tests.edge.test_export import GXX, HARNESS
+
+    k3 = models.build("digits_cnn", keras=keras3)
+    k3.set_weights(digits_model.get_weights())  # type: ignore[attr-defined]
+    saved, rep, out = tmp_path / "k3.keras", tmp_path / "rep.npy", tmp_path / "m.tflite"
+    k3.save(saved)
+    assert saved_keras(saved) is Keras.KERAS3
+    np.save(rep, digits.x_train[:50])  # type: ignore[attr-defined]
+    child = subprocess.run([sys.executable, "-m", "tensorfleet.cli.main", "edge", "convert", str(saved),
+                            "--quantization", "int8", "--data", str(rep), "--out", str(out)],
+                           env=user_env(TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert re.search(r"^wrote .*m\.tflite \([\d,]+ bytes, int8\); input int8 \[1, 8, 8, 1\], output int8 \[1, 10\]; "
+                     r"ops: CONV_2D, FULLY_CONNECTED, MAX_POOL_2D, RESHAPE$", child.stdout, re.M), child.stdout
+    assert main(["edge", "report", str(out), "--target", "bluepill"]) == 0
+    assert "target stm32f103c8 (flash 65,536, RAM 20,480): fits" in capsys.readouterr().out
+    assert main(["edge", "export", str(out), "--name", "kws", "--out", str(tmp_path / "c")]) == 0
+    header = (tmp_path / "c" / "kws_model_data.h").read_text()
+    arena = int(re.search(r"kKwsTensorArenaSize = (\d+);", header).group(1))  # type: ignore[union-attr]
+    if GXX is not None:  # the exported array compiles and holds the .tflite byte for byte
+        (tmp_path / "c" / "harness.cc").write_text(HARNESS)
+        exe = tmp_path / "harness"
+        subprocess.run([GXX, "-std=c++17", "-Wall", "-Werror", f"-DARENA={arena}", "-I", str(tmp_path / "c"),
+                        str(tmp_path / "c" / "harness.cc"), str(tmp_path / "c" / "kws_model_data.cc"), "-o", str(exe)],
+                       check=True, capture_output=True, timeout=120)
+        written = tmp_path / "roundtrip.tflite"
+        assert subprocess.run([str(exe), str(written)], timeout=30).returncode == 0
+        assert written.read_bytes() == out.read_bytes()
+    small = tmp_path / "small.keras"
+    assert main(["edge", "decompose", str(saved), "--method", "tucker2", "--energy", "0.9", "--out", str(small)]) == 0
+    assert saved_keras(small) is Keras.KERAS3  # decomposed in the Keras that wrote the model
 
 
 def test_a_missing_or_damaged_file_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -162,26 +162,26 @@ def test_importing_the_edge_package_does_not_import_tensorflow() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_a_keras3_model_is_refused_with_the_fix_named(keras3_model: Any) -> None:
-    from tensorfleet.compat.keras import Keras3ModelError
+def test_a_keras3_model_converts_in_its_own_keras(keras3_model: Any) -> None:
+    from tensorfleet.compat.keras import Keras, keras_of
 
-    with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.convert runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model "
-                                               r"\(keras\.src\.models\.sequential\.Sequential\)\. .*"
-                                               r"For Keras 2, build the model with `import tf_keras as keras`"):
-        edge.convert(keras3_model, "int8", np.zeros((4, 4), np.float32), progress=False)
+    rows = np.random.default_rng(0).uniform(-1, 1, size=(16, 4)).astype(np.float32)
+    artifact = edge.convert(keras3_model, "int8", rows, progress=False)
+    assert artifact.ops == ("FULLY_CONNECTED",)
+    assert [(t.dtype, t.shape) for t in artifact.inputs + artifact.outputs] == [("int8", (1, 4)), ("int8", (1, 2))]
+    assert keras_of(artifact.source_model) is Keras.KERAS3
 
 
-def test_a_keras3_file_is_refused_before_it_is_loaded(keras3_model: Any, tmp_path: Path) -> None:
-    from tensorfleet.compat.keras import Keras3ModelError
+def test_a_keras3_file_is_loaded_by_keras3_and_converts(keras3_model: Any, tmp_path: Path) -> None:
+    from tensorfleet.compat.keras import Keras, keras_of
 
     saved = tmp_path / "k3.keras"
     keras3_model.save(saved)
-    message = (rf"^tfl\.edge runs Keras 2 \(tf_keras\) models only for now, and '{saved}' was saved by Keras 3; convert "
-               r"a model saved from Keras 2\. For Keras 2, build the model with `import tf_keras as keras`")
-    with pytest.raises(Keras3ModelError, match=message):
-        edge.convert(str(saved), "int8", np.zeros((4, 4), np.float32), progress=False)
-    with pytest.raises(Keras3ModelError, match=message):
-        edge.load_keras_model(saved)
+    loaded = edge.load_keras_model(saved)
+    assert keras_of(loaded) is Keras.KERAS3
+    np.testing.assert_array_equal(loaded.get_weights()[0], keras3_model.get_weights()[0])
+    rows = np.random.default_rng(1).uniform(-1, 1, size=(16, 4)).astype(np.float32)
+    assert edge.convert(str(saved), "int8", rows, progress=False).ops == ("FULLY_CONNECTED",)
 
 
 def _dense_weight_scales(artifact: Any) -> list[int]:

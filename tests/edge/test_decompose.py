@@ -13,6 +13,7 @@ import pytest
 
 from tensorfleet import edge
 from tensorfleet.edge.decompose_factors import cp_full_rank
+from tests.edge.conftest import full_rank, kinds_model
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -26,19 +27,9 @@ def _assign_normal(model: Any, seed: int) -> Any:
 
 @pytest.fixture(scope="module")
 def conv_model() -> Any:
-    """Every layer kind with bias, 'same'/'valid' padding, strides and dilation, in a functional graph."""
     import tensorflow as tf
 
-    layers = tf.keras.layers
-    inputs = tf.keras.Input((12, 12, 5))
-    x = layers.Conv2D(6, 3, strides=2, padding="same", activation="relu", name="strided")(inputs)
-    x = layers.Conv2D(7, (3, 2), dilation_rate=2, padding="valid", name="dilated")(x)
-    x = layers.Conv2D(4, 1, padding="same", use_bias=False, name="pointwise")(x)
-    x = layers.DepthwiseConv2D(3, padding="same", name="depthwise")(x)
-    x = layers.Flatten()(x)
-    x = layers.Dense(9, activation="relu", name="hidden")(x)
-    outputs = layers.Dense(3, name="logits")(x)
-    return _assign_normal(tf.keras.Model(inputs, outputs, name="kinds"), 1)
+    return kinds_model(tf.keras)
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +37,9 @@ def images() -> np.ndarray:
     return np.random.default_rng(2).normal(size=(6, 12, 12, 5)).astype(np.float32)
 
 
-def _full_rank(model: Any, method: str) -> Any:
-    if method != "cp":
-        return None
-    return {layer.name: cp_full_rank(tuple(layer.kernel.shape)) if layer.kernel.shape[0] > 1 else 4
-            for layer in model.layers if type(layer).__name__ == "Conv2D"} | {"hidden": 9, "logits": 3}
-
-
 @pytest.mark.parametrize("method", ["svd", "tucker2", "cp"])
 def test_full_rank_factors_give_the_same_outputs(conv_model: Any, images: np.ndarray, method: str) -> None:
-    rank = _full_rank(conv_model, method)
+    rank = full_rank(conv_model, method)
     plan = edge.plan_decomposition(conv_model, method, rank=rank, energy=None if rank else 1.0, allow_growth=True)
     small = edge.decompose(conv_model, plan=plan)
     expected = conv_model(images).numpy()

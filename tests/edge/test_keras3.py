@@ -1,0 +1,163 @@
+"""Keras 3 models on the edge: every conversion mode, TFLite Micro, the report, C export and decomposition,
+against the same model in tf_keras (its twin: the same weights, copied across)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorfleet import edge
+from tensorfleet.compat.keras import Keras, keras_of
+
+from tests.edge.conftest import MODES, full_rank, kinds_model
+
+EPS32 = float(np.finfo(np.float32).eps)
+DIGITS_OPS = ("CONV_2D", "CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED", "FULLY_CONNECTED")
+
+
+def builtins_only(artifact: Any) -> None:
+    """No custom and no Flex (SELECT_TF_OPS) operator: what a microcontroller can run."""
+    odd = [op.op for op in artifact.graph.operators if op.custom or op.op.startswith("Flex")]
+    assert odd == [], odd
+
+
+@pytest.fixture(scope="module")
+def twin(keras3: Any, digits_model: Any) -> Any:
+    """The zoo's digits CNN built in Keras 3, holding the trained tf_keras model's weights."""
+    from tensorfleet import models
+
+    model = models.build("digits_cnn", keras="keras3")
+    model.set_weights(digits_model.get_weights())
+    return model
+
+
+@pytest.fixture(scope="module")
+def twin_artifacts(twin: Any, digits: Any) -> dict[str, Any]:
+    return {mode: edge.convert(twin, mode, digits.x_train, num_calibration_samples=50, progress=False)
+            for mode in MODES}
+
+
+def test_every_mode_converts_a_keras3_model_to_the_ops_of_its_tf_keras_twin(
+        twin: Any, twin_artifacts: dict[str, Any], digits_artifacts: dict[str, Any]) -> None:
+    assert keras_of(twin) is Keras.KERAS3
+    for mode in MODES:
+        mine, theirs = twin_artifacts[mode], digits_artifacts[mode]
+        builtins_only(mine)
+        assert mine.quantization == mode
+        assert mine.ops == theirs.ops, mode  # Keras 3's Flatten folds into one RESHAPE, as tf_keras's does
+        assert [(t.dtype, t.shape) for t in mine.inputs + mine.outputs] == \
+               [(t.dtype, t.shape) for t in theirs.inputs + theirs.outputs], mode
+        assert abs(mine.size - theirs.size) <= 0.01 * theirs.size, (mode, mine.size, theirs.size)
+    assert twin_artifacts["int8"].ops == DIGITS_OPS
+    assert twin_artifacts["int8"].inputs[0].scales == digits_artifacts["int8"].inputs[0].scales
+    assert twin_artifacts["int8"].inputs[0].zero_points == (-128,)
+
+
+def test_int8_on_tflite_micro_is_as_accurate_and_as_small_as_the_tf_keras_twin(
+        twin_artifacts: dict[str, Any], digits_artifacts: dict[str, Any], digits: Any) -> None:
+    mine = edge.validate_micro(twin_artifacts["int8"], digits.x_test, digits.y_test, progress=False)
+    theirs = edge.validate_micro(digits_artifacts["int8"], digits.x_test, digits.y_test, progress=False)
+    assert mine.micro_accuracy > 0.9
+    assert abs(mine.micro_accuracy - theirs.micro_accuracy) <= 0.005
+    assert abs(mine.arena_bytes - theirs.arena_bytes) <= 0.05 * theirs.arena_bytes
+    assert mine.keras_accuracy == pytest.approx(theirs.keras_accuracy, abs=1 / len(digits.y_test))
+    assert mine.agreement_with_keras >= 0.98  # the source model here is the Keras 3 one
+
+
+def test_float32_tflite_computes_what_the_keras3_model_does(twin: Any, twin_artifacts: dict[str, Any],
+                                                            digits: Any) -> None:
+    from tensorfleet.edge.micro import run_tflite
+
+    x = digits.x_test[:32]
+    expected = twin.predict(x, verbose=0)
+    got = run_tflite(twin_artifacts["float32"], x)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=64 * EPS32 * np.abs(expected).max())
+
+
+def test_a_keras3_file_converts_and_loads_in_keras3(twin: Any, digits: Any, tmp_path: Path) -> None:
+    saved = tmp_path / "k3.keras"
+    twin.save(saved)
+    loaded = edge.load_keras_model(saved)
+    assert keras_of(loaded) is Keras.KERAS3
+    artifact = edge.convert(str(saved), "int8", digits.x_train, num_calibration_samples=50, progress=False)
+    assert artifact.ops == DIGITS_OPS
+    builtins_only(artifact)
+
+
+def test_batchnorm_dropout_reshape_in_keras3_fold_to_builtins(keras3: Any) -> None:
+    from tensorfleet.edge.micro import run_tflite
+
+    layers = keras3.layers
+    model = keras3.Sequential([keras3.Input((6, 6, 2)), layers.Conv2D(4, 3, name="c"), layers.BatchNormalization(),
+                               layers.ReLU(), layers.Dropout(0.5), layers.Reshape((4, 16)), layers.Flatten(),
+                               layers.Dense(3)], name="bn")
+    rng = np.random.default_rng(5)
+    for weight in model.weights:  # BatchNorm's moving statistics too, so that folding it is checked
+        weight.assign(np.abs(rng.normal(size=weight.shape)) + 0.1)
+    x = rng.normal(size=(4, 6, 6, 2)).astype(np.float32)
+    artifact = edge.convert(model, "float32", progress=False)
+    assert artifact.ops == ("CONV_2D", "RESHAPE", "FULLY_CONNECTED")  # BN and ReLU fold into the conv
+    expected = model.predict(x, verbose=0)  # Dropout is off outside training, in TFLite too
+    np.testing.assert_allclose(run_tflite(artifact, x), expected, rtol=0, atol=64 * EPS32 * np.abs(expected).max())
+    int8 = edge.convert(model, "int8", x, progress=False)
+    builtins_only(int8)
+    assert [t.dtype for t in int8.inputs + int8.outputs] == ["int8", "int8"]
+
+
+def test_a_keras3_object_that_is_no_model_is_one_clear_error(keras3: Any) -> None:
+    with pytest.raises(TypeError, match=r"^tfl\.edge\.convert takes a Keras model \(Keras 3 or tf_keras\)\. "
+                                        r"Received: Dense$"):
+        edge.convert(keras3.layers.Dense(2), "float32", progress=False)
+
+
+@pytest.mark.parametrize("method", ["svd", "tucker2", "cp"])
+def test_decompose_keeps_a_keras3_model_in_keras3_and_its_outputs(keras3: Any, method: str) -> None:
+    import tf_keras
+
+    model = kinds_model(keras3)
+    twin = kinds_model(tf_keras)
+    twin.set_weights(model.get_weights())
+    rank = full_rank(model, method)
+    plans = [edge.plan_decomposition(m, method, rank=rank, energy=None if rank else 1.0, allow_growth=True)
+             for m in (model, twin)]
+    assert plans[0].as_dict() == plans[1].as_dict()  # the same plan, ranks, parameters and FLOPs in either Keras
+    small = edge.decompose(model, plan=plans[0])
+    assert keras_of(small) is Keras.KERAS3
+    names = [[layer.name for layer in m.layers] for m in (small, edge.decompose(twin, plan=plans[1]))]
+    assert names[0] == names[1]
+    images = np.random.default_rng(2).normal(size=(6, 12, 12, 5)).astype(np.float32)
+    expected = np.asarray(model(images))
+    # float32 sums of a few hundred terms taken in another order: a few hundred eps of the largest output.
+    np.testing.assert_allclose(np.asarray(small(images)), expected, rtol=0, atol=256 * EPS32 * np.abs(expected).max())
+    artifact = edge.convert(small, "int8", images, progress=False)
+    builtins_only(artifact)
+    ops = Counter(artifact.ops)
+    factored = {"svd": (2 + 2, 0), "tucker2": (3 + 3 + 2, 0), "cp": (2 + 2 + 2, 4)}[method]
+    # strided and dilated: their factors (svd leaves them whole); pointwise: 2; the depthwise layer stays
+    assert (ops["CONV_2D"], ops["DEPTHWISE_CONV_2D"] - 1) == factored, ops
+    assert ops["FULLY_CONNECTED"] == 4
+
+
+def test_decompose_a_keras3_sequential_model_and_save_it(keras3: Any, tmp_path: Path) -> None:
+    from tensorfleet.compat.keras import saved_keras
+    from tensorfleet.edge.decompose import save_keras
+
+    model = keras3.Sequential([keras3.Input((10,)), keras3.layers.Dense(8, activation="tanh", name="a"),
+                               keras3.layers.Dense(4, name="b")], name="seq")
+    rng = np.random.default_rng(3)
+    for weight in model.weights:
+        weight.assign(rng.normal(scale=0.5, size=weight.shape))
+    small = edge.decompose(model, "svd", energy=1.0, allow_growth=True)
+    assert isinstance(small, keras3.Sequential)
+    assert [layer.name for layer in small.layers] == ["a_u", "a_v", "b_u", "b_v"]
+    x = rng.normal(size=(5, 10)).astype(np.float32)
+    expected = np.asarray(model(x))
+    np.testing.assert_allclose(np.asarray(small(x)), expected, rtol=0, atol=64 * EPS32 * np.abs(expected).max())
+    path = save_keras(small, tmp_path / "small.keras")
+    assert saved_keras(path) is Keras.KERAS3
+    assert edge.convert(str(path), "float32", progress=False).ops == (
+        "FULLY_CONNECTED", "FULLY_CONNECTED", "TANH", "FULLY_CONNECTED", "FULLY_CONNECTED")
