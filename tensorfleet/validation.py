@@ -16,11 +16,17 @@ from enum import Enum
 from typing import Any, TypeVar
 
 __all__ = [
-    "boolean", "choice", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
+    "UnknownOptionError", "boolean", "choice", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
     "port", "positive_int",
 ]
 
 E = TypeVar("E", bound=Enum)
+
+
+class UnknownOptionError(TypeError, ValueError):
+    """An option name that the callee does not take: a TypeError, as Python's own for an unexpected keyword,
+    and a ValueError, since the name often comes as text (a YAML key, ``fedprox:nu=1`` on the command line),
+    where it is bad input that the command line reports in one line."""
 
 
 def _is_int(value: Any) -> bool:

@@ -53,12 +53,15 @@ def test_the_reference_has_a_page_for_every_public_module() -> None:
     assert "ref-cli.md" not in pages  # the command's page is mkdocs-click's
 
 
-def test_the_yaml_reference_lists_every_key_with_its_flag() -> None:
-    from tensorfleet.federated.experiment import KEYS
+def test_the_yaml_reference_lists_every_key_with_its_flag_and_help_from_the_declaration() -> None:
+    from tensorfleet.federated.experiment import KEYS, OPTIONS
 
-    rows = [line for line in reference.yaml_keys_table().splitlines()[2:]]
-    assert [row.split("`")[1] for row in rows] == list(KEYS)
-    assert "| `rounds` | `10` | `--rounds` |" in reference.yaml_keys_table()
+    table = reference.yaml_keys_table()
+    rows = {row.split("`")[1]: row for row in table.splitlines()[2:]}
+    assert list(rows) == list(KEYS)
+    assert "| `rounds` | `10` | `--rounds` |" in table
+    for name, info in OPTIONS.items():
+        assert f"`{info.flag}`" in rows[name] and info.help.replace("|", "\\|") in rows[name], name
 
 
 def test_word_indexes_in_pages_are_text_and_references_stay_links() -> None:

@@ -109,40 +109,23 @@ if __name__ == "__main__":
     main()
 
 
-# What a key means where `tensorfleet federated run` has no help text for its flag.
-_KEY_NOTES = {
-    "rounds": "Federated rounds to run (a resumed run continues up to this round).",
-    "seed": "The seed of the partition and of the client sampling.",
-    "batch_size": "Each client's local batch size.",
-    "local_epochs": "Passes over its data each sampled client makes per round.",
-    "client_lr": "The client optimizer's learning rate (default: the algorithm's).",
-    "server_lr": "The server optimizer's learning rate (default: the algorithm's).",
-    "eval_every": "Central (and federated) evaluation every N rounds.",
-    "checkpoint_every": "A checkpoint every N rounds (0: none); a run started again resumes from it.",
-    "progress": "Show the progress bar (`--no-progress` on the command line).",
-}
 YAML_MARKER = "<!-- yaml-keys -->"
 
 
 def yaml_keys_table() -> str:
-    """The keys of a federated experiment (``tensorfleet.federated.experiment.KEYS``) as a Markdown
-    table: the key, its default, the command's flag and what it does (the flag's help text)."""
-    import typer
+    """The keys of a federated experiment as a Markdown table, from their one declaration
+    (``tensorfleet.federated.experiment.OPTIONS``): the key, its default, the command's flag and its help,
+    and whether the checkpoint's fingerprint records it (a resumed run must keep it)."""
+    from tensorfleet.federated.experiment import DEFAULTS, OPTIONS
 
-    from tensorfleet.cli.main import app
-    from tensorfleet.federated.experiment import DEFAULTS, KEYS
-
-    run = typer.main.get_command(app).commands["federated"].commands["run"]
-    params = {param.name: param for param in run.params}
-    params.setdefault("progress", params.get("no_progress"))
-    rows = ["| key | default | flag | what it sets |", "|---|---|---|---|"]
-    for key in KEYS:
-        param = params.get(key)
-        flag = ", ".join(f"`{opt}`" for opt in (param.opts if param else ()))
-        text = (getattr(param, "help", None) or _KEY_NOTES.get(key, "")).replace("|", "\\|")
-        default = f"`{DEFAULTS[key]!r}`" if DEFAULTS[key] is not None else (
+    rows = ["| key | default | flag | what it sets | fingerprinted |", "|---|---|---|---|---|"]
+    for key, info in OPTIONS.items():
+        value = DEFAULTS[key]
+        default = f"`{getattr(value, 'value', value)!r}`" if value is not None else (
             "(the dataset decides)" if key in ("clients", "clients_per_round") else "none")
-        rows.append(f"| `{key}` | {default} | {flag} | {text} |")
+        older = f" (formerly `{'`, `'.join(info.aliases)}`)" if info.aliases else ""
+        rows.append(f"| `{key}`{older} | {default} | `{info.flag}` | {info.help.replace('|', chr(92) + '|')} | "
+                    f"{'yes' if info.trajectory else 'no'} |")
     return "\n".join(rows)
 
 

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 from pathlib import Path
 from enum import Enum
@@ -36,84 +37,81 @@ class TFThreads(str, Enum):
     TENSORFLOW = "tensorflow"
 
 
-@app.command("run")
-def run(
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML file with the same keys as the flags."),
-    model: Optional[str] = typer.Option(None, "--model", help="A zoo model name (default digits_mlp) or a saved Keras model file (.keras, .h5: either Keras; the run starts from its weights)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset",
-                                          help="digits | emnist-synthetic (TFF's own 2 clients; tff track)."),
-    clients: Optional[int] = typer.Option(None, "--clients",
-                                          help="Clients to split digits into (default 100); of a TFF dataset, the first N."),
-    partition: Optional[str] = typer.Option(None, "--partition",
-                                            help="iid (default) | dirichlet:ALPHA | shards:K | quantity:BETA (digits)."),
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="See 'tensorfleet federated algorithms'."),
-    rounds: Optional[int] = typer.Option(None, "--rounds"),
-    clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", help="Default 10 (or all, when fewer)."),
-    dropout: Optional[float] = typer.Option(None, "--dropout", help="Per-round client dropout rate."),
-    straggler_deadline: Optional[float] = typer.Option(None, "--straggler-deadline", help="Simulated seconds."),
-    straggler_share: Optional[float] = typer.Option(
-        None, "--straggler-share", help="Share of each round's clients that run a random number of local epochs in "
-                                        "[1, --local-epochs] (the FedProx paper's systems heterogeneity)."),
-    straggler_policy: Optional[StragglerPolicy] = typer.Option(
-        None, "--straggler-policy", case_sensitive=False,
-        help="drop (default: stragglers are left out) | partial (their partial work counts, weighted by examples)."),
-    non_trainable: Optional[NonTrainable] = typer.Option(
-        None, "--non-trainable", case_sensitive=False,
-        help="mean (default: BatchNormalization statistics averaged by examples) | initial (kept, as TFF "
-             "does) | per_client (FedBN: each client keeps its own BatchNormalization layers)."),
-    dp: Optional[str] = typer.Option(None, "--dp", help="'noise_multiplier=1.0,clip=0.5' or 'adaptive:noise_multiplier=0.5'."),
-    aggregator: Optional[str] = typer.Option(None, "--aggregator", help="NAME[:key=value,...], e.g. trimmed_mean:beta=0.2."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for metrics, plots, checkpoints."),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
-    local_epochs: Optional[int] = typer.Option(None, "--local-epochs"),
-    client_lr: Optional[float] = typer.Option(None, "--client-lr"),
-    server_lr: Optional[float] = typer.Option(None, "--server-lr"),
-    eval_every: Optional[int] = typer.Option(None, "--eval-every"),
-    eval_clients: Optional[int] = typer.Option(None, "--eval-clients", help="Clients held out for federated eval."),
-    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every"),
-    no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
-    resume: Optional[bool] = typer.Option(None, "--resume/--fresh",
-                                          help="Continue from the checkpoint in --out (default), or start over and "
-                                               "overwrite it."),
-    workers: Optional[str] = typer.Option(None, "--workers", help="HOST:PORT,HOST:PORT of TFF workers to split rounds across."),
-    backend: Optional[Backend] = typer.Option(None, "--backend", case_sensitive=False,
-                                              help="auto (default: compiled where it equals tff, else tff) | tff (tff track) | "
-                                               "compiled (one TensorFlow function per round; faster; no TFF needed)."),
-    tf_threads: Optional[TFThreads] = typer.Option(
+def _run_parameters() -> list[inspect.Parameter]:
+    """The flags of ``run``: ``--config``, one per experiment key (:data:`~tensorfleet.federated.experiment.OPTIONS`,
+    the declaration: name, type, help; the default stays the config's or the declaration's), the older names
+    of renamed keys (hidden), and ``--tf-threads``."""
+    from tensorfleet.federated.experiment import DEFAULTS, OPTIONS
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("config", keyword, annotation=Optional[Path], default=typer.Option(
+        None, "--config", help="YAML file with the same keys as the flags (the flags override it)."))]
+    for name, info in OPTIONS.items():
+        kind = info.cli_type or _plain(info.annotation)
+        default = DEFAULTS[name]
+        shown = "" if default is None or kind is bool else f" [default: {getattr(default, 'value', default)}]"
+        decls = [info.flag] + (["--out-dir"] if info.flag == "--out" else [])
+        params.append(inspect.Parameter(name, keyword, annotation=Optional[kind], default=typer.Option(
+            None, *decls, help=info.help + shown, show_default=False,
+            **({"case_sensitive": False} if isinstance(kind, type) and issubclass(kind, Enum) else {}))))
+        for alias in info.aliases:
+            if "--" + alias.replace("_", "-") in decls:
+                continue  # the flag kept its name (--out): only the YAML key changed
+            params.append(inspect.Parameter(alias, keyword, annotation=Optional[kind], default=typer.Option(
+                None, "--" + alias.replace("_", "-"), hidden=True)))
+    params.append(inspect.Parameter("tf_threads", keyword, annotation=Optional[TFThreads], default=typer.Option(
         None, "--tf-threads", case_sensitive=False,
         help="lanes (the default where TensorFlow has not started yet, as in a new process: one intra-op thread "
              "and an inter-op thread per compiled lane plus one; 1.2-1.9x faster rounds on small models) | "
-             "tensorflow (TensorFlow's own pools)."),
-) -> None:
-    """Runs one simulation; prints one JSON line with the final metrics last."""
-    from tensorfleet.federated.experiment import load_config, resolve_config
+             "tensorflow (TensorFlow's own pools).")))
+    return params
 
+
+def _plain(annotation: Any) -> Any:
+    """The command line's type of a field annotated ``X``, ``Optional[X]`` or ``X | None``."""
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def run(**flags: Any) -> None:
+    """Runs one simulation; prints one JSON line with the final metrics last."""
+    import warnings
+
+    from tensorfleet.federated.experiment import OPTIONS, load_config, resolve_config
+
+    config, tf_threads = flags.pop("config"), flags.pop("tf_threads")
     cfg = load_config(config) if config is not None else {}
-    flags = dict(model=model, dataset=dataset, clients=clients, partition=partition, algorithm=algorithm,
-                 rounds=rounds, clients_per_round=clients_per_round, dropout=dropout,
-                 straggler_deadline=straggler_deadline, dp=dp, aggregator=aggregator,
-                 out=None if out is None else str(out), seed=seed, batch_size=batch_size, local_epochs=local_epochs,
-                 client_lr=client_lr, server_lr=server_lr, eval_every=eval_every, eval_clients=eval_clients,
-                 checkpoint_every=checkpoint_every, backend=None if backend is None else backend.value, resume=resume,
-                 straggler_share=straggler_share, non_trainable=None if non_trainable is None else non_trainable.value,
-                 straggler_policy=None if straggler_policy is None else straggler_policy.value)
+    for info in OPTIONS.values():
+        for alias in info.aliases:
+            if alias not in flags:
+                continue
+            if flags.get(alias) is not None:
+                warnings.warn(f"--{alias.replace('_', '-')} is now {info.flag}; the older flag will stop working in "
+                              "the next release.", DeprecationWarning, stacklevel=1)
+                typer.echo(f"warning: --{alias.replace('_', '-')} is now {info.flag.split('/')[0]}.", err=True)
+                flags[info.name] = flags[info.name] if flags[info.name] is not None else flags[alias]
+            flags.pop(alias, None)
     cfg.update({k: v for k, v in flags.items() if v is not None})
-    if no_progress:
-        cfg["progress"] = False
     cfg = resolve_config(cfg)
-    if tf_threads is not TFThreads.TENSORFLOW and not workers and cfg.get("backend") != "tff":
+    if tf_threads is not TFThreads.TENSORFLOW and not cfg["workers"] and cfg.get("backend") != "tff":
         _lane_threads(cfg["clients_per_round"] or 10, strict=tf_threads is TFThreads.LANES)
     with _tff_needed():
-        history = _run_or_explain(cfg, workers)
+        history = _run_or_explain(cfg)
     last = history.rounds[-1] if history.rounds else {}
-    summary = {"algorithm": cfg["algorithm"].partition(":")[0], "backend": history.config.get("backend"), "rounds": last.get("round", 0)}
+    summary = {"algorithm": history.config.get("algorithm"), "backend": history.config.get("backend"),
+               "rounds": last.get("round", 0)}
     for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
         if key in last:
             summary[key] = round(float(last[key]), 4)
-    if cfg["out"]:
-        summary["out"] = cfg["out"]
+    if cfg["out_dir"]:
+        summary["out_dir"] = cfg["out_dir"]
     typer.echo(json.dumps(summary))
+
+
+run.__signature__ = inspect.Signature(_run_parameters())  # type: ignore[attr-defined]
+app.command("run")(run)
 
 
 @app.command("plot")
@@ -190,13 +188,13 @@ def _lane_threads(clients_per_round: int, strict: bool) -> None:
         raise typer.BadParameter(str(exc), param_hint="--tf-threads") from exc
 
 
-def _run_or_explain(cfg: dict, workers: Optional[str]) -> Any:
+def _run_or_explain(cfg: dict) -> Any:
     """The run's history; a checkpoint in --out that cannot be continued is explained in the CLI's words."""
     from tensorfleet.federated.checkpoint import CheckpointAheadError, CheckpointMismatchError, DamagedCheckpointError
     from tensorfleet.federated.experiment import run_experiment
 
     try:
-        return run_experiment(cfg) if not workers else _run_on_workers(cfg, workers)
+        return run_experiment(cfg) if not cfg["workers"] else _run_on_workers(cfg)
     except DamagedCheckpointError as err:
         typer.echo(f"error: {err.reason} Run with --fresh to start over (it overwrites the checkpoint), or use "
                    f"another --out.", err=True)
@@ -208,12 +206,12 @@ def _run_or_explain(cfg: dict, workers: Optional[str]) -> Any:
         raise typer.Exit(2) from None
 
 
-def _run_on_workers(cfg: dict, workers: str) -> object:
+def _run_on_workers(cfg: dict) -> object:
     """The experiment of ``cfg`` with each round's clients split across ``workers``."""
     from tensorfleet.federated.backends.addresses import AllWorkersLostError, WorkerError
     from tensorfleet.federated.experiment import build_simulation
 
-    sim = build_simulation(cfg, workers=workers)
+    sim = build_simulation(cfg)
     try:
         return sim.run()
     except (WorkerError, AllWorkersLostError) as err:

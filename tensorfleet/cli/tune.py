@@ -120,8 +120,8 @@ def _federated_space(cfg: dict[str, Any]) -> Any:
     most = max(2, min(20, clients - cfg["eval_clients"]))
 
     def space(hp: Any) -> None:
-        hp.Float("client_lr", 1e-3, 1.0, sampling="log")
-        hp.Float("server_lr", 0.1, 3.0, sampling="log")
+        hp.Float("client_learning_rate", 1e-3, 1.0, sampling="log")
+        hp.Float("server_learning_rate", 0.1, 3.0, sampling="log")
         hp.Int("local_epochs", 1, 3)
         hp.Int("clients_per_round", min(2, most), most)
 
@@ -133,7 +133,7 @@ def federated_trial(cfg: dict[str, Any], values: dict[str, Any], objective: Fede
     """One trial: the experiment of ``cfg`` with the trial's ``values``, scored by ``objective``."""
     from tensorfleet.federated.experiment import run_experiment
 
-    history = run_experiment({**cfg, **values, "out": None, "progress": False, "checkpoint_every": 0})
+    history = run_experiment({**cfg, **values, "out_dir": None, "progress": False, "checkpoint_every": 0})
     if objective is FederatedObjective.FINAL_ACCURACY:
         return float(history.final("test_accuracy"))
     reached = history.rounds_to("test_accuracy", target)

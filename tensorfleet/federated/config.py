@@ -21,14 +21,15 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
 from tensorfleet.io import UnwritablePathError, check_writable
 from tensorfleet.federated.backends.compiled_layout import NonTrainable
 from tensorfleet.federated.backends.compiled_local import check_per_client
 from tensorfleet.federated.sampling import StragglerPolicy
-from tensorfleet.validation import boolean, choice, integer, number, positive_int
+from tensorfleet.federated.options import declared, option, optional_text, text
+from tensorfleet.validation import UnknownOptionError, boolean, choice, integer, number, positive_int
 
 __all__ = ["SimulationConfig", "check_out_dir"]
 
@@ -57,56 +58,53 @@ def check_out_dir(name: str, value: Any) -> Path | None:
     return path
 
 
+def _mapping(name: str, value: Any) -> dict[str, Any]:
+    """Options as a mapping (None: none); text ``key=value,...`` as the command line gives it."""
+    from tensorfleet.federated.aggregators import parse_options
+
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return parse_options(value)
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"{name} must be a mapping of option names to values (or 'key=value,...'). "
+                         f"Received: {name}={value!r}")
+    return dict(value)
+
+
+def _name_and_options(spec: str, options: dict[str, Any], what: str) -> tuple[str, dict[str, Any]]:
+    """``NAME:key=value,...`` (``fedprox:mu=1.0``) as ``(NAME, options)``, merged with ``options`` given apart."""
+    from tensorfleet.federated.aggregators import parse_options
+
+    name, _, text = spec.partition(":")
+    inline = parse_options(text)
+    both = sorted(set(inline) & set(options))
+    if both:
+        raise ValueError(f"{what} option {both[0]!r} is given twice: in {what}={spec!r} and in {what}_options. "
+                         f"Received: {what}_options={options!r}")
+    return name.strip(), {**options, **inline}
+
+
+def _workers(name: str, value: Any) -> Any:
+    return value  # checked with the backend (choose_backend), which knows what workers need
+
+
+# The options the fingerprint recorded from the start, in the form trajectory() writes them.
+_FIRST_TRAJECTORY = frozenset({
+    "algorithm", "algorithm_options", "client_optimizer", "client_learning_rate", "server_optimizer",
+    "server_learning_rate", "aggregator", "aggregator_options", "rounds", "clients_per_round", "seed", "batch_size",
+    "local_epochs", "dropout", "straggler_deadline", "client_speed", "backend"})
+
+
 @dataclass(frozen=True)
 class SimulationConfig:
     """How a simulation runs (everything apart from its model and data).
 
-    Args:
-        algorithm: a name in :data:`~tensorfleet.federated.algorithms.ALGORITHMS`.
-        rounds: rounds to run in total.
-        clients_per_round: clients sampled per round (at most the number of training clients).
-        seed: seeds client sampling, dropout, latencies and local shuffling.
-        batch_size: local batch size.
-        local_epochs: local passes over a client's data per round.
-        client_optimizer, client_learning_rate, server_optimizer, server_learning_rate: override
-            the algorithm's defaults.
-        algorithm_options: the algorithm's hyperparameters (``{"mu": 0.1}`` for ``fedprox``).
-        aggregator: a name in :data:`~tensorfleet.federated.aggregators.AGGREGATORS`, or a
-            ``tff.aggregators`` factory, or None for the algorithm's mean.
-        aggregator_options: options of a named aggregator (``{"noise_multiplier": 1.0}``).
-        dp_delta: the delta for the epsilon reported with a DP aggregator.
-        dropout: probability that a sampled client drops out of a round.
-        straggler_deadline: simulated seconds; a client whose latency exceeds it is a straggler.
-        straggler_share: the share of each round's clients that are stragglers running a random
-            number of local epochs in ``[1, local_epochs]`` (the FedProx paper's systems
-            heterogeneity, Li et al., MLSys 2020, section 5.2); 0: none.
-        straggler_policy: ``drop`` (a straggler is left out of the round, as FedAvg does) or
-            ``partial`` (its partial work counts, weighted by the examples it trained on: up to
-            the deadline, or its epochs).
-        non_trainable: what the compiled backend's server does with non-trainable weights
-            (BatchNormalization's statistics): ``mean`` (weighted by examples), ``initial``
-            (kept at their initial values, as the tff backend's FedAvg keeps them) or ``per_client``
-            (FedBN, Li et al., ICLR 2021: each client keeps its own BatchNormalization layers,
-            statistics and ``gamma``/``beta``, across rounds; compiled backend only).
-        client_speed: median simulated client speed in examples per second (latencies are
-            log-normal around it, fixed per client by the seed).
-        eval_every: evaluation period in rounds.
-        out_dir: where metrics, plots, TensorBoard logs and checkpoints go (None: nowhere).
-        checkpoint_every: checkpoint period in rounds (0: none; needs ``out_dir``).
-        resume: continue from a checkpoint in ``out_dir`` when there is one.
-        progress: show a tqdm progress bar.
-        tensorboard: also write TensorBoard summaries into ``out_dir/tensorboard``.
-        backend: ``auto`` (the default) runs ``compiled`` where it gives TFF's result, else
-            ``tff`` (decided for the model when the simulation is built; the progress bar and
-            the history's ``config["backend"]`` say which ran). ``tff`` runs every round on TFF's
-            runtime; ``compiled`` runs the same arithmetic as one compiled TensorFlow function in
-            this process, without building TFF (every algorithm, with the aggregators of
-            :data:`~tensorfleet.federated.backends.compiled.COMPILED_AGGREGATORS`, on any
-            client data and a model whose rows do not mix at inference; no TFF needed). Both give
-            the same model. ``tff`` needs tensorflow-federated (the tff track).
-        workers: ``host:port`` of running TFF workers (``tensorfleet federated worker``; tff track); each
-            round's clients are split across them (:mod:`~tensorfleet.federated.backends.remote`).
-            None: one worker this process owns.
+    Each field is an option declared once (:func:`~tensorfleet.federated.options.option`): its default, the
+    check of its values, its help text and whether it changes the model a run ends with. The same declaration
+    makes the YAML keys and the flags of ``tensorfleet federated run``, and the reference's table of them
+    (docs/ref-federated-yaml.md). ``algorithm`` and ``aggregator`` also take their options inline, as the
+    command line writes them: ``algorithm="fedprox:mu=1.0"``.
 
     Besides the fields, a config holds what they resolve to: ``client_opt`` and ``server_opt``
     (optimizer specs after overrides), ``hyperparameters`` (the algorithm's options with its
@@ -114,34 +112,88 @@ class SimulationConfig:
     needs, and why) and ``where`` (the :class:`~tensorfleet.federated.backends.BackendChoice`).
     """
 
-    algorithm: str = "fedavg"
-    rounds: int = 10
-    clients_per_round: int = 10
-    seed: int = 0
-    batch_size: int = 20
-    local_epochs: int = 1
-    client_optimizer: str | None = None
-    client_learning_rate: float | None = None
-    server_optimizer: str | None = None
-    server_learning_rate: float | None = None
-    algorithm_options: dict[str, Any] | None = None
-    aggregator: Any = None
-    aggregator_options: dict[str, Any] | None = None
-    dp_delta: float = 1e-5
-    dropout: float = 0.0
-    straggler_deadline: float | None = None
-    straggler_share: float = 0.0
-    straggler_policy: str = "drop"
-    non_trainable: str = "mean"
-    client_speed: float = 100.0
-    eval_every: int = 1
-    out_dir: str | os.PathLike[str] | None = None
-    checkpoint_every: int = 0
-    resume: bool = True
-    progress: bool = True
-    tensorboard: bool = True
-    backend: str | Backend = Backend.AUTO
-    workers: Sequence[str] | str | None = None
+    algorithm: str = option(
+        "fedavg", None, "A name of `tensorfleet federated algorithms`, with its options after a colon: "
+        "fedprox:mu=1.0.", trajectory=True, example="fedprox:mu=1.0")
+    rounds: int = option(10, positive_int, "Federated rounds to run (a resumed run continues up to this round).",
+                         trajectory=False, example=3)
+    clients_per_round: int = option(10, positive_int, "Clients sampled per round (at most the training clients).",
+                                    trajectory=True, example=3)
+    seed: int = option(0, lambda k, v: integer(k, v, minimum=0),
+                       "Seeds the whole run: sampling, shuffling, noise, the model's initial weights and Dropout.",
+                       trajectory=True, example=5)
+    batch_size: int = option(20, positive_int, "Each client's local batch size.", trajectory=True, example=7)
+    local_epochs: int = option(1, positive_int, "Passes over its data each sampled client makes per round.",
+                               trajectory=True, example=2)
+    client_optimizer: Optional[str] = option(
+        None, optional_text, "The clients' optimizer (default: the algorithm's): sgd, sgdm, adam, adagrad, yogi.",
+        trajectory=True, example="adam")
+    client_learning_rate: Optional[float] = option(
+        None, lambda k, v: number(k, v, above=0, optional=True),
+        "The client optimizer's learning rate (default: the algorithm's).", trajectory=True, example=0.05,
+        aliases=("client_lr",))
+    server_optimizer: Optional[str] = option(
+        None, optional_text, "The server's optimizer (default: the algorithm's): sgd, sgdm, adam, adagrad, yogi.",
+        trajectory=True, example="sgdm")
+    server_learning_rate: Optional[float] = option(
+        None, lambda k, v: number(k, v, above=0, optional=True),
+        "The server optimizer's learning rate (default: the algorithm's).", trajectory=True, example=0.5,
+        aliases=("server_lr",))
+    algorithm_options: Optional[dict] = option(
+        None, _mapping, "The algorithm's options ({mu: 1.0} for fedprox; also inline: --algorithm fedprox:mu=1.0).",
+        trajectory=True, example={"mu": 0.5}, cli_type=str)
+    aggregator: Any = option(
+        None, None, "A name of `tensorfleet federated aggregators` with its options after a colon "
+        "(trimmed_mean:beta=0.2); default: the algorithm's weighted mean. From Python also a tff.aggregators "
+        "factory.", trajectory=True, example="median", cli_type=str)
+    aggregator_options: Optional[dict] = option(
+        None, _mapping, "The aggregator's options ({noise_multiplier: 1.0}; also inline after its name).",
+        trajectory=True, example={"beta": 0.2}, cli_type=str)
+    dp_delta: float = option(1e-5, lambda k, v: number(k, v, above=0, below=1),
+                             "The delta of the epsilon reported with a DP aggregator.", trajectory=True,
+                             example=1e-6)
+    dropout: float = option(0.0, lambda k, v: number(k, v, minimum=0, below=1),
+                            "Probability that a sampled client drops out of a round.", trajectory=True, example=0.2)
+    straggler_deadline: Optional[float] = option(
+        None, lambda k, v: number(k, v, above=0, optional=True),
+        "Simulated seconds; a client whose latency exceeds it is a straggler.", trajectory=True, example=2.0)
+    straggler_share: float = option(
+        0.0, lambda k, v: number(k, v, minimum=0, maximum=1),
+        "Share of each round's clients that run a random number of local epochs in [1, local_epochs] (the FedProx "
+        "paper's systems heterogeneity).", trajectory=True, example=0.5)
+    straggler_policy: str = option(
+        "drop", lambda k, v: choice(StragglerPolicy, k, v).value,
+        "drop (stragglers are left out) | partial (their partial work counts, weighted by examples).",
+        trajectory=True, example="partial", cli_type=StragglerPolicy)
+    non_trainable: str = option(
+        "mean", lambda k, v: choice(NonTrainable, k, v).value,
+        "mean (BatchNormalization statistics averaged by examples) | initial (kept, as TFF does) | per_client "
+        "(FedBN: each client keeps its own BatchNormalization layers).", trajectory=True, example="initial",
+        cli_type=NonTrainable)
+    client_speed: float = option(100.0, lambda k, v: number(k, v, above=0),
+                                 "Median simulated client speed in examples per second (latencies are log-normal "
+                                 "around it, fixed per client by the seed).", trajectory=True, example=50.0)
+    eval_every: int = option(1, positive_int, "Central (and federated) evaluation every N rounds.",
+                             trajectory=False, example=2)
+    out_dir: str | os.PathLike[str] | None = option(None, check_out_dir, "Directory for metrics, plots, TensorBoard logs and "
+                                    "checkpoints (none: nothing is written).", trajectory=False, example="runs/x",
+                                    aliases=("out",), flag="--out")
+    checkpoint_every: int = option(0, lambda k, v: integer(k, v, minimum=0),
+                                   "A checkpoint every N rounds (0: none; needs out_dir); a run started again "
+                                   "resumes from it.", trajectory=False, example=1)
+    resume: bool = option(True, boolean, "Continue from the checkpoint in out_dir (default), or start over and "
+                          "overwrite it.", trajectory=False, example=False, flag="--resume/--fresh")
+    progress: bool = option(True, boolean, "Show a progress bar with the current metrics.", trajectory=False,
+                            example=False, flag="--progress/--no-progress")
+    tensorboard: bool = option(True, boolean, "Also write TensorBoard summaries into out_dir/tensorboard.",
+                               trajectory=False, example=False, flag="--tensorboard/--no-tensorboard")
+    backend: str = option(
+        Backend.AUTO.value, None, "auto (compiled where it equals tff, else tff) | compiled (one TensorFlow "
+        "function per round; no TFF needed) | tff (tensorflow-federated: the tff track).", trajectory=True,
+        example="compiled", cli_type=Backend)
+    workers: Sequence[str] | str | None = option(
+        None, _workers, "HOST:PORT,HOST:PORT of TFF workers to split rounds across (tff track); none: one worker "
+        "of this process.", trajectory=False, example="127.0.0.1:8000", cli_type=str)
     client_opt: Any = field(init=False, repr=False)
     server_opt: Any = field(init=False, repr=False)
     hyperparameters: dict[str, Any] = field(init=False, repr=False)
@@ -152,34 +204,26 @@ class SimulationConfig:
     def __post_init__(self) -> None:
         from tensorfleet.federated import algorithms
 
-        checked: dict[str, Any] = {
-            "rounds": positive_int("rounds", self.rounds),
-            "clients_per_round": positive_int("clients_per_round", self.clients_per_round),
-            "seed": integer("seed", self.seed, minimum=0),
-            "batch_size": positive_int("batch_size", self.batch_size),
-            "local_epochs": positive_int("local_epochs", self.local_epochs),
-            "eval_every": positive_int("eval_every", self.eval_every),
-            "checkpoint_every": integer("checkpoint_every", self.checkpoint_every, minimum=0),
-            "dropout": number("dropout", self.dropout, minimum=0, below=1),
-            "straggler_deadline": number("straggler_deadline", self.straggler_deadline, above=0, optional=True),
-            "straggler_share": number("straggler_share", self.straggler_share, minimum=0, maximum=1),
-            "straggler_policy": choice(StragglerPolicy, "straggler_policy", self.straggler_policy).value,
-            "non_trainable": choice(NonTrainable, "non_trainable", self.non_trainable).value,
-            "client_speed": number("client_speed", self.client_speed, above=0),
-            "dp_delta": number("dp_delta", self.dp_delta, above=0, below=1),
-            "out_dir": check_out_dir("out_dir", self.out_dir),
-            "resume": boolean("resume", self.resume), "progress": boolean("progress", self.progress),
-            "tensorboard": boolean("tensorboard", self.tensorboard),
-            "algorithm_options": dict(self.algorithm_options or {}),
-        }
+        checked: dict[str, Any] = {name: info.check(name, getattr(self, name))
+                                   for name, info in declared(type(self)).items() if info.check is not None}
+        checked["algorithm"], checked["algorithm_options"] = _name_and_options(
+            text("algorithm", self.algorithm), checked["algorithm_options"], "algorithm")
+        if isinstance(self.aggregator, str):
+            aggregator, checked["aggregator_options"] = _name_and_options(
+                text("aggregator", self.aggregator), checked["aggregator_options"], "aggregator")
+        else:
+            aggregator = self.aggregator
+        checked["aggregator"] = aggregator
         if checked["checkpoint_every"] and checked["out_dir"] is None:
             raise ValueError(f"checkpoint_every needs an out_dir. Received: checkpoint_every={self.checkpoint_every}, "
                              f"out_dir=None")
         checked["algorithm"], checked["client_opt"], checked["server_opt"], checked["hyperparameters"] = \
-            algorithms.resolve(self.algorithm, client_optimizer=self.client_optimizer,
-                               client_learning_rate=self.client_learning_rate, server_optimizer=self.server_optimizer,
-                               server_learning_rate=self.server_learning_rate, **checked["algorithm_options"])
-        checked["aggregator_options"], checked["aggregator_name"] = self._check_aggregator(checked["clients_per_round"])
+            algorithms.resolve(checked["algorithm"], client_optimizer=checked["client_optimizer"],
+                               client_learning_rate=checked["client_learning_rate"],
+                               server_optimizer=checked["server_optimizer"],
+                               server_learning_rate=checked["server_learning_rate"], **checked["algorithm_options"])
+        checked["aggregator_options"], checked["aggregator_name"] = self._check_aggregator(
+            aggregator, checked["aggregator_options"], checked["clients_per_round"])
         checked["fewest_clients"] = self._fewest_clients(checked["aggregator_name"], checked["aggregator_options"])
         if checked["non_trainable"] == NonTrainable.PER_CLIENT.value:
             self._check_per_client(checked)
@@ -208,17 +252,18 @@ class SimulationConfig:
 
         return AGGREGATORS.get(name).fewest_clients(options) if name in AGGREGATORS else (1, "")
 
-    def _check_aggregator(self, clients_per_round: int) -> tuple[dict[str, Any], str | None]:
+    @staticmethod
+    def _check_aggregator(aggregator: Any, options: dict[str, Any],
+                          clients_per_round: int) -> tuple[dict[str, Any], str | None]:
         from tensorfleet.federated import aggregators
 
-        options = dict(self.aggregator_options or {})
-        if self.aggregator is not None and not isinstance(self.aggregator, str):
-            return options, type(self.aggregator).__name__  # a tff.aggregators factory, used as it is
-        if self.aggregator is None:
+        if aggregator is not None and not isinstance(aggregator, str):
+            return options, type(aggregator).__name__  # a tff.aggregators factory, used as it is
+        if aggregator is None:
             if options:
                 raise ValueError(f"aggregator_options need an aggregator name. Received: aggregator_options={options}")
             return options, None
-        name = aggregators.AGGREGATORS.canonical(self.aggregator)
+        name = aggregators.AGGREGATORS.canonical(aggregator)
         aggregators.check_aggregator_options(name, options, clients_per_round=clients_per_round)
         return options, name
 
@@ -228,7 +273,7 @@ class SimulationConfig:
         known = [f.name for f in dataclasses.fields(cls) if f.init]
         unknown = sorted(set(options) - set(known))
         if unknown:
-            raise TypeError(f"Simulation takes no option {unknown[0]!r}. Its options: {', '.join(known)}.")
+            raise UnknownOptionError(f"Simulation takes no option {unknown[0]!r}. Its options: {', '.join(known)}.")
         return cls(algorithm=algorithm, **options)
 
     @property
@@ -249,9 +294,10 @@ class SimulationConfig:
             "batch_size": self.batch_size, "local_epochs": self.local_epochs, "dropout": self.dropout,
             "straggler_deadline": self.straggler_deadline, "client_speed": self.client_speed,
             "backend": self.backend.value,
-            # New options, recorded when not at their defaults (earlier checkpoints keep their fingerprints).
-            **{k: getattr(self, k) for k, default in (("straggler_share", 0.0), ("straggler_policy", "drop"),
-                                                      ("non_trainable", "mean")) if getattr(self, k) != default},
+            # Options declared since, recorded when not at their defaults (earlier checkpoints keep their
+            # fingerprints): every option the declaration marks as changing the trajectory is recorded.
+            **{name: getattr(self, name) for name, info in declared(type(self)).items()
+               if info.trajectory and name not in _FIRST_TRAJECTORY and getattr(self, name) != info.default},
             # FedProx's sign: the paper's, not TFF 0.87's (a checkpoint of the other is refused).
             **({"proximal_gradient": "mu * (w - w_server)"} if self.algorithm == "fedprox" else {}),
         }

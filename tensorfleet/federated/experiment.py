@@ -1,68 +1,78 @@
-"""One federated experiment from plain settings (the CLI flags and the YAML config keys).
+"""One federated experiment from plain settings (the YAML config keys and the flags of ``tensorfleet federated
+run``).
 
-Every key is checked for its type and range when the settings are resolved, and a bad one is
-named: ``rounds: 2.5`` is refused (not rounded), ``progress: "no"`` is refused (not taken for
-true), a YAML file that does not parse is reported with its line, and ``out`` must be a
-directory that can be written.
+The keys are the options of :class:`~tensorfleet.federated.config.SimulationConfig` that text can set, plus the
+experiment's own (:class:`ExperimentKeys`: the model and the data), all declared once
+(:mod:`~tensorfleet.federated.options`). Every key is checked for its type and range when the settings are
+resolved, and a bad one is named: ``rounds: 2.5`` is refused (not rounded), ``progress: "no"`` is refused (not
+taken for true), a YAML file that does not parse is reported with its line, and ``out_dir`` must be a directory
+that can be written. Older key names (``out``, ``client_lr``, ``server_lr``) are read with a DeprecationWarning.
 
 Example:
     >>> resolve_config({"rounds": 2.5})
     Traceback (most recent call last):
     ValueError: rounds must be a positive integer. Received: rounds=2.5
     >>> history = run_experiment({"dataset": "digits", "clients": 100, "partition": "dirichlet:0.3",
-    ...                           "algorithm": "fedavg", "rounds": 20, "out": "runs/a"})  # doctest: +SKIP
+    ...                           "algorithm": "fedprox:mu=1.0", "rounds": 20, "out_dir": "runs/a"})  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from tensorfleet.federated.config import check_out_dir
-from tensorfleet.validation import boolean, integer, number, positive_int
+from tensorfleet.federated.config import SimulationConfig
+from tensorfleet.federated.options import OptionInfo, declared, option, optional_text, rename_deprecated, text
+from tensorfleet.validation import boolean, integer, positive_int
 
-__all__ = ["DEFAULTS", "KEYS", "load_config", "resolve_config", "run_experiment", "build_simulation"]
-
-# None: the dataset decides (clients: 100 for a pooled dataset, all of a TFF dataset's own;
-# clients_per_round: 10, or all training clients when fewer).
-DEFAULTS: dict[str, Any] = {
-    "model": "digits_mlp", "dataset": "digits", "clients": None, "partition": None, "algorithm": "fedavg",
-    "rounds": 10, "clients_per_round": None, "dropout": 0.0, "straggler_deadline": None, "dp": None,
-    "aggregator": None, "out": None, "seed": 0, "batch_size": 20, "local_epochs": 1, "client_lr": None,
-    "server_lr": None, "eval_every": 1, "eval_clients": 0, "checkpoint_every": 0, "progress": True, "resume": True,
-    "backend": "auto", "straggler_share": 0.0, "straggler_policy": "drop", "non_trainable": "mean",
-}
-KEYS = tuple(DEFAULTS)
-
-
-def _text(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a name (text). Received: {name}={value!r}")
-    return value
+__all__ = ["DEFAULTS", "ExperimentKeys", "KEYS", "OPTIONS", "build_simulation", "load_config", "resolve_config",
+           "run_experiment"]
 
 
 def _dp(name: str, value: Any) -> Any:
-    if not isinstance(value, (str, dict)):
+    if value is not None and not isinstance(value, (str, dict)):
         raise ValueError(f"{name} must be options such as 'noise_multiplier=1.0,clip=0.5' or a mapping of them. "
                          f"Received: {name}={value!r}")
     return value
 
 
-_CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "model": _text, "dataset": _text, "clients": positive_int, "partition": _text, "algorithm": _text,
-    "rounds": positive_int, "clients_per_round": positive_int,
-    "dropout": lambda k, v: number(k, v, minimum=0, below=1), "straggler_deadline": lambda k, v: number(k, v, above=0),
-    "dp": _dp, "aggregator": _text, "out": lambda k, v: str(check_out_dir(k, v)),
-    "seed": lambda k, v: integer(k, v, minimum=0), "batch_size": positive_int, "local_epochs": positive_int,
-    "client_lr": lambda k, v: number(k, v, above=0), "server_lr": lambda k, v: number(k, v, above=0),
-    "eval_every": positive_int, "eval_clients": lambda k, v: integer(k, v, minimum=0),
-    "straggler_share": lambda k, v: number(k, v, minimum=0, maximum=1), "straggler_policy": _text,
-    "non_trainable": _text,
-    "checkpoint_every": lambda k, v: integer(k, v, minimum=0), "progress": boolean, "resume": boolean,
-    "backend": _text,
+@dataclass(frozen=True)
+class ExperimentKeys:
+    """The keys of an experiment besides the simulation's options: the model and the data it trains on."""
+
+    model: str = option(
+        "digits_mlp", text, "A zoo model name, built in the Keras of this process, or a saved Keras model file "
+        "(.keras, .h5: either Keras; the run starts from its weights).", trajectory=True, example="digits_cnn")
+    dataset: str = option("digits", text, "digits | emnist-synthetic (TFF's own 2 clients; tff track).",
+                          trajectory=True, example="emnist-synthetic")
+    clients: Optional[int] = option(
+        None, lambda k, v: None if v is None else positive_int(k, v),
+        "Clients to split digits into (default 100); of a TFF dataset, the first N.", trajectory=True, example=20)
+    partition: Optional[str] = option(
+        None, optional_text, "iid (default) | dirichlet:ALPHA | shards:K | quantity:BETA (digits).",
+        trajectory=True, example="dirichlet:0.5")
+    eval_clients: int = option(0, lambda k, v: integer(k, v, minimum=0),
+                               "Clients held out for federated evaluation (the last ids).", trajectory=True,
+                               example=4)
+    dp: Any = option(None, _dp, "Differential privacy: 'noise_multiplier=1.0,clip=0.5' or "
+                     "'adaptive:noise_multiplier=0.5' (in YAML also a mapping); excludes aggregator.",
+                     trajectory=True, example="noise_multiplier=1.0,clip=0.5", cli_type=str)
+
+
+# Where the experiment's default differs from the simulation's: None, the dataset decides (10, or all the
+# training clients when fewer).
+_EXPERIMENT_DEFAULTS = {"clients_per_round": None}
+
+OPTIONS: dict[str, OptionInfo] = {
+    **declared(ExperimentKeys),
+    **{name: info for name, info in declared(SimulationConfig).items() if info.settable},
 }
+"""Every key of an experiment, by name: its declaration (:class:`~tensorfleet.federated.options.OptionInfo`)."""
+KEYS = tuple(OPTIONS)
+DEFAULTS: dict[str, Any] = {name: _EXPERIMENT_DEFAULTS.get(name, info.default) for name, info in OPTIONS.items()}
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -86,45 +96,43 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def resolve_config(config: dict[str, Any]) -> dict[str, Any]:
     """Defaults filled in, every value checked; an unknown key or a bad value raises ValueError naming it."""
+    config = rename_deprecated(config, OPTIONS, "federated experiment")
     unknown = sorted(set(config) - set(KEYS))
     if unknown:
         raise ValueError(f"Unknown config key {unknown[0]!r}. Known keys: {', '.join(KEYS)}.")
-    given = {k: _CHECKS[k](k, v) for k, v in config.items() if v is not None}
+    given = {}
+    for key, value in config.items():
+        if value is None:
+            continue
+        check = OPTIONS[key].check or text
+        checked = check(key, value)
+        given[key] = str(checked) if isinstance(checked, Path) else checked
     return {**DEFAULTS, **given}
 
 
-def _aggregator(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """``(aggregator name, options)`` from the ``dp`` or ``aggregator`` key (None: the algorithm's mean)."""
-    from tensorfleet.federated.aggregators import AGGREGATORS, parse_options
+def _aggregator(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``(aggregator, options)`` from the ``dp`` or ``aggregator`` key (None: the algorithm's mean)."""
+    from tensorfleet.federated.aggregators import parse_options
 
     if cfg["dp"] and cfg["aggregator"]:
         raise ValueError(f"Use either dp or aggregator, not both. Received: dp={cfg['dp']!r}, "
                          f"aggregator={cfg['aggregator']!r}")
-    if cfg["dp"]:
-        spec, key = cfg["dp"], "dp"
-        if isinstance(spec, dict):
-            options = dict(spec)
-            kind = "dp_adaptive" if boolean("dp.adaptive", options.pop("adaptive", False)) else "dp_fixed"
-        else:
-            kind = "dp_fixed"
-            if spec.startswith(("adaptive", "fixed")):
-                head, _, spec = spec.partition(":")
-                kind = f"dp_{head}"
-            options = parse_options(spec)
-    elif cfg["aggregator"]:
-        name, _, opts = cfg["aggregator"].partition(":")
-        kind, options, key = AGGREGATORS.canonical(name), parse_options(opts), "aggregator"
-    else:
-        return None, {}
-    try:
-        AGGREGATORS.get(kind).given(kind, options)
-    except TypeError as error:  # an option named in text: a problem with the settings, not a call
-        raise ValueError(f"{key}: {error}") from None
-    return kind, options
+    if not cfg["dp"]:
+        return cfg["aggregator"], cfg["aggregator_options"]
+    spec = cfg["dp"]
+    if isinstance(spec, dict):
+        options = dict(spec)
+        return ("dp_adaptive" if boolean("dp.adaptive", options.pop("adaptive", False)) else "dp_fixed"), options
+    kind = "dp_fixed"
+    if spec.startswith(("adaptive", "fixed")):
+        head, _, spec = spec.partition(":")
+        kind = f"dp_{head}"
+    return kind, parse_options(spec)
 
 
 def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None = None) -> Any:
-    """The :class:`~tensorfleet.federated.Simulation` a config describes, on TFF ``workers`` when given."""
+    """The :class:`~tensorfleet.federated.Simulation` a config describes (``workers``: TFF workers to run the
+    rounds on, as the ``workers`` key)."""
     from tensorfleet import models
     from tensorfleet.federated.clients.datasets import load_federated
     from tensorfleet.federated.simulation import Simulation
@@ -141,34 +149,14 @@ def build_simulation(config: dict[str, Any], *, workers: str | list[str] | None 
 
         def model_fn() -> Any:
             return models.build(name, **model_kwargs)
-    aggregator, options = _aggregator(cfg)
-    algorithm, algorithm_options = _algorithm(cfg["algorithm"])
-    per_round = cfg["clients_per_round"] or max(1, min(10, len(clients.client_ids) - cfg["eval_clients"]))
-    return Simulation(
-        model_fn, clients, algorithm, algorithm_options=algorithm_options, rounds=cfg["rounds"],
-        clients_per_round=per_round, seed=cfg["seed"], batch_size=cfg["batch_size"],
-        local_epochs=cfg["local_epochs"], client_learning_rate=cfg["client_lr"],
-        server_learning_rate=cfg["server_lr"], aggregator=aggregator, aggregator_options=options,
-        dropout=cfg["dropout"], straggler_deadline=cfg["straggler_deadline"], straggler_share=cfg["straggler_share"],
-        straggler_policy=cfg["straggler_policy"], non_trainable=cfg["non_trainable"], test_data=test,
-        eval_clients=cfg["eval_clients"] or None, eval_every=cfg["eval_every"], out_dir=cfg["out"],
-        checkpoint_every=cfg["checkpoint_every"], progress=cfg["progress"], resume=cfg["resume"],
-        backend=cfg["backend"], workers=workers)
 
-
-def _algorithm(spec: str) -> tuple[str, dict[str, Any]]:
-    """``NAME`` or ``NAME:key=value,...`` (``fedprox:mu=1.0``, as ``tensorfleet federated algorithms`` prints the
-    options) as ``(name, algorithm_options)``; the options are checked by the algorithm."""
-    from tensorfleet.federated.aggregators import parse_options
-    from tensorfleet.federated.algorithms import resolve
-
-    name, _, opts = spec.partition(":")
-    options = parse_options(opts)
-    try:
-        resolve(name.strip(), **options)
-    except TypeError as error:  # an option named in text: a problem with the settings, not a call
-        raise ValueError(f"algorithm: {error}") from None
-    return name.strip(), options
+    options = {name: cfg[name] for name, info in declared(SimulationConfig).items() if info.settable}
+    options["aggregator"], options["aggregator_options"] = _aggregator(cfg)
+    options["clients_per_round"] = cfg["clients_per_round"] or max(1, min(10, len(clients.client_ids) -
+                                                                           cfg["eval_clients"]))
+    if workers is not None:
+        options["workers"] = workers
+    return Simulation(model_fn, clients, test_data=test, eval_clients=cfg["eval_clients"] or None, **options)
 
 
 def _model_fn(spec: str) -> tuple[Callable[[], Any] | None, bool]:

@@ -42,11 +42,11 @@ def test_partition_writes_summary_and_plot(capsys, tmp_path):
     (["--clients", "5", "--clients-per-round", "6"],
      "error: clients_per_round must not exceed the number of training clients (5). Received: clients_per_round=6"),
     (["--aggregator", "mediam"], "error: Unknown aggregator 'mediam'. Did you mean 'median'?"),
-    (["--algorithm", "fedprox:nu=1"], "error: algorithm: Algorithm 'fedprox' takes no option 'nu' (its options: mu). "
+    (["--algorithm", "fedprox:nu=1"], "error: Algorithm 'fedprox' takes no option 'nu' (its options: mu). "
                                       "Received: nu=1"),
-    (["--aggregator", "median:beta=1"], "error: aggregator: Aggregator 'median' takes no option 'beta' (its options: "
+    (["--aggregator", "median:beta=1"], "error: Aggregator 'median' takes no option 'beta' (its options: "
                                         "none). Received: beta=1"),
-    (["--dp", "noise=1.0"], "error: dp: Aggregator 'dp_fixed' takes no option 'noise' (its options: noise_multiplier, "
+    (["--dp", "noise=1.0"], "error: Aggregator 'dp_fixed' takes no option 'noise' (its options: noise_multiplier, "
                             "clip). Received: noise=1.0"),
     (["--model", "nofile.keras"], "error: No file 'nofile.keras', and no zoo model of that name. Available: digits_cnn"),
     (["--model", "digits_mpl"], "error: No file 'digits_mpl', and no zoo model of that name. Did you mean 'digits_mlp'?"),
@@ -123,7 +123,8 @@ def test_out_that_is_a_file_is_refused_before_the_run(capsys, tmp_path):
     taken = tmp_path / "taken.txt"
     taken.write_text("")
     assert main(["federated", "run", "--rounds", "1", "--out", str(taken)]) == 2
-    assert capsys.readouterr().err.strip() == f"error: out must be a directory; '{taken}' is a file. Received: out='{taken}'"
+    assert capsys.readouterr().err.strip() == (f"error: out_dir must be a directory; '{taken}' is a file. "
+                                               f"Received: out_dir='{taken}'")
 
 
 @pytest.mark.parametrize("text,message", [

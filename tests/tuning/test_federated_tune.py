@@ -38,7 +38,7 @@ def test_each_trial_is_a_simulation_and_the_best_score_is_a_fresh_runs(tmp_path)
     summary = json.loads((out / "results.json").read_text())
     assert [t["status"] for t in summary["trials"]] == ["COMPLETED"] * 3
     assert [list(t["hyperparameters"]) for t in summary["trials"]] == [
-        ["client_lr", "server_lr", "local_epochs", "clients_per_round"]] * 3
+        ["client_learning_rate", "server_learning_rate", "local_epochs", "clients_per_round"]] * 3
     for trial in summary["trials"]:
         assert 1 <= trial["hyperparameters"]["local_epochs"] <= 3
         assert 2 <= trial["hyperparameters"]["clients_per_round"] <= 10

@@ -38,6 +38,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from tensorfleet.validation import UnknownOptionError
+
 __all__ = ["Aggregate", "AggregationError", "Aggregator", "AggregatorPart", "ClientUpdates", "RoundContext",
            "clip_rows", "gaussian_noise", "too_few_clients"]
 
@@ -194,7 +196,7 @@ class Aggregator:
         """Every option: the defaults updated with ``options``; TypeError naming an option it does not take."""
         for key in options:
             if key not in self.defaults:
-                raise TypeError(f"Aggregator {name!r} takes no option {key!r} (its options: "
+                raise UnknownOptionError(f"Aggregator {name!r} takes no option {key!r} (its options: "
                                 f"{', '.join(self.defaults) or 'none'}). Received: {key}={options[key]!r}")
         return {**self.defaults, **options}
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tensorfleet.validation import UnknownOptionError
 from tensorfleet.federated.algorithms import (
     fedadagrad, fedadam, fedavg, fedavgm, fednova, fedprox, fedsgd, fedyogi,
 )
@@ -81,7 +82,7 @@ def resolve(name: str, *, client_optimizer: str | None = None, client_learning_r
     unknown = sorted(set(hyperparameters) - set(algo.hyperparameters))
     if unknown:
         allowed = ", ".join(algo.hyperparameters) or "none"
-        raise TypeError(f"Algorithm {canonical!r} takes no option {unknown[0]!r} (its options: {allowed}). "
+        raise UnknownOptionError(f"Algorithm {canonical!r} takes no option {unknown[0]!r} (its options: {allowed}). "
                         f"Received: {unknown[0]}={hyperparameters[unknown[0]]!r}")
     if client_optimizer is not None:
         OPTIMIZERS.canonical(client_optimizer)
