@@ -33,7 +33,7 @@ import tensorflow as tf
 from tensorfleet.federated.clients.base import ClientData
 from tensorfleet.io import save_figure, write_json
 
-__all__ = ["ArrayClientData", "PartitionSummary", "summarize", "plot_label_distribution", "client_arrays"]
+__all__ = ["ArrayClientData", "PartitionSummary", "summarize", "plot_label_distribution", "label_figure", "client_arrays"]
 
 
 class ArrayClientData(ClientData):
@@ -237,10 +237,16 @@ def summarize(client_data: Any, *, label_key: str | None = None, max_clients: in
 
 def plot_label_distribution(summary: PartitionSummary, path: str | os.PathLike[str], *, max_clients: int = 100) -> Path:
     """Stacked bar chart: samples of each label on each client, written as PNG."""
+    return save_figure(label_figure(summary, max_clients=max_clients), path)
+
+
+def label_figure(summary: PartitionSummary, *, max_clients: int = 100) -> Any:
+    """The figure of :func:`plot_label_distribution` (one bar a client, its labels stacked)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     counts = summary.label_counts[:max_clients]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.08 * len(counts) + 4), 4))
@@ -251,8 +257,9 @@ def plot_label_distribution(summary: PartitionSummary, path: str | os.PathLike[s
                label=str(label))
         bottom += counts[:, label]
     ax.set_xlabel("client")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # a client index is an integer
     ax.set_ylabel("samples")
     shown = f" (first {len(counts)} of {len(summary.client_ids)})" if len(summary.client_ids) > len(counts) else ""
     ax.set_title(f"Label distribution across clients{shown}: {summary.description}")
     ax.legend(title="label", bbox_to_anchor=(1.01, 1), loc="upper left", fontsize="small")
-    return save_figure(fig, path)
+    return fig

@@ -132,3 +132,15 @@ def test_tffs_synthetic_emnist_is_summarized():
     summary = summarize(tff.simulation.datasets.emnist.get_synthetic())
     assert len(summary.client_ids) == 2
     assert summary.samples_per_client.tolist() == [10, 10]
+
+
+def test_the_partition_plot_puts_ticks_on_whole_clients_only():
+    import matplotlib.pyplot as plt
+
+    from tensorfleet.federated.clients.clientdata import label_figure
+
+    for num_clients in (3, 5, 20):
+        fig = label_figure(partition(np.zeros((500, 2)), LABELS, num_clients=num_clients).summary())
+        ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= num_clients - 1]
+        plt.close(fig)
+        assert ticks and all(float(t).is_integer() for t in ticks), (num_clients, ticks)
