@@ -187,14 +187,21 @@ def _keras_model(model: Any, where: str) -> Any:
 
 def _keras3_inputs(model: Any) -> Any:
     """The symbolic inputs of a Keras 3 model, in the structure its ``call`` takes (a functional model's
-    ``input``, a Sequential model's one input), or None for a subclassed model that has none."""
+    ``input``, a Sequential model's one input).
+
+    Raises:
+        ValueError: a subclassed model, which has no inputs of its own (the message shows how to give it some).
+    """
     try:
         return model.input
     except (AttributeError, ValueError):  # a Sequential model has its inputs, not an input node of its own
         pass
     inputs = list(getattr(model, "inputs", None) or [])
     if not inputs:
-        return None
+        raise ValueError(f"tfl.edge.convert needs the input shape of a Keras 3 model, and {type(model).__name__!r} "
+                         "(a subclassed model) has no inputs of its own. Wrap it in a functional model: "
+                         "`inputs = keras.Input(shape); keras.Model(inputs, model(inputs))`. Received: "
+                         f"{type(model).__qualname__} with inputs=None")
     return inputs[0] if len(inputs) == 1 else inputs
 
 
@@ -215,8 +222,7 @@ def _converter(model: Any) -> Iterator[Any]:
 
     import tensorflow as tf
 
-    structure = _keras3_inputs(model) if keras_of(model) is Keras.KERAS3 else None
-    if structure is None:
+    if keras_of(model) is not Keras.KERAS3:
         yield tf.lite.TFLiteConverter.from_keras_model(model)
         return
 
@@ -225,7 +231,7 @@ def _converter(model: Any) -> Iterator[Any]:
         return tf.TensorSpec((1 if shape[0] is None else shape[0], *shape[1:]), tensor.dtype,
                              name=getattr(tensor, "name", None))
 
-    signature = [tf.nest.map_structure(spec, structure)]
+    signature = [tf.nest.map_structure(spec, _keras3_inputs(model))]
     with tempfile.TemporaryDirectory(prefix="tfl-edge-") as folder:
         model.export(folder, format="tf_saved_model", input_signature=signature, verbose=False)
         yield tf.lite.TFLiteConverter.from_saved_model(folder)  # it reads the folder when it converts
@@ -255,6 +261,7 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
     Raises:
         QuantizationError: the TFLite converter failed (its last line in the message, the cause attached).
         TypeError: ``model`` is not a Keras model, a path or a zoo name.
+        ValueError: a Keras 3 subclassed model, which has no input shape of its own; bad representative data.
 
     Example:
         >>> artifact = convert(model, "int8", representative_data=x_train[:100])  # doctest: +SKIP
@@ -273,6 +280,8 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         from tensorfleet.edge.optimize import strip_wrappers
 
         keras_model = strip_wrappers(keras_model)  # the wrappers' masks and centroids are training-only
+    if keras_of(keras_model) is Keras.KERAS3:
+        _keras3_inputs(keras_model)  # a subclassed model is refused before calibration data is looked at
     rep = None
     if mode.needs_representative_data:
         if representative_data is None:

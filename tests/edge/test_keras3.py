@@ -108,10 +108,29 @@ def test_batchnorm_dropout_reshape_in_keras3_fold_to_builtins(keras3: Any) -> No
     assert [t.dtype for t in int8.inputs + int8.outputs] == ["int8", "int8"]
 
 
-def test_a_keras3_object_that_is_no_model_is_one_clear_error(keras3: Any) -> None:
+def test_a_keras3_object_that_is_no_model_or_has_no_inputs_is_one_clear_error(keras3: Any) -> None:
     with pytest.raises(TypeError, match=r"^tfl\.edge\.convert takes a Keras model \(Keras 3 or tf_keras\)\. "
                                         r"Received: Dense$"):
         edge.convert(keras3.layers.Dense(2), "float32", progress=False)
+
+    class Subclassed(keras3.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras3.layers.Dense(3)
+
+        def call(self, x: Any) -> Any:
+            return self.dense(x)
+
+    model = Subclassed()
+    model(np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^tfl\.edge\.convert needs the input shape of a Keras 3 model, and "
+                                         r"'Subclassed' \(a subclassed model\) has no inputs of its own\. Wrap it in a "
+                                         r"functional model: `inputs = keras\.Input\(shape\); keras\.Model\(inputs, "
+                                         r"model\(inputs\)\)`\. Received: .*Subclassed with inputs=None$"):
+        edge.convert(model, "int8", np.zeros((4, 4), np.float32), progress=False)
+    inputs = keras3.Input((4,))
+    wrapped = keras3.Model(inputs, model(inputs))
+    assert edge.convert(wrapped, "float32", progress=False).ops == ("FULLY_CONNECTED",)
 
 
 @pytest.mark.parametrize("method", ["svd", "tucker2", "cp"])
@@ -161,3 +180,12 @@ def test_decompose_a_keras3_sequential_model_and_save_it(keras3: Any, tmp_path: 
     assert saved_keras(path) is Keras.KERAS3
     assert edge.convert(str(path), "float32", progress=False).ops == (
         "FULLY_CONNECTED", "FULLY_CONNECTED", "TANH", "FULLY_CONNECTED", "FULLY_CONNECTED")
+
+
+def test_a_keras3_model_with_named_inputs_converts_with_a_batch_of_one(keras3: Any) -> None:
+    a, b = keras3.Input((4,), name="a"), keras3.Input((2,), name="b")
+    model = keras3.Model({"a": a, "b": b}, keras3.layers.Dense(2)(keras3.layers.Concatenate()([a, b])))
+    artifact = edge.convert(model, "float32", progress=False)
+    assert artifact.ops == ("CONCATENATION", "FULLY_CONNECTED")
+    assert sorted((t.name, t.shape) for t in artifact.inputs) == [("serving_default_a:0", (1, 4)),
+                                                                 ("serving_default_b:0", (1, 2))]
