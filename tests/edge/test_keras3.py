@@ -68,7 +68,7 @@ def test_int8_on_tflite_micro_is_as_accurate_and_as_small_as_the_tf_keras_twin(
     assert mine.agreement_with_keras >= 0.98  # the source model here is the Keras 3 one
 
 
-def test_float32_tflite_computes_what_the_keras3_model_does(twin: Any, twin_artifacts: dict[str, Any],
+def test_float32_tflite_computes_what_the_keras3_model_does_and_tflm_runs_it(twin: Any, twin_artifacts: dict[str, Any],
                                                             digits: Any) -> None:
     from tensorfleet.edge.micro import run_tflite
 
@@ -76,6 +76,9 @@ def test_float32_tflite_computes_what_the_keras3_model_does(twin: Any, twin_arti
     expected = twin.predict(x, verbose=0)
     got = run_tflite(twin_artifacts["float32"], x)
     np.testing.assert_allclose(got, expected, rtol=0, atol=64 * EPS32 * np.abs(expected).max())
+    for mode in ("float32", "int16x8"):  # the other modes TFLite Micro runs
+        micro = edge.validate_micro(twin_artifacts[mode], x, digits.y_test[:32], progress=False)
+        assert micro.arena_bytes > 0 and micro.agreement_with_keras == 1.0, (mode, micro)
 
 
 def test_a_keras3_file_converts_and_loads_in_keras3(twin: Any, digits: Any, tmp_path: Path) -> None:
