@@ -6,7 +6,7 @@ same client sampling and example order for both:
 * ``raw``: a hand-written loop over ``tff.learning.algorithms.build_weighted_fed_avg`` and
   ``process.next`` with one ``tf.data`` dataset per sampled client, on TFF's default runtime.
 * ``tensorfleet``: ``Simulation(..., backend="compiled")``: the initial model from ``model_fn()``,
-  every round one compiled TensorFlow function (see tensorfleet/federated/backends/compiled.py),
+  every round one compiled TensorFlow function (see tensorfleet/federated/backends/compiled/engine.py),
   with TensorFlow's thread pools set by ``tfl.federated.configure_threads()`` first, as
   ``tensorfleet federated run`` sets them (one intra-op thread, an inter-op thread per lane plus one).
 * ``tfl tf-pools``: the same ``Simulation`` on TensorFlow's own pools (a script that does not call

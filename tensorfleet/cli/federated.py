@@ -21,9 +21,6 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from tensorfleet.federated.backends import Backend
-from tensorfleet.federated.backends.compiled_layout import NonTrainable
-from tensorfleet.federated.sampling import StragglerPolicy
 
 __all__ = ["NAME", "app"]
 

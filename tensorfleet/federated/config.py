@@ -25,8 +25,8 @@ from typing import Any, Optional, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
 from tensorfleet.io import UnwritablePathError, check_writable
-from tensorfleet.federated.backends.compiled_layout import NonTrainable
-from tensorfleet.federated.backends.compiled_local import check_per_client
+from tensorfleet.federated.backends.compiled.layout import NonTrainable
+from tensorfleet.federated.backends.compiled.local import check_per_client
 from tensorfleet.federated.sampling import StragglerPolicy
 from tensorfleet.federated.options import declared, option, optional_text, text
 from tensorfleet.validation import UnknownOptionError, boolean, choice, integer, number, positive_int

@@ -68,7 +68,7 @@ def sent_sizes(config: Any, model: Any) -> list[int]:
 
     kept: set[int] = set()
     if str(getattr(config.non_trainable, "value", config.non_trainable)) == "per_client":
-        from tensorfleet.federated.backends.compiled_local import batch_norm_variables
+        from tensorfleet.federated.backends.compiled.local import batch_norm_variables
 
         kept = set(batch_norm_variables(model))
     return [int(np.prod(w.shape)) for i, w in enumerate(model.trainable_weights) if i not in kept]

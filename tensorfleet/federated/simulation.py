@@ -49,9 +49,9 @@ from tensorfleet.federated import checkpoint, records, tff_model
 from tensorfleet.federated.backends import Backend, BackendChoice
 from tensorfleet.federated.config import SimulationConfig
 from tensorfleet.federated.history import History, plot_history
-from tensorfleet.federated.backends.compiled_eval import ModelWeights
-from tensorfleet.federated.backends.compiled_layout import NonTrainable
-from tensorfleet.federated.backends.compiled_local import GLOBAL_BN
+from tensorfleet.federated.backends.compiled.evaluate import ModelWeights
+from tensorfleet.federated.backends.compiled.layout import NonTrainable
+from tensorfleet.federated.backends.compiled.local import GLOBAL_BN
 from tensorfleet.federated.sampling import ClientSampler, split_clients
 from tensorfleet.validation import choice
 

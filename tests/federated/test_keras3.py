@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tensorfleet.federated import Simulation, partition
-from tensorfleet.federated.backends.compiled_scope import compiled_aggregators, compiled_algorithms
+from tensorfleet.federated.backends.compiled.scope import compiled_aggregators, compiled_algorithms
 from tests.conftest import user_env
 
 # float32 rounding of a few hundred steps of small weights (|w| ~ 1), summed in other orders by two Kerases.

@@ -106,9 +106,9 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
         workers: ``host:port`` addresses of running TFF workers (a list or one comma-separated
             string), or None.
         algorithm: the (canonical) algorithm name; ``compiled`` runs those with a client part
-            (:func:`~tensorfleet.federated.backends.compiled_scope.compiled_algorithms`), ``tff`` those with a TFF builder.
+            (:func:`~tensorfleet.federated.backends.compiled.scope.compiled_algorithms`), ``tff`` those with a TFF builder.
         aggregator: the (canonical) aggregator name; ``compiled`` runs those with a compiled form
-            (:func:`~tensorfleet.federated.backends.compiled_scope.compiled_aggregators`), ``tff`` those with a TFF form.
+            (:func:`~tensorfleet.federated.backends.compiled.scope.compiled_aggregators`), ``tff`` those with a TFF form.
 
     Raises:
         ValueError: an unknown backend, a bad address, or a combination that cannot run.
@@ -130,7 +130,7 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
         _check_tff_parts(algorithm, aggregator)
         _require_tff("backend='tff'" + (" with workers=" if addresses else ""))
     else:
-        from tensorfleet.federated.backends.compiled_scope import runs_compiled, unsupported
+        from tensorfleet.federated.backends.compiled.scope import runs_compiled, unsupported
 
         runnable = runs_compiled(algorithm, aggregator)
         if chosen is Backend.AUTO:

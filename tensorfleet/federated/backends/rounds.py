@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import numpy as np
 
 from tensorfleet.federated.backends import Backend
-from tensorfleet.federated.backends.compiled_eval import ModelWeights
+from tensorfleet.federated.backends.compiled.evaluate import ModelWeights
 
 if TYPE_CHECKING:
     from tensorfleet.federated.backends.compiled import CompiledFedAvg
@@ -119,7 +119,7 @@ class CompiledRounds:
         return self.engine.ragged_leaves
 
     def evaluate_federated(self, model: Any, datasets: Sequence[Any]) -> dict[str, float]:
-        from tensorfleet.federated.backends.compiled_eval import evaluate_batches
+        from tensorfleet.federated.backends.compiled.evaluate import evaluate_batches
 
         return evaluate_batches(model, datasets)
 
@@ -145,7 +145,7 @@ class TffRounds:
 
             sim, config = self.sim, self.sim.config
             if config.non_trainable == "per_client":  # auto chose tff (the model, or a tff checkpoint)
-                from tensorfleet.federated.backends.compiled_local import check_per_client
+                from tensorfleet.federated.backends.compiled.local import check_per_client
 
                 check_per_client(tff=True, received="backend='auto', which runs this simulation on tff")
             if config.non_trainable != "initial" and sim._keras_model.non_trainable_weights:

@@ -93,7 +93,7 @@ def test_aggregators_on_compiled_equal_tff_after_5_rounds(digits_flat, algorithm
 def test_compiled_backend_refuses_a_tff_aggregation_factory(digits_flat):
     import tensorflow_federated as tff
 
-    from tensorfleet.federated.backends.compiled_scope import compiled_aggregators, compiled_algorithms
+    from tensorfleet.federated.backends.compiled.scope import compiled_aggregators, compiled_algorithms
 
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=rf"backend='compiled' runs {', '.join(compiled_algorithms())} with the "
@@ -159,7 +159,7 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
     found = "a layer of the model (its output for a row changes when zero rows join the batch)"
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     sim = Simulation(_centering, clients, rounds=1, clients_per_round=4, backend="compiled", progress=False)
-    from tensorfleet.federated.backends.compiled_scope import compiled_aggregators, compiled_algorithms
+    from tensorfleet.federated.backends.compiled.scope import compiled_aggregators, compiled_algorithms
 
     assert compiled_algorithms()[:8] == ["fedavg", "fedsgd", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad",
                                          "fednova"]

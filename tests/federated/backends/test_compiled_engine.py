@@ -69,11 +69,11 @@ def test_a_model_whose_python_branches_read_tensors_is_traced_with_autograph(dig
 ])
 def test_lanes_train_clients_side_by_side_to_the_model_of_one_lane(digits_flat, monkeypatch, algorithm, aggregator,
                                                                      options):
-    from tensorfleet.federated.backends import compiled
+    from tensorfleet.federated.backends.compiled import engine
 
     weights, records = {}, {}
     for lanes in (1, 3):  # 3 lanes for 5 clients: lanes of 2, 2 and 1 client
-        monkeypatch.setattr(compiled, "default_lanes", lambda clients_per_round, lanes=lanes: lanes)
+        monkeypatch.setattr(engine, "default_lanes", lambda clients_per_round, lanes=lanes: lanes)
         sim = Simulation(lambda: models.build("digits_mlp", hidden=8), _clients(digits_flat), algorithm, rounds=3,
                          clients_per_round=5, seed=3, progress=False, backend="compiled", aggregator=aggregator,
                          aggregator_options=options, **({"algorithm_options": {"mu": 0.5}} if algorithm == "fedprox" else {}))

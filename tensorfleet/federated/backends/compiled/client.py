@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tensorfleet.federated.backends.compiled_layout import flatten, fori
+from tensorfleet.federated.backends.compiled.layout import flatten, fori
 
 __all__ = ["client_update"]
 

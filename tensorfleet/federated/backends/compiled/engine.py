@@ -1,4 +1,4 @@
-"""The ``compiled`` backend: a federated round as compiled TensorFlow functions, outside TFF,
+"""The compiled backend's engine: a federated round as compiled TensorFlow functions, outside TFF,
 composed from the registries' parts.
 
 Where the time of a TFF simulation goes, measured on this stack (bench/federated_speed.py): every
@@ -11,7 +11,7 @@ work, aggregator, finalizer) as one function traced once (without AutoGraph: its
 explicit), from three parts:
 
 * the algorithm's client work (:mod:`~tensorfleet.federated.algorithms.client_work`, run by
-  :func:`~tensorfleet.federated.backends.compiled_client.client_update`: local steps
+  :func:`~tensorfleet.federated.backends.compiled.client.client_update`: local steps
   of the client optimizer from the server weights, FedProx's pull, FedSGD's batch gradients,
   FedNova's normalized steps) on the batches TFF's dataset would give (the real rows only);
 * the aggregator's compiled form (:class:`~tensorfleet.federated.aggregators.parts.AggregatorPart`):
@@ -27,10 +27,10 @@ as in TFF. The server weights, optimizer state, non-trainable weights and the ag
 variables the round updates in place, so a round's call takes its data and returns a few numbers.
 BatchNormalization's statistics are the clients' mean weighted by examples, kept at their initial values
 (TFF's FedAvg), or kept per client with the BN layers' weights (FedBN:
-:class:`~tensorfleet.federated.backends.compiled_layout.NonTrainable`). The initial weights are
+:class:`~tensorfleet.federated.backends.compiled.layout.NonTrainable`). The initial weights are
 ``model_fn()``'s, made eagerly: TFF's ``initialize`` makes the same model from the same initializers,
 so no TFF process, worker or tracing is needed, and federated evaluation runs in this process too
-(:func:`~tensorfleet.federated.backends.compiled_eval.evaluate_batches`).
+(:func:`~tensorfleet.federated.backends.compiled.evaluate.evaluate_batches`).
 ``tests/federated/backends/test_compiled.py`` checks that both backends give the same model and
 metrics after the same rounds.
 
@@ -46,18 +46,13 @@ import numpy as np
 
 from tensorfleet.compat.keras import model_variables
 from tensorfleet.federated.aggregators.parts import AggregatorPart, ClientUpdates, RoundContext
-from tensorfleet.federated.backends.compiled_client import client_update
-from tensorfleet.federated.backends.compiled_layout import (
+from tensorfleet.federated.backends.compiled.client import client_update
+from tensorfleet.federated.backends.compiled.layout import (
     NonTrainable, RoundShape, default_lanes, flatten, fori, pad_clients, trace_round,
 )
-from tensorfleet.federated.backends.compiled_local import LocalLayers, check_per_client
-from tensorfleet.federated.backends.compiled_scope import (
-    batch_dependent_layers, compiled_aggregators, compiled_algorithms, compiled_refusal, runs_compiled, unsupported,
-)
+from tensorfleet.federated.backends.compiled.local import LocalLayers, check_per_client
 
-__all__ = ["CompiledFedAvg", "NonTrainable", "RoundShape", "batch_dependent_layers",
-           "compiled_aggregators", "compiled_algorithms", "compiled_refusal", "default_lanes", "runs_compiled",
-           "unsupported"]
+__all__ = ["CompiledFedAvg"]
 
 class CompiledFedAvg:
     """Federated rounds as compiled TensorFlow functions, composed from parts.
@@ -76,7 +71,7 @@ class CompiledFedAvg:
         seed: the simulation's seed (DP noise, a host part's draws).
         model: a model ``model_fn()`` already made, to train in (else one is made).
         non_trainable: :class:`NonTrainable` (``mean`` by default; ``per_client``: FedBN,
-            :mod:`~tensorfleet.federated.backends.compiled_local`).
+            :mod:`~tensorfleet.federated.backends.compiled.local`).
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, initial_weights: Any, client_work: Any,

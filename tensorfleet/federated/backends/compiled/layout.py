@@ -30,7 +30,7 @@ class NonTrainable(str, Enum):
     initial values (TFF's FedAvg, whose clients send trainable deltas only; the tff backend's behaviour).
     ``per_client``: FedBN (Li et al., ICLR 2021): every client keeps its own BatchNormalization layers,
     statistics and ``gamma``/``beta`` alike, across rounds; only the other weights are averaged
-    (:mod:`~tensorfleet.federated.backends.compiled_local`; compiled backend only).
+    (:mod:`~tensorfleet.federated.backends.compiled.local`; compiled backend only).
     """
 
     MEAN = "mean"
@@ -95,7 +95,7 @@ def pad_clients(clients: Sequence[tuple[np.ndarray, np.ndarray]], slots: int, le
     """The clients' examples padded into a round's arrays: ``x [slots, length, ...]``, ``y [slots, length]``
     (labels one per example: shaped ``[1]``, as TFF's tutorials reshape them, they are the same labels)
     and each client's count ``[slots]``."""
-    from tensorfleet.federated.backends.compiled_eval import one_label_per_example
+    from tensorfleet.federated.backends.compiled.evaluate import one_label_per_example
 
     clients = [(xk, one_label_per_example(yk)) for xk, yk in clients]
     x0, y0 = clients[0]
