@@ -1,26 +1,46 @@
-"""The contract between the launcher and the tasks it starts: environment and exit statuses.
+"""The contract between the launcher and the tasks it starts: environment, lines, exit statuses.
 
 The launcher (and a Kubernetes TFJob) tells every task who it is through environment
-variables; a task tells the launcher how it ended through its exit status. Both ends read the
-names here, so they cannot drift apart.
+variables; a migratable job's task gets its options as one JSON record
+(:class:`~tensorfleet.cluster.migration.TaskOptions`, written by ``to_env`` and read by
+``from_env``) and, when it shares devices, how many steps it may have done in a gate file
+(:func:`write_gate`, :func:`read_gate`); a task tells the launcher what it did in lines that
+begin with :data:`PREFIX` (each kind a :class:`Mark`: its wording once, with the function that
+writes it and the one that reads it back) and how it ended through its exit status. Both ends
+use the names here, so they cannot drift apart.
 
 Example:
     >>> describe_exit(STOPPED_STATUS), describe_exit(-9)
     ('exited with status 75', 'was killed by SIGKILL')
     >>> shell_status(-15)
     143
+    >>> STEP_DONE.text(step=3, at=12.5)
+    'tensorfleet: step 3 done at 12.500'
+    >>> STEP_DONE.read("[worker:0] tensorfleet: step 3 done at 12.500")
+    {'step': 3, 'at': 12.5}
+    >>> SAVING.pattern(step=5)
+    '^tensorfleet: saving step 5$'
 """
 
 from __future__ import annotations
 
+import os
+import re
 import signal
-from typing import Any
+import string
+import sys
+from pathlib import Path
+from typing import Any, Mapping
 
 from tensorfleet.validation import integer
 
 __all__ = [
     "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
     "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "StopRequest", "check_task_counts", "describe_exit", "shell_status",
+    "PREFIX", "Mark", "attempt", "read_gate", "write_gate", *(  # the lines tasks write, below
+        "BATCHES", "EPOCH_BEGIN", "EPOCH_END", "EPOCH_ENDED_AT_STEP", "EPOCH_STEP", "FINISHED", "FIRST_STEP_DONE",
+        "RESUMED", "RESUMED_FROM_BACKUP", "SAVED", "SAVING", "SERVING", "STEP_DONE", "STOPPING",
+        "STOPPING_AFTER_EPOCH"),
 ]
 
 #: ``role:index`` of the task, e.g. ``worker:1``.
@@ -111,3 +131,127 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signal is not None
+
+
+def attempt(environ: Mapping[str, str] | None = None) -> int:
+    """The attempt this task belongs to (:data:`ENV_ATTEMPT`; 0 outside the launcher or on its first run)."""
+    value = (os.environ if environ is None else environ).get(ENV_ATTEMPT, "0").strip() or "0"
+    if not value.isdigit():
+        raise ValueError(f"{ENV_ATTEMPT} must be an integer >= 0. Received: {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------- the gate of shared devices
+
+
+def write_gate(path: str | os.PathLike[str], steps: int) -> None:
+    """Allows the job whose gate is ``path`` to have done ``steps`` steps of this run (the multiplexer's end)."""
+    from tensorfleet.io import write_text
+
+    write_text(path, str(steps))
+
+
+def read_gate(path: str | os.PathLike[str]) -> int:
+    """How many steps of this run the gate at ``path`` allows (0 while it is missing or being replaced)."""
+    try:
+        return int(Path(path).read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+# --------------------------------------------------------------------------- the lines tasks write
+
+#: Every line a task writes for the launcher (and for people) begins with this.
+PREFIX = "tensorfleet:"
+
+_FIELD_PATTERNS = {"d": (r"-?\d+", int), "f": (r"-?\d+(?:\.\d+)?", float), "": (r".*?", str)}
+_TASK = r"(?:\[[^\]]+\] )?"  # the launcher's "[worker:0] " before a task's line, when there is one
+
+
+def _escape(text: str) -> str:
+    return re.escape(text).replace("\\ ", " ")  # spaces need none: patterns stay readable
+
+
+class Mark:
+    """One kind of line a task writes: its wording, once, as a :meth:`str.format` template of named fields
+    (``{step:d}`` an integer, ``{at:.3f}`` a number, ``{reason}`` any text), and the functions that write
+    (:meth:`say`, :meth:`text`) and read (:meth:`read`, :meth:`pattern`) it."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._parts: list[tuple[str, str | None, str]] = []  # (literal text, field, its pattern)
+        self._fields: dict[str, Any] = {}
+        for literal, name, spec, _ in string.Formatter().parse(template):
+            kind = spec[-1:] if spec and spec[-1:] in ("d", "f") else ""
+            regex, convert = _FIELD_PATTERNS[kind]
+            self._parts.append((literal, name, regex))
+            if name is not None:
+                self._fields[name] = convert
+        self._regex = re.compile(rf"^{_TASK}{self._body({})}$")
+
+    def __repr__(self) -> str:
+        return f"Mark({self.template!r})"
+
+    def _body(self, fixed: Mapping[str, Any]) -> str:
+        pieces = [_escape(PREFIX), " "]
+        for literal, name, regex in self._parts:
+            pieces.append(_escape(literal))
+            if name is not None:
+                pieces.append(_escape(str(fixed[name])) if name in fixed else f"(?P<{name}>{regex})")
+        return "".join(pieces)
+
+    def text(self, **values: Any) -> str:
+        """The line: ``PREFIX`` and the template filled in with ``values``."""
+        return f"{PREFIX} {self.template.format(**values)}"
+
+    def say(self, *, stream: Any = None, **values: Any) -> None:
+        """Writes the line to ``stream`` (standard output by default) at once: the task's end of the contract."""
+        print(self.text(**values), file=stream or sys.stdout, flush=True)
+
+    def read(self, line: str) -> dict[str, Any] | None:
+        """The values of ``line`` (a task's line, with or without the launcher's ``[task] ``), or ``None``
+        when it is not this kind of line: the launcher's end of the contract."""
+        found = self._regex.match(line)
+        if found is None:
+            return None
+        return {name: convert(found.group(name)) for name, convert in self._fields.items()}
+
+    def pattern(self, **fixed: Any) -> str:
+        """A regular expression for a task's line of this kind (for ``Fault``, ``stop_when`` and
+        ``LaunchResult.first_time``), the fields in ``fixed`` set to those values, the others any."""
+        unknown = sorted(set(fixed) - set(self._fields))
+        if unknown:
+            raise ValueError(f"{self!r} has no field(s) {unknown}. Its fields: {list(self._fields)}")
+        return f"^{self._body(fixed)}$"
+
+
+# A migratable job's trainer (tensorfleet.cluster.resumable, ps_balance, mesh_job):
+#: After each step of a job whose steps are gated (shared devices): the multiplexer counts these.
+STEP_DONE = Mark("step {step:d} done at {at:.3f}")
+#: After the first step (its time includes tracing).
+FIRST_STEP_DONE = Mark("first step done at {at:.3f}")
+#: Where a continued job picked up.
+RESUMED = Mark("resumed at step {step:d} (epoch {epoch:d}, example {position:d} of {examples:d}) from {strategy} "
+               "over {replicas:d} replica(s); optimizer step {iterations:d}")
+#: Before and after the chief writes a checkpoint.
+SAVING = Mark("saving step {step:d}")
+SAVED = Mark("saved step {step:d}")
+#: At the end of each epoch (``details``: the accuracy and a parameter server's examples per worker, if any).
+EPOCH_ENDED_AT_STEP = Mark("epoch {epoch:d}/{epochs:d} end at step {step:d} at {at:.3f}{details}")
+#: At a planned stop or a stop signal, after the checkpoint.
+STOPPING = Mark("stopping at step {step:d} {reason} at {at:.3f}")
+#: When the job has run all its epochs.
+FINISHED = Mark("finished at step {step:d} at {at:.3f}")
+#: When the per-replica (``who``: replica) or per-worker (worker) batches change with the measured speeds.
+BATCHES = Mark("{who} batches {sizes} at step {step:d} (examples/s measured: {speeds})")
+#: A parameter-server job's worker or ps task, once its server is up.
+SERVING = Mark("{task} serving at {address}")
+
+# A Keras fit job's callbacks (tensorfleet.cluster.fault_tolerance):
+#: The first epoch of a run that restored a backup.
+RESUMED_FROM_BACKUP = Mark("resumed from backup at epoch {epoch:d}")
+EPOCH_BEGIN = Mark("epoch {epoch:d}/{epochs:d} begin")
+#: ``metrics``: `` name=value`` for each logged metric, or nothing.
+EPOCH_END = Mark("epoch {epoch:d}/{epochs:d} end{metrics}")
+EPOCH_STEP = Mark("epoch {epoch:d} step {step:d}")
+STOPPING_AFTER_EPOCH = Mark("stopping after epoch {epoch:d} as planned")

@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
-from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_STOP_AFTER_EPOCH, STOPPED_STATUS
+from tensorfleet.cluster.contract import (ENV_BACKUP_DIR, ENV_STOP_AFTER_EPOCH, EPOCH_BEGIN, EPOCH_END, EPOCH_STEP,
+                                         RESUMED_FROM_BACKUP, STOPPED_STATUS, STOPPING_AFTER_EPOCH)
 from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.io import write_bytes, write_json
 from tensorfleet.validation import positive_int
@@ -55,9 +56,6 @@ from tensorfleet.validation import positive_int
 _CALLBACK_NAMES = ("BackupCleanup", "BestModelCheckpoint", "EpochLog", "StepLog", "StopAfterEpoch")
 
 __all__ = [*_CALLBACK_NAMES, "backup_dir", "callback_class", "callbacks", "resumed_epoch"]
-
-_PREFIX = "tensorfleet:"
-
 
 def backup_dir(base: str | os.PathLike[str] | None = None, *,
                environ: Mapping[str, str] | None = None) -> Path:
@@ -157,9 +155,6 @@ class _EpochLog(_OfOneKeras):
         self._epoch = 0
         self._epochs = 0
 
-    def _print(self, text: str) -> None:
-        print(f"{_PREFIX} {text}", file=self.stream or sys.stdout, flush=True)
-
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._epochs = int(self.params.get("epochs") or 0)
         self._first = True
@@ -167,20 +162,20 @@ class _EpochLog(_OfOneKeras):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch + 1
         if self._first and epoch > 0:
-            self._print(f"resumed from backup at epoch {epoch + 1}")
+            RESUMED_FROM_BACKUP.say(epoch=epoch + 1, stream=self.stream)
         self._first = False
-        self._print(f"epoch {epoch + 1}/{self._epochs} begin")
+        EPOCH_BEGIN.say(epoch=epoch + 1, epochs=self._epochs, stream=self.stream)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        values = " ".join(f"{k}={float(v):.6f}" for k, v in sorted((logs or {}).items()))
-        self._print(f"epoch {epoch + 1}/{self._epochs} end {values}".rstrip())
+        metrics = "".join(f" {k}={float(v):.6f}" for k, v in sorted((logs or {}).items()))
+        EPOCH_END.say(epoch=epoch + 1, epochs=self._epochs, metrics=metrics, stream=self.stream)
 
 
 class _StepLog(_EpochLog):
     """:class:`EpochLog` plus ``tensorfleet: epoch E step S`` after every training step."""
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._print(f"epoch {self._epoch} step {batch + 1}")
+        EPOCH_STEP.say(epoch=self._epoch, step=batch + 1, stream=self.stream)
 
 
 class _BestModelCheckpoint(_OfOneKeras):
@@ -255,7 +250,7 @@ class _StopAfterEpoch(_OfOneKeras):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if epoch + 1 == self.epoch:
-            print(f"{_PREFIX} stopping after epoch {self.epoch} as planned", flush=True)
+            STOPPING_AFTER_EPOCH.say(epoch=self.epoch)
             sys.stderr.flush()
             os._exit(STOPPED_STATUS)
 
@@ -375,7 +370,7 @@ def resumed_epoch(lines: list[str]) -> int | None:
         3
     """
     for line in lines:
-        marker = f"{_PREFIX} resumed from backup at epoch "
-        if marker in line:
-            return int(line.split(marker, 1)[1].split()[0])
+        found = RESUMED_FROM_BACKUP.read(line)
+        if found is not None:
+            return found["epoch"]
     return None

@@ -45,20 +45,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tensorfleet.cluster.contract import ENV_MIGRATION
 from tensorfleet.cluster.elastic import BatchPolicy, batch_sizes
 from tensorfleet.cluster.jobstate import CheckpointError, JobProgress, check_same_keras, fingerprint, read_state
-from tensorfleet.cluster.processes import Fault
+from tensorfleet.cluster.processes import Fault, JobMode
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.validation import choice, integer, positive_int
 
-__all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "check_mesh_batches", "check_migration",
-           "job_model", "migrate"]
+__all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "TaskOptions", "check_mesh_batches",
+           "check_migration", "job_model", "migrate"]
 
 _BYTES_PER_PARAMETER = 4 * 3  # float32 weights and Adam's two slots; other optimizers hold no more
 #: Seconds a signalled task has to finish its step and write its checkpoint before the launcher SIGKILLs it.
@@ -159,6 +159,8 @@ class RunOptions:
         integer("seed", self.seed, minimum=0)
         integer("save_every", self.save_every, minimum=0)
         integer("stop_at_step", self.stop_at_step, minimum=0, optional=True)
+        if self.slowdown is not None:  # a tuple, also when read back from JSON
+            object.__setattr__(self, "slowdown", tuple(float(f) for f in self.slowdown))
 
     @classmethod
     def from_progress(cls, progress: JobProgress, **changes: Any) -> RunOptions:
@@ -168,6 +170,49 @@ class RunOptions:
                    per_replica_batch_size=per_replica if progress.policy == BatchPolicy.KEEP_PER_REPLICA.value
                    else None, seed=progress.seed)
         return replace(base, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskOptions(RunOptions):
+    """What a trainer task is told (:data:`~tensorfleet.cluster.contract.ENV_MIGRATION`): the run's options
+    and where it runs. Written by :meth:`to_env` in :func:`migrate`, read by :meth:`from_env` in
+    :mod:`~tensorfleet.cluster.resumable`: one declaration for both ends."""
+
+    directory: str
+    strategy: str
+    devices: int = 1
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "strategy", choice(MigrationStrategy, "strategy", self.strategy).value)
+        positive_int("devices", self.devices)
+
+    @classmethod
+    def of(cls, run: RunOptions, *, directory: str | os.PathLike[str], to: Placement, resume: bool) -> TaskOptions:
+        """The options of ``run`` under ``to``, with its checkpoints in ``directory``."""
+        shared = {f.name: getattr(run, f.name) for f in fields(RunOptions)}
+        return cls(**shared, directory=str(Path(directory).resolve()), strategy=to.strategy.value,
+                   devices=to.devices, resume=resume)
+
+    def run(self) -> RunOptions:
+        """The run's options alone."""
+        return RunOptions(**{f.name: getattr(self, f.name) for f in fields(RunOptions)})
+
+    def to_env(self) -> dict[str, str]:
+        """The task's environment entry that carries these options (JSON)."""
+        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        record.update(policy=self.policy.value, slowdown=list(self.slowdown) if self.slowdown else None)
+        return {ENV_MIGRATION: json.dumps(record)}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TaskOptions:
+        """The options :meth:`to_env` wrote, read in the task."""
+        environ = os.environ if environ is None else environ
+        if ENV_MIGRATION not in environ:
+            raise ValueError(f"A migratable job's task reads its options from ${ENV_MIGRATION}, which is not set: "
+                             "start it with tensorfleet.cluster.migration.migrate or 'tensorfleet launch --strategy'.")
+        return cls(**json.loads(environ[ENV_MIGRATION]))
 
 
 def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: RunOptions,
@@ -258,17 +303,19 @@ def _machine_memory() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def job_model(job: Path) -> Any:
+def job_model(job: Path, args: Sequence[str] = ()) -> Any:
     """The job's model, built in this process (on its default device) only to read its fingerprint."""
     from tensorfleet.cluster.resumable import load_job
 
-    return load_job(job).build_model()
+    return load_job(job, args).build_model()
 
 
 def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, to: Placement,
             run: RunOptions | None = None, resume: bool | None = None, memory_bytes: float | None = None,
             faults: Sequence[Fault] = (), sink: Callable[[str], None] | None = None, quiet: bool = True,
-            check: bool = True, timeout: float | None = None) -> LaunchResult:
+            check: bool = True, timeout: float | None = None, args: Sequence[str] = (), max_restarts: int = 0,
+            backoff: float = 1.0, hang_timeout: float | None = None, ports: Sequence[int] | None = None,
+            mode: JobMode | str = JobMode.AUTO) -> LaunchResult:
     """Runs (or continues) the migratable ``job`` under ``to``, with its checkpoints in ``directory``.
 
     Args:
@@ -281,8 +328,12 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
             A SIGTERM or SIGINT to a task, or to this process, stops the job at the next step
             boundary, saved (see the module).
         resume: continue from ``directory``'s checkpoint; default: when it holds one.
-        memory_bytes, faults, sink, quiet, check, timeout: see :func:`check_migration` and
-            :func:`~tensorfleet.cluster.launcher.launch`.
+        args: the job file's arguments: its ``sys.argv[1:]`` while it is read and its functions run.
+        max_restarts, backoff: restarts after a failure (see :class:`~tensorfleet.cluster.launch_options.Recovery`);
+            a restarted task continues from the job's last checkpoint in ``directory`` (``save_every``
+            sets how much a failure costs).
+        memory_bytes, faults, sink, quiet, check, timeout, hang_timeout, ports, mode: see
+            :func:`check_migration`, :func:`~tensorfleet.cluster.launcher.launch` and its groups.
 
     Returns:
         The launch's :class:`~tensorfleet.cluster.result.LaunchResult` (``stopped`` when it ended at
@@ -305,18 +356,15 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
         resume = (Path(directory) / LATEST).exists()
     if run is None:
         run = RunOptions.from_progress(read_state(directory)[0]) if resume else RunOptions()
-    check_migration(directory, to=to, run=run, model=job_model(path), resume=resume, memory_bytes=memory_bytes)
+    check_migration(directory, to=to, run=run, model=job_model(path, args), resume=resume, memory_bytes=memory_bytes)
     Path(directory).mkdir(parents=True, exist_ok=True)
-    options = {"directory": str(Path(directory).resolve()), "strategy": to.strategy.value, "devices": to.devices,
-               "epochs": run.epochs, "global_batch_size": run.global_batch_size, "policy": run.policy.value,
-               "per_replica_batch_size": run.per_replica_batch_size, "seed": run.seed, "save_every": run.save_every,
-               "stop_at_step": run.stop_at_step, "resume": resume, "gate": run.gate, "balance": run.balance,
-               "equal_shares": run.equal_shares,
-               "input_delay": run.input_delay, "slowdown": list(run.slowdown) if run.slowdown else None}
-    result = launch(path, (), workers=to.workers, ps=to.ps, recovery=Recovery(faults=faults),
-                    timeouts=Timeouts(timeout=timeout, grace=_STOP_GRACE), output=TaskOutput(sink=sink, quiet=quiet),
+    options = TaskOptions.of(run, directory=directory, to=to, resume=resume)
+    result = launch(path, args, workers=to.workers, ps=to.ps, ports=ports, mode=mode,
+                    recovery=Recovery(max_restarts=max_restarts, backoff=backoff, faults=faults),
+                    timeouts=Timeouts(timeout=timeout, hang_timeout=hang_timeout, grace=_STOP_GRACE),
+                    output=TaskOutput(sink=sink, quiet=quiet),
                     command=TaskCommand(runner=("-m", "tensorfleet.cluster.resumable"),
-                                        env={ENV_MIGRATION: json.dumps(options), "TF_CPP_MIN_LOG_LEVEL": "2"}),
+                                        env={**options.to_env(), "TF_CPP_MIN_LOG_LEVEL": "2"}),
                     check=False)
     if check and not result.ok and not result.stopped:
         raise LaunchFailedError(result.error or f"The job failed with status {result.returncode}.", result)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import tempfile
 import threading
 import time
@@ -29,16 +28,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tensorfleet.cluster.contract import STEP_DONE, write_gate
 from tensorfleet.cluster.jobstate import LATEST
 from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, job_model, check_migration, migrate
 from tensorfleet.cluster.result import LaunchResult
-from tensorfleet.io import write_text
 from tensorfleet.validation import positive_int
 
 __all__ = ["ShareResult", "SharedJob", "share"]
-
-_STEP = re.compile(r"^tensorfleet: step (\d+) done at ([0-9.]+)$")
-
 
 @dataclass(frozen=True)
 class SharedJob:
@@ -49,6 +45,8 @@ class SharedJob:
     to: Placement
     run: RunOptions = RunOptions()
     share: float = 0.5
+    #: The job file's arguments (see :func:`~tensorfleet.cluster.migration.migrate`).
+    args: Sequence[str] = ()
 
 
 @dataclass
@@ -121,21 +119,20 @@ def share(jobs: Sequence[SharedJob], *, quantum: int = 8, sink: Callable[[str], 
     _check_shares(jobs)
     positive_int("quantum", quantum)
     for job in jobs:  # every job is checked before any starts
-        check_migration(job.directory, to=job.to, run=job.run, model=job_model(Path(job.job)),
+        check_migration(job.directory, to=job.to, run=job.run, model=job_model(Path(job.job), job.args),
                         resume=(Path(job.directory) / LATEST).exists())
     scratch = Path(tempfile.mkdtemp(prefix="tensorfleet-share-"))
     gates = [scratch / f"gate-{i}" for i in range(len(jobs))]
     done_steps: list[list[float]] = [[] for _ in jobs]
     results: list[Any] = [None] * len(jobs)
     for gate in gates:
-        write_text(gate, "0")
+        write_gate(gate, 0)
 
     def watch(i: int) -> Callable[[str], None]:
         def seen(line: str) -> None:
-            text = line.split("] ", 1)[-1]
-            found = _STEP.match(text)
+            found = STEP_DONE.read(line)
             if found and line.startswith(("[worker:0]", "[chief:0]")):
-                done_steps[i].append(float(found.group(2)))
+                done_steps[i].append(found["at"])
             if sink is not None:
                 sink(f"[job {i}] {line}")
         return seen
@@ -143,7 +140,7 @@ def share(jobs: Sequence[SharedJob], *, quantum: int = 8, sink: Callable[[str], 
     def run(i: int) -> None:
         job = jobs[i]
         results[i] = migrate(job.job, job.directory, to=job.to, run=replace(job.run, gate=str(gates[i])),
-                             sink=watch(i), check=False, timeout=timeout)
+                             sink=watch(i), check=False, timeout=timeout, args=job.args)
 
     threads = [threading.Thread(target=run, args=(i,), name=f"tensorfleet-share-{i}", daemon=True)
                for i in range(len(jobs))]
@@ -177,6 +174,6 @@ def _schedule(jobs: Sequence[SharedJob], gates: list[Path], done_steps: list[lis
                 continue
             credit[i] -= grant
             allowed[i] = len(done_steps[i]) + grant
-            write_text(gates[i], str(allowed[i]))
+            write_gate(gates[i], allowed[i])
             while len(done_steps[i]) < allowed[i] and threads[i].is_alive():
                 time.sleep(0.005)

@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 
 from tensorfleet.cluster.balance import proportional_split, ps_workers, worker_wait
+from tensorfleet.cluster.contract import BATCHES, EPOCH_ENDED_AT_STEP, FINISHED, FIRST_STEP_DONE
 from tensorfleet.cluster.jobstate import JobProgress, epoch_order
-from tensorfleet.cluster.resumable import MigratableJob, Trainer, save_progress, say, stopped_here
+from tensorfleet.cluster.resumable import MigratableJob, Trainer, save_progress, stopped_here
 
 __all__ = ["BalancedServerTrainer", "train_dispatched"]
 
@@ -99,8 +100,8 @@ class BalancedServerTrainer(Trainer):
         if self.options.balance and (self.worker_speeds > 0).all():
             sizes = proportional_split(self.workers * self.options.global_batch_size, self.worker_speeds.tolist())
             if sizes != self.sizes and (not self.sizes or max(abs(a - b) for a, b in zip(sizes, self.sizes)) > 1):
-                say(f"worker batches {sizes} at step {self.steps_run} (examples/s measured: "
-                     f"{', '.join(f'{v:.0f}' for v in self.worker_speeds)})")
+                BATCHES.say(who="worker", sizes=sizes, step=self.steps_run,
+                            speeds=", ".join(f"{v:.0f}" for v in self.worker_speeds))
                 self.batches.assign(sizes)
                 self.sizes = sizes
 
@@ -155,16 +156,16 @@ def train_dispatched(trainer: BalancedServerTrainer, state: JobProgress) -> JobP
             state = replace(state, step=state.step + 1)
             if first:
                 trainer.barrier()
-                say(f"first step done at {time.time():.3f}")
+                FIRST_STEP_DONE.say(at=time.time())
                 first = False
         if trainer.queued == 0 or (room > 0 and options.save_every and state.step % options.save_every == 0):
             trainer.barrier()
             state = replace(state, position=state.examples - trainer.queued)
         if state.position == state.examples:
             accuracy = trainer.accuracy()
-            say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step} at {time.time():.3f}"
-                + ("" if accuracy is None else f" accuracy {accuracy:.4f}")
-                + f"; examples per worker {trainer.worker_examples.tolist()}")
+            EPOCH_ENDED_AT_STEP.say(epoch=state.epoch + 1, epochs=options.epochs, step=state.step, at=time.time(),
+                                    details=("" if accuracy is None else f" accuracy {accuracy:.4f}")
+                                    + f"; examples per worker {trainer.worker_examples.tolist()}")
             state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
             order, after = epoch_order(state.rng, state.examples)
             if state.epoch < options.epochs:
@@ -172,5 +173,5 @@ def train_dispatched(trainer: BalancedServerTrainer, state: JobProgress) -> JobP
         if room > 0 and options.save_every and state.step % options.save_every == 0:
             save_progress(trainer, state)
     save_progress(trainer, state)
-    say(f"finished at step {state.step} at {time.time():.3f}")
+    FINISHED.say(step=state.step, at=time.time())
     return state

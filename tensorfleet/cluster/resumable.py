@@ -23,13 +23,15 @@ all stop after the same step.
 
 Each step also adds its ids to a ``counts`` variable saved with the model, so the checkpoint
 shows how many times every example was trained on. ``python -m tensorfleet.cluster.resumable
-JOB.py`` is what :func:`tensorfleet.cluster.migration.migrate` starts on every trainer task;
-the options come in ``TENSORFLEET_MIGRATION`` (JSON).
+JOB.py [ARGS...]`` is what :func:`tensorfleet.cluster.migration.migrate` starts on every trainer task
+(``ARGS``: the job file's ``sys.argv[1:]``); the options come in ``TENSORFLEET_MIGRATION``
+(:class:`~tensorfleet.cluster.migration.TaskOptions`), and a task the launcher restarted after a failure
+continues from the job's newest checkpoint. The lines it writes are those of
+:mod:`~tensorfleet.cluster.contract`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import signal
@@ -37,46 +39,20 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_workers, python_wait, worker_wait
-from tensorfleet.cluster.contract import ENV_MIGRATION, STOPPED_STATUS, StopRequest
+from tensorfleet.cluster.contract import (BATCHES, EPOCH_ENDED_AT_STEP, FINISHED, FIRST_STEP_DONE, RESUMED, SAVED, SAVING,
+                                         STEP_DONE, STOPPED_STATUS, STOPPING, StopRequest, attempt, read_gate)
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, check_same_keras, epoch_order, fingerprint,
-                                          new_rng_state, read_state, seed_job, tf_checkpoint_prefix, write_checkpoint)
+                                          latest, new_rng_state, read_state, seed_job, tf_checkpoint_prefix, write_checkpoint)
 from tensorfleet.compat.keras import is_keras3_model, keras_of, module_of
+from tensorfleet.cluster.migration import TaskOptions
 from tensorfleet.compat.keras3 import atomic_step_count
 
 __all__ = ["MigratableJob", "StopRequest", "TaskOptions", "Trainer", "load_job", "main"]
-
-_PREFIX = "tensorfleet:"
-
-
-@dataclass(frozen=True)
-class TaskOptions:
-    """What a trainer task is told: where it runs and how far it goes (see ``migrate``)."""
-
-    directory: str
-    strategy: str
-    devices: int = 1
-    epochs: int = 1
-    global_batch_size: int = 32
-    policy: str = "keep_global"
-    per_replica_batch_size: int | None = None
-    seed: int = 0
-    save_every: int = 0
-    stop_at_step: int | None = None
-    resume: bool = False
-    gate: str | None = None
-    balance: bool = False
-    equal_shares: bool = False
-    input_delay: float = 0.0
-    slowdown: tuple[float, ...] | list[float] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass(frozen=True)
 class MigratableJob:
@@ -86,18 +62,19 @@ class MigratableJob:
     data: Any
 
 
-def load_job(path: str | os.PathLike[str]) -> MigratableJob:
-    """Reads a job file; it must define ``build_model()`` and ``data()``."""
-    names = runpy.run_path(str(path), run_name="__tensorfleet_job__")
+def load_job(path: str | os.PathLike[str], args: Sequence[str] = ()) -> MigratableJob:
+    """Reads a job file; it must define ``build_model()`` and ``data()``. While it runs, ``sys.argv`` is
+    ``[path, *args]``, as for a script given those arguments."""
+    saved, sys.argv = sys.argv, [str(path), *map(str, args)]
+    try:
+        names = runpy.run_path(str(path), run_name="__tensorfleet_job__")
+    finally:
+        sys.argv = saved
     missing = [n for n in ("build_model", "data") if not callable(names.get(n))]
     if missing:
         raise ValueError(f"A migratable job file defines build_model() (a compiled Keras model) and data() "
                          f"((x, y) arrays). {str(path)!r} lacks: {', '.join(missing)}.")
     return MigratableJob(names["build_model"], names["data"])
-
-
-def say(text: str) -> None:
-    print(f"{_PREFIX} {text}", flush=True)
 
 
 def _build_strategy(options: TaskOptions) -> tuple[Any, Any]:
@@ -259,8 +236,8 @@ class Trainer:
             self.meter.update(speeds)
         sizes = [len(part) for part in parts]
         if self.options.balance and self.chief and self.meter.ready and sizes != self.sizes:
-            say(f"replica batches {sizes} at step {self.steps_run} (examples/s measured: "
-                 f"{', '.join(f'{v:.0f}' for v in self.meter.speeds)})")
+            BATCHES.say(who="replica", sizes=sizes, step=self.steps_run,
+                        speeds=", ".join(f"{v:.0f}" for v in self.meter.speeds))
         self.sizes = sizes
 
     def accuracy(self) -> float | None:
@@ -305,15 +282,15 @@ def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
             raise CheckpointError(f"The checkpoint in {options.directory!r} is of another model (fingerprint "
                                   f"{state.fingerprint}, this job's model {digest}).")
         trainer.restore(path)
-        say(f"resumed at step {state.step} (epoch {state.epoch + 1}, example {state.position} of "
-             f"{state.examples}) from {state.strategy} over {state.replicas} replica(s); optimizer step "
-             f"{int(trainer.optimizer.iterations.numpy())}")
+        RESUMED.say(step=state.step, epoch=state.epoch + 1, position=state.position, examples=state.examples,
+                    strategy=state.strategy, replicas=state.replicas,
+                    iterations=int(trainer.optimizer.iterations.numpy()))
         return state
     parameters = int(sum(np.prod(w.shape) for w in trainer.model.weights))
     return JobProgress(step=0, epoch=0, epochs=options.epochs, position=0, seed=options.seed,
                        rng=new_rng_state(options.seed),
                     examples=trainer.examples, global_batch_size=batch_for(options, trainer.replicas),
-                    policy=options.policy, fingerprint=digest, parameters=parameters,
+                    policy=options.policy.value, fingerprint=digest, parameters=parameters,
                     strategy=options.strategy, replicas=trainer.replicas,
                     keras=keras_of(trainer.model, "a migratable job's build_model()").value)
 
@@ -321,10 +298,10 @@ def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
 def save_progress(trainer: Trainer, state: JobProgress) -> None:
     trainer.barrier()
     if trainer.chief:
-        say(f"saving step {state.step}")
+        SAVING.say(step=state.step)
     write_checkpoint(trainer.options.directory, state, trainer.checkpoint, chief=trainer.chief)
     if trainer.chief:
-        say(f"saved step {state.step}")
+        SAVED.say(step=state.step)
 
 
 def train(trainer: Trainer, state: JobProgress) -> JobProgress:
@@ -350,23 +327,24 @@ def train(trainer: Trainer, state: JobProgress) -> JobProgress:
         trainer.step(order[state.position:state.position + batch])
         if options.gate:
             trainer.barrier()
-            say(f"step {state.step + 1} done at {time.time():.3f}")
+            STEP_DONE.say(step=state.step + 1, at=time.time())
         if first:
             trainer.barrier()
-            say(f"first step done at {time.time():.3f}")
+            FIRST_STEP_DONE.say(at=time.time())
             first = False
         position = min(state.position + batch, state.examples)
         state = replace(state, step=state.step + 1, position=position)
         if position == state.examples:
             accuracy = trainer.accuracy()
-            say(f"epoch {state.epoch + 1}/{options.epochs} end at step {state.step} at {time.time():.3f}"
-                 + ("" if accuracy is None else f" accuracy {accuracy:.4f}") + _per_worker(trainer))
+            EPOCH_ENDED_AT_STEP.say(epoch=state.epoch + 1, epochs=options.epochs, step=state.step, at=time.time(),
+                                    details=("" if accuracy is None else f" accuracy {accuracy:.4f}")
+                                    + _per_worker(trainer))
             state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
             order, after = epoch_order(state.rng, state.examples)
         if options.save_every and state.step % options.save_every == 0:
             save_progress(trainer, state)
     save_progress(trainer, state)
-    say(f"finished at step {state.step} at {time.time():.3f}")
+    FINISHED.say(step=state.step, at=time.time())
     return state
 
 
@@ -388,7 +366,7 @@ def stopped_here(trainer: Trainer, state: JobProgress) -> bool:
     else:
         return False
     save_progress(trainer, state)
-    say(f"stopping at step {state.step} {reason} at {time.time():.3f}")
+    STOPPING.say(step=state.step, reason=reason, at=time.time())
     return True
 
 
@@ -399,21 +377,21 @@ def _await_turn(gate: str, step: int, stop: StopRequest) -> None:
     The gate file holds how many steps this run may have done (see :mod:`~tensorfleet.cluster.multiplex`).
     """
     while not stop.requested:
-        try:
-            allowed = int(Path(gate).read_text() or 0)
-        except (OSError, ValueError):
-            allowed = 0
-        if allowed > step:
+        if read_gate(gate) > step:
             return
         time.sleep(0.005)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        sys.exit("usage: python -m tensorfleet.cluster.resumable JOB.py  (options in $TENSORFLEET_MIGRATION)")
-    options = TaskOptions(**json.loads(os.environ[ENV_MIGRATION]))
-    trainer = _trainer(load_job(argv[0]), options)
+    if not argv:
+        sys.exit("usage: python -m tensorfleet.cluster.resumable JOB.py [ARGS...]  (options in $TENSORFLEET_MIGRATION)")
+    options = TaskOptions.from_env()
+    if not options.resume and attempt() > 0 and latest(options.directory) is not None:
+        options = replace(options, resume=True)  # restarted after a failure: from the last checkpoint
+    job = load_job(argv[0], argv[1:])
+    sys.argv = [argv[0], *argv[1:]]  # the job's functions see its arguments, as its file did
+    trainer = _trainer(job, options)
     trainer.stop.install()  # after the strategy: TensorFlow's multi-worker runtime installs a SIGTERM handler
     state = train(trainer, _initial_state(trainer, options))
     sys.stdout.flush()

@@ -11,7 +11,7 @@ import os
 import signal
 from typing import Any, Mapping
 
-from tensorfleet.cluster.contract import ENV_MIGRATION
+from tensorfleet.cluster.contract import ENV_MIGRATION, SERVING
 
 from tensorfleet.strategies.tf_config import TFConfigError, parse_tf_config
 
@@ -41,5 +41,5 @@ def serve(tf_config: str | Mapping[str, Any] | None = None) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_IGN)
     server = start_server(config.cluster, config.task.role, config.task.index)
-    print(f"tensorfleet: {config.task} serving at {config.task.address}", flush=True)
+    SERVING.say(task=config.task, address=config.task.address)
     server.join()

@@ -185,3 +185,25 @@ def test_launch_mode_is_a_choice_typer_checks(capsys) -> None:
     err = capsys.readouterr().err
     assert "Invalid value for '--mode'" in err
     assert "'ring' is not one of 'auto', 'collective', 'parameter_server'." in err
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_job_continues_from_its_last_checkpoint(tmp_path: Path) -> None:
+    """``max_restarts``: a job started fresh and killed after its checkpoint of step 4 is restarted, and the
+    restarted task continues from the newest checkpoint (not from step 0): every example read once."""
+    from tensorfleet.cluster.contract import RESUMED, SAVED
+
+    directory = tmp_path / "ckpt"
+    result = migrate(JOB, directory, to=Placement("mirrored"), run=RunOptions(global_batch_size=BATCH, save_every=1),
+                     faults=[Fault("worker:0", SAVED.pattern(step=4))], max_restarts=1, backoff=0, check=False,
+                     timeout=240)
+    assert (result.returncode, result.restarts) == (0, 1)
+    assert not [line for line in result.output("worker:0", attempt=0) if RESUMED.read(line)]
+    resumed = [found for line in result.output("worker:0", attempt=1) if (found := RESUMED.read(line))]
+    assert len(resumed) == 1 and resumed[0]["step"] >= 4
+    step = resumed[0]["step"]
+    assert resumed[0] == {"step": step, "epoch": 1, "position": step * BATCH, "examples": EXAMPLES,
+                          "strategy": "mirrored", "replicas": 1, "iterations": step}
+    state, counts, iterations = _saved(directory)
+    assert (state.step, iterations) == (12, 12)
+    np.testing.assert_array_equal(counts, np.ones(EXAMPLES, np.float32))
