@@ -90,12 +90,23 @@ def test_launch_unknown_option_before_the_script_is_reported_as_an_option(script
 MIGRATING_JOB = Path(__file__).parents[1] / "cluster" / "migrating_job.py"
 
 
+#: Appended to a migratable job: in a task, it shows the job's arguments and fails its first attempt on
+#: "--fail-once" (the launcher's own process reads the file too, to fingerprint the model: it does neither).
+JOB_HEADER = """
+import os, sys
+if "TENSORFLEET_TASK" in os.environ:
+    print(f"job args={sys.argv[1:]}", flush=True)
+    if "--fail-once" in sys.argv and os.environ["TENSORFLEET_ATTEMPT"] == "0":
+        sys.exit(3)
+"""
+
+
 @pytest.fixture
 def two_jobs(tmp_path: Path) -> tuple[Path, Path]:
     """Two migratable jobs: the same small MLP on the first and the second 96 training digits (6 steps of 16)."""
     a, b = tmp_path / "a.py", tmp_path / "b.py"
-    a.write_text(MIGRATING_JOB.read_text())
-    b.write_text(MIGRATING_JOB.read_text().replace("[:EXAMPLES]", "[EXAMPLES:2 * EXAMPLES]"))
+    a.write_text(MIGRATING_JOB.read_text() + JOB_HEADER)
+    b.write_text(MIGRATING_JOB.read_text().replace("[:EXAMPLES]", "[EXAMPLES:2 * EXAMPLES]") + JOB_HEADER)
     return a, b
 
 
@@ -107,9 +118,11 @@ def test_share_runs_two_jobs_time_sliced_and_writes_the_timeline(two_jobs, tmp_p
 
     a, b = two_jobs
     ckpt = tmp_path / "ckpt"
-    assert main(["launch", "--checkpoint-dir", str(ckpt), "--epochs", "1", "--global-batch-size", "16",
-                 "--quantum", "4", "--share", "0.75", str(a), "--share=0.25", str(b)]) == 0
+    assert main(["launch", "--checkpoint-dir", str(ckpt), "--epochs", "1", "--global-batch-size", "16", "--timeout",
+                 "170", "--quantum", "4", "--share", "0.75", str(a), "--", "--tag", "a", "--share=0.25", str(b)]) == 0
     out = capsys.readouterr().out.splitlines()
+    assert sorted(line for line in out if "job args" in line) == [  # the two jobs' processes print in any order
+        "[a] [worker:0] job args=['--tag', 'a']", "[b] [worker:0] job args=[]"]
     assert "[a] [worker:0] tensorfleet: finished at step 6" in "\n".join(out)
     assert "[b] [worker:0] tensorfleet: saved step 6" in out
     summary = [re.fullmatch(r"(\w): (\d+) steps, ([0-9.]+) of the steps while all jobs ran \(share ([0-9.]+)\), "
@@ -138,7 +151,8 @@ def test_share_runs_two_jobs_time_sliced_and_writes_the_timeline(two_jobs, tmp_p
                                                 "share(s) [0.5, 0.5] and 1 script(s) ['A']"),
     (["--share", "0.5", "A", "--epochs", "2", "--share", "0.5", "B"],
      "error: With --share, the options of launch come before the first --share; after it only "
-     "'--share FRACTION SCRIPT' pairs follow. Received: '--epochs'"),
+     "'--share FRACTION SCRIPT' pairs follow, each script's own arguments after '--' (--share 0.25 b.py -- --lr 0.1). "
+     "Received: '--epochs'"),
 ])
 def test_share_bad_input_is_one_clear_error_before_anything_starts(two_jobs, tmp_path: Path, capsys, argv,
                                                                    message) -> None:
@@ -180,3 +194,111 @@ def test_share_summary_of_a_job_that_failed_before_its_first_step_names_it_and_e
     assert out.splitlines() == ["a: 2 steps, no shares measured (share 0.5), exit status 0",
                                 "b: 0 steps, no shares measured (share 0.5), exit status 3", "makespan 4.0 s"]
     assert err.strip() == "error: b: worker:0 exited 3"
+
+
+# ---------------------------------------------------------------- the modes and the options each takes
+
+def _launch_flags() -> dict[str, str]:
+    import typer
+
+    from tensorfleet.cli.main import app
+
+    command = typer.main.get_command(app).commands["launch"]
+    return {p.name: next((o for o in p.opts if o.startswith("--")), p.name) for p in command.params}
+
+
+def test_every_launch_option_is_declared_with_its_modes_and_the_reference_shows_the_table() -> None:
+    from tensorfleet.cli.launch import MODES, mode_table
+
+    flags = _launch_flags()
+    assert set(MODES) == set(flags) - {"script", "args"}
+    page = (Path(__file__).parents[2] / "docs" / "ref-cli.md").read_text()
+    assert mode_table(flags) in page
+
+
+#: A value for each option, as given on the command line.
+GIVEN = {"workers": ["--workers", "1"], "ps": ["--ps", "1"], "chief": ["--chief"], "evaluator": ["--evaluator"],
+         "evaluator_timeout": ["--evaluator-timeout", "5"], "max_restarts": ["--max-restarts", "2"],
+         "timeout": ["--timeout", "60"], "hang_timeout": ["--hang-timeout", "30"], "backoff": ["--backoff", "0"],
+         "ports": ["--ports", "5000"], "backup_dir": ["--backup-dir", "bk"], "mode_option": ["--mode", "collective"],
+         "profile_steps": ["--profile-steps", "2-3"], "profile_dir": ["--profile-dir", "pd"],
+         "strategy": ["--strategy", "mirrored"], "devices": ["--devices", "2"], "checkpoint_dir": ["--checkpoint-dir", "CK"],
+         "resume_from": ["--resume-from", "CK"], "epochs": ["--epochs", "2"], "global_batch_size": ["--global-batch-size", "8"],
+         "batch_policy": ["--batch-policy", "keep_global"], "stop_at_step": ["--stop-at-step", "3"],
+         "save_every": ["--save-every", "1"], "quantum": ["--quantum", "4"], "timeline": ["--timeline", "t.png"]}
+#: What chooses each mode (before the option tried), and what follows the options.
+CHOOSE = {"plain": ([], ["A"]), "migrate": (["--checkpoint-dir", "CK"], ["A"]),
+          "share": (["--checkpoint-dir", "CK"], ["--share", "0.5", "A", "--share", "0.5", "B"])}
+
+
+def _refusals() -> list[tuple[str, str]]:
+    from tensorfleet.cli.launch import MODES, mode_of
+
+    return [(name, mode) for name, modes in MODES.items() for mode in CHOOSE if mode not in modes and name in GIVEN
+            and mode_of({name} | ({"checkpoint_dir"} if mode == "migrate" else {"share"} if mode == "share" else set()))
+            == mode]
+
+
+@pytest.mark.parametrize(("name", "mode"), _refusals())
+def test_an_option_the_mode_does_not_take_is_refused_naming_both(two_jobs, tmp_path: Path, capsys, name,
+                                                                  mode) -> None:
+    from tensorfleet.cli.launch import MODE_NAMES
+
+    names = {"A": str(two_jobs[0]), "B": str(two_jobs[1]), "CK": str(tmp_path / "ckpt")}
+    before, after = CHOOSE[mode]
+    argv = ["launch", *before, *GIVEN[name], *after]
+    assert main([names.get(a, a) for a in argv]) == 2
+    flag = GIVEN[name][0]
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {flag} does not apply to {MODE_NAMES[mode]}")
+    assert err.endswith(f"Received: {' '.join(names.get(a, a) for a in GIVEN[name])}")
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_the_refusal_says_why_and_where_the_option_applies(two_jobs, tmp_path: Path, capsys) -> None:
+    assert main(["launch", "--resume-from", str(tmp_path), "--backup-dir", "bk", str(two_jobs[0])]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --backup-dir does not apply to a migratable job (--strategy, --checkpoint-dir or --resume-from): a "
+        "migratable job's backups are its checkpoints in --checkpoint-dir. It applies to a script (plain launch). "
+        "Received: --backup-dir bk")
+    assert main(["launch", "--epochs", "3", str(two_jobs[0])]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --epochs does not apply to a script (plain launch). It applies to a migratable job (--strategy, "
+        "--checkpoint-dir or --resume-from) and shared devices (--share). Received: --epochs 3")
+    assert main(["launch", "--profile-dir", "pd", str(two_jobs[0])]) == 2
+    assert capsys.readouterr().err.strip() == "error: --profile-dir applies with --profile-steps. Received: " \
+                                              "--profile-dir pd without --profile-steps"
+
+
+def test_shared_jobs_take_their_own_arguments_after_a_double_dash(two_jobs) -> None:
+    from tensorfleet.cli.launch import _shared_jobs
+
+    a, b = two_jobs
+    assert _shared_jobs([0.25], a, ["--", "--lr", "0.1", "x", "--share", "0.75", str(b), "--", "--"]) == [
+        (0.25, a, ["--lr", "0.1", "x"]), (0.75, b, ["--"])]
+    assert _shared_jobs([0.5], a, ["--share=0.5", str(b)]) == [(0.5, a, []), (0.5, b, [])]
+
+
+@pytest.mark.timeout(300)
+def test_a_migratable_job_takes_restarts_time_outs_ports_and_its_arguments(two_jobs, tmp_path: Path, capsys) -> None:
+    """``launch --resume-from ckpt --max-restarts 2 job.py``: the restart applies and continues the checkpoint."""
+    import portpicker
+
+    from tensorfleet.cluster.jobstate import read_state
+
+    job, ckpt = str(two_jobs[0]), str(tmp_path / "ckpt")
+    port = portpicker.pick_unused_port()
+    assert main(["launch", "--strategy", "mirrored", "--checkpoint-dir", ckpt, "--global-batch-size", "16",
+                 "--stop-at-step", "2", "--ports", str(port), job, "--tag", "first"]) == 0
+    out = capsys.readouterr().out
+    assert "[worker:0] job args=['--tag', 'first']" in out
+    assert read_state(ckpt)[0].step == 2
+    assert main(["launch", "--resume-from", ckpt, "--max-restarts", "2", "--backoff", "0", "--timeout", "240",
+                 "--hang-timeout", "200", "--mode", "collective", job, "--", "--fail-once"]) == 0
+    out = capsys.readouterr().out
+    assert "[launcher] worker:0 exited with status 3; restarting all 1 tasks (restart 1/2) in 0s" in out
+    assert out.count("[worker:0] job args=['--fail-once']") == 2
+    assert "[worker:0] tensorfleet: resumed at step 2 (epoch 1, example 32 of 96) from mirrored over 1 replica(s); " \
+           "optimizer step 2" in out
+    assert read_state(ckpt)[0].step == 6
