@@ -201,7 +201,10 @@ class Mesh:
             from tensorfleet.model_parallel.mesh.keras_model import dtensor_trainer
 
             return dtensor_trainer(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
+        from tensorfleet.compat.keras import require_keras2
         from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
+
+        require_keras2(model, f"Mesh(backend={self.backend.value!r})")
 
         from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
 
@@ -368,5 +371,18 @@ def _scope(mesh: Mesh) -> Iterator[KerasLayout]:
     with contextlib.ExitStack() as stack:
         if mesh.backend is MeshBackend.DTENSOR:
             stack.enter_context(mesh_scope(mesh.keras_layout, mesh.dtensor_mesh, zero=mesh.zero))
-        stack.enter_context(intercept_compile(compile_on_mesh(mesh.trainer)))
+        make_trainer = mesh.trainer
+        if mesh.backend is MeshBackend.DTENSOR:  # a Keras 3 model on the mesh: keras3_model
+            make_trainer = _takes_keras3(make_trainer)
+        stack.enter_context(intercept_compile(compile_on_mesh(make_trainer)))
         yield mesh.keras_layout
+
+
+def _takes_keras3(make_trainer: Any) -> Any:
+    """``make_trainer`` marked as one that trains Keras 3 models too (the dtensor backend's)."""
+
+    def make(model: Any) -> Any:
+        return make_trainer(model)
+
+    make.takes_keras3 = True  # type: ignore[attr-defined]
+    return make

@@ -109,7 +109,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from tensorfleet.model_parallel.mesh.keras_layers import adapt
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import module_of
 
 __all__ = ["KEPT_WHOLE", "KerasLayout", "WeightLayout", "weight_dimensions"]
 
@@ -126,7 +126,7 @@ def weight_dimensions(layer: Any, name: str, rank: int, input_rank: int = 2) -> 
         ((None, None), 'vocab')
     """
 
-    layers = keras2().layers
+    layers = module_of(layer, "weight_dimensions", "layer").layers  # the same layer names in either Keras
     axes: list[str | None] = [None] * rank
     if isinstance(layer, layers.DepthwiseConv2D) and layer.data_format == "channels_last":
         axes[2 if name == "depthwise_kernel" and rank == 4 else 0] = "channels"  # (kh, kw, channels, multiplier)

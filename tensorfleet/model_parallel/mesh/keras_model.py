@@ -42,17 +42,25 @@ def _creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
+    from tensorfleet.compat.keras3 import building
     from tensorfleet.compat.tf_keras import build_call_context
 
     from tensorfleet.model_parallel.mesh.zero import ZeroVariable, zero_layout
 
     def create(next_creator: Any, **kwargs: Any) -> Any:
         init = kwargs["initial_value"]
-        if callable(init):
-            with tf.init_scope():
+        with tf.init_scope():  # a Keras 3 metric built while a step is traced gives a callable made in it
+            if callable(init):
                 init = init()
-        init = tf.convert_to_tensor(init, dtype=kwargs.get("dtype"))
+            init = tf.convert_to_tensor(init, dtype=kwargs.get("dtype"))
         name = kwargs.get("name") or "Variable"
+        trainable = kwargs.get("trainable") is not False
+        options = dict(trainable=trainable, name=name, constraint=kwargs.get("constraint"))
+        keras3_building = building()
+        if keras3_building is not None:  # Keras 3 creates it
+            from tensorfleet.model_parallel.mesh.keras3_model import keras3_variable
+
+            return keras3_variable(keras3_building, init, name, layout, dmesh, options)
         layer = None
         if dtensor.is_dtensor(init):  # e.g. an optimizer slot made with zeros_like(variable)
             value = init
@@ -67,8 +75,6 @@ def _creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
             spec = [a if a is not None else dtensor.UNSHARDED for a in axes]
             value = dtensor.relayout(dtensor.copy_to_mesh(init, dtensor.Layout.replicated(dmesh, init.shape.rank)),
                                      dtensor.Layout(spec, dmesh))
-        trainable = kwargs.get("trainable") is not False
-        options = dict(trainable=trainable, name=name, constraint=kwargs.get("constraint"))
         if zero >= 3 and trainable and layer is not None and init.dtype.is_floating:
             compute = dtensor.fetch_layout(value)
             stored = zero_layout(compute, init.shape, layout.batch_axis)
@@ -265,10 +271,13 @@ def require_laid_out(model: Any, dmesh: Any) -> None:
         raise ValueError(f"Model {model.name!r} has no weights yet, so the mesh has laid none out: build it inside "
                          "mesh.scope() (give it an Input, or call it once on a batch) before compile. Received: an "
                          "unbuilt model")
+    from tensorfleet.compat.keras import is_keras3_model, tf_variable
+
     foreign = []
     for weight in model.weights:
-        if not (isinstance(weight, dtensor.DVariable) and weight.layout.mesh == dmesh):
-            foreign.append(weight.name)
+        variable = tf_variable(weight)
+        if not (isinstance(variable, dtensor.DVariable) and variable.layout.mesh == dmesh):
+            foreign.append(weight.path if is_keras3_model(model) else weight.name)
     if foreign:
         raise ValueError(f"Model {model.name!r} has weights this mesh did not lay out ({', '.join(foreign[:4])}"
                          f"{', ...' if len(foreign) > 4 else ''}): build the model inside mesh.scope(), not before it, "
@@ -281,10 +290,16 @@ def compile_on_mesh(make_trainer: Any) -> Any:
     (which checks first that the mesh can run the model); a trainer's own compile is Keras'."""
 
     def hook(model: Any, keras_compile: Any, *args: Any, **kwargs: Any) -> Any:
-        from tensorfleet.compat.keras import require_keras2
+        from tensorfleet.compat.keras import is_keras3_model, require_keras2
 
         if getattr(model, "trains_on_mesh", False):  # a trainer (MeshTrainer, StepTrainer) compiling itself
             return keras_compile(model, *args, **kwargs)
+        if is_keras3_model(model) and getattr(make_trainer, "takes_keras3", False):
+            from tensorfleet.model_parallel.mesh import keras3_model
+
+            if not isinstance(model, keras3_model.MeshModel):
+                keras3_model.attach(model, make_trainer(model))
+            return model.compile(*args, **kwargs)
         require_keras2(model, "model.compile inside Mesh.scope()")
         if not isinstance(model, OnMesh) or model.mesh_trainer is None:
             attach(model, make_trainer(model))
@@ -303,7 +318,13 @@ def attach(model: Any, trainer: Any) -> Any:
 def dtensor_trainer(model: Any, layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Any:
     """The :class:`~.keras_trainer.MeshTrainer` of ``model``, built inside ``Mesh.scope()`` (one clear
     error first if the mesh did not lay out its weights)."""
-    from tensorfleet.model_parallel.mesh.keras_trainer import MeshTrainer
+    from tensorfleet.compat.keras import is_keras3_model
 
     require_laid_out(model, dmesh)
+    if is_keras3_model(model):
+        from tensorfleet.model_parallel.mesh.keras3_model import Keras3Trainer
+
+        return Keras3Trainer(model, layout, dmesh, zero=zero)
+    from tensorfleet.model_parallel.mesh.keras_trainer import MeshTrainer
+
     return MeshTrainer(model, layout, dmesh, zero=zero)

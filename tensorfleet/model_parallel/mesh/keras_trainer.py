@@ -14,11 +14,12 @@ from tensorflow.experimental import dtensor
 
 from tensorfleet.compat.keras import keras2, require_keras2
 from tensorfleet.compat.tf_keras import loss_function_wrapper, unfuse_normalization
+from tensorfleet.model_parallel.mesh.keras_data import batch_layout, held_out, mesh_dataset, validation_pair
 from tensorfleet.model_parallel.mesh.keras_layers import adapt_split_readers
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_model import clip_gradients, host_value, mesh_scope, with_mesh
 from tensorfleet.model_parallel.mesh.zero import gathering, shard_optimizer_state, zero_layout
-from tensorfleet.validation import number, positive_int
+from tensorfleet.validation import positive_int
 
 __all__ = ["AVG_POOL_GRADIENT", "MeshTrainer", "avg_pool_gradient"]
 
@@ -177,10 +178,7 @@ class MeshTrainer(keras2().Model):
         return dtensor.relayout(whole, self._batch_layout(values.ndim)) if self.layout.batch_axis else whole
 
     def _batch_layout(self, rank: int) -> Any:
-        """A batch's layout: split over the ``batch`` rule's mesh dimension, or whole without one."""
-        axis = self.layout.batch_axis
-        return (dtensor.Layout.batch_sharded(self.dmesh, axis, rank) if axis
-                else dtensor.Layout.replicated(self.dmesh, rank))
+        return batch_layout(self.layout, self.dmesh, rank)
 
     def _infer(self, x: Any) -> Any:
         with gathering():
@@ -203,55 +201,17 @@ class MeshTrainer(keras2().Model):
         return test_function
 
     def _dataset(self, x: Any, y: Any, batch_size: Any, shuffle: bool, names: str = "x and y") -> tuple[Any, int]:
-        import numpy as np
-
-        if isinstance(x, dtensor.DTensorDataset):
-            return x, None
-        if y is None:
-            raise ValueError(f"A mesh trains on arrays {names} (or a dtensor.DTensorDataset with steps). "
-                             f"Received: {names.split()[0]} of type {type(x).__name__} and no labels")
-        x, y = np.asarray(x), np.asarray(y)
-        batch_size = positive_int("batch_size", 32 if batch_size is None else batch_size)
-        axis = self.layout.batch_axis
-        parts = self.layout.mesh_dims[axis] if axis else 1
-        if batch_size % parts:
-            raise ValueError(f"batch_size must be a multiple of mesh dimension {axis!r} of size {parts}, over "
-                             f"which the batch is split. Received: batch_size={batch_size}")
-        if len(x) != len(y) or len(x) < batch_size:
-            raise ValueError(f"{names} must hold the same number of examples, at least batch_size ({batch_size}). "
-                             f"Received: {len(x)} and {len(y)}")
-        data = tf.data.Dataset.from_tensor_slices((x, y))
-        if shuffle:
-            # One seed for every copy of the pipeline: DTensorDataset iterates it once per device, and the devices
-            # that split one replica's model must read the same examples (an unseeded shuffle gave each its own
-            # order: the shards then combined partial sums of different examples, and fit trained to 45%).
-            # Drawn from TensorFlow's global seed, so that tf.keras.utils.set_random_seed still decides the order.
-            seed = int(tf.random.uniform((), maxval=2**31 - 1, dtype=tf.int64))
-            data = data.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
-        # Every pass the same number of full batches, repeated: Keras keeps one iterator over a dataset
-        # of unknown length for all epochs (and its validation), and one that ran out after the first
-        # epoch poisoned DTensor's executor (CancelledError in the next epoch or in validation).
-        data = data.take(len(x) // batch_size * batch_size).repeat()
-        # No tf.data autotuning: its model thread sleeps in doubling periods (up to a minute), and destroying
-        # the iterator at the end of fit, evaluate or predict waited for it to wake (stalls of seconds to over
-        # a minute were seen on a 2-core machine). The data are arrays in memory; there is nothing to tune.
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        data = data.with_options(options)
-        dataset = dtensor.DTensorDataset(data, mesh=self.dmesh,
-                                         layouts=(self._batch_layout(x.ndim), self._batch_layout(y.ndim)),
-                                         global_batch_size=batch_size, batch_dim=axis)
-        return dataset, len(x) // batch_size
+        return mesh_dataset(self.layout, self.dmesh, x, y, batch_size, shuffle, names)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1, verbose: Any = "auto",
             callbacks: Any = None, shuffle: bool = True, steps_per_epoch: Any = None, validation_split: float = 0.0,
             validation_data: Any = None, validation_steps: Any = None, validation_batch_size: Any = None,
             **kwargs: Any) -> Any:
         if validation_split and validation_data is None:
-            x, y, validation_data = _held_out(x, y, validation_split)
+            x, y, validation_data = held_out(x, y, validation_split)
         dataset, steps = self._dataset(x, y, batch_size, shuffle)
         if validation_data is not None:
-            validation_data, counted = self._dataset(*_pair(validation_data), validation_batch_size or batch_size,
+            validation_data, counted = self._dataset(*validation_pair(validation_data), validation_batch_size or batch_size,
                                                      shuffle=False, names="validation x and y")
             validation_steps = validation_steps or counted
             if validation_steps is None:
@@ -281,29 +241,3 @@ class MeshTrainer(keras2().Model):
     def get_weights(self) -> list[Any]:
         return [host_value(v) for v in self.model.weights]
 
-
-def _pair(validation_data: Any) -> tuple[Any, Any]:
-    """``(x, y)`` of ``fit``'s ``validation_data``: a pair of arrays, or a DTensorDataset."""
-    if isinstance(validation_data, dtensor.DTensorDataset):
-        return validation_data, None
-    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
-        return validation_data[0], validation_data[1]
-    raise ValueError("validation_data on a mesh must be a pair (x_val, y_val) of arrays or a dtensor.DTensorDataset; "
-                     "sample weights are not supported. Received: validation_data of type "
-                     f"{type(validation_data).__name__}" + (f" with {len(validation_data)} items"
-                                                             if isinstance(validation_data, (tuple, list)) else ""))
-
-
-def _held_out(x: Any, y: Any, validation_split: float) -> tuple[Any, Any, tuple[Any, Any]]:
-    """The last ``validation_split`` of the examples held out, as Keras' own ``fit`` does."""
-    import math
-
-    import numpy as np
-
-    number("validation_split", validation_split, above=0.0, below=1.0)
-    if isinstance(x, dtensor.DTensorDataset) or y is None:
-        raise ValueError("validation_split needs arrays x and y to split; with a dtensor.DTensorDataset pass "
-                         f"validation_data. Received: x of type {type(x).__name__}")
-    x, y = np.asarray(x), np.asarray(y)
-    cut = int(math.floor(len(x) * (1.0 - validation_split)))
-    return x[:cut], y[:cut], (x[cut:], y[cut:])

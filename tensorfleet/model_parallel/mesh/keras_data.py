@@ -1,0 +1,97 @@
+"""Batches for a model on a DTensor mesh, either Keras: arrays (or a ``dtensor.DTensorDataset``) as the
+``DTensorDataset`` that ``fit``, ``evaluate`` and validation read, the batch split over the mesh
+dimension of the ``batch`` rule (measured: Keras' loops over arrays or a plain ``tf.data.Dataset``
+fail on a mesh, "Could not find ``tf._element_layouts``"; see :mod:`.keras_layout`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
+from tensorfleet.validation import number, positive_int
+
+__all__ = ["batch_layout", "held_out", "mesh_dataset", "validation_pair"]
+
+
+def batch_layout(layout: KerasLayout, dmesh: Any, rank: int) -> Any:
+    """A batch's layout: split over the ``batch`` rule's mesh dimension, or whole without one."""
+    from tensorflow.experimental import dtensor
+
+    axis = layout.batch_axis
+    return dtensor.Layout.batch_sharded(dmesh, axis, rank) if axis else dtensor.Layout.replicated(dmesh, rank)
+
+
+def mesh_dataset(layout: KerasLayout, dmesh: Any, x: Any, y: Any, batch_size: Any, shuffle: bool,
+                 names: str = "x and y") -> tuple[Any, int | None]:
+    """``(dataset, full batches per pass)`` of arrays ``x, y`` on the mesh; a ``DTensorDataset`` ``x`` is
+    returned as it is, with ``None`` batches (its steps are the caller's to give)."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    if isinstance(x, dtensor.DTensorDataset):
+        return x, None
+    if y is None:
+        raise ValueError(f"A mesh trains on arrays {names} (or a dtensor.DTensorDataset with steps). "
+                         f"Received: {names.split()[0]} of type {type(x).__name__} and no labels")
+    x, y = np.asarray(x), np.asarray(y)
+    batch_size = positive_int("batch_size", 32 if batch_size is None else batch_size)
+    axis = layout.batch_axis
+    parts = layout.mesh_dims[axis] if axis else 1
+    if batch_size % parts:
+        raise ValueError(f"batch_size must be a multiple of mesh dimension {axis!r} of size {parts}, over "
+                         f"which the batch is split. Received: batch_size={batch_size}")
+    if len(x) != len(y) or len(x) < batch_size:
+        raise ValueError(f"{names} must hold the same number of examples, at least batch_size ({batch_size}). "
+                         f"Received: {len(x)} and {len(y)}")
+    data = tf.data.Dataset.from_tensor_slices((x, y))
+    if shuffle:
+        # One seed for every copy of the pipeline: DTensorDataset iterates it once per device, and the devices
+        # that split one replica's model must read the same examples (an unseeded shuffle gave each its own
+        # order: the shards then combined partial sums of different examples, and fit trained to 45%).
+        # Drawn from TensorFlow's global seed, so that set_random_seed still decides the order.
+        seed = int(tf.random.uniform((), maxval=2**31 - 1, dtype=tf.int64))
+        data = data.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    # Every pass the same number of full batches, repeated: Keras keeps one iterator over a dataset
+    # of unknown length for all epochs (and its validation), and one that ran out after the first
+    # epoch poisoned DTensor's executor (CancelledError in the next epoch or in validation).
+    data = data.take(len(x) // batch_size * batch_size).repeat()
+    # No tf.data autotuning: its model thread sleeps in doubling periods (up to a minute), and destroying
+    # the iterator at the end of fit, evaluate or predict waited for it to wake (stalls of seconds to over
+    # a minute were seen on a 2-core machine). The data are arrays in memory; there is nothing to tune.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    data = data.with_options(options)
+    dataset = dtensor.DTensorDataset(data, mesh=dmesh,
+                                     layouts=(batch_layout(layout, dmesh, x.ndim), batch_layout(layout, dmesh, y.ndim)),
+                                     global_batch_size=batch_size, batch_dim=axis)
+    return dataset, len(x) // batch_size
+
+
+def validation_pair(validation_data: Any) -> tuple[Any, Any]:
+    """``(x, y)`` of ``fit``'s ``validation_data``: a pair of arrays, or a DTensorDataset."""
+    from tensorflow.experimental import dtensor
+
+    if isinstance(validation_data, dtensor.DTensorDataset):
+        return validation_data, None
+    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
+        return validation_data[0], validation_data[1]
+    raise ValueError("validation_data on a mesh must be a pair (x_val, y_val) of arrays or a dtensor.DTensorDataset; "
+                     "sample weights are not supported. Received: validation_data of type "
+                     f"{type(validation_data).__name__}" + (f" with {len(validation_data)} items"
+                                                             if isinstance(validation_data, (tuple, list)) else ""))
+
+
+def held_out(x: Any, y: Any, validation_split: float) -> tuple[Any, Any, tuple[Any, Any]]:
+    """The last ``validation_split`` of the examples held out, as Keras' own ``fit`` does."""
+    import numpy as np
+    from tensorflow.experimental import dtensor
+
+    number("validation_split", validation_split, above=0.0, below=1.0)
+    if isinstance(x, dtensor.DTensorDataset) or y is None:
+        raise ValueError("validation_split needs arrays x and y to split; with a dtensor.DTensorDataset pass "
+                         f"validation_data. Received: x of type {type(x).__name__}")
+    x, y = np.asarray(x), np.asarray(y)
+    cut = int(math.floor(len(x) * (1.0 - validation_split)))
+    return x[:cut], y[:cut], (x[cut:], y[cut:])

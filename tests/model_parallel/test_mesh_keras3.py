@@ -1,0 +1,145 @@
+"""A Keras 3 model on a 2x2 DTensor mesh (``Mesh.scope()``, dtensor backend): its own ``fit`` (with
+validation), ``evaluate``, ``predict``, ``get_weights`` and ``save`` equal one device's. DTensor runs in
+a process of its own, a user's (no TF_USE_LEGACY_KERAS; the script imports ``keras``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import user_env
+
+_SCRIPT = r"""
+import json, sys
+import numpy as np
+from tensorfleet.strategies.devices import simulate_devices
+simulate_devices(4)
+import keras
+from tensorfleet.model_parallel.mesh import Mesh
+L = keras.layers
+
+def skip_net():  # Conv2D, Dropout, Add (skip connection), LayerNormalization
+    inputs = keras.Input((8, 8, 1), name="pixels")
+    h = L.Conv2D(8, 3, padding="same", activation="relu", name="conv")(inputs)
+    h = L.Dense(16, activation="gelu", name="d1")(L.Flatten(name="flat")(h))
+    h2 = L.Dense(16, activation="tanh", name="d2")(L.Dropout(0.0, name="drop")(h))
+    h = L.LayerNormalization(name="ln")(L.Add(name="skip")([h, h2]))
+    return keras.Model(inputs, L.Dense(10, name="logits")(h), name="skip_net")
+
+class Steps(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses = getattr(self, "losses", []) + [float(logs["loss"])]
+
+def gap(a, b):
+    return float(max(np.abs(np.asarray(u) - np.asarray(v)).max() for u, v in zip(a, b)))
+
+rng = np.random.RandomState(0)
+x, y = rng.rand(160, 8, 8, 1).astype("float32"), (np.arange(160) % 10).astype("int32")
+xv, yv = rng.rand(64, 8, 8, 1).astype("float32"), (np.arange(64) % 10).astype("int32")
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+out = {}
+for key, optimizer, epochs in [("adam", "keras.optimizers.Adam(1e-2)", 2),
+                               ("adamw_clip", "keras.optimizers.AdamW(1e-2, weight_decay=0.05, global_clipnorm=0.5)", 1)]:
+    keras.utils.set_random_seed(1)
+    reference = skip_net()
+    initial = reference.get_weights()
+    reference.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
+    ref_steps = Steps()
+    ref = reference.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0, callbacks=[ref_steps],
+                        validation_data=(xv, yv)).history
+    mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
+    with mesh.scope() as layout:
+        model = skip_net()
+        model.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
+    model.set_weights(initial)
+    steps = Steps()
+    history = model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0, callbacks=[steps],
+                        validation_data=(xv, yv)).history
+    weights = model.get_weights()
+    d1 = next(v for v in model.weights if v.path == "d1/kernel")
+    out[key] = {
+        "steps": steps.losses, "ref_steps": ref_steps.losses, "history": history, "ref_history": ref,
+        "weight_diff": gap(weights, reference.get_weights()), "moved": gap(weights, initial),
+        "evaluate": model.evaluate(x, y, batch_size=32, verbose=0),
+        "ref_evaluate": reference.evaluate(x, y, batch_size=32, verbose=0),
+        "predict_diff": float(np.abs(model.predict(x[:50], batch_size=16) - reference.predict(x[:50], verbose=0)).max()),
+        "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided},
+        "slots": {v.path.split("/")[-1]: list(v.value.layout.sharding_specs) for v in model.optimizer.variables
+                  if "d1_kernel" in v.path},
+        "d1_shards": [list(t.shape) for t in __import__("tensorflow").experimental.dtensor.unpack(d1.value.read_value())],
+        "type": [type(model).__name__, isinstance(model, keras.Model)],
+    }
+    if key == "adam":  # Keras 3's own save: a .keras file that one device loads, with Adam's state
+        model.save(sys.argv[1] + "/skip_net.keras")
+        loaded = keras.models.load_model(sys.argv[1] + "/skip_net.keras")
+        out[key]["loaded"] = {
+            "weight_diff": gap(loaded.get_weights(), weights),
+            "predict_diff": float(np.abs(loaded.predict(x[:50], verbose=0) - reference.predict(x[:50], verbose=0)).max()),
+            "slots": [len(loaded.optimizer.variables), len(reference.optimizer.variables)],
+            "slot_diff": gap(loaded.optimizer.variables, reference.optimizer.variables)}
+        model.load_weights(sys.argv[1] + "/skip_net.keras")  # back onto the shards
+        out[key]["reloaded_diff"] = gap(model.get_weights(), weights)
+errors = []
+before = skip_net()  # built before the scope: nothing of it is laid out on the mesh
+with Mesh("b:2;m:2", "batch:b;hidden:m").scope():
+    try:
+        before.compile(optimizer="adam", loss="mse")
+    except ValueError as exc:
+        errors.append(str(exc))
+with Mesh("b:2;m:2", "batch:b;hidden:m", zero=1).scope():
+    try:
+        skip_net().compile(optimizer="adam", loss="mse")
+    except ValueError as exc:
+        errors.append(str(exc))
+try:
+    model.fit(x, y, batch_size=32, sample_weight=np.ones(160), verbose=0)
+except ValueError as exc:
+    errors.append(str(exc))
+out["errors"] = errors
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_keras3_fit_on_a_2x2_mesh_matches_one_device(keras3, tmp_path):
+    result = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                            timeout=380, env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert out.pop("errors") == [
+        "Model 'skip_net' has weights this mesh did not lay out (conv/kernel, conv/bias, d1/kernel, d1/bias, ...): "
+        "build the model inside mesh.scope(), not before it, then compile it there. Received: 10 of 10 weights off "
+        "the mesh",
+        "ZeRO on a mesh (Mesh(..., zero=1..3)) trains tf_keras models only: a Keras 3 model trains with zero=0 "
+        "(every optimizer slot laid out like its weight), or build it with `import tf_keras as keras` for ZeRO. "
+        "Received: zero=1 and a Keras 3 model 'skip_net'",
+        "A model on a mesh trains on x and y without sample_weight. Received: sample_weight",
+    ]
+    adam = out["adam"]
+    loaded = adam.pop("loaded")
+    assert loaded["weight_diff"] == 0.0 and loaded["predict_diff"] < 1e-5
+    assert loaded["slots"] == [22, 22] and loaded["slot_diff"] < 1e-5, loaded
+    assert adam.pop("reloaded_diff") == 0.0
+    for key, row in out.items():
+        # the user's own Keras 3 model object trains: 5 steps an epoch (160 examples, batches of 32)
+        assert row["type"] == ["Functional", True], key
+        assert len(row["steps"]) == 5 * len(row["history"]["loss"]) and row["moved"] > 1e-3, key
+        assert max(abs(a - b) for a, b in zip(row["steps"], row["ref_steps"])) < 1e-5, (key, row)
+        assert row["weight_diff"] < 1e-5, (key, row["weight_diff"])
+        assert sorted(row["history"]) == ["accuracy", "loss", "val_accuracy", "val_loss"], key
+        for name, values in row["history"].items():
+            assert max(abs(a - b) for a, b in zip(values, row["ref_history"][name])) < 1e-5, (key, name, row)
+        assert max(abs(a - b) for a, b in zip(row["evaluate"], row["ref_evaluate"])) < 1e-5, (key, row)
+        assert row["predict_diff"] < 1e-5, key
+        # the Dense units split over m, the convolution whole (DTensor convolves with a whole filter only)
+        assert row["layouts"] == {
+            "conv/kernel": ["-"] * 4, "conv/bias": ["-"], "d1/kernel": ["-", "m"], "d1/bias": ["m"],
+            "d2/kernel": ["-", "m"], "d2/bias": ["m"], "ln/gamma": ["-"], "ln/beta": ["-"],
+            "logits/kernel": ["-", "m"], "logits/bias": ["m"]}, key
+        # each optimizer slot laid out like its weight: each device holds half the columns of d1's kernel
+        assert row["slots"] == {"d1_kernel_momentum": ["unsharded", "m"], "d1_kernel_velocity": ["unsharded", "m"]}
+        assert row["d1_shards"] == [[512, 8]] * 4
