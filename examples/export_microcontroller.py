@@ -26,12 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args(argv)
 
-    import tf_keras as keras  # the edge converts Keras 2 (tf_keras) models for now: see docs/keras.md
+    import keras
 
     import tensorfleet as tfl
 
     split = tfl.models.datasets.load_digits()
-    model = tfl.models.build("digits_cnn", keras="tf_keras")
+    model = tfl.models.build("digits_cnn", keras="keras3")
     model.compile(optimizer="adam", metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(split.x_train, split.y_train, epochs=args.epochs, verbose=2)

@@ -53,7 +53,7 @@ def slowed(dataset, delay_ms: float):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    import tensorfleet as tfl  # first: it selects tf_keras as tf.keras
+    import tensorfleet as tfl
     from tensorfleet.models.datasets import load_digits
 
     import tensorflow as tf

@@ -9,9 +9,8 @@
    exported as C sources; prints size, arena and accuracy.
 
 It starts by printing the versions it runs on (Python, TensorFlow, and the Keras behind ``tf.keras``: Keras 3
-on TensorFlow >= 2.16 unless the process chose tf_keras). Part 1 runs in that Keras; parts 2 and 3 run Keras 2
-(tf_keras) models, which the federated and edge rooms take for now: part 3 converts a tf_keras twin that
-holds part 1's trained weights. Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
+on TensorFlow >= 2.16 unless the process chose tf_keras). Every part runs in that Keras: part 3 converts a
+copy of part 1's model, made outside the strategy, that holds its trained weights. Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
 Run with ``python -m tensorfleet.demo [--devices N] [--epochs E] [--rounds R] [--out DIR] [--verbose]``;
 TensorFlow's start-up and converter noise is left out unless ``--verbose``
 (:mod:`tensorfleet.cluster.console`).
@@ -108,7 +107,7 @@ def run_federated(*, rounds: int = 10, out_dir: str = "out/demo/federated") -> d
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=20, scheme="dirichlet",
                                       alpha=0.5, seed=0)
     sim = tfl.federated.Simulation(
-        lambda: tfl.models.build("digits_cnn", keras="keras2"), clients, "fedavg", rounds=rounds, clients_per_round=5, seed=0,
+        lambda: tfl.models.build("digits_cnn"), clients, "fedavg", rounds=rounds, clients_per_round=5, seed=0,
         local_epochs=2, client_learning_rate=0.1, backend="compiled",
         test_data=(split.x_test, split.y_test), eval_every=1, out_dir=out_dir)
     history = sim.run()
@@ -125,7 +124,7 @@ def run_edge(model: object, *, out_dir: str = "out/demo/edge") -> dict[str, floa
     import tensorfleet as tfl
 
     split = tfl.models.datasets.load_digits()
-    plain = tfl.models.build("digits_cnn", keras="keras2")  # part 1's weights, outside the strategy, in tf_keras
+    plain = tfl.models.build("digits_cnn", keras=model)  # part 1's weights, outside the strategy, in its Keras
     plain.set_weights(model.get_weights())  # type: ignore[attr-defined]
     artifact = tfl.edge.convert(plain, quantization="int8", representative_data=split.x_train[:200])
     artifact.save(Path(out_dir) / "digits_int8.tflite")

@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tensorfleet"
 CORE = {"io", "registry", "validation", "netbind", "kube", "lazy"}
 
-# room -> rooms it must not import (DESIGN.md "Import direction").
+# room -> rooms it must not import (docs/architecture.md, "Import rules").
 NEW_ROOMS = {"serving", "tuning", "profiling"}  # the rooms that serve, tune and profile what the others train
 FORBIDDEN = {
     "models": {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "cli", "demo", *NEW_ROOMS},
@@ -151,3 +151,19 @@ def test_modules_and_functions_stay_small(limit_kind):
             over += [f"{name}.{f.name} ({_body_lines(f)} lines)" for f in ast.walk(ast.parse(source))
                      if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(f) > MAX_FUNCTION_LINES]
     assert over == []
+
+
+def test_the_architecture_page_states_the_import_rules_this_test_holds():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = page.split("## Import rules", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    stated: dict[str, set[str]] = {}
+    for row in table.splitlines()[2:]:
+        rooms, forbidden = (cell.strip() for cell in row.strip("|").split("|"))
+        if rooms == "`compat` and the core":
+            assert forbidden == "every room, `cli` and `demo`"
+            everything = {"cli", "demo", *(set(FORBIDDEN) - CORE - {"compat"})}
+            stated.update({name: everything for name in ("compat", *CORE)})
+            continue
+        for room in rooms.replace("`", "").split(", "):
+            stated[room] = set(forbidden.split(", "))
+    assert stated == {room: set(rule) for room, rule in FORBIDDEN.items()}

@@ -22,11 +22,14 @@ def seeded_glorot(seed: int | None, k: int, keras: Any = None) -> Any:
 
 
 def resolve_keras(keras: Any) -> Any:
-    """``keras`` as a Keras module: a module as it is; a name (``"keras3"``, ``"keras2"``/``"tf_keras"``) or None
-    (the Keras ``tf.keras`` is in the caller's process) through :func:`tensorfleet.compat.keras.keras_module`."""
+    """``keras`` as a Keras module: a module as it is; a name (``"keras3"``, ``"keras2"``/``"tf_keras"``), a Keras
+    object (a model: its own Keras) or None (the Keras ``tf.keras`` is in the caller's process) through
+    :func:`tensorfleet.compat.keras.keras_module`."""
+    import types
+
     from tensorfleet.compat.keras import keras_module
 
-    return keras if hasattr(keras, "layers") else keras_module(keras)
+    return keras if isinstance(keras, types.ModuleType) else keras_module(keras)
 
 
 def digits_cnn(*, num_classes: int = 10, filters: int = 16, seed: int | None = 0,

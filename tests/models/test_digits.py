@@ -63,6 +63,10 @@ def test_the_zoo_builds_in_the_keras_of_the_process_unless_told(keras3) -> None:
     from tensorfleet.compat.keras import keras_of, user_keras
 
     assert keras_of(tfl.models.build("digits_mlp")) is user_keras()  # tf_keras in the suite (conftest)
+    for which in ("tf_keras", "keras3"):  # a model (it has .layers, like a module) names its own Keras
+        model = tfl.models.build("digits_mlp", keras=which)
+        assert keras_of(tfl.models.build("digits_cnn", keras=model)) is keras_of(model)
+    assert keras_of(tfl.models.build("digits_cnn", keras=keras3)).value == "keras3"  # a module as it is
     with pytest.raises(ValueError, match=r"^keras must be one of 'keras3', 'keras2' \(also 'tf_keras'\), or None for "
                                          r"the Keras tf.keras is in this process\. Received: keras='torch'$"):
         tfl.models.build("digits_mlp", keras="torch")
