@@ -9,7 +9,8 @@ Kubernetes.
   (:mod:`~tensorfleet.cluster.result`) and the server of parameter-server tasks
   (:mod:`~tensorfleet.cluster.server`).
 * :mod:`~tensorfleet.cluster.contract`: what the launcher tells its tasks and how they answer
-  (environment variables, exit statuses), one set for the launcher, the callbacks and a TFJob.
+  (environment variables, the lines they write, exit statuses), one set for the launcher, the
+  callbacks, migratable jobs and a TFJob.
 * :mod:`~tensorfleet.cluster.fault_tolerance`: the callbacks a job needs to survive a killed worker.
 * :mod:`~tensorfleet.cluster.elastic`: continue a job at another number of workers.
 * :mod:`~tensorfleet.cluster.migration`: move a job to another world size or strategy from one
