@@ -1,5 +1,8 @@
-"""A Keras 3 model (the ``keras`` package, installed beside tf_keras on the current track) gets one clear error
-at every entry point of model parallelism that takes a model or a layer, naming the entry point and the fix."""
+"""What of model parallelism still takes tf_keras models only gives a Keras 3 model (the ``keras`` package,
+installed beside tf_keras on the current track) one clear error naming the entry point and the fix: the chain
+shorthands (``Mesh.fit``, ``Mesh.keras_model``), the planner's ``Mesh.weight_splits``, the ``mtf`` and ``keras``
+backends, pipelines and tensor-parallel layers. ``Mesh.scope()`` with the dtensor backend trains a Keras 3
+model: tests/model_parallel/test_mesh_keras3.py."""
 
 from __future__ import annotations
 

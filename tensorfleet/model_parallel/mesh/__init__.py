@@ -13,8 +13,10 @@ that reads the layout)::
 
 1. ``"dtensor"`` (default): every weight created inside the scope is a DTensor DVariable laid out
    by the rules (:mod:`~tensorfleet.model_parallel.mesh.keras_layout`); any Keras model, loss and
-   optimizer; the model's ``compile`` inside the scope hands it to a
-   :class:`~tensorfleet.model_parallel.mesh.keras_trainer.MeshTrainer`.
+   optimizer, in Keras 3 or tf_keras; the model's ``compile`` inside the scope hands a tf_keras
+   model to a :class:`~tensorfleet.model_parallel.mesh.keras_trainer.MeshTrainer`, and makes a
+   Keras 3 model a :class:`~tensorfleet.model_parallel.mesh.keras3_model.MeshModel` (Keras 3's own
+   loops; ZeRO is tf_keras's only).
 2. ``"mtf"`` (:mod:`~tensorfleet.model_parallel.mesh.mtf`): the Keras model written out as a
    Mesh-TF graph by mesh-tensorflow's own lowering (``PlacementMeshImpl``), run in a
    ``tf.compat.v1.Session``.
@@ -22,7 +24,7 @@ that reads the layout)::
    tensorfleet's tensor-parallel layers over a (data x model) grid of devices.
 
 The ``mtf`` and ``keras`` backends (and the chain form of ``dtensor`` that :meth:`Mesh.fit` uses)
-run chain models (:mod:`~tensorfleet.model_parallel.mesh.dimensions`) with plain SGD on the
+run chain models of tf_keras (:mod:`~tensorfleet.model_parallel.mesh.dimensions`) with plain SGD on the
 softmax cross-entropy of logits; each makes one training step, and the loop over batches and
 epochs is Keras' own ``fit`` (:class:`~tensorfleet.model_parallel.mesh.step_trainer.StepTrainer`).
 :meth:`Mesh.fit` and :meth:`Mesh.fit_mtf` are shorthands for the same (compile with SGD, then
@@ -201,10 +203,7 @@ class Mesh:
             from tensorfleet.model_parallel.mesh.keras_model import dtensor_trainer
 
             return dtensor_trainer(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
-        from tensorfleet.compat.keras import require_keras2
         from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
-
-        require_keras2(model, f"Mesh(backend={self.backend.value!r})")
 
         from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
 
