@@ -29,6 +29,14 @@ def skip_net():  # Conv2D, Dropout, Add (skip connection), LayerNormalization
     h = L.LayerNormalization(name="ln")(L.Add(name="skip")([h, h2]))
     return keras.Model(inputs, L.Dense(10, name="logits")(h), name="skip_net")
 
+def conv_net():  # BatchNormalization, AveragePooling2D (its gradient: tensorfleet's), Concatenate, pooling
+    inputs = keras.Input((8, 8, 1))
+    a = L.Activation("relu")(L.BatchNormalization(name="bn")(L.Conv2D(8, 3, padding="same", use_bias=False)(inputs)))
+    a = L.AveragePooling2D(2)(a)
+    h = L.Concatenate()([a, L.Conv2D(8, 1, name="pw")(a)])
+    h = L.GlobalAveragePooling2D()(L.MaxPooling2D()(h))
+    return keras.Model(inputs, L.Dense(10, name="d1")(L.Dense(16, name="h")(h)), name="conv_net")
+
 class Steps(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.losses = getattr(self, "losses", []) + [float(logs["loss"])]
@@ -41,10 +49,12 @@ x, y = rng.rand(160, 8, 8, 1).astype("float32"), (np.arange(160) % 10).astype("i
 xv, yv = rng.rand(64, 8, 8, 1).astype("float32"), (np.arange(64) % 10).astype("int32")
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 out = {}
-for key, optimizer, epochs in [("adam", "keras.optimizers.Adam(1e-2)", 2),
-                               ("adamw_clip", "keras.optimizers.AdamW(1e-2, weight_decay=0.05, global_clipnorm=0.5)", 1)]:
+for key, build, optimizer, epochs in [
+        ("adam", skip_net, "keras.optimizers.Adam(1e-2)", 2),
+        ("adamw_clip", skip_net, "keras.optimizers.AdamW(1e-2, weight_decay=0.05, global_clipnorm=0.5)", 1),
+        ("adam_cnn", conv_net, "keras.optimizers.Adam(1e-2)", 1)]:
     keras.utils.set_random_seed(1)
-    reference = skip_net()
+    reference = build()
     initial = reference.get_weights()
     reference.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
     ref_steps = Steps()
@@ -52,14 +62,14 @@ for key, optimizer, epochs in [("adam", "keras.optimizers.Adam(1e-2)", 2),
                         validation_data=(xv, yv)).history
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m;channels:m")
     with mesh.scope() as layout:
-        model = skip_net()
+        model = build()
         model.compile(optimizer=eval(optimizer), loss=loss, metrics=["accuracy"])
     model.set_weights(initial)
     steps = Steps()
     history = model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0, callbacks=[steps],
                         validation_data=(xv, yv)).history
     weights = model.get_weights()
-    d1 = next(v for v in model.weights if v.path == "d1/kernel")
+    d1 = next(v for v in model.weights if v.path in ("d1/kernel", "h/kernel"))
     out[key] = {
         "steps": steps.losses, "ref_steps": ref_steps.losses, "history": history, "ref_history": ref,
         "weight_diff": gap(weights, reference.get_weights()), "moved": gap(weights, initial),
@@ -135,6 +145,10 @@ def test_keras3_fit_on_a_2x2_mesh_matches_one_device(keras3, tmp_path):
             assert max(abs(a - b) for a, b in zip(values, row["ref_history"][name])) < 1e-5, (key, name, row)
         assert max(abs(a - b) for a, b in zip(row["evaluate"], row["ref_evaluate"])) < 1e-5, (key, row)
         assert row["predict_diff"] < 1e-5, key
+        if key == "adam_cnn":
+            assert row["layouts"]["h/kernel"] == ["-", "m"] and row["layouts"]["bn/moving_mean"] == ["-"]
+            assert row["d1_shards"] == [[16, 8]] * 4
+            continue
         # the Dense units split over m, the convolution whole (DTensor convolves with a whole filter only)
         assert row["layouts"] == {
             "conv/kernel": ["-"] * 4, "conv/bias": ["-"], "d1/kernel": ["-", "m"], "d1/bias": ["m"],

@@ -173,8 +173,11 @@ class MeshModel:
     def make_train_function(self, force: bool = False) -> Any:
         from tensorfleet.compat.keras3 import split_train_function
 
+        from tensorfleet.model_parallel.mesh.keras_trainer import AVG_POOL_GRADIENT
+
         if self.train_function is None or force:
-            self.train_function = split_train_function(self, _like_variable)
+            # AvgPoolGrad has no layout propagation in DTensor: the tf_keras trainer's gradient for it
+            self.train_function = split_train_function(self, _like_variable, {"AvgPool": AVG_POOL_GRADIENT})
         return self.train_function
 
     def make_test_function(self, force: bool = False) -> Any:
@@ -211,7 +214,8 @@ class MeshModel:
             if validation_steps is None:
                 raise ValueError("validation_steps must be given with a dtensor.DTensorDataset as validation_data. "
                                  "Received: validation_steps=None")
-        return super().fit(dataset, epochs=epochs, verbose=verbose, callbacks=callbacks,  # type: ignore[misc]
+        # shuffle=False: the DTensorDataset shuffles (when asked), and Keras warns of a dataset it would shuffle
+        return super().fit(dataset, epochs=epochs, verbose=verbose, callbacks=callbacks, shuffle=False,  # type: ignore[misc]
                            steps_per_epoch=steps_per_epoch or steps, validation_data=validation_data,
                            validation_steps=validation_steps, **kwargs)
 
