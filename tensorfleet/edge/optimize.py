@@ -18,6 +18,10 @@ Example:
     >>> weight_sparsity(pruned)                                                       # doctest: +SKIP
     0.5
     >>> artifact = tensorfleet.edge.convert(pruned, "int8", representative_data=x_train)  # doctest: +SKIP
+
+Which route runs follows the model's Keras (:func:`tensorfleet.compat.keras.keras_of`): a tf_keras model goes
+through tfmot, a Keras 3 model through :mod:`tensorfleet.edge.keras3_optimize` (the same techniques without tfmot,
+which wraps tf_keras models only). Distillation and freezing take either Keras.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tensorfleet.compat.keras import keras2, require_keras2
+from tensorfleet.compat.keras import Keras, keras_of, module_of
 from tensorfleet.registry import Registry
-from tensorfleet.validation import integer, number, positive_int
+from tensorfleet.validation import boolean, integer, number, positive_int
 
 __all__ = ["Technique", "TECHNIQUES", "finetune", "apply_qat", "apply_pruning", "apply_clustering",
            "apply_decomposition", "strip_wrappers", "weight_sparsity", "unique_weights", "distill", "freeze_layers"]
@@ -48,28 +52,62 @@ class Technique(str, Enum):
 @dataclass(frozen=True)
 class _TechniqueSpec:
     wrap: Callable[..., Any]
-    callbacks: Callable[[], list[Any]]
+    callbacks: Callable[[Any], list[Any]]
+
+
+def _keras3(model: Any, where: str) -> bool:
+    """Whether ``model`` takes the Keras 3 route (else tfmot's); a TypeError for what is no Keras model."""
+    return keras_of(model, where) is Keras.KERAS3
 
 
 def apply_qat(model: Any) -> Any:
-    """Wraps ``model`` for quantization-aware training (tfmot ``quantize_model``)."""
+    """Wraps ``model`` for quantization-aware training: tfmot ``quantize_model`` for a tf_keras model, fake
+    quantization with folded BatchNorm (:func:`tensorfleet.edge.keras3_optimize.apply_qat`) for a Keras 3 one."""
+    if _keras3(model, "tfl.edge.apply_qat"):
+        from tensorfleet.edge import keras3_optimize
+
+        return keras3_optimize.apply_qat(model)
     import tensorflow_model_optimization as tfmot
 
     return tfmot.quantization.keras.quantize_model(model)
 
 
-def apply_pruning(model: Any, *, sparsity: float = 0.5, begin_step: int = 0, frequency: int = 10) -> Any:
-    """Wraps ``model`` for magnitude pruning to a constant ``sparsity`` (fraction of zero weights)."""
-    number("sparsity", sparsity, above=0, below=1)
+def apply_pruning(model: Any, *, sparsity: float = 0.5, begin_step: int = 0, frequency: int = 10,
+                  schedule: str = "constant", initial_sparsity: float = 0.0, end_step: int | None = None,
+                  power: float = 3.0) -> Any:
+    """Wraps ``model`` for magnitude pruning: to a constant ``sparsity`` (fraction of zero weights) from
+    ``begin_step`` on, or with ``schedule="polynomial"`` from ``initial_sparsity`` at ``begin_step`` to
+    ``sparsity`` at ``end_step`` (``power`` 3 as Zhu & Gupta); masks recomputed every ``frequency`` steps.
+
+    tfmot's wrappers for a tf_keras model, :mod:`tensorfleet.edge.keras3_optimize`'s for a Keras 3 one (the same
+    schedules, the same count of zeros: ``n - round(n * (1 - sparsity))`` per kernel)."""
+    from tensorfleet.edge import keras3_optimize
+
+    plan = keras3_optimize.schedule_of(sparsity=sparsity, schedule=schedule, begin_step=begin_step,
+                                       frequency=frequency, initial_sparsity=initial_sparsity, end_step=end_step,
+                                       power=power)
+    if _keras3(model, "tfl.edge.apply_pruning"):
+        return keras3_optimize.apply_pruning(model, plan)
     import tensorflow_model_optimization as tfmot
 
-    schedule = tfmot.sparsity.keras.ConstantSparsity(float(sparsity), begin_step=begin_step, frequency=frequency)
-    return tfmot.sparsity.keras.prune_low_magnitude(model, pruning_schedule=schedule)
+    if isinstance(plan, keras3_optimize.PolynomialDecay):
+        tfmot_schedule = tfmot.sparsity.keras.PolynomialDecay(plan.initial_sparsity, plan.final_sparsity,
+                                                              plan.begin_step, plan.end_step, plan.power,
+                                                              plan.frequency)
+    else:
+        tfmot_schedule = tfmot.sparsity.keras.ConstantSparsity(plan.sparsity, begin_step=begin_step,
+                                                               frequency=frequency)
+    return tfmot.sparsity.keras.prune_low_magnitude(model, pruning_schedule=tfmot_schedule)
 
 
 def apply_clustering(model: Any, *, clusters: int = 16) -> Any:
-    """Wraps ``model`` for weight clustering: each kernel shares ``clusters`` values."""
+    """Wraps ``model`` for weight clustering: each kernel shares ``clusters`` values (k-means++ centroids;
+    tfmot's wrappers for a tf_keras model, :mod:`tensorfleet.edge.keras3_optimize`'s for a Keras 3 one)."""
     integer("clusters", clusters, minimum=2)
+    if _keras3(model, "tfl.edge.apply_clustering"):
+        from tensorfleet.edge import keras3_optimize
+
+        return keras3_optimize.apply_clustering(model, clusters)
     import tensorflow_model_optimization as tfmot
 
     init = tfmot.clustering.keras.CentroidInitialization.KMEANS_PLUS_PLUS
@@ -83,25 +121,36 @@ def apply_decomposition(model: Any, **options: Any) -> Any:
     return decompose(model, **options)
 
 
-def _pruning_callbacks() -> list[Any]:
+def _pruning_callbacks(model: Any) -> list[Any]:
+    if _keras3(model, "tfl.edge.finetune"):
+        from tensorfleet.edge.keras3_optimize import pruning_callbacks
+
+        return pruning_callbacks(model)
     import tensorflow_model_optimization as tfmot
 
     return [tfmot.sparsity.keras.UpdatePruningStep()]
 
 
 TECHNIQUES: Registry[_TechniqueSpec] = Registry("optimization technique")
-TECHNIQUES.register("qat", _TechniqueSpec(apply_qat, list), aliases=("quantization_aware",),
-                    description="Quantization-aware training: fake-quant int8 in the forward pass (tfmot).")
+TECHNIQUES.register("qat", _TechniqueSpec(apply_qat, lambda model: []), aliases=("quantization_aware",),
+                    description="Quantization-aware training: fake-quant int8 in the forward pass, BatchNorm folded.")
 TECHNIQUES.register("prune", _TechniqueSpec(apply_pruning, _pruning_callbacks), aliases=("pruning",),
-                    description="Magnitude pruning to a constant sparsity; wrappers stripped afterwards (tfmot).")
-TECHNIQUES.register("cluster", _TechniqueSpec(apply_clustering, list), aliases=("clustering",),
-                    description="Weight clustering: each kernel keeps only N distinct values (tfmot).")
-TECHNIQUES.register("decompose", _TechniqueSpec(apply_decomposition, list), aliases=("decomposition", "low_rank"),
+                    description="Magnitude pruning on a constant or polynomial schedule; wrappers stripped afterwards.")
+TECHNIQUES.register("cluster", _TechniqueSpec(apply_clustering, lambda model: []), aliases=("clustering",),
+                    description="Weight clustering: each kernel keeps only N distinct values (k-means centroids).")
+TECHNIQUES.register("decompose", _TechniqueSpec(apply_decomposition, lambda model: []), aliases=("decomposition", "low_rank"),
                     description="Low-rank factors of Dense and Conv2D layers (SVD, Tucker-2, CP), then fine-tuning.")
 
 
 def strip_wrappers(model: Any) -> Any:
-    """Removes pruning and clustering wrappers (a no-op for other models)."""
+    """Removes pruning and clustering wrappers (a no-op for other models), of either Keras."""
+    names = {type(layer).__name__ for layer in model.layers}
+    if not names & {"PruneLowMagnitude", "ClusterWeights"}:
+        return model
+    if _keras3(model, "tfl.edge.strip_wrappers"):
+        from tensorfleet.edge.keras3_optimize import strip
+
+        return strip(model)
     import tensorflow_model_optimization as tfmot
 
     names = {type(layer).__name__ for layer in model.layers}
@@ -136,34 +185,37 @@ def unique_weights(model: Any) -> list[int]:
 
 def finetune(model: Any, technique: str | Technique, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
              loss: Any = None, optimizer: Any = "adam", validation_data: Any = None, verbose: int = 0,
-             **options: Any) -> Any:
+             shuffle: bool = True, **options: Any) -> Any:
     """Fine-tunes ``model`` with one technique and returns a model ready for conversion.
 
     Args:
-        model: a functional or sequential ``tf.keras.Model`` (trained, usually).
+        model: a functional or Sequential model of either Keras (trained, usually): tfmot fine-tunes a tf_keras
+            model, :mod:`tensorfleet.edge.keras3_optimize` a Keras 3 one.
         technique: ``qat``, ``prune``, ``cluster`` or ``decompose``.
         x, y: fine-tuning data.
+        shuffle: shuffle ``x`` each epoch (``fit``'s option; False to feed both Kerases the same batches).
         loss: defaults to sparse categorical cross-entropy from logits (or from probabilities when
             the last layer is a softmax).
-        options: ``sparsity=`` for prune, ``clusters=`` for cluster; ``method=`` and ``rank=`` or
+        options: ``sparsity=``, ``frequency=``, ``begin_step=``, ``schedule=`` (``"constant"`` or
+            ``"polynomial"`` with ``initial_sparsity=``, ``end_step=``, ``power=``) for prune, ``clusters=`` for cluster; ``method=`` and ``rank=`` or
             ``energy=`` for decompose (see :func:`tensorfleet.edge.decompose`).
 
     Example:
         >>> qat = finetune(model, "qat", x_train, y_train, epochs=1)                       # doctest: +SKIP
         >>> tensorfleet.edge.convert(qat, "int8", representative_data=x_train)            # doctest: +SKIP
     """
-    require_keras2(model, "tfl.edge.finetune")
+    keras = module_of(model, "tfl.edge.finetune")
     name = TECHNIQUES.canonical(technique.value if isinstance(technique, Technique) else technique)
     positive_int("epochs", epochs)
     spec = TECHNIQUES.get(name)
 
     wrapped = spec.wrap(model, **options)
     if loss is None:
-        softmax_out = getattr(model.layers[-1], "activation", None) is keras2().activations.softmax
-        loss = keras2().losses.SparseCategoricalCrossentropy(from_logits=not softmax_out)
+        softmax_out = getattr(model.layers[-1], "activation", None) is keras.activations.softmax
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax_out)
     wrapped.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
     wrapped.fit(x, y, epochs=epochs, batch_size=batch_size, validation_data=validation_data, verbose=verbose,
-                callbacks=spec.callbacks())
+                shuffle=boolean("shuffle", shuffle), callbacks=spec.callbacks(wrapped))
     return strip_wrappers(wrapped) if name in ("prune", "cluster") else wrapped
 
 
@@ -173,7 +225,8 @@ def distill(teacher: Any, student: Any, x: Any, y: Any, *, temperature: float = 
     """Trains ``student`` to match ``teacher``'s softened outputs and the labels (Hinton et al., 2015).
 
     Both models must output logits (or probabilities with ``from_logits=False``) over the same
-    classes. The student is trained in place; the teacher is not changed.
+    classes. The student is trained in place; the teacher is not changed. Either may be Keras 3 or tf_keras
+    (the teacher only predicts; the student trains with its own Keras's optimizer).
 
     Returns:
         The mean training loss per epoch.
@@ -182,8 +235,8 @@ def distill(teacher: Any, student: Any, x: Any, y: Any, *, temperature: float = 
         >>> small = tensorfleet.models.build("digits_cnn", filters=4)        # doctest: +SKIP
         >>> losses = distill(big, small, x_train, y_train, epochs=5)          # doctest: +SKIP
     """
-    require_keras2(teacher, "tfl.edge.distill")
-    require_keras2(student, "tfl.edge.distill")
+    keras_of(teacher, "tfl.edge.distill")
+    keras = module_of(student, "tfl.edge.distill")
     number("temperature", temperature, above=0)
     number("alpha", alpha, minimum=0, below=1)
     positive_int("epochs", epochs)
@@ -198,8 +251,8 @@ def distill(teacher: Any, student: Any, x: Any, y: Any, *, temperature: float = 
     soft_targets = teacher.predict(x, batch_size=256, verbose=0)
     if not from_logits:
         soft_targets = np.log(np.clip(soft_targets, 1e-8, 1.0))
-    optimizer = keras2().optimizers.Adam(learning_rate)
-    ce = keras2().losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.Adam(learning_rate)
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     t = float(temperature)
 
     @tf.function
@@ -238,7 +291,7 @@ def freeze_layers(model: Any, *, first: int | None = None, names: list[str] | No
         >>> freeze_layers(model, first=2)     # doctest: +SKIP
         ['conv2d', 'conv2d_1']
     """
-    require_keras2(model, "tfl.edge.freeze_layers")
+    keras_of(model, "tfl.edge.freeze_layers")
     if (first is None) == (names is None):
         raise ValueError("Pass exactly one of first= or names=.")
     weighted = [layer for layer in model.layers if layer.weights]
