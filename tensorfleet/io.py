@@ -6,6 +6,10 @@ same directory, is flushed and fsynced, then renamed over the target. The file i
 mode 0666 less the process's umask, as ``open()`` would create it (not ``mkstemp``'s 0600).
 Commands that work long before they write call :func:`check_writable` first, so an unwritable
 destination fails at once, named as the user gave it.
+
+Reading, the other way round: :func:`existing_file`, :func:`existing_folder` and :func:`read_text`
+say in one line what is at a path the user gave when it is not what was expected (nothing, a
+folder where a file should be or the reverse, binary bytes or nothing where text should be).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import secrets
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-__all__ = ["UnwritablePathError", "atomic_write", "check_writable", "write_bytes", "write_text", "write_json",
+__all__ = ["UnreadableFileError", "UnwritablePathError", "atomic_write", "existing_file", "existing_folder",
+           "read_text", "check_writable", "write_bytes", "write_text", "write_json",
            "save_figure"]
 
 
@@ -26,6 +31,66 @@ class UnwritablePathError(PermissionError, ValueError):
 
     A ``ValueError`` too, so command lines report it as bad input in one line.
     """
+
+
+class UnreadableFileError(ValueError):
+    """A file is there but does not hold what was expected (binary bytes or nothing where text should be, a
+    damaged archive, another kind of file). The message names the file, what was found and what was expected."""
+
+
+def _found(path: Path) -> str:
+    if path.is_dir():
+        return "a folder"
+    if path.exists():
+        return "a file" if path.is_file() else "something that is neither a file nor a folder"
+    return "nothing"
+
+
+def existing_file(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` as a :class:`Path` if it is a file; else FileNotFoundError naming it and what is there.
+
+    Args:
+        what: what was expected, for the message ("a YAML config file", "a .tflite file").
+
+    Example:
+        >>> existing_file("/", "a YAML config file")
+        Traceback (most recent call last):
+        FileNotFoundError: No file at '/': a folder is there; expected a YAML config file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"No file at {str(p)!r}: {_found(p)} is there; expected {what}.")
+    return p
+
+
+def existing_folder(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` as a :class:`Path` if it is a folder; else FileNotFoundError naming it and what is there."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"No folder at {str(p)!r}: {_found(p)} is there; expected {what}.")
+    return p
+
+
+def read_text(path: str | os.PathLike[str], what: str, *, empty: bool = False) -> str:
+    """The UTF-8 text of the file at ``path``.
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (nothing, or a folder: the message says which).
+        UnreadableFileError: the file is not UTF-8 text (another kind of file, random bytes), or holds nothing but
+            white space and ``empty`` is False; the message names the file, what it holds and ``what`` was expected.
+    """
+    p = existing_file(path, what)
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UnreadableFileError(f"{str(p)!r} is not a text file: byte 0x{data[error.start]:02x} at offset "
+                                  f"{error.start} is not UTF-8 (it starts with {data[:8]!r}, {len(data):,} bytes); "
+                                  f"expected {what}.") from None
+    if not empty and not text.strip():
+        raise UnreadableFileError(f"{str(p)!r} is empty ({len(data)} bytes{', all white space' if data else ''}); "
+                                  f"expected {what}.")
+    return text
 
 
 def _create_temporary(directory: Path, name: str) -> tuple[int, Path]:

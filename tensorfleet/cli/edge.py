@@ -38,14 +38,23 @@ def calibration_data(model_name: str, num_samples: int) -> Any:
 
 
 def _load_npy(path: Path) -> Any:
+    """The array of a ``.npy`` file (``--data``); one clear error naming the file for anything else."""
     import numpy as np
 
-    if not path.is_file():
-        raise FileNotFoundError(f"No data file at {str(path)!r}.")
+    from tensorfleet.io import UnreadableFileError, existing_file
+
+    expected = "a .npy array file (numpy.save)"
+    existing_file(path, expected)
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    if head != b"\x93NUMPY":  # numpy would try to unpickle it, or open a zip as an .npz, and say neither
+        raise UnreadableFileError(f"--data {str(path)!r} is not a .npy file: it starts with {head!r} "
+                                  f"({path.stat().st_size:,} bytes); expected {expected}.")
     try:
         return np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        raise ValueError(f"--data must be a .npy array file. Received: {str(path)!r} ({exc})") from exc
+    except (ValueError, EOFError, OSError) as exc:  # EOFError: truncated (click would call it Ctrl-D)
+        raise UnreadableFileError(f"--data {str(path)!r} is a damaged .npy file ({type(exc).__name__}: {exc}); "
+                                  f"expected {expected}.") from None
 
 
 @app.command("convert")
@@ -203,7 +212,7 @@ def decompose_cmd(
     """Replace Dense and Conv2D layers by low-rank factors; print the plan as a table first."""
     from tensorfleet import edge
     from tensorfleet.edge.decompose import save_keras
-    from tensorfleet.io import check_writable
+    from tensorfleet.io import check_writable, existing_file
 
     chosen_rank = parse_rank(rank)
     if out.suffix != ".keras":
@@ -211,9 +220,7 @@ def decompose_cmd(
     for destination in (out, plot):
         if destination is not None:
             check_writable(destination)
-    if not model.is_file():
-        raise FileNotFoundError(f"No saved Keras model at {str(model)!r}.")
-    keras_model = edge.load_keras_model(model)
+    keras_model = edge.load_keras_model(existing_file(model, "a saved Keras model (.keras or .h5)"))
     plan = edge.plan_decomposition(keras_model, method, rank=chosen_rank, energy=energy)
     typer.echo(plan.describe())
     small = edge.decompose(keras_model, plan=plan)

@@ -12,10 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import typer
 
@@ -30,10 +31,20 @@ app = typer.Typer(name=NAME, help="Kubernetes manifests: TFJob, TFF workers, tun
 
 def _read_manifest(path: Path) -> list[dict]:
     from tensorfleet import kube
+    from tensorfleet.io import read_text
 
-    if not path.is_file():
-        raise FileNotFoundError(f"The manifest does not exist. Received: {str(path)!r}")
-    return kube.load_yaml(path.read_text())
+    return kube.load_yaml(read_text(path, "a YAML manifest (Kubernetes objects)", empty=True))
+
+
+@contextlib.contextmanager
+def _about(path: Path) -> Iterator[None]:
+    """What is wrong with the manifest at ``path`` (not YAML, empty, against a schema), said with its name."""
+    from tensorfleet.kube import ManifestError
+
+    try:
+        yield
+    except ManifestError as error:
+        raise ManifestError(f"{str(path)!r}: {error}") from None
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
@@ -118,11 +129,12 @@ def validate_command(manifest: Path = typer.Argument(..., help="A YAML manifest 
     from tensorfleet import kube
     from tensorfleet.cluster import k8s
 
-    docs = _read_manifest(manifest)
-    if any(isinstance(doc, dict) and doc.get("kind") == "TFJob" for doc in docs):
-        k8s.validate(docs)
-    else:
-        kube.validate(docs, expected="Kubernetes objects")
+    with _about(manifest):
+        docs = _read_manifest(manifest)
+        if any(isinstance(doc, dict) and doc.get("kind") == "TFJob" for doc in docs):
+            k8s.validate(docs)
+        else:
+            kube.validate(docs, expected="Kubernetes objects")
     typer.echo(f"{manifest}: valid ({', '.join(d['kind'] for d in docs)})")
 
 
@@ -135,7 +147,9 @@ def tf_config_command(
     """Print the TF_CONFIG the training operator gives one pod of the TFJob."""
     from tensorfleet.cluster import k8s
 
-    typer.echo(json.dumps(k8s.pod_tf_config(_read_manifest(manifest), role, index)))
+    with _about(manifest):
+        config = k8s.pod_tf_config(_read_manifest(manifest), role, index)
+    typer.echo(json.dumps(config))
 
 
 @app.command("federated-workers")

@@ -123,13 +123,14 @@ def serve_command(
     from tensorfleet.serving.batching import BatchingOptions
     from tensorfleet.serving.options import FrontOptions, ScalingOptions, StageOptions, VersionOptions
     from tensorfleet.serving.server import serve
+    from tensorfleet.io import existing_folder
     from tensorfleet.validation import integer, parse_bytes
 
     if (base is None) == (model_config_file is None):
         raise ValueError(f"Serve BASE or --model-config-file, one of the two. Received: BASE={base}, "
                          f"--model-config-file={model_config_file}")
-    if base is not None and not base.is_dir():
-        raise FileNotFoundError(f"No model base directory at {str(base)!r}.")
+    if base is not None:
+        existing_folder(base, "a model base directory (BASE/<version>/saved_model.pb)")
     if (min_replicas is None) != (max_replicas is None):
         raise ValueError("--min-replicas and --max-replicas go together (elastic serving). "
                          f"Received: --min-replicas={min_replicas}, --max-replicas={max_replicas}")

@@ -164,13 +164,18 @@ def step_directory(directory: str | os.PathLike[str], step: int) -> Path:
 def latest(directory: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint of ``directory`` (None: it holds none)."""
     pointer = Path(directory) / LATEST
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise CheckpointError(f"{str(directory)!r} is a file; expected the checkpoint directory of a migratable job.")
     if not pointer.exists():
         return None
+    if not pointer.is_file():
+        raise CheckpointError(f"{pointer} is a folder; expected the migration checkpoint pointer (a JSON file).")
+    data = pointer.read_bytes()
     try:
-        name = json.loads(pointer.read_text())["checkpoint"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{pointer} is not a migration checkpoint pointer ({exc}). "
-                              f"Received: {pointer.read_text()[:200]!r}") from None
+        name = json.loads(data.decode())["checkpoint"]
+    except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError too: another kind of file
+        raise CheckpointError(f"{pointer} is not a migration checkpoint pointer ({type(exc).__name__}: {exc}). "
+                              f"Received: {data[:200]!r}") from None
     path = Path(directory) / name
     if not (path / _STATE).exists():
         raise CheckpointError(f"{pointer} names {name!r}, which is incomplete or gone: {path} has no {_STATE}.")
@@ -190,8 +195,8 @@ def read_state(directory: str | os.PathLike[str]) -> tuple[JobProgress, Path]:
                               "directory a migratable job wrote.")
     try:
         return JobProgress.from_dict(json.loads((path / _STATE).read_text())), path
-    except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"{path / _STATE} is not a job state ({exc}).") from None
+    except (ValueError, TypeError, OSError) as exc:  # OSError: a folder where the file should be
+        raise CheckpointError(f"{path / _STATE} is not a job state ({type(exc).__name__}: {exc}).") from None
 
 
 def tf_checkpoint_prefix(path: str | os.PathLike[str]) -> str:

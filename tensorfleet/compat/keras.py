@@ -289,6 +289,14 @@ def _saved_version(path: Path) -> str:
     if not path.is_file():
         raise KerasFileError(f"No Keras model file at {path} ({'a folder' if path.is_dir() else 'nothing there'}); "
                              "expected a .keras or .h5 file")
+    size = path.stat().st_size
+    if size == 0:
+        raise KerasFileError(f"{path} is empty (0 bytes); expected a .keras or .h5 model file")
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if head.startswith(b"PK") and not zipfile.is_zipfile(path):  # a zip whose end (its directory) is missing
+        raise KerasFileError(f"{path} starts as a zip archive but its end is missing or damaged ({size:,} bytes: "
+                             "truncated?); expected a whole .keras model file")
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:
@@ -297,8 +305,6 @@ def _saved_version(path: Path) -> str:
         except (KeyError, ValueError, zipfile.BadZipFile, OSError) as error:
             raise KerasFileError(f"{path} is a zip archive but not a readable .keras model: its metadata.json "
                                  f"is missing or damaged ({type(error).__name__}: {error})") from None
-    with open(path, "rb") as handle:
-        head = handle.read(8)
     if head == b"\x89HDF\r\n\x1a\n":
         import h5py
 
@@ -310,17 +316,27 @@ def _saved_version(path: Path) -> str:
         if version is None:
             raise KerasFileError(f"{path} is an HDF5 file without a Keras model (no keras_version attribute)")
         return version.decode() if isinstance(version, bytes) else str(version)
+    kind = " (a TFLite flatbuffer, which tensorfleet edge validate/report/export read)" if head[4:8] == b"TFL3" else ""
     raise KerasFileError(f"{path} is neither a .keras archive (zip) nor an .h5 model (HDF5): its first bytes are "
-                         f"{head!r}")
+                         f"{head!r}{kind}")
 
 
 def load_model(path: str | os.PathLike[str], *, compile: bool = True, where: str = "tensorfleet") -> Any:  # noqa: A002
-    """The model saved at ``path``, loaded by the Keras that wrote it (:func:`saved_keras`).
+    """The model saved at ``path``, loaded by the Keras that wrote it (:func:`saved_keras`); a SavedModel folder
+    (tf_keras ``model.save(folder)``) by tf_keras, the one Keras that reads a SavedModel back as a model.
 
     Raises:
-        KerasFileError: the file is damaged, or its Keras is not installed here; the message names the file.
+        KerasFileError: the file is damaged, or its Keras is not installed here, or the folder holds no Keras model
+            (a SavedModel of Keras 3's ``model.export()`` or ``tf.saved_model.save``); the message names the path.
     """
+    if Path(path).is_dir():
+        return _load_folder(Path(path), compile=compile, where=where)
     which = saved_keras(path)
+    archive = zipfile.is_zipfile(path)
+    if archive != (Path(path).suffix == ".keras"):  # both Kerases pick the reader by the suffix
+        raise KerasFileError(f"{where}: {path} is {'a .keras archive (zip)' if archive else 'an .h5 model (HDF5)'} "
+                             f"but its name ends in {Path(path).suffix!r}; rename it to "
+                             f"{Path(path).with_suffix('.keras' if archive else '.h5').name!r}")
     try:
         module = keras_module(which)
     except ImportError as error:
@@ -331,6 +347,25 @@ def load_model(path: str | os.PathLike[str], *, compile: bool = True, where: str
     except Exception as error:  # any Keras deserialization failure is a problem with the file
         raise KerasFileError(f"{where}: {path} (saved by {which.value}) could not be loaded by "
                              f"{module.__name__} {module.__version__}: {type(error).__name__}: {error}") from None
+
+
+def _load_folder(path: Path, *, compile: bool, where: str) -> Any:  # noqa: A002
+    if not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():
+        raise KerasFileError(f"{where}: {path} is a folder without a SavedModel (no saved_model.pb); expected a "
+                             ".keras or .h5 file, or the folder of a tf_keras model.save()")
+    module = keras2()
+    try:
+        model = module.models.load_model(str(path), compile=compile)
+    except Exception as error:  # whatever tf_keras cannot read in the folder is a problem with the folder
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
+        raise KerasFileError(f"{where}: {path} is a SavedModel folder that tf_keras cannot load as a Keras model "
+                             f"({type(error).__name__}: {first}); expected a .keras or .h5 file, or the folder of "
+                             "a tf_keras model.save()") from None
+    if not isinstance(model, module.Model):
+        raise KerasFileError(f"{where}: {path} is a SavedModel without a Keras model (written by Keras 3's "
+                             "model.export() or tf.saved_model.save: functions only); expected a .keras or .h5 "
+                             "file, or the folder of a tf_keras model.save()")
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------------------

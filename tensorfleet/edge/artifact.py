@@ -188,10 +188,13 @@ class TFLiteArtifact:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> TFLiteArtifact:
         """Reads a ``.tflite`` file; raises FileNotFoundError or InvalidModelError."""
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"No TFLite model at {str(p)!r}.")
-        return cls(p.read_bytes())
+        from tensorfleet.io import existing_file
+
+        p = existing_file(path, "a .tflite file (a TFLite flatbuffer)")
+        try:
+            return cls(p.read_bytes())
+        except InvalidModelError as error:  # the bytes' fault, said with the file's name
+            raise InvalidModelError(f"{str(p)!r}: {error}") from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Writes the flatbuffer atomically to ``path``."""

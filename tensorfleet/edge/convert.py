@@ -23,16 +23,15 @@ import contextlib
 import os
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from tensorfleet.compat.keras import Keras, keras2, keras_of, module_of
+from tensorfleet.compat.keras import Keras, keras_of, module_of
 from tensorfleet.compat.litert import set_dense_per_channel
 from tensorfleet.edge.artifact import TFLiteArtifact, verify_int8
 from tensorfleet.edge.errors import QuantizationError
-from tensorfleet.registry import Registry, UnknownNameError
+from tensorfleet.registry import Registry
 from tensorfleet.validation import positive_int
 
 __all__ = ["Quantization", "QUANTIZATIONS", "QuantizationMode", "convert", "load_keras_model",
@@ -147,34 +146,23 @@ def load_keras_model(spec: Any) -> Any:
     """A Keras model, in the Keras it was written in, from a model object, a ``tensorfleet.models`` name or a saved
     model: a ``.keras``/``.h5`` file is read by the Keras that wrote it (Keras 3 or tf_keras), a SavedModel folder
     by tf_keras (Keras 3 cannot load a SavedModel as a model); a zoo name is built in the Keras ``tf.keras`` is in
-    the caller's process.
+    the caller's process. A name and a path are told apart by :func:`tensorfleet.models.model_file`: what exists
+    is a file, a name with ``.keras``/``.h5`` or a path separator is never a zoo name.
 
     Raises:
         FileNotFoundError: ``spec`` names no file and no zoo model, and looks like a path (``.keras``, ``.h5``, ``/``).
         UnknownNameError: ``spec`` names no file and no zoo model (the zoo's names, and the closest one).
-        KerasFileError: the file is damaged or not a Keras model.
+        KerasFileError: the file or folder is damaged or holds no Keras model (the message names it).
         TypeError: ``spec`` is neither a Keras model, a path nor a name.
     """
+    from tensorfleet import models
     from tensorfleet.compat.keras import load_model
 
     if isinstance(spec, (str, os.PathLike)):
-        path = Path(spec)
-        if path.is_dir():
-            return _keras_model(keras2().models.load_model(path, compile=False), f"the saved model {path}")
-        if path.exists():
-            return _keras_model(load_model(path, compile=False, where="tfl.edge"), "tfl.edge")
-        from tensorfleet import models
-
-        if str(spec) in models.MODELS:
+        path = models.model_file(spec)
+        if path is None:
             return models.build(str(spec))
-        try:
-            models.MODELS.canonical(str(spec))
-        except UnknownNameError as error:  # the registry's names and closest match, said as "neither"
-            message = str(error).replace(f"Unknown model {str(spec)!r}.",
-                                         f"No file {str(spec)!r}, and no zoo model of that name.", 1)
-            if path.suffix in (".keras", ".h5") or os.sep in str(spec):
-                raise FileNotFoundError(message) from None
-            raise UnknownNameError(message) from None
+        return _keras_model(load_model(path, compile=False, where="tfl.edge"), "tfl.edge")
     return _keras_model(spec, "tfl.edge.convert")
 
 

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tensorfleet.io import write_bytes
+from tensorfleet.io import existing_folder, write_bytes
 
 __all__ = ["CHECKPOINT_FILE", "PREVIOUS_FILE", "CheckpointAheadError", "CheckpointMismatchError", "DamagedCheckpointError",
            "check_shapes", "checkpoint_config", "fingerprint", "read_checkpoint", "save_checkpoint"]
@@ -146,8 +146,14 @@ def _load(path: Path) -> tuple[dict[str, Any], list[np.ndarray]]:
 def _readable(out_dir: str | os.PathLike[str]) -> tuple[Path, dict[str, Any], list[np.ndarray]] | None:
     """The newest checkpoint generation in ``out_dir`` that can be read: ``(path, meta, leaves)``; None when
     there is none; a damaged latest one is named in a warning and the previous one read instead."""
+    if Path(out_dir).exists():
+        existing_folder(out_dir, "a run's out_dir (the folder of its checkpoint.npz)")
     path = Path(out_dir) / CHECKPOINT_FILE
     previous = path.with_name(PREVIOUS_FILE)
+    for name in (path, previous):
+        if name.exists() and not name.is_file():  # it could never be written over: say so before any round runs
+            raise DamagedCheckpointError(name, "not a checkpoint: a folder (or something else that is not a file) "
+                                               "is there; expected an .npz file")
     if not path.is_file():
         return None if not previous.is_file() else (previous, *_load(previous))
     try:

@@ -76,19 +76,29 @@ DEFAULTS: dict[str, Any] = {name: _EXPERIMENT_DEFAULTS.get(name, info.default) f
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Reads a YAML mapping of the keys in :data:`KEYS` (dashes or underscores)."""
+    """Reads a YAML mapping of the keys in :data:`KEYS` (dashes or underscores).
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (nothing, or a folder).
+        ValueError: the file is empty, not text (:class:`~tensorfleet.io.UnreadableFileError`), not YAML, or not a
+            mapping; the message names the file.
+    """
     import yaml
 
+    from tensorfleet.io import read_text
+
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"No config file at {p}.")
+    text = read_text(p, "a YAML config file (a mapping of the run's keys)")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ValueError(f"The config file {p} is not valid YAML{where}: {problem}.") from None
+    if data is None:
+        raise ValueError(f"The config file {p} holds no keys (comments only); expected a YAML mapping of the run's "
+                         "keys.")
     if not isinstance(data, dict):
         raise ValueError(f"A config file must hold a mapping of keys to values. Received: {type(data).__name__} in {p}")
     return {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -228,9 +228,9 @@ def find_traces(directory: str | Path) -> dict[str, list[Path]]:
     Raises:
         FileNotFoundError: ``directory`` does not exist or holds no trace.
     """
-    root = Path(directory)
-    if not root.is_dir():
-        raise FileNotFoundError(f"No profile directory at {str(root)!r}. Give the directory a capture wrote.")
+    from tensorfleet.io import existing_folder
+
+    root = existing_folder(directory, "the profile directory a capture wrote")
     runs: dict[Path, list[Path]] = {}
     for pb in sorted(root.rglob("*.xplane.pb")):
         runs.setdefault(pb.parent, []).append(pb)

@@ -58,17 +58,18 @@ def read_model_config(path: str | os.PathLike[str]) -> list[ModelEntry]:
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
+    from tensorfleet.io import read_text
+
     where = Path(path)
-    if not where.is_file():
-        raise FileNotFoundError(f"No model config file at {str(where)!r}.")
+    text = read_text(where, "a text-format ModelServerConfig (a model config file)")
     config = model_server_config_pb2.ModelServerConfig()
     try:
-        text_format.Parse(where.read_text(), config)
+        text_format.Parse(text, config)
     except text_format.ParseError as exc:
         raise ValueError(f"{where} is not a text-format ModelServerConfig: {exc}") from None
     if config.WhichOneof("config") != "model_config_list" or not config.model_config_list.config:
         raise ValueError(f"{where} lists no model: expected model_config_list {{ config {{ name: ... "
-                         "base_path: ... }} }}")
+                         "base_path: ... } }")
     entries = [_entry(c, where) for c in config.model_config_list.config]
     names = [e.name for e in entries]
     if len(set(names)) != len(names):

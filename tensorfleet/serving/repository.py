@@ -12,6 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tensorfleet.io import existing_folder
 from tensorfleet.serving.errors import Code, ServingError
 from tensorfleet.serving.servable import Servable
 from tensorfleet.serving.warmup import replay
@@ -66,8 +67,7 @@ class ModelRepository:
 
     def load(self) -> list[int]:
         """Loads the versions the policy selects; returns them. Fails clearly when there is none."""
-        if not self.base.is_dir():
-            raise FileNotFoundError(f"No model base directory at {str(self.base)!r}.")
+        existing_folder(self.base, "a model base directory (BASE/<version>/saved_model.pb)")
         found = versions_on_disk(self.base)
         if not found:
             raise FileNotFoundError(f"No version under {str(self.base)!r}: expected {self.base}/<integer>/"

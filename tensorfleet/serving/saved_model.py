@@ -24,10 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from tensorfleet.compat.keras import Keras, KerasFileError, keras2, keras_of, producing_layer_name
+from tensorfleet.compat.keras import Keras, KerasFileError, keras_of, producing_layer_name
 from tensorfleet.validation import integer
 
-__all__ = ["DEFAULT_SIGNATURE", "ExportResult", "TensorSignature", "export", "load_keras_model"]
+__all__ = ["DEFAULT_SIGNATURE", "BaseNotAFolderError", "ExportResult", "TensorSignature", "VersionExistsError", "export",
+           "load_keras_model"]
+
+
+class VersionExistsError(FileExistsError, ValueError):
+    """The version to export is already in the base directory (and ``overwrite`` was not asked for). A
+    ``ValueError`` too, so the command line reports it as bad input in one line."""
+
+
+class BaseNotAFolderError(NotADirectoryError, ValueError):
+    """The model's base directory is a file."""
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -161,9 +171,12 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     outputs = _names(output_names, default_outputs, "output_names")
     base = Path(base_dir)
     target = base / str(version)
+    if base.exists() and not base.is_dir():
+        raise BaseNotAFolderError(f"The model's base directory {str(base)!r} is a file; expected a folder (versions "
+                                  "go to BASE/<version>/).")
     if target.exists() and not overwrite:
-        raise FileExistsError(f"Version {version} already exists at {target}; pick another version or pass "
-                              "overwrite=True.")
+        raise VersionExistsError(f"Version {version} already exists at {target}; pick another version or pass "
+                                 "overwrite=True.")
     base.mkdir(parents=True, exist_ok=True)
     module = tf.Module()
     module.weights = list(model.variables)  # tracked so the signature's captured variables are saved
@@ -236,16 +249,13 @@ def load_keras_model(path: str | os.PathLike[str]) -> Any:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"No Keras model at {str(path)!r}.")
-    if not path.is_dir():
-        return load_model(path, compile=False, where="tfl.serving.load_keras_model")
     try:
-        return keras2().models.load_model(str(path), compile=False)
-    except Exception as error:  # whatever tf_keras cannot read in the folder is a problem with the folder
-        raise KerasFileError(
-            f"{path} is a folder that tf_keras cannot load as a Keras model ({type(error).__name__}: "
-            f"{str(error).strip().splitlines()[0] if str(error).strip() else 'no message'}). Give a .keras or .h5 "
-            "file; a SavedModel written by Keras 3's model.export() is already servable: copy it to "
-            "BASE/<version>/.") from None
+        return load_model(path, compile=False, where="tfl.serving.load_keras_model")
+    except KerasFileError as error:
+        if not path.is_dir():
+            raise
+        raise KerasFileError(f"{error}. A SavedModel written by Keras 3's model.export() is already servable: copy "
+                             "it to BASE/<version>/.") from None
 
 
 def _new_directory(parent: Path, prefix: str) -> Path:

@@ -18,7 +18,12 @@ import numpy as np
 
 from tensorfleet.serving.errors import Code, ServingError
 
-__all__ = ["Servable", "Signature", "TensorSpecInfo", "to_array"]
+__all__ = ["SavedModelError", "Servable", "Signature", "TensorSpecInfo", "to_array"]
+
+
+class SavedModelError(ValueError):
+    """A version folder that TensorFlow cannot load as a SavedModel (damaged, truncated or another kind of file
+    in ``saved_model.pb`` or ``variables/``), or one without signatures; the message names the folder."""
 
 
 @dataclass(frozen=True)
@@ -134,12 +139,18 @@ class Servable:
         import tensorflow as tf
 
         self.name, self.version, self.path = name, int(version), Path(path)
-        loaded = tf.saved_model.load(str(self.path))
+        try:
+            loaded = tf.saved_model.load(str(self.path))
+        except Exception as error:  # noqa: BLE001 - whatever TensorFlow cannot read in the folder is the folder's fault
+            first = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
+            raise SavedModelError(f"Version {self.version} of {name!r} at {self.path} is not a SavedModel TensorFlow "
+                                  f"can load ({type(error).__name__}: {first}); expected the folder "
+                                  "tensorfleet serving export (or tf.saved_model.save) writes.") from None
         self._loaded = loaded  # keeps the variables the signatures capture alive
         self.signatures = {k: Signature(k, fn) for k, fn in loaded.signatures.items()}
         if not self.signatures:
-            raise ValueError(f"The SavedModel at {self.path} has no signatures; export it with "
-                             "tensorfleet.serving.export.")
+            raise SavedModelError(f"The SavedModel at {self.path} has no signatures; export it with "
+                                  "tensorfleet.serving.export.")
         self._lock = threading.Lock()
         self.calls = 0
         self.batch_sizes: Counter[int] = Counter()

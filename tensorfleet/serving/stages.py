@@ -183,7 +183,7 @@ class StagedRunner:
         missing = [n for n in self.names if n not in servable.signatures]
         if missing:
             raise ValueError(f"Serving {num_stages} stages needs signatures {self.names}; version "
-                             f"{servable.version} has {sorted(servable.signatures)} "
+                             f"{servable.version} ({servable.path}) has {sorted(servable.signatures)} "
                              f"(export it with stages={num_stages}, or `tensorfleet serving export MODEL BASE "
                              f"--stages {num_stages}`).")
         self.micro_batches = positive_int("micro_batches", micro_batches)

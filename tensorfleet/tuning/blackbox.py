@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from tensorfleet.io import check_writable, write_json
 from tensorfleet.tuning.chief import atomic_saves, repair_reloaded
-from tensorfleet.tuning.config import Direction, SearchAlgorithm
+from tensorfleet.tuning.config import Direction, SearchAlgorithm, check_saved_search
 from tensorfleet.tuning.distributed import SearchResult
 from tensorfleet.tuning.results import TrialRecord, best_record, write_results
 from tensorfleet.validation import choice, integer, positive_int
@@ -58,6 +58,8 @@ def _prepare(out: Path, resume: bool, fresh: bool) -> None:
         raise ValueError("resume and fresh exclude each other: give one of --resume and --fresh.")
     if resume and not (out / PROJECT / "oracle.json").exists():
         raise ValueError(f"Nothing to resume in {str(out)!r}: it holds no search. Leave out --resume to begin one.")
+    if resume:
+        check_saved_search(out / PROJECT)
     if not resume and (out / PROJECT).exists():
         if not fresh:
             raise ValueError(f"{str(out)!r} already holds a search. Pass --resume to continue it, --fresh to "

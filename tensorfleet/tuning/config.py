@@ -24,8 +24,8 @@ from typing import Any
 from tensorfleet.io import write_json
 from tensorfleet.validation import choice, integer, positive_int
 
-__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_script",
-           "SCRIPT_FUNCTIONS"]
+__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search",
+           "check_script", "SCRIPT_FUNCTIONS"]
 
 
 class TunerKerasError(TypeError):
@@ -102,7 +102,21 @@ class SearchConfig:
 
     @classmethod
     def load(cls, out: str | Path) -> "SearchConfig":
-        return cls(**json.loads((Path(out) / CONFIG_FILE).read_text()))
+        """The search saved in ``out``; ValueError naming the file when it is not one (damaged, or another file).
+
+        Raises:
+            FileNotFoundError: no ``search.json`` in ``out``.
+            UnreadableFileError: ``search.json`` is empty, not text, not JSON or not a search's options.
+        """
+        from tensorfleet.io import UnreadableFileError, read_text
+
+        path = Path(out) / CONFIG_FILE
+        text = read_text(path, f"the {CONFIG_FILE} of a tensorfleet tune search")
+        try:
+            return cls(**json.loads(text))
+        except (ValueError, TypeError) as error:
+            raise UnreadableFileError(f"{str(path)!r} is not the {CONFIG_FILE} of a search ({type(error).__name__}: "
+                                      f"{error}); --fresh starts the search over.") from None
 
     def differences(self, other: "SearchConfig") -> list[str]:
         """The options that make ``other`` a different search (the ones a resume must keep)."""
@@ -130,17 +144,44 @@ def check_script(path: str | Path) -> Path:
     Read with ``ast``, without running it (running it imports TensorFlow), so a wrong script is
     refused before any process starts; the tuner processes check again what they load.
     """
+    from tensorfleet.io import read_text
+
     script = Path(path)
-    if not script.is_file():
-        raise FileNotFoundError(f"No search script at {str(path)!r}.")
+    text = read_text(script, "a Python search script defining build_model(hp) and data()", empty=True)
     try:
-        tree = ast.parse(script.read_text(), filename=str(script))
+        tree = ast.parse(text, filename=str(script))
     except SyntaxError as exc:
         raise ValueError(f"The search script {str(path)!r} is not valid Python: {exc.msg} (line {exc.lineno}).")
     missing = [name for name in SCRIPT_FUNCTIONS if name not in _top_level_names(tree)]
     if missing:
         raise ValueError(missing_functions_message(str(path), missing))
     return script
+
+
+def check_saved_search(project: str | Path) -> None:
+    """Refuses a saved search (Keras Tuner's project folder: ``oracle.json`` and ``trial_*/trial.json``) that the
+    oracle could not reload, before any process starts: each that is there must be a JSON object.
+
+    Raises:
+        FileNotFoundError: ``project`` is missing, or a file; or a folder is where one of its files should be.
+        UnreadableFileError: one of the files is empty, not text or not a JSON object; the message names it.
+    """
+    from tensorfleet.io import UnreadableFileError, existing_folder, read_text
+
+    folder = existing_folder(project, "the oracle's folder of a saved search")
+    for path in [folder / "oracle.json", *sorted(folder.glob("trial_*/trial.json"))]:
+        if not path.exists():  # a chief stopped before its first save: the oracle begins afresh
+            continue
+        text = read_text(path, "the JSON state Keras Tuner's oracle saved")
+        try:
+            state = json.loads(text)
+        except ValueError as error:
+            state = f"{type(error).__name__}: {error}"
+        else:
+            state = state if isinstance(state, dict) else f"JSON {type(state).__name__}, not an object"
+        if not isinstance(state, dict):
+            raise UnreadableFileError(f"{str(path)!r} is not the JSON state Keras Tuner's oracle saved ({state}); "
+                                      "--fresh starts the search over.")
 
 
 def missing_functions_message(path: str, missing: list[str]) -> str:

@@ -36,7 +36,7 @@ from tensorfleet.cluster.processes import Fault, JobMode, LocalJob, TaskProcess
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
 from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.io import check_writable
-from tensorfleet.tuning.config import CONFIG_FILE, SearchConfig, check_script
+from tensorfleet.tuning.config import CONFIG_FILE, SearchConfig, check_saved_search, check_script
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
 from tensorfleet.tuning.task import ERROR_MARK, KERAS_MARK, MARK, PROJECT, TunerKerasError
 
@@ -137,6 +137,7 @@ def _prepare_out(config: SearchConfig, *, resume: bool, fresh: bool) -> None:
     if resume:
         if not (out / CONFIG_FILE).exists() or not project.exists():
             raise ValueError(f"Nothing to resume in {config.out!r}: it holds no search. Leave out --resume to begin one.")
+        check_saved_search(project)
         different = SearchConfig.load(out).differences(config)
         if different:
             raise ValueError(f"--resume continues the search in {config.out!r} with its options, but these differ: "

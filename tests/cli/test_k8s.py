@@ -59,7 +59,7 @@ def test_tfjob_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
     assert main([*base, "--workers", "1", "--env", "NOEQUALS", "--command", "python t.py"]) == 2
     assert capsys.readouterr().err.strip() == "error: --env takes KEY=VALUE. Received: --env 'NOEQUALS'"
     assert main(["k8s", "validate", str(tmp_path / "none.yaml")]) == 2
-    assert capsys.readouterr().err.startswith("error: The manifest does not exist.")
+    assert capsys.readouterr().err.startswith("error: No file at")
 
 
 def test_tfjob_storage_class_names_the_class_of_the_claim(capsys) -> None:

@@ -39,7 +39,8 @@ def test_report_json_is_what_the_file_holds(recorded, tmp_path, capsys):
 def test_report_errors_end_in_one_line(tmp_path, capsys):
     missing = tmp_path / "nowhere"
     assert main(["profile", "report", str(missing)]) == 2
-    assert capsys.readouterr().err == f"error: No profile directory at {str(missing)!r}. Give the directory a capture wrote.\n"
+    assert capsys.readouterr().err == (f"error: No folder at {str(missing)!r}: nothing is there; expected the profile "
+                                         "directory a capture wrote.\n")
     assert main(["profile", "report", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (f"error: No profiler trace (*.xplane.pb) under {str(tmp_path)!r}. Record one with "
                                        "tfl.profiling.capture or ProfileCallback first.\n")

@@ -45,7 +45,8 @@ def test_bad_arguments_end_in_one_clear_line(keras_file, tmp_path, capsys):
     assert main(["serving", "export", str(tmp_path / "none.keras"), str(tmp_path)]) == 2
     assert "error: No Keras model at" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "missing")]) == 2
-    assert capsys.readouterr().err == f"error: No model base directory at {str(tmp_path / 'missing')!r}.\n"
+    assert capsys.readouterr().err == (f"error: No folder at {str(tmp_path / 'missing')!r}: nothing is there; "
+                                         "expected a model base directory (BASE/<version>/saved_model.pb).\n")
     assert main(["serve", str(tmp_path), "--port", "70000"]) == 2
     assert capsys.readouterr().err == "error: port must be an integer from 1 to 65535. Received: port=70000\n"
     assert main(["serve", str(tmp_path), "--label", "stable"]) == 2

@@ -88,4 +88,5 @@ def test_the_tensorfleet_command_has_federated_tune(tmp_path, capsys):
     from tensorfleet.cli.main import main
 
     assert main(["federated", "tune", "--config", str(tmp_path / "none.yaml"), "--max-trials", "2"]) == 2
-    assert capsys.readouterr().err.strip() == f"error: No config file at {tmp_path / 'none.yaml'}."
+    assert capsys.readouterr().err.strip() == (f"error: No file at {str(tmp_path / 'none.yaml')!r}: nothing is there; "
+                                               "expected a YAML config file (a mapping of the run's keys).")
