@@ -20,7 +20,8 @@ transformed kernel:
   CNN at 4 of 4 training lengths: the narrower ranges clip more.)
 - **Pruning** (Zhu & Gupta, "To prune, or not to prune", 2017): a mask per kernel keeps the
   ``round(n * (1 - s))`` largest-magnitude entries, recomputed every ``frequency`` steps at the sparsity ``s``
-  of a :class:`ConstantSparsity` or :class:`PolynomialDecay` schedule; the forward pass uses ``kernel * mask``.
+  of a :class:`ConstantSparsity` or :class:`PolynomialDecay` schedule, the pruned weights set to zero; the
+  forward pass uses ``kernel * mask``.
 - **Clustering** (Han et al., "Deep Compression", ICLR 2016): k-means++ then Lloyd's iterations on each kernel's
   values give ``k`` centroids; the kernel is ``centroids[indices]`` with the indices fixed and the centroids
   trained (each one's gradient the sum of its weights' gradients).
@@ -41,10 +42,11 @@ from typing import Any, Callable
 import numpy as np
 
 from tensorfleet.compat.keras import keras3, producing_layer_name
+from tensorfleet.edge.errors import InvalidModelError
 from tensorfleet.validation import integer, number
 
 __all__ = ["ConstantSparsity", "PolynomialDecay", "UnsupportedLayerError", "WEIGHTED", "apply_clustering",
-           "apply_pruning", "apply_qat", "kmeans_1d", "pruning_callbacks", "pruning_mask", "strip"]
+           "apply_pruning", "apply_qat", "custom_objects", "kmeans_1d", "pruning_callbacks", "pruning_mask", "strip"]
 
 WEIGHTED = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "Dense")
 """The layer kinds whose kernels the Keras 3 route quantizes, prunes and clusters."""
@@ -57,7 +59,7 @@ _FUSED = ("linear", "relu", "relu6")         # TFLite fuses these into CONV_2D /
 _FIXED_RANGE = ("softmax", "sigmoid", "tanh")  # int8 kernels with fixed output ranges: quantize before
 
 
-class UnsupportedLayerError(ValueError):
+class UnsupportedLayerError(InvalidModelError):
     """A Keras 3 model holds a layer the Keras 3 route of a technique cannot take; the message names it."""
 
 
@@ -234,7 +236,21 @@ def _layer_classes() -> dict[str, type]:
             return self.layer.compute_output_shape(input_shape)
 
     class PruneLowMagnitude(_KernelWrapper):
-        """The wrapped layer with ``kernel * mask`` (the mask from :func:`pruning_mask`, set by the callback)."""
+        """The wrapped layer with ``kernel * mask`` (the mask from :func:`pruning_mask` at the sparsity ``schedule``
+        gives, set by the callback of :func:`pruning_callbacks`)."""
+
+        def __init__(self, layer: Any, schedule: Any = None, **kwargs: Any) -> None:
+            super().__init__(layer, **kwargs)
+            if isinstance(schedule, dict):
+                kind = {"ConstantSparsity": ConstantSparsity, "PolynomialDecay": PolynomialDecay}[schedule["class"]]
+                schedule = kind(**{k: v for k, v in schedule.items() if k != "class"})
+            self.schedule = schedule
+
+        def get_config(self) -> dict[str, Any]:
+            from dataclasses import asdict
+
+            return {**super().get_config(), "schedule": {"class": type(self.schedule).__name__,
+                                                         **asdict(self.schedule)}}
 
         def build(self, input_shape: Any) -> None:
             if not self.layer.built:
@@ -311,6 +327,8 @@ def _layer_classes() -> dict[str, type]:
         def __init__(self, layer: Any, batch_norm: Any = None, quantize_output: bool = True, decay: float = 0.999,
                      **kwargs: Any) -> None:
             super().__init__(layer, **kwargs)
+            if isinstance(batch_norm, dict):
+                batch_norm = keras.layers.deserialize(batch_norm)
             self.batch_norm = batch_norm
             self.quantize_output = bool(quantize_output)
             self.decay = float(decay)
@@ -378,12 +396,23 @@ def _layer_classes() -> dict[str, type]:
         def compute_output_shape(self, input_shape: Any) -> Any:
             return self.layer.compute_output_shape(input_shape)
 
+        def get_config(self) -> dict[str, Any]:
+            bn = None if self.batch_norm is None else keras.layers.serialize(self.batch_norm)
+            return {**super().get_config(), "batch_norm": bn, "quantize_output": self.quantize_output,
+                    "decay": self.decay}
+
     for cls in (PruneLowMagnitude, ClusterWeights, FakeQuant, QuantizeWeights):
         _CLASSES[cls.__name__] = keras.saving.register_keras_serializable(package="tensorfleet")(cls)
     return _CLASSES
 
 
 _CLASSES: dict[str, type] = {}
+
+
+def custom_objects() -> dict[str, type]:
+    """The wrapper classes by name, for loading a saved model that holds them in a new process (as tfmot's
+    ``quantize_scope``): ``keras.models.load_model(path, custom_objects=custom_objects())``."""
+    return dict(_layer_classes())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -469,9 +498,7 @@ def apply_pruning(model: Any, schedule: Any) -> Any:
     """``model`` (Keras 3) with a :class:`PruneLowMagnitude` wrapper on each weighted layer, pruned by ``schedule``
     while :func:`pruning_callbacks` run in ``fit``."""
     cls = _layer_classes()["PruneLowMagnitude"]
-    wrapped = _wrap_weighted(model, "prune", lambda layer: cls(layer, name=f"prune_{layer.name}"))
-    wrapped._tfl_pruning_schedule = schedule  # read by the callback
-    return wrapped
+    return _wrap_weighted(model, "prune", lambda layer: cls(layer, schedule, name=f"prune_{layer.name}"))
 
 
 def pruning_callbacks(model: Any) -> list[Any]:
@@ -482,14 +509,16 @@ def pruning_callbacks(model: Any) -> list[Any]:
 
     class UpdatePruningStep(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            schedule = getattr(self.model, "_tfl_pruning_schedule", None)
             for layer in self.model.layers:
                 if not isinstance(layer, wrapper):
                     continue
                 step = int(layer.pruning_step.numpy())
-                sparsity = schedule(step) if schedule is not None else None
-                if sparsity is not None:
-                    layer.mask.assign(pruning_mask(layer.layer.kernel.numpy(), sparsity))
+                sparsity = layer.schedule(step)
+                if sparsity is not None:  # pruned weights set to zero, as tfmot does: once pruned, they stay
+                    kernel = layer.layer.kernel.numpy() * layer.mask.numpy()
+                    mask = pruning_mask(kernel, sparsity)
+                    layer.mask.assign(mask)
+                    layer.layer.kernel.assign(kernel * mask)
                 layer.pruning_step.assign(step + 1)
 
     return [UpdatePruningStep()]

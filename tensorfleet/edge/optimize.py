@@ -1,8 +1,8 @@
 """Making a model small enough: QAT, magnitude pruning, weight clustering, low-rank decomposition,
 distillation, freezing.
 
-Quantization-aware training, pruning and clustering are tensorflow-model-optimization's
-(``tfmot``): Jacob et al., "Quantization and Training of Neural Networks for Efficient
+Quantization-aware training, pruning and clustering are tensorflow-model-optimization's (``tfmot``) for a
+tf_keras model, and :mod:`tensorfleet.edge.keras3_optimize`'s for a Keras 3 one: Jacob et al., "Quantization and Training of Neural Networks for Efficient
 Integer-Arithmetic-Only Inference", CVPR 2018; Zhu & Gupta, "To prune, or not to prune",
 2017; Han et al., "Deep Compression", ICLR 2016. Distillation follows Hinton et al.,
 "Distilling the Knowledge in a Neural Network", 2015: the student minimises
@@ -19,9 +19,10 @@ Example:
     0.5
     >>> artifact = tensorfleet.edge.convert(pruned, "int8", representative_data=x_train)  # doctest: +SKIP
 
-Which route runs follows the model's Keras (:func:`tensorfleet.compat.keras.keras_of`): a tf_keras model goes
-through tfmot, a Keras 3 model through :mod:`tensorfleet.edge.keras3_optimize` (the same techniques without tfmot,
-which wraps tf_keras models only). Distillation and freezing take either Keras.
+Which route runs follows the model's Keras (:func:`tensorfleet.compat.keras.keras_of`), never a fallback: tfmot
+wraps tf_keras models only, so a Keras 3 model goes through :mod:`tensorfleet.edge.keras3_optimize` (the same
+techniques and options; what it cannot take is one ``UnsupportedLayerError``). Distillation and freezing take
+either Keras.
 """
 
 from __future__ import annotations

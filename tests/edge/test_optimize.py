@@ -332,3 +332,23 @@ def test_keras3_freezing_keeps_the_first_layers_fixed(keras3: Any, small: Any) -
         if b:
             same = all(np.array_equal(x, y) for x, y in zip(b, layer.get_weights()))
             assert same == (layer.name in frozen), layer.name
+
+
+def test_keras3_wrapped_models_save_and_load_with_their_state(keras3: Any, tmp_path: Any, digits: Any) -> None:
+    from tensorfleet.edge.keras3_optimize import custom_objects
+
+    layers = keras3.layers
+    inputs = keras3.Input((8, 8, 1))
+    x = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(6, 3, padding="same")(inputs)))
+    model = keras3.Model(inputs, layers.Dense(10)(layers.Flatten()(x)))
+    for name, wrapped in (("qat", opt.apply_qat(model)), ("cluster", opt.apply_clustering(model, clusters=4)),
+                          ("prune", opt.apply_pruning(model, sparsity=0.3, schedule="polynomial", end_step=9))):
+        wrapped.compile(optimizer="adam", loss=keras3.losses.SparseCategoricalCrossentropy(from_logits=True))
+        wrapped.fit(digits.x_train[:64], digits.y_train[:64], epochs=1, verbose=0,
+                    callbacks=opt._pruning_callbacks(wrapped) if name == "prune" else None)
+        wrapped.save(tmp_path / f"{name}.keras")
+        loaded = keras3.models.load_model(tmp_path / f"{name}.keras", custom_objects=custom_objects())
+        assert [type(layer).__name__ for layer in loaded.layers] == [type(layer).__name__ for layer in wrapped.layers]
+        np.testing.assert_array_equal(loaded.predict(digits.x_test[:20], verbose=0),
+                                      wrapped.predict(digits.x_test[:20], verbose=0))
+    assert loaded.layers[1].schedule == wrapped.layers[1].schedule
