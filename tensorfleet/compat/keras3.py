@@ -441,5 +441,11 @@ def split_test_function(model: Any) -> Callable[[Any], Any]:
     return test_function
 
 
-__all__ += ["build_state", "building", "slot_reference", "slots_like_references", "split_test_function",
+def layer_calls(layer: Any) -> list[list[Any]]:
+    """For each call of a Keras 3 ``layer`` in a functional graph, the layers (or InputLayers) whose outputs it
+    read: Keras 3's ``Node.parent_nodes`` (tf_keras has the public ``inbound_nodes[i].inbound_layers``)."""
+    return [[parent.operation for parent in node.parent_nodes] for node in layer._inbound_nodes]
+
+
+__all__ += ["build_state", "building", "layer_calls", "slot_reference", "slots_like_references", "split_test_function",
             "split_train_function", "trainer_compile"]

@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from typing import Any
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import Keras, keras_of, module_of
 
 __all__ = ["chain_layers"]
 
@@ -32,14 +32,11 @@ def chain_layers(model: Any, *, supported: str = "") -> list[Any]:
             output as its only input (the error names the layer, its type and its inputs).
     """
 
-    from tensorfleet.compat.keras import is_keras3_model, require_keras2
-
-    if is_keras3_model(model):
-        require_keras2(model, "chain_layers")
-    layers = [layer for layer in model.layers if not isinstance(layer, keras2().layers.InputLayer)]
+    keras = module_of(model, "chain_layers")
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
     if not layers:
         raise ValueError(f"Model {model.name!r} has no layers to split across devices.")
-    if not isinstance(model, keras2().Sequential):
+    if not isinstance(model, keras.Sequential):
         previous = None
         for layer in layers:
             breaks = _how_it_breaks_the_chain(layer, previous)
@@ -55,13 +52,23 @@ def chain_layers(model: Any, *, supported: str = "") -> list[Any]:
 
 def _how_it_breaks_the_chain(layer: Any, previous: Any) -> str:
     """Why ``layer`` is not the next link after ``previous`` ("" when it is)."""
-    import tensorflow as tf
-
-    if len(layer.inbound_nodes) != 1:
-        return f"is called {len(layer.inbound_nodes)} times"
-    inbound = tf.nest.flatten(layer.inbound_nodes[0].inbound_layers)
+    calls = _calls(layer)
+    if len(calls) != 1:
+        return f"is called {len(calls)} times"
+    inbound = calls[0]
     if len(inbound) != 1:
         return f"takes {len(inbound)} inputs ({', '.join(repr(source.name) for source in inbound)})"
     if previous is not None and inbound[0] is not previous:
         return f"takes {inbound[0].name!r} instead of the layer before it ({previous.name!r})"
     return ""
+
+
+def _calls(layer: Any) -> list[list[Any]]:
+    """The layers each call of ``layer`` in a functional graph read from, call by call."""
+    import tensorflow as tf
+
+    if keras_of(layer, "chain_layers", "layer") is Keras.KERAS3:
+        from tensorfleet.compat.keras3 import layer_calls
+
+        return layer_calls(layer)
+    return [tf.nest.flatten(node.inbound_layers) for node in layer.inbound_nodes]

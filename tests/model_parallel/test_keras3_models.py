@@ -1,8 +1,8 @@
 """What of model parallelism still takes tf_keras models only gives a Keras 3 model (the ``keras`` package,
 installed beside tf_keras on the current track) one clear error naming the entry point and the fix: the chain
 shorthands (``Mesh.fit``, ``Mesh.keras_model``), the planner's ``Mesh.weight_splits``, the ``mtf`` and ``keras``
-backends, pipelines and tensor-parallel layers. ``Mesh.scope()`` with the dtensor backend trains a Keras 3
-model: tests/model_parallel/test_mesh_keras3.py."""
+backends and tensor-parallel layers. ``Mesh.scope()`` with the dtensor backend trains a Keras 3 model
+(tests/model_parallel/test_mesh_keras3.py), and so do pipelines (test_pipeline_keras3.py)."""
 
 from __future__ import annotations
 
@@ -30,16 +30,6 @@ def test_mesh_refuses_a_keras3_model_at_fit_check_keras_model_and_weight_splits(
         mesh.keras_model(keras3_model)
     with pytest.raises(Keras3ModelError, match=r"^Mesh\.weight_splits runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
         mesh.weight_splits(keras3_model)
-
-
-def test_pipeline_and_chain_layers_refuse_a_keras3_model(keras3_model):
-    from tensorfleet.model_parallel import chain_layers
-    from tensorfleet.model_parallel.pipeline import Pipeline
-
-    with pytest.raises(Keras3ModelError, match=r"^Pipeline runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
-        Pipeline(keras3_model, num_stages=2, micro_batches=2)
-    with pytest.raises(Keras3ModelError, match=r"^chain_layers runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
-        chain_layers(keras3_model)
 
 
 def test_tensor_parallel_copies_refuse_keras3_layers(keras3, keras3_model):

@@ -1,4 +1,4 @@
-"""The Keras front of a pipeline: a ``tf.keras.Model`` whose ``fit`` trains through it.
+"""The Keras front of a pipeline: a Keras model (of the pipeline model's Keras) whose ``fit`` trains through it.
 
 Built by :meth:`Pipeline.keras_model() <tensorfleet.model_parallel.pipeline.Pipeline.keras_model>`;
 its ``train_step`` is one pipeline step, so Keras' progress bar, callbacks and history work as
@@ -8,7 +8,7 @@ usual, with the step's ``bubble_fraction`` recorded beside the loss.
 from __future__ import annotations
 
 from typing import Any
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import module_of
 
 __all__ = ["pipeline_keras_model"]
 
@@ -20,15 +20,17 @@ def pipeline_keras_model(pipeline: Any) -> Any:
     """
     import tensorflow as tf
 
-    class PipelineModel(keras2().Model):
+    keras = module_of(pipeline.model, "Pipeline.keras_model")  # the model's own Keras: 3 or tf_keras
+
+    class PipelineModel(keras.Model):
         """Keras front of a :class:`Pipeline`: ``train_step`` is one pipeline step."""
 
         def __init__(self) -> None:
             super().__init__(name=f"{pipeline.model.name}_pipeline")
             self.pipeline = pipeline
             self.inner = pipeline.model
-            self.loss_tracker = keras2().metrics.Mean(name="loss")
-            self.bubble_tracker = keras2().metrics.Mean(name="bubble_fraction")
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+            self.bubble_tracker = keras.metrics.Mean(name="bubble_fraction")
 
         def call(self, inputs: Any, training: Any = None) -> Any:
             return self.inner(inputs, training=training)

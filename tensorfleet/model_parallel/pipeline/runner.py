@@ -29,7 +29,7 @@ from tensorfleet.model_parallel.pipeline.schedules import (
 from tensorfleet.model_parallel.pipeline.stages import param_count, partition_layers
 from tensorfleet.model_parallel.pipeline.timeline import TimelineEvent, bubble_fraction, plot_schedule
 from tensorfleet.validation import number, positive_int
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import module_of
 
 __all__ = ["Pipeline", "StepResult"]
 
@@ -98,9 +98,8 @@ class Pipeline:
                  input_shape: Sequence[int] | None = None) -> None:
         import tensorflow as tf
 
-        from tensorfleet.compat.keras import require_keras2
 
-        require_keras2(model, "Pipeline")
+        keras = module_of(model, "Pipeline")  # Keras 3 or tf_keras: each stage runs the model's own layers
         self.num_devices = positive_int("num_stages", num_stages)
         self.micro_batches = positive_int("micro_batches", micro_batches)
         self.virtual_stages = positive_int("virtual_stages", virtual_stages)
@@ -128,7 +127,7 @@ class Pipeline:
                              f"{getattr(model, 'name', model)!r} is not built and input_shape=None")
         else:
             self.stages = self._build_on_devices(model, tuple(input_shape), boundaries)
-        self.loss = loss or keras2().losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.loss = loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         if op_cost is not None:
             if len(op_cost) != 2:
                 raise ValueError(f"op_cost must be (forward_seconds, backward_seconds). Received: op_cost={op_cost!r}")
@@ -143,7 +142,7 @@ class Pipeline:
         layers = chain_layers(model)
         weights = None
         if boundaries is None:  # parameter counts need built layers: count them on a throwaway clone
-            probe = keras2().models.clone_model(model)
+            probe = module_of(model).models.clone_model(model)
             probe.build((None, *input_shape))
             weights = [param_count(layer) for layer in chain_layers(probe)]
         stages = partition_layers(layers, self.num_stages, boundaries=boundaries, weights=weights)
@@ -275,11 +274,11 @@ class _PipelineStep:
             thread.join()
         if self.failure:
             raise self.failure[0]
-        by_ref = {}
+        by_id = {}
         for stage_vars, stage_sums in zip(pipe.stage_variables, self.sums):
             for var, total in zip(stage_vars, stage_sums):
-                by_ref[var.ref()] = total
-        gradients = [by_ref.get(v.ref()) for v in pipe.model.trainable_variables]
+                by_id[id(var)] = total
+        gradients = [by_id.get(id(v)) for v in pipe.model.trainable_variables]
         self.events.sort(key=lambda e: (e.start, e.replica, e.device))
         return StepResult(float(sum(self.losses)), gradients, self.events, max(self.peaks) if self.peaks else 0)
 
