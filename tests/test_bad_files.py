@@ -29,7 +29,7 @@ def valid(tmp_path_factory: pytest.TempPathFactory, keras3: Any) -> dict[str, Pa
     """One small valid file (or folder) of every kind the inventory reads, made once for the module."""
     import tf_keras
 
-    from tensorfleet import edge
+    from tensorfleet import edge, profiling
     from tensorfleet.cluster.jobstate import JobProgress, new_rng_state
     from tensorfleet.federated.checkpoint import save_checkpoint
     from tensorfleet.serving.saved_model import export
@@ -79,6 +79,11 @@ def valid(tmp_path_factory: pytest.TempPathFactory, keras3: Any) -> dict[str, Pa
     files["search"].mkdir()
     shutil.copytree(files["tune"] / "oracle", files["search"] / "oracle")
     SearchConfig(script=str(files["script.py"]), out=str(files["search"]), workers=1, max_trials=1).save()
+    files["prof"] = root / "prof"
+    k2.compile("sgd", "mse")
+    x = np.zeros((16, 4), np.float32)
+    k2.fit(x, x[:, :2], batch_size=4, epochs=1, verbose=0,
+           callbacks=[profiling.ProfileCallback(files["prof"], steps="2-3")])
     return files
 
 
@@ -236,7 +241,8 @@ FOLDER_ENTRIES = [
     Entry("ModelRepository.load", "base", _repository_api, error="savedmodel",
           inner="1/saved_model.pb"),
     Entry("edge convert SAVEDMODEL", "sm", lambda p, o, v: ["edge", "convert", str(p), "-q", "float32", "--out",
-                                                           str(o / "m.tflite")], inner="saved_model.pb", extra=("other-keras",)),
+                                                           str(o / "m.tflite")],
+          inner="saved_model.pb", extra=("other-keras",)),
     Entry("serving export SAVEDMODEL", "sm", lambda p, o, v: ["serving", "export", str(p), str(o / "base")],
           inner="saved_model.pb", extra=("other-keras",)),
     Entry("serve BASE --stages 2", "base", lambda p, o, v: ["serve", str(p), "--stages", "2", "--host", "256.0.0.1",
@@ -260,6 +266,9 @@ FOLDER_ENTRIES = [
     Entry("federated tune --resume", "tune", lambda p, o, v: ["federated", "tune", "--config", str(v["cfg.yaml"]),
                                                               "--out", str(p), "--resume", "--max-trials", "2"],
           inner="oracle/oracle.json"),
+    Entry("profile report", "prof", lambda p, o, v: ["profile", "report", str(p), "--out", str(o)],
+          inner="**/*.xplane.pb"),
+    Entry("tfl.profiling.analyze", "prof", _profile_api, error="value", inner="**/*.xplane.pb"),
     Entry("search_function resume", "tune", _oracle_api, error="value", inner="oracle/oracle.json"),
 ]
 
@@ -289,7 +298,7 @@ def _damage(damage: str, valid: dict[str, Path], entry: Entry, where: Path) -> P
         path.mkdir()
     else:  # damage to the file inside a copy of the valid folder
         shutil.copytree(source, path)
-        inner = path / entry.inner
+        inner = next(path.glob(entry.inner))
         data = inner.read_bytes()
         inner.unlink()
         if damage == "inner-empty":

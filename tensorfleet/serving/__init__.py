@@ -36,7 +36,8 @@ __getattr__, _LAZY = attach(
              "versions", "warmup"),
     names={
         "export": "saved_model", "load_keras_model": "saved_model", "ExportResult": "saved_model",
-        "TensorSignature": "saved_model",
+        "TensorSignature": "saved_model", "VersionExistsError": "saved_model", "BaseNotAFolderError": "saved_model",
+        "SavedModelError": "servable",
         "ModelServer": "server", "serve": "server", "BatchingOptions": "batching", "Batcher": "batching",
         "BatchingPolicy": "batching",
         "ServingError": "errors", "ModelRepository": "repository", "Predictor": "predictor",

@@ -27,8 +27,8 @@ from typing import Any, Sequence
 from tensorfleet.compat.keras import Keras, KerasFileError, keras_of, producing_layer_name
 from tensorfleet.validation import integer
 
-__all__ = ["DEFAULT_SIGNATURE", "BaseNotAFolderError", "ExportResult", "TensorSignature", "VersionExistsError", "export",
-           "load_keras_model"]
+__all__ = ["DEFAULT_SIGNATURE", "BaseNotAFolderError", "ExportResult", "TensorSignature", "VersionExistsError",
+           "export", "load_keras_model"]
 
 
 class VersionExistsError(FileExistsError, ValueError):
