@@ -16,8 +16,8 @@ transformed kernel:
   ``b' = beta + g * b / s``. Outputs (after a fused ReLU/ReLU6) and the model's inputs are fake-quantized to
   asymmetric int8 ranges (``tf.quantization.fake_quant_with_min_max_vars``) that start at -6..6 and follow a
   moving average (decay 0.999) of the batch min/max, as tfmot's MovingAverageQuantizer does. (Starting from the
-  first batch's range instead, with decay 0.99, measured one test image in 359 worse than tfmot on the digits
-  CNN at 4 of 4 training lengths: the narrower ranges clip more.)
+  first batch's range instead, with decay 0.99, measured 1-2 test images of 359 worse than tfmot on the digits
+  CNN at each of 4 training lengths, this scheme -1 to +1: the narrower ranges clip more.)
 - **Pruning** (Zhu & Gupta, "To prune, or not to prune", 2017): a mask per kernel keeps the
   ``round(n * (1 - s))`` largest-magnitude entries, recomputed every ``frequency`` steps at the sparsity ``s``
   of a :class:`ConstantSparsity` or :class:`PolynomialDecay` schedule, the pruned weights set to zero; the
