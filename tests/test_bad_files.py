@@ -32,6 +32,7 @@ def valid(tmp_path_factory: pytest.TempPathFactory, keras3: Any) -> dict[str, Pa
     from tensorfleet import edge, profiling
     from tensorfleet.cluster.jobstate import JobProgress, new_rng_state
     from tensorfleet.federated.checkpoint import save_checkpoint
+    from tensorfleet.serving import warmup
     from tensorfleet.serving.saved_model import export
     from tensorfleet.tuning.blackbox import search_function
     from tensorfleet.tuning.config import SearchConfig
@@ -60,7 +61,10 @@ def valid(tmp_path_factory: pytest.TempPathFactory, keras3: Any) -> dict[str, Pa
                                        'model_platform: "tensorflow" } }\n')
     files["script.py"].write_text("def build_model(hp):\n    return None\n\n\ndef data():\n    return None\n")
     files["job.yaml"].write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: b\n")
-    export(k2, files["base"], 1)
+    exported = export(k2, files["base"], 1)
+    files["warm"] = root / "warm"
+    shutil.copytree(files["base"], files["warm"])
+    warmup.write(files["warm"] / "1", [{exported.inputs[0].name: np.zeros((1, 4), np.float32)}])
     files["sm"] = files["base"] / "1"
     files["run"].mkdir()
     (files["run"] / "metrics.json").write_text(json.dumps({"rounds": [{"round": 1, "test_accuracy": 0.5}],
@@ -238,6 +242,12 @@ FOLDER_DAMAGES = ["missing", "file", "empty-folder", "inner-empty", "inner-rando
 FOLDER_ENTRIES = [
     Entry("serve BASE", "base", lambda p, o, v: ["serve", str(p), "--host", "256.0.0.1", "--rest-api-port", "0",
                                                  "--file-system-poll-wait-seconds", "0"], inner="1/saved_model.pb"),
+    Entry("serve BASE (warm-up records)", "warm", lambda p, o, v: ["serve", str(p), "--host", "256.0.0.1",
+                                                                   "--rest-api-port", "0"],
+          inner="1/assets.extra/tf_serving_warmup_requests", extra=("other",),
+          skip=("inner-empty",)),  # an empty TFRecord file is a valid one, of no records
+    Entry("ModelRepository.load (warm-up records)", "warm", _repository_api, error="savedmodel",
+          inner="1/assets.extra/tf_serving_warmup_requests", extra=("other",), skip=("inner-empty",)),
     Entry("ModelRepository.load", "base", _repository_api, error="savedmodel",
           inner="1/saved_model.pb"),
     Entry("edge convert SAVEDMODEL", "sm", lambda p, o, v: ["edge", "convert", str(p), "-q", "float32", "--out",
@@ -269,6 +279,9 @@ FOLDER_ENTRIES = [
     Entry("profile report", "prof", lambda p, o, v: ["profile", "report", str(p), "--out", str(o)],
           inner="**/*.xplane.pb"),
     Entry("tfl.profiling.analyze", "prof", _profile_api, error="value", inner="**/*.xplane.pb"),
+    Entry("federated tune --resume (times.json)", "tune", lambda p, o, v: [
+        "federated", "tune", "--config", str(v["cfg.yaml"]), "--out", str(p), "--resume", "--max-trials", "2"],
+          inner="times.json"),
     Entry("search_function resume", "tune", _oracle_api, error="value", inner="oracle/oracle.json"),
 ]
 
@@ -287,6 +300,9 @@ def _damage(damage: str, valid: dict[str, Path], entry: Entry, where: Path) -> P
     elif damage == "truncated":
         data = source.read_bytes()
         path.write_bytes(data[:len(data) // 2])
+    elif damage == "other" and source.is_dir():  # the file inside replaced by a valid file of another kind
+        shutil.copytree(source, path)
+        shutil.copyfile(valid[entry.other], next(path.glob(entry.inner)))
     elif damage == "other":
         shutil.copyfile(valid[entry.other], path)
     elif damage == "other-keras":

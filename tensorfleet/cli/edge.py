@@ -59,7 +59,8 @@ def _load_npy(path: Path) -> Any:
 
 @app.command("convert")
 def convert_cmd(
-    model: str = typer.Argument(..., help="A tensorfleet.models name (e.g. ds_cnn) or a saved Keras model path."),
+    model: str = typer.Argument(..., help="A tensorfleet.models name (e.g. ds_cnn) or a saved Keras model: a path "
+                                "that exists, or any name ending in .keras/.h5 or holding a '/', is a path."),
     quantization: str = typer.Option("int8", "--quantization", "-q",
                                      help="float32, dynamic, float16, int8 or int16x8."),
     out: Path = typer.Option(..., "--out", "-o", help="Where to write the .tflite file."),

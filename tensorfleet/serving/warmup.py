@@ -60,16 +60,34 @@ def write(version_dir: str | os.PathLike[str], examples: Sequence[Mapping[str, n
 
 
 def read(version_dir: str | os.PathLike[str]) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """(signature name, inputs) of each PredictLog record in the version's warm-up file (none if absent)."""
+    """(signature name, inputs) of each PredictLog record in the version's warm-up file (none if absent).
+
+    Raises:
+        SavedModelError: the file is not a TFRecord file of PredictionLog records (damaged, truncated, another
+            kind of file, a folder); the message names it.
+    """
+    from tensorfleet.serving.servable import SavedModelError
+
     path = Path(version_dir) / WARMUP_FILE
+    if path.exists() and not path.is_file():
+        raise SavedModelError(f"{path} is a folder; expected the version's warm-up file (a TFRecord file of "
+                              "PredictionLog records) or nothing")
     if not path.is_file():
         return []
     import tensorflow as tf
+    from google.protobuf.message import DecodeError
     from tensorflow_serving.apis import prediction_log_pb2
 
+    try:
+        raws = [raw.numpy() for raw in tf.data.TFRecordDataset(str(path)).take(MAX_RECORDS + 1)]
+        logs = [prediction_log_pb2.PredictionLog.FromString(raw) for raw in raws]
+    except (tf.errors.OpError, DecodeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
+        raise SavedModelError(f"{path} is not a TFRecord file of PredictionLog warm-up records "
+                              f"({type(error).__name__}: {first}); expected what tfl.serving.warmup.write "
+                              "writes") from None
     out = []
-    for raw in tf.data.TFRecordDataset(str(path)).take(MAX_RECORDS + 1):
-        log = prediction_log_pb2.PredictionLog.FromString(raw.numpy())
+    for log in logs:
         if log.WhichOneof("log_type") != "predict_log":
             raise ValueError(f"{path}: only PredictLog warm-up records are served (Predict is the one API). "
                              f"Received a {log.WhichOneof('log_type')} record")
@@ -83,9 +101,17 @@ def read(version_dir: str | os.PathLike[str]) -> list[tuple[str, dict[str, np.nd
 
 def replay(servable: Any) -> int:
     """Runs each warm-up record of ``servable``'s version once (checked as a request is); returns how many."""
+    from tensorfleet.serving.errors import ServingError
+    from tensorfleet.serving.servable import SavedModelError
+
     records = read(servable.path)
     for signature_name, inputs in records:
-        signature = servable.signature(signature_name)
-        servable.run(signature.name, signature.check(inputs, strict_dtype=True))
+        try:
+            signature = servable.signature(signature_name)
+            checked = signature.check(inputs, strict_dtype=True)
+        except ServingError as error:  # a request's error at load time: the warm-up file does not fit the model
+            raise SavedModelError(f"{servable.path / WARMUP_FILE}: a warm-up record does not fit version "
+                                  f"{servable.version}: {error}") from None
+        servable.run(signature.name, checked)
     servable.warmup_records = integer("warmup_records", len(records), minimum=0)
     return len(records)

@@ -159,8 +159,8 @@ def check_script(path: str | Path) -> Path:
 
 
 def check_saved_search(project: str | Path) -> None:
-    """Refuses a saved search (Keras Tuner's project folder: ``oracle.json`` and ``trial_*/trial.json``) that the
-    oracle could not reload, before any process starts: each that is there must be a JSON object.
+    """Refuses a saved search (Keras Tuner's project folder: ``oracle.json`` and ``trial_*/trial.json``; and the
+    trials' times, ``times.json`` beside it) that the oracle could not reload, before any process starts: each that is there must be a JSON object.
 
     Raises:
         FileNotFoundError: ``project`` is missing, or a file; or a folder is where one of its files should be.
@@ -169,10 +169,10 @@ def check_saved_search(project: str | Path) -> None:
     from tensorfleet.io import UnreadableFileError, existing_folder, read_text
 
     folder = existing_folder(project, "the oracle's folder of a saved search")
-    for path in [folder / "oracle.json", *sorted(folder.glob("trial_*/trial.json"))]:
+    for path in [folder / "oracle.json", *sorted(folder.glob("trial_*/trial.json")), folder.parent / "times.json"]:
         if not path.exists():  # a chief stopped before its first save: the oracle begins afresh
             continue
-        text = read_text(path, "the JSON state Keras Tuner's oracle saved")
+        text = read_text(path, "the JSON state of a saved search")
         try:
             state = json.loads(text)
         except ValueError as error:
@@ -180,8 +180,8 @@ def check_saved_search(project: str | Path) -> None:
         else:
             state = state if isinstance(state, dict) else f"JSON {type(state).__name__}, not an object"
         if not isinstance(state, dict):
-            raise UnreadableFileError(f"{str(path)!r} is not the JSON state Keras Tuner's oracle saved ({state}); "
-                                      "--fresh starts the search over.")
+            raise UnreadableFileError(f"{str(path)!r} is not the JSON state of a saved search ({state}); --fresh "
+                                      "starts the search over.")
 
 
 def missing_functions_message(path: str, missing: list[str]) -> str:
