@@ -20,10 +20,16 @@ a Keras 3 model what it gives a tf_keras one, by other means (measured on Tensor
    ``assign``: Keras 3's own ``get_weights``, ``set_weights``, ``save``, ``save_weights`` and
    ``load_weights`` work as they are; ``save`` writes a ``.keras`` file any one device loads.
 5. ``predict`` runs the forward pass on whole (replicated) batches and gathers the outputs.
+6. Gradients come from ``tf.gradients`` under the tf_keras trainer's AvgPool gradient override
+   (DTensor has no layout propagation for ``AvgPoolGrad``); an Embedding's sparse gradient stays
+   sparse, its rows whole (Keras 3's optimizers update only the rows it names, as on one device).
 
-What the tf_keras path has beyond this (see :mod:`.keras_layout`): ZeRO stages 1-3, the layers
-adapted for DTensor (DepthwiseConv2D, Dropout with a rate, pooling and Concatenate over split
-tensors); a Keras 3 model with ``zero`` > 0 is one clear error at its ``compile``.
+What the tf_keras path has beyond this (see :mod:`.keras_layout`): ZeRO stages 1-3 (a Keras 3
+model with ``zero`` > 0 is one clear error at its ``compile``), and the layers it rewrites for
+DTensor: pooling and Concatenate over a tensor split along a non-batch axis (on Keras 3 DTensor
+stops the first step: "All operands and outputs must be batch parallel"), DepthwiseConv2D, and
+Dropout masks equal to one device's (on Keras 3 DTensor draws each shard's mask; every device's
+copy of a weight stays equal, checked shard by shard, but the masks are not one device's).
 """
 
 from __future__ import annotations
