@@ -19,7 +19,8 @@ transformed kernel:
   first batch's range instead, with decay 0.99, measured 1-2 test images of 359 worse than tfmot on the digits
   CNN at each of 4 training lengths, this scheme -1 to +1: the narrower ranges clip more.)
 - **Pruning** (Zhu & Gupta, "To prune, or not to prune", 2017): a mask per kernel keeps the
-  ``round(n * (1 - s))`` largest-magnitude entries, recomputed every ``frequency`` steps at the sparsity ``s``
+  ``round(n * (1 - s))`` largest-magnitude entries, recomputed every ``frequency`` steps (the first batch is
+  step 1, as in tfmot) at the sparsity ``s``
   of a :class:`ConstantSparsity` or :class:`PolynomialDecay` schedule, the pruned weights set to zero; the
   forward pass uses ``kernel * mask``.
 - **Clustering** (Han et al., "Deep Compression", ICLR 2016): k-means++ then Lloyd's iterations on each kernel's
@@ -512,14 +513,14 @@ def pruning_callbacks(model: Any) -> list[Any]:
             for layer in self.model.layers:
                 if not isinstance(layer, wrapper):
                     continue
-                step = int(layer.pruning_step.numpy())
+                step = int(layer.pruning_step.numpy()) + 1   # the first batch is step 1, as in tfmot
+                layer.pruning_step.assign(step)
                 sparsity = layer.schedule(step)
                 if sparsity is not None:  # pruned weights set to zero, as tfmot does: once pruned, they stay
                     kernel = layer.layer.kernel.numpy() * layer.mask.numpy()
                     mask = pruning_mask(kernel, sparsity)
                     layer.mask.assign(mask)
                     layer.layer.kernel.assign(kernel * mask)
-                layer.pruning_step.assign(step + 1)
 
     return [UpdatePruningStep()]
 
