@@ -172,6 +172,12 @@ def _oracle_api(path: Path, out: Path, valid: dict[str, Path]) -> Any:
                 direction="max", max_trials=2, out=path, resume=True, log=lambda line: None)
 
 
+def _results_api(path: Path, out: Path, valid: dict[str, Path]) -> Any:
+    from tensorfleet.tuning.results import read_results
+
+    return _api(read_results, path)
+
+
 def _profile_api(path: Path, out: Path, valid: dict[str, Path]) -> Any:
     from tensorfleet.profiling.breakdown import analyze
 
@@ -282,6 +288,7 @@ FOLDER_ENTRIES = [
     Entry("federated tune --resume (times.json)", "tune", lambda p, o, v: [
         "federated", "tune", "--config", str(v["cfg.yaml"]), "--out", str(p), "--resume", "--max-trials", "2"],
           inner="times.json"),
+    Entry("tuning read_results", "tune", _results_api, error="value", inner="results.json"),
     Entry("search_function resume", "tune", _oracle_api, error="value", inner="oracle/oracle.json"),
 ]
 

@@ -120,11 +120,24 @@ def write_results(out: Path, records: list[TrialRecord], *, objective: str, dire
 
 
 def read_results(out: str | Path) -> tuple[dict[str, Any], list[TrialRecord]]:
-    """``results.json`` of a search's output directory and its trial records."""
+    """``results.json`` of a search's output directory and its trial records.
+
+    Raises:
+        FileNotFoundError: no ``out`` folder, or no ``results.json`` in it (or a folder in its place).
+        UnreadableFileError: ``results.json`` is empty, not text, not JSON or not a search's results (a ValueError).
+    """
     import json
 
-    summary = json.loads((Path(out) / RESULTS_FILE).read_text())
-    return summary, [TrialRecord(**t) for t in summary["trials"]]
+    from tensorfleet.io import UnreadableFileError, existing_folder, read_text
+
+    path = existing_folder(out, "a search's output folder") / RESULTS_FILE
+    text = read_text(path, f"the {RESULTS_FILE} a search writes")
+    try:
+        summary = json.loads(text)
+        return summary, [TrialRecord(**t) for t in summary["trials"]]
+    except (ValueError, KeyError, TypeError) as error:
+        raise UnreadableFileError(f"{str(path)!r} is not the {RESULTS_FILE} of a search ({type(error).__name__}: "
+                                  f"{error}); expected the JSON a search writes (its trials).") from None
 
 
 def plot_results(out: Path, records: list[TrialRecord], *, objective: str, direction: str) -> list[Path]:
