@@ -24,6 +24,7 @@ def small(digits: Any) -> tuple[np.ndarray, np.ndarray]:
     return digits.x_train[:480], digits.y_train[:480]
 
 
+@pytest.mark.slow
 def test_pruning_reaches_the_sparsity_and_strips_its_wrappers(digits_model: Any, small: Any, digits: Any) -> None:
     pruned = opt.finetune(_copy(digits_model), "prune", *small, epochs=1, sparsity=0.6, frequency=5)
     assert "PruneLowMagnitude" not in {type(layer).__name__ for layer in pruned.layers}
@@ -47,6 +48,7 @@ def test_clustering_leaves_at_most_n_values_per_kernel(digits_model: Any, small:
     assert opt.unique_weights(clustered) == [8, 8, 8, 8]
 
 
+@pytest.mark.slow
 def test_qat_model_converts_to_int8_that_tflm_runs(digits_model: Any, small: Any, digits: Any) -> None:
     qat = opt.finetune(_copy(digits_model), "qat", *small, epochs=1)
     artifact = edge.convert(qat, "int8", digits.x_train, num_calibration_samples=30, progress=False)
@@ -293,8 +295,8 @@ def test_keras3_route_refuses_what_it_cannot_take_by_name(keras3: Any) -> None:
         opt.apply_qat(nested)
 
 
-def test_pruning_schedule_options_are_checked() -> None:
-    model = models.build("digits_mlp", keras="keras3")
+def test_pruning_schedule_options_are_checked(keras3: Any) -> None:
+    model = models.build("digits_mlp", keras=keras3)
     with pytest.raises(ValueError, match=r"schedule must be 'constant' or 'polynomial'. Received: schedule='poly'"):
         opt.apply_pruning(model, schedule="poly")
     with pytest.raises(ValueError, match=r"schedule='polynomial' needs end_step="):
