@@ -9,7 +9,6 @@ both the message names the path, and nothing new is left anywhere in the case's 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import zipfile
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import pytest
 
 from tensorfleet.cli.main import main
 
-RANDOM = bytes(random.Random(42).randrange(256) for _ in range(3000))
+RANDOM = np.random.default_rng(42).bytes(3000)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +38,7 @@ def valid(tmp_path_factory: pytest.TempPathFactory, keras3: Any) -> dict[str, Pa
 
     root = tmp_path_factory.mktemp("valid")
     files = {name: root / name for name in ("k2.keras", "k2.h5", "k3.keras", "liar.keras", "m.tflite", "x.npy",
-                                            "cfg.yaml", "serving.config", "script.py", "job.yaml", "k3sm", "base",
+                                            "cfg.yaml", "serving.config", "script.py", "job.py", "job.yaml", "k3sm", "base",
                                             "run", "ckpt", "job", "search", "tune")}
     k2 = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)])
     k2.save(files["k2.keras"])
@@ -60,6 +59,7 @@ def valid(tmp_path_factory: pytest.TempPathFactory, keras3: Any) -> dict[str, Pa
     files["serving.config"].write_text(f'model_config_list {{ config {{ name: "m" base_path: "{files["base"]}" '
                                        'model_platform: "tensorflow" } }\n')
     files["script.py"].write_text("def build_model(hp):\n    return None\n\n\ndef data():\n    return None\n")
+    files["job.py"].write_text("def main():\n    return 1\n\n\nif __name__ == '__main__':\n    main()\n")
     files["job.yaml"].write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: b\n")
     exported = export(k2, files["base"], 1)
     files["warm"] = root / "warm"
@@ -231,6 +231,7 @@ FILE_ENTRIES = [
     Entry("k8s validate", "job.yaml", lambda p, o, v: ["k8s", "validate", str(p)], other="k2.keras"),
     Entry("k8s tf-config", "job.yaml", lambda p, o, v: ["k8s", "tf-config", str(p), "--role", "worker"],
           other="k2.keras"),
+    Entry("launch SCRIPT", "job.py", lambda p, o, v: ["launch", "--workers", "1", str(p)], other="k2.keras"),
     Entry("tune SCRIPT", "script.py", lambda p, o, v: ["tune", str(p), "--out", str(o / "tune")], other="k2.keras"),
     Entry("tfl.edge.load_keras_model", "k2.keras", _edge_api, error="keras", extra=("other-keras",)),
     Entry("TFLiteArtifact.from_file", "m.tflite", _tflite_api, error="tflite", other="k2.keras"),

@@ -198,6 +198,15 @@ def _check_script(script: str | os.PathLike[str]) -> Path:
         raise FileNotFoundError(f"The script to launch does not exist. Received: script={str(script)!r}")
     if not path.is_file():
         raise FileNotFoundError(f"The script to launch is not a file. Received: script={str(script)!r}")
+    source = path.read_bytes()
+    if not source.strip():
+        raise ValueError(f"The script to launch is empty. Received: script={str(script)!r}")
+    try:  # compiled, not run: a file that is not Python fails here, not in every task
+        compile(source, str(path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        where = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        raise ValueError(f"The script to launch is not Python: {getattr(error, 'msg', error)}{where}. Received: "
+                         f"script={str(script)!r}") from None
     return path.resolve()
 
 
