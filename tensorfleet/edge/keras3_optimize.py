@@ -180,9 +180,13 @@ def _kind(layer: Any) -> str:
 
 
 def _channels_last(layer: Any, technique: str) -> None:
+    """Refuses what :func:`_linear` would compute differently from the layer: channels_first, causal padding."""
     if getattr(layer, "data_format", "channels_last") != "channels_last":
         raise UnsupportedLayerError(f"{technique}: layer {layer.name!r} ({_kind(layer)}) has data_format="
                                     f"{layer.data_format!r}; the Keras 3 route takes channels_last layers")
+    if getattr(layer, "padding", None) == "causal":
+        raise UnsupportedLayerError(f"{technique}: layer {layer.name!r} ({_kind(layer)}) has padding='causal'; the "
+                                    "Keras 3 route takes 'valid' and 'same' (pad with ZeroPadding1D before it)")
 
 
 def _linear(layer: Any, x: Any, kernel: Any) -> Any:

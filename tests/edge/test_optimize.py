@@ -286,6 +286,9 @@ def test_keras3_route_refuses_what_it_cannot_take_by_name(keras3: Any) -> None:
     with pytest.raises(UnsupportedLayerError, match=r"prune: layer 'words' \(Embedding\) has weights the Keras 3 "
                                                     r"route cannot prune; it takes Conv1D"):
         opt.apply_pruning(embedding)
+    causal = keras3.Sequential([keras3.Input((9, 2)), layers.Conv1D(3, 2, padding="causal", name="causal")])
+    with pytest.raises(UnsupportedLayerError, match="cluster: layer 'causal' \\(Conv1D\\) has padding='causal'"):
+        opt.apply_clustering(causal, clusters=2)
     tiny = keras3.Sequential([keras3.Input((2,)), layers.Dense(1, name="tiny")])
     with pytest.raises(UnsupportedLayerError, match="cluster: layer 'tiny': cannot make 4 clusters of 2 distinct"):
         opt.apply_clustering(tiny, clusters=4)
