@@ -72,7 +72,7 @@ def convert_cmd(
         help="int8/int16x8: one scale per output unit for dense weights (more TFLM arena; TF >= 2.16)."),
 ) -> None:
     """Convert MODEL to TFLite with one quantization mode and write it to --out."""
-    from tensorfleet import edge
+    from tensorfleet import edge, models
     from tensorfleet.io import check_writable, write_json
 
     mode = edge.QUANTIZATIONS.canonical(quantization)  # fail on a bad mode or destination before converting
@@ -88,7 +88,7 @@ def convert_cmd(
     if edge.QUANTIZATIONS.get(mode).needs_representative_data:
         if data is not None:
             rep = _load_npy(data)
-        elif Path(model).exists():
+        elif models.model_file(model) is not None:  # a saved model: no built-in calibration data
             raise ValueError(f"--quantization {mode} needs --data FILE.npy with samples for a saved model.")
         else:
             rep = calibration_data(model, samples)
