@@ -26,7 +26,7 @@ ifndef PYTHON_TFF
 PYTHON_TFF := $(call find_python,3.11)
 endif
 
-.PHONY: install install-tff demo test test-current test-tff docs docs-serve bench lint lock lock-tff wheel clean
+.PHONY: install install-tff demo test test-fast test-current test-tff docs docs-serve bench lint lock lock-tff wheel clean
 
 install: $(VENV)/.tensorfleet-installed
 install-tff: $(VENV_TFF)/.tensorfleet-installed
@@ -82,6 +82,12 @@ docs-serve: install
 
 test-current: install
 	$(BIN)/python -m pytest -m "not tff" $(PYTEST_ARGS)
+
+# The unit tier, for a change: the current track's tests that start no process (no clusters, launched
+# jobs, workers, servers, example scripts or TFLite Micro runs: those are marked slow); a test that
+# starts one fails here, asking to be marked slow (tests/conftest.py).
+test-fast: install
+	TENSORFLEET_TEST_TIER=fast $(BIN)/python -m pytest -m "not tff and not slow" --durations=15 $(PYTEST_ARGS)
 
 test-tff: install-tff
 	$(BIN_TFF)/python -m pytest -m tff $(PYTEST_ARGS)

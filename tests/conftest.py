@@ -22,6 +22,8 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import pytest  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
+# `make test-fast` runs the unit tier: no test there starts a process (those are marked slow).
+FAST_TIER = os.environ.get("TENSORFLEET_TEST_TIER") == "fast"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,6 +43,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "tff" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the fast tier, a test that starts a process fails at once, naming the fix: mark it slow."""
+    if not FAST_TIER or "slow" in request.keywords:
+        return
+    import subprocess
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        pytest.fail(f"{request.node.nodeid} starts a process ({args[1] if len(args) > 1 else kwargs.get('args')!r}); "
+                    "the fast tier (make test-fast) starts none: mark the test slow", pytrace=False)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
 @pytest.fixture(scope="session")

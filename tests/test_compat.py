@@ -214,6 +214,7 @@ def test_tff_missing_is_one_error_naming_the_tff_track(monkeypatch: pytest.Monke
         import_tff("the tff backend")
 
 
+@pytest.mark.slow
 def test_import_tensorfleet_imports_no_library() -> None:
     assert _run("import sys, tensorfleet; print(sorted(m for m in ('tensorflow', 'keras', 'keras_tuner', "
                 "'tf_keras') if m in sys.modules))") == "[]"

@@ -47,6 +47,7 @@ def test_the_runner_reads_blocks_as_a_reader_does() -> None:
     assert found[0].code == "x = 1\n" and found[4].code == "a: 1\n" and found[2].line == 9
 
 
+@pytest.mark.slow
 def test_a_failing_block_fails_its_page(tmp_path: Path) -> None:
     page = tmp_path / "how-to-fail.md"
     page.write_text('```text title="given.txt"\n41\n```\n\n```python\nvalue = 41\n```\n\n'

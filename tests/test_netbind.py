@@ -24,6 +24,7 @@ def _record(path: Path) -> str:
     return path.with_name(path.name + ".sha256").read_text().split()[0]
 
 
+@pytest.mark.slow
 def test_the_library_is_built_with_its_hash_recorded_beside_it(cache: Path) -> None:
     path = netbind.bind_shim_path()
     assert path is not None and path.parent == cache
@@ -34,6 +35,7 @@ def test_the_library_is_built_with_its_hash_recorded_beside_it(cache: Path) -> N
 
 
 @pytest.mark.parametrize("tamper", ["replace", "append", "drop_record"])
+@pytest.mark.slow
 def test_a_changed_cached_library_is_rebuilt_not_used(cache: Path, tamper: str) -> None:
     path = netbind.bind_shim_path()
     assert path is not None

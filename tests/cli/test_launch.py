@@ -28,6 +28,7 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_launch_runs_every_task_with_the_scripts_arguments(script: Path, capsys) -> None:
     assert main(["launch", "--workers", "2", "--chief", str(script), "--", "--epochs", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -35,6 +36,7 @@ def test_launch_runs_every_task_with_the_scripts_arguments(script: Path, capsys)
         assert f"[{task}] {task} args=['--epochs', '3']" in out
 
 
+@pytest.mark.slow
 def test_launch_exits_with_the_failures_status_and_shows_its_log_tail(script: Path, capsys) -> None:
     assert main(["launch", "--workers", "2", str(script), "--fail"]) == 4
     captured = capsys.readouterr()
@@ -43,6 +45,7 @@ def test_launch_exits_with_the_failures_status_and_shows_its_log_tail(script: Pa
     assert "  [worker:1] giving up" in captured.err
 
 
+@pytest.mark.slow
 def test_launch_restarts_the_job_up_to_max_restarts(script: Path, capsys) -> None:
     assert main(["launch", "--workers", "2", "--max-restarts", "1", "--backoff", "0.1", str(script),
                  "--fail-once"]) == 0
@@ -281,6 +284,7 @@ def test_shared_jobs_take_their_own_arguments_after_a_double_dash(two_jobs) -> N
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_migratable_job_takes_restarts_time_outs_ports_and_its_arguments(two_jobs, tmp_path: Path, capsys) -> None:
     """``launch --resume-from ckpt --max-restarts 2 job.py``: the restart applies and continues the checkpoint."""
     import portpicker

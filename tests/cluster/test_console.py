@@ -35,6 +35,7 @@ KERAS_SCRIPT = textwrap.dedent("""
 FINAL = re.compile(r"^20/20 \[==============================\] - \d+s \d+ms/step - loss: 0\.0000e\+00$")
 
 
+@pytest.mark.slow
 def test_a_launched_keras_fit_shows_its_progress_as_lines_per_task(tmp_path: Path) -> None:
     script = tmp_path / "fit.py"
     script.write_text(KERAS_SCRIPT)

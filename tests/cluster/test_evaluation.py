@@ -180,6 +180,7 @@ def test_an_evaluator_busy_when_training_ends_still_evaluates_the_last_checkpoin
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_an_evaluator_that_does_not_end_is_stopped_after_evaluator_timeout(tmp_path):
     from tensorfleet.cluster.launcher import TaskOutput, Timeouts, launch
 

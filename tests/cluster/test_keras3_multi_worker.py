@@ -100,6 +100,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_only_building_a_multi_worker_strategy_mends_and_never_the_import() -> None:
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=user_env(TF_CONFIG=""), capture_output=True,
                           text=True, timeout=120)

@@ -56,6 +56,7 @@ def _quiet(**kw):
     return dict(output=TaskOutput(sink=None, **kw))
 
 
+@pytest.mark.slow
 def test_each_task_gets_its_own_tf_config_on_localhost(task_script: Path) -> None:
     # The evaluator may still be starting when the trainers are done: the launcher waits for it.
     result = launch(task_script, workers=2, chief=True, evaluator=True, **_quiet())
@@ -72,6 +73,7 @@ def test_each_task_gets_its_own_tf_config_on_localhost(task_script: Path) -> Non
     assert len({t.port for t in spec.tasks()}) == 4
 
 
+@pytest.mark.slow
 def test_output_lines_are_prefixed_with_the_task(task_script: Path) -> None:
     seen: list[str] = []
     launch(task_script, workers=2, output=TaskOutput(sink=seen.append))
@@ -79,12 +81,14 @@ def test_output_lines_are_prefixed_with_the_task(task_script: Path) -> None:
     assert "[worker:1] worker:1 attempt 0" in seen
 
 
+@pytest.mark.slow
 def test_exit_status_is_the_first_failures(task_script: Path) -> None:
     result = launch(task_script, ["7"], workers=2, chief=True, check=False, **_quiet())
     assert result.returncode == 7
     assert "worker:1 exited with status 7" in result.error
 
 
+@pytest.mark.slow
 def test_restart_limit_reached_names_the_failure_and_shows_its_log_tail(task_script: Path) -> None:
     with pytest.raises(LaunchFailedError) as info:
         launch(task_script, ["3"], workers=2, recovery=Recovery(max_restarts=0), **_quiet())
@@ -95,6 +99,7 @@ def test_restart_limit_reached_names_the_failure_and_shows_its_log_tail(task_scr
     assert info.value.result.returncode == 3
 
 
+@pytest.mark.slow
 def test_failed_job_restarts_all_tasks_after_backoff_and_completes(task_script: Path) -> None:
     result = launch(task_script, ["3"], workers=2, recovery=Recovery(max_restarts=2, backoff=0.6), **_quiet())
     assert result.returncode == 0
@@ -108,6 +113,7 @@ def test_failed_job_restarts_all_tasks_after_backoff_and_completes(task_script: 
     assert second is not None and second - restart[0].time >= 0.6
 
 
+@pytest.mark.slow
 def test_hang_timeout_ends_a_silent_attempt_in_a_restart(task_script: Path) -> None:
     result = launch(task_script, ["0", "hang"], workers=2, recovery=Recovery(max_restarts=1, backoff=0.1),
                     timeouts=Timeouts(hang_timeout=3.0), **_quiet())
@@ -115,12 +121,14 @@ def test_hang_timeout_ends_a_silent_attempt_in_a_restart(task_script: Path) -> N
     assert any("no task printed anything for hang_timeout=3s (hung)" in e.text for e in result.events)
 
 
+@pytest.mark.slow
 def test_attempt_timeout_without_restarts_fails_with_status_124(task_script: Path) -> None:
     with pytest.raises(LaunchFailedError, match=r"attempt 0 ran longer than timeout=1s") as info:
         launch(task_script, ["0", "hang"], workers=1, timeouts=Timeouts(timeout=1.0), **_quiet())
     assert info.value.result.returncode == 124
 
 
+@pytest.mark.slow
 def test_injected_fault_kills_the_task_and_the_job_restarts(tmp_path: Path) -> None:
     script = tmp_path / "slow.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(3)\nprint('finished')\n")
@@ -137,6 +145,7 @@ def test_injected_fault_kills_the_task_and_the_job_restarts(tmp_path: Path) -> N
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_stop_when_stops_the_job_on_purpose(tmp_path: Path) -> None:
     script = tmp_path / "count.py"
     script.write_text("import time\nfor i in range(100):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.05)\n")
@@ -310,6 +319,7 @@ def test_conflicting_tf_config_in_the_environment_is_a_clear_error(task_script: 
     assert issubclass(TFConfigConflictError, TFConfigError)
 
 
+@pytest.mark.slow
 def test_tf_config_naming_the_same_cluster_is_accepted(task_script: Path, monkeypatch) -> None:
     import portpicker
 
@@ -325,6 +335,7 @@ def test_env_must_not_set_tf_config(task_script: Path) -> None:
         launch(task_script, command=TaskCommand(env={"TF_CONFIG": "{}"}))
 
 
+@pytest.mark.slow
 def test_the_launcher_itself_listens_on_no_port(task_script: Path) -> None:
     me = psutil.Process()
 
@@ -353,6 +364,7 @@ for family, wildcard in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
 """
 
 
+@pytest.mark.slow
 def test_tasks_bind_wildcard_listeners_to_loopback_only(tmp_path: Path) -> None:
     # TensorFlow's gRPC server binds [::]:port; in a launched task such a bind lands on 127.0.0.1.
     script = tmp_path / "bind.py"

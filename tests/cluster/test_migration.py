@@ -188,6 +188,7 @@ def test_launch_mode_is_a_choice_typer_checks(capsys) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_restarted_job_continues_from_its_last_checkpoint(tmp_path: Path) -> None:
     """``max_restarts``: a job started fresh and killed after its checkpoint of step 4 is restarted, and the
     restarted task continues from the newest checkpoint (not from step 0): every example read once."""

@@ -30,6 +30,7 @@ def shadowing_cwd(tmp_path: Path, monkeypatch) -> Path:
     return cwd
 
 
+@pytest.mark.slow
 def test_a_ps_jobs_server_task_starts_despite_a_stdlib_named_file_in_the_working_directory(
         shadowing_cwd: Path) -> None:
     spec = ClusterSpec.local(workers=1, ps=1, chief=True)
@@ -53,6 +54,7 @@ def test_a_ps_jobs_server_task_starts_despite_a_stdlib_named_file_in_the_working
         reap(proc)
 
 
+@pytest.mark.slow
 def test_a_launched_script_imports_from_its_own_directory_not_the_working_one(tmp_path: Path,
                                                                                shadowing_cwd: Path) -> None:
     scripts = tmp_path / "scripts"

@@ -39,6 +39,7 @@ def test_convert_errors_leave_no_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy"]
 
 
+@pytest.mark.slow
 def test_report_with_target_json_and_plot(converted: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     j, png = tmp_path / "r.json", tmp_path / "r.png"
@@ -51,6 +52,7 @@ def test_report_with_target_json_and_plot(converted: Path, tmp_path: Path,
     assert "does NOT fit" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["edge", "export", str(converted), "--name", "digits_v1", "--out", str(tmp_path / "c")]) == 0
     names = sorted(p.name for p in (tmp_path / "c").iterdir())
@@ -107,6 +109,7 @@ def test_convert_a_saved_keras_model(digits_model: object, digits: object, tmp_p
     assert meta["ops"] == ["CONV_2D", "CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED", "FULLY_CONNECTED"]
 
 
+@pytest.mark.slow
 def test_a_keras3_file_converts_in_a_users_process_then_reports_exports_and_compiles(
         keras3: object, digits_model: object, digits: object, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,6 +210,7 @@ def test_huge_arena_size_is_refused_with_the_bound(converted: Path, size: str,
                                        f"Received: arena_size={size}\n")
 
 
+@pytest.mark.slow
 def test_validate_with_data_states_the_agreement_with_desktop_tflite(
         converted: Path, digits: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "x.npy"

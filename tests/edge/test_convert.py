@@ -151,6 +151,7 @@ def test_modes_are_a_str_enum_and_a_registry() -> None:
         "float32", "int8", "int16x8"]
 
 
+@pytest.mark.slow
 def test_importing_the_edge_package_does_not_import_tensorflow() -> None:
     import subprocess
     import sys
@@ -189,6 +190,7 @@ def _dense_weight_scales(artifact: Any) -> list[int]:
     return [len(graph.tensors[op.inputs[1]].scales) for op in graph.operators if op.op == "FULLY_CONNECTED"]
 
 
+@pytest.mark.slow
 def test_dense_weights_are_quantized_per_tensor_unless_per_channel_is_asked(
         digits_model: Any, int8_artifact: Any, digits: Any) -> None:
     import tensorflow as tf

@@ -106,6 +106,7 @@ def test_cp_rank_by_energy_is_the_smallest_that_keeps_it(conv_model: Any) -> Non
     assert cp_energy(kernel, fit_cp(kernel, row.rank[0] - 1)) < 0.95
 
 
+@pytest.mark.slow
 def test_the_tflite_keeps_the_factors_and_the_pipeline_runs(tmp_path: Path) -> None:
     """Fine-tune with 'decompose', convert to int8 and float32, validate on TFLM, report, export C."""
     import tensorflow as tf

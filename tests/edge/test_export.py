@@ -95,6 +95,7 @@ def test_files_follow_tflm_conventions(int8_artifact: Any, tmp_path: Path) -> No
 
 
 @needs_gxx
+@pytest.mark.slow
 def test_compiled_array_is_byte_identical_to_the_tflite(int8_artifact: Any, tmp_path: Path) -> None:
     edge.export_c(int8_artifact, tmp_path, "kws", arena_size=5488)
     (tmp_path / "harness.cc").write_text(HARNESS)
@@ -109,6 +110,7 @@ def test_compiled_array_is_byte_identical_to_the_tflite(int8_artifact: Any, tmp_
 
 
 @needs_gxx
+@pytest.mark.slow
 def test_generated_resolver_compiles_and_registers_exactly_the_models_ops(int8_artifact: Any,
                                                                          tmp_path: Path) -> None:
     include = tmp_path / "include" / "tensorflow" / "lite" / "micro"

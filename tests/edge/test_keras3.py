@@ -57,6 +57,7 @@ def test_every_mode_converts_a_keras3_model_to_the_ops_of_its_tf_keras_twin(
     assert twin_artifacts["int8"].inputs[0].zero_points == (-128,)
 
 
+@pytest.mark.slow
 def test_int8_on_tflite_micro_is_as_accurate_and_as_small_as_the_tf_keras_twin(
         twin_artifacts: dict[str, Any], digits_artifacts: dict[str, Any], digits: Any) -> None:
     mine = edge.validate_micro(twin_artifacts["int8"], digits.x_test, digits.y_test, progress=False)
@@ -68,6 +69,7 @@ def test_int8_on_tflite_micro_is_as_accurate_and_as_small_as_the_tf_keras_twin(
     assert mine.agreement_with_keras >= 0.98  # the source model here is the Keras 3 one
 
 
+@pytest.mark.slow
 def test_float32_tflite_computes_what_the_keras3_model_does_and_tflm_runs_it(twin: Any, twin_artifacts: dict[str, Any],
                                                             digits: Any) -> None:
     from tensorfleet.edge.micro import run_tflite

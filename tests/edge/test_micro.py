@@ -51,6 +51,7 @@ def test_int8_accuracy_drop_against_keras_is_at_most_one_point(int8_validation: 
     assert v.agreement_with_keras >= 0.98
 
 
+@pytest.mark.slow
 def test_reported_arena_is_the_smallest_that_runs(int8_artifact: Any, int8_validation: Any) -> None:
     arena = int8_validation.arena_bytes
     with ArenaProber(int8_artifact.data) as prober:
@@ -60,6 +61,7 @@ def test_reported_arena_is_the_smallest_that_runs(int8_artifact: Any, int8_valid
     assert "TFLM failed to allocate tensors" in message
 
 
+@pytest.mark.slow
 def test_sine_model_from_the_wheel_needs_exactly_1936_bytes(sine_path: Path) -> None:
     artifact = edge.TFLiteArtifact.from_file(sine_path)
     assert edge.find_arena_size(artifact, progress=False) == 1936
@@ -69,6 +71,7 @@ def test_sine_model_from_the_wheel_needs_exactly_1936_bytes(sine_path: Path) -> 
     assert out[0, 0] == pytest.approx(np.sin(1.0), abs=0.05)
 
 
+@pytest.mark.slow
 def test_tflm_allocation_record_of_the_sine_model(sine_path: Path) -> None:
     from tensorfleet.edge.micro import arena_allocations
 
@@ -79,6 +82,7 @@ def test_tflm_allocation_record_of_the_sine_model(sine_path: Path) -> None:
         arena_allocations(edge.TFLiteArtifact.from_file(sine_path), 1000)
 
 
+@pytest.mark.slow
 def test_float32_on_tflm_matches_tflite_closely(digits_artifacts: dict[str, Any], digits: Any) -> None:
     v = edge.validate_micro(digits_artifacts["float32"], digits.x_test[:40], digits.y_test[:40], progress=False)
     assert v.max_abs_diff_vs_tflite < 1e-4
@@ -100,6 +104,7 @@ def test_int16x8_runs_on_tflm_within_two_int16_steps_of_desktop_tflite(digits_ar
     assert np.array_equal(micro, again)
 
 
+@pytest.mark.slow
 def test_a_crashing_probe_does_not_end_the_search(sine_path: Path) -> None:
     # 16 bytes makes the TFLM Python interpreter segfault; the probe runs in a forked child
     with ArenaProber(sine_path.read_bytes()) as prober:
@@ -112,6 +117,7 @@ def test_a_crashing_probe_does_not_end_the_search(sine_path: Path) -> None:
 # ---- what TFLM cannot run -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_op_tflm_lacks_is_named_with_advice(topk_artifact: Any) -> None:
     with pytest.raises(edge.UnsupportedOpError, match=r"TFLite Micro has no kernel for 1 operator\(s\) of this "
                                                        r"model: TOPK_V2 \(take the arg-max") as info:
@@ -125,11 +131,13 @@ def test_dynamic_range_model_is_rejected_as_hybrid(digits_artifacts: dict[str, A
         edge.validate_micro(digits_artifacts["dynamic"], progress=False)
 
 
+@pytest.mark.slow
 def test_float16_model_is_rejected(digits_artifacts: dict[str, Any]) -> None:
     with pytest.raises(edge.MicroIncompatibleError, match=r"stores 8 tensor\(s\) as float16 .* no float16 kernels"):
         edge.check_micro_compatible(digits_artifacts["float16"])
 
 
+@pytest.mark.slow
 def test_arena_too_small_says_what_is_required(int8_artifact: Any, int8_validation: Any) -> None:
     required = int8_validation.arena_bytes
     with pytest.raises(edge.ArenaTooSmallError, match=rf"needs at least {required} bytes .* "
@@ -149,6 +157,7 @@ def test_bad_arguments(int8_artifact: Any, digits: Any) -> None:
         edge.validate_micro(int8_artifact.data)
 
 
+@pytest.mark.slow
 def test_a_users_stdlib_named_file_in_the_working_directory_does_not_break_the_probe(
         sine_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # random (imported by tempfile, which the worker needs) does "from bisect import bisect"

@@ -18,6 +18,7 @@ from tensorfleet.edge.ops import ETHOS_U, MICRO_CUSTOM_OPS, MICRO_OPS, interpret
 from .conftest import SIGNAL_WINDOW
 
 
+@pytest.mark.slow
 def test_the_op_tables_are_exactly_what_the_installed_interpreter_registers() -> None:
     from tflite_micro.tensorflow.lite.micro.python import schema_py_generated as fb
 
@@ -29,6 +30,7 @@ def test_the_op_tables_are_exactly_what_the_installed_interpreter_registers() ->
         "SignalNoSuchOp", "TOPK_V2", "GELU"]
 
 
+@pytest.mark.slow
 def test_a_signal_library_model_is_accepted_run_and_exported(signal_window_artifact: Any, tmp_path: Path) -> None:
     artifact = signal_window_artifact
     assert artifact.ops == ("SignalWindow",) and artifact.graph.operators[0].custom
@@ -44,6 +46,7 @@ def test_a_signal_library_model_is_accepted_run_and_exported(signal_window_artif
     assert "if (resolver.AddWindow() != kTfLiteOk) return kTfLiteError;  // SignalWindow" in header
 
 
+@pytest.mark.slow
 def test_an_op_the_interpreter_lacks_is_still_refused_by_name(topk_artifact: Any) -> None:
     with pytest.raises(edge.UnsupportedOpError, match=r"no kernel for 1 operator\(s\) of this model: TOPK_V2 "):
         edge.check_micro_compatible(topk_artifact)
@@ -66,6 +69,7 @@ def test_a_probe_that_hangs_is_killed_and_answered_as_a_timeout(monkeypatch: pyt
     assert time.monotonic() - start < 20
 
 
+@pytest.mark.slow
 def test_an_op_check_that_stops_answering_is_stopped_with_its_child(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
     pids = tmp_path / "pids"
@@ -101,6 +105,7 @@ def _dies_within(pid: int, seconds: float) -> bool:
 # ---- the quantization label, read from the tensors --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_int8_lstm_is_labelled_int8_and_runs_on_tflm(lstm_int8_artifact: Any) -> None:
     artifact = edge.TFLiteArtifact.from_bytes(lstm_int8_artifact.data)  # the label from the bytes alone
     assert "UNIDIRECTIONAL_SEQUENCE_LSTM" in artifact.ops
@@ -116,6 +121,7 @@ def test_an_int8_lstm_is_labelled_int8_and_runs_on_tflm(lstm_int8_artifact: Any)
     assert v.mean_abs_error_vs_keras < 0.03
 
 
+@pytest.mark.slow
 def test_an_8_bit_keyword_model_with_int16_features_is_labelled_int8(kws_int16_input_artifact: Any) -> None:
     artifact = kws_int16_input_artifact
     assert artifact.inputs[0].dtype == "int16" and artifact.outputs[0].dtype == "int8"

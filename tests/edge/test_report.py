@@ -28,6 +28,7 @@ def test_layer_costs_of_the_digits_cnn(int8_artifact: Any) -> None:
     assert rows[4].params == 512 * 64 + 64 and rows[5].params == 64 * 10 + 10
 
 
+@pytest.mark.slow
 def test_report_totals_flash_ram_and_fit(int8_report: Any, int8_artifact: Any) -> None:
     rep = int8_report
     assert rep.flash_bytes == int8_artifact.size
@@ -41,6 +42,7 @@ def test_report_totals_flash_ram_and_fit(int8_report: Any, int8_artifact: Any) -
     assert rep.fit.ram_fraction == pytest.approx(rep.arena_bytes / (256 * 1024))
 
 
+@pytest.mark.slow
 def test_too_small_target_says_why(int8_artifact: Any, int8_report: Any) -> None:
     rep = edge.report(int8_artifact, target="flash=16K,ram=4K", arena_bytes=int8_report.arena_bytes)
     assert not rep.fit.fits
@@ -68,6 +70,7 @@ def test_table_json_and_png(int8_report: Any, tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_model_tflm_cannot_run_has_no_arena_and_a_note(digits_artifacts: dict[str, Any]) -> None:
     rep = edge.report(digits_artifacts["float16"], target="pico", progress=False)
     assert rep.arena_bytes is None

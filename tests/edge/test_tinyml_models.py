@@ -44,6 +44,7 @@ def test_ds_cnn_architecture() -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_int8_arena_within_five_percent_of_the_published_reference(name: str, int8_tinyml: dict[str, Any]) -> None:
     arena = edge.find_arena_size(int8_tinyml[name], progress=False)
     reference = tinyml.REFERENCE[name].arena_bytes

@@ -146,6 +146,7 @@ _SEEDED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_final_weights_bit_for_bit_in_either_keras(k3, tmp_path):
     script = tmp_path / "seeded.py"
     script.write_text(_SEEDED_RUN)

@@ -18,6 +18,7 @@ from tensorfleet.compat.mesh_tf import apply_import_fixes, import_mesh_tensorflo
 STEPS, BATCH, LR = 5, 32, 0.5
 
 
+@pytest.mark.slow
 def test_mesh_tensorflow_fails_without_the_fix_and_imports_with_it():
     script = (
         "import tensorflow\n"
@@ -207,6 +208,7 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_dtensor_backend_matches_single_device_in_its_own_process():
     # DTensor's collectives take group key 1, which a tf.distribute strategy built directly by
     # TensorFlow also takes, and tests in this process build such strategies (the next test
@@ -267,6 +269,7 @@ mirrored(4)
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("raw", [False, True], ids=["tensorfleet_mirrored", "raw_tf_mirrored"])
+@pytest.mark.slow
 def test_dtensor_backend_shares_a_process_with_tensorfleet_mirrored_strategies(raw):
     # In TF 2.14 DTensor's collectives use group key 1, the first key of a MirroredStrategy
     # built by TensorFlow; strategies built by tensorfleet take their own key range.

@@ -117,6 +117,7 @@ print("RESULT " + json.dumps({"unseeded": unseeded, "first": first, "again": aga
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_shuffled_epoch_feeds_the_model_shards_of_a_replica_the_same_examples():
     out = run_dtensor_script(_SHUFFLE_SCRIPT, timeout=280)
     for seen in (out["unseeded"], out["first"]):

@@ -38,6 +38,7 @@ print("mtf", mtf.__name__, "steps", len(history.step_loss), "learned", history.l
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("first", ["tensorfleet.model_parallel.mesh", "tensorfleet.model_parallel"])
+@pytest.mark.slow
 def test_user_imports_mesh_tensorflow_after_tensorfleet_and_trains_with_fit_mtf(first):
     result = subprocess.run([sys.executable, "-c", _USER_SCRIPT.format(first=first)], capture_output=True, text=True,
                             timeout=240, env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
@@ -82,6 +83,7 @@ if not had:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_estimator_stand_in_exists_only_while_mesh_tensorflow_imports():
     result = subprocess.run([sys.executable, "-c", _ESTIMATOR_SCRIPT], capture_output=True, text=True, timeout=240,
                             env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
@@ -26,6 +28,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_first_fit_of_an_unmodified_script_records_the_chosen_steps(tmp_path):
     from tensorfleet.profiling.xspace import find_traces, task_traces
 
@@ -65,6 +68,7 @@ KERAS3_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_first_keras3_fit_of_a_users_script_records_the_chosen_steps(tmp_path, keras3):
     from tensorfleet.profiling.xspace import find_traces, task_traces
     from tests.conftest import user_env

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
@@ -28,6 +30,7 @@ def _launch(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
                            str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_launch_profile_steps_records_each_task_of_the_job(tmp_path):
     from tensorfleet.profiling.xspace import find_traces, task_traces
 
@@ -40,6 +43,7 @@ def test_launch_profile_steps_records_each_task_of_the_job(tmp_path):
         ("worker-0", [2, 3]), ("worker-1", [2, 3])]
 
 
+@pytest.mark.slow
 def test_launch_refuses_a_bad_step_range_before_starting_anything(tmp_path):
     done = _launch(tmp_path, "--profile-steps", "30-20")
     assert done.returncode == 2

@@ -56,6 +56,7 @@ def test_tpu_is_not_available_here() -> None:
     assert (entry.name, availability.ok, availability.reason) == ("tpu", False, "no TPU attached and no TPU_NAME")
 
 
+@pytest.mark.slow
 def test_importing_the_package_does_not_import_tensorflow_and_names_load_lazily() -> None:
     import subprocess
     import sys

@@ -56,6 +56,7 @@ def test_keras_tuner_searches_tf_keras_models_with_keras_3_installed(tmp_path):
     assert isinstance(tuner.get_best_models(1)[0], tf.keras.Model)  # tf_keras here, Keras 2.14 on the tff track
 
 
+@pytest.mark.slow
 def test_keras_tuner_drives_keras_3_in_a_users_process_and_tf_keras_where_the_user_chose_it():
     _keras3()
     probe = ("import tensorfleet\n"
@@ -72,6 +73,7 @@ def test_keras_tuner_drives_keras_3_in_a_users_process_and_tf_keras_where_the_us
     assert legacy.stdout.split() == ["keras2", "True", "keras2", "tf_keras.src.engine.training"]
 
 
+@pytest.mark.slow
 def test_keras_tuner_imported_first_in_a_tf_keras_process_is_refused_naming_the_order():
     _keras3()
     done = _run("import keras_tuner\n"
@@ -140,6 +142,7 @@ except TunerKerasError as exc:
 """
 
 
+@pytest.mark.slow
 def test_a_keras_3_hypermodel_is_keras_tuners_own_case_in_a_users_process(tmp_path):
     _keras3()
     import json

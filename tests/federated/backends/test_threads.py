@@ -23,6 +23,7 @@ def _python(code: str, *args: str, env: dict | None = None) -> subprocess.Comple
                           timeout=300, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
 
 
+@pytest.mark.slow
 def test_a_new_process_gets_one_intra_op_thread_and_a_thread_per_lane_plus_one() -> None:
     result = _python("""
         import json
@@ -51,6 +52,7 @@ def test_a_new_process_gets_one_intra_op_thread_and_a_thread_per_lane_plus_one()
     assert lenient is None
 
 
+@pytest.mark.slow
 def test_the_environment_s_pools_count_as_configured() -> None:
     result = _python("""
         import json
@@ -71,6 +73,7 @@ def test_bad_arguments_are_refused_by_name(kwargs: dict, message: str) -> None:
         configure_threads(**kwargs)
 
 
+@pytest.mark.slow
 def test_the_cli_sets_the_pools_in_a_new_process_and_records_them(tmp_path: Path) -> None:
     runs = {}
     for flag in ([], ["--tf-threads", "tensorflow"]):
