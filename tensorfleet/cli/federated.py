@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import os
 from pathlib import Path
 from enum import Enum
 from typing import Any, Iterator, Optional
@@ -226,15 +227,44 @@ def _run_on_workers(cfg: dict) -> object:
         raise typer.Exit(2) from None
 
 
+class WorkerRuntime(str, Enum):
+    TENSORFLOW = "tensorflow"
+    TFF = "tff"
+
+
 @app.command("worker")
 def worker(
     port: int = typer.Option(..., "--port", help="TCP port to serve on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address the worker is reached at."),
-    max_concurrent: int = typer.Option(-1, "--max-concurrent", help="Parallel calls per computation (<= 0: no limit)."),
-    log: Optional[Path] = typer.Option(None, "--log", help="File for the worker's output (default: discarded)."),
+    runtime: Optional[WorkerRuntime] = typer.Option(
+        None, "--runtime", case_sensitive=False,
+        help="tensorflow (a TensorFlow server, for backend='compiled' with workers: the current track) | tff "
+             "(TFF's C++ worker_binary, for backend='tff': the tff track). Default: tff where "
+             "tensorflow-federated imports, else tensorflow."),
+    max_concurrent: int = typer.Option(-1, "--max-concurrent", help="Parallel calls per computation (<= 0: no limit; "
+                                                                     "tff only)."),
+    log: Optional[Path] = typer.Option(None, "--log", help="File for the worker's output (default: discarded; tff "
+                                                           "only)."),
 ) -> None:
-    """Serves one TFF C++ worker (TFF's worker_binary) until SIGTERM or Ctrl-C, then stops it."""
+    """Serves one federated worker until SIGTERM or Ctrl-C, then stops it: a TensorFlow server for the compiled
+    backend, or TFF's C++ worker for the tff backend."""
     import sys
+
+    from tensorfleet.compat.tff import tff_available
+
+    chosen = runtime or (WorkerRuntime.TFF if tff_available() else WorkerRuntime.TENSORFLOW)
+    if chosen is WorkerRuntime.TENSORFLOW:
+        for flag, value, default in (("--max-concurrent", max_concurrent, -1), ("--log", log, None)):
+            if value != default:
+                raise ValueError(f"{flag} applies to TFF's worker (--runtime tff). Received: {flag} {value} with "
+                                 "--runtime tensorflow")
+        from tensorfleet.federated.backends.compiled.workers import READY, serve as serve_tf
+
+        def ready_tf(address: str) -> None:
+            typer.echo(f"{READY} {address} (pid {os.getpid()}); SIGTERM or Ctrl-C stops it")
+            sys.stdout.flush()
+
+        raise typer.Exit(serve_tf(port, host=host, on_ready=ready_tf))
 
     from tensorfleet.federated.backends.worker import WorkerPortInUseError, serve
 

@@ -192,8 +192,9 @@ class SimulationConfig:
         "function per round; no TFF needed) | tff (tensorflow-federated: the tff track).", trajectory=True,
         example="compiled", cli_type=Backend)
     workers: Sequence[str] | str | None = option(
-        None, _workers, "HOST:PORT,HOST:PORT of TFF workers to split rounds across (tff track); none: one worker "
-        "of this process.", trajectory=False, example="127.0.0.1:8000", cli_type=str)
+        None, _workers, "HOST:PORT,HOST:PORT of workers to split each round's clients across: TensorFlow servers "
+        "for the compiled backend, TFF workers for tff (`tensorfleet federated worker`); none: this process.",
+        trajectory=False, example="127.0.0.1:8000", cli_type=str)
     client_opt: Any = field(init=False, repr=False)
     server_opt: Any = field(init=False, repr=False)
     hyperparameters: dict[str, Any] = field(init=False, repr=False)
@@ -239,9 +240,8 @@ class SimulationConfig:
     def _check_per_client(self, checked: dict[str, Any]) -> None:
         """FedBN's refusals that the options alone decide: the tff backend, or FedSGD (no local steps)."""
         backend = choice(Backend, "backend", self.backend)
-        if backend is Backend.TFF or self.workers is not None:
-            check_per_client(tff=True, received=f"backend={backend.value!r}" +
-                             (f", workers={self.workers!r}" if self.workers is not None else ""))
+        if backend is Backend.TFF:
+            check_per_client(tff=True, received=f"backend={backend.value!r}")
         check_per_client(tff=False, received=f"algorithm={checked['algorithm']!r}",
                          local_steps=checked["client_opt"] is not None)
 

@@ -55,14 +55,19 @@ def test_auto_runs_compiled_and_says_so_in_the_header_and_the_metadata(clients, 
 
 
 @pytest.mark.tff
-def test_workers_are_tffs():
+def test_workers_are_tffs_where_tff_imports():
     assert SimulationConfig(workers="127.0.0.1:8000").backend is Backend.TFF
+
+
+@without_tff
+def test_workers_are_tensorflows_where_tff_does_not_import():
+    config = SimulationConfig(workers="127.0.0.1:8000,127.0.0.1:8001")
+    assert config.backend is Backend.COMPILED and config.workers == ("127.0.0.1:8000", "127.0.0.1:8001")
 
 
 @without_tff
 @pytest.mark.parametrize("options,asked", [
     ({"backend": "tff"}, "backend='tff'"),
-    ({"workers": "127.0.0.1:8000"}, "backend='auto' with workers=['127.0.0.1:8000']"),
     ({"backend": "tff", "workers": "127.0.0.1:8000"}, "backend='tff' with workers="),
 ])
 def test_asking_for_tff_where_it_is_missing_is_one_error_naming_the_tff_track(clients, options, asked):

@@ -84,7 +84,8 @@ def test_run_from_yaml_with_flag_override_then_plot(capsys, tmp_path):
 
 def test_plot_of_a_directory_without_metrics_fails_cleanly(capsys, tmp_path):
     assert main(["federated", "plot", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.startswith(f"error: No metrics.json in {tmp_path}")
+    assert capsys.readouterr().err.startswith(f"error: No file at '{tmp_path / 'metrics.json'}': nothing is there; "
+                                              "expected the metrics.json a run writes.")
 
 
 @pytest.mark.tff
@@ -165,12 +166,13 @@ def test_fewer_rounds_than_the_checkpoint_is_an_error_and_fresh_starts_over(caps
 @without_tff
 @pytest.mark.parametrize("argv,needs", [
     (["run", "--rounds", "1", "--backend", "tff"], "backend='tff' runs rounds on tensorflow-federated"),
-    (["run", "--rounds", "1", "--workers", "127.0.0.1:8471"],
-     "backend='auto' with workers=['127.0.0.1:8471'] runs rounds on tensorflow-federated"),
+    (["run", "--rounds", "1", "--backend", "tff", "--workers", "127.0.0.1:8471"],
+     "backend='tff' with workers= runs rounds on tensorflow-federated"),
     (["run", "--rounds", "1", "--dataset", "emnist-synthetic"], "the emnist_synthetic dataset (TFF's own) needs "
                                                                 "tensorflow-federated"),
     (["partition", "--dataset", "emnist-synthetic"], "the emnist_synthetic dataset (TFF's own) needs tensorflow-federated"),
-    (["worker", "--port", "8471"], "TFF's worker_binary comes with tensorflow-federated, which is not installed."),
+    (["worker", "--port", "8471", "--runtime", "tff"],
+     "TFF's worker_binary comes with tensorflow-federated, which is not installed."),
 ])
 def test_what_needs_tff_is_one_error_line_naming_the_tff_track_where_tff_is_missing(capsys, argv, needs):
     assert main(["federated", *argv]) == 2

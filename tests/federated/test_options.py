@@ -18,8 +18,9 @@ SIMULATION = declared(SimulationConfig)
 # What an option's example needs beside it to be a valid config.
 COMPANIONS: dict[str, dict[str, Any]] = {"algorithm_options": {"algorithm": "fedprox"},
                                          "aggregator_options": {"aggregator": "trimmed_mean"},
-                                         "checkpoint_every": {"out_dir": "runs/options"}}
-NEEDS_TFF = {"workers"}  # remote TFF workers: the tff track
+                                         "checkpoint_every": {"out_dir": "runs/options"},
+                                         "workers": {"backend": "compiled"}}
+NEEDS_TFF: set[str] = set()  # options whose example needs the tff track
 
 
 def test_every_option_is_declared_with_help_and_an_example_other_than_its_default():

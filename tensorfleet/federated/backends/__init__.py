@@ -10,7 +10,9 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
   :mod:`~tensorfleet.federated.backends.k8s`);
 * ``compiled``: a whole FedAvg-family, FedProx or FedSGD round as one TensorFlow function in this
   process (:mod:`~tensorfleet.federated.backends.compiled`); no TFF process or worker is built,
-  federated evaluation included. It refuses what it cannot run as TFF does. Its clients train in
+  federated evaluation included. With ``workers=`` its lanes run on TensorFlow servers
+  (:mod:`~tensorfleet.federated.backends.compiled.workers`, ``tensorfleet federated worker``), one
+  lane a worker; ``auto`` with workers is this where tensorflow-federated cannot be imported. It refuses what it cannot run as TFF does. Its clients train in
   lanes, one per core; :func:`~tensorfleet.federated.backends.threads.configure_threads`, called
   before TensorFlow starts (``tensorfleet federated run`` calls it), gives each lane's ops a
   thread of their own.
@@ -26,8 +28,7 @@ Example:
     >>> choose_backend("compiled", algorithm="fedavg")
     BackendChoice(backend=<Backend.COMPILED: 'compiled'>, workers=None)
     >>> choose_backend("compiled", ["127.0.0.1:8000"], algorithm="fedavg")
-    Traceback (most recent call last):
-    ValueError: workers= runs rounds on TFF workers; backend='compiled' runs them in this process. Received: backend='compiled', workers=['127.0.0.1:8000']; drop one of them.
+    BackendChoice(backend=<Backend.COMPILED: 'compiled'>, workers=('127.0.0.1:8000',))
     >>> choose_backend("auto", algorithm="fedsgd").backend
     <Backend.AUTO: 'auto'>
 """
@@ -136,15 +137,16 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
         if chosen is Backend.AUTO:
             if runnable and addresses is None:
                 return BackendChoice(Backend.AUTO, None)
+            from tensorfleet.compat.tff import tff_available
+
+            if runnable and not tff_available():  # workers without TFF: TensorFlow's (the current track)
+                return BackendChoice(Backend.COMPILED, addresses)
             _check_tff_parts(algorithm, aggregator)
             _require_tff(f"backend='auto' with workers={list(addresses)}" if addresses is not None else
                          f"backend='auto' for algorithm={algorithm!r}, aggregator={aggregator!r}")
             return BackendChoice(Backend.TFF, addresses)
         if not runnable:
             raise unsupported(f"algorithm={algorithm!r}, aggregator={aggregator!r}")
-        if addresses is not None:
-            raise ValueError("workers= runs rounds on TFF workers; backend='compiled' runs them in this process. "
-                             f"Received: backend='compiled', workers={list(addresses)}; drop one of them.")
     return BackendChoice(chosen, addresses)
 
 

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
@@ -21,6 +22,8 @@ import numpy as np
 
 from tensorfleet.federated.backends import Backend
 from tensorfleet.federated.backends.compiled.evaluate import ModelWeights
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tensorfleet.federated.backends.compiled import CompiledFedAvg
@@ -86,17 +89,35 @@ class CompiledRounds:
     def __init__(self, simulation: Any) -> None:
         self.sim = simulation
         self.engine: Any = None
+        self.workers: Any = None  # the TensorFlow workers the lanes run on (workers=), or None
 
     def build(self) -> Any:
         return None  # the engine is made with the initial state, from the built model
 
     def initialize(self, model: Any, max_examples: int) -> None:
-        self.engine = build_engine(self.sim.config, self.sim.model_fn, model, max_examples)
+        if self.sim.config.workers and self.workers is None:
+            from tensorfleet.federated.backends.compiled.workers import connect
+
+            self.workers = connect(self.sim.config.workers)
+        devices = None if self.workers is None else self.workers.devices
+        self.engine = build_engine(self.sim.config, self.sim.model_fn, model, max_examples, devices=devices)
 
     def run_round(self, round_num: int, participants: Sequence[str], work: dict[str, int]) -> dict[str, Any]:
+        import tensorflow as tf
+
         sampler = self.sim.sampler
-        return self.engine.next([sampler.client_arrays(c, round_num, work.get(c)) for c in participants], round_num,
-                                client_ids=list(participants))
+        clients = [sampler.client_arrays(c, round_num, work.get(c)) for c in participants]
+        while True:
+            try:
+                return self.engine.next(clients, round_num, client_ids=list(participants))
+            except tf.errors.UnavailableError:
+                # A worker gone: the server's state changes only after every lane is done, so the round runs
+                # again on the workers left (AllWorkersLostError when none is).
+                if self.workers is None or not self.workers.drop_unreachable():
+                    raise
+                log.warning("round %d: lost worker(s) %s; running the round again on %d worker(s)", round_num,
+                            ", ".join(self.workers.lost), len(self.workers.devices))
+                self.engine.keep_devices(self.workers.devices)
 
     def model_weights(self) -> ModelWeights:
         return ModelWeights(trainable=self.engine.get_weights(), non_trainable=self.engine.get_non_trainable())
@@ -242,7 +263,8 @@ _INITIAL_WEIGHTS: "weakref.WeakKeyDictionary[Any, tuple[list[np.ndarray], list[n
     weakref.WeakKeyDictionary()
 
 
-def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examples: int) -> "CompiledFedAvg":
+def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examples: int,
+                 devices: Sequence[str] | None = None) -> "CompiledFedAvg":
     """The engine of a :class:`~tensorfleet.federated.config.SimulationConfig` from the registries'
     parts (the algorithm's client work and server optimizer, the aggregator's compiled form),
     training in ``model`` (``model_fn()`` made eagerly) from its weights: TFF's ``initialize`` makes
@@ -271,5 +293,5 @@ def build_engine(config: Any, model_fn: Callable[[], Any], model: Any, max_examp
                               aggregator=part, server_optimizer=make_optimizer(config.server_opt),
                               shape=RoundShape(config.batch_size, max_examples * config.local_epochs,
                                                config.clients_per_round),
-                              seed=config.seed, model=model, non_trainable=config.non_trainable)
+                              seed=config.seed, model=model, non_trainable=config.non_trainable, devices=devices)
 

@@ -51,7 +51,8 @@ from typing import IO, Any, Iterator
 from tensorfleet import validation
 
 __all__ = [
-    "GRPC_OPTIONS", "LocalWorker", "Runtime", "close_channel", "default_runtime", "install_default", "live_workers",
+    "GRPC_OPTIONS", "LocalWorker", "Runtime", "close_channel", "default_runtime", "die_with_parent", "install_default",
+    "live_workers",
     "managed_context", "stop_all", "worker_binary_path",
 ]
 
@@ -92,7 +93,8 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """Makes the kernel kill this process when its parent thread dies (runs in a child between fork and exec)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -184,7 +186,7 @@ class LocalWorker:
             else:
                 out = subprocess.DEVNULL
             self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                             preexec_fn=_die_with_parent, close_fds=True)
+                                             preexec_fn=die_with_parent, close_fds=True)
             _LIVE.add(self)
             _register_atexit()
             self.port = port

@@ -108,9 +108,9 @@ def test_compiled_backend_refuses_what_it_does_not_run(digits_flat):
     clients = partition(digits_flat.x_train, digits_flat.y_train, num_clients=10, seed=0)
     with pytest.raises(ValueError, match=r"backend must be one of 'tff', 'compiled', 'auto'. Received: backend='gpu'"):
         Simulation(lambda: models.build("digits_mlp"), clients, backend="gpu")
-    with pytest.raises(ValueError, match=r"workers= runs rounds on TFF workers; backend='compiled' runs them in this "
-                                         r"process. Received: backend='compiled', workers=\['127.0.0.1:8000'\]"):
-        Simulation(lambda: models.build("digits_mlp"), clients, backend="compiled", workers=["127.0.0.1:8000"])
+    with pytest.raises(ValueError, match=r"workers must not repeat an address. Received: '127.0.0.1:8000' twice"):
+        Simulation(lambda: models.build("digits_mlp"), clients, backend="compiled", workers="127.0.0.1:8000,"
+                                                                                           "127.0.0.1:8000")
 
 
 @pytest.mark.parametrize("aggregator,options", [

@@ -1,41 +1,20 @@
 """The compiled backend's engine: a federated round as compiled TensorFlow functions, outside TFF,
-composed from the registries' parts.
-
-Where the time of a TFF simulation goes, measured on this stack (bench/federated_speed.py): every
-round builds one ``tf.data`` dataset per client, TFF serializes them (with their data) to its C++
-worker over gRPC, the worker runs the round, and the result comes back as Python values. With
-small models nearly all of it is that per-round traffic and per-client Python, not the arithmetic.
+composed from the registries' parts (why: docs/explanation-federated-backends.md; how:
+docs/explanation-federated-engine.md).
 
 :class:`CompiledFedAvg` runs TFF's arithmetic (``compose_learning_process``: distributor, client
 work, aggregator, finalizer) as one function traced once (without AutoGraph: its loops are
-explicit), from three parts:
-
-* the algorithm's client work (:mod:`~tensorfleet.federated.algorithms.client_work`, run by
-  :func:`~tensorfleet.federated.backends.compiled.client.client_update`: local steps
-  of the client optimizer from the server weights, FedProx's pull, FedSGD's batch gradients,
-  FedNova's normalized steps) on the batches TFF's dataset would give (the real rows only);
-* the aggregator's compiled form (:class:`~tensorfleet.federated.aggregators.parts.AggregatorPart`):
-  each client's flat update goes through its ``client`` in the graph, the values are summed (or
-  kept as rows), and its ``aggregate`` gives the server's update (a ``host`` aggregator's runs in
-  Python between the compiled client work and the compiled server step);
-* the finalizer: the server optimizer (TFF's rules and state) applies the update.
-
-The sampled clients' examples come as one padded array ``[clients, steps * batch, ...]`` with each
-client's count; ``tf.while_loop`` loops (one per lane: a lane per CPU core, each in its own copy of
-the model, run side by side) train the participants. A client with a non-finite update gets weight 0,
-as in TFF. The server weights, optimizer state, non-trainable weights and the aggregator's state stay in
-variables the round updates in place, so a round's call takes its data and returns a few numbers.
-BatchNormalization's statistics are the clients' mean weighted by examples, kept at their initial values
-(TFF's FedAvg), or kept per client with the BN layers' weights (FedBN:
-:class:`~tensorfleet.federated.backends.compiled.layout.NonTrainable`). The initial weights are
-``model_fn()``'s, made eagerly: TFF's ``initialize`` makes the same model from the same initializers,
-so no TFF process, worker or tracing is needed, and federated evaluation runs in this process too
-(:func:`~tensorfleet.federated.backends.compiled.evaluate.evaluate_batches`).
-``tests/federated/backends/test_compiled.py`` checks that both backends give the same model and
-metrics after the same rounds.
-
-Models whose rows mix at inference are found by a probe (:func:`batch_dependent_layers`) before the
-first round, and ``backend="auto"`` runs them on TFF (tff track).
+explicit): the algorithm's client work (:func:`~tensorfleet.federated.backends.compiled.client.client_update`)
+on the batches TFF's dataset would give, the aggregator's compiled form
+(:class:`~tensorfleet.federated.aggregators.parts.AggregatorPart`; a ``host`` aggregator's ``aggregate``
+runs in Python between the compiled client work and the compiled server step), and the server
+optimizer. The sampled clients' examples come as one padded array ``[clients, steps * batch, ...]``;
+``tf.while_loop`` loops, one per lane (a lane per core, or per TensorFlow worker:
+:mod:`~tensorfleet.federated.backends.compiled.workers`), each in its own copy of the model, train
+the participants side by side. A client with a non-finite update gets weight 0, as in TFF. The server's
+weights, optimizer state, non-trainable weights and the aggregator's state stay in variables the round
+updates in place. The initial weights are ``model_fn()``'s, made eagerly, as TFF's ``initialize`` makes
+them. ``tests/federated/backends/test_compiled.py`` holds both backends equal after the same rounds.
 """
 
 from __future__ import annotations
@@ -72,11 +51,15 @@ class CompiledFedAvg:
         model: a model ``model_fn()`` already made, to train in (else one is made).
         non_trainable: :class:`NonTrainable` (``mean`` by default; ``per_client``: FedBN,
             :mod:`~tensorfleet.federated.backends.compiled.local`).
+        devices: the devices of TensorFlow workers this process joined
+            (:mod:`~tensorfleet.federated.backends.compiled.workers`): one lane on each, its model made there;
+            None: the lanes run here.
     """
 
     def __init__(self, *, model_fn: Callable[[], Any], loss_fn: Any, initial_weights: Any, client_work: Any,
                  aggregator: AggregatorPart, server_optimizer: Any, shape: RoundShape, seed: int = 0,
-                 model: Any = None, non_trainable: str | NonTrainable = NonTrainable.MEAN) -> None:
+                 model: Any = None, non_trainable: str | NonTrainable = NonTrainable.MEAN,
+                 devices: Sequence[str] | None = None) -> None:
         import tensorflow as tf
 
         from tensorfleet.validation import choice
@@ -90,9 +73,18 @@ class CompiledFedAvg:
         lanes = default_lanes(shape.clients_per_round) if shape.lanes is None else shape.lanes
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer (clients trained at once). Received: {lanes!r}")
-        # Each lane's model, trainable and non-trainable variables: the first lane trains in ``model``.
-        copies = [model_fn() for _ in range(min(lanes, int(shape.clients_per_round)) - 1)]
-        self._lanes = [(m, *model_variables(m)) for m in [self.model, *copies]]
+        # Each lane's model, trainable and non-trainable variables: the first lane trains in ``model``; on
+        # workers, each lane's model is made on its worker (one lane a worker).
+        self._devices = list(devices or [])
+        if self._devices:
+            copies = []
+            for device in self._devices:
+                with tf.device(device):
+                    copies.append(model_fn())
+            self._lanes = [(m, *model_variables(m)) for m in copies]
+        else:
+            copies = [model_fn() for _ in range(min(lanes, int(shape.clients_per_round)) - 1)]
+            self._lanes = [(m, *model_variables(m)) for m in [self.model, *copies]]
         self.batch_size = int(shape.batch_size)
         self.steps = -(-int(shape.max_examples) // self.batch_size)
         self.length = self.steps * self.batch_size
@@ -123,6 +115,12 @@ class CompiledFedAvg:
         self._round: Any = None  # traced on the first round, when the data's shapes are known
         self._apply: Any = None  # a host part's server step
         self._copy: Any = None  # (model, traced copy of the server's weights into it): assign_weights_to
+
+    def keep_devices(self, devices: Sequence[str]) -> None:
+        """Keeps the lanes on ``devices`` only (workers left after some were lost); the round is traced again."""
+        kept = [(lane, d) for lane, d in zip(self._lanes, self._devices) if d in set(devices)]
+        self._lanes, self._devices = [lane for lane, _ in kept], [d for _, d in kept]
+        self._round = self._apply = None
 
     @property
     def clip(self) -> Any:
@@ -167,20 +165,22 @@ class CompiledFedAvg:
             carried["frozen"] = [self._frozen_sum_size]
         n_sums = 5 if self.client_work.normalized else 4
 
-        def client(lane: Any, j: int, i: Any, acc: Any) -> Any:
+        def client(lane: Any, j: int, i: Any, acc: Any, data: tuple[Any, ...]) -> Any:
             acc = dict(acc)
-            k = j + i * lanes
+            # ``data``: the round's (x, y, examples, FedBN rows), or on a worker only its lane's clients'.
+            k = i if self._devices else j + i * lanes
+            xs, ys, counts, rows_in = data
             start, frozen_k, flat_k = ((weights, frozen, flat_weights) if local is None
-                                       else self._local_start(weights, local_in[k]))
+                                       else local.start(weights, rows_in[k], self._specs, self._frozen_vars))
             if "frozen" in carried:
                 for v, w in zip(lane[2], frozen_k):
                     v.assign(w)
             update, sums_k, steps = client_update(self.client_work, self.loss_fn, self.batch_size, self._specs, lane,
-                                                  start, flat_k, x[k], y[k], examples[k])
+                                                  start, flat_k, xs[k], ys[k], counts[k])
             if local is not None:  # FedBN: the BN layers' weights are not sent
                 update = update * self._shared
             finite = tf.reduce_all(tf.math.is_finite(update))
-            n_k = tf.cast(examples[k], tf.float32)
+            n_k = tf.cast(counts[k], tf.float32)
             weight = tf.where(finite, n_k, 0.0)
             # A branch, not tf.where: a finite update (every one, nearly always) passes on uncopied.
             update = tf.cond(finite, lambda: update, lambda: tf.zeros_like(update))
@@ -205,22 +205,35 @@ class CompiledFedAvg:
 
         outs = []
         for j, lane in enumerate(self._lanes):  # independent loops: TensorFlow runs them side by side
-            if not self.client_work.local_steps:  # (FedSGD's clients all compute at the server weights)
-                for v, w in zip(lane[1], weights):
-                    v.assign(w)
-            n = (participants - j + lanes - 1) // lanes  # (never negative: j < lanes)
-            init: dict[str, Any] = {"sums": tf.zeros([n_sums])}
-            for key, shape in carried.items():
-                if key == "frozen":
-                    init[key] = tf.zeros(shape)
-                elif rows_kept:
-                    init[key] = tf.TensorArray(tf.float32, size=n, element_shape=shape)
-                elif key != "weight":  # (the weights' sum is the first of the sums)
-                    init[key] = tf.zeros(shape)
-            if local is not None:
-                init["local"] = tf.TensorArray(tf.float32, size=n, element_shape=[local.size])
-            outs.append(fori(n, lambda i, acc, lane=lane, j=j: client(lane, j, i, acc), init))
+            data = (x, y, examples, local_in)
+            if self._devices:  # a worker receives its lane's clients only (sliced here, where the data is)
+                mine = tf.range(j, self.clients_per_round, lanes)
+                data = tuple(None if t is None else tf.gather(t, mine) for t in data)
+            with tf.device(self._devices[j] if self._devices else None):
+                outs.append(self._lane_loop(lane, j, weights, participants, carried, rows_kept, n_sums, data, client))
         return self._gather(outs, carried, participants)
+
+    def _lane_loop(self, lane: Any, j: int, weights: list[Any], participants: Any, carried: dict[str, list[int]],
+                   rows_kept: bool, n_sums: int, data: tuple[Any, ...], client: Any) -> Any:
+        """Lane ``j``'s loop over its clients ``j, j + lanes, ...`` (on its worker, under the caller's device)."""
+        import tensorflow as tf
+
+        lanes, local = len(self._lanes), self._local
+        if not self.client_work.local_steps:  # (FedSGD's clients all compute at the server weights)
+            for v, w in zip(lane[1], weights):
+                v.assign(w)
+        n = (participants - j + lanes - 1) // lanes  # (never negative: j < lanes)
+        init: dict[str, Any] = {"sums": tf.zeros([n_sums])}
+        for key, shape in carried.items():
+            if key == "frozen":
+                init[key] = tf.zeros(shape)
+            elif rows_kept:
+                init[key] = tf.TensorArray(tf.float32, size=n, element_shape=shape)
+            elif key != "weight":  # (the weights' sum is the first of the sums)
+                init[key] = tf.zeros(shape)
+        if local is not None:
+            init["local"] = tf.TensorArray(tf.float32, size=n, element_shape=[local.size])
+        return fori(n, lambda i, acc: client(lane, j, i, acc, data), init)
 
     def _gather(self, outs: list[dict[str, Any]], carried: dict[str, list[int]], participants: Any) -> Any:
         """The lanes' loop results as the round's ``(ClientUpdates, sums, non-trainable sum)``: sums added,
@@ -250,17 +263,6 @@ class CompiledFedAvg:
                     sums, frozen_sum)
         aux = tf.add_n([o["aux"] for o in outs]) if "aux" in carried else tf.zeros([0])
         return ClientUpdates(tf.add_n([o["value"] for o in outs]), aux, sums[0], participants), sums, frozen_sum
-
-    def _local_start(self, weights: list[Any], row: Any) -> tuple[list[Any], list[Any], Any]:
-        """FedBN: ``(trainable, non-trainable, flat trainable)`` a client starts from: the server's
-        weights with the BN layers of its ``row``."""
-        import tensorflow as tf
-
-        bn, frozen = self._local.split(row)
-        start = list(weights)
-        for t, piece in zip(self._local.trainable, bn):
-            start[t] = tf.reshape(piece, self._specs[t].shape)
-        return start, [tf.reshape(p, v.shape) for p, v in zip(frozen, self._frozen_vars)], flatten(start)
 
     def _unflatten(self, flat: Any) -> list[Any]:
         """A flat vector of the model's trainable weights as one tensor per weight."""

@@ -116,6 +116,19 @@ class LocalLayers:
             if np.all(np.isfinite(row)):
                 self.states[cid] = np.array(row, np.float32)
 
+    def start(self, weights: list[Any], row: Any, specs: Sequence[Any], frozen: Sequence[Any]) -> tuple[list[Any], list[Any], Any]:
+        """``(trainable, non-trainable, flat trainable)`` a client starts from: the server's ``weights`` with the
+        BN layers of its ``row`` (``specs``: the trainable weights' specs; ``frozen``: the non-trainable ones)."""
+        import tensorflow as tf
+
+        from tensorfleet.federated.backends.compiled.layout import flatten
+
+        bn, frozen_row = self.split(row)
+        start = list(weights)
+        for t, piece in zip(self.trainable, bn):
+            start[t] = tf.reshape(piece, specs[t].shape)
+        return start, [tf.reshape(p, v.shape) for p, v in zip(frozen_row, frozen)], flatten(start)
+
     def split(self, row: Any) -> tuple[list[Any], list[Any]]:
         """A row (tensor) as ``(BN trainable pieces, non-trainable pieces)``, flat."""
         import tensorflow as tf
