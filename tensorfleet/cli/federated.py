@@ -116,18 +116,10 @@ app.command("run")(run)
 def plot(out: Path = typer.Argument(..., help="The --out directory of a run.")) -> None:
     """Re-draws accuracy.png and loss.png from a run's metrics.json."""
     from tensorfleet.federated.history import HISTORY_FILE, load_history, plot_history
-    from tensorfleet.io import UnreadableFileError, existing_folder, read_text
+    from tensorfleet.io import existing_folder
 
     existing_folder(out, f"the --out folder of a run (with its {HISTORY_FILE})")
-    metrics = out / HISTORY_FILE
-    read_text(metrics, f"the {HISTORY_FILE} a run writes")  # nothing, a folder, empty or binary: said with its name
-    try:
-        history = load_history(out)
-    except (ValueError, KeyError, TypeError) as error:
-        raise UnreadableFileError(f"{str(metrics)!r} is not the {HISTORY_FILE} of a run ({type(error).__name__}: "
-                                  f"{error}); expected the JSON a federated run writes (its rounds and config).") \
-            from None
-    for path in plot_history(history, out):
+    for path in plot_history(load_history(out), out):
         typer.echo(str(path))
 
 

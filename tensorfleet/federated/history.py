@@ -91,12 +91,25 @@ class History:
 
 
 def load_history(out_dir: str | os.PathLike[str]) -> History:
-    """Reads the ``metrics.json`` a simulation wrote into ``out_dir``."""
-    path = Path(out_dir) / HISTORY_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"No {HISTORY_FILE} in {out_dir}; is it the out_dir of a simulation run?")
-    data = json.loads(path.read_text())
-    return History(rounds=data["rounds"], config=data.get("config", {}))
+    """Reads the ``metrics.json`` a simulation wrote into ``out_dir``.
+
+    Raises:
+        FileNotFoundError: no ``metrics.json`` there (the message says what is there).
+        UnreadableFileError: a ``metrics.json`` that is not a run's (damaged, another file); the message names it.
+    """
+    from tensorfleet.io import UnreadableFileError, existing_file, read_text
+
+    path = existing_file(Path(out_dir) / HISTORY_FILE, f"the {HISTORY_FILE} a run writes")
+    text = read_text(path, f"the {HISTORY_FILE} a run writes")  # empty or binary: said with its name
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data["rounds"], list):
+            raise ValueError("no list of rounds in it")
+        return History(rounds=data["rounds"], config=data.get("config", {}))
+    except (ValueError, KeyError, TypeError) as error:
+        raise UnreadableFileError(f"{str(path)!r} is not the {HISTORY_FILE} of a run ({type(error).__name__}: "
+                                  f"{error}); expected the JSON a federated run writes (its rounds and config).") \
+            from None
 
 
 def run_title(config: dict[str, Any], *, epsilon: float | None = None) -> str:

@@ -38,3 +38,14 @@ def test_a_robust_or_compressed_run_says_so_and_plots_no_epsilon(aggregator, opt
                                              "aggregator_options": options})
     assert run_title(history.config) == label
     assert _titles(history) == {"accuracy": f"{label}\naccuracy per round", "loss": f"{label}\nloss per round"}
+
+
+@pytest.mark.parametrize("content", [b"", bytes(range(256)), b'{"rounds": 3}', b"[1, 2]", b'{"config": {}}'])
+def test_a_damaged_metrics_json_is_one_error_naming_the_file(tmp_path, content):
+    from tensorfleet.federated.history import load_history
+    from tensorfleet.io import UnreadableFileError
+
+    (tmp_path / "metrics.json").write_bytes(content)
+    with pytest.raises(UnreadableFileError, match=str(tmp_path / "metrics.json")):
+        load_history(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
