@@ -1,7 +1,7 @@
 """The compiled backend on TensorFlow worker processes against one process: rounds/s, side by side (current track;
 bench/federated_workers.py measures TFF's workers on the tff track).
 
-100 IID clients of scikit-learn's digits, 8 per round, FedAvg, the same seed; the model is an MLP of
+``--clients`` IID clients (100) of scikit-learn's digits, 8 per round, FedAvg, the same seed; the model is an MLP of
 ``--hidden`` units in two hidden layers (``--hidden 512``: 298,506 weights) trained ``--local-epochs``
 local epochs a round, so that a client's work outweighs sending it the round's weights and examples.
 Each contender runs in a process of its own (a process joins one set of workers), one after the other,
@@ -17,7 +17,7 @@ same updates summed in another order). On a machine of C cores, N workers share 
 ratio says what spreading costs or gains here; across machines each worker brings its own cores.
 
 Run with ``python bench/federated_tf_workers.py [--rounds 20] [--workers 1,2,4] [--hidden 512] [--local-epochs 2]
-[--repeats 2]``.
+[--repeats 2] [--clients 100]``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def child(workers: int, rounds: int, hidden: int, local_epochs: int) -> None:
+def child(workers: int, rounds: int, hidden: int, local_epochs: int, num_clients: int) -> None:
     import numpy as np
     import portpicker
     import keras
@@ -43,7 +43,7 @@ def child(workers: int, rounds: int, hidden: int, local_epochs: int) -> None:
     from tensorfleet.federated.backends.compiled.workers import TfWorker
 
     split = tfl.models.datasets.load_digits(flat=True)
-    clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=100, scheme="iid", seed=0)
+    clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=num_clients, scheme="iid", seed=0)
 
     def model_fn():
         return keras.Sequential([keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"),
@@ -68,7 +68,7 @@ def child(workers: int, rounds: int, hidden: int, local_epochs: int) -> None:
 
 def run(workers: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", str(workers), "--rounds", str(args.rounds), "--hidden",
-           str(args.hidden), "--local-epochs", str(args.local_epochs)]
+           str(args.hidden), "--local-epochs", str(args.local_epochs), "--clients", str(args.clients)]
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600,
                           env={**env, "PYTHONPATH": str(ROOT)})
@@ -87,16 +87,18 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=100, help="Clients the digits are split into (fewer: more "
+                        "examples, so more local work, each).")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error(f"--rounds must be at least 3. Received: {args.rounds}")
     if args.child is not None:
-        child(args.child, args.rounds, args.hidden, args.local_epochs)
+        child(args.child, args.rounds, args.hidden, args.local_epochs, args.clients)
         return
     counts = [0] + [int(n) for n in args.workers.split(",") if n.strip()]
     runs: dict[int, list[dict]] = {n: [] for n in counts}
-    print(f"compiled rounds on TensorFlow workers: digits, 100 clients, 8 per round, MLP {args.hidden}x2, "
+    print(f"compiled rounds on TensorFlow workers: digits, {args.clients} clients, 8 per round, MLP {args.hidden}x2, "
           f"{args.local_epochs} local epochs, {args.rounds} rounds, {args.repeats} alternating repeats", flush=True)
     for rep in range(args.repeats):
         for n in (counts if rep % 2 == 0 else counts[::-1]):
