@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Iterable, Iterator
@@ -162,8 +163,23 @@ def load_keras_model(spec: Any) -> Any:
         path = models.model_file(spec)
         if path is None:
             return models.build(str(spec))
+        _register_wrappers(path)
         return _keras_model(load_model(path, compile=False, where="tfl.edge"), "tfl.edge")
     return _keras_model(spec, "tfl.edge.convert")
+
+
+def _register_wrappers(path: Path) -> None:
+    """Makes the Keras 3 route's QAT, pruning and clustering wrappers known to Keras 3's loader, so that a model
+    saved with them on loads in a new process (tfmot's are tf_keras's, found by tfmot's own scope)."""
+    from tensorfleet.compat.keras import KerasFileError, saved_keras
+
+    try:
+        if path.is_file() and saved_keras(path) is Keras.KERAS3:
+            from tensorfleet.edge.keras3_optimize import custom_objects
+
+            custom_objects()  # registers them (keras.saving.register_keras_serializable)
+    except KerasFileError:
+        return  # the loader says what is wrong with the file
 
 
 def _keras_model(model: Any, where: str) -> Any:

@@ -194,3 +194,23 @@ def test_a_keras3_model_with_named_inputs_converts_with_a_batch_of_one(keras3: A
     assert artifact.ops == ("CONCATENATION", "FULLY_CONNECTED")
     assert sorted((t.name, t.shape) for t in artifact.inputs) == [("serving_default_a:0", (1, 4)),
                                                                  ("serving_default_b:0", (1, 2))]
+
+
+@pytest.mark.slow
+def test_a_keras3_model_saved_with_pruning_wrappers_converts_from_the_command_line_in_a_new_process(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import user_env
+
+    save = ("import tensorfleet as tfl\n"
+            "model = tfl.edge.optimize.apply_pruning(tfl.models.build('digits_cnn', keras='keras3'), sparsity=0.5)\n"
+            "model.save('wrapped.keras')\n")
+    done = subprocess.run([sys.executable, "-c", save], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-m", "tensorfleet", "edge", "convert", "wrapped.keras", "--quantization",
+                           "float32", "--out", "m.tflite"], cwd=tmp_path, env=user_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "m.tflite").read_bytes()[4:8] == b"TFL3"
