@@ -1,0 +1,214 @@
+"""Learning rate scaled with the global batch and warmed up; LARS and LAMB against NumPy references."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tensorfleet as tfl
+from tensorfleet.strategies import large_batch, lars
+
+
+# ------------------------------------------------------------------------------------------- the rules
+
+def test_linear_and_sqrt_rules_give_the_papers_values() -> None:
+    assert large_batch.scaled_lr(0.1, global_batch=512, reference_batch=32) == pytest.approx(1.6, abs=1e-15)
+    assert large_batch.scaled_lr(0.1, global_batch=512, reference_batch=32, rule="sqrt") == pytest.approx(0.4,
+                                                                                                       abs=1e-15)
+    assert large_batch.scaled_lr(0.1, global_batch=16, reference_batch=32) == pytest.approx(0.05, abs=1e-15)
+
+
+def test_warmup_is_linear_per_step_then_holds() -> None:
+    got = [large_batch.warmup_lr(s, warmup_steps=4, start_lr=0.1, target_lr=1.7) for s in range(7)]
+    assert got == pytest.approx([0.1, 0.5, 0.9, 1.3, 1.7, 1.7, 1.7], abs=1e-12)
+    assert large_batch.warmup_lr(0, warmup_steps=0, start_lr=0.1, target_lr=1.7) == 1.7
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"rule": "cubic"}, "rule must be one of 'linear', 'sqrt'. Received: rule='cubic'"),
+    ({"global_batch": 0}, "global_batch must be a positive integer. Received: global_batch=0"),
+    ({"reference_batch": -32}, "reference_batch must be a positive integer. Received: reference_batch=-32"),
+    ({"base_lr": 0}, "base_lr must be a finite number > 0. Received: base_lr=0"),
+    ({"global_batch": None}, "give one of global_batch"),
+    ({"per_replica_batch": 16}, "give one of global_batch"),
+    ({"warmup_epochs": 2, "warmup_steps": 10}, "give warmup_epochs or warmup_steps, not both"),
+    ({"warmup_epochs": -1}, "warmup_epochs must be"),
+    ({"strategy": object()}, "strategy= serves per_replica_batch only"),
+])
+def test_bad_input_is_one_clear_error(kwargs: dict[str, Any], message: str) -> None:
+    args = {"base_lr": 0.1, "reference_batch": 32, "global_batch": 512, "keras": "keras2", **kwargs}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        large_batch.scaled_learning_rate(**args)
+
+
+# ------------------------------------------------------------------------------------------- the callback
+
+def _model(K: Any, optimizer: Any) -> Any:
+    model = K.Sequential([K.Input((4,)), K.layers.Dense(3)])
+    model.compile(optimizer=optimizer, loss=K.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _recorder(K: Any) -> tuple[Any, list[float]]:
+    seen: list[float] = []
+
+    class Record(K.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            seen.append(float(tf.convert_to_tensor(self.model.optimizer.learning_rate)))
+
+    return Record(), seen
+
+
+_XY = (np.random.default_rng(0).random((64, 4), dtype=np.float32), np.arange(64, dtype=np.int32) % 3)
+
+
+@pytest.mark.parametrize("which", ["keras2", "keras3"])
+def test_callback_warms_up_per_step_to_the_scaled_rate(which: str, keras3: Any) -> None:
+    K = keras3 if which == "keras3" else tf_keras
+    model = _model(K, K.optimizers.SGD(0.05))
+    record, seen = _recorder(K)
+    # 64 examples at batch 16: 4 steps an epoch; warm-up over 2 epochs = 8 steps from 0.1 to 0.1 * 16/4 = 0.4.
+    callback = large_batch.scaled_learning_rate(base_lr=0.1, reference_batch=4, global_batch=16, warmup_epochs=2,
+                                                keras=model)
+    model.fit(*_XY, batch_size=16, epochs=3, verbose=0, callbacks=[callback, record])
+    expected = [0.1 + 0.3 * s / 8 for s in range(8)] + [0.4] * 4
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+    assert callback.target_lr == pytest.approx(0.4, abs=1e-15)
+
+
+def test_per_replica_batch_counts_the_replicas_of_the_model_strategy(logical_cpus: list[str]) -> None:
+    strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
+    with strategy.scope():
+        model = _model(tf_keras, tf_keras.optimizers.SGD(0.05))
+    record, seen = _recorder(tf_keras)
+    callback = large_batch.scaled_learning_rate(base_lr=0.1, reference_batch=8, per_replica_batch=8, rule="sqrt",
+                                                keras=model)
+    model.fit(*_XY, batch_size=16, epochs=1, verbose=0, callbacks=[callback, record])
+    assert callback.global_batch == 16
+    np.testing.assert_allclose(seen, [0.1 * math.sqrt(2)] * 4, rtol=1e-6)
+
+
+@pytest.mark.parametrize("which", ["keras2", "keras3"])
+def test_a_schedule_learning_rate_is_refused_naming_it(which: str, keras3: Any) -> None:
+    K = keras3 if which == "keras3" else tf_keras
+    model = _model(K, K.optimizers.SGD(K.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)))
+    callback = large_batch.scaled_learning_rate(base_lr=0.1, reference_batch=4, global_batch=16, keras=model)
+    with pytest.raises(TypeError, match="SGD's learning rate is a schedule it cannot set. Received: "
+                                        "learning_rate='ExponentialDecay'"):
+        model.fit(*_XY, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+
+
+def test_the_callback_of_one_keras_refuses_a_model_of_the_other(keras3: Any) -> None:
+    model = _model(tf_keras, "sgd")
+    callback = large_batch.scaled_learning_rate(base_lr=0.1, reference_batch=4, global_batch=16, keras="keras3")
+    assert isinstance(callback, keras3.callbacks.Callback)
+    with pytest.raises(TypeError, match="is a keras3 callback and fit's model is a keras2 model"):
+        model.fit(*_XY, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+
+
+# ------------------------------------------------------------------------------------------- LARS and LAMB
+
+def _norm(a: np.ndarray) -> float:
+    return float(np.sqrt(np.sum(a.astype(np.float64) ** 2)))
+
+
+def _ratio(num: float, w_norm: float, u_norm: float, den: float) -> float:
+    return num / den if w_norm > 0 and u_norm > 0 else 1.0
+
+
+def _lars_reference(w: np.ndarray, grads: list[np.ndarray], lr: float, mu: float, eta: float, wd: float) -> np.ndarray:
+    w, v = w.astype(np.float64), np.zeros(w.shape)
+    for g in grads:
+        if w.ndim > 1:
+            wn, gn = _norm(w), _norm(g)
+            v = mu * v + lr * _ratio(eta * wn, wn, gn, gn + wd * wn) * (g + wd * w)
+        else:
+            v = mu * v + lr * g
+        w = w - v
+    return w
+
+
+def _lamb_reference(w: np.ndarray, grads: list[np.ndarray], lr: float, b1: float, b2: float, eps: float,
+                    wd: float) -> np.ndarray:
+    w, m, v = w.astype(np.float64), np.zeros(w.shape), np.zeros(w.shape)
+    for t, g in enumerate(grads, start=1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        r = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+        if w.ndim > 1:
+            r = r + wd * w
+            w = w - lr * _ratio(_norm(w), _norm(w), _norm(r), _norm(r)) * r
+        else:
+            w = w - lr * r
+    return w
+
+
+def _steps(K: Any, optimizer: Any, initial: list[np.ndarray], grads: list[list[np.ndarray]]) -> list[np.ndarray]:
+    variables = [K.Variable(w) if K is not tf_keras else tf.Variable(w) for w in initial]
+    for step in grads:
+        optimizer.apply_gradients([(tf.constant(g), var) for g, var in zip(step, variables)])
+    return [np.asarray(var.numpy() if hasattr(var, "numpy") else var) for var in variables]
+
+
+_RNG = np.random.default_rng(1)
+_INITIAL = [_RNG.normal(size=(5, 3)).astype(np.float32), _RNG.normal(size=(3,)).astype(np.float32)]
+_GRADS = [[_RNG.normal(size=w.shape).astype(np.float32) for w in _INITIAL] for _ in range(3)]
+
+
+@pytest.mark.parametrize("which", ["keras2", "keras3"])
+def test_lars_steps_equal_the_numpy_reference(which: str, keras3: Any) -> None:
+    K = keras3 if which == "keras3" else tf_keras
+    optimizer = lars.lars(0.5, momentum=0.9, eta=0.02, weight_decay=0.01, keras=which)
+    got = _steps(K, optimizer, _INITIAL, _GRADS)
+    for index, (w, g) in enumerate(zip(got, zip(*_GRADS))):
+        want = _lars_reference(_INITIAL[index], list(g), 0.5, 0.9, 0.02, 0.01)
+        np.testing.assert_allclose(w, want, rtol=2e-6, atol=2e-6)
+    assert not np.allclose(got[0], _INITIAL[0]) and not np.allclose(got[1], _INITIAL[1])
+
+
+def test_tf_keras_lamb_steps_equal_the_numpy_reference() -> None:
+    optimizer = lars.lamb(0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-6, weight_decay=0.05, keras="keras2")
+    assert isinstance(optimizer, tf_keras.optimizers.Optimizer)
+    got = _steps(tf_keras, optimizer, _INITIAL, _GRADS)
+    for index, (w, g) in enumerate(zip(got, zip(*_GRADS))):
+        want = _lamb_reference(_INITIAL[index], list(g), 0.01, 0.8, 0.95, 1e-6, 0.05)
+        np.testing.assert_allclose(w, want, rtol=2e-6, atol=2e-6)
+
+
+def test_keras3_lamb_is_keras_own(keras3: Any) -> None:
+    assert lars.optimizer_class("lamb", "keras3") is keras3.optimizers.Lamb
+    assert lars.optimizer_class("LARS", "keras3").__name__ == "LARS"
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: lars.optimizer_class("adamw", "keras2"), "name must be one of 'LARS', 'LAMB'. Received: name='adamw'"),
+    (lambda: lars.lars(0.1, momentum=1.5, keras="keras2"), "momentum must be"),
+    (lambda: lars.lars(0.1, eta=0, keras="keras3"), "eta must be a finite number > 0. Received: eta=0"),
+    (lambda: lars.lamb(beta_2=1.0, keras="keras2"), "beta_2 must be"),
+])
+def test_bad_optimizer_options_are_refused(call: Any, message: str, keras3: Any) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(("which", "name"), [("keras2", "LARS"), ("keras3", "LARS"), ("keras2", "LAMB")])
+def test_a_model_trains_with_them_under_mirrored(which: str, name: str, keras3: Any, logical_cpus: list[str],
+                                                 digits_flat: Any) -> None:
+    K = keras3 if which == "keras3" else tf_keras
+    x, y = digits_flat.x_train[:512], digits_flat.y_train[:512]
+    strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
+    with strategy.scope():
+        model = K.Sequential([K.Input((64,)), K.layers.Dense(32, activation="relu"), K.layers.Dense(10)])
+        optimizer = (lars.lars(1.0, eta=0.01, keras=which) if name == "LARS"
+                     else lars.lamb(0.05, weight_decay=0.01, keras=which))
+        model.compile(optimizer=optimizer, loss=K.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=64, epochs=4, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert history.history["accuracy"][-1] > 0.7
