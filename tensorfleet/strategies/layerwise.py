@@ -129,7 +129,7 @@ def _keras3_classes() -> dict[str, type]:
     base = keras_module(Keras.KERAS3).optimizers.Optimizer
 
     class LARS(_LARSHyper, base):  # type: ignore[misc, valid-type]
-        """LARS (You et al. 2017) as a Keras 3 optimizer; see :mod:`tensorfleet.strategies.lars`."""
+        """LARS (You et al. 2017) as a Keras 3 optimizer; see :mod:`tensorfleet.strategies.layerwise`."""
 
         def __init__(self, learning_rate: Any = 0.1, momentum: float = 0.9, eta: float = 0.001,
                      weight_decay: float = 1e-4, name: str = "lars", **kwargs: Any) -> None:
@@ -175,7 +175,7 @@ def _keras2_classes() -> dict[str, type]:
             return config
 
     class LARS(_LARSHyper, _Keras2):
-        """LARS (You et al. 2017) as a tf_keras optimizer; see :mod:`tensorfleet.strategies.lars`."""
+        """LARS (You et al. 2017) as a tf_keras optimizer; see :mod:`tensorfleet.strategies.layerwise`."""
 
         def __init__(self, learning_rate: Any = 0.1, momentum: float = 0.9, eta: float = 0.001,
                      weight_decay: float = 1e-4, name: str = "LARS", **kwargs: Any) -> None:
@@ -199,7 +199,7 @@ def _keras2_classes() -> dict[str, type]:
             variable.assign(w)
 
     class LAMB(_LAMBHyper, _Keras2):
-        """LAMB (You et al. 2019) as a tf_keras optimizer; see :mod:`tensorfleet.strategies.lars`."""
+        """LAMB (You et al. 2019) as a tf_keras optimizer; see :mod:`tensorfleet.strategies.layerwise`."""
 
         def __init__(self, learning_rate: Any = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
                      epsilon: float = 1e-6, weight_decay: float = 0.0, name: str = "LAMB", **kwargs: Any) -> None:
@@ -253,7 +253,7 @@ def optimizer_class(name: str, keras: Keras | str | Any = None) -> type:
     key = str(name).strip().upper() if isinstance(name, str) else None
     if key not in NAMES:
         raise ValueError(f"name must be one of 'LARS', 'LAMB'. Received: name={name!r}")
-    return _classes(as_keras(keras, "lars.optimizer_class"))[key]
+    return _classes(as_keras(keras, "layerwise.optimizer_class"))[key]
 
 
 def lars(learning_rate: Any = 0.1, *, momentum: float = 0.9, eta: float = 0.001, weight_decay: float = 1e-4,
@@ -273,7 +273,7 @@ def lamb(learning_rate: Any = 0.001, *, beta_1: float = 0.9, beta_2: float = 0.9
          weight_decay: float | None = None, keras: Keras | str | Any = None, **kwargs: Any) -> Any:
     """A LAMB optimizer (You et al. 2019) of the model's Keras: Keras 3's own ``keras.optimizers.Lamb`` for a
     Keras 3 model (``weight_decay`` then Keras's decoupled decay), the class here for tf_keras."""
-    which = as_keras(keras, "lars.lamb")
+    which = as_keras(keras, "layerwise.lamb")
     if which is Keras.KERAS3:
         log.info("LAMB for a Keras 3 model: Keras's own keras.optimizers.Lamb")
     elif weight_decay is None:

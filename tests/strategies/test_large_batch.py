@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 import tensorfleet as tfl
-from tensorfleet.strategies import large_batch, lars
+from tensorfleet.strategies import large_batch, layerwise
 
 
 # ------------------------------------------------------------------------------------------- the rules
@@ -163,7 +163,7 @@ _GRADS = [[_RNG.normal(size=w.shape).astype(np.float32) for w in _INITIAL] for _
 @pytest.mark.parametrize("which", ["keras2", "keras3"])
 def test_lars_steps_equal_the_numpy_reference(which: str, keras3: Any) -> None:
     K = keras3 if which == "keras3" else tf_keras
-    optimizer = lars.lars(0.5, momentum=0.9, eta=0.02, weight_decay=0.01, keras=which)
+    optimizer = layerwise.lars(0.5, momentum=0.9, eta=0.02, weight_decay=0.01, keras=which)
     got = _steps(K, optimizer, _INITIAL, _GRADS)
     for index, (w, g) in enumerate(zip(got, zip(*_GRADS))):
         want = _lars_reference(_INITIAL[index], list(g), 0.5, 0.9, 0.02, 0.01)
@@ -172,7 +172,7 @@ def test_lars_steps_equal_the_numpy_reference(which: str, keras3: Any) -> None:
 
 
 def test_tf_keras_lamb_steps_equal_the_numpy_reference() -> None:
-    optimizer = lars.lamb(0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-6, weight_decay=0.05, keras="keras2")
+    optimizer = layerwise.lamb(0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-6, weight_decay=0.05, keras="keras2")
     assert isinstance(optimizer, tf_keras.optimizers.Optimizer)
     got = _steps(tf_keras, optimizer, _INITIAL, _GRADS)
     for index, (w, g) in enumerate(zip(got, zip(*_GRADS))):
@@ -181,15 +181,15 @@ def test_tf_keras_lamb_steps_equal_the_numpy_reference() -> None:
 
 
 def test_keras3_lamb_is_keras_own(keras3: Any) -> None:
-    assert lars.optimizer_class("lamb", "keras3") is keras3.optimizers.Lamb
-    assert lars.optimizer_class("LARS", "keras3").__name__ == "LARS"
+    assert layerwise.optimizer_class("lamb", "keras3") is keras3.optimizers.Lamb
+    assert layerwise.optimizer_class("LARS", "keras3").__name__ == "LARS"
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda: lars.optimizer_class("adamw", "keras2"), "name must be one of 'LARS', 'LAMB'. Received: name='adamw'"),
-    (lambda: lars.lars(0.1, momentum=1.5, keras="keras2"), "momentum must be"),
-    (lambda: lars.lars(0.1, eta=0, keras="keras3"), "eta must be a finite number > 0. Received: eta=0"),
-    (lambda: lars.lamb(beta_2=1.0, keras="keras2"), "beta_2 must be"),
+    (lambda: layerwise.optimizer_class("adamw", "keras2"), "name must be one of 'LARS', 'LAMB'. Received: name='adamw'"),
+    (lambda: layerwise.lars(0.1, momentum=1.5, keras="keras2"), "momentum must be"),
+    (lambda: layerwise.lars(0.1, eta=0, keras="keras3"), "eta must be a finite number > 0. Received: eta=0"),
+    (lambda: layerwise.lamb(beta_2=1.0, keras="keras2"), "beta_2 must be"),
 ])
 def test_bad_optimizer_options_are_refused(call: Any, message: str, keras3: Any) -> None:
     with pytest.raises(ValueError, match=message):
@@ -204,8 +204,8 @@ def test_a_model_trains_with_them_under_mirrored(which: str, name: str, keras3: 
     strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
     with strategy.scope():
         model = K.Sequential([K.Input((64,)), K.layers.Dense(32, activation="relu"), K.layers.Dense(10)])
-        optimizer = (lars.lars(1.0, eta=0.01, keras=which) if name == "LARS"
-                     else lars.lamb(0.05, weight_decay=0.01, keras=which))
+        optimizer = (layerwise.lars(1.0, eta=0.01, keras=which) if name == "LARS"
+                     else layerwise.lamb(0.05, weight_decay=0.01, keras=which))
         model.compile(optimizer=optimizer, loss=K.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     history = model.fit(x, y, batch_size=64, epochs=4, verbose=0)
