@@ -81,16 +81,29 @@ def test_callback_warms_up_per_step_to_the_scaled_rate(which: str, keras3: Any) 
     assert callback.target_lr == pytest.approx(0.4, abs=1e-15)
 
 
-def test_per_replica_batch_counts_the_replicas_of_the_model_strategy(logical_cpus: list[str]) -> None:
-    strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_per_replica_batch_counts_the_replicas_of_the_model_strategy(replicas: int, logical_cpus: list[str]) -> None:
+    # The same callback options on 2 then 4 replicas (a restart with more workers, keep_per_replica): the
+    # rate follows the global batch of each.
+    strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:replicas])
     with strategy.scope():
         model = _model(tf_keras, tf_keras.optimizers.SGD(0.05))
     record, seen = _recorder(tf_keras)
     callback = large_batch.scaled_learning_rate(base_lr=0.1, reference_batch=8, per_replica_batch=8, rule="sqrt",
                                                 keras=model)
-    model.fit(*_XY, batch_size=16, epochs=1, verbose=0, callbacks=[callback, record])
-    assert callback.global_batch == 16
-    np.testing.assert_allclose(seen, [0.1 * math.sqrt(2)] * 4, rtol=1e-6)
+    model.fit(*_XY, batch_size=8 * replicas, epochs=1, verbose=0, callbacks=[callback, record])
+    assert callback.global_batch == 8 * replicas
+    np.testing.assert_allclose(seen, [0.1 * math.sqrt(replicas)] * (64 // (8 * replicas)), rtol=1e-6)
+
+
+def test_a_resumed_fit_continues_the_warmup_where_its_epoch_is() -> None:
+    # Resumed at epoch 1 of a 2-epoch warm-up (4 steps an epoch): steps 4..7 of the ramp, then the target.
+    model = _model(tf_keras, tf_keras.optimizers.SGD(0.05))
+    record, seen = _recorder(tf_keras)
+    callback = large_batch.scaled_learning_rate(base_lr=0.1, reference_batch=4, global_batch=16, warmup_epochs=2,
+                                                keras=model)
+    model.fit(*_XY, batch_size=16, epochs=3, initial_epoch=1, verbose=0, callbacks=[callback, record])
+    np.testing.assert_allclose(seen, [0.1 + 0.3 * s / 8 for s in range(4, 8)] + [0.4] * 4, rtol=1e-6)
 
 
 @pytest.mark.parametrize("which", ["keras2", "keras3"])
