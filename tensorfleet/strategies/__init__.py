@@ -7,7 +7,9 @@ strategy (``fit_inputs``); logical devices for machines without accelerators
 (``simulate_devices``); the task servers of a parameter-server cluster
 (:mod:`~tensorfleet.strategies.servers`) and its ``staleness`` option
 (:mod:`~tensorfleet.strategies.staleness`, measured runs in
-:mod:`~tensorfleet.strategies.staleness_run`).
+:mod:`~tensorfleet.strategies.staleness_run`); the learning rate for the global batch
+(``scaled_learning_rate``, :mod:`~tensorfleet.strategies.large_batch`) and LARS/LAMB (``lars``,
+``lamb``, :mod:`~tensorfleet.strategies.layerwise`).
 
 Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
     >>> import tensorflow as tf
@@ -45,9 +47,11 @@ from tensorfleet.strategies.registry import STRATEGIES, Availability, available,
 from tensorfleet.strategies.servers import start_in_process_cluster, start_server
 from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
 
-# The memory savers, the parameter server's staleness option and its measured training runs,
-# loaded on first use.
-__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "staleness_run"))
+# The memory savers, the parameter server's staleness option and its measured training runs, the
+# learning rate for the global batch and the layer-wise optimizers (LARS, LAMB), loaded on first use.
+__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "staleness_run", "large_batch", "layerwise"),
+                            names={"scaled_learning_rate": "large_batch", "ScalingRule": "large_batch",
+                                   "lars": "layerwise", "lamb": "layerwise"})
 
 __all__ = [
     "STRATEGIES",
