@@ -60,14 +60,12 @@ CHECKED_VERSIONS = ("3.15",)
 """Keras 3 releases (major.minor) whose TensorFlow trainer the mends were checked against."""
 
 UPSTREAM_ISSUE = "keras-team/keras#20585"
-
 _originals: dict[str, Any] = {}
 """What the mends replaced (``"_maybe_symbolic_build"``, ``"reduce_per_replica"``), while installed."""
 
 
 def _trainer_module() -> Any:
     from keras.src.backend.tensorflow import trainer
-
     return trainer
 
 

@@ -47,7 +47,8 @@ def test_validate_reports_an_invalid_manifest(tmp_path: Path, capsys) -> None:
     path.write_text(text.replace("restartPolicy: OnFailure", "restartPolicy: Sometimes", 1))
     assert main(["k8s", "validate", str(path)]) == 2
     assert capsys.readouterr().err.startswith(
-        "error: TFJob 'digits' is invalid at spec/tfReplicaSpecs/Worker/restartPolicy: 'Sometimes' is not one of")
+        f"error: '{path}': TFJob 'digits' is invalid at spec/tfReplicaSpecs/Worker/restartPolicy: 'Sometimes' is "
+        "not one of")
 
 
 def test_tfjob_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
@@ -94,8 +95,8 @@ def test_serving_writes_a_valid_deployment_service_and_autoscaler(tmp_path: Path
     out.write_text(out.read_text().replace("averageUtilization: 70", "averageUtilization: high"))
     assert main(["k8s", "validate", str(out)]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: Document 2 (HorizontalPodAutoscaler) is not a valid Kubernetes HorizontalPodAutoscaler: 'high' is not "
-        "of type 'integer', 'null' (at spec/metrics/0/resource/target/averageUtilization)")
+        f"error: '{out}': Document 2 (HorizontalPodAutoscaler) is not a valid Kubernetes HorizontalPodAutoscaler: "
+        "'high' is not of type 'integer', 'null' (at spec/metrics/0/resource/target/averageUtilization)")
 
 
 def test_serving_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:

@@ -123,9 +123,9 @@ class Keras3Trainer:
         """Variables Keras 3 creates inside are laid out on the mesh."""
         import tensorflow as tf
 
-        from tensorfleet.model_parallel.mesh.keras_model import _creator
+        from tensorfleet.model_parallel.mesh.keras_model import creator
 
-        with tf.variable_creator_scope(_creator(self.layout, self.dmesh, 0)):
+        with tf.variable_creator_scope(creator(self.layout, self.dmesh, 0)):
             yield
 
     def compile(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ def host_value(variable: Any) -> Any:
     return dtensor.unpack(whole)[0].numpy()
 
 
-def _creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
+def creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
@@ -100,7 +100,7 @@ def mesh_scope(layout: KerasLayout, dmesh: Any, *, zero: int = 0) -> Iterator[Ke
     generator = keras2().backend.experimental.is_tf_random_generator_enabled()
     keras2().backend.experimental.enable_tf_random_generator()
     try:
-        with layout_map_scope(keras_map), tf.variable_creator_scope(_creator(layout, dmesh, zero)):
+        with layout_map_scope(keras_map), tf.variable_creator_scope(creator(layout, dmesh, zero)):
             yield layout
     finally:
         if not generator:
