@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -28,11 +29,11 @@ import os
 import zipfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["KERAS2_HOWTO", "Keras", "Keras3ModelError", "KerasFileError", "as_keras", "is_keras3_model", "keras2",
            "keras3", "keras_flavour", "keras_major", "keras_module", "keras_of", "legacy_keras_selected", "load_model",
-           "model_variables", "module_of", "sublayers", "require_keras2", "require_keras2_layer", "saved_keras", "set_random_seed",
+           "model_variables", "module_of", "seeded", "sublayers", "require_keras2", "require_keras2_layer", "saved_keras", "set_random_seed",
            "tf_variable",
            "user_keras"]
 
@@ -224,6 +225,71 @@ def set_random_seed(seed: int) -> None:
     keras2().utils.set_random_seed(seed)  # Python, NumPy, TensorFlow and tf_keras
     if not _tf_before_216() and importlib.util.find_spec("keras") is not None and keras_major("keras") >= 3:
         keras3().utils.set_random_seed(seed)
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """:func:`set_random_seed` for the ``with`` block, and the process's random state as it was after it: Python's
+    and NumPy's generators, TensorFlow's global seed and its op-seed sequence (its eager context's private
+    ``_seed``/``_rng``), Keras 3's global seed and ``SeedGenerator``, tf_keras's seed generator. A library call
+    that seeds its run (a federated simulation) leaves the user's other random draws where they were."""
+    import random
+
+    import numpy as np
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    saved_tf = (getattr(ctx, "_seed", None), getattr(ctx, "_rng", _MISSING))
+    saved = (random.getstate(), np.random.get_state())
+    keras2_generator = _tf_keras_seed_generator()
+    saved_keras2 = getattr(keras2_generator, "generator", _MISSING) if keras2_generator is not None else _MISSING
+    state = _keras3_global_state()
+    saved_keras3 = ({k: state.get_global_attribute(k) for k in ("global_random_seed", "global_seed_generator")}
+                    if state is not None else {})
+    set_random_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        ctx._seed = saved_tf[0]
+        if saved_tf[1] is _MISSING:
+            if hasattr(ctx, "_rng"):
+                del ctx._rng
+        else:
+            ctx._rng = saved_tf[1]
+        if keras2_generator is not None:
+            if saved_keras2 is _MISSING:
+                keras2_generator.__dict__.pop("generator", None)
+            else:
+                keras2_generator.generator = saved_keras2
+        for key, value in saved_keras3.items():
+            state.set_global_attribute(key, value)
+
+
+def _tf_keras_seed_generator() -> Any:
+    """tf_keras's thread-local seed generator (``tf_keras.src.backend._SEED_GENERATOR``), or None."""
+    import importlib.util
+
+    if _tf_before_216() or importlib.util.find_spec("tf_keras") is None:
+        return None
+    from tf_keras.src import backend
+
+    return getattr(backend, "_SEED_GENERATOR", None)
+
+
+def _keras3_global_state() -> Any:
+    """Keras 3's ``global_state`` module (its global seed and SeedGenerator), or None without Keras 3."""
+    import importlib.util
+
+    if _tf_before_216() or importlib.util.find_spec("keras") is None or keras_major("keras") < 3:
+        return None
+    from keras.src.backend.common import global_state
+
+    return global_state
 
 
 def require_keras2(model: Any, where: str) -> Any:

@@ -173,11 +173,12 @@ class Simulation:
         (:data:`~tensorfleet.federated.backends.rounds.ROUND_BACKENDS`); returns its TFF learning process
         (None where no TFF process is built: the compiled backend needs no process, worker or tracing)."""
         if self._keras_model is None:
-            from tensorfleet.compat.keras import keras_of, set_random_seed
+            from tensorfleet.compat.keras import keras_of, seeded
 
-            # The seed makes the whole run: the model's initial weights, each lane's copy and its Dropout draws.
-            set_random_seed(self.config.seed)
-            model = self.model_fn()
+            # The seed makes the whole run: the model's initial weights, each lane's copy and its Dropout draws
+            # (the process's random state is as it was afterwards).
+            with seeded(self.config.seed):
+                model = self.model_fn()
             keras_of(model, "tfl.federated.Simulation (the model of model_fn)")
             tff_model.check_model(model, self._element_spec)
             self.where = settle_backend(self.config, self.clients, model)  # 'auto' decided, once
@@ -277,8 +278,11 @@ class Simulation:
         The TFF worker is stopped when the run ends (also on error), unless ``stop_worker`` is
         False.
         """
+        from tensorfleet.compat.keras import seeded
+
         try:
-            return self._run()
+            with seeded(self.config.seed):  # lanes, traced rounds and their Dropout follow the seed too
+                return self._run()
         finally:
             if stop_worker and self.rounds is not None:
                 self.rounds.stop()

@@ -158,3 +158,23 @@ def test_the_same_seed_gives_the_same_final_weights_bit_for_bit_in_either_keras(
         runs.append(dict(line.split() for line in done.stdout.splitlines() if line.startswith(("keras ", "tf_keras "))))
     assert set(runs[0]) == {"keras", "tf_keras"}
     assert runs[0] == runs[1]
+
+
+def test_a_simulation_leaves_the_processs_random_state_as_it_was(k3, clients):
+    import random
+
+    import tensorflow as tf
+
+    def draws() -> tuple[float, float, list[float]]:
+        return random.random(), float(np.random.rand()), tf.random.uniform([3]).numpy().tolist()
+
+    random.seed(11)
+    np.random.seed(11)
+    tf.random.set_seed(11)
+    expected = draws()
+    random.seed(11)
+    np.random.seed(11)
+    tf.random.set_seed(11)
+    Simulation(lambda: _build(k3, dropout=0.2), clients, "fedavg", rounds=1, clients_per_round=3, seed=4,
+               progress=False).run()
+    assert draws() == expected
