@@ -113,6 +113,7 @@ def two_jobs(tmp_path: Path) -> tuple[Path, Path]:
     return a, b
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_share_runs_two_jobs_time_sliced_and_writes_the_timeline(two_jobs, tmp_path: Path, capsys) -> None:
     import re

@@ -217,6 +217,7 @@ def _int8_vs_keras_steps(artifact: Any, model: Any, x: np.ndarray) -> tuple[floa
     return float(steps.max()), float(np.mean(steps <= 1 + 1e-4))
 
 
+@pytest.mark.slow
 def test_keras3_qat_converts_to_full_int8_that_tflm_runs(keras3: Any, k3_digits: Any, small: Any,
                                                         digits: Any) -> None:
     qat = opt.finetune(_k3_copy(k3_digits, keras3), "qat", *small, epochs=1)
