@@ -9,18 +9,23 @@ durations and parameter counts written with units (``"16GB"``, ``"100Gbps"``, ``
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 import re
+import warnings
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
 
 __all__ = [
     "UnknownOptionError", "boolean", "choice", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
-    "port", "positive_int",
+    "port", "positive_int", "renamed", "take_renamed",
 ]
 
 E = TypeVar("E", bound=Enum)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class UnknownOptionError(TypeError, ValueError):
@@ -281,3 +286,60 @@ def parse_count(text: str | int | float) -> float:
     if not value > 0 or math.isinf(value):
         raise ValueError(f"A parameter count must be positive. Received: {text!r}")
     return value
+
+
+def take_renamed(values: dict[str, Any], old: str, new: str, where: str, *, stacklevel: int = 3) -> dict[str, Any]:
+    """``values`` (keyword arguments, YAML keys) with the older name ``old`` read as ``new`` (docs/glossary.md):
+    a DeprecationWarning naming both, for one release; ValueError when both are given. The one place
+    that says so, for every renamed parameter, key and flag in the package.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     take_renamed({"arena_size": 4096}, "arena_size", "arena_bytes", "validate_micro")
+        {'arena_bytes': 4096}
+        >>> str(seen[0].message)
+        "validate_micro: 'arena_size' is now 'arena_bytes'; the older name will stop working in the next release."
+    """
+    if old not in values:
+        return values
+    values = dict(values)
+    value = values.pop(old)
+    if values.get(new) is not None and value is not None:
+        raise ValueError(f"{where}: {old!r} is the older name of {new!r}; give one of them. "
+                         f"Received: {old}={value!r}, {new}={values[new]!r}")
+    warnings.warn(f"{where}: {old!r} is now {new!r}; the older name will stop working in the next release.",
+                  DeprecationWarning, stacklevel=stacklevel)
+    if value is not None or new not in values:
+        values[new] = value
+    return values
+
+
+def renamed(**old_to_new: str) -> Callable[[F], F]:
+    """Decorator: the function's parameters once had other names (``old=new``, docs/glossary.md); the old
+    keywords keep working for one release through :func:`take_renamed`.
+
+    Example:
+        >>> @renamed(arena_size="arena_bytes")
+        ... def probe(model, *, arena_bytes=None):
+        ...     return arena_bytes
+        >>> probe(b"", arena_bytes=4096)
+        4096
+    """
+    def decorate(function: F) -> F:
+        parameters = inspect.signature(function).parameters
+        for old, new in old_to_new.items():
+            if new not in parameters or old in parameters:
+                raise TypeError(f"renamed({old}={new!r}) does not fit {function.__qualname__}{inspect.signature(function)}")
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    kwargs = take_renamed(kwargs, old, new, function.__qualname__)
+            return function(*args, **kwargs)
+
+        wrapper.__renamed__ = dict(old_to_new)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+    return decorate

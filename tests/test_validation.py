@@ -60,3 +60,26 @@ def test_boolean_takes_only_a_bool(value):
         boolean("progress", value)
     assert str(excinfo.value) == f"progress must be true or false. Received: progress={value!r}"
     assert boolean("progress", False) is False
+
+
+def test_a_renamed_keyword_keeps_working_with_a_warning_naming_the_new_one():
+    import warnings
+
+    from tensorfleet.validation import renamed
+
+    @renamed(arena_size="arena_bytes")
+    def probe(model, *, arena_bytes=None):
+        return arena_bytes
+
+    with pytest.warns(DeprecationWarning, match=r"^.*probe: 'arena_size' is now 'arena_bytes'; the older name will "
+                                                r"stop working in the next release\.$") as seen:
+        assert probe(b"", arena_size=4096) == 4096
+    assert seen[0].filename == __file__  # the warning points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert probe(b"", arena_bytes=2048) == 2048
+    with pytest.raises(ValueError, match=r"'arena_size' is the older name of 'arena_bytes'; give one of them\. "
+                                         r"Received: arena_size=1, arena_bytes=2$"):
+        probe(b"", arena_size=1, arena_bytes=2)
+    with pytest.raises(TypeError, match=r"renamed\(log='sink'\) does not fit"):
+        renamed(log="sink")(probe.__wrapped__)

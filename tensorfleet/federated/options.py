@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import typing
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from tensorfleet.validation import take_renamed
 
 __all__ = ["OptionInfo", "declared", "optional_text", "option", "rename_deprecated", "text"]
 
@@ -104,12 +105,5 @@ def rename_deprecated(values: dict[str, Any], options: dict[str, OptionInfo], wh
     out = dict(values)
     for info in options.values():
         for alias in info.aliases:
-            if alias in out:
-                if out.get(info.name) is not None and out[alias] is not None:
-                    raise ValueError(f"{where}: {alias!r} is the older name of {info.name!r}; give one of them. "
-                                     f"Received: {alias}={out[alias]!r}, {info.name}={out[info.name]!r}")
-                warnings.warn(f"{where}: {alias!r} is now {info.name!r}; the older name will stop working in the "
-                              "next release.", DeprecationWarning, stacklevel=3)
-                value = out.pop(alias)
-                out[info.name] = value if value is not None else out.get(info.name)
+            out = take_renamed(out, alias, info.name, where, stacklevel=4)
     return out
