@@ -92,7 +92,7 @@ def main() -> int:
                     exact = prober.probe(arena)[0] and not prober.probe(arena - 1)[0]
                 if not exact:
                     failures.append(f"{name}/{mode}: arena {arena} is not the smallest that runs")
-                raw = run_micro(artifact, x_test, arena_size=arena, progress=False)
+                raw = run_micro(artifact, x_test, arena_bytes=arena, progress=False)
                 engine = "TFLM"
             else:
                 raw = run_tflite(artifact, x_test)

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     print(rep.table())
     rep.save_json(args.out_dir / "digits_int8_report.json")
     rep.plot(args.out_dir / "digits_int8_report.png")
-    for path in tfl.edge.export_c(artifact, args.out_dir / "c", name="digits", arena_size=validation.arena_bytes):
+    for path in tfl.edge.export_c(artifact, args.out_dir / "c", name="digits", arena_bytes=validation.arena_bytes):
         print(f"wrote {path}")
     return 0 if rep.fit is None or rep.fit.fits else 1
 

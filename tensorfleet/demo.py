@@ -129,7 +129,7 @@ def run_edge(model: object, *, out_dir: str = "out/demo/edge") -> dict[str, floa
     artifact = tfl.edge.convert(plain, quantization="int8", representative_data=split.x_train[:200])
     artifact.save(Path(out_dir) / "digits_int8.tflite")
     validation = tfl.edge.validate_micro(artifact, split.x_test, split.y_test)
-    files = tfl.edge.export_c(artifact, Path(out_dir) / "c", name="digits", arena_size=validation.arena_bytes)
+    files = tfl.edge.export_c(artifact, Path(out_dir) / "c", name="digits", arena_bytes=validation.arena_bytes)
     print(f"edge: int8 model {len(artifact.data):,} bytes, smallest TFLite Micro arena "
           f"{validation.arena_bytes:,} bytes, accuracy on TFLite Micro {validation.micro_accuracy:.4f} "
           f"(Keras {validation.keras_accuracy:.4f}); C sources: {', '.join(str(f) for f in files)}")

@@ -105,15 +105,23 @@ def convert_cmd(
 @app.command("validate")
 def validate_cmd(
     model: Path = typer.Argument(..., help="A .tflite file."),
-    arena_size: Optional[int] = typer.Option(None, "--arena-size",  # noqa: UP007
-                                             help="The target's arena in bytes (at most 64 MiB)."),
+    arena_bytes: Optional[int] = typer.Option(None, "--arena-bytes",  # noqa: UP007
+                                              help="The target's arena in bytes (at most 64 MiB)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Samples (.npy) to run on TFLM and the desktop TFLite interpreter."),  # noqa: UP007
+    arena_size: Optional[int] = typer.Option(None, "--arena-size", hidden=True,  # noqa: UP007
+                                             help="The older name of --arena-bytes (until the next release)."),
 ) -> None:
     """Check that TFLite Micro runs the model: ops, smallest arena, agreement with desktop TFLite (LiteRT)."""
     from tensorfleet import edge
+    from tensorfleet.validation import take_renamed
 
+    if arena_size is not None:
+        typer.echo("warning: --arena-size is now --arena-bytes; the older flag will stop working in the next "
+                   "release.", err=True)
+        arena_bytes = take_renamed({"arena_size": arena_size, "arena_bytes": arena_bytes}, "arena_size",
+                                   "arena_bytes", "tensorfleet edge validate")["arena_bytes"]
     artifact = edge.TFLiteArtifact.from_file(model)
-    result = edge.validate_micro(artifact, None if data is None else _load_npy(data), arena_size=arena_size)
+    result = edge.validate_micro(artifact, None if data is None else _load_npy(data), arena_bytes=arena_bytes)
     typer.echo(f"TFLite Micro runs {model} ({artifact.quantization}, {artifact.size:,} bytes); smallest arena "
                f"{result.arena_bytes:,} bytes for the {result.arena_allocator} - a safe size for a firmware, "
                f"whose plain MicroAllocator needs 240-424 bytes less")
@@ -161,8 +169,8 @@ def export_cmd(
 
     check_writable(out / f"{edge.check_c_name(name)}_model_data.h")  # before the arena search
     artifact = edge.TFLiteArtifact.from_file(model)
-    arena_size = edge.find_arena_size(artifact) if arena else None
-    for path in edge.export_c(artifact, out, name, arena_size=arena_size):
+    arena_bytes = edge.find_arena_size(artifact) if arena else None
+    for path in edge.export_c(artifact, out, name, arena_bytes=arena_bytes):
         typer.echo(f"wrote {path}")
 
 

@@ -3,7 +3,7 @@
 The interpreter is the one from the ``tflite-micro`` package
 (``tflite_micro.python.tflite_micro.runtime``), i.e. the real TFLM kernels and allocator.
 
-The smallest arena is found by asking TFLM itself: a bisection over ``arena_size`` in a child
+The smallest arena is found by asking TFLM itself: a bisection over ``arena_bytes`` in a child
 process (a far too small arena can crash the TFLM Python interpreter), each probe allocating
 the tensors and running one inference. The result is exact to the byte for the TFLM Python
 interpreter: it runs the model with the reported arena and fails with one byte less.
@@ -37,7 +37,7 @@ from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
 from tensorfleet.edge._arena_worker import PROBE_SECONDS, TIMED_OUT
 from tensorfleet.edge.ops import interpreter_lacks, start_worker, stop_group, with_advice
-from tensorfleet.validation import integer
+from tensorfleet.validation import integer, renamed
 
 __all__ = ["ARENA_ALLOCATOR", "ARENA_NOTE", "MAX_ARENA_BYTES", "MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
            "run_micro", "run_tflite", "validate_micro", "ArenaProber"]
@@ -120,13 +120,14 @@ class ArenaProber:
                                       stderr=subprocess.DEVNULL, text=True)
         return self._proc
 
-    def probe(self, arena_size: int, *, allocations: bool = False) -> tuple[bool, str]:
-        """Whether TFLM allocates and runs the model with ``arena_size`` bytes, and its message
+    @renamed(arena_size="arena_bytes")
+    def probe(self, arena_bytes: int, *, allocations: bool = False) -> tuple[bool, str]:
+        """Whether TFLM allocates and runs the model with ``arena_bytes`` of arena, and its message
         (with ``allocations``, a successful probe's message is TFLM's allocation report)."""
         proc = self._start()
         assert proc.stdin is not None and proc.stdout is not None
         try:
-            proc.stdin.write(f"{int(arena_size)}{' alloc' if allocations else ''}\n")
+            proc.stdin.write(f"{int(arena_bytes)}{' alloc' if allocations else ''}\n")
             proc.stdin.flush()
             reply = proc.stdout.readline()
         except BrokenPipeError:
@@ -136,11 +137,11 @@ class ArenaProber:
             self.crashes += 1
             self._proc = None
             raise RuntimeError(f"The TFLM arena worker exited with status {proc.returncode} "
-                               f"while probing arena_size={arena_size}.")
+                               f"while probing arena_bytes={arena_bytes}.")
         reply = reply.rstrip("\n")
         if reply.startswith(TIMED_OUT):  # neither a yes nor a no about this arena size
             raise RuntimeError(f"TFLite Micro did not finish allocating and running the model within "
-                               f"{PROBE_SECONDS} s (arena_size={arena_size}); its probe was stopped. "
+                               f"{PROBE_SECONDS} s (arena_bytes={arena_bytes}); its probe was stopped. "
                                "The machine may be overloaded: try again")
         if reply == "ok" or reply.startswith("ok "):
             return True, reply[3:]
@@ -167,17 +168,19 @@ class ArenaProber:
         self.close()
 
 
-def probe_arena(artifact: TFLiteArtifact, arena_size: int) -> tuple[bool, str]:
-    """Whether TFLM runs ``artifact`` with exactly ``arena_size`` bytes of arena (one child process)."""
+@renamed(arena_size="arena_bytes")
+def probe_arena(artifact: TFLiteArtifact, arena_bytes: int) -> tuple[bool, str]:
+    """Whether TFLM runs ``artifact`` with exactly ``arena_bytes`` of arena (one child process)."""
     with ArenaProber(artifact.data) as prober:
-        return prober.probe(arena_size)
+        return prober.probe(arena_bytes)
 
 
 _ALLOC_LINE = re.compile(r"Arena allocation (total|head|tail) (\d+) bytes|'([^']+)' used (\d+) bytes")
 
 
-def arena_allocations(artifact: TFLiteArtifact, arena_size: int) -> dict[str, int]:
-    """TFLM's own account of the arena (RecordingMicroAllocator) when run with ``arena_size``.
+@renamed(arena_size="arena_bytes")
+def arena_allocations(artifact: TFLiteArtifact, arena_bytes: int) -> dict[str, int]:
+    """TFLM's own account of the arena (RecordingMicroAllocator) when run with ``arena_bytes``.
 
     Keys: ``total``, ``head`` (the planned, reused activation buffers), ``tail`` (persistent
     data), and one per allocation kind (e.g. ``TfLiteEvalTensor data``). The smallest working
@@ -185,10 +188,10 @@ def arena_allocations(artifact: TFLiteArtifact, arena_size: int) -> dict[str, in
     recorder does not count while it plans.
     """
     with ArenaProber(artifact.data) as prober:
-        ok, report = prober.probe(arena_size, allocations=True)
+        ok, report = prober.probe(arena_bytes, allocations=True)
     if not ok:
-        raise ArenaTooSmallError(f"TFLite Micro cannot run the model with arena_size={arena_size}: {report}",
-                                 find_arena_size(artifact, progress=False), arena_size)
+        raise ArenaTooSmallError(f"TFLite Micro cannot run the model with arena_bytes={arena_bytes}: {report}",
+                                 find_arena_size(artifact, progress=False), arena_bytes)
     out: dict[str, int] = {}
     for match in _ALLOC_LINE.finditer(report):
         if match.group(1):
@@ -199,7 +202,7 @@ def arena_allocations(artifact: TFLiteArtifact, arena_size: int) -> dict[str, in
 
 
 def find_arena_size(artifact: TFLiteArtifact, *, progress: bool = True) -> int:
-    """The smallest ``arena_size`` (bytes) with which the TFLM Python interpreter allocates and runs
+    """The smallest ``arena_bytes`` with which the TFLM Python interpreter allocates and runs
     the model (its RecordingMicroAllocator); a plain TFLM C++ build needs a little less (see :data:`ARENA_NOTE`).
 
     Raises:
@@ -261,15 +264,16 @@ def _as_batch(samples: Any, artifact: TFLiteArtifact) -> np.ndarray:
     return x
 
 
-def run_micro(artifact: TFLiteArtifact, samples: Any, *, arena_size: int, progress: bool = True) -> np.ndarray:
+@renamed(arena_size="arena_bytes")
+def run_micro(artifact: TFLiteArtifact, samples: Any, *, arena_bytes: int, progress: bool = True) -> np.ndarray:
     """Raw outputs of the TFLM interpreter for each sample (float samples are quantized first)."""
     from tflite_micro.python.tflite_micro import runtime
     from tqdm.auto import tqdm
 
-    integer("arena_size", arena_size, minimum=1, maximum=MAX_ARENA_BYTES)
+    integer("arena_bytes", arena_bytes, minimum=1, maximum=MAX_ARENA_BYTES)
     x = _as_batch(samples, artifact)
     with _quiet_fd2():
-        interpreter = runtime.Interpreter.from_bytes(artifact.data, arena_size=int(arena_size))
+        interpreter = runtime.Interpreter.from_bytes(artifact.data, arena_size=int(arena_bytes))
     outputs = []
     for sample in tqdm(x, desc="TFLM", unit="sample", disable=not progress, leave=False):
         interpreter.set_input(artifact.quantize_input(sample[None, ...]), 0)
@@ -347,8 +351,9 @@ class MicroValidation:
         return head + f"{equal}, max abs diff {self.max_abs_diff_vs_tflite:.3g}"
 
 
+@renamed(arena_size="arena_bytes")
 def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = None, *,
-                   keras_model: Any = None, arena_size: int | None = None, progress: bool = True
+                   keras_model: Any = None, arena_bytes: int | None = None, progress: bool = True
                    ) -> MicroValidation:
     """Runs ``artifact`` on the TFLite Micro interpreter and checks it against TFLite and Keras.
 
@@ -358,7 +363,7 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
             arena are checked.
         labels: class ids for ``samples``; gives the TFLM and Keras accuracies and the drop.
         keras_model: the float model to compare with (defaults to ``artifact.source_model``).
-        arena_size: the arena the target has; smaller than needed raises ArenaTooSmallError.
+        arena_bytes: the arena the target has; smaller than needed raises ArenaTooSmallError.
 
     Returns:
         A :class:`MicroValidation`: smallest arena (of the Python interpreter's recording
@@ -369,7 +374,7 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
     Raises:
         UnsupportedOpError: ops TFLM lacks, by name.
         MicroIncompatibleError: hybrid (dynamic-range) ops or float16 weights.
-        ArenaTooSmallError: ``arena_size`` below the smallest arena that works (``required`` says it).
+        ArenaTooSmallError: ``arena_bytes`` below the smallest arena that works (``required`` says it).
 
     Example:
         >>> v = validate_micro(artifact, split.x_test, split.y_test)   # doctest: +SKIP
@@ -378,7 +383,7 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
     """
     if not isinstance(artifact, TFLiteArtifact):
         raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
-    integer("arena_size", arena_size, minimum=1, maximum=MAX_ARENA_BYTES, optional=True)
+    integer("arena_bytes", arena_bytes, minimum=1, maximum=MAX_ARENA_BYTES, optional=True)
     x = None if samples is None else _as_batch(samples, artifact)
     y = None
     if labels is not None:
@@ -388,15 +393,15 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
         if len(y) != len(x):
             raise ValueError(f"labels must have one entry per sample ({len(x)}). Received: {len(y)} labels")
     required = find_arena_size(artifact, progress=progress)
-    if arena_size is not None and arena_size < required:
+    if arena_bytes is not None and arena_bytes < required:
         raise ArenaTooSmallError(
             f"The tensor arena is too small: the model needs at least {required} bytes "
-            f"({required / 1024:.1f} KiB). Received: arena_size={arena_size}", required, arena_size)
+            f"({required / 1024:.1f} KiB). Received: arena_bytes={arena_bytes}", required, arena_bytes)
     result = MicroValidation(artifact.quantization, artifact.size, required, list(artifact.ops))
     if x is None:
         return result
     result.num_samples = len(x)
-    micro_raw = run_micro(artifact, x, arena_size=arena_size or required, progress=progress)
+    micro_raw = run_micro(artifact, x, arena_bytes=arena_bytes or required, progress=progress)
     tflite_raw = run_tflite(artifact, x)
     from tensorfleet.compat.litert import interpreter_source
 

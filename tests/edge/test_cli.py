@@ -62,9 +62,13 @@ def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert re.search(r"; smallest arena [\d,]+ bytes for the TFLM Python interpreter's RecordingMicroAllocator - a "
                      r"safe size for a firmware, whose plain MicroAllocator needs 240-424 bytes less\n$", out), out
-    assert main(["edge", "validate", str(converted), "--arena-size", "100"]) == 2
+    assert main(["edge", "validate", str(converted), "--arena-bytes", "100"]) == 2
     err = capsys.readouterr().err
-    assert "error: The tensor arena is too small" in err and "Received: arena_size=100" in err
+    assert "error: The tensor arena is too small" in err and "Received: arena_bytes=100" in err
+    assert main(["edge", "validate", str(converted), "--arena-size", "100"]) == 2  # the older flag, for one release
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --arena-size is now --arena-bytes; the older flag will stop working in the next "
+                          "release.\n") and "Received: arena_bytes=100" in err
 
 
 def test_corrupt_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,9 +209,9 @@ def test_unwritable_report_and_export_destinations_fail_before_measuring(
 @pytest.mark.parametrize("size", ["99999999999999999999", "67108865"])
 def test_huge_arena_size_is_refused_with_the_bound(converted: Path, size: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["edge", "validate", str(converted), "--arena-size", size]) == 2
-    assert capsys.readouterr().err == (f"error: arena_size must be an integer from 1 to 67108864. "
-                                       f"Received: arena_size={size}\n")
+    assert main(["edge", "validate", str(converted), "--arena-bytes", size]) == 2
+    assert capsys.readouterr().err == (f"error: arena_bytes must be an integer from 1 to 67108864. "
+                                       f"Received: arena_bytes={size}\n")
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ def test_name_is_sanitised_to_a_c_identifier() -> None:
 
 
 def test_files_follow_tflm_conventions(int8_artifact: Any, tmp_path: Path) -> None:
-    paths = edge.export_c(int8_artifact, tmp_path, "kws", arena_size=5488)
+    paths = edge.export_c(int8_artifact, tmp_path, "kws", arena_bytes=5488)
     assert [p.name for p in paths] == ["kws_model_data.h", "kws_model_data.cc", "kws_op_resolver.h"]
     header, source, resolver = (p.read_text() for p in paths)
     assert "extern const unsigned char g_kws_model_data[];" in header
@@ -97,7 +97,7 @@ def test_files_follow_tflm_conventions(int8_artifact: Any, tmp_path: Path) -> No
 @needs_gxx
 @pytest.mark.slow
 def test_compiled_array_is_byte_identical_to_the_tflite(int8_artifact: Any, tmp_path: Path) -> None:
-    edge.export_c(int8_artifact, tmp_path, "kws", arena_size=5488)
+    edge.export_c(int8_artifact, tmp_path, "kws", arena_bytes=5488)
     (tmp_path / "harness.cc").write_text(HARNESS)
     exe = tmp_path / "harness"
     subprocess.run([GXX, "-std=c++17", "-Wall", "-Werror", "-DARENA=5488", "-I", str(tmp_path),
@@ -148,10 +148,10 @@ def test_export_bad_arguments(int8_artifact: Any, tmp_path: Path) -> None:
     a_file.write_text("x")
     with pytest.raises(ValueError, match=r"out_dir must be a directory. Received: out_dir='.*file' \(a file\)"):
         edge.export_c(int8_artifact, a_file, "kws")
-    with pytest.raises(ValueError, match=r"arena_size must be an integer from 1 to 67108864. Received: arena_size=-1"):
-        edge.export_c(int8_artifact, tmp_path, "kws", arena_size=-1)
-    with pytest.raises(ValueError, match=r"from 1 to 67108864. Received: arena_size=4294967296"):
-        edge.export_c(int8_artifact, tmp_path, "kws", arena_size=2**32)  # would overflow the unsigned int constant
+    with pytest.raises(ValueError, match=r"arena_bytes must be an integer from 1 to 67108864. Received: arena_bytes=-1"):
+        edge.export_c(int8_artifact, tmp_path, "kws", arena_bytes=-1)
+    with pytest.raises(ValueError, match=r"from 1 to 67108864. Received: arena_bytes=4294967296"):
+        edge.export_c(int8_artifact, tmp_path, "kws", arena_bytes=2**32)  # would overflow the unsigned int constant
     for name, reason in [("kws-v2", "'-' is not allowed"), ("9lives", "it starts with '9'"),
                          ("kws__v2", "'__' and a trailing '_' are reserved"), ("", "it is empty")]:
         with pytest.raises(ValueError, match=rf"; {re.escape(reason)}.* Received: name='{name}'"):

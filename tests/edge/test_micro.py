@@ -37,8 +37,8 @@ def test_int8_on_tflm_agrees_with_desktop_tflite_within_one_quantization_step(in
 
 
 def test_tflm_is_deterministic_run_against_itself(int8_artifact: Any, int8_validation: Any, digits: Any) -> None:
-    first = run_micro(int8_artifact, digits.x_test[:40], arena_size=int8_validation.arena_bytes, progress=False)
-    again = run_micro(int8_artifact, digits.x_test[:40], arena_size=64 * 1024, progress=False)
+    first = run_micro(int8_artifact, digits.x_test[:40], arena_bytes=int8_validation.arena_bytes, progress=False)
+    again = run_micro(int8_artifact, digits.x_test[:40], arena_bytes=64 * 1024, progress=False)
     assert first.dtype == np.int8 and np.array_equal(first, again)
 
 
@@ -66,7 +66,7 @@ def test_sine_model_from_the_wheel_needs_exactly_1936_bytes(sine_path: Path) -> 
     artifact = edge.TFLiteArtifact.from_file(sine_path)
     assert edge.find_arena_size(artifact, progress=False) == 1936
     assert probe_arena(artifact, 1935)[0] is False
-    out = run_micro(artifact, np.array([[1.0]], np.float32), arena_size=1936, progress=False)
+    out = run_micro(artifact, np.array([[1.0]], np.float32), arena_bytes=1936, progress=False)
     assert out.shape == (1, 1)
     assert out[0, 0] == pytest.approx(np.sin(1.0), abs=0.05)
 
@@ -78,7 +78,7 @@ def test_tflm_allocation_record_of_the_sine_model(sine_path: Path) -> None:
     alloc = arena_allocations(edge.TFLiteArtifact.from_file(sine_path), 1936)
     assert (alloc["total"], alloc["head"], alloc["tail"]) == (1536, 128, 1408)
     assert alloc["NodeAndRegistration struct"] == 192  # 3 operators
-    with pytest.raises(edge.ArenaTooSmallError, match="cannot run the model with arena_size=1000"):
+    with pytest.raises(edge.ArenaTooSmallError, match="cannot run the model with arena_bytes=1000"):
         arena_allocations(edge.TFLiteArtifact.from_file(sine_path), 1000)
 
 
@@ -95,12 +95,12 @@ def test_int16x8_runs_on_tflm_within_two_int16_steps_of_desktop_tflite(digits_ar
     # Bit-identical with tflite_runtime 2.14; LiteRT's int16 kernels round requantizations differently:
     # a third of the outputs one or two steps apart (of 65,536), measured 2026-11-27.
     artifact = digits_artifacts["int16x8"]
-    micro = run_micro(artifact, digits.x_test[:30], arena_size=64 * 1024, progress=False)
+    micro = run_micro(artifact, digits.x_test[:30], arena_bytes=64 * 1024, progress=False)
     desktop = run_tflite(artifact, digits.x_test[:30])
     assert micro.dtype == desktop.dtype == np.int16 and micro.shape == desktop.shape == (30, 10)
     assert np.max(np.abs(micro.astype(np.int32) - desktop.astype(np.int32))) <= 2
     assert np.array_equal(np.argmax(micro, -1), np.argmax(desktop, -1))
-    again = run_micro(artifact, digits.x_test[:30], arena_size=64 * 1024, progress=False)
+    again = run_micro(artifact, digits.x_test[:30], arena_bytes=64 * 1024, progress=False)
     assert np.array_equal(micro, again)
 
 
@@ -141,14 +141,17 @@ def test_float16_model_is_rejected(digits_artifacts: dict[str, Any]) -> None:
 def test_arena_too_small_says_what_is_required(int8_artifact: Any, int8_validation: Any) -> None:
     required = int8_validation.arena_bytes
     with pytest.raises(edge.ArenaTooSmallError, match=rf"needs at least {required} bytes .* "
-                                                      rf"Received: arena_size=4000") as info:
-        edge.validate_micro(int8_artifact, arena_size=4000, progress=False)
+                                                      rf"Received: arena_bytes=4000") as info:
+        edge.validate_micro(int8_artifact, arena_bytes=4000, progress=False)
     assert (info.value.required, info.value.received) == (required, 4000)
 
 
 def test_bad_arguments(int8_artifact: Any, digits: Any) -> None:
-    with pytest.raises(ValueError, match=r"arena_size must be an integer from 1 to 67108864. Received: arena_size=0"):
-        edge.validate_micro(int8_artifact, arena_size=0)
+    with pytest.raises(ValueError, match=r"arena_bytes must be an integer from 1 to 67108864. Received: arena_bytes=0"):
+        edge.validate_micro(int8_artifact, arena_bytes=0)
+    with pytest.warns(DeprecationWarning, match=r"validate_micro: 'arena_size' is now 'arena_bytes'"), \
+            pytest.raises(ValueError, match=r"Received: arena_bytes=0$"):
+        edge.validate_micro(int8_artifact, arena_size=0)  # the older name, for one release
     with pytest.raises(ValueError, match=r"samples must have shape \(n, 8, 8, 1\).*Received: shape=\(3, 64\)"):
         edge.validate_micro(int8_artifact, np.zeros((3, 64)))
     with pytest.raises(ValueError, match=r"labels must have one entry per sample \(3\). Received: 2 labels"):

@@ -38,10 +38,10 @@ def test_a_signal_library_model_is_accepted_run_and_exported(signal_window_artif
     assert artifact.quantization == "int16 activations, int16 weights"
     arena = edge.find_arena_size(artifact, progress=False)
     audio = np.array([[1000, -1000, 2000, 300, 32767, -32768, 7, 4095]], np.int16)
-    out = run_micro(artifact, audio, arena_size=arena, progress=False)
+    out = run_micro(artifact, audio, arena_bytes=arena, progress=False)
     expected = (audio.astype(np.int32) * SIGNAL_WINDOW) >> 12  # window.cc: (x * w) >> shift
     assert out.dtype == np.int16 and out.tolist() == expected.tolist()
-    header = edge.export_c(artifact, tmp_path, "frontend", arena_size=arena)[2].read_text()
+    header = edge.export_c(artifact, tmp_path, "frontend", arena_bytes=arena)[2].read_text()
     assert "using FrontendOpResolver = tflite::MicroMutableOpResolver<1>;" in header
     assert "if (resolver.AddWindow() != kTfLiteOk) return kTfLiteError;  // SignalWindow" in header
 
@@ -128,5 +128,5 @@ def test_an_8_bit_keyword_model_with_int16_features_is_labelled_int8(kws_int16_i
     assert artifact.ops[:2] == ("QUANTIZE", "CONV_2D")
     assert artifact.quantization == "int8"
     x = np.random.default_rng(2).normal(size=(4, 49, 10, 1)).astype(np.float32)
-    micro = run_micro(artifact, x, arena_size=edge.find_arena_size(artifact, progress=False), progress=False)
+    micro = run_micro(artifact, x, arena_bytes=edge.find_arena_size(artifact, progress=False), progress=False)
     assert np.array_equal(micro, run_tflite(artifact, x))
