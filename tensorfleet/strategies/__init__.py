@@ -9,7 +9,8 @@ strategy (``fit_inputs``); logical devices for machines without accelerators
 (:mod:`~tensorfleet.strategies.staleness`, measured runs in
 :mod:`~tensorfleet.strategies.staleness_run`); the learning rate for the global batch
 (``scaled_learning_rate``, :mod:`~tensorfleet.strategies.large_batch`) and LARS/LAMB (``lars``,
-``lamb``, :mod:`~tensorfleet.strategies.layerwise`).
+``lamb``, :mod:`~tensorfleet.strategies.layerwise`); local SGD, replicas that average their weights every H
+steps (``LocalSGD``, :mod:`~tensorfleet.strategies.local_sgd`).
 
 Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
     >>> import tensorflow as tf
@@ -49,9 +50,10 @@ from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConf
 
 # The memory savers, the parameter server's staleness option and its measured training runs, the
 # learning rate for the global batch and the layer-wise optimizers (LARS, LAMB), loaded on first use.
-__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "staleness_run", "large_batch", "layerwise"),
+__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "staleness_run", "large_batch", "layerwise",
+                                               "local_sgd"),
                             names={"scaled_learning_rate": "large_batch", "ScalingRule": "large_batch",
-                                   "lars": "layerwise", "lamb": "layerwise"})
+                                   "lars": "layerwise", "lamb": "layerwise", "LocalSGD": "local_sgd"})
 
 __all__ = [
     "STRATEGIES",

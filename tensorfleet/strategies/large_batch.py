@@ -33,7 +33,7 @@ from typing import Any
 from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.validation import choice, integer, number, positive_int
 
-__all__ = ["ScalingRule", "callback_class", "scaled_learning_rate", "scaled_lr", "warmup_lr"]
+__all__ = ["ScalingRule", "callback_class", "check_callback_keras", "scaled_learning_rate", "scaled_lr", "warmup_lr"]
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +123,7 @@ class _LearningRateScaling:
                          rule=self.rule)
 
     def set_model(self, model: Any) -> None:
-        which = keras_of(model, type(self).__name__)
-        if which is not self.keras:
-            raise TypeError(f"{type(self).__name__} is a {self.keras.value} callback and fit's model is a "
-                            f"{which.value} model. Received: model of type {type(model).__module__}."
-                            f"{type(model).__qualname__}; pass keras=model to scaled_learning_rate.")
+        check_callback_keras(self, model, "scaled_learning_rate")
         super().set_model(model)  # type: ignore[misc]
 
     def _resolve_global_batch(self) -> None:
@@ -187,6 +183,15 @@ class _LearningRateScaling:
         self._seen += 1
         if step <= self._warmup_total:
             self._set(self._lr_at(step))
+
+
+def check_callback_keras(callback: Any, model: Any, maker: str) -> None:
+    """Refuses a callback of one Keras for a model of the other (``maker`` is what takes ``keras=model``)."""
+    which = keras_of(model, type(callback).__name__)
+    if which is not callback.keras:
+        raise TypeError(f"{type(callback).__name__} is a {callback.keras.value} callback and fit's model is a "
+                        f"{which.value} model. Received: model of type {type(model).__module__}."
+                        f"{type(model).__qualname__}; pass keras=model to {maker}.")
 
 
 @functools.cache
