@@ -59,7 +59,7 @@ def main() -> None:
     from tensorfleet.tuning.distributed import describe, search
 
     result = search(__file__, workers=args.workers, max_trials=args.max_trials, algorithm=args.algorithm,
-                    epochs=args.epochs, out=args.out, resume=args.resume, fresh=not args.resume)
+                    epochs=args.epochs, out_dir=args.out, resume=args.resume)
     print((result.out / "results.txt").read_text(), end="")
     print(describe(result))
     if result.best_model is not None:

@@ -288,10 +288,12 @@ def parse_count(text: str | int | float) -> float:
     return value
 
 
-def take_renamed(values: dict[str, Any], old: str, new: str, where: str, *, stacklevel: int = 3) -> dict[str, Any]:
+def take_renamed(values: dict[str, Any], old: str, new: str, where: str, *, stacklevel: int = 3,
+                 convert: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """``values`` (keyword arguments, YAML keys) with the older name ``old`` read as ``new`` (docs/glossary.md):
-    a DeprecationWarning naming both, for one release; ValueError when both are given. The one place
-    that says so, for every renamed parameter, key and flag in the package.
+    a DeprecationWarning naming both, for one release; ValueError when both are given. ``convert`` turns an
+    older value into the new name's (``fresh=True`` is ``resume=False``). The one place that says so, for
+    every renamed parameter, key and flag in the package.
 
     Example:
         >>> import warnings
@@ -305,20 +307,22 @@ def take_renamed(values: dict[str, Any], old: str, new: str, where: str, *, stac
     if old not in values:
         return values
     values = dict(values)
-    value = values.pop(old)
-    if values.get(new) is not None and value is not None:
-        raise ValueError(f"{where}: {old!r} is the older name of {new!r}; give one of them. "
-                         f"Received: {old}={value!r}, {new}={values[new]!r}")
+    received = values.pop(old)
+    value = convert(received) if convert is not None else received
     warnings.warn(f"{where}: {old!r} is now {new!r}; the older name will stop working in the next release.",
                   DeprecationWarning, stacklevel=stacklevel)
+    if values.get(new) is not None and value is not None:
+        raise ValueError(f"{where}: {old!r} is the older name of {new!r}; give one of them. "
+                         f"Received: {old}={received!r}, {new}={values[new]!r}")
     if value is not None or new not in values:
         values[new] = value
     return values
 
 
-def renamed(**old_to_new: str) -> Callable[[F], F]:
+def renamed(**old_to_new: str | tuple[str, Callable[[Any], Any]]) -> Callable[[F], F]:
     """Decorator: the function's parameters once had other names (``old=new``, docs/glossary.md); the old
-    keywords keep working for one release through :func:`take_renamed`.
+    keywords keep working for one release through :func:`take_renamed`. ``old=(new, convert)`` when the older
+    parameter also meant its values otherwise.
 
     Example:
         >>> @renamed(arena_size="arena_bytes")
@@ -327,19 +331,21 @@ def renamed(**old_to_new: str) -> Callable[[F], F]:
         >>> probe(b"", arena_bytes=4096)
         4096
     """
+    renames = {old: (new, None) if isinstance(new, str) else new for old, new in old_to_new.items()}
+
     def decorate(function: F) -> F:
         parameters = inspect.signature(function).parameters
-        for old, new in old_to_new.items():
+        for old, (new, _) in renames.items():
             if new not in parameters or old in parameters:
                 raise TypeError(f"renamed({old}={new!r}) does not fit {function.__qualname__}{inspect.signature(function)}")
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old, new in old_to_new.items():
+            for old, (new, convert) in renames.items():
                 if old in kwargs:
-                    kwargs = take_renamed(kwargs, old, new, function.__qualname__)
+                    kwargs = take_renamed(kwargs, old, new, function.__qualname__, convert=convert)
             return function(*args, **kwargs)
 
-        wrapper.__renamed__ = dict(old_to_new)  # type: ignore[attr-defined]
+        wrapper.__renamed__ = {old: new for old, (new, _) in renames.items()}  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
     return decorate

@@ -35,9 +35,10 @@ def tune_command(
                                           "(logical CPUs where there is no accelerator)."),
     epochs: int = typer.Option(5, "--epochs", help="Epochs per trial (Hyperband: its max_epochs)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Batch size for data() given as arrays."),
-    out: Path = typer.Option(Path("tune_out"), "--out", help="Directory for the oracle's state and the results."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the search saved in --out."),
-    fresh: bool = typer.Option(False, "--fresh", help="Delete the search saved in --out and begin again."),
+    out_dir: Path = typer.Option(Path("tune_out"), "--out", help="Directory for the oracle's state and the results."),
+    resume: Optional[bool] = typer.Option(  # noqa: UP007
+        None, "--resume/--fresh", help="--resume: continue the search saved in --out (an error when there is "
+        "none); --fresh: delete it and begin again. Neither: continue it if there is one, else begin."),
     seed: int = typer.Option(0, "--seed", help="The oracle's random seed."),
     max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts of tuner workers the search allows."),
     pin_cores: bool = typer.Option(False, "--pin-cores", help="Pin each worker to one CPU core."),
@@ -47,7 +48,7 @@ def tune_command(
     Shows each trial as it begins and ends with the trials done, running and the best so far;
     writes results.txt (the table), results.json, objective.png, hyperparameters.png and
     best_model.keras to --out. A worker that dies is started again and its trial runs again;
-    after a chief that died, --resume continues from the oracle's saved state.
+    after a chief that died, the same command continues from the oracle's saved state.
     """
     from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, describe, search
     from tensorfleet.tuning.task import TunerKerasError
@@ -56,8 +57,8 @@ def tune_command(
     try:
         trial = TrialOptions(objective=objective, direction=direction, strategy=strategy,
                              devices_per_trial=devices_per_trial, batch_size=batch_size, seed=seed, pin_cores=pin_cores)
-        result = search(script, out=out, workers=workers, max_trials=max_trials, algorithm=algorithm, epochs=epochs,
-                        trial=trial, supervision=Supervision(max_restarts=max_restarts), resume=resume, fresh=fresh,
+        result = search(script, out_dir=out_dir, workers=workers, max_trials=max_trials, algorithm=algorithm, epochs=epochs,
+                        trial=trial, supervision=Supervision(max_restarts=max_restarts), resume=resume,
                         log=typer.echo, verbose=verbose)
     except TunerKerasError as exc:  # models of the Keras Keras Tuner does not drive here: bad input, status 2
         typer.echo(f"error: {exc}", err=True)
@@ -66,7 +67,7 @@ def tune_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:  # the processes are stopped by then; the oracle's state is on disk
-        typer.echo(f"interrupted: the search is saved in {str(out)!r}; --resume continues it.", err=True)
+        typer.echo(f"interrupted: the search is saved in {str(out_dir)!r}; the same command continues it.", err=True)
         raise typer.Exit(130) from None
     typer.echo((result.out / "results.txt").read_text().rstrip())
     typer.echo(describe(result))
@@ -92,7 +93,7 @@ def k8s_tune_command(
     storage_class: Optional[str] = typer.Option(None, "--storage-class"),  # noqa: UP007
     cpu: str = typer.Option("1", "--cpu"),
     memory: str = typer.Option("2Gi", "--memory"),
-    output: Path = typer.Option(Path("tune.yaml"), "--output", "-o", help="Where the YAML goes."),
+    out_path: Path = typer.Option(Path("tune.yaml"), "--output", "-o", help="Where the YAML goes."),
 ) -> None:
     """Write schema-checked manifests for a search on Kubernetes: Keras Tuner's oracle (a Job and its
     Service), the tuner workers (an Indexed Job) and the claim they share."""
@@ -103,7 +104,7 @@ def k8s_tune_command(
                           devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, name=name,
                           namespace=namespace, port=port, storage=storage, storage_class=storage_class, cpu=cpu,
                           memory=memory)
-    path = write(docs, output)
+    path = write(docs, out_path)
     typer.echo(f"wrote {path}: " + ", ".join(f"{d['kind']} {d['metadata']['name']}" for d in docs))
 
 
@@ -146,10 +147,11 @@ def federated_tune_command(
     objective: str = typer.Option("final_accuracy", "--objective", help="final_accuracy or rounds_to_target."),
     target: float = typer.Option(0.8, "--target", help="The test accuracy rounds_to_target counts rounds to."),
     algorithm: str = typer.Option("random", "--algorithm", help="random or bayesian."),
-    out: Path = typer.Option(Path("federated_tune_out"), "--out"),
+    out_dir: Path = typer.Option(Path("federated_tune_out"), "--out", help="Directory for the oracle's state and the results."),
     seed: int = typer.Option(0, "--seed", help="The oracle's random seed."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the search saved in --out."),
-    fresh: bool = typer.Option(False, "--fresh", help="Delete the search saved in --out and begin again."),
+    resume: Optional[bool] = typer.Option(  # noqa: UP007
+        None, "--resume/--fresh", help="--resume: continue the search saved in --out (an error when there is "
+        "none); --fresh: delete it and begin again. Neither: continue it if there is one, else begin."),
 ) -> None:
     """Search client and server learning rates, local epochs and clients per round with Keras Tuner's
     oracle, each trial a federated simulation of the experiment in --config (on the compiled backend
@@ -166,8 +168,8 @@ def federated_tune_command(
     cfg = resolve_config(loaded)
     result = search_function(lambda values: federated_trial(cfg, values, goal, target), _federated_space(cfg),
                              objective=goal.value, direction="max" if goal is FederatedObjective.FINAL_ACCURACY
-                             else "min", max_trials=max_trials, out=out, algorithm=algorithm, seed=seed,
-                             resume=resume, fresh=fresh, log=typer.echo)
+                             else "min", max_trials=max_trials, out_dir=out_dir, algorithm=algorithm, seed=seed,
+                             resume=resume, log=typer.echo)
     typer.echo((result.out / "results.txt").read_text().rstrip())
     typer.echo(describe(result))
 

@@ -10,7 +10,7 @@ oracle's saved state. The user's script defines ``build_model(hp)`` and ``data()
 Example:
     >>> import tensorfleet as tfl
     >>> result = tfl.tuning.search("examples/tune_digits.py", workers=2, max_trials=4,
-    ...                            out="tune_out")                              # doctest: +SKIP
+    ...                            out_dir="tune_out")                            # doctest: +SKIP
     >>> result.best.trial_id, result.best_model                                 # doctest: +SKIP
     ('2', PosixPath('tune_out/best_model.keras'))
 """

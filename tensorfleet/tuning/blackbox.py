@@ -4,7 +4,7 @@ For trials that are not a Keras ``fit`` (a federated simulation, a whole trainin
 caller declares the hyperparameters on Keras Tuner's ``HyperParameters`` and gives a function from
 their values to the objective. Keras Tuner's ``RandomSearchOracle`` or
 ``BayesianOptimizationOracle`` proposes the values; its state is saved in ``OUT/oracle`` after
-every trial, so ``resume=True`` continues a search that was stopped, with the trial that was
+every trial, so running it again with the same ``out_dir`` continues a search that was stopped, with the trial that was
 running run again. The results are those of :mod:`~tensorfleet.tuning.results`: the table,
 JSON and plots (no model: the function owns what it trains).
 
@@ -12,7 +12,7 @@ Example:
     >>> def space(hp):
     ...     hp.Float("x", -2.0, 2.0)
     >>> result = search_function(lambda hp: (hp["x"] - 1) ** 2, space, objective="loss",
-    ...                          direction="min", max_trials=5, out="bb", log=lambda line: None)
+    ...                          direction="min", max_trials=5, out_dir="bb", log=lambda line: None)
     >>> len(result.trials), result.best.score == min(r.score for r in result.trials)
     (5, True)
 """
@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 from tensorfleet.io import check_writable, write_json
 from tensorfleet.tuning.chief import atomic_saves, repair_reloaded
-from tensorfleet.tuning.config import Direction, SearchAlgorithm, check_saved_search
+from tensorfleet.tuning.config import Direction, SearchAlgorithm, check_saved_search, fresh_to_resume, should_resume
 from tensorfleet.tuning.distributed import SearchResult
 from tensorfleet.tuning.results import TrialRecord, best_record, write_results
-from tensorfleet.validation import choice, integer, positive_int
+from tensorfleet.validation import choice, integer, positive_int, renamed
 
 __all__ = ["search_function"]
 
@@ -52,24 +52,20 @@ def _oracle(algorithm: SearchAlgorithm, objective: Any, max_trials: int, seed: i
     return oracle_class(objective=objective, max_trials=max_trials, seed=seed)
 
 
-def _prepare(out: Path, resume: bool, fresh: bool) -> None:
-    check_writable(out / "results.json")
-    if resume and fresh:
-        raise ValueError("resume and fresh exclude each other: give one of --resume and --fresh.")
-    if resume and not (out / PROJECT / "oracle.json").exists():
-        raise ValueError(f"Nothing to resume in {str(out)!r}: it holds no search. Leave out --resume to begin one.")
-    if resume:
-        check_saved_search(out / PROJECT)
-    if not resume and (out / PROJECT).exists():
-        if not fresh:
-            raise ValueError(f"{str(out)!r} already holds a search. Pass --resume to continue it, --fresh to "
-                             "start over (its trials are deleted), or choose another --out.")
-        shutil.rmtree(out / PROJECT)
+def _prepare(out_dir: Path, resume: bool | None) -> bool:
+    check_writable(out_dir / "results.json")
+    if should_resume(out_dir, resume, saved=(out_dir / PROJECT / "oracle.json").exists()):
+        check_saved_search(out_dir / PROJECT)
+        return True
+    shutil.rmtree(out_dir / PROJECT, ignore_errors=True)
+    (out_dir / "times.json").unlink(missing_ok=True)
+    return False
 
 
+@renamed(out="out_dir", fresh=("resume", fresh_to_resume))
 def search_function(function: Callable[[dict[str, Any]], float], space: Callable[[Any], None], *,
-                    objective: str, direction: str, max_trials: int, out: str | Path,
-                    algorithm: str = "random", seed: int = 0, resume: bool = False, fresh: bool = False,
+                    objective: str, direction: str, max_trials: int, out_dir: str | Path,
+                    algorithm: str = "random", seed: int = 0, resume: bool | None = None,
                     log: Callable[[str], None] = print) -> SearchResult:
     """Searches the hyperparameters ``space`` declares for the best ``function`` value.
 
@@ -78,7 +74,7 @@ def search_function(function: Callable[[dict[str, Any]], float], space: Callable
             records the trial as failed).
         space: declares the hyperparameters on a Keras Tuner ``HyperParameters`` (``hp.Float(...)``).
         objective, direction: the objective's name (for the table and plots) and ``max`` or ``min``.
-        max_trials, out, algorithm (``random`` or ``bayesian``), seed, resume, fresh: as for
+        max_trials, out_dir, algorithm (``random`` or ``bayesian``), seed, resume: as for
             :func:`tensorfleet.tuning.distributed.search`.
         log: receives one line per trial begun and ended.
     """
@@ -88,11 +84,11 @@ def search_function(function: Callable[[dict[str, Any]], float], space: Callable
     positive_int("max_trials", max_trials)
     integer("seed", seed, minimum=0)
     direction = choice(Direction, "direction", direction).value
-    out = Path(out)
-    _prepare(out, resume, fresh)
+    out_dir = Path(out_dir)
+    resume = _prepare(out_dir, resume)
     oracle = _oracle(choice(SearchAlgorithm, "algorithm", algorithm), kt.Objective(objective, direction),
                      max_trials, seed)
-    set_project_dir(oracle, str(out), PROJECT)
+    set_project_dir(oracle, str(out_dir), PROJECT)
     atomic_saves(oracle)
     oracle.verbose = 0  # the lines given to log say what Keras Tuner's tables would
     if resume:
@@ -101,7 +97,7 @@ def search_function(function: Callable[[dict[str, Any]], float], space: Callable
     hp = oracle.get_space()
     space(hp)
     oracle.update_space(hp)
-    times_path = out / "times.json"
+    times_path = out_dir / "times.json"
     start = time.monotonic()
     times = json.loads(times_path.read_text()) if resume and times_path.exists() else {}
     while True:
@@ -130,6 +126,6 @@ def search_function(function: Callable[[dict[str, Any]], float], space: Callable
             f"{trial.message or f'{objective}={value:.4g}'} | {len(oracle.end_order)}/{max_trials} done, {best_text}")
     order = [h.name for h in oracle.hyperparameters.space]
     records = [TrialRecord.from_trial(t, times.get(i, {}), order=order) for i, t in sorted(oracle.trials.items())]
-    write_results(out, records, objective=objective, direction=direction, best_model=None)
-    return SearchResult(out, objective, direction, records, best_record(records, direction), None,
+    write_results(out_dir, records, objective=objective, direction=direction, best_model=None)
+    return SearchResult(out_dir, objective, direction, records, best_record(records, direction), None,
                         time.monotonic() - start, 0)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from tensorfleet.io import write_json
-from tensorfleet.validation import choice, integer, positive_int
+from tensorfleet.validation import choice, integer, positive_int, renamed
 
-__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search",
+__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search", "fresh_to_resume", "should_resume",
            "check_script", "SCRIPT_FUNCTIONS"]
 
 
@@ -101,22 +101,23 @@ class SearchConfig:
         return write_json(Path(self.out) / CONFIG_FILE, self.as_dict())
 
     @classmethod
-    def load(cls, out: str | Path) -> "SearchConfig":
-        """The search saved in ``out``; ValueError naming the file when it is not one (damaged, or another file).
+    @renamed(out="out_dir")
+    def load(cls, out_dir: str | Path) -> "SearchConfig":
+        """The search saved in ``out_dir``; ValueError naming the file when it is not one (damaged, or another file).
 
         Raises:
-            FileNotFoundError: no ``search.json`` in ``out``.
+            FileNotFoundError: no ``search.json`` in ``out_dir``.
             UnreadableFileError: ``search.json`` is empty, not text, not JSON or not a search's options.
         """
         from tensorfleet.io import UnreadableFileError, read_text
 
-        path = Path(out) / CONFIG_FILE
+        path = Path(out_dir) / CONFIG_FILE
         text = read_text(path, f"the {CONFIG_FILE} of a tensorfleet tune search")
         try:
             return cls(**json.loads(text))
         except (ValueError, TypeError) as error:
             raise UnreadableFileError(f"{str(path)!r} is not the {CONFIG_FILE} of a search ({type(error).__name__}: "
-                                      f"{error}); --fresh starts the search over.") from None
+                                      f"{error}); resume=False (--fresh) starts the search over.") from None
 
     def differences(self, other: "SearchConfig") -> list[str]:
         """The options that make ``other`` a different search (the ones a resume must keep)."""
@@ -180,8 +181,27 @@ def check_saved_search(project: str | Path) -> None:
         else:
             state = state if isinstance(state, dict) else f"JSON {type(state).__name__}, not an object"
         if not isinstance(state, dict):
-            raise UnreadableFileError(f"{str(path)!r} is not the JSON state of a saved search ({state}); --fresh "
-                                      "starts the search over.")
+            raise UnreadableFileError(f"{str(path)!r} is not the JSON state of a saved search ({state}); "
+                                      "resume=False (--fresh) starts the search over.")
+
+
+def fresh_to_resume(fresh: bool) -> bool | None:
+    """The older ``fresh=True`` (delete the saved search, begin again) is ``resume=False``; ``fresh=False`` is
+    the default, ``resume=None``."""
+    return False if fresh else None
+
+
+def should_resume(out_dir: str | Path, resume: bool | None, *, saved: bool) -> bool:
+    """Whether a search continues the one saved in ``out_dir`` (``saved``: there is one), by the package's
+    meaning of ``resume`` (docs/glossary.md): None continues a saved search and begins one otherwise, True
+    continues (ValueError when there is none), False begins again (the caller deletes what was saved)."""
+    if resume is not None and not isinstance(resume, bool):
+        raise ValueError(f"resume must be None (continue a saved search, else begin), True (continue) or False "
+                         f"(begin again). Received: resume={resume!r}")
+    if resume is True and not saved:
+        raise ValueError(f"Nothing to resume in {str(out_dir)!r}: it holds no search. Received: resume=True "
+                         "(--resume); leave resume at None to begin one.")
+    return saved if resume is None else resume
 
 
 def missing_functions_message(path: str, missing: list[str]) -> str:

@@ -36,9 +36,11 @@ from tensorfleet.cluster.processes import Fault, JobMode, LocalJob, TaskProcess
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
 from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.io import check_writable
-from tensorfleet.tuning.config import CONFIG_FILE, SearchConfig, check_saved_search, check_script
+from tensorfleet.tuning.config import (CONFIG_FILE, SearchConfig, check_saved_search, check_script, fresh_to_resume,
+                                       should_resume)
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
 from tensorfleet.tuning.task import ERROR_MARK, KERAS_MARK, MARK, PROJECT, TunerKerasError
+from tensorfleet.validation import renamed
 
 __all__ = ["SearchResult", "Supervision", "TrialOptions", "TuningError", "describe", "search"]
 
@@ -129,28 +131,21 @@ class _SearchJob(LocalJob):
         self.activity = time.monotonic()
 
 
-def _prepare_out(config: SearchConfig, *, resume: bool, fresh: bool) -> None:
-    out, project = Path(config.out), Path(config.out) / PROJECT
-    check_writable(out / CONFIG_FILE)
-    if resume and fresh:
-        raise ValueError("resume and fresh exclude each other: give one of --resume and --fresh.")
-    if resume:
-        if not (out / CONFIG_FILE).exists() or not project.exists():
-            raise ValueError(f"Nothing to resume in {config.out!r}: it holds no search. Leave out --resume to begin one.")
+def _prepare_out(config: SearchConfig, *, resume: bool | None) -> None:
+    out_dir, project = Path(config.out), Path(config.out) / PROJECT
+    check_writable(out_dir / CONFIG_FILE)
+    if should_resume(out_dir, resume, saved=(out_dir / CONFIG_FILE).exists() and project.exists()):
         check_saved_search(project)
-        different = SearchConfig.load(out).differences(config)
+        different = SearchConfig.load(out_dir).differences(config)
         if different:
-            raise ValueError(f"--resume continues the search in {config.out!r} with its options, but these differ: "
-                             f"{'; '.join(different)}. Give the same options, or --fresh to start over.")
+            raise ValueError(f"{config.out!r} holds a search with other options: {'; '.join(different)}. Give "
+                             "the same options to continue it, resume=False (--fresh) to start over (its trials "
+                             "are deleted), or another out_dir (--out).")
         return
-    if project.exists():
-        if not fresh:
-            raise ValueError(f"{config.out!r} already holds a search. Pass --resume to continue it, --fresh to "
-                             "start over (its trials are deleted), or choose another --out.")
-        shutil.rmtree(project)
+    shutil.rmtree(project, ignore_errors=True)
     for name in ("times.json", "results.json", "results.txt", "objective.png", "hyperparameters.png",
                  "best_model.keras"):
-        (out / name).unlink(missing_ok=True)
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _tail(task: TaskProcess) -> str:
@@ -177,9 +172,9 @@ def _supervise(job: _SearchJob, timeout: float | None) -> int:
     task = job.tasks[failure.task]
     if failure.task == "chief:0":
         raise TuningError(f"The chief oracle exited with status {failure.code}. The oracle's state is saved in "
-                          f"{config.out!r}: run the same command with --resume to continue.\n{_tail(task)}")
+                          f"{config.out!r}: the same search run again continues it.\n{_tail(task)}")
     raise TuningError(f"Tuner worker {task.index} {describe_exit(failure.code)} after {outcome.restarts} restart(s) "
-                      f"of tuners (max_restarts={config.max_restarts}); the search stops. Resume it with --resume."
+                      f"of tuners (max_restarts={config.max_restarts}); the search stops. The same search run again continues it."
                       f"\n{_tail(task)}")
 
 
@@ -210,24 +205,26 @@ class Supervision:
     faults: Sequence[Fault] = ()
 
 
-def search(script: str | Path, *, out: str | Path = "tune_out", workers: int = 2, max_trials: int = 10,
+@renamed(out="out_dir", fresh=("resume", fresh_to_resume))
+def search(script: str | Path, *, out_dir: str | Path = "tune_out", workers: int = 2, max_trials: int = 10,
            algorithm: str = "random", epochs: int = 5, trial: TrialOptions = TrialOptions(),
-           supervision: Supervision = Supervision(), resume: bool = False, fresh: bool = False,
+           supervision: Supervision = Supervision(), resume: bool | None = None,
            log: Callable[[str], None] = print, verbose: bool = False) -> SearchResult:
     """Runs a distributed Keras Tuner search of ``script`` (which defines ``build_model(hp)`` and
     ``data()``) with ``workers`` tuner processes and Keras Tuner's chief oracle.
 
     Args:
         script: the search script (see :mod:`tensorfleet.tuning.config`).
-        out: where the oracle's state, the results and the best model go.
+        out_dir: where the oracle's state, the results and the best model go.
         workers, max_trials, algorithm, epochs: see :class:`~tensorfleet.tuning.config.SearchConfig`.
         trial: the objective and how each trial trains (:class:`TrialOptions`).
         supervision: restarts, time-out and injected faults (:class:`Supervision`).
-        resume: continue the search saved in ``out``; ``fresh``: delete it and begin again.
+        resume: None (default) continues the search saved in ``out_dir`` if there is one and begins one
+            otherwise; True continues it (an error when there is none); False deletes it and begins again.
         log: receives the progress lines; ``verbose``: also every line the processes print.
 
     Returns:
-        The :class:`SearchResult`; the table, JSON and plots are in ``out``.
+        The :class:`SearchResult`; the table, JSON and plots are in ``out_dir``.
 
     Raises:
         tensorfleet.tuning.task.TunerKerasError: the script's ``build_model`` returns models of the Keras that
@@ -241,12 +238,12 @@ def search(script: str | Path, *, out: str | Path = "tune_out", workers: int = 2
         ...                 trial=TrialOptions(batch_size=64), supervision=Supervision(timeout=600))  # doctest: +SKIP
     """
     check_script(script)
-    config = SearchConfig(script=str(script), out=str(out), workers=workers, max_trials=max_trials,
+    config = SearchConfig(script=str(script), out=str(out_dir), workers=workers, max_trials=max_trials,
                           objective=trial.objective, direction=trial.direction, algorithm=algorithm,
                           strategy=trial.strategy, devices_per_trial=trial.devices_per_trial, epochs=epochs,
                           batch_size=trial.batch_size, seed=trial.seed, max_restarts=supervision.max_restarts,
                           pin_cores=trial.pin_cores)
-    _prepare_out(config, resume=resume, fresh=fresh)
+    _prepare_out(config, resume=resume)
     config.save()
     job = _SearchJob(config, log=log, verbose=verbose, faults=supervision.faults)
     from tensorfleet.compat.keras_tuner import search_keras

@@ -61,19 +61,20 @@ def _job(name: str, namespace: str, labels: dict[str, str], container: dict[str,
     }
 
 
+@validation.renamed(out="out_dir")
 def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, objective: str = "val_accuracy",
                    direction: str | None = None, algorithm: str = "random", strategy: str = "one_device",
                    devices_per_trial: int = 1, epochs: int = 5, batch_size: int = 32, seed: int = 0,
-                   name: str = "tune", namespace: str = "default", port: int = 8000, out: str = "/search",
+                   name: str = "tune", namespace: str = "default", port: int = 8000, out_dir: str = "/search",
                    storage: str = "10Gi", storage_class: str | None = None, cpu: str = "1", memory: str = "2Gi",
                    restarts: int = 3) -> list[dict[str, Any]]:
     """The claim, chief Job, oracle Service and worker Job of one search (see the module).
 
-    ``script`` and ``out`` are paths inside the containers (absolute); the other search options
+    ``script`` and ``out_dir`` are paths inside the containers (absolute); the other search options
     are those of :func:`tensorfleet.tuning.distributed.search`. ``restarts`` is each Job's
     ``backoffLimit``; ``cpu`` and ``memory`` are each pod's requests and limits.
     """
-    for what, path in (("script", script), ("out", out)):
+    for what, path in (("script", script), ("out_dir", out_dir)):
         if not isinstance(path, str) or not path.startswith("/"):
             raise ValueError(f"{what} must be an absolute path inside the container image. Received: {what}={path!r}")
     kube.image(image)
@@ -82,7 +83,7 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
     validation.port("port", port)
     validation.integer("restarts", restarts, minimum=0)
     storage, cpu, memory = (kube.quantity(k, v) for k, v in (("storage", storage), ("cpu", cpu), ("memory", memory)))
-    config = SearchConfig(script=script, out=out, workers=workers, max_trials=max_trials, objective=objective,
+    config = SearchConfig(script=script, out=out_dir, workers=workers, max_trials=max_trials, objective=objective,
                           direction=direction, algorithm=algorithm, strategy=strategy,
                           devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, seed=seed)
     options = {CONFIG_ENV: json.dumps(config.as_dict())}
@@ -92,7 +93,7 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
     # The chief binds every address of its pod; the workers reach it through the Service.
     chief_env = kube.env_list({**options, "KERASTUNER_TUNER_ID": "chief", "KERASTUNER_ORACLE_IP": "0.0.0.0",
                                "KERASTUNER_ORACLE_PORT": port})
-    chief = _container("oracle", image, out, chief_env, cpu, memory)
+    chief = _container("oracle", image, out_dir, chief_env, cpu, memory)
     chief["ports"] = [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}]
     worker_env = [*kube.env_list(options),
                   {"name": "TUNER_INDEX", "valueFrom": {"fieldRef": {
@@ -110,7 +111,7 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
             _job(f"{name}-chief", namespace, chief_labels, chief, claim_name, backoffLimit=restarts),
             service,
             _job(f"{name}-workers", namespace, {**labels, "app.kubernetes.io/component": "tuner"},
-                 _container("tuner", image, out, worker_env, cpu, memory), claim_name,
+                 _container("tuner", image, out_dir, worker_env, cpu, memory), claim_name,
                  completions=config.workers, parallelism=config.workers, completionMode="Indexed",
                  backoffLimit=restarts * config.workers)]
     validate(docs)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tensorfleet.io import save_figure, write_json, write_text
+from tensorfleet.validation import renamed
 
 __all__ = ["TrialRecord", "best_so_far", "best_record", "format_table", "read_results", "write_results",
            "RESULTS_FILE"]
@@ -105,32 +106,34 @@ def format_table(records: list[TrialRecord], *, objective: str) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def write_results(out: Path, records: list[TrialRecord], *, objective: str, direction: str,
+@renamed(out="out_dir")
+def write_results(out_dir: Path, records: list[TrialRecord], *, objective: str, direction: str,
                   best_model: str | None) -> dict[str, Any]:
-    """Writes ``results.json``, ``results.txt`` and the two PNGs into ``out``; returns the JSON."""
+    """Writes ``results.json``, ``results.txt`` and the two PNGs into ``out_dir``; returns the JSON."""
     best = best_record(records, direction)
     summary = {"objective": objective, "direction": direction,
                "best": None if best is None else {"trial_id": best.trial_id, "score": best.score,
                                                   "hyperparameters": best.hyperparameters, "model": best_model},
                "trials": [asdict(r) for r in records]}
-    write_text(out / "results.txt", format_table(records, objective=objective) + "\n")
-    plot_results(out, records, objective=objective, direction=direction)
-    write_json(out / RESULTS_FILE, summary)
+    write_text(out_dir / "results.txt", format_table(records, objective=objective) + "\n")
+    plot_results(out_dir, records, objective=objective, direction=direction)
+    write_json(out_dir / RESULTS_FILE, summary)
     return summary
 
 
-def read_results(out: str | Path) -> tuple[dict[str, Any], list[TrialRecord]]:
+@renamed(out="out_dir")
+def read_results(out_dir: str | Path) -> tuple[dict[str, Any], list[TrialRecord]]:
     """``results.json`` of a search's output directory and its trial records.
 
     Raises:
-        FileNotFoundError: no ``out`` folder, or no ``results.json`` in it (or a folder in its place).
+        FileNotFoundError: no ``out_dir`` folder, or no ``results.json`` in it (or a folder in its place).
         UnreadableFileError: ``results.json`` is empty, not text, not JSON or not a search's results (a ValueError).
     """
     import json
 
     from tensorfleet.io import UnreadableFileError, existing_folder, read_text
 
-    path = existing_folder(out, "a search's output folder") / RESULTS_FILE
+    path = existing_folder(out_dir, "a search's output folder") / RESULTS_FILE
     text = read_text(path, f"the {RESULTS_FILE} a search writes")
     try:
         summary = json.loads(text)
@@ -140,7 +143,8 @@ def read_results(out: str | Path) -> tuple[dict[str, Any], list[TrialRecord]]:
                                   f"{error}); expected the JSON a search writes (its trials).") from None
 
 
-def plot_results(out: Path, records: list[TrialRecord], *, objective: str, direction: str) -> list[Path]:
+@renamed(out="out_dir")
+def plot_results(out_dir: Path, records: list[TrialRecord], *, objective: str, direction: str) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,7 +160,7 @@ def plot_results(out: Path, records: list[TrialRecord], *, objective: str, direc
     ax.set_xticks(range(len(ids)), ids, rotation=90 if len(ids) > 20 else 0)
     ax.set(xlabel="trial", ylabel=objective, title=f"{objective} per trial ({direction})")
     ax.legend()
-    paths = [save_figure(fig, out / "objective.png")]
+    paths = [save_figure(fig, out_dir / "objective.png")]
     names = _names(records)
     fig, axes = plt.subplots(1, max(len(names), 1), figsize=(3.2 * max(len(names), 1), 3), squeeze=False)
     for ax, name in zip(axes[0], names):
@@ -178,5 +182,5 @@ def plot_results(out: Path, records: list[TrialRecord], *, objective: str, direc
             ax.set_xticks(range(len(labels)), labels)
         ax.set(xlabel=name, ylabel=objective if ax is axes[0][0] else None)
     fig.tight_layout()
-    paths.append(save_figure(fig, out / "hyperparameters.png"))
+    paths.append(save_figure(fig, out_dir / "hyperparameters.png"))
     return paths

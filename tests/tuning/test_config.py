@@ -15,7 +15,7 @@ SCRIPT = str(Path(__file__).with_name("digits_search.py"))
 def test_an_unknown_algorithm_lists_the_three(tmp_path):
     with pytest.raises(ValueError, match=r"^algorithm must be one of 'random', 'bayesian', 'hyperband'\. "
                                          r"Received: algorithm='grid'$"):
-        search(SCRIPT, out=tmp_path, algorithm="grid")
+        search(SCRIPT, out_dir=tmp_path, algorithm="grid")
 
 
 def test_algorithm_names_are_case_insensitive(tmp_path):
@@ -26,7 +26,7 @@ def test_a_script_without_build_model_is_refused_naming_what_it_must_define(tmp_
     script = tmp_path / "search.py"
     script.write_text("def data():\n    return None\n")
     with pytest.raises(ValueError, match=r"defines no build_model\. It must define build_model\(hp\)"):
-        search(script, out=tmp_path / "out")
+        search(script, out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -38,7 +38,7 @@ def test_imported_or_assigned_functions_count_as_defined(tmp_path):
 
 def test_a_missing_script_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="No file at .* a Python search script"):
-        search(tmp_path / "nope.py", out=tmp_path)
+        search(tmp_path / "nope.py", out_dir=tmp_path)
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -58,16 +58,28 @@ def test_an_unknown_strategy_gets_the_registrys_suggestion(tmp_path):
         SearchConfig(script=SCRIPT, out=str(tmp_path), strategy="mirored")
 
 
-def test_an_existing_search_is_not_overwritten_without_resume_or_fresh(tmp_path):
-    (tmp_path / "oracle").mkdir()
-    with pytest.raises(ValueError, match="already holds a search. Pass --resume to continue it, --fresh"):
-        search(SCRIPT, out=tmp_path)
-    with pytest.raises(ValueError, match="Nothing to resume in"):
+def test_resume_has_the_glossarys_one_meaning(tmp_path):
+    """resume=None continues a saved search (else begins), True requires one, False begins again; the library's
+    errors name the keyword (and the flag beside it), not only a command line's --resume."""
+    with pytest.raises(ValueError, match=r"^Nothing to resume in '.*empty': it holds no search\. Received: "
+                                         r"resume=True \(--resume\); leave resume at None to begin one\.$"):
+        search(SCRIPT, out_dir=tmp_path / "empty", resume=True)
+    with pytest.raises(ValueError, match=r"^resume must be None .*Received: resume='yes'$"):
+        search(SCRIPT, out_dir=tmp_path, resume="yes")
+    with pytest.warns(DeprecationWarning, match=r"search: 'fresh' is now 'resume'"), \
+            pytest.raises(ValueError, match=r"'fresh' is the older name of 'resume'; give one of them\. "
+                                            r"Received: fresh=True, resume=True$"):
+        search(SCRIPT, out_dir=tmp_path, resume=True, fresh=True)  # fresh=True is resume=False
+    with pytest.warns(DeprecationWarning, match=r"search: 'out' is now 'out_dir'"), \
+            pytest.raises(ValueError, match=r"Nothing to resume in '.*empty'"):
         search(SCRIPT, out=tmp_path / "empty", resume=True)
 
 
 def test_resume_refuses_other_options_than_the_saved_search(tmp_path):
     SearchConfig(script=SCRIPT, out=str(tmp_path), max_trials=4).save()
     (tmp_path / "oracle").mkdir()
-    with pytest.raises(ValueError, match=r"these differ: max_trials=6 \(the search has 4\)"):
-        search(SCRIPT, out=tmp_path, max_trials=6, resume=True)
+    for resume in (None, True):  # the default continues a saved search too, and refuses other options
+        with pytest.raises(ValueError, match=r"holds a search with other options: max_trials=6 \(the search has 4\)\. "
+                                             r"Give the same options to continue it, resume=False \(--fresh\) to "
+                                             r"start over"):
+            search(SCRIPT, out_dir=tmp_path, max_trials=6, resume=resume)

@@ -29,7 +29,7 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
     import tensorflow as tf
 
     lines: list[str] = []
-    result = search(SCRIPT, out=tmp_path, workers=2, max_trials=4, epochs=2, log=lines.append,
+    result = search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=4, epochs=2, log=lines.append,
                     supervision=Supervision(timeout=200, faults=[Fault(task="tuner:1", when=r"^epoch 2/2 begins")]))
     # The oracle recorded every trial, each completed once with a score; the killed one ran twice.
     trials = _oracle_trials(tmp_path)
@@ -62,14 +62,14 @@ def test_a_killed_chief_resumes_a_bayesian_search_from_the_oracles_saved_state(t
     kill_chief = Fault(task="chief:0", when=r"trial \d+ completed", signal=signal.SIGKILL)
     lines: list[str] = []
     try:
-        search(SCRIPT, out=tmp_path, workers=2, max_trials=3, algorithm="bayesian",
+        search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=3, algorithm="bayesian",
                **{**FAST, "supervision": Supervision(timeout=280, faults=[kill_chief]), "log": lines.append,
                   "verbose": True})
     except TuningError as exc:
         error = str(exc)
     else:
         pytest.fail("The search ended before its chief was killed:\n" + "\n".join(lines))
-    assert re.match(r"The chief oracle exited with status -9\..*run the same command with --resume", error), \
+    assert re.match(r"The chief oracle exited with status -9\..*the same search run again continues it", error), \
         error + "\n" + "\n".join(lines)
     before = _oracle_trials(tmp_path)
     done = {k: t for k, t in before.items() if t["status"] == "COMPLETED"}
@@ -97,7 +97,7 @@ def test_a_killed_chief_resumes_a_bayesian_search_from_the_oracles_saved_state(t
 def test_an_objective_the_model_does_not_report_ends_the_search_naming_what_it_reports(tmp_path):
     with pytest.raises(ValueError, match=r"The model does not report the objective 'val_auc'; it reports: "
                                          r"accuracy, loss, val_accuracy, val_loss\. Choose one of these"):
-        search(SCRIPT, out=tmp_path, workers=1, max_trials=2,
+        search(SCRIPT, out_dir=tmp_path, workers=1, max_trials=2,
                **{**FAST, "trial": TrialOptions(objective="val_auc", direction="max", batch_size=64)})
 
 
@@ -130,7 +130,7 @@ def test_a_keras_3_search_runs_on_two_workers_in_a_users_process(tmp_path, keras
     script = tmp_path / "keras3_search.py"
     script.write_text(KERAS3_SCRIPT)
     lines: list[str] = []
-    result = search(script, out=tmp_path / "out", workers=2, max_trials=3, **{**FAST, "log": lines.append})
+    result = search(script, out_dir=tmp_path / "out", workers=2, max_trials=3, **{**FAST, "log": lines.append})
     assert lines[0].endswith(", models in Keras 3")
     assert result.completed == 3, lines
     for i in (0, 1):
@@ -157,7 +157,7 @@ def test_a_keras_3_script_in_a_tf_keras_search_is_refused_with_one_error_naming_
                 "environment. Start the search without TF_USE_LEGACY_KERAS (Keras Tuner then drives Keras 3, its own "
                 "choice), or build the model with tf_keras (`import tf_keras as keras`).")
     with pytest.raises(TunerKerasError) as raised:
-        search(script, out=tmp_path / "out", workers=1, max_trials=2, **FAST)
+        search(script, out_dir=tmp_path / "out", workers=1, max_trials=2, **FAST)
     assert f"error: {raised.value}" == expected
     assert main(["tune", str(script), "--out", str(tmp_path / "cli"), "--workers", "1", "--max-trials", "2"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [expected]
@@ -175,7 +175,7 @@ def test_hyperband_promotes_a_trial_and_trials_train_under_mirrored_over_two_dev
     lines: list[str] = []
     # One worker, so that Hyperband's order is fixed (with two, a fourth trial asked for while the
     # third still runs opens the next bracket instead of waiting).
-    result = search(SCRIPT, out=tmp_path, workers=1, max_trials=4, algorithm="hyperband", epochs=3,
+    result = search(SCRIPT, out_dir=tmp_path, workers=1, max_trials=4, algorithm="hyperband", epochs=3,
                     trial=TrialOptions(strategy="mirrored", devices_per_trial=2, batch_size=64),
                     supervision=Supervision(timeout=180), log=lines.append)
     assert "[tuner:0] tuner0 trains each trial under mirrored over 2 replica(s)" in lines

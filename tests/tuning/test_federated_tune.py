@@ -72,16 +72,16 @@ def test_a_function_search_resumes_with_the_trial_that_was_running(tmp_path):
         return (values["x"] - 1) ** 2
 
     with pytest.raises(KeyboardInterrupt):
-        search_function(fail_on_third, space, objective="loss", direction="min", max_trials=4, out=tmp_path,
+        search_function(fail_on_third, space, objective="loss", direction="min", max_trials=4, out_dir=tmp_path,
                         log=lambda line: None)
     result = search_function(lambda v: (v["x"] - 1) ** 2, space, objective="loss", direction="min", max_trials=4,
-                             out=tmp_path, resume=True, log=lambda line: None)
+                             out_dir=tmp_path, resume=True, log=lambda line: None)
     assert [r.status for r in result.trials] == ["COMPLETED"] * 4
     assert [r.hyperparameters["x"] for r in result.trials[:3]] == calls  # the third ran again, same values
     assert result.best.score == min((x - 1) ** 2 for x in [r.hyperparameters["x"] for r in result.trials])
     with pytest.raises(ValueError, match="Hyperband needs trials that train for a number of epochs"):
         search_function(lambda v: 0.0, space, objective="loss", direction="min", max_trials=1,
-                        out=tmp_path / "hb", algorithm="hyperband")
+                        out_dir=tmp_path / "hb", algorithm="hyperband")
 
 
 def test_the_tensorfleet_command_has_federated_tune(tmp_path, capsys):

@@ -73,7 +73,7 @@ def test_the_pods_settings_run_a_search(tmp_path):
 
     port = portpicker.pick_unused_port()
     docs = tune_manifests(script=SCRIPT, image="tensorfleet:1", workers=1, max_trials=2, epochs=1, batch_size=64,
-                          out=str(tmp_path), port=port)
+                          out_dir=str(tmp_path), port=port)
     processes = []
     try:
         for doc, index in ((docs[1], None), (docs[3], 0)):
