@@ -19,8 +19,9 @@ app = typer.Typer(help="Profiles recorded with tensorfleet.profiling: analyse th
 
 @app.command("report")
 def report(
-    directory: Path = typer.Argument(..., help="The directory the capture wrote (one sub-directory per task)."),
-    out: Optional[Path] = typer.Option(  # noqa: UP007 - typer needs Optional here
+    source: Path = typer.Argument(..., metavar="DIRECTORY",
+                                  help="The directory the capture wrote (one sub-directory per task)."),
+    out_dir: Optional[Path] = typer.Option(  # noqa: UP007 - typer needs Optional here
         None, "--out", help="Where to write profile.json, profile.png and trace.json (default: DIRECTORY)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON instead of the table."),
     skip_first: bool = typer.Option(
@@ -47,10 +48,10 @@ def report(
     if (params is None) != (bandwidth is None):
         raise ValueError("--params and --bandwidth go together: the planner needs the model and the link. "
                          f"Received: --params={params!r}, --bandwidth={bandwidth!r}")
-    target = out if out is not None else directory
-    if directory.is_dir():
+    target = out_dir if out_dir is not None else source
+    if source.is_dir():
         check_writable(target / REPORT_FILES["json"])
-    profile = analyze(directory, skip_first=skip_first)
+    profile = analyze(source, skip_first=skip_first)
     check = None if params is None else _planner_check(profile, params, bandwidth, latency, algorithm, bytes_per_param)
     extra = {} if check is None else {"planner": {**asdict(check), "error": check.error}}
     paths = write_report(profile, target, extra=extra)
@@ -64,7 +65,7 @@ def report(
                    f"{check.gradient_bytes / 1e6:.2f} MB) {check.predicted_ms:.1f} ms; error {check.error:+.0%}")
     typer.echo("")
     typer.echo(f"wrote {paths['json']}, {paths['png']} and {paths['trace']} (open it in ui.perfetto.dev); "
-               f"TensorBoard: tensorboard --logdir {directory}")
+               f"TensorBoard: tensorboard --logdir {source}")
 
 
 def _planner_check(profile: Any, params: str, bandwidth: str | None, latency: str,

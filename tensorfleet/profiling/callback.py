@@ -24,12 +24,13 @@ from tensorfleet.compat.keras import is_keras3_model, keras2, keras_of
 from tensorfleet.compat.profiler import (callback_list_calling, cluster_coordinator, implements_train_batch_hooks,
                                          set_train_batch_hooks, step_trace)
 from tensorfleet.profiling.recorder import STEP_NAME, Capture, StepRange, task_directory
+from tensorfleet.validation import renamed
 
 __all__ = ["ProfileCallback"]
 
 
 class ProfileCallback(keras2().callbacks.Callback):
-    """Records steps ``steps`` of ``fit`` (counted from 0 across epochs) into ``logdir/<task>``.
+    """Records steps ``steps`` of ``fit`` (counted from 0 across epochs) into ``out_dir/<task>``.
 
     The profiler starts as the step before the first chosen one ends and stops as the step after
     the last one begins (or at the end of the epoch or of training), so every chosen step is
@@ -40,7 +41,7 @@ class ProfileCallback(keras2().callbacks.Callback):
     callback needs them anyway); Keras 3 calls them, and they return at once.
 
     Under a parameter-server strategy the workers and ps tasks are recorded too, each into its own
-    ``logdir/<role>-<index>`` (see :mod:`tensorfleet.profiling.remote`); the coordinator waits for the
+    ``out_dir/<role>-<index>`` (see :mod:`tensorfleet.profiling.remote`); the coordinator waits for the
     steps before the first chosen one, and pauses once after the last until those traces end.
 
     Example:
@@ -49,11 +50,12 @@ class ProfileCallback(keras2().callbacks.Callback):
         >>> model.fit(dataset, epochs=3, callbacks=[cb])                     # doctest: +SKIP
     """
 
-    def __init__(self, logdir: str | os.PathLike[str], steps: Any, *, task: str | None = None) -> None:
+    @renamed(logdir="out_dir")
+    def __init__(self, out_dir: str | os.PathLike[str], steps: Any, *, task: str | None = None) -> None:
         super().__init__()
         # Keras then passes its logs as tensors, as without callbacks, instead of fetching them every step.
         self._supports_tf_logs = True
-        self.capture = Capture(task_directory(logdir, task), StepRange.parse(steps))
+        self.capture = Capture(task_directory(out_dir, task), StepRange.parse(steps))
         self.seen = 0  # batches of this fit finished so far: the number of the next step
         self._epochs = 0
         self._epoch_base = 0  # steps done before this epoch

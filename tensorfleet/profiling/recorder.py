@@ -4,11 +4,11 @@ TensorFlow's profiler (``tf.profiler.experimental.start``/``stop``) records ever
 while it is on. These helpers turn it on for a chosen range of training steps only, so a long job
 pays nothing outside them, and mark each chosen step with the ``train`` step annotation
 (as Keras' ``fit`` does: :func:`tensorfleet.compat.profiler.step_trace`) that the analysis
-cuts steps by. Each task writes under ``<logdir>/<role>-<index>/`` (from TF_CONFIG; ``local``
-without one), so every worker of a job can share one ``logdir``:
+cuts steps by. Each task writes under ``<out_dir>/<role>-<index>/`` (from TF_CONFIG; ``local``
+without one), so every worker of a job can share one ``out_dir``:
 
-    logdir/worker-0/plugins/profile/<run>/<host>.xplane.pb
-    logdir/worker-1/plugins/profile/<run>/<host>.xplane.pb
+    out_dir/worker-0/plugins/profile/<run>/<host>.xplane.pb
+    out_dir/worker-1/plugins/profile/<run>/<host>.xplane.pb
 
 A step range is ``"20-30"`` (both ends included), one step ``"25"`` or ``25``, or a ``range``.
 Steps count the batches of the whole ``fit`` from 0, across epochs; the trace labels them as
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from tensorfleet.validation import integer
+from tensorfleet.validation import integer, renamed
 
 __all__ = ["StepRange", "Capture", "capture", "callbacks", "task_directory", "ENV_STEPS", "ENV_DIR"]
 
@@ -80,9 +80,10 @@ class StepRange:
                          f"Received: {name}={value!r}")
 
 
-def task_directory(logdir: str | os.PathLike[str], task: str | None = None,
+@renamed(logdir="out_dir")
+def task_directory(out_dir: str | os.PathLike[str], task: str | None = None,
                    environ: Mapping[str, str] | None = None) -> Path:
-    """``logdir/<task>``: ``task`` if given, else ``<role>-<index>`` from TF_CONFIG, else ``local``.
+    """``out_dir/<task>``: ``task`` if given, else ``<role>-<index>`` from TF_CONFIG, else ``local``.
 
     Example:
         >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
@@ -97,7 +98,7 @@ def task_directory(logdir: str | os.PathLike[str], task: str | None = None,
         task = f"{config.task.role}-{config.task.index}" if config and config.task else "local"
     if not task or "/" in task or task in (".", ".."):
         raise ValueError(f"task must be a folder name such as 'worker-1'. Received: task={task!r}")
-    return Path(logdir) / task
+    return Path(out_dir) / task
 
 
 class Capture:
@@ -109,8 +110,9 @@ class Capture:
     :meth:`stop` for the chosen ones and then for the other tasks' traces.
     """
 
-    def __init__(self, directory: Path, steps: StepRange | None) -> None:
-        self.directory = directory
+    @renamed(directory="out_dir")
+    def __init__(self, out_dir: Path, steps: StepRange | None) -> None:
+        self.directory = out_dir  # the folder this task's trace goes to
         self.steps = steps
         self.running = False
         self.recorded: list[int] = []
@@ -188,9 +190,10 @@ class Capture:
 
 
 @contextlib.contextmanager
-def capture(logdir: str | os.PathLike[str], steps: Any = None, *, task: str | None = None,
+@renamed(logdir="out_dir")
+def capture(out_dir: str | os.PathLike[str], steps: Any = None, *, task: str | None = None,
             coordinator: Any = None) -> Iterator[Capture]:
-    """Records a profiler trace into ``logdir/<task>``.
+    """Records a profiler trace into ``out_dir/<task>``.
 
     Without ``steps`` the whole block is recorded (``fit`` marks its own steps). With ``steps``,
     wrap each step of a custom loop in ``cap.step(n)``: only the chosen steps are recorded, and
@@ -206,7 +209,7 @@ def capture(logdir: str | os.PathLike[str], steps: Any = None, *, task: str | No
         >>> tfl.profiling.analyze("profile/").verdict                       # doctest: +SKIP
     """
     chosen = None if steps is None else StepRange.parse(steps)
-    session = Capture(task_directory(logdir, task), chosen)
+    session = Capture(task_directory(out_dir, task), chosen)
     if coordinator is not None:
         session.coordinate(coordinator)
     if chosen is None:

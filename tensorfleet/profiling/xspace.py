@@ -34,6 +34,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from tensorfleet.validation import renamed
+
 __all__ = ["Step", "DeviceSpans", "TaskTrace", "read_xspace", "find_traces", "task_traces", "PROFILE_SUBDIR",
            "StepSource"]
 
@@ -218,19 +220,20 @@ def read_xspace(path: str | Path, *, task: str | None = None) -> TaskTrace:
     return TaskTrace(task or hostname, path, hostname, steps, devices, source, functions.served())
 
 
-def find_traces(directory: str | Path) -> dict[str, list[Path]]:
-    """Task name -> the ``.xplane.pb`` files of that task's latest capture under ``directory``.
+@renamed(directory="out_dir")
+def find_traces(out_dir: str | Path) -> dict[str, list[Path]]:
+    """Task name -> the ``.xplane.pb`` files of that task's latest capture under ``out_dir``.
 
     A task is the folder that holds ``plugins/profile`` (one per task, as
     :func:`tensorfleet.profiling.recorder` writes them); a capture directory given by itself is its
     own task. A capture with several hosts' files names its tasks ``<task>/<host>``.
 
     Raises:
-        FileNotFoundError: ``directory`` does not exist or holds no trace.
+        FileNotFoundError: ``out_dir`` does not exist or holds no trace.
     """
     from tensorfleet.io import existing_folder
 
-    root = existing_folder(directory, "the profile directory a capture wrote")
+    root = existing_folder(out_dir, "the profile directory a capture wrote")
     runs: dict[Path, list[Path]] = {}
     for pb in sorted(root.rglob("*.xplane.pb")):
         runs.setdefault(pb.parent, []).append(pb)
@@ -250,10 +253,11 @@ def find_traces(directory: str | Path) -> dict[str, list[Path]]:
     return found
 
 
-def task_traces(directory: str | Path) -> list[TaskTrace]:
-    """Every task's latest capture under ``directory``, read (see :func:`find_traces`)."""
+@renamed(directory="out_dir")
+def task_traces(out_dir: str | Path) -> list[TaskTrace]:
+    """Every task's latest capture under ``out_dir`` (the folder a capture wrote), read (see :func:`find_traces`)."""
     traces = []
-    for task, files in find_traces(directory).items():
+    for task, files in find_traces(out_dir).items():
         for pb in files:
             name = task if len(files) == 1 else f"{task}/{pb.name.split('.')[0]}"
             traces.append(read_xspace(pb, task=name))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tensorfleet.profiling.recorder import StepRange, callbacks, task_directory
@@ -40,3 +42,8 @@ def test_the_environment_turns_recording_on(tmp_path):
     with pytest.raises(ValueError, match=r"^TENSORFLEET_PROFILE_STEPS must be a step range .* "
                                          r"Received: TENSORFLEET_PROFILE_STEPS='20:30'$"):
         callbacks({"TENSORFLEET_PROFILE_STEPS": "20:30"})
+
+
+def test_the_older_logdir_keyword_works_for_a_release_with_a_warning():
+    with pytest.warns(DeprecationWarning, match=r"task_directory: 'logdir' is now 'out_dir'"):
+        assert task_directory(logdir="profile", task="worker-1") == Path("profile") / "worker-1"
