@@ -17,6 +17,8 @@ from typing import Any, Sequence
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.compat import keras3 as keras3_mends
 from tensorfleet.compat import keras3_metrics
+from tensorfleet.strategies.compression import attach as attach_compression
+from tensorfleet.strategies.compression import parse_compression
 from tensorfleet.strategies.devices import local_devices
 from tensorfleet.strategies.registry import Availability, register
 from tensorfleet.strategies.servers import start_server
@@ -108,7 +110,7 @@ def one_device(*, device: str | None = None) -> Any:
 
 
 def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | None = None,
-             num_packs: int = 1) -> Any:
+             num_packs: int = 1, compression: str | None = None) -> Any:
     """``tf.distribute.MirroredStrategy``: synchronous replicas on this machine's devices.
 
     Args:
@@ -116,6 +118,8 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
         cross_device_ops: ``"nccl"``, ``"hierarchical_copy"`` or ``"reduction_to_one_device"``;
             default TensorFlow's choice.
         num_packs: gradient packs for nccl / hierarchical_copy.
+        compression: the gradients' all-reduce compressed: ``"fp16"``, ``"bf16"``, ``"powersgd:rank=2"``
+            (:mod:`tensorfleet.strategies.compression`; ``"none"`` counts the bytes of Keras's own sum).
 
     Example (this machine has no GPU, so its logical CPUs stand in):
         >>> strategy = mirrored(devices=["/cpu:0", "/cpu:1"], cross_device_ops="hierarchical_copy")
@@ -146,8 +150,11 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
             ops = tf.distribute.HierarchicalCopyAllReduce(num_packs=num_packs)
         else:
             ops = tf.distribute.ReductionToOneDevice()
+    parse_compression(compression)  # a bad value fails before TensorFlow starts
     _mend_keras3_fit()
-    return _new_mirrored(devices, ops)
+    strategy = _new_mirrored(devices, ops)
+    attach_compression(strategy, compression)
+    return strategy
 
 
 def _mend_keras3_fit(*, central_storage: bool = False) -> None:
@@ -206,7 +213,7 @@ def central_storage(*, compute_devices: Sequence[str] | None = None,
 
 
 def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: float | None = None,
-                          tf_config: str | dict[str, Any] | None = None) -> Any:
+                          tf_config: str | dict[str, Any] | None = None, compression: str | None = None) -> Any:
     """``MultiWorkerMirroredStrategy``: synchronous replicas across the workers of TF_CONFIG.
 
     A Keras 3 model's ``fit``, ``evaluate`` and ``predict`` work under it: Keras 3's own fail there
@@ -219,6 +226,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         timeout_seconds: fail a collective that waits longer (a lost peer) instead of
             hanging; None waits forever, as TensorFlow does.
         tf_config: a TF_CONFIG to validate and use instead of the environment's.
+        compression: the gradients' all-reduce compressed, as for :func:`mirrored`.
 
     Example (options are checked before TensorFlow sees them):
         >>> multi_worker_mirrored(implementation="nccl")
@@ -237,6 +245,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         raise ValueError("implementation='nccl' needs GPUs and this machine has none. "
                          "Received: implementation='nccl'; use 'ring' or 'auto'.")
     timeout_seconds = number("timeout_seconds", timeout_seconds, above=0, optional=True)
+    parse_compression(compression)
     resolver = None
     if tf_config is not None:
         config = parse_tf_config(tf_config)
@@ -251,6 +260,7 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl, timeout_seconds=timeout_seconds)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
     _mend_keras3_fit()  # Keras 3's own fit fails under this strategy (keras-team/keras#20585)
+    attach_compression(strategy, compression)
     return strategy
 
 

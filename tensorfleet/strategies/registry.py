@@ -123,10 +123,18 @@ def _check_options(entry: Entry[Callable[..., Any]], options: dict[str, Any]) ->
     accepted = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
+        elsewhere = "".join(f" {option} is an option of: {', '.join(_taking(option))}." for option in unknown
+                            if _taking(option))
         raise TypeError(
             f"Strategy {entry.name!r} does not take option(s) {', '.join(unknown)}. "
-            f"Its options are: {', '.join(accepted) or '(none)'}."
+            f"Its options are: {', '.join(accepted) or '(none)'}.{elsewhere}"
         )
+
+
+def _taking(option: str) -> list[str]:
+    """The strategies that take ``option`` as a keyword."""
+    return [e.name for e in STRATEGIES.entries() if option in inspect.signature(e.obj).parameters
+            and inspect.signature(e.obj).parameters[option].kind is not inspect.Parameter.VAR_KEYWORD]
 
 
 def available() -> list[str]:

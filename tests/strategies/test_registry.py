@@ -29,7 +29,8 @@ def test_unknown_option_names_the_options_the_strategy_takes() -> None:
     with pytest.raises(TypeError) as info:
         tfl.strategies.build("mirrored", device="/cpu:0")
     assert str(info.value) == (
-        "Strategy 'mirrored' does not take option(s) device. Its options are: devices, cross_device_ops, num_packs."
+        "Strategy 'mirrored' does not take option(s) device. Its options are: devices, cross_device_ops, num_packs, "
+        "compression. device is an option of: one_device."
     )
 
 
