@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorfleet.models.zoo import MODELS, resolve_keras, seeded_glorot
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import positive_int, renamed
 
 __all__ = [
     "ds_cnn",
@@ -283,11 +283,12 @@ def mfcc_features(audio: np.ndarray, *, sample_rate: int = 16_000) -> np.ndarray
     return mfcc.numpy()[..., None].astype(np.float32)
 
 
-def load_speech_commands(directory: str | os.PathLike[str], *, words: tuple[str, ...] = KWS_WORDS,
+@renamed(directory="data_dir")
+def load_speech_commands(data_dir: str | os.PathLike[str], *, words: tuple[str, ...] = KWS_WORDS,
                          max_per_class: int | None = None) -> dict[str, TinyData]:
     """Google Speech Commands v2 as MLPerf Tiny uses it: ten keywords, ``_silence_``, ``_unknown_``.
 
-    Expects the extracted archive: ``<directory>/<word>/<file>.wav`` (16 kHz mono),
+    Expects the extracted archive: ``<data_dir>/<word>/<file>.wav`` (16 kHz mono),
     ``validation_list.txt`` and ``testing_list.txt`` (missing lists put everything in train).
     ``_background_noise_`` clips are cut into 1 s silence samples. Labels: ``words`` in order,
     then silence (len(words)) and unknown (len(words) + 1).
@@ -295,7 +296,7 @@ def load_speech_commands(directory: str | os.PathLike[str], *, words: tuple[str,
     Returns:
         ``{"train": ..., "validation": ..., "test": ...}`` of MFCC ``(n, 49, 10, 1)`` inputs.
     """
-    root = _check_dir(directory, "Speech Commands")
+    root = _check_dir(data_dir, "Speech Commands")
     lists = {}
     for split, filename in (("validation", "validation_list.txt"), ("test", "testing_list.txt")):
         listing = root / filename
@@ -342,14 +343,15 @@ def _read_cifar10_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
 
 
-def load_cifar10(directory: str | os.PathLike[str]) -> dict[str, TinyData]:
+@renamed(directory="data_dir")
+def load_cifar10(data_dir: str | os.PathLike[str]) -> dict[str, TinyData]:
     """CIFAR-10, binary version (the extracted ``cifar-10-batches-bin`` folder: ``data_batch_1.bin``
     .. ``data_batch_5.bin`` and ``test_batch.bin``), as float32 NHWC in [0, 1].
 
     The binary files are plain bytes, read with numpy; the python version's pickles are not
     read, because unpickling a file can run arbitrary code.
     """
-    root = _check_dir(directory, "CIFAR-10")
+    root = _check_dir(data_dir, "CIFAR-10")
     out = {}
     for split, pattern in (("train", "data_batch_*.bin"), ("test", "test_batch.bin")):
         files = sorted(root.glob(pattern))
@@ -380,13 +382,14 @@ def log_mel_frames(audio: np.ndarray, *, sample_rate: int = 16_000, n_mels: int 
     return np.concatenate([log_mel[k:k + count] for k in range(frames)], axis=1)
 
 
-def load_toyadmos(directory: str | os.PathLike[str], *, machine: str = "ToyCar") -> dict[str, TinyData]:
-    """ToyADMOS as packaged for DCASE 2020 task 2: ``<directory>/<machine>/{train,test}/*.wav``.
+@renamed(directory="data_dir")
+def load_toyadmos(data_dir: str | os.PathLike[str], *, machine: str = "ToyCar") -> dict[str, TinyData]:
+    """ToyADMOS as packaged for DCASE 2020 task 2: ``<data_dir>/<machine>/{train,test}/*.wav``.
 
     Train clips are normal; test clip names start with ``normal_`` or ``anomaly_``. Each clip
     becomes its 640-wide log-mel frame vectors; ``y`` is 0 (normal) or 1 (anomaly) per vector.
     """
-    root = _check_dir(Path(directory) / machine, f"ToyADMOS {machine}")
+    root = _check_dir(Path(data_dir) / machine, f"ToyADMOS {machine}")
     out = {}
     for split in ("train", "test"):
         xs, ys = [], []
@@ -401,12 +404,13 @@ def load_toyadmos(directory: str | os.PathLike[str], *, machine: str = "ToyCar")
     return out
 
 
-def load_vww(directory: str | os.PathLike[str], *, size: int = 96) -> TinyData:
-    """Visual Wake Words as MLPerf Tiny trains it: ``<directory>/person/*`` and ``<directory>/non_person/*``
+@renamed(directory="data_dir")
+def load_vww(data_dir: str | os.PathLike[str], *, size: int = 96) -> TinyData:
+    """Visual Wake Words as MLPerf Tiny trains it: ``<data_dir>/person/*`` and ``<data_dir>/non_person/*``
     images (JPEG/PNG), resized to ``size`` x ``size`` RGB in [0, 1]; label 1 = person."""
     import tensorflow as tf
 
-    root = _check_dir(directory, "Visual Wake Words")
+    root = _check_dir(data_dir, "Visual Wake Words")
     xs, ys = [], []
     for label, sub in ((0, "non_person"), (1, "person")):
         for image in sorted(p for p in (root / sub).glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")):

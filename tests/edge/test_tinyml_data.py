@@ -76,6 +76,9 @@ def test_cifar10_binary_batches(tmp_path: Path) -> None:
 def test_cifar10_bad_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="No CIFAR-10 directory"):
         tinyml.load_cifar10(tmp_path / "missing")
+    with pytest.warns(DeprecationWarning, match="load_cifar10: 'directory' is now 'data_dir'"), \
+            pytest.raises(FileNotFoundError, match="No CIFAR-10 directory"):
+        tinyml.load_cifar10(directory=tmp_path / "missing")  # the older keyword, for one release
     (tmp_path / "data_batch_1").write_bytes(b"\x80\x04")  # the python version's pickles
     with pytest.raises(FileNotFoundError, match=r"No CIFAR-10 'data_batch_\*\.bin' file .*; this folder holds "
                                                 r"the python version's pickles, which tensorfleet does not read"):
