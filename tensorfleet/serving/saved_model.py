@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tensorfleet.compat.keras import Keras, KerasFileError, keras_of, producing_layer_name
-from tensorfleet.validation import integer
+from tensorfleet.validation import integer, renamed
 
 __all__ = ["DEFAULT_SIGNATURE", "BaseNotAFolderError", "ExportResult", "TensorSignature", "VersionExistsError",
            "export", "load_keras_model"]
@@ -129,16 +129,18 @@ def _check_model(model: Any) -> None:
                          f"model with an input shape). Received: {type(model).__name__}")
 
 
-def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
+@renamed(base_dir="base_path")
+def export(model: Any, base_path: str | os.PathLike[str], version: int = 1, *,
            input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
            overwrite: bool = False, stages: int = 1, stage_boundaries: Sequence[int] | None = None,
            warmup: Any = None) -> ExportResult:
-    """Writes ``model`` to ``base_dir/<version>/`` with a ``serving_default`` signature.
+    """Writes ``model`` to ``base_path/<version>/`` with a ``serving_default`` signature.
 
     Args:
         model: a built Keras model (functional or Sequential with an input shape), Keras 3 (``import keras``)
             or tf_keras, built under any strategy scope or none.
-        base_dir: the model's base directory, as ``tensorfleet serve`` and TF Serving take it.
+        base_path: the model's base path (the folder of its numbered versions), as ``tensorfleet serve`` and
+            TF Serving take it (``--model_base_path``).
         version: a positive integer; TF Serving serves the highest by default.
         input_names: the signature's input names (default: the model's input layer names).
         output_names: the signature's output names (default: the model's output layer names).
@@ -169,7 +171,7 @@ def export(model: Any, base_dir: str | os.PathLike[str], version: int = 1, *,
     default_inputs, default_outputs = _layer_names(model)
     inputs = _names(input_names, default_inputs, "input_names")
     outputs = _names(output_names, default_outputs, "output_names")
-    base = Path(base_dir)
+    base = Path(base_path)
     target = base / str(version)
     if base.exists() and not base.is_dir():
         raise BaseNotAFolderError(f"The model's base directory {str(base)!r} is a file; expected a folder (versions "

@@ -42,6 +42,9 @@ def test_export_takes_other_names_and_refuses_an_existing_version(tmp_path, digi
     assert [t.name for t in result.inputs + result.outputs] == ["pixels", "scores"]
     with pytest.raises(FileExistsError, match="Version 1 already exists"):
         export(digits_models[1], tmp_path, version=1)
+    with pytest.warns(DeprecationWarning, match="export: 'base_dir' is now 'base_path'"), \
+            pytest.raises(FileExistsError, match="Version 1 already exists"):
+        export(digits_models[1], base_dir=tmp_path, version=1)  # the older keyword, for one release
     assert export(digits_models[2], tmp_path, version=1, overwrite=True).version == 1
     with pytest.raises(ValueError, match=r"version must be a positive integer. Received: version=0"):
         export(digits_models[1], tmp_path, version=0)
