@@ -7,6 +7,9 @@ a traced function, and a multi-worker mirrored strategy over this process's devi
   step is traced: each replica's gradient is multiplied by ``num_replicas_in_sync`` instead, which is the
   gradient of its own batch's mean loss, and ``distribute.extended.update`` then applies it to that replica's
   copy of each variable only.
+- :func:`next_local_batch` takes the next batch of a distributed iterator without the all-reduce by which the
+  workers of a multi-worker job agree, at every step, whether each still has data (``DistributedIterator.
+  get_next`` under partial-batch handling); every worker must then have as many batches.
 - :func:`collectives` counts the collective ops a traced ``tf.function`` runs per call, through the functions
   it calls (``_list_all_concrete_functions``); :func:`keras_train_functions` finds the ``tf.function`` objects
   behind a Keras ``train_function`` (Keras 3 keeps its in the closure of a Python function).
@@ -20,7 +23,7 @@ import contextlib
 import itertools
 from typing import Any, Iterator
 
-__all__ = ["collectives", "keras_train_functions", "local_gradients", "local_multi_worker_mirrored"]
+__all__ = ["collectives", "keras_train_functions", "local_gradients", "local_multi_worker_mirrored", "next_local_batch"]
 
 _COLLECTIVE_PREFIXES = ("Collective", "NcclAllReduce")
 _CALLS = ("PartitionedCall", "StatefulPartitionedCall")
@@ -45,6 +48,12 @@ def local_gradients(optimizer: Any, replicas: int) -> Iterator[None]:
         yield
     finally:
         object.__delattr__(optimizer, name)
+
+
+def next_local_batch(iterator: Any) -> Any:
+    """The next batch of a ``tf.distribute`` iterator, each replica's part from this worker's own iterator
+    (``_get_next_no_partial_batch_handling``): no collective. Raises ``OutOfRangeError`` at the end."""
+    return iterator._get_next_no_partial_batch_handling()
 
 
 def _function_collectives(name: str, library: dict[str, Any], seen: dict[str, int]) -> int:

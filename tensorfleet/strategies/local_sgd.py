@@ -9,7 +9,9 @@ the first ``sync_steps`` steps synchronously (ordinary data parallelism) and loc
 :class:`LocalSGD` is the callback, for the model's Keras (Keras 3 or tf_keras). When training starts it
 puts its own ``train_function`` in the model's place: the model's ``train_step`` on each replica with the
 gradient all-reduce taken out of the optimizer (:func:`tensorfleet.compat.local_sgd.local_gradients`), the
-logs of this worker's replicas (no collective either); after every H of those steps it runs one averaging
+batch taken without the workers' per-step agreement on whether data is left (so every worker needs as many
+batches: ``drop_remainder=True`` or ``steps_per_epoch``), the logs of this worker's replicas (no collective
+either); after every H of those steps it runs one averaging
 function, an all-reduce mean of every floating-point weight through the strategy's collectives. The optimizer's
 own state (momentum, Adam's moments) stays each replica's own, as in the paper. The weights are also averaged
 after the last step of each epoch, so the checkpoint a ``BackupAndRestore`` takes at the epoch's end is the
@@ -45,7 +47,7 @@ from tensorfleet.compat.keras import Keras, as_keras, keras_module, tf_variable
 from tensorfleet.strategies.large_batch import check_callback_keras
 from tensorfleet.validation import integer
 
-__all__ = ["AllReduceCount", "LocalSGD", "callback_class"]
+__all__ = ["AllReduceCount", "LocalSGD", "callback_class", "step_all_reduces"]
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +160,8 @@ class LocalSGD:
         replicas = strategy.num_replicas_in_sync
 
         @tf.function(autograph=False, reduce_retracing=True)
-        def local_step(data: Any) -> Any:
+        def local_step(iterator: Any) -> Any:
+            data = internals.next_local_batch(iterator)
             with internals.local_gradients(model.optimizer, replicas):
                 outputs = strategy.run(model.train_step, args=(data,))
             return tf.nest.map_structure(lambda v: _local(strategy, v), outputs)
@@ -185,7 +188,7 @@ class LocalSGD:
             logs = self._keras_function(iterator)
             self._runs["sync_steps"] += 1
         else:
-            logs = self._step(next(iterator))
+            logs = self._step(iterator)
             self._runs["local_steps"] += 1
             self._since_average += 1
         self._steps_done += 1
@@ -278,3 +281,17 @@ def callback_class(keras: Keras | str | Any = None) -> type:
     """
     return _callback_class(as_keras(keras, "local_sgd.callback_class"))
 
+
+def step_all_reduces(model: Any) -> int:
+    """All-reduces one call of the model's own ``train_function`` runs (plain synchronous training), measured
+    from its traced graph: its collective ops / the worker's local replicas. Call it after ``fit``.
+
+    Raises:
+        TypeError: the model has not trained yet (no traced train function) or runs eagerly.
+    """
+    function = getattr(model, "train_function", None)
+    if function is None:
+        raise TypeError("step_all_reduces reads the graph of the model's train function, made by fit. Received: a "
+                        "model whose train_function is None; call it after fit.")
+    local = len(model.distribute_strategy.extended.worker_devices)
+    return sum(internals.collectives(f) for f in internals.keras_train_functions(function)) // local
