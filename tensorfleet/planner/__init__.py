@@ -4,6 +4,9 @@
   (:mod:`tensorfleet.planner.plans`; ``tfl.planner.plan`` is the function); the layouts are the
   entries of :data:`tensorfleet.planner.layouts.LAYOUTS`, the models they are costed for are
   :mod:`~tensorfleet.planner.workload`\\ s.
+* ``plan(...).mesh()`` is the recommended layout as a mesh, ``plan(...).run("script.py")`` runs a script
+  under it (:func:`planned_mesh` inside); :mod:`~tensorfleet.planner.run_report` sets what the run
+  holds per device beside the prediction (:mod:`~tensorfleet.planner.runs`).
 * :mod:`~tensorfleet.planner.memory`: per-device memory of training a model (the savers that
   change it are :mod:`tensorfleet.strategies.memory_savers`); :mod:`~tensorfleet.planner.splits`:
   the model states of a layout that splits only some weights, weight by weight.
@@ -19,9 +22,9 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "partition", "plans", "splits", "traffic",
-             "workload"),
-    names={"plan": "plans", "Plan": "plans", "Workload": "workload"},
+    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "partition", "plans", "run_report", "runs",
+             "splits", "traffic", "workload"),
+    names={"plan": "plans", "Plan": "plans", "Workload": "workload", "planned_mesh": "runs", "RunReport": "run_report"},
 )
 
 __all__ = [*_LAZY]
