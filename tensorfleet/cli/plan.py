@@ -47,6 +47,8 @@ def plan_command(
         None, "--server-memory", help="Memory of one parameter server (default --device-memory): 256GB."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 over the data-parallel replicas: 1 shards the "
                              "optimizer state, 2 also the gradients, 3 also the parameters."),
+    compression: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--compression", help="The gradients' all-reduce compressed: fp16, bf16, powersgd:rank=2."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the plan as JSON to this file."),  # noqa: UP007
     run: Optional[Path] = typer.Option(  # noqa: UP007
@@ -80,7 +82,8 @@ def plan_command(
         batch_size=batch, devices=devices, device_memory=device_memory, bandwidth=bandwidth,
         device_tflops=device_tflops,
         network=planner.Network(nodes=nodes, intra_bandwidth=intra_bandwidth, latency=latency),
-        training=planner.TrainingOptions(optimizer=optimizer.value, precision=precision.value, zero=zero),
+        training=planner.TrainingOptions(optimizer=optimizer.value, precision=precision.value, zero=zero,
+                                         compression=compression),
         servers=planner.ParameterServers(count=ps_servers, memory=server_memory),
     )
     if run is not None:  # a row the mesh cannot run is refused before the table

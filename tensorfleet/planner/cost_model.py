@@ -131,6 +131,22 @@ def predict(
     return sum(link.time(b, shared) for b in steps)
 
 
+def compression_ratio(compression: str | None, shapes: Sequence[Sequence[int]], value_bytes: int) -> float:
+    """How many times fewer bytes the gradients of ``shapes`` (``value_bytes`` each) hand the all-reduce under
+    ``compression`` (the ``compression`` option of :mod:`tensorfleet.strategies.compression`; None: 1).
+
+    Example (the digits CNN's weights; the launch benchmark measures the same bytes):
+        >>> shapes = [(3, 3, 1, 16), (16,), (3, 3, 16, 32), (32,), (512, 64), (64,), (64, 10), (10,)]
+        >>> round(compression_ratio("powersgd:rank=2", shapes, 4), 3), compression_ratio("fp16", shapes, 4)
+        (20.988, 2.0)
+    """
+    from tensorfleet.strategies.compression import compressed_bytes
+
+    if compression is None:
+        return 1.0
+    return compressed_bytes("none", shapes, value_bytes) / compressed_bytes(compression, shapes, value_bytes)
+
+
 def predict_parameter_server(workers: int, servers: int, nbytes: float, link: Link) -> float:
     """Seconds for ``workers`` to push ``nbytes`` of gradients to ``servers`` and pull the weights back.
 

@@ -82,6 +82,7 @@ class PlanSetup:
     ps_servers: int = 1
     server_memory: float | None = None  # None: as much as a device
     zero: int = 0  # ZeRO stage over the data-parallel replicas
+    compression: str | None = None  # the all-reduce's gradient compression (strategies.compression)
 
     @property
     def server_capacity(self) -> float:
@@ -100,6 +101,12 @@ class PlanSetup:
     def gradient_bytes(self) -> float:
         return self.work.parameters * self.value_bytes
 
+    @property
+    def all_reduced_gradient_bytes(self) -> float:
+        """The gradients' bytes as the all-reduce carries them, after ``compression``."""
+        return self.gradient_bytes / cost_model.compression_ratio(self.compression, self.work.gradient_shapes(),
+                                                                   self.value_bytes)
+
     def all_reduce_seconds(self, nbytes: float, group: int, *, spans_nodes: bool) -> float:
         """A ring all-reduce over ``group`` devices; two-level when it spans every machine evenly."""
         if group == 1:
@@ -117,7 +124,7 @@ class PlanSetup:
                 "device_tflops": self.device_tflops, "optimizer": self.optimizer, "precision": self.precision,
                 "recompute": self.recompute, "ps_servers": self.ps_servers,
                 "server_memory_bytes": self.server_capacity, "server_memory_given": self.server_memory is not None,
-                "zero": self.zero}
+                "zero": self.zero, "compression": self.compression}
 
 
 @dataclass
@@ -253,7 +260,7 @@ def _layout(name: str, *, description: str, aliases: tuple[str, ...] = ()) -> Ca
 def _gradient_all_reduce(setup: PlanSetup, d: Degrees) -> float:
     """Reduce-scatter + all-gather of the gradients (ZeRO 1 and 2 send the same); ZeRO 3 all-gathers the
     parameters once more: 3 instead of 2 passes over them."""
-    nbytes = setup.gradient_bytes / (d.tensor * d.pipeline) * (1.5 if setup.zero == 3 else 1.0)
+    nbytes = setup.all_reduced_gradient_bytes / (d.tensor * d.pipeline) * (1.5 if setup.zero == 3 else 1.0)
     return setup.all_reduce_seconds(nbytes, d.data, spans_nodes=True)
 
 
@@ -283,7 +290,8 @@ class DataParallelLayout(ParallelLayout):
 class DataAllReduceLayout(DataParallelLayout):
     def note(self, setup: PlanSetup) -> str:
         return ("ring all-reduce" + (" (two-level)" if setup.nodes > 1 else "")
-                + (f"; ZeRO stage {setup.zero}" if setup.zero else ""))
+                + (f"; ZeRO stage {setup.zero}" if setup.zero else "")
+                + (f"; {setup.compression} gradients" if setup.compression else ""))
 
     def comm_seconds(self, setup: PlanSetup, degrees: Degrees, micro: int) -> float:
         return _gradient_all_reduce(setup, degrees)

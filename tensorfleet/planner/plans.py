@@ -63,12 +63,14 @@ class TrainingOptions:
     ``mixed_float16``, ``mixed_bfloat16``), ``recompute`` (full activation recomputation for a transformer:
     None = only for a strategy that does not fit without it, False = never) and the ZeRO stage ``zero``
     0-3 of the data-parallel replicas of every layout but ``data_ps`` (1 shards the optimizer state over
-    them, 2 also the gradients, 3 also the parameters)."""
+    them, 2 also the gradients, 3 also the parameters); ``compression`` of the gradients' all-reduce (``fp16``,
+    ``bf16``, ``powersgd:rank=R``: the ``compression`` option of :mod:`tensorfleet.strategies.compression`)."""
 
     optimizer: str = "adam"
     precision: str = "mixed_float16"
     recompute: bool | None = None
     zero: int = 0
+    compression: str | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,7 @@ def plan(
     nodes = positive_int("nodes", network.nodes)
     ps_servers = positive_int("servers.count", servers.count)
     zero = integer("zero", training.zero, minimum=0, maximum=3)
+    compression = _compression(training.compression, zero)
     if devices % nodes:
         raise ValueError(f"devices must be a multiple of nodes. Received: devices={devices}, nodes={nodes}")
     number("device_tflops", device_tflops, above=0)
@@ -240,7 +243,8 @@ def plan(
     setup = PlanSetup(work=work, batch_size=batch_size, devices=devices, nodes=nodes, device_memory=memory_bytes,
                       intra=intra, inter=inter, device_tflops=device_tflops, optimizer=optimizer, precision=precision,
                       value_bytes=bytes_per_parameter(optimizer, precision)["parameters"],  # also checks both
-                      recompute=training.recompute, ps_servers=ps_servers, server_memory=servers_bytes, zero=zero)
+                      recompute=training.recompute, ps_servers=ps_servers, server_memory=servers_bytes, zero=zero,
+                      compression=compression)
     result = Plan(workload=work, inputs=setup.inputs())
     for entry in LAYOUTS.entries():
         costed = entry.obj.cost(setup)
@@ -249,6 +253,16 @@ def plan(
         elif costed:
             result.impossible[entry.name] = costed
     return _recommend(result, setup)
+
+
+def _compression(value: str | None, zero: int) -> str | None:
+    from tensorfleet.strategies.compression import GradientCompression, parse_compression
+
+    spec = parse_compression(value)
+    if spec is not None and spec.method is GradientCompression.POWERSGD and zero:
+        raise ValueError(f"compression={str(spec)!r} sends low-rank factors that a ZeRO reduce-scatter cannot "
+                         f"shard. Received: compression={value!r}, zero={zero}; use zero=0, or compression='fp16'.")
+    return None if spec is None else str(spec)
 
 
 def _positive_bytes(name: str, value: str | float) -> float:

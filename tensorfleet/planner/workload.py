@@ -62,6 +62,19 @@ class Workload:
     shape: TransformerShape | None = None
     seq_len: int | None = None  # the sequence length planned for (the shape's is its longest)
     shape_assumed: bool = False
+    weight_shapes: tuple[tuple[int, ...], ...] = ()  # a registered model's trainable weights
+
+    def gradient_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of the gradients one step all-reduces: a registered model's own weights; a transformer's
+        from its shape (per block the QKV, projection and two MLP matrices with their biases and two LayerNorms,
+        then the embedding tables and what sits outside the blocks as one vector); else one vector."""
+        if self.weight_shapes or self.shape is None:
+            return self.weight_shapes or ((int(self.parameters),),)
+        s, h = self.shape, self.shape.hidden
+        block = ((h, 3 * h), (3 * h,), (h, h), (h,), (h, 4 * h), (4 * h,), (4 * h, h), (h,), (h,), (h,), (h,), (h,))
+        tables = tuple((rows, h) for rows in (s.vocab, s.seq_len) if rows)
+        rest = int(self.parameters) - s.layers * s.layer_parameters - (s.vocab + s.seq_len) * h
+        return block * s.layers + tables + (((rest,),) if rest > 0 else ())
 
     def describe_shape(self) -> str:
         """``48 layers, hidden 1600, 25 heads, seq_len 1024`` (said to be assumed when it is), or ``""``."""
@@ -243,6 +256,7 @@ def workload_from_model(name: str, **model_kwargs: Any) -> Workload:
         tensor_comm_values=2.0 * sum(with_weights),
         boundary_values=float(max(r.activation_values for r in table)),
         flops_per_example=6.0 * model.count_params(),
+        weight_shapes=tuple(tuple(int(d) for d in w.shape) for w in model.trainable_weights),
     )
 
 
