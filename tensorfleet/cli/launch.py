@@ -5,6 +5,8 @@ takes; an option given to a mode that does not take it is refused, naming both):
 
 * a script (the plain mode):
     $ tensorfleet launch --workers 2 --max-restarts 2 train.py --epochs 6
+  with ``--mesh``, the workers are the processes of one DTensor mesh (a ``Mesh`` in the script spans them):
+    $ tensorfleet launch --workers 2 --mesh train_on_mesh.py
 * a migratable job (``build_model()`` and ``data()``; :mod:`tensorfleet.cluster.migration`), chosen by
   ``--strategy``, ``--checkpoint-dir`` or ``--resume-from``; ``--resume-from DIR`` moves it to the
   strategy and world size given:
@@ -46,7 +48,7 @@ MODES: dict[str, tuple[str, ...]] = {
     "profile_steps": (PLAIN,), "profile_dir": (PLAIN,), "strategy": _JOBS, "devices": _JOBS,
     "checkpoint_dir": _JOBS, "resume_from": (MIGRATE,), "epochs": _JOBS, "global_batch_size": _JOBS,
     "batch_policy": _JOBS, "stop_at_step": _JOBS, "save_every": _JOBS, "share": (SHARE,), "quantum": (SHARE,),
-    "timeline": (SHARE,),
+    "timeline": (SHARE,), "mesh": (PLAIN,),
 }
 #: Why an option does not apply to a mode, where a reason helps (option, mode) -> what to do instead.
 _WHY = {
@@ -62,6 +64,8 @@ _WHY = {
     ("hang_timeout", SHARE): "a job waiting for its slice is silent by design; use --timeout",
     ("ports", SHARE): "each job takes free ports of its own",
     ("resume_from", SHARE): "each job continues from its checkpoint in --checkpoint-dir/<job> when there is one",
+    ("mesh", MIGRATE): "its placement decides the devices (--strategy mesh: a mesh in one process)",
+    ("mesh", SHARE): "its placement decides the devices (--strategy mesh: a mesh in one process)",
 }
 #: Options that apply only together with another: (option, the one it needs).
 _NEEDS = {"evaluator_timeout": "evaluator", "profile_dir": "profile_steps", "backoff": "max_restarts"}
@@ -109,6 +113,8 @@ def launch_command(
         "(FIRST-LAST, e.g. 20-30); read it with 'tensorfleet profile report DIR'."),
     profile_dir: Path = typer.Option(Path("profile"), "--profile-dir", help="Where --profile-steps writes, "
                                      "one folder per task."),
+    mesh: bool = typer.Option(False, "--mesh", help="The workers are the processes of one DTensor mesh: a Mesh made in "
+                              "the script spans the devices of every worker, each its share (workers only)."),
     strategy: Optional[MigrationStrategy] = typer.Option(  # noqa: UP007
         None, "--strategy", help="Run SCRIPT as a migratable job (build_model() and data()) under this strategy."),
     devices: int = typer.Option(1, "--devices", help="Local devices of --strategy mirrored."),
@@ -137,6 +143,7 @@ def launch_command(
     Three modes, chosen by the options: a script; a migratable job (--strategy, --checkpoint-dir or
     --resume-from); jobs sharing the devices (--share). An option the mode does not take is refused
     (the table: docs, reference of the tensorfleet command). The script's own arguments follow it.
+    With --mesh the workers are the processes of one mesh: a Mesh made in the script spans them all.
 
     Output lines are prefixed with their task (e.g. worker:1); a progress bar shows its state every
     2 s, one line each; TensorFlow's start-up noise is left out (shown with --verbose); Ctrl-C and SIGTERM reach every
@@ -182,7 +189,7 @@ def launch_command(
         script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list, mode=mode_option,
         recovery=Recovery(max_restarts=max_restarts, backoff=backoff, backup_dir=backup_dir),
         timeouts=Timeouts(timeout=timeout, hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout),
-        output=TaskOutput(quiet=not verbose(ctx)), command=TaskCommand(env=env, runner=runner), check=False,
+        output=TaskOutput(quiet=not verbose(ctx)), command=TaskCommand(env=env, runner=runner), check=False, mesh=mesh,
     )
     _finish(result)
     if profile_steps is not None:

@@ -116,6 +116,7 @@ def launch(
     output: TaskOutput = TaskOutput(),
     command: TaskCommand = TaskCommand(),
     check: bool = True,
+    mesh: bool = False,
 ) -> LaunchResult:
     """Runs ``script`` as a local tf.distribute cluster, one process per task.
 
@@ -136,6 +137,10 @@ def launch(
         output: where the tasks' lines go, how they are shown and the line that stops the job (:class:`TaskOutput`).
         command: the tasks' interpreter, runner module and extra environment (:class:`TaskCommand`).
         check: raise :class:`LaunchFailedError` when the job fails for good.
+        mesh: the workers are the processes of one DTensor mesh: a
+            :class:`~tensorfleet.model_parallel.mesh.Mesh` made in the script spans the devices of
+            every worker (each its share), DTensor's environment set from each task's TF_CONFIG
+            (:mod:`tensorfleet.model_parallel.mesh.clients`). Workers only: no ps, chief or evaluator.
 
     Returns:
         A :class:`LaunchResult`: exit status (the chief's, or the first failure's), restarts,
@@ -156,6 +161,8 @@ def launch(
         [worker:1] hello from worker:1 of 2
     """
     script_path = _check_script(script)
+    if mesh:
+        _check_mesh_tasks({"ps": ps, "chief": chief, "evaluator": evaluator}, getattr(command, "env", None))
     chief = check_task_counts(workers, ps, chief)  # a ps job gets a chief: the coordinator runs there
     recovery, timeouts = group("recovery", recovery, Recovery), group("timeouts", timeouts, Timeouts)
     output, command = group("output", output, TaskOutput), group("command", command, TaskCommand)
@@ -165,6 +172,12 @@ def launch(
     if ports is not None:
         _check_ports_free(spec)
     task_env = _task_env(spec, command.env, recovery.backup_dir)
+    if mesh:
+        from tensorfleet.model_parallel.mesh.clients import ENV_ACROSS
+
+        task_env[ENV_ACROSS] = "1"
+        for name in [k for k in task_env if k.startswith("DTENSOR_")]:  # the tasks' own, from their TF_CONFIG
+            del task_env[name]
     scratch = tempfile.mkdtemp(prefix="tensorfleet-launch-") if evaluator else None
     if scratch is not None:
         task_env[ENV_TRAINING_ENDED] = os.path.join(scratch, "training-ended")
@@ -217,6 +230,19 @@ def _resolve_mode(mode: JobMode | str, spec: ClusterSpec) -> JobMode:
     if resolved is JobMode.PARAMETER_SERVER and not spec.num_tasks(Role.PS.value):
         raise ValueError("mode='parameter_server' needs at least one ps task. Received: ps=0")
     return resolved
+
+
+def _check_mesh_tasks(others: dict[str, int], env: Mapping[str, str] | None) -> None:
+    """A mesh's processes are workers alike, each a DTensor client; DTensor's environment is the launcher's."""
+    given = {role: int(count) for role, count in others.items() if count}
+    if given:
+        raise ValueError(f"A mesh across processes (mesh=True, --mesh) runs workers only, each a process of the "
+                         f"mesh; drop the {', '.join(given)}. Received: "
+                         f"{', '.join(f'{role}={count}' for role, count in given.items())}")
+    given = sorted(k for k in (env or {}) if k.startswith("DTENSOR_"))
+    if given:
+        raise ValueError(f"env must not set DTensor's variables with mesh=True: the launcher gives each task its "
+                         f"own. Received: {', '.join(given)}")
 
 
 def _check_ports_free(spec: ClusterSpec) -> None:

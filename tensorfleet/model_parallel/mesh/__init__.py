@@ -99,7 +99,10 @@ class Mesh:
         layout: Mesh-TF layout rules, e.g. ``"batch:b1;hidden:b2"``.
         backend: ``"dtensor"`` (DTensor DVariables, any Keras model), ``"mtf"`` (Mesh-TensorFlow
             graph) or ``"keras"`` (tensor-parallel Keras layers).
-        devices: device names; default: the logical CPU devices (or GPUs, where present).
+        devices: device names; default: the GPUs, where present, else the logical CPUs (a CPU that
+            TensorFlow has not split yet is split into the mesh's devices). With ``DTENSOR_JOBS`` set
+            (``tensorfleet launch --mesh``) the mesh spans the devices of every process of the job
+            (:mod:`.clients`), each process holding its share.
         zero: ZeRO stage of the dtensor backend's training over the mesh dimension of ``batch``
             (:mod:`.zero`): 0; 1 splits each optimizer slot over it too (on its first axis that is
             whole and divisible); 2 also the gradients; 3 also the trainable weights themselves.
@@ -134,8 +137,15 @@ class Mesh:
         """The devices of the mesh, in processor order (``mesh.size`` of them)."""
         import tensorflow as tf
 
+        if self._across_processes():
+            from tensorfleet.model_parallel.mesh.clients import global_devices
+
+            return global_devices(self.dtensor_mesh)
         available = self._devices
         if available is None:
+            from tensorfleet.model_parallel.mesh.clients import split_cpu
+
+            split_cpu(self.layout.size)  # a CPU not yet split: into the mesh's devices
             available = [d.name for d in tf.config.list_logical_devices("GPU")] or \
                         [d.name for d in tf.config.list_logical_devices("CPU")]
         if self.layout.size > len(available):
@@ -150,8 +160,27 @@ class Mesh:
         if self._dtensor_mesh is None:
             from tensorflow.experimental import dtensor
 
-            self._dtensor_mesh = dtensor.create_mesh(list(self.layout.mesh_dims.items()), devices=self.devices)
+            if self._across_processes():
+                from tensorfleet.model_parallel.mesh.clients import distributed_mesh
+
+                self._dtensor_mesh = distributed_mesh(self.layout.mesh_dims, self.layout.mesh_shape)
+            else:
+                self._dtensor_mesh = dtensor.create_mesh(list(self.layout.mesh_dims.items()), devices=self.devices)
         return self._dtensor_mesh
+
+    def _across_processes(self) -> bool:
+        """Whether this mesh spans the processes of a multi-client DTensor job (:mod:`.clients`)."""
+        from tensorfleet.model_parallel.mesh.clients import is_multi_client
+
+        if not is_multi_client():
+            return False
+        if self.backend is not MeshBackend.DTENSOR or self._devices is not None:
+            given = f"backend={self.backend.value!r}" + (f", devices={self._devices!r}" if self._devices else "")
+            raise ValueError("A mesh across processes (DTENSOR_JOBS is set: tensorfleet launch --mesh) is the dtensor "
+                             "backend's over every process's devices; the mtf and keras backends and devices= name "
+                             f"devices of one process. Use Mesh(shape, layout) alone, or run in one process. Received: "
+                             f"{given}")
+        return True
 
     def scope(self, patterns: Mapping[str, Sequence[str | None]] | None = None) -> ContextManager[KerasLayout]:
         """The way in, as a strategy's scope: a Keras model built and compiled inside trains on the mesh

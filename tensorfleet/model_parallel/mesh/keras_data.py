@@ -63,10 +63,31 @@ def mesh_dataset(layout: KerasLayout, dmesh: Any, x: Any, y: Any, batch_size: An
     options = tf.data.Options()
     options.autotune.enabled = False
     data = data.with_options(options)
+    local = _local_replicas(dmesh, axis)
+    if local is not None:  # a mesh across processes: this process's share of each batch (see _local_replicas)
+        per = batch_size // parts
+        data = data.batch(batch_size, drop_remainder=True).flat_map(
+            lambda xb, yb: tf.data.Dataset.from_tensor_slices(
+                (tf.stack([xb[r * per:(r + 1) * per] for r in local]),
+                 tf.stack([yb[r * per:(r + 1) * per] for r in local]))))
     dataset = dtensor.DTensorDataset(data, mesh=dmesh,
                                      layouts=(batch_layout(layout, dmesh, x.ndim), batch_layout(layout, dmesh, y.ndim)),
-                                     global_batch_size=batch_size, batch_dim=axis)
+                                     global_batch_size=batch_size, batch_dim=axis,
+                                     dataset_already_batched=local is not None)
     return dataset, len(x) // batch_size
+
+
+def _local_replicas(dmesh: Any, axis: str | None) -> list[int] | None:
+    """On a mesh across processes with the batch split, the indices (along ``axis``) of the batch's parts this
+    process's devices hold, in their order; else ``None``. DTensorDataset without tf.data service gives each
+    process's first local part the dataset's first part of each batch (measured: both processes of a
+    ``"b:2;m:2"`` mesh trained on the first half of every batch, weights 0.072 from one device), so each
+    process is handed its own parts of every batch, already split."""
+    from tensorfleet.model_parallel.mesh.clients import is_multi_client
+
+    if not axis or not is_multi_client():
+        return None
+    return list(dict.fromkeys(location[axis] for location in dmesh.local_device_locations()))
 
 
 def validation_pair(validation_data: Any) -> tuple[Any, Any]:

@@ -1,0 +1,54 @@
+"""A mesh across processes: ``tensorfleet launch --workers 2 --mesh`` runs one script as two DTensor clients of
+one ``Mesh("b:2;m:2")`` (each process two logical CPUs, one row of ``b``); the model with a skip connection and
+LayerNormalization and a small GPT train with Adam and Keras 3's own ``fit`` equal to one device. The same
+kind of script in one process and in two ends with the same weights: docs/how-to-run-a-mesh-across-processes.md
+(run by tests/test_docs.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import collect_workers, user_env
+
+JOB = Path(__file__).with_name("mesh_processes_job.py")
+
+
+def _results(log: str) -> dict[str, dict]:
+    """Each task's RESULT line (``[worker:i] RESULT {...}``) by task."""
+    found = {}
+    for line in log.splitlines():
+        head, _, rest = line.partition("RESULT ")
+        if rest:
+            out = json.loads(rest)
+            found[out["task"]] = out
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_two_processes_form_one_2x2_mesh_and_fit_equals_one_device(keras3) -> None:
+    launcher = [sys.executable, "-m", "tensorfleet.cli.main", "launch", "--workers", "2", "--mesh", str(JOB)]
+    procs, logs = collect_workers([launcher], [user_env(TF_CPP_MIN_LOG_LEVEL="3")], timeout=400)
+    assert procs[0].returncode == 0, logs[0][-4000:]
+    results = _results(logs[0])
+    assert sorted(results) == ["worker:0", "worker:1"], logs[0][-3000:]
+    for task, out in results.items():
+        # one mesh of 4 devices, 2 in each process, in mesh order
+        assert out["devices"] == [f"/job:worker/replica:0/task:{t}/device:CPU:{d}" for t in (0, 1) for d in (0, 1)]
+        # d1/kernel (512, 16) split over m: each process holds its two devices' shards (one row of b)
+        assert out["skip_net"]["local_shards"] == [[512, 8], [512, 8]]
+        assert out["gpt"]["local_shards"] == [[16, 16], [16, 16]]
+        for name in ("skip_net", "gpt"):
+            run = out[name]
+            assert len(run["steps"]) == 4 and run["moved"] > 1e-2, (task, run)
+            # measured: 3.5e-6 (skip_net d1/kernel), 1.0e-6 (gpt up/kernel); the key bias's true gradient is 0,
+            # Adam scales its rounding noise (test_mesh_keras3.py), here 5.9e-7
+            assert max(run["weight_diff"].values()) < 1e-5, (task, name, run["weight_diff"])
+    # both processes ran one program: the same losses at every step
+    assert results["worker:0"]["skip_net"]["steps"] == results["worker:1"]["skip_net"]["steps"]
+    assert results["worker:0"]["gpt"]["steps"] == results["worker:1"]["gpt"]["steps"]
+
