@@ -50,7 +50,7 @@ from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, check_sa
                                           latest, new_rng_state, read_state, seed_job, tf_checkpoint_prefix, write_checkpoint)
 from tensorfleet.compat.keras import is_keras3_model, keras_of, module_of
 from tensorfleet.cluster.migration import TaskOptions
-from tensorfleet.compat.keras3 import atomic_step_count
+from tensorfleet.compat.keras3_ps import make_updates_atomic
 
 __all__ = ["MigratableJob", "StopRequest", "TaskOptions", "Trainer", "load_job", "main"]
 
@@ -141,7 +141,7 @@ class Trainer:
             optimizer = model.optimizer
             optimizer.build(model.trainable_variables)
             if self.coordinator is not None and is_keras3_model(model):  # steps at once on several workers
-                atomic_step_count(optimizer)
+                make_updates_atomic(model)
             counts = tf.Variable(tf.zeros([self.examples]), trainable=False, name="example_counts",
                                  aggregation=tf.VariableAggregation.SUM)
         return model, optimizer, counts
