@@ -20,7 +20,7 @@ whenever it starts, the resumed run ends with the weights of an uninterrupted on
 The callbacks are those of the model's Keras: ``callbacks(keras=model)`` (or ``keras="keras3"``;
 by default the Keras ``tf.keras`` is in this process). A Keras 3 model gets a subclass of
 ``keras.callbacks.BackupAndRestore`` made for several workers
-(:func:`tensorfleet.compat.keras3.backup_and_restore`: Keras 3's own has every worker write the
+(:func:`tensorfleet.compat.keras3_checkpoints.backup_and_restore`: Keras 3's own has every worker write the
 one shared file) and Keras 3 classes of the callbacks below; it backs up per epoch only, since
 Keras 3 restores the epoch but not the step within it. Each class exists once per Keras, made on
 first use (:func:`callback_class`); the names of this module (``EpochLog`` ...) are those of the
@@ -304,7 +304,7 @@ def _backup_and_restore(which: Keras, directory: Path, save_freq: str | int) -> 
         raise ValueError("save_freq must be 'epoch' for a Keras 3 model: Keras 3's BackupAndRestore restores the "
                          "epoch a backup was made in but not the step, so a resumed run would repeat that epoch's "
                          f"first steps on weights that already learned from them. Received: save_freq={save_freq!r}")
-    from tensorfleet.compat.keras3 import backup_and_restore
+    from tensorfleet.compat.keras3_checkpoints import backup_and_restore
 
     return backup_and_restore(str(directory), save_freq=save_freq)
 

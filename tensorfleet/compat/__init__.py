@@ -6,8 +6,10 @@ version of them is installed, lives in a module here, one per library:
 
 - ``keras``: which Keras (the user's, a model's, a saved file's), each as a module; refusing Keras 3 models
   where a room runs Keras 2 only.
-- ``keras3``: Keras 3's TensorFlow trainer mended for multi-worker mirrored ``fit``, its ``BackupAndRestore``
-  for several workers, its optimizer's step count made atomic under a parameter server.
+- ``keras3``: Keras 3's TensorFlow trainer mended for multi-worker mirrored ``fit``.
+- ``keras3_checkpoints``: Keras 3's ``BackupAndRestore`` and ``ModelCheckpoint`` for several workers.
+- ``keras3_ps``: a Keras 3 model's step-time updates (step count, seed generators, BatchNorm) atomic under a
+  parameter server.
 - ``keras3_metrics``: Keras 3's metrics under central storage, made what one device logs.
 - ``tf_keras``: tf_keras internals the mesh needs (call context, layout-map scope, attention parts ...).
 - ``distribute``: ``tf.distribute`` internals (the cluster coordinator's queue, collective keys).

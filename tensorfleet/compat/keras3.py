@@ -25,12 +25,8 @@ within float32 tolerance. :func:`mend_fit` installs the mends (idempotent) and
 ``mirrored``, ``central_storage`` or ``multi_worker_mirrored`` strategy, never at import. On a Keras 3 version not checked here nothing is
 changed and a warning says so.
 
-Keras 3's ``BackupAndRestore`` is not made for several workers either: every worker writes
-``latest.weights.h5`` into the one shared directory at once, deletes it at the end while another may
-still write, and a kill between its two files leaves weights of one epoch beside the epoch count of
-another. :func:`backup_and_restore` returns a subclass that writes only the chief's backup (the other
-workers save to a scratch directory, since saving reads sync-on-read metric variables, a collective),
-each file atomically, the metadata naming the weights file it belongs to.
+Keras 3's callbacks that write files (``BackupAndRestore``, ``ModelCheckpoint``) are not made for several workers
+either: :mod:`tensorfleet.compat.keras3_checkpoints` (whose ``ModelCheckpoint`` mend :func:`mend_fit` installs too).
 
 Example:
     >>> from tensorfleet.compat import keras3
@@ -42,16 +38,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["atomic_step_count", "CHECKED_VERSIONS", "backup_and_restore", "mend_fit", "fit_mended",
+from tensorfleet.compat import keras3_checkpoints
+
+__all__ = ["CHECKED_VERSIONS", "keras3_in_use", "mend_fit", "fit_mended",
            "restore_fit"]
 
 log = logging.getLogger(__name__)
@@ -69,7 +63,7 @@ def _trainer_module() -> Any:
     return trainer
 
 
-def _keras3_in_use() -> Any:
+def keras3_in_use() -> Any:
     """The ``keras`` package when it is Keras 3 on the TensorFlow backend and this process uses it (imported,
     or what ``tf.keras`` is); else None. A tf_keras user's process never imports Keras 3 because of this."""
     from importlib.metadata import PackageNotFoundError, version
@@ -153,7 +147,7 @@ def mend_fit() -> bool:
     """
     if _originals:
         return True
-    keras = _keras3_in_use()
+    keras = keras3_in_use()
     if keras is None:
         return False
     version = ".".join(keras.__version__.split(".")[:2])
@@ -171,6 +165,7 @@ def mend_fit() -> bool:
     # Looked up as a global of the trainer module at every call, so replacing it there reaches fit,
     # evaluate and predict.
     trainer.reduce_per_replica = _mended_reduce_per_replica(_originals["reduce_per_replica"])
+    keras3_checkpoints.mend_model_checkpoint()  # non-chief workers' saves to scratch folders
     log.info("Mended Keras %s's TensorFlow trainer for MultiWorkerMirroredStrategy (%s).", keras.__version__,
              UPSTREAM_ISSUE)
     return True
@@ -183,108 +178,7 @@ def restore_fit() -> None:
     trainer = _trainer_module()
     trainer.TensorFlowTrainer._maybe_symbolic_build = _originals.pop("_maybe_symbolic_build")
     trainer.reduce_per_replica = _originals.pop("reduce_per_replica")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# BackupAndRestore for several workers
-
-
-def _is_chief(model: Any) -> bool:
-    strategy = getattr(model, "distribute_strategy", None)
-    return bool(strategy is None or strategy.extended.should_checkpoint)
-
-
-@functools.cache
-def _backup_class() -> type:
-    import keras
-
-    from tensorfleet.io import write_json
-
-    class BackupAndRestore(keras.callbacks.BackupAndRestore):
-        """Keras 3's ``BackupAndRestore`` for multi-worker jobs and kills: only the chief writes the shared
-        backup, each file atomically, and ``training_metadata.json`` names the weights file it goes with."""
-
-        def __init__(self, backup_dir: str, save_freq: str | int = "epoch") -> None:
-            super().__init__(backup_dir, save_freq=save_freq)
-            self._generation = 0
-
-        def _load_model(self) -> None:
-            if not os.path.exists(self._training_metadata_path):
-                return  # a fresh start (a weights file without its metadata is an unfinished save)
-            with open(self._training_metadata_path) as handle:
-                metadata = json.load(handle)
-            weights = os.path.join(self.backup_dir, metadata["weights"])
-            if self.model.optimizer is not None and not self.model.optimizer.built:
-                self.model.optimizer.build(self.model.trainable_variables)
-            self.model.load_weights(weights)
-            self.model._initial_epoch = int(metadata["epoch"])
-            self._generation = int(metadata.get("generation", 0))
-
-        def _save_model(self) -> None:
-            chief = _is_chief(self.model)
-            directory = self.backup_dir if chief else tempfile.mkdtemp(prefix="tensorfleet-backup-worker-")
-            try:
-                os.makedirs(directory, exist_ok=True)
-                self._generation += 1
-                name = f"backup-{self._generation}.weights.h5"
-                partial = os.path.join(directory, f"partial-{os.getpid()}.weights.h5")
-                # Every worker saves: reading a sync-on-read variable is a collective all of them join.
-                self.model.save_weights(partial, overwrite=True)
-                if not chief:
-                    return
-                os.replace(partial, os.path.join(directory, name))
-                previous = self._previous_weights()
-                write_json(self._training_metadata_path, {"epoch": self._current_epoch, "batch": self._last_batch_seen,
-                                                          "weights": name, "generation": self._generation})
-                for old in previous - {name}:
-                    os.remove(os.path.join(directory, old))
-            finally:
-                if not chief:
-                    shutil.rmtree(directory, ignore_errors=True)
-
-        def _previous_weights(self) -> set[str]:
-            return {entry for entry in os.listdir(self.backup_dir)
-                    if entry.startswith("backup-") and entry.endswith(".weights.h5")}
-
-        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-            # Only the chief wrote here, and the others may end before its last save. As Keras 2's does, this
-            # removes the backup's files, not the directory (which may be one the user named).
-            if not _is_chief(self.model) or not os.path.isdir(self.backup_dir):
-                return
-            for name in self._previous_weights() | {os.path.basename(self._training_metadata_path)}:
-                if os.path.exists(os.path.join(self.backup_dir, name)):
-                    os.remove(os.path.join(self.backup_dir, name))
-
-    BackupAndRestore.__module__ = __name__
-    return BackupAndRestore
-
-
-def backup_and_restore(backup_dir: str, *, save_freq: str | int = "epoch") -> Any:
-    """A Keras 3 ``keras.callbacks.BackupAndRestore`` (a subclass) that multi-worker jobs can share a directory
-    with, and a kill at any moment leaves a backup that restores (see the module's docstring)."""
-    return _backup_class()(backup_dir, save_freq=save_freq)
-
-
-def atomic_step_count(optimizer: Any) -> None:
-    """Makes a Keras 3 optimizer count its steps with one atomic add on its variable.
-
-    Keras 3's ``Variable.assign_add`` is ``assign(self + value)``: a read, then a write. Under a parameter
-    server, steps scheduled on several workers update the same variables at once, and two steps that read
-    the count before either writes it count once (measured: 24 steps counted of 26 run); Adam's bias
-    correction reads that count. Its slot and weight updates go through ``tf.Variable.assign_add``/``_sub``
-    already (one op on the ps, atomic); the count is made to as well. Keras 2 counts with
-    ``tf.Variable.assign_add``. The counter is ``optimizer._iterations`` (``iterations`` is a derived value
-    under gradient accumulation); the override is its own, an instance attribute.
-    """
-    import tensorflow as tf
-
-    counter = optimizer._iterations
-    variable = counter.value  # the tf.Variable (on the ps) behind the Keras variable
-
-    def assign_add(value: Any) -> Any:
-        return variable.assign_add(tf.cast(value, variable.dtype))
-
-    counter.assign_add = assign_add
+    keras3_checkpoints.restore_model_checkpoint()
 
 
 # ---------------------------------------------------------------------------------------------------------------

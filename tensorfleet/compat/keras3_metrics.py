@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from typing import Any, Callable
 
 __all__ = ["UPSTREAM_ISSUES", "central_storage_metrics_mended", "mend_central_storage_metrics",
@@ -124,14 +123,6 @@ def restore_central_storage_metrics() -> None:
 
 
 def _keras3_in_use() -> bool:
-    """Whether the ``keras`` package is Keras 3 on the TensorFlow backend and this process uses it (imported,
-    or what ``tf.keras`` is); a tf_keras user's process is never made to import Keras 3 by this."""
-    from tensorfleet.compat.keras import Keras, keras3, user_keras
+    from tensorfleet.compat.keras3 import keras3_in_use  # the one rule of both modules
 
-    if "keras" not in sys.modules and user_keras() is not Keras.KERAS3:
-        return False
-    try:
-        keras = keras3()
-    except ImportError:  # not installed, or Keras 2 (the tff track)
-        return False
-    return bool(keras.backend.backend() == "tensorflow")
+    return keras3_in_use() is not None

@@ -7,7 +7,10 @@ writes its results to ``OUT/<task>.json`` (``OUT/one-process.json`` with ``--one
 same global batches in one process without a strategy).
 
 Options: ``--epochs N``; ``--fault-tolerant`` adds ``tfl.cluster.fault_tolerance.callbacks(keras=model,
-log_steps=True)`` on the backup directory the launcher passes (``TENSORFLEET_BACKUP_DIR``).
+log_steps=True)`` on the backup directory the launcher passes (``TENSORFLEET_BACKUP_DIR``); ``--checkpoints DIR``
+adds Keras 3's own ``keras.callbacks.ModelCheckpoint("DIR/epoch-{epoch}.keras")`` and tensorfleet's
+``checkpoint_callback("DIR/tf")``; ``--resume FILE`` (with ``--one-process``) loads the model a ``ModelCheckpoint``
+saved after epoch E (``epoch-E.keras``: its optimizer too) and trains the epochs after E.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--one-process", action="store_true")
     parser.add_argument("--fault-tolerant", action="store_true")
+    parser.add_argument("--checkpoints")
+    parser.add_argument("--resume")
     args = parser.parse_args()
 
     import keras
@@ -47,13 +52,30 @@ def main() -> None:
     train = tf.data.Dataset.from_tensor_slices((split.x_train[:EXAMPLES], split.y_train[:EXAMPLES])).batch(
         GLOBAL_BATCH, drop_remainder=True)
     test = tf.data.Dataset.from_tensor_slices((split.x_test, split.y_test)).batch(GLOBAL_BATCH)
+    initial_epoch = 0
     with strategy.scope() if strategy else contextlib.nullcontext():
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(10)])
-        model.compile(optimizer=keras.optimizers.Adam(0.01),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        if args.resume:
+            model = keras.models.load_model(args.resume)
+            initial_epoch = int(os.path.basename(args.resume).removeprefix("epoch-").removesuffix(".keras"))
+        else:
+            model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dense(10)])
+            model.compile(optimizer=keras.optimizers.Adam(0.01),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     callbacks = tfl.cluster.fault_tolerance.callbacks(keras=model, log_steps=True) if args.fault_tolerant else []
-    history = model.fit(train, epochs=args.epochs, validation_data=test, callbacks=callbacks, verbose=0)
+    saved: list[str] = []  # where model.save wrote (ModelCheckpoint's saves), for the test
+    if args.checkpoints:
+        save = model.save
+
+        def recorded_save(filepath: str, *rest: object, **options: object) -> None:
+            saved.append(str(filepath))
+            save(filepath, *rest, **options)
+
+        object.__setattr__(model, "save", recorded_save)
+        callbacks += [keras.callbacks.ModelCheckpoint(os.path.join(args.checkpoints, "epoch-{epoch}.keras")),
+                      tfl.cluster.evaluation.checkpoint_callback(os.path.join(args.checkpoints, "tf"), keras=model)]
+    history = model.fit(train, epochs=args.epochs, initial_epoch=initial_epoch, validation_data=test,
+                        callbacks=callbacks, verbose=0)
     evaluation = model.evaluate(test, verbose=0, return_dict=True)
     predictions = model.predict(split.x_test, batch_size=GLOBAL_BATCH, verbose=0)
 
@@ -67,6 +89,7 @@ def main() -> None:
         "predict_rows": int(predictions.shape[0]),
         "weights": [w.ravel().tolist() for w in model.get_weights()],
         "iterations": int(model.optimizer.iterations.numpy()),
+        "saved": saved,
     }
     name = "one-process" if not strategy else f"{task['type']}{task['index']}"
     write_json(os.path.join(args.out, f"{name}.json"), result)

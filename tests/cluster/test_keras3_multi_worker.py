@@ -43,14 +43,18 @@ def unmended(keras3: Any) -> Any:
 def test_mends_install_once_and_restore(unmended: Any) -> None:
     from keras.src.backend.tensorflow import trainer
 
-    own = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
+    def installed() -> tuple[Any, ...]:
+        return (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica,
+                unmended.callbacks.ModelCheckpoint._save_model)
+
+    own = installed()
     assert mends.mend_fit() is True
-    mended = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
+    mended = installed()
     assert all(getattr(f, "tensorfleet_mend", False) for f in mended)
     assert mends.mend_fit() is True  # idempotent: nothing wrapped twice
-    assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == mended
+    assert installed() == mended
     mends.restore_fit()
-    assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == own
+    assert installed() == own
     assert not mends.fit_mended()
 
 
@@ -188,13 +192,15 @@ def test_keras3_backup_resumes_an_interrupted_fit_to_the_uninterrupted_weights(
 # ---------------------------------------------------------------- 2 launched workers
 
 
-def _launch_cli(out: Path) -> str:
-    """``tensorfleet launch --workers 2 JOB -- OUT`` in a user's environment (tf.keras is Keras 3); a launcher
-    still running at the bound is stopped with SIGTERM (which it passes to its tasks), then killed."""
+def _launch_cli(out: Path, *args: str) -> str:
+    """``tensorfleet launch --workers 2 JOB -- OUT ARGS`` in a user's environment (tf.keras is Keras 3, temporary
+    files in OUT/tmp); a launcher still running at the bound is stopped with SIGTERM (which it passes to its
+    tasks), then killed."""
     command = [sys.executable, "-m", "tensorfleet.cli.main", "launch", "--workers", "2", "--timeout", str(TIMEOUT - 60),
-               str(JOB), "--", str(out)]
-    process = subprocess.Popen(command, cwd=ROOT, env=user_env(TF_CONFIG=""), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+               str(JOB), "--", str(out), *args]
+    (out / "tmp").mkdir()
+    process = subprocess.Popen(command, cwd=ROOT, env=user_env(TF_CONFIG="", TMPDIR=str(out / "tmp")),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output = process.communicate(timeout=TIMEOUT)[0]
     except subprocess.TimeoutExpired:
@@ -209,18 +215,35 @@ def _launch_cli(out: Path) -> str:
     return output
 
 
+def _one_process(out: Path, *args: str) -> dict[str, Any]:
+    """The job in one process (``--one-process``), in a user's environment: its results."""
+    done = subprocess.run([sys.executable, str(JOB), str(out), "--one-process", *args], cwd=ROOT,
+                          env=user_env(TF_CONFIG=""), capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads((out / "one-process.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict[str, Any]:
+    """2 launched workers (with Keras 3's ``ModelCheckpoint`` and tensorfleet's ``checkpoint_callback`` into
+    ``OUT/checkpoints``) and one process, 3 epochs each: their results, and ``"out"``."""
     out = tmp_path_factory.mktemp("keras3-mwms")
-    _launch_cli(out)
-    done = subprocess.run([sys.executable, str(JOB), str(out), "--one-process"], cwd=ROOT, env=user_env(TF_CONFIG=""),
-                          capture_output=True, text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("worker0", "worker1", "one-process")}
+    _launch_cli(out, "--checkpoints", str(out / "checkpoints"))
+    results = {name: json.loads((out / f"{name}.json").read_text()) for name in ("worker0", "worker1")}
+    return {**results, "one-process": _one_process(out), "out": out}
 
 
 def _largest_difference(a: list[list[float]], b: list[list[float]]) -> float:
     return max(float(np.abs(np.asarray(u) - np.asarray(v)).max()) for u, v in zip(a, b))
+
+
+def _assert_resumed_to(resumed: dict[str, Any], uninterrupted: dict[str, Any]) -> None:
+    """``resumed`` (a run's results) ended with the uninterrupted run's step count and weights (float32 apart)."""
+    assert resumed["iterations"] == uninterrupted["iterations"] == 3 * 8
+    difference = _largest_difference(resumed["weights"], uninterrupted["weights"])
+    print(f"largest weight difference to the uninterrupted run: {difference}")
+    for a, b in zip(resumed["weights"], uninterrupted["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -246,25 +269,50 @@ def test_two_launched_workers_fit_a_keras3_model_as_one_process_does(uninterrupt
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3 * TIMEOUT)
+def test_keras3_checkpoints_of_two_workers_are_the_chiefs_and_resume_to_the_uninterrupted_weights(
+        uninterrupted: dict[str, Any], tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    out = uninterrupted["out"]
+    checkpoints = out / "checkpoints"
+    keras_files = [str(checkpoints / f"epoch-{epoch}.keras") for epoch in (1, 2, 3)]
+    assert uninterrupted["worker0"]["saved"] == keras_files  # the chief saved where the user asked ...
+    # ... worker 1 saved too (saving reads sync-on-read variables, a collective), each time into a scratch folder
+    # of its own, removed afterwards; Keras 3.15's own ModelCheckpoint wrote the chief's files from both.
+    scratch = [Path(path) for path in uninterrupted["worker1"]["saved"]]
+    assert [p.name for p in scratch] == [f"epoch-{epoch}.keras" for epoch in (1, 2, 3)]
+    assert all(p.parent.parent == out / "tmp" and p.parent.name.startswith("tensorfleet-checkpoint-worker-")
+               for p in scratch), scratch
+    assert sorted(os.listdir(out / "tmp")) == []
+    assert sorted(os.listdir(checkpoints)) == ["epoch-1.keras", "epoch-2.keras", "epoch-3.keras", "tf"]
+    assert sorted(os.listdir(checkpoints / "tf")) == ["checkpoint"] + [
+        f"ckpt-{n}.{part}" for n in (1, 2, 3) for part in ("data-00000-of-00001", "index")]
+    # The chief's last TensorFlow checkpoint holds the final weights; resuming from epoch 2's .keras file (its
+    # optimizer too) for the third epoch, in one process, ends where the 2 workers ended.
+    reader = tf.train.load_checkpoint(str(checkpoints / "tf" / "ckpt-3"))
+    assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == 3 * 8
+    _assert_resumed_to(_one_process(tmp_path, "--resume", keras_files[1]), uninterrupted["worker0"])
+
+
+# What the launchers' tasks get: this process's environment plus TF_USE_LEGACY_KERAS=0, a user's (tf.keras is Keras 3),
+# as user_env() makes it for a child started here.
+TASKS = {"timeouts": Timeouts(timeout=TIMEOUT - 60), "output": TaskOutput(sink=None),
+         "command": TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"})}
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(2 * TIMEOUT + 60)
 def test_a_killed_keras3_worker_resumes_to_the_uninterrupted_weights(
         uninterrupted: dict[str, Any], tmp_path: Path) -> None:
-    # The launcher's environment for its tasks is this process's plus env: TF_USE_LEGACY_KERAS=0 makes it a
-    # user's (tf.keras is Keras 3), as user_env() does for a child started here.
-    result = launch(JOB, [str(tmp_path), "--fault-tolerant"], workers=2, timeouts=Timeouts(timeout=TIMEOUT - 60),
-                    command=TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"}), output=TaskOutput(sink=None),
-                    recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "backup", faults=[
-                        Fault("worker:1", r"^tensorfleet: epoch 2 step 3$", signal=signal.SIGKILL)]))
+    result = launch(JOB, [str(tmp_path), "--fault-tolerant"], workers=2, **TASKS, recovery=Recovery(
+        max_restarts=1, backoff=0.5, backup_dir=tmp_path / "backup",
+        faults=[Fault("worker:1", r"^tensorfleet: epoch 2 step 3$", signal=signal.SIGKILL)]))
     assert result.returncode == 0 and result.restarts == 1
     for task in ("worker:0", "worker:1"):
         assert ft.resumed_epoch(result.output(task, attempt=0)) is None
         assert ft.resumed_epoch(result.output(task, attempt=1)) == 2
-    resumed = json.loads((tmp_path / "worker0.json").read_text())
-    assert resumed["iterations"] == 3 * 8
-    difference = _largest_difference(resumed["weights"], uninterrupted["worker0"]["weights"])
-    print(f"largest weight difference to the uninterrupted run: {difference}")
-    for a, b in zip(resumed["weights"], uninterrupted["worker0"]["weights"]):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_resumed_to(json.loads((tmp_path / "worker0.json").read_text()), uninterrupted["worker0"])
     assert sorted(os.listdir(tmp_path / "backup")) == []  # the chief removed its backup's files at the end
 
 
@@ -274,18 +322,10 @@ def test_a_keras3_job_stopped_at_2_workers_continues_at_1_and_back_at_2(
         uninterrupted: dict[str, Any], tmp_path: Path) -> None:
     from tensorfleet.cluster.elastic import ElasticPhase, launch_elastic
 
-    results = launch_elastic(JOB, [str(tmp_path), "--fault-tolerant"], backup_dir=tmp_path / "backup",
-                             phases=[ElasticPhase(workers=2, until_epoch=1), ElasticPhase(workers=1, until_epoch=2),
-                                     ElasticPhase(workers=2)],
-                             timeouts=Timeouts(timeout=TIMEOUT - 60), output=TaskOutput(sink=None),
-                             command=TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"}))
+    results = launch_elastic(JOB, [str(tmp_path), "--fault-tolerant"], backup_dir=tmp_path / "backup", **TASKS, phases=[
+        ElasticPhase(workers=2, until_epoch=1), ElasticPhase(workers=1, until_epoch=2), ElasticPhase(workers=2)])
     assert [(r.stopped, r.returncode, r.cluster.num_tasks()) for r in results] == [(True, 0, 2), (True, 0, 1),
                                                                                     (False, 0, 2)]
     assert [ft.resumed_epoch(r.output("worker:0")) for r in results] == [None, 2, 3]
-    resumed = json.loads((tmp_path / "worker0.json").read_text())
-    assert resumed["iterations"] == 3 * 8
     # The global batch is 64 in every phase; one worker sums its gradient in another order than two.
-    difference = _largest_difference(resumed["weights"], uninterrupted["worker0"]["weights"])
-    print(f"largest weight difference to the uninterrupted run: {difference}")
-    for a, b in zip(resumed["weights"], uninterrupted["worker0"]["weights"]):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_resumed_to(json.loads((tmp_path / "worker0.json").read_text()), uninterrupted["worker0"])
