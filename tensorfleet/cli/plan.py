@@ -54,7 +54,7 @@ def plan_command(
     run: Optional[Path] = typer.Option(  # noqa: UP007
         None, "--run", help="Run this script under the recommended layout as a mesh (its "
         "tfl.planner.planned_mesh()), then print the plan's memory and step time beside the run's; arguments "
-        "after the script (or after --) reach it."),
+        "after -- reach the script."),
     run_strategy: Optional[str] = typer.Option(  # noqa: UP007
         None, "--run-strategy", help="With --run: run this row of the plan instead of the recommendation "
         "(data_allreduce, tensor, hybrid with p=1)."),
@@ -121,5 +121,5 @@ def _check_run_options(run: Path | None, given: dict[str, object], extra: list[s
 def register(app: typer.Typer) -> None:
     """Adds ``plan`` to the ``tensorfleet`` command."""
     app.command(NAME, help="Which parallel strategy fits a model on a cluster, and which is fastest; --run runs a "
-                "script under it.", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+                "script under it.", context_settings={"allow_extra_args": True})(
         plan_command)
