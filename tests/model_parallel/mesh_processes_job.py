@@ -2,7 +2,9 @@
 connection and LayerNormalization, and a small GPT, each trained with Adam and its own ``fit`` on
 ``Mesh("b:2;m:2")`` and on one device of this process from the same weights. Prints ``RESULT {json}``:
 each model's largest weight difference to one device, how far it moved, its step losses, and what this
-process holds of the mesh (devices, the shards of one weight)."""
+process holds of the mesh (devices, the shards of one weight); then a tf_keras model under ZeRO stages 0-3:
+its weight difference to one device and the elements of parameters and optimizer state each local device
+holds."""
 
 import json
 import os
@@ -70,4 +72,42 @@ for name, build in [("skip_net", skip_net), ("gpt", small_gpt)]:
     kernel = next(w for w in model.weights if w.path in ("d1/kernel", "up/kernel"))
     out[name]["local_shards"] = [list(t.shape) for t in __import__("tensorflow").experimental.dtensor.unpack(
         kernel.value.read_value())]
+
+
+def zero_net(k2):  # tf_keras: an embedding table, a Dense split over m, a normalization, a split head
+    tokens = k2.Input((4,), dtype="int32")
+    h = k2.layers.Flatten()(k2.layers.Embedding(16, 8, name="embed")(tokens))
+    h = k2.layers.LayerNormalization(name="ln")(k2.layers.Dense(16, activation="gelu", name="h")(h))
+    return k2.Model(tokens, k2.layers.Dense(8, name="o")(h))
+
+
+def held(variables):  # elements this process holds, per local device
+    per_device = {}
+    for v in variables:
+        for shard in tf.experimental.dtensor.unpack(v.read_value()):
+            per_device[shard.device] = per_device.get(shard.device, 0) + int(shard.shape.num_elements())
+    return per_device
+
+
+# tf_keras and ZeRO stages 0-3 (ZeRO is tf_keras's): what each process holds, measured from its variables
+import tensorflow as tf  # noqa: E402
+from tensorfleet.compat.keras import keras2  # noqa: E402
+
+k2 = keras2()
+x, y = rng.randint(0, 16, (64, 4)).astype("int32"), (np.arange(64) % 8).astype("int32")
+k2.utils.set_random_seed(1)
+reference = zero_net(k2)
+initial = reference.get_weights()
+reference.compile(optimizer=k2.optimizers.AdamW(1e-2, weight_decay=0.1), loss=k2.losses.SparseCategoricalCrossentropy(True))
+reference.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+for zero in range(4):
+    with Mesh("b:2;m:2", "batch:b;hidden:m", zero=zero).scope():
+        model = zero_net(k2)
+        model.compile(optimizer=k2.optimizers.AdamW(1e-2, weight_decay=0.1),
+                      loss=k2.losses.SparseCategoricalCrossentropy(True))
+    model.set_weights(initial)
+    model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    out[f"zero{zero}"] = {
+        "weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights())),
+        "parameters": held(model.weights), "optimizer_state": held(model.optimizer.variables)}
 print("RESULT " + json.dumps(out))

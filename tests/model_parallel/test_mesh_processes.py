@@ -1,7 +1,8 @@
 """A mesh across processes: ``tensorfleet launch --workers 2 --mesh`` runs one script as two DTensor clients of
 one ``Mesh("b:2;m:2")`` (each process two logical CPUs, one row of ``b``); the model with a skip connection and
 LayerNormalization and a small GPT train with Adam and Keras 3's own ``fit`` equal to one device. The same
-kind of script in one process and in two ends with the same weights: docs/how-to-run-a-mesh-across-processes.md
+tf_keras and ZeRO stages 1-3 across the processes: each device holds its share, weights equal to one device. The
+same kind of script in one process and in two ends with the same weights: docs/how-to-run-a-mesh-across-processes.md
 (run by tests/test_docs.py)."""
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def test_two_processes_form_one_2x2_mesh_and_fit_equals_one_device(keras3) -> No
             # measured: 3.5e-6 (skip_net d1/kernel), 1.0e-6 (gpt up/kernel); the key bias's true gradient is 0,
             # Adam scales its rounding noise (test_mesh_keras3.py), here 5.9e-7
             assert max(run["weight_diff"].values()) < 1e-5, (task, name, run["weight_diff"])
+        # tf_keras under ZeRO: each device holds what it holds in one process (test_mesh_zero.py), the
+        # stage's split over b now across the processes. Elements per device: embed 16x8, h 32x16 [-,m] + 16 [m],
+        # ln 2x16, o 16x8 [-,m] + 8 [m]; ZeRO splits each over b on its first whole axis (not the m-split biases).
+        whole, split = 128 + 256 + 8 + 32 + 64 + 4, 64 + 128 + 8 + 16 + 32 + 4
+        mine = [f"/job:worker/replica:0/task:{task[-1]}/device:CPU:{d}" for d in (0, 1)]
+        stages = [out[f"zero{zero}"] for zero in range(4)]
+        assert [row["parameters"] for row in stages] == [dict.fromkeys(mine, whole)] * 3 + [dict.fromkeys(mine, split)]
+        assert [row["optimizer_state"] for row in stages] == ([dict.fromkeys(mine, 2 * whole + 1)]
+                                                              + [dict.fromkeys(mine, 2 * split + 1)] * 3)
+        # measured: 2.4e-7 (stages 0-2), 2.6e-7 (stage 3)
+        assert max(row["weight_diff"] for row in stages) < 1e-5, stages
     # both processes ran one program: the same losses at every step
     assert results["worker:0"]["skip_net"]["steps"] == results["worker:1"]["skip_net"]["steps"]
     assert results["worker:0"]["gpt"]["steps"] == results["worker:1"]["gpt"]["steps"]
