@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from typing import Any
 
 from tensorfleet.compat.keras import Keras, as_keras, keras_module
 from tensorfleet.validation import number
 
-__all__ = ["NAMES", "lamb", "lamb_update", "lars", "lars_update", "optimizer_class"]
+__all__ = ["NAMES", "lamb", "lamb_update", "lars", "lars_update", "optimizer_class", "register_serializable"]
 
 log = logging.getLogger(__name__)
 
@@ -207,10 +208,33 @@ def _keras2_classes() -> dict[str, type]:
 @functools.cache
 def _classes(which: Keras) -> dict[str, type]:
     classes = _keras3_classes() if which is Keras.KERAS3 else _keras2_classes()
+    register = keras_module(which).saving.register_keras_serializable
     for name, cls in classes.items():
         if cls.__module__ == __name__:
             cls.__module__, cls.__qualname__ = __name__, name
+            # Saved as "tensorfleet>LARS": a model compiled with it loads where this module is imported.
+            classes[name] = register(package="tensorfleet", name=name)(cls)
     return classes
+
+
+def register_serializable() -> list[Keras]:
+    """Registers the optimizers with each Keras this process uses (the one ``tf.keras`` is, and any other already
+    imported), so ``load_model`` reads a model compiled with them without ``custom_objects``. Importing
+    :mod:`tensorfleet.strategies.layerwise` calls it; it never imports a Keras the process does not use.
+
+    Returns:
+        The Kerases registered with.
+    """
+    from tensorfleet.compat.keras import user_keras
+
+    wanted = {user_keras()}
+    if "tf_keras" in sys.modules:
+        wanted.add(Keras.KERAS2)
+    if "keras" in sys.modules and getattr(sys.modules["keras"], "__version__", "").startswith("3."):
+        wanted.add(Keras.KERAS3)
+    for which in sorted(wanted, key=lambda k: k.value):
+        _classes(which)
+    return sorted(wanted, key=lambda k: k.value)
 
 
 def optimizer_class(name: str, keras: Keras | str | Any = None) -> type:

@@ -27,7 +27,9 @@ LAMB: those are the classes here, subclasses of each Keras's own ``Optimizer`` (
 one.
 
 The classes subclass each Keras's protected optimizer API, so they live in
-:mod:`tensorfleet.compat.layerwise`; these are the public names.
+:mod:`tensorfleet.compat.layerwise`; these are the public names. Importing this module registers them with
+the Kerases the process uses (as ``tensorfleet>LARS``, ``tensorfleet>LAMB``): a model saved compiled with them
+loads with plain ``keras.saving.load_model`` (or tf_keras's) in a process that imported it, no ``custom_objects``.
 
 Example:
     >>> import keras
@@ -38,6 +40,16 @@ Example:
     'Lamb'
 """
 
-from tensorfleet.compat.layerwise import NAMES, lamb, lamb_update, lars, lars_update, optimizer_class
+from tensorfleet.compat.layerwise import (
+    NAMES,
+    lamb,
+    lamb_update,
+    lars,
+    lars_update,
+    optimizer_class,
+    register_serializable,
+)
 
-__all__ = ["NAMES", "lamb", "lamb_update", "lars", "lars_update", "optimizer_class"]
+__all__ = ["NAMES", "lamb", "lamb_update", "lars", "lars_update", "optimizer_class", "register_serializable"]
+
+register_serializable()

@@ -225,3 +225,52 @@ def test_a_model_trains_with_them_under_mirrored(which: str, name: str, keras3: 
     losses = history.history["loss"]
     assert losses[-1] < 0.7 * losses[0], losses
     assert history.history["accuracy"][-1] > 0.7
+
+
+_SAVE = """
+import sys, keras, numpy as np, tf_keras
+import tensorfleet as tfl
+for K, which, names in ((keras, "keras3", ("LARS",)), (tf_keras, "keras2", ("LARS", "LAMB"))):
+    for name in names:
+        model = K.Sequential([K.Input((3,)), K.layers.Dense(2)])
+        opt = (tfl.strategies.lars(0.5, momentum=0.8, eta=0.02, keras=which) if name == "LARS"
+               else tfl.strategies.lamb(0.01, weight_decay=0.03, keras=which))
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(np.ones((1, 3), "float32"), np.ones((1, 2), "float32"), epochs=1, verbose=0)
+        model.save(f"{sys.argv[1]}/{which}_{name}.keras")
+"""
+
+_LOAD = """
+import sys, keras, tf_keras
+try:
+    keras.saving.load_model(f"{sys.argv[1]}/keras3_LARS.keras")
+except Exception as error:
+    print("unregistered:", type(error).__name__)
+import tensorfleet.strategies.layerwise
+for K, which, name in ((keras, "keras3", "LARS"), (tf_keras, "keras2", "LARS"), (tf_keras, "keras2", "LAMB")):
+    opt = K.models.load_model(f"{sys.argv[1]}/{which}_{name}.keras").optimizer
+    config = opt.get_config()
+    print(which, type(opt).__name__, type(opt).__module__, round(float(config["learning_rate"]), 6),
+          config.get("eta"), config.get("momentum"), config.get("weight_decay"), int(opt.iterations.numpy()))
+"""
+
+
+@pytest.mark.slow
+def test_a_model_saved_with_lars_or_lamb_loads_in_a_new_process_without_custom_objects(tmp_path: Any,
+                                                                                       keras3: Any) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import user_env
+
+    for code in (_SAVE, _LOAD):
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=user_env(), capture_output=True,
+                              text=True, timeout=240, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines == [
+        "unregistered: TypeError",  # Keras needs the module that registers them imported: that is the test's point
+        "keras3 LARS tensorfleet.compat.layerwise 0.5 0.02 0.8 0.0001 1",
+        "keras2 LARS tensorfleet.compat.layerwise 0.5 0.02 0.8 0.0001 1",
+        "keras2 LAMB tensorfleet.compat.layerwise 0.01 None None 0.03 1",
+    ], done.stdout
