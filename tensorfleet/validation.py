@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 __all__ = [
-    "UnknownOptionError", "boolean", "choice", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
+    "UnknownOptionError", "boolean", "choice", "optional_boolean", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
     "port", "positive_int", "renamed", "take_renamed",
 ]
 
@@ -119,6 +119,19 @@ def boolean(name: str, value: Any) -> bool:
     """
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
+    return value
+
+
+def optional_boolean(name: str, value: Any) -> bool | None:
+    """``value`` if it is None or a bool (``resume``: None continues what there is, docs/glossary.md).
+
+    Example:
+        >>> optional_boolean("resume", 0)
+        Traceback (most recent call last):
+        ValueError: resume must be None, true or false. Received: resume=0
+    """
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be None, true or false. Received: {name}={value!r}")
     return value
 
 

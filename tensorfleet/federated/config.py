@@ -29,7 +29,7 @@ from tensorfleet.federated.backends.compiled.layout import NonTrainable
 from tensorfleet.federated.backends.compiled.local import check_per_client
 from tensorfleet.federated.sampling import StragglerPolicy
 from tensorfleet.federated.options import declared, option, optional_text, text
-from tensorfleet.validation import UnknownOptionError, boolean, choice, integer, number, positive_int
+from tensorfleet.validation import UnknownOptionError, boolean, choice, integer, number, optional_boolean, positive_int
 
 __all__ = ["SimulationConfig", "check_out_dir"]
 
@@ -181,8 +181,9 @@ class SimulationConfig:
     checkpoint_every: int = option(0, lambda k, v: integer(k, v, minimum=0),
                                    "A checkpoint every N rounds (0: none; needs out_dir); a run started again "
                                    "resumes from it.", trajectory=False, example=1)
-    resume: bool = option(True, boolean, "Continue from the checkpoint in out_dir (default), or start over and "
-                          "overwrite it.", trajectory=False, example=False, flag="--resume/--fresh")
+    resume: bool | None = option(None, optional_boolean, "Continue from the checkpoint in out_dir: unset, if "
+                                 "there is one (else begin); --resume: it must be there; --fresh: start over and "
+                                 "overwrite it.", trajectory=False, example=False, flag="--resume/--fresh")
     progress: bool = option(True, boolean, "Show a progress bar with the current metrics.", trajectory=False,
                             example=False, flag="--progress/--no-progress")
     tensorboard: bool = option(True, boolean, "Also write TensorBoard summaries into out_dir/tensorboard.",

@@ -298,8 +298,11 @@ class Simulation:
         state.initialize(self._keras_model, max_examples)
         start_round = 0
         self.history = History(config=self._history_config())
-        if self.config.resume:
+        if self.config.resume is not False:
             loaded = self.load_checkpoint(state)
+            if loaded is None and self.config.resume:
+                raise ValueError(f"Nothing to resume in out_dir={str(self.config.out_dir)!r}: it holds no checkpoint. "
+                                 "Received: resume=True (--resume); leave resume at None to begin a run.")
             if loaded is not None:
                 state, start_round, rounds = loaded
                 if start_round > self.config.rounds:
@@ -397,7 +400,7 @@ def settle_backend(config: SimulationConfig, clients: Any, model: Any = None) ->
     (``auto`` again while ``model`` is None and the data allow ``compiled``), resuming a checkpoint on the
     backend that wrote it, as the state is that backend's."""
     where = config.where.resolve(clients, model)
-    if model is not None and where.compiled and config.backend is Backend.AUTO and config.resume \
+    if model is not None and where.compiled and config.backend is Backend.AUTO and config.resume is not False \
             and (checkpoint.checkpoint_config(config.out_dir) or {}).get("backend") == Backend.TFF.value:
         return BackendChoice(Backend.TFF)
     return where

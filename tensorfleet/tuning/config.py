@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorfleet.io import write_json
-from tensorfleet.validation import choice, integer, positive_int, renamed
+from tensorfleet.validation import choice, integer, optional_boolean, positive_int, renamed
 
 __all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search", "fresh_to_resume", "should_resume",
            "check_script", "SCRIPT_FUNCTIONS"]
@@ -185,19 +185,17 @@ def check_saved_search(project: str | Path) -> None:
                                       "resume=False (--fresh) starts the search over.")
 
 
-def fresh_to_resume(fresh: bool) -> bool | None:
+def fresh_to_resume(value: bool) -> bool | None:
     """The older ``fresh=True`` (delete the saved search, begin again) is ``resume=False``; ``fresh=False`` is
     the default, ``resume=None``."""
-    return False if fresh else None
+    return False if value else None
 
 
 def should_resume(out_dir: str | Path, resume: bool | None, *, saved: bool) -> bool:
     """Whether a search continues the one saved in ``out_dir`` (``saved``: there is one), by the package's
     meaning of ``resume`` (docs/glossary.md): None continues a saved search and begins one otherwise, True
     continues (ValueError when there is none), False begins again (the caller deletes what was saved)."""
-    if resume is not None and not isinstance(resume, bool):
-        raise ValueError(f"resume must be None (continue a saved search, else begin), True (continue) or False "
-                         f"(begin again). Received: resume={resume!r}")
+    optional_boolean("resume", resume)
     if resume is True and not saved:
         raise ValueError(f"Nothing to resume in {str(out_dir)!r}: it holds no search. Received: resume=True "
                          "(--resume); leave resume at None to begin one.")

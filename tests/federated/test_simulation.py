@@ -123,6 +123,13 @@ def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(client
     history = Simulation(tiny, clients, rounds=1, clients_per_round=2, out_dir=tmp_path, checkpoint_every=1,
                          resume=False, progress=False).run()
     assert [r["round"] for r in history.rounds] == [1]
+    history = Simulation(tiny, clients, rounds=2, clients_per_round=2, out_dir=tmp_path, checkpoint_every=1,
+                         resume=True, progress=False).run()  # True: it must continue, and does
+    assert [r["round"] for r in history.rounds] == [1, 2]
+    with pytest.raises(ValueError, match=r"^Nothing to resume in out_dir='.*/empty': it holds no checkpoint\. "
+                                         r"Received: resume=True \(--resume\); leave resume at None to begin a run\.$"):
+        Simulation(tiny, clients, rounds=1, clients_per_round=2, out_dir=tmp_path / "empty", checkpoint_every=1,
+                   resume=True, progress=False).run()
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
@@ -144,7 +151,7 @@ def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(client
      r"dp_adaptive's clipped-count noise \(0.05 \* clients_per_round = 0.5\) is too low for noise_multiplier=1: it "
      r"needs noise_multiplier < 0.1 \* clients_per_round. Received: noise_multiplier=1, clients_per_round=10; "),
     ({"progress": "no"}, ValueError, r"progress must be true or false. Received: progress='no'"),
-    ({"resume": 0}, ValueError, r"resume must be true or false. Received: resume=0"),
+    ({"resume": 0}, ValueError, r"resume must be None, true or false. Received: resume=0"),
     ({"dp_delta": 1}, ValueError, r"dp_delta must be a finite number > 0 and < 1. Received: dp_delta=1"),
     ({"out_dir": "/proc/version"}, ValueError,
      r"out_dir must be a directory; '/proc/version' is a file. Received: out_dir='/proc/version'"),
