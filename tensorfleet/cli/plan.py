@@ -62,6 +62,9 @@ def plan_command(
                                 help="With --run: where the comparison is written as JSON (and beside it as PNG)."),
     run_timeout: Optional[float] = typer.Option(  # noqa: UP007
         None, "--run-timeout", help="With --run: seconds the script may take."),
+    run_processes: Optional[int] = typer.Option(  # noqa: UP007
+        None, "--run-processes", help="With --run: the processes the mesh spans (tensorfleet launch --mesh "
+        "workers on 127.0.0.1), each with its share of --devices; default 1."),
 ) -> None:
     """Memory per device and time per step of every strategy, and a recommendation.
 
@@ -75,6 +78,7 @@ def plan_command(
     from tensorfleet.validation import parse_count
 
     _check_run_options(run, {"--run-strategy": run_strategy, "--run-timeout": run_timeout,
+                             "--run-processes": run_processes,
                              "--report": None if report == Path("plan_report.json") else report}, ctx.args)
     result = planner.plan(
         model, parameters=None if params is None else parse_count(params), transformer=transformer,
@@ -97,7 +101,8 @@ def plan_command(
         from tensorfleet.planner.runs import ScriptFailedError
 
         try:
-            ran = result.run(run, ctx.args, strategy=run_strategy, report=report, timeout=run_timeout)
+            ran = result.run(run, ctx.args, strategy=run_strategy, report=report, timeout=run_timeout,
+                             processes=1 if run_processes is None else run_processes)
         except ScriptFailedError as exc:  # the script's own error: its traceback is above, not tensorfleet's bug
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.returncode) from None

@@ -118,14 +118,16 @@ class Plan:
         return PlannedMesh(self.as_dict(), self.row(strategy or self.recommendation).strategy, devices=devices)
 
     def run(self, script: str | os.PathLike[str], args: Sequence[str] = (), *, strategy: str | None = None,
-            report: str | os.PathLike[str] = "plan_report.json", timeout: float | None = None) -> Any:
-        """Runs ``script`` in a new process under :meth:`mesh` (its ``tfl.planner.planned_mesh()``) and returns
-        the :class:`~tensorfleet.planner.run_report.RunReport`, also written to ``report`` (JSON) and beside it
-        as a PNG. ``tensorfleet plan ... --run script.py`` is the same."""
+            report: str | os.PathLike[str] = "plan_report.json", timeout: float | None = None,
+            processes: int = 1) -> Any:
+        """Runs ``script`` in a new process under :meth:`mesh` (its ``tfl.planner.planned_mesh()``), or in
+        ``processes`` launched processes the mesh spans, and returns the
+        :class:`~tensorfleet.planner.run_report.RunReport`, also written to ``report`` (JSON) and beside it
+        as a PNG. ``tensorfleet plan ... --run script.py [--run-processes N]`` is the same."""
         from tensorfleet.planner.runs import run_script
 
         name = self.row(strategy or self.recommendation).strategy
-        return run_script(self.as_dict(), name, script, args, report=report, timeout=timeout)
+        return run_script(self.as_dict(), name, script, args, report=report, timeout=timeout, processes=processes)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -27,7 +27,7 @@ from typing import Any
 
 from tensorfleet.planner.memory import format_bytes
 
-__all__ = ["KINDS", "RunReport", "measure"]
+__all__ = ["KINDS", "RunReport", "measure", "merge"]
 
 KINDS = ("parameters", "optimizer_state", "optimizer_counters")
 
@@ -132,9 +132,9 @@ def _per_device(variables: list[Any], devices: list[str]) -> list[int]:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
-    def where(device: str) -> tuple[str, int]:
+    def where(device: str) -> tuple[int, str, int]:  # a process's devices are those of its task
         spec = tf.DeviceSpec.from_string(device)
-        return spec.device_type, spec.device_index
+        return spec.task or 0, spec.device_type, spec.device_index
 
     index = {where(d): i for i, d in enumerate(devices)}
     held = [0] * len(devices)
@@ -218,3 +218,15 @@ def measure(mesh: Any) -> RunReport:
                      by_layout=_by_layout(mesh, mesh.models), step_seconds=statistics.median(times) if times else None,
                      steps=len(times), batch_sizes=list(mesh.batch_sizes),
                      run_parameters=sum(int(m.count_params()) for m in mesh.models))
+
+
+def merge(parts: list[RunReport]) -> RunReport:
+    """One report from those of the processes a mesh spans: each measured the devices it holds (the others
+    zero), so the bytes add up device by device; the step is the slowest process's median."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    measured = {kind: [sum(p.measured[kind][i] for p in parts) for i in range(len(first.devices))] for kind in KINDS}
+    timed = [p.step_seconds for p in parts if p.step_seconds is not None]
+    return RunReport(**{**first.as_dict(), "measured": measured, "step_seconds": max(timed) if timed else None,
+                        "steps": min(p.steps for p in parts)})

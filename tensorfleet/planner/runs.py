@@ -193,53 +193,83 @@ def planned_mesh(fallback: Mesh | None = None) -> Mesh:
 
 
 def run_script(plan: dict[str, Any], strategy: str, script: str | os.PathLike[str], args: Sequence[str] = (), *,
-               report: str | os.PathLike[str], timeout: float | None = None) -> Any:
-    """Runs ``script`` (with ``args``) in a new Python process under the plan row ``strategy`` and returns its
+               report: str | os.PathLike[str], timeout: float | None = None, processes: int = 1) -> Any:
+    """Runs ``script`` (with ``args``) under the plan row ``strategy`` and returns its
     :class:`~tensorfleet.planner.run_report.RunReport`, also written to ``report`` (JSON) and beside it as a
-    PNG (predicted against measured, per device). The script's output is this process's."""
+    PNG (predicted against measured, per device). The script's output is this process's.
+
+    With ``processes`` 1, the script runs in one new Python process that holds the plan's devices; with more,
+    in that many worker processes of ``tensorfleet launch --mesh`` (127.0.0.1), the mesh spanning them, each
+    process holding its share of the devices and measuring those."""
     from tensorfleet.io import check_writable, existing_file, write_json
-    from tensorfleet.planner.run_report import RunReport
+    from tensorfleet.planner.run_report import RunReport, merge
+    from tensorfleet.validation import positive_int
 
     script = existing_file(script, "script")
     report = check_writable(report)
+    processes = positive_int("processes", processes)
+    devices = int(plan["inputs"]["devices"])
+    if devices % processes:
+        raise ValueError(f"The plan's {devices} devices do not split evenly over {processes} processes; give a "
+                         f"process count that divides {devices}. Received: processes={processes}")
     mesh_spec(next(r for r in plan["strategies"] if r["strategy"] == strategy))  # refused before starting
     with tempfile.TemporaryDirectory(prefix="tensorfleet-plan-run-") as work:
-        spec, measured = Path(work) / "spec.json", Path(work) / "measured.json"
-        write_json(spec, {"plan": plan, "strategy": strategy, "measured": str(measured)})
-        command = [sys.executable, "-m", "tensorfleet.planner.runs", str(script), *map(str, args)]
-        done = subprocess.run(command, env={**os.environ, ENV: str(spec)}, timeout=timeout, check=False)
-        if done.returncode != 0:
-            raise ScriptFailedError(f"The script under the plan's mesh failed (exit status {done.returncode}; its "
+        spec = Path(work) / "spec.json"
+        write_json(spec, {"plan": plan, "strategy": strategy, "measured": str(Path(work) / "measured")})
+        returncode = _start(spec, script, args, timeout=timeout, processes=processes)
+        if returncode != 0:
+            raise ScriptFailedError(f"The script under the plan's mesh failed (exit status {returncode}; its "
                                     f"output is above). Received: script={str(script)!r}, args={list(args)!r}",
-                                    done.returncode)
-        measurement = json.loads(measured.read_text())
-    result = RunReport.from_dict(measurement)
+                                    returncode)
+        parts = [json.loads(p.read_text()) for p in sorted(Path(work).glob("measured*.json"))]
+    if len(parts) != processes:
+        raise ScriptFailedError(f"{processes - len(parts)} of {processes} processes ended without measuring the "
+                                f"plan's mesh. Received: script={str(script)!r}", 1)
+    result = merge([RunReport.from_dict(p) for p in parts])
     write_json(report, result.as_dict())
     result.plot(report.with_suffix(".png"))
     return result
 
 
+def _start(spec: Path, script: Path, args: Sequence[str], *, timeout: float | None, processes: int) -> int:
+    """Runs the script under :func:`_child`: in this machine's one process, or as ``launch --mesh`` workers."""
+    if processes == 1:
+        command = [sys.executable, "-m", "tensorfleet.planner.runs", str(script), *map(str, args)]
+        return subprocess.run(command, env={**os.environ, ENV: str(spec)}, timeout=timeout, check=False).returncode
+    from tensorfleet.cluster.launch_options import TaskCommand, Timeouts
+    from tensorfleet.cluster.launcher import launch
+
+    done = launch(script, [str(a) for a in args], workers=processes, mesh=True, timeouts=Timeouts(timeout=timeout),
+                  command=TaskCommand(env={ENV: str(spec)}, runner=("-m", "tensorfleet.planner.runs")), check=False)
+    return done.returncode
+
+
 def _child(argv: list[str]) -> None:
     """``python -m tensorfleet.planner.runs script.py args...`` with :data:`ENV` set: the plan's devices, the
-    script run as ``__main__``, then the run's report written where the spec says."""
+    script run as ``__main__``, then what this process measured written where the spec says."""
     import runpy
 
     from tensorfleet.io import write_json
+    from tensorfleet.model_parallel.mesh.clients import is_multi_client
 
     spec = json.loads(Path(os.environ[ENV]).read_text())
-    devices = int(spec["plan"]["inputs"]["devices"])
-    import tensorflow as tf
+    client = 0
+    if is_multi_client():  # the mesh spans launched processes: the Mesh takes this one's share of the devices
+        client = int(os.environ.get("DTENSOR_CLIENT_ID", "0"))
+    else:
+        import tensorflow as tf
 
-    if not tf.config.list_physical_devices("GPU"):
-        from tensorfleet.strategies.devices import simulate_devices
+        if not tf.config.list_physical_devices("GPU"):
+            from tensorfleet.strategies.devices import simulate_devices
 
-        simulate_devices(devices)
+            simulate_devices(int(spec["plan"]["inputs"]["devices"]))
     sys.argv = list(argv)
+    sys.path[0] = str(Path(argv[0]).resolve().parent)  # as `python script.py`: the script's folder first
     runpy.run_path(argv[0], run_name="__main__")
     if _ACTIVE is None:
         raise SystemExit(f"{argv[0]} never asked for the plan's mesh (tfl.planner.planned_mesh()): nothing ran on "
                          "it to compare with the plan")
-    write_json(spec["measured"], _ACTIVE.report().as_dict())
+    write_json(f"{spec['measured']}-{client}.json", _ACTIVE.report().as_dict())
 
 
 if __name__ == "__main__":  # run as -m: the package's own module keeps the active mesh, not this __main__ copy

@@ -70,40 +70,47 @@ def test_planned_mesh_outside_a_run_is_the_fallback_or_one_error(monkeypatch):
 
 
 def test_run_options_without_run_are_refused(capsys):
-    assert main([*CLI, "--run-strategy", "tensor", "--run-timeout", "5"]) == 2
+    assert main([*CLI, "--run-strategy", "tensor", "--run-timeout", "5", "--run-processes", "2"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --run-strategy, --run-timeout apply to --run only. Received: --run-strategy=tensor, "
-        "--run-timeout=5.0 and no --run")
+        "error: --run-strategy, --run-timeout, --run-processes apply to --run only. Received: --run-strategy=tensor, "
+        "--run-timeout=5.0, --run-processes=2 and no --run")
     assert main([*CLI, "stray"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: Arguments after the options reach a --run script only. Received: 'stray' and no --run")
 
 
-def _run(tmp_path, *options: str, keras: str = "keras"):
+def test_a_process_count_that_does_not_split_the_devices_is_refused(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
-    report = tmp_path / f"report{len(list(tmp_path.iterdir()))}.json"
-    command = [sys.executable, "-m", "tensorfleet.cli.main", *CLI, *options, "--report", str(report), "--run",
-               str(script), keras]
-    done = subprocess.run(command, env=user_env(), capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    return done, report
+    with pytest.raises(ValueError, match=r"^The plan's 4 devices do not split evenly over 3 processes; give a process "
+                                         r"count that divides 4\. Received: processes=3$"):
+        _float32().run(script, processes=3, report=tmp_path / "r.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # nothing started, nothing written
 
 
 @pytest.mark.slow
-def test_keras3_run_holds_the_planned_bytes_on_every_device(tmp_path, keras3):
+def test_a_run_over_two_processes_holds_the_planned_bytes_on_every_device(tmp_path, keras3):
     # The recommendation is hybrid d=2 t=2: every weight of this model splits over m (64 and 10 units are even),
-    # so the plan's Megatron picture and the mesh agree to the byte: 4,810 x 4 / 2 parameters per device.
-    done, report = _run(tmp_path)
+    # so the plan's Megatron picture and the mesh agree to the byte: 4,810 x 4 / 2 parameters per device. The
+    # mesh spans 2 launched processes of 2 logical CPUs; each measures the devices it holds.
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "tensorfleet.cli.main", *CLI, "--report", str(report), "--run-processes", "2",
+               "--run", str(script), "--", "keras"]
+    done = subprocess.run(command, env=user_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "ran b:2;m:2 4810" in done.stdout
+    assert "[worker:0] ran b:2;m:2 4810" in done.stdout and "[worker:1] ran b:2;m:2 4810" in done.stdout
     data = json.loads(report.read_text())
     assert (data["strategy"], data["mesh_shape"], data["rules"]) == ("hybrid", "b:2;m:2", "batch:b;hidden:m;heads:m")
+    assert [d.rsplit("/", 2)[-2:] for d in data["devices"]] == [
+        ["task:0", "device:CPU:0"], ["task:0", "device:CPU:1"], ["task:1", "device:CPU:0"], ["task:1", "device:CPU:1"]]
     assert data["measured"] == {"parameters": [9620] * 4, "optimizer_state": [19240] * 4,
                                 "optimizer_counters": [12] * 4}  # Adam's int64 iteration + float32 learning rate
     assert (data["planned"]["parameters"], data["planned"]["optimizer_state"]) == (9620.0, 19240.0)
     assert (data["by_layout"]["parameters"], data["by_layout"]["optimizer_state"]) == (9620.0, 19240.0)
     # Step times: both there (the measured one is a median of steps after the first; no timing is asserted).
-    assert data["planned"]["step_seconds"] > 0 and data["step_seconds"] > 0 and data["steps"] == 2
+    assert data["planned"]["step_seconds"] > 0 and data["step_seconds"] > 0 and data["steps"] == 2  # 3 steps
     assert data["batch_sizes"] == [64]
     assert report.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = done.stdout[done.stdout.index("plan: hybrid"):]
