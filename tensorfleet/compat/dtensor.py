@@ -6,7 +6,7 @@ a second call raises. TensorFlow keeps that in ``tensorflow.dtensor.python.accel
 
 from __future__ import annotations
 
-__all__ = ["accelerator_initialized"]
+__all__ = ["accelerator_initialized", "other_client"]
 
 
 def accelerator_initialized() -> bool:
@@ -14,3 +14,13 @@ def accelerator_initialized() -> bool:
     from tensorflow.dtensor.python import accelerator_util
 
     return bool(accelerator_util.is_initialized())
+
+
+def other_client() -> bool:
+    """Whether this process is a DTensor client other than the first of a mesh across processes: a process that
+    gathers every value as the first one does (a collective) but whose files the first one writes."""
+    if not accelerator_initialized():
+        return False
+    from tensorflow.experimental import dtensor
+
+    return dtensor.num_clients() > 1 and dtensor.client_id() != 0

@@ -10,7 +10,8 @@ variables, a collective every worker joins), only the chief's file lands where t
   every worker at once (tf_keras sends the other workers' copies to a temporary folder; Keras 3 lost that).
   :func:`mend_model_checkpoint` (installed by :func:`tensorfleet.compat.keras3.mend_fit`) makes a non-chief worker
   save into a scratch folder of its own, removed after each save; the chief's save is Keras' own. One process (no
-  strategy, or one worker) is the chief.
+  strategy, or one worker) is the chief; of a mesh across processes (DTensor's clients) the first process is,
+  the others gather every value with it and write nothing.
 
 Example:
     >>> from tensorfleet.compat import keras3_checkpoints
@@ -35,8 +36,11 @@ _original: dict[str, Any] = {}
 
 
 def _is_chief(model: Any) -> bool:
+    """The worker whose files land: the chief of a strategy; of a mesh across processes, its first process."""
+    from tensorfleet.compat.dtensor import other_client
+
     strategy = getattr(model, "distribute_strategy", None)
-    return bool(strategy is None or strategy.extended.should_checkpoint)
+    return bool(strategy is None or strategy.extended.should_checkpoint) and not other_client()
 
 
 @functools.cache

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import collect_workers, user_env
 
 JOB = Path(__file__).with_name("mesh_processes_job.py")
+RESUME_JOB = Path(__file__).with_name("mesh_resume_job.py")
 
 
 def _results(log: str) -> dict[str, dict]:
@@ -64,3 +65,28 @@ def test_two_processes_form_one_2x2_mesh_and_fit_equals_one_device(keras3) -> No
     assert results["worker:0"]["skip_net"]["steps"] == results["worker:1"]["skip_net"]["steps"]
     assert results["worker:0"]["gpt"]["steps"] == results["worker:1"]["gpt"]["steps"]
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_killed_process_restarts_the_mesh_from_its_last_backup(keras3, tmp_path: Path, monkeypatch) -> None:
+    """kill -9 of worker:1 once worker:0 has backed up epoch 2 of 3: the launcher restarts both processes, they
+    resume at epoch 3 from the first process's backup and end with the weights of one device's uninterrupted run."""
+    from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)  # the tasks are a user's processes
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    result = launch(RESUME_JOB, workers=2, mesh=True, check=False, output=TaskOutput(sink=None),
+                    recovery=Recovery(max_restarts=1, backoff=0, backup_dir=tmp_path / "backup",
+                                      faults=[Fault(task="worker:1", when=r"epoch 2/3 end", watch="worker:0")]),
+                    timeouts=Timeouts(timeout=150))
+    text = [f"[{line.task}] {line.text}" for line in result.lines]
+    assert result.returncode == 0 and result.restarts == 1, (result.error, text[-40:])
+    resumed = [line for line in text if "resumed from backup at epoch" in line]
+    assert sorted(resumed) == [f"[worker:{i}] tensorfleet: resumed from backup at epoch 3" for i in (0, 1)]
+    results = {out["task"]: out for out in (json.loads(line.text[7:]) for line in result.lines
+                                            if line.text.startswith("RESULT "))}
+    assert sorted(results) == ["worker:0", "worker:1"], text[-40:]
+    for out in results.values():
+        assert out["attempt"] == 1
+        assert out["weight_diff"] < 1e-5, out  # measured: 1.2e-7
