@@ -64,7 +64,7 @@ def test_resume_has_the_glossarys_one_meaning(tmp_path):
     with pytest.raises(ValueError, match=r"^Nothing to resume in '.*empty': it holds no search\. Received: "
                                          r"resume=True \(--resume\); leave resume at None to begin one\.$"):
         search(SCRIPT, out_dir=tmp_path / "empty", resume=True)
-    with pytest.raises(ValueError, match=r"^resume must be None .*Received: resume='yes'$"):
+    with pytest.raises(ValueError, match=r"^resume must be None, true or false\. Received: resume='yes'$"):
         search(SCRIPT, out_dir=tmp_path, resume="yes")
     with pytest.warns(DeprecationWarning, match=r"search: 'fresh' is now 'resume'"), \
             pytest.raises(ValueError, match=r"'fresh' is the older name of 'resume'; give one of them\. "
