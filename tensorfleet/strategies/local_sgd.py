@@ -162,7 +162,7 @@ class LocalSGD:
         @tf.function(autograph=False, reduce_retracing=True)
         def local_step(iterator: Any) -> Any:
             data = internals.next_local_batch(iterator)
-            with internals.local_gradients(model.optimizer, replicas):
+            with internals.local_gradients(model.optimizer, replicas), internals.local_metrics(model):
                 outputs = strategy.run(model.train_step, args=(data,))
             return tf.nest.map_structure(lambda v: _local(strategy, v), outputs)
 
