@@ -66,3 +66,77 @@ def test_models_are_named_for_what_they_take():
     assert tfl.models.build("digits_mlp").input_shape == (None, 64)
     with pytest.raises(ValueError, match=r"^Unknown model 'mnist_cnn'\. .*Available: digits_cnn, digits_mlp, "):
         tfl.models.build("mnist_cnn")  # the alias is retired
+
+
+# One word per concept (docs/glossary.md): a public parameter uses the word, never the concept's other names.
+GLOSSARY = {
+    "out_dir": ("out", "output", "output_dir", "outdir", "directory", "logdir", "log_dir", "base_dir"),
+    "data_dir": (),          # the folder a dataset is read from (refused names: as out_dir's)
+    "base_path": (),         # TF Serving's folder of a model's numbered versions
+    "log": ("sink",),        # where progress lines go: a callable taking one line (None: nowhere)
+    "progress": ("quiet",),  # verbosity has one polarity: progress=True / verbose=True say more, never quiet
+    "arena_bytes": ("arena_size",),
+    "resume": ("fresh",),    # None: continue if there is something to continue, True: must, False: begin again
+}
+REFUSED = {old: word for word, olds in GLOSSARY.items() for old in olds}
+
+# Rooms that other helpers are editing now (issue 39 item 4): not renamed yet. Take a room off this list
+# and the test below lists what it still has. Each entry is a path prefix.
+NOT_YET_RENAMED = (
+    "tensorfleet/cluster/",         # out (evaluation), directory (jobstate, migration), output (launcher.launch),
+                                    # sink (migrate, launch_elastic, share, LocalJob), quiet (migrate, LocalJob)
+    "tensorfleet/strategies/",      # none found on 2026-12-05; listed while it is being edited
+    "tensorfleet/model_parallel/",  # none found on 2026-12-05; listed while it is being edited
+    "tensorfleet/planner/",         # none found on 2026-12-05; listed while it is being edited
+    "tensorfleet/cli/launch.py",    # none found on 2026-12-05; listed while it is being edited
+    "tensorfleet/cli/plan.py",      # output (the plan's file): -> out_path, flag unchanged
+    "tensorfleet/cli/k8s.py",       # output (the manifests' file, 3 commands): -> out_path, flag unchanged
+)
+# Another library's own word where tensorfleet mirrors its API (Keras Tuner's Tuner(directory=...)).
+OTHER_LIBRARIES = {("tensorfleet/compat/keras_tuner.py", "set_project_dir", "directory")}
+
+
+def _hidden_flag(default: ast.expr | None) -> bool:
+    """A deprecated command-line flag kept hidden for one release (``typer.Option(..., hidden=True)``)."""
+    return isinstance(default, ast.Call) and any(
+        k.arg == "hidden" and isinstance(k.value, ast.Constant) and k.value.value is True for k in default.keywords)
+
+
+def _public_parameters():
+    """(module path, function, parameter, default) of every public function and method of public classes."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if any(part.startswith("_") and part != "__init__.py" for part in parts):
+            continue
+        where = str(path.relative_to(PACKAGE.parent))
+        stack = [(node, False) for node in ast.parse(path.read_text(), where).body]
+        while stack:
+            node, private = stack.pop()
+            if isinstance(node, ast.ClassDef):
+                stack.extend((child, private or node.name.startswith("_")) for child in node.body)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not private \
+                    and (node.name == "__init__" or not node.name.startswith("_")):
+                args = node.args
+                positional = args.posonlyargs + args.args
+                defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+                for arg, default in [*zip(positional, defaults), *zip(args.kwonlyargs, args.kw_defaults)]:
+                    yield where, node.name, arg.arg, default
+
+
+def test_public_parameters_use_the_glossarys_words():
+    seen, wrong = set(), []
+    for where, function, name, default in _public_parameters():
+        seen.add(name)
+        if name in REFUSED and not where.startswith(NOT_YET_RENAMED) and not _hidden_flag(default) \
+                and (where, function, name) not in OTHER_LIBRARIES:
+            wrong.append(f"{where} {function}({name}=...): say {REFUSED[name]}")
+    assert {"out_dir", "log", "progress", "arena_bytes", "resume", "data_dir", "base_path"} <= seen  # it reads them
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_glossary_page_defines_each_word():
+    text = (PACKAGE.parent / "docs" / "glossary.md").read_text()
+    for word, olds in GLOSSARY.items():
+        assert f"`{word}`" in text, word
+        for old in olds:
+            assert f"`{old}`" in text, f"the glossary names {old!r} as the older word for {word!r}"

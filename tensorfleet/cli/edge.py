@@ -63,7 +63,7 @@ def convert_cmd(
                                 "that exists, or any name ending in .keras/.h5 or holding a '/', is a path."),
     quantization: str = typer.Option("int8", "--quantization", "-q",
                                      help="float32, dynamic, float16, int8 or int16x8."),
-    out: Path = typer.Option(..., "--out", "-o", help="Where to write the .tflite file."),
+    out_path: Path = typer.Option(..., "--out", "-o", help="Where to write the .tflite file."),
     data: Optional[Path] = typer.Option(None, "--data", help="Representative samples as a .npy array."),  # noqa: UP007
     samples: int = typer.Option(100, "--samples", help="Calibration samples to use."),
     metadata: Optional[Path] = typer.Option(None, "--metadata", help="Also write the metadata as JSON."),  # noqa: UP007
@@ -78,7 +78,7 @@ def convert_cmd(
     mode = edge.QUANTIZATIONS.canonical(quantization)  # fail on a bad mode or destination before converting
     if per_channel_dense and not edge.QUANTIZATIONS.get(mode).needs_representative_data:
         raise ValueError(f"--per-channel-dense applies to int8 and int16x8. Received: --quantization {mode}")
-    for destination in (out, metadata):
+    for destination in (out_path, metadata):
         if destination is not None:
             check_writable(destination)
     # The model first (a file in the Keras that wrote it): a name that is neither a file nor a zoo model says so,
@@ -94,11 +94,11 @@ def convert_cmd(
             rep = calibration_data(model, samples)
     artifact = edge.convert(keras_model, mode, rep, num_calibration_samples=samples,
                             per_channel_dense=per_channel_dense)
-    artifact.save(out)
+    artifact.save(out_path)
     if metadata is not None:
         write_json(metadata, artifact.metadata())
     inp, outp = artifact.inputs[0], artifact.outputs[0]
-    typer.echo(f"wrote {out} ({artifact.size:,} bytes, {artifact.quantization}); input {inp.dtype} "
+    typer.echo(f"wrote {out_path} ({artifact.size:,} bytes, {artifact.quantization}); input {inp.dtype} "
                f"{list(inp.shape)}, output {outp.dtype} {list(outp.shape)}; ops: {', '.join(artifact.op_types)}")
 
 
@@ -160,17 +160,17 @@ def export_cmd(
     model: Path = typer.Argument(..., help="A .tflite file."),
     name: str = typer.Option(..., "--name", "-n", help="Base name of the C files and symbols: letters, digits and "
                                                       "single underscores, starting with a letter."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory for the C sources."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the C sources."),
     arena: bool = typer.Option(True, "--arena/--no-arena", help="Measure the arena and declare it in the header."),
 ) -> None:
     """Write <name>_model_data.cc/.h and <name>_op_resolver.h for a TFLite Micro build."""
     from tensorfleet import edge
     from tensorfleet.io import check_writable
 
-    check_writable(out / f"{edge.check_c_name(name)}_model_data.h")  # before the arena search
+    check_writable(out_dir / f"{edge.check_c_name(name)}_model_data.h")  # before the arena search
     artifact = edge.TFLiteArtifact.from_file(model)
     arena_bytes = edge.find_arena_size(artifact) if arena else None
-    for path in edge.export_c(artifact, out, name, arena_bytes=arena_bytes):
+    for path in edge.export_c(artifact, out_dir, name, arena_bytes=arena_bytes):
         typer.echo(f"wrote {path}")
 
 
@@ -211,7 +211,7 @@ def parse_rank(text: str | None) -> Any:
 @app.command("decompose")
 def decompose_cmd(
     model: Path = typer.Argument(..., help="A saved Keras model (.keras or .h5)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Where to write the decomposed model (.keras)."),
+    out_path: Path = typer.Option(..., "--out", "-o", help="Where to write the decomposed model (.keras)."),
     method: DecompositionMethod = typer.Option(DecompositionMethod.TUCKER2, "--method", "-m",
                                                help="How Conv2D layers are factored (Dense layers: svd)."),
     rank: Optional[str] = typer.Option(None, "--rank", help="An integer, IN,OUT for tucker2, or vbmf."),  # noqa: UP007
@@ -224,9 +224,9 @@ def decompose_cmd(
     from tensorfleet.io import check_writable, existing_file
 
     chosen_rank = parse_rank(rank)
-    if out.suffix != ".keras":
-        raise edge.DecompositionError(f"--out must name a .keras file. Received: --out {str(out)!r}")
-    for destination in (out, plot):
+    if out_path.suffix != ".keras":
+        raise edge.DecompositionError(f"--out must name a .keras file. Received: --out {str(out_path)!r}")
+    for destination in (out_path, plot):
         if destination is not None:
             check_writable(destination)
     keras_model = edge.load_keras_model(existing_file(model, "a saved Keras model (.keras or .h5)"))
@@ -235,5 +235,5 @@ def decompose_cmd(
     small = edge.decompose(keras_model, plan=plan)
     if plot is not None:
         typer.echo(f"wrote {plan.plot(plot)}")
-    typer.echo(f"wrote {save_keras(small, out)} ({small.count_params():,} parameters, "
+    typer.echo(f"wrote {save_keras(small, out_path)} ({small.count_params():,} parameters, "
                f"{keras_model.count_params():,} before)")

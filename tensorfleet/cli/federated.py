@@ -113,13 +113,13 @@ app.command("run")(run)
 
 
 @app.command("plot")
-def plot(out: Path = typer.Argument(..., help="The --out directory of a run.")) -> None:
+def plot(out_dir: Path = typer.Argument(..., metavar="OUT", help="The --out directory of a run.")) -> None:
     """Re-draws accuracy.png and loss.png from a run's metrics.json."""
     from tensorfleet.federated.history import HISTORY_FILE, load_history, plot_history
     from tensorfleet.io import existing_folder
 
-    existing_folder(out, f"the --out folder of a run (with its {HISTORY_FILE})")
-    for path in plot_history(load_history(out), out):
+    existing_folder(out_dir, f"the --out folder of a run (with its {HISTORY_FILE})")
+    for path in plot_history(load_history(out_dir), out_dir):
         typer.echo(str(path))
 
 
@@ -150,7 +150,7 @@ def partition_cmd(
     clients: Optional[int] = typer.Option(None, "--clients", help="Default 100 for digits; all of a TFF dataset's."),
     partition: Optional[str] = typer.Option(None, "--partition", help="Default iid (digits only)."),
     seed: int = typer.Option(0, "--seed"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for partition.json and partition.png."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Directory for partition.json and partition.png."),
 ) -> None:
     """Summarizes a partition; with --out also writes its JSON summary and label-distribution PNG."""
     from tensorfleet.federated.clients.clientdata import summarize
@@ -160,9 +160,9 @@ def partition_cmd(
         data, _ = load_federated(dataset, num_clients=clients, scheme=partition, seed=seed)
     summary = summarize(data)
     typer.echo(str(summary))
-    if out is not None:
-        typer.echo(str(summary.save(out / "partition.json")))
-        typer.echo(str(summary.plot(out / "partition.png")))
+    if out_dir is not None:
+        typer.echo(str(summary.save(out_dir / "partition.json")))
+        typer.echo(str(summary.plot(out_dir / "partition.png")))
 
 
 @contextlib.contextmanager
@@ -235,7 +235,7 @@ def worker(
              "tensorflow-federated imports, else tensorflow."),
     max_concurrent: int = typer.Option(-1, "--max-concurrent", help="Parallel calls per computation (<= 0: no limit; "
                                                                      "tff only)."),
-    log: Optional[Path] = typer.Option(None, "--log", help="File for the worker's output (default: discarded; tff "
+    log_path: Optional[Path] = typer.Option(None, "--log", help="File for the worker's output (default: discarded; tff "
                                                            "only)."),
 ) -> None:
     """Serves one federated worker until SIGTERM or Ctrl-C, then stops it: a TensorFlow server for the compiled
@@ -246,7 +246,7 @@ def worker(
 
     chosen = runtime or (WorkerRuntime.TFF if tff_available() else WorkerRuntime.TENSORFLOW)
     if chosen is WorkerRuntime.TENSORFLOW:
-        for flag, value, default in (("--max-concurrent", max_concurrent, -1), ("--log", log, None)):
+        for flag, value, default in (("--max-concurrent", max_concurrent, -1), ("--log", log_path, None)):
             if value != default:
                 raise ValueError(f"{flag} applies to TFF's worker (--runtime tff). Received: {flag} {value} with "
                                  "--runtime tensorflow")
@@ -266,7 +266,7 @@ def worker(
 
     with _tff_needed():  # outside the next block: typer.Exit is a RuntimeError
         try:
-            status = serve(port, host=host, max_concurrent=max_concurrent, log_path=log, on_ready=ready)
+            status = serve(port, host=host, max_concurrent=max_concurrent, log_path=log_path, on_ready=ready)
         except (WorkerPortInUseError, RuntimeError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
