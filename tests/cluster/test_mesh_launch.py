@@ -86,3 +86,15 @@ def test_only_the_dtensor_backend_spans_processes(monkeypatch) -> None:
     monkeypatch.setenv("DTENSOR_JOBS", "h:1,h:2")
     with pytest.raises(ValueError, match=r"mtf and keras backends .* Received: backend='mtf'"):
         Mesh("b:2;m:2", "batch:b", backend="mtf").devices
+
+
+def test_a_tfjob_with_the_mesh_variable_gives_each_pod_its_dtensor_environment() -> None:
+    """On Kubernetes the operator sets TF_CONFIG; ``--env TENSORFLEET_MESH_ACROSS_PROCESSES=1`` makes its workers
+    the mesh's processes, as ``launch --mesh`` does locally."""
+    from tensorfleet.cluster import k8s
+    from tensorfleet.model_parallel.mesh.clients import ENV_ACROSS
+
+    docs = k8s.tfjob(name="mesh", image="img:1", command=["python", "train.py"], workers=2, env={ENV_ACROSS: "1"})
+    assert env_from_tf_config(json.dumps(k8s.pod_tf_config(docs, "worker", 1))) == {
+        "DTENSOR_JOBS": "mesh-worker-0.default.svc:2222,mesh-worker-1.default.svc:2222", "DTENSOR_CLIENT_ID": "1",
+        "DTENSOR_NUM_CLIENTS": "2", "DTENSOR_JOB_NAME": "worker"}
