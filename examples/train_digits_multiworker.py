@@ -8,7 +8,8 @@ It trains deterministically (op determinism, fixed seeds, the same batches in an
 whenever the epoch starts), so a run that was killed and resumed from its backup ends with
 the weights of one that was not. The batch sizes follow the elastic policy
 (``--batch-policy`` or ``TENSORFLEET_BATCH_POLICY``) for whatever number of workers the job
-has. The chief writes the final weights to ``--weights-out`` (``.npz``).
+has; ``tensorfleet launch --scale-lr linear:64`` scales the learning rate with the global batch at each
+start. The chief writes the final weights to ``--weights-out`` (``.npz``).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
     callbacks = fault_tolerance.callbacks(args.backup_dir, save_freq=save_freq, best_model=args.best_model,
-                                          monitor="val_accuracy", mode="max", log_steps=args.log_steps, keras=model)
+                                          monitor="val_accuracy", mode="max", log_steps=args.log_steps, keras=model,
+                                          global_batch_size=sizes.global_batch_size)  # for launch --scale-lr
     model.fit(dataset, epochs=args.epochs, validation_data=val, callbacks=callbacks, verbose=0)
 
     weights = model.get_weights()

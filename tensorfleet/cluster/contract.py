@@ -35,7 +35,7 @@ from typing import Any, Mapping
 from tensorfleet.validation import integer
 
 __all__ = [
-    "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
+    "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_SCALE_LR", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
     "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "StopRequest", "check_task_counts", "describe_exit", "shell_status",
     "PREFIX", "Mark", "attempt", "read_gate", "write_gate", *(  # the lines tasks write, below
         "BATCHES", "EPOCH_BEGIN", "EPOCH_END", "EPOCH_ENDED_AT_STEP", "EPOCH_STEP", "FINISHED", "FIRST_STEP_DONE",
@@ -55,6 +55,9 @@ ENV_BACKUP_DIR = "TENSORFLEET_BACKUP_DIR"
 ENV_STOP_AFTER_EPOCH = "TENSORFLEET_STOP_AFTER_EPOCH"
 #: The elastic batch-size policy (``keep_global`` or ``keep_per_replica``).
 ENV_BATCH_POLICY = "TENSORFLEET_BATCH_POLICY"
+#: The learning rate for the global batch, ``RULE:REFERENCE_BATCH`` (``launch --scale-lr``): applied by
+#: :func:`tensorfleet.cluster.fault_tolerance.callbacks` at each start, so a restart at another size gets its rate.
+ENV_SCALE_LR = "TENSORFLEET_SCALE_LR"
 #: The options of a migratable job's trainer task (JSON; see :mod:`tensorfleet.cluster.migration`).
 ENV_MIGRATION = "TENSORFLEET_MIGRATION"
 #: A file the launcher creates once every trainer has finished: an evaluator that sees it evaluates

@@ -10,7 +10,7 @@ global batch size policy that decides what changes with the number of replicas:
 * ``keep_global``: the global batch (and so the optimisation) stays the same; each replica
   gets ``global / replicas`` examples, which must divide evenly.
 * ``keep_per_replica``: each replica keeps its batch; the global batch grows and shrinks with
-  the job (scale the learning rate yourself if you want the linear-scaling rule).
+  the job (``scale_lr`` / ``launch --scale-lr linear:REFERENCE`` scales the learning rate with it).
 
 Example:
     >>> batch_sizes(2, policy="keep_global", global_batch_size=64)
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
-from tensorfleet.cluster.contract import ENV_BATCH_POLICY, ENV_STOP_AFTER_EPOCH
+from tensorfleet.cluster.contract import ENV_BATCH_POLICY, ENV_SCALE_LR, ENV_STOP_AFTER_EPOCH
 from tensorfleet.validation import choice, positive_int
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ def launch_elastic(
     backup_dir: str | os.PathLike[str],
     policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
     sink: Callable[[str], None] | None = None,
+    scale_lr: str | None = None,
     **launch_kwargs: Any,
 ) -> list[LaunchResult]:
     """Runs ``script`` through a schedule of worker counts, all sharing one backup directory.
@@ -116,7 +117,9 @@ def launch_elastic(
     :func:`~tensorfleet.cluster.fault_tolerance.callbacks` end every task right after that
     epoch's backup (exit status 75, a planned stop), the way a preempted job ends. The next
     phase resumes from that backup. The batch policy reaches the script as
-    ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`).
+    ``TENSORFLEET_BATCH_POLICY`` (see :func:`policy_from_env`); ``scale_lr`` (``"linear:64"``: the rule and the
+    global batch the script's learning rate is for) as ``TENSORFLEET_SCALE_LR``, which the script's
+    :func:`~tensorfleet.cluster.fault_tolerance.callbacks` turn into the learning rate of each phase's global batch.
 
     ``launch_kwargs`` are more of :func:`~tensorfleet.cluster.launcher.launch`'s options (``timeouts``,
     ``recovery``, ``command``, ``output``, ``ports``, ...); every phase gets ``backup_dir`` as its
@@ -138,6 +141,11 @@ def launch_elastic(
     output = launch_kwargs.pop("output", None) or TaskOutput(sink=sink)
     base_env = dict(command.env or {})
     base_env[ENV_BATCH_POLICY] = _resolve_policy(policy).value
+    if scale_lr is not None:
+        from tensorfleet.strategies.large_batch import parse_scale_lr
+
+        parse_scale_lr(scale_lr)  # a bad value fails before any phase starts
+        base_env[ENV_SCALE_LR] = scale_lr
     results = []
     for phase in phases:
         env = dict(base_env)

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
-from tensorfleet.cluster.contract import (ENV_BACKUP_DIR, ENV_STOP_AFTER_EPOCH, EPOCH_BEGIN, EPOCH_END, EPOCH_STEP,
+from tensorfleet.cluster.contract import (ENV_BACKUP_DIR, ENV_SCALE_LR, ENV_STOP_AFTER_EPOCH, EPOCH_BEGIN, EPOCH_END, EPOCH_STEP,
                                          RESUMED_FROM_BACKUP, STOPPED_STATUS, STOPPING_AFTER_EPOCH)
 from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.io import write_bytes, write_json
@@ -309,6 +309,16 @@ def _backup_and_restore(which: Keras, directory: Path, save_freq: str | int) -> 
     return backup_and_restore(str(directory), save_freq=save_freq)
 
 
+def _scaled_learning_rate(scale_lr: str, model: Any, global_batch_size: int | None) -> Any:
+    from tensorfleet.strategies.large_batch import scaled_learning_rate_for
+
+    if global_batch_size is None or isinstance(model, (str, Keras)) or model is None:
+        raise ValueError(f"{ENV_SCALE_LR}={scale_lr!r} (launch --scale-lr) scales the learning rate for the global "
+                         "batch: fault_tolerance.callbacks needs global_batch_size= and keras=the compiled model. "
+                         f"Received: global_batch_size={global_batch_size!r}, keras={model!r}")
+    return scaled_learning_rate_for(scale_lr, model=model, global_batch=global_batch_size)
+
+
 def callbacks(
     backup: str | os.PathLike[str] | None = None,
     *,
@@ -319,6 +329,7 @@ def callbacks(
     log: bool = True,
     log_steps: bool = False,
     keras: Keras | str | Any = None,
+    global_batch_size: int | None = None,
 ) -> list[Any]:
     """The fault-tolerance callbacks for ``model.fit``, in the order they must run.
 
@@ -333,9 +344,13 @@ def callbacks(
         keras: the Keras whose callbacks these are: the model that will ``fit`` (its Keras), ``"keras3"`` or
             ``"keras2"``; None for the Keras ``tf.keras`` is in this process. A Keras 3 model's
             ``save_freq`` must be ``"epoch"``.
+        global_batch_size: the global batch of this run; with ``$TENSORFLEET_SCALE_LR`` (``launch --scale-lr
+            RULE:REFERENCE``) a learning-rate callback for it is added (keras= must then be the compiled model):
+            an elastic restart at another size builds it again, so the rate follows the global batch.
 
     Returns:
-        ``[BackupAndRestore, BackupCleanup?, BestModelCheckpoint?, EpochLog?, StopAfterEpoch?]``;
+        ``[BackupAndRestore, LearningRateScaling?, BackupCleanup?, BestModelCheckpoint?, EpochLog?,
+        StopAfterEpoch?]``; the learning rate after the backup is restored, when ``$TENSORFLEET_SCALE_LR`` is set;
         :class:`BackupCleanup` when the backup directory is the default one (neither ``backup``
         nor ``$TENSORFLEET_BACKUP_DIR``), the last when ``$TENSORFLEET_STOP_AFTER_EPOCH`` is set
         (elastic phases set it).
@@ -354,6 +369,9 @@ def callbacks(
         result.append(_callback_class("BestModelCheckpoint", which)(best_model, monitor=monitor, mode=mode))
     if log:
         result.append(_callback_class("StepLog" if log_steps else "EpochLog", which)())
+    scale_lr = os.environ.get(ENV_SCALE_LR, "").strip()
+    if scale_lr:
+        result.insert(1, _scaled_learning_rate(scale_lr, keras, global_batch_size))
     stop_after = os.environ.get(ENV_STOP_AFTER_EPOCH, "").strip()
     if stop_after:
         if not stop_after.isdigit():

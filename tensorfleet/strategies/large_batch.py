@@ -33,7 +33,8 @@ from typing import Any
 from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.validation import choice, integer, number, positive_int
 
-__all__ = ["ScalingRule", "callback_class", "check_callback_keras", "scaled_learning_rate", "scaled_lr", "warmup_lr"]
+__all__ = ["ScalingRule", "callback_class", "check_callback_keras", "check_settable", "parse_scale_lr", "scaled_learning_rate",
+           "scaled_learning_rate_for", "scaled_lr", "warmup_lr"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,17 @@ def warmup_lr(step: int, *, warmup_steps: int, start_lr: float, target_lr: float
     if step >= integer("warmup_steps", warmup_steps, minimum=0):
         return target_lr
     return start_lr + (target_lr - start_lr) * step / warmup_steps
+
+
+def check_settable(optimizer: Any) -> None:
+    """Refuses an optimizer whose learning rate is a schedule (it cannot be set)."""
+    config = optimizer.get_config().get("learning_rate")
+    if isinstance(config, numbers.Real):
+        return
+    what = config.get("class_name", config) if isinstance(config, dict) else config
+    raise TypeError(f"scaled_learning_rate sets the optimizer's learning rate, and {type(optimizer).__name__}'s "
+                    f"learning rate is a schedule it cannot set. Received: learning_rate={what!r}; give the "
+                    "optimizer a float learning rate (scaled_learning_rate then scales and warms it up).")
 
 
 class _LearningRateScaling:
@@ -136,20 +148,11 @@ class _LearningRateScaling:
                             f"Received: strategy of type {type(strategy).__name__}")
         self._global_batch = self.per_replica_batch * replicas
 
-    def _check_settable(self, optimizer: Any) -> None:
-        config = optimizer.get_config().get("learning_rate")
-        if isinstance(config, numbers.Real):
-            return
-        what = config.get("class_name", config) if isinstance(config, dict) else config
-        raise TypeError(f"scaled_learning_rate sets the optimizer's learning rate, and {type(optimizer).__name__}'s "
-                        f"learning rate is a schedule it cannot set. Received: learning_rate={what!r}; give the "
-                        "optimizer a float learning rate (scaled_learning_rate then scales and warms it up).")
-
     def _set(self, value: float) -> None:
         self.model.optimizer.learning_rate = value
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._check_settable(self.model.optimizer)
+        check_settable(self.model.optimizer)
         self._resolve_global_batch()
         self._steps_per_epoch = self.params.get("steps") if self.params else None
         if self.warmup_steps is not None:
@@ -245,3 +248,47 @@ def scaled_learning_rate(*, base_lr: float, reference_batch: int, global_batch: 
                                  per_replica_batch=per_replica_batch, strategy=strategy, rule=rule,
                                  warmup_epochs=warmup_epochs, warmup_steps=warmup_steps,
                                  warmup_start_lr=warmup_start_lr)
+
+
+def parse_scale_lr(text: str, name: str = "scale_lr") -> tuple[ScalingRule, int]:
+    """``"RULE:REFERENCE_BATCH"`` (``tensorfleet launch --scale-lr linear:64``): the rule, and the global batch the
+    script's learning rate is for.
+
+    Example:
+        >>> parse_scale_lr("sqrt:64")
+        (<ScalingRule.SQRT: 'sqrt'>, 64)
+        >>> parse_scale_lr("linear")
+        Traceback (most recent call last):
+        ...
+        ValueError: scale_lr must be RULE:REFERENCE_BATCH with RULE linear or sqrt and the global batch the learning rate is for, e.g. 'linear:64'. Received: scale_lr='linear'
+    """
+    rule, _, reference = str(text).strip().partition(":")
+    if rule.strip().lower() not in {r.value for r in ScalingRule} or not reference.strip().isdigit() \
+            or int(reference) < 1:
+        raise ValueError(f"{name} must be RULE:REFERENCE_BATCH with RULE linear or sqrt and the global batch the "
+                         f"learning rate is for, e.g. 'linear:64'. Received: {name}={text!r}")
+    return ScalingRule(rule.strip().lower()), int(reference)
+
+
+def scaled_learning_rate_for(scale_lr: str, *, model: Any, global_batch: int) -> Any:
+    """The callback of ``scale_lr`` (``"RULE:REFERENCE_BATCH"``) for a compiled ``model`` training at
+    ``global_batch``: its optimizer's learning rate now (the script's, before any backup is restored) is the
+    base rate at the reference batch. A job restarted at another size builds it again with its new global
+    batch (``keep_per_replica``), so the rate follows.
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        >>> round(scaled_learning_rate_for("linear:64", model=model, global_batch=128).target_lr, 6)
+        0.1
+    """
+    rule, reference = parse_scale_lr(scale_lr)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise TypeError("scale_lr reads the learning rate of a compiled model's optimizer. Received: a model "
+                        "without an optimizer; compile it first.")
+    check_settable(optimizer)
+    base_lr = float(getattr(optimizer.learning_rate, "numpy", lambda: optimizer.learning_rate)())
+    return scaled_learning_rate(base_lr=base_lr, reference_batch=reference, global_batch=global_batch, rule=rule,
+                                keras=model)

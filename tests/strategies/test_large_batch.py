@@ -274,3 +274,50 @@ def test_a_model_saved_with_lars_or_lamb_loads_in_a_new_process_without_custom_o
         "keras2 LARS tensorfleet.compat.layerwise 0.5 0.02 0.8 0.0001 1",
         "keras2 LAMB tensorfleet.compat.layerwise 0.01 None None 0.03 1",
     ], done.stdout
+
+
+# ------------------------------------------------------------------- launch --scale-lr / fault_tolerance.callbacks
+
+def test_scale_lr_specs_are_parsed_or_refused_naming_the_form() -> None:
+    assert large_batch.parse_scale_lr(" Linear:256 ") == (large_batch.ScalingRule.LINEAR, 256)
+    for bad in ("linear", "cubic:64", "sqrt:0", "sqrt:-4", "sqrt:6.5", ""):
+        with pytest.raises(ValueError, match=r"--scale-lr must be RULE:REFERENCE_BATCH .* Received: --scale-lr="):
+            large_batch.parse_scale_lr(bad, name="--scale-lr")
+
+
+@pytest.mark.parametrize("which", ["keras3", "keras2"])
+def test_the_launchers_scale_lr_gives_each_start_the_rate_of_its_global_batch(which: str, keras3: Any, tmp_path: Any,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorfleet.cluster import fault_tolerance
+    from tensorfleet.cluster.contract import ENV_SCALE_LR
+
+    K = keras3 if which == "keras3" else tf_keras
+    monkeypatch.setenv(ENV_SCALE_LR, "linear:64")
+    rates = []
+    for global_batch in (64, 128, 32):  # a first start, then elastic restarts under keep_per_replica
+        model = K.Sequential([K.Input((4,)), K.layers.Dense(2)])
+        model.compile(optimizer=K.optimizers.SGD(0.05), loss="mse")  # the script's rate, for the reference 64
+        cbs = fault_tolerance.callbacks(tmp_path / "backup", keras=model, global_batch_size=global_batch, log=False)
+        assert type(cbs[0]).__name__ == "BackupAndRestore" and type(cbs[1]).__name__ == "LearningRateScaling"
+        model.fit(np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"), batch_size=8, epochs=1, verbose=0,
+                  callbacks=[cbs[1]])
+        rates.append(float(np.asarray(model.optimizer.learning_rate)))
+    assert rates == pytest.approx([0.05, 0.1, 0.025], rel=1e-6)  # float32 variable
+    with pytest.raises(ValueError, match=r"needs global_batch_size= and keras=the compiled model"):
+        fault_tolerance.callbacks(tmp_path / "backup", keras=which)
+    monkeypatch.delenv(ENV_SCALE_LR)
+    assert [type(c).__name__ for c in fault_tolerance.callbacks(tmp_path / "backup", keras=which, log=False)] == [
+        "BackupAndRestore"]
+
+
+def test_launch_refuses_a_bad_scale_lr_and_a_migratable_job_with_it(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Any) -> None:
+    from tensorfleet.cli.main import main
+
+    script = tmp_path / "job.py"
+    script.write_text("print('ran')\n")
+    assert main(["launch", "--workers", "1", "--scale-lr", "linear", str(script)]) == 2
+    assert ("--scale-lr must be RULE:REFERENCE_BATCH with RULE linear or sqrt and the global batch the learning "
+            "rate is for, e.g. 'linear:64'. Received: --scale-lr='linear'") in capsys.readouterr().err
+    assert main(["launch", "--strategy", "mirrored", "--scale-lr", "linear:64", str(script)]) == 2
+    assert "--scale-lr does not apply to a migratable job" in capsys.readouterr().err
