@@ -50,6 +50,7 @@ from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, check_sa
                                           latest, new_rng_state, read_state, seed_job, tf_checkpoint_prefix, write_checkpoint)
 from tensorfleet.compat.keras import is_keras3_model, keras_of, module_of
 from tensorfleet.cluster.migration import TaskOptions
+from tensorfleet.compat.keras3_checkpoints import seed_generators
 from tensorfleet.compat.keras3_ps import make_updates_atomic
 
 __all__ = ["MigratableJob", "StopRequest", "TaskOptions", "Trainer", "load_job", "main"]
@@ -113,7 +114,10 @@ class Trainer:
         self.examples = len(self.x)
         self.model, self.optimizer, self.counts = self._build(job)
         self.loss = self._per_example_loss()
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, counts=self.counts)
+        # A Keras 3 model's seed generators (Dropout's masks) are no part of its own TensorFlow checkpoint.
+        self.seeds = [g.state for g in seed_generators(self.model)] if is_keras3_model(self.model) else []
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, counts=self.counts,
+                                              **({"seeds": self.seeds} if self.seeds else {}))
         self.replicas = self._replicas()
         self.chief = self._is_chief()
         self.measure = self.coordinator is None  # a parameter server's workers run no Python
@@ -262,7 +266,13 @@ class Trainer:
             self._reports = []
 
     def restore(self, path: Path) -> None:
-        self.checkpoint.read(tf_checkpoint_prefix(path)).assert_existing_objects_matched()
+        import tensorflow as tf
+
+        prefix = tf_checkpoint_prefix(path)
+        tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, counts=self.counts).read(
+            prefix).assert_existing_objects_matched()
+        if self.seeds:  # absent from a checkpoint written before they were saved: then they start afresh
+            tf.train.Checkpoint(seeds=self.seeds).read(prefix).expect_partial()
 
 
 def batch_for(options: TaskOptions, replicas: int) -> int:

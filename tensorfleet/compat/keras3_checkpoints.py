@@ -28,7 +28,8 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-__all__ = ["backup_and_restore", "mend_model_checkpoint", "model_checkpoint_mended", "restore_model_checkpoint"]
+__all__ = ["backup_and_restore", "mend_model_checkpoint", "model_checkpoint_mended", "restore_model_checkpoint",
+           "seed_generators"]
 
 _original: dict[str, Any] = {}
 """Keras 3's own ``ModelCheckpoint._save_model``, while the mend is installed."""
@@ -154,3 +155,10 @@ def restore_model_checkpoint() -> None:
         import keras
 
         keras.callbacks.ModelCheckpoint._save_model = _original.pop("_save_model")
+
+
+def seed_generators(model: Any) -> list[Any]:
+    """The ``SeedGenerator`` of every layer of a Keras 3 ``model`` (Dropout, GaussianNoise, the random augmentation
+    layers ...), in the layers' order; each one's state is ``generator.state``, a Keras variable."""
+    return [generator for layer in model._flatten_layers(include_self=True, recursive=True)
+            for generator in layer._seed_generators]

@@ -57,11 +57,13 @@ def make_updates_atomic(model: Any) -> int:
 
     if model.optimizer is not None:
         atomic_step_count(model.optimizer)
+    from tensorfleet.compat.keras3_checkpoints import seed_generators
+
     made = 0
+    for generator in seed_generators(model):
+        _atomic_seed(generator)
+        made += 1
     for layer in model._flatten_layers(include_self=True, recursive=True):
-        for generator in layer._seed_generators:
-            _atomic_seed(generator)
-            made += 1
         if isinstance(layer, keras.layers.BatchNormalization):
             if layer.renorm:
                 log.warning("BatchNormalization %r has renorm=True: its statistics keep Keras 3's own read-then-write "

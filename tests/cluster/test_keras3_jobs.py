@@ -19,6 +19,7 @@ HERE = Path(__file__).parent
 JOB, KERAS2_JOB, STATE_JOB = HERE / "keras3_job.py", HERE / "migrating_job.py", HERE / "keras3_state_job.py"
 COUNTS = "counts/.ATTRIBUTES/VARIABLE_VALUE"
 ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
+SEEDS = "seeds/0/.ATTRIBUTES/VARIABLE_VALUE"  # the state of the model's first seed generator (Dropout's)
 RUN = RunOptions(epochs=2, global_batch_size=8, save_every=1)  # 12 steps an epoch, 24 in all
 
 
@@ -80,14 +81,32 @@ def test_keras3_batchnorm_and_dropout_state_counts_every_step_of_concurrent_para
     state, saved = _saved(tmp_path)
     steps = state.step
     assert steps == 48 and int(saved[ITERATIONS]) == steps
-    seed = next(v for k, v in saved.items() if k.endswith("/seed_state/.ATTRIBUTES/VARIABLE_VALUE"))
-    assert seed.tolist() == [7, steps]  # advanced once a step, exactly
+    assert saved[SEEDS].tolist() == [7, steps]  # advanced once a step, exactly
     mean, variance = (next(v for k, v in saved.items() if k.endswith(f"/{name}/.ATTRIBUTES/VARIABLE_VALUE"))[0]
                       for name in ("moving_mean", "moving_variance"))
     # How many steps' updates the feature that is 1.0 everywhere shows (1 - 0.95**n, 0.95**n). Each update is
     # applied; one computed from a read that the other worker's update follows moves a little more, never less.
     moved = [np.log(1.0 - mean) / np.log(0.95), np.log(variance) / np.log(0.95)]
     assert all(steps - 0.01 <= n < steps + 5 for n in moved), moved
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_resumed_keras3_job_draws_dropout_masks_where_it_stopped(tmp_path: Path, keras3: Any) -> None:
+    # Before the seed generators' states were saved, the resumed run drew step 7's masks from the seed's start
+    # again and ended up to 6e-3 from the unbroken run's weights.
+    run = RunOptions(epochs=1, global_batch_size=8)  # 12 steps
+    for directory, stops in ((tmp_path / "unbroken", (None,)), (tmp_path / "resumed", (6, None))):
+        for stop in stops:
+            result = migrate(STATE_JOB, directory, to=Placement("mirrored"),
+                             run=RunOptions(**{**run.__dict__, "stop_at_step": stop}), timeout=240)
+            assert result.ok or result.stopped, result.error
+    (_, unbroken), (state, resumed) = _saved(tmp_path / "unbroken"), _saved(tmp_path / "resumed")
+    assert [h["step"] for h in state.history] == [0, 6]
+    assert unbroken[SEEDS].tolist() == resumed[SEEDS].tolist() == [7, 12]
+    assert sorted(resumed) == sorted(unbroken)
+    for name, value in unbroken.items():  # the same steps in the same order on one device
+        np.testing.assert_allclose(resumed[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def _state_model(keras: Any, atomic: bool, renorm: bool = False) -> Any:
