@@ -293,6 +293,94 @@ def _foldable(nodes: list[tuple[Any, Any, list[str]]], only_reader: Callable[[An
     return folded
 
 
+def _check_qat_layer(layer: Any, kind: str) -> None:
+    """Refuses a layer that is neither weighted nor one the QAT route passes through or quantizes after."""
+    if kind == "Activation" and activation_name(layer) not in ("relu", "relu6", "linear") + FIXED_RANGE:
+        raise UnsupportedLayerError(f"qat: layer {layer.name!r} is Activation({activation_name(layer)!r}); int8 "
+                                    f"QAT here takes relu, relu6, linear, softmax, sigmoid, tanh")
+    if kind not in _QAT_PASS + _QAT_OUTPUT:
+        where = (" (a BatchNormalization folds only right after a Conv/Dense layer that it alone reads, "
+                 "with activation=None)" if kind == "BatchNormalization" else "")
+        raise UnsupportedLayerError(
+            f"qat: layer {layer.name!r} ({kind}) is not supported by the Keras 3 QAT route{where}. It takes "
+            f"{', '.join(WEIGHTED)} (a BatchNormalization after one folded in), {', '.join(_QAT_OUTPUT)} and "
+            f"{', '.join(_QAT_PASS)}. For other layers use tf_keras with tfmot, or convert with "
+            "quantization='int8' after plain training")
+
+
+def _check_qat_activation(layer: Any, kind: str) -> None:
+    activation = activation_name(layer)
+    if activation not in _FUSED + FIXED_RANGE:
+        raise UnsupportedLayerError(
+            f"qat: layer {layer.name!r} ({kind}) has activation {activation!r}; int8 QAT here takes "
+            f"{', '.join(_FUSED + FIXED_RANGE)} (or put the activation in a layer of its own)")
+
+
+class _QatRewrite:
+    """The rebuild's ``call`` for QAT: each layer of ``model`` as it is called again in the quantized model."""
+
+    def __init__(self, model: Any, nodes: list[tuple[Any, Any, list[str]]], decay: float) -> None:
+        self.model, self.decay, self.keras, self.classes = model, decay, keras3(), _layer_classes()
+        self.readers: dict[str, list[Any]] = {}
+        for layer, _, sources in nodes:
+            for source in sources:
+                self.readers.setdefault(source, []).append(layer)
+        self.input_names = {producing_layer_name(t) for t in model.inputs}
+        self.output_names = {producing_layer_name(t) for t in model.outputs}
+        self.folded = _foldable(nodes, self.only_reader)  # BatchNormalization name -> the layer it folds into
+        self.pairs: list[tuple[Any, Any]] = []  # (new layer, original) whose weights are copied
+        self.quantized_inputs: dict[int, Any] = {}
+
+    def only_reader(self, layer: Any) -> Any:
+        found = self.readers.get(layer.name, [])
+        return found[0] if len(found) == 1 and layer.name not in self.output_names else None
+
+    def activation_follows(self, layer: Any) -> bool:
+        after = self.only_reader(layer)
+        if after is not None and after.name in self.folded:
+            after = self.only_reader(after)
+        return after is not None and (kind_of(after) == "ReLU" or (kind_of(after) == "Activation"
+                                                                 and activation_name(after) in ("relu", "relu6")))
+
+    def quantize_inputs(self, inputs: Any) -> Any:
+        """The model's inputs are quantized once, where first read."""
+        for t in self.keras.tree.flatten(inputs):
+            if producing_layer_name(t) in self.input_names and id(t) not in self.quantized_inputs:
+                self.quantized_inputs[id(t)] = self.classes["FakeQuant"](
+                    self.decay, name=f"quant_{producing_layer_name(t)}")(t)
+        return self.keras.tree.map_structure(lambda t: self.quantized_inputs.get(id(t), t), inputs)
+
+    def weighted(self, layer: Any, inputs: Any) -> Any:
+        check_channels_last(layer, "qat")
+        _check_qat_activation(layer, kind_of(layer))
+        bn_name = next((name for name, source in self.folded.items() if source is layer), None)
+        bn = _copy_layer(self.model.get_layer(bn_name)) if bn_name else None
+        new = self.classes["QuantizeWeights"](_copy_layer(layer), batch_norm=bn, decay=self.decay,
+                                              quantize_output=not self.activation_follows(layer),
+                                              name=f"quant_{layer.name}")
+        out = new(inputs)
+        self.pairs.append((new.layer, layer))
+        if bn is not None:
+            self.pairs.append((bn, self.model.get_layer(bn_name)))
+        return out
+
+    def __call__(self, layer: Any, inputs: Any) -> Any:
+        kind = kind_of(layer)
+        inputs = self.quantize_inputs(inputs)
+        if layer.name in self.folded:
+            return inputs   # folded into the layer before it
+        if kind in WEIGHTED:
+            return self.weighted(layer, inputs)
+        _check_qat_layer(layer, kind)
+        new = _copy_layer(layer)
+        out = new(inputs)
+        self.pairs.append((new, layer))
+        fixed = kind == "Softmax" or (kind == "Activation" and activation_name(layer) in FIXED_RANGE)
+        if kind in _QAT_OUTPUT and not fixed:
+            out = self.classes["FakeQuant"](self.decay, name=f"quant_{layer.name}")(out)
+        return out
+
+
 def apply_qat(model: Any, *, decay: float = 0.999) -> Any:
     """``model`` (Keras 3) ready for quantization-aware training: inputs and outputs fake-quantized, weighted layers
     wrapped by ``QuantizeWeights`` with a following BatchNormalization folded in.
@@ -301,72 +389,5 @@ def apply_qat(model: Any, *, decay: float = 0.999) -> Any:
         UnsupportedLayerError: a layer outside what int8 QAT here takes (the message lists them).
     """
     number("decay", decay, above=0, below=1)
-    keras = keras3()
-    classes = _layer_classes()
-    nodes = _graph(model, "qat")
-    readers: dict[str, list[Any]] = {}
-    for layer, _, sources in nodes:
-        for source in sources:
-            readers.setdefault(source, []).append(layer)
-    input_names = {producing_layer_name(t) for t in model.inputs}
-    output_names = {producing_layer_name(t) for t in model.outputs}
-
-    def only_reader(layer: Any) -> Any:
-        found = readers.get(layer.name, [])
-        return found[0] if len(found) == 1 and layer.name not in output_names else None
-
-    folded = _foldable(nodes, only_reader)  # BatchNormalization name -> the weighted layer it folds into
-    pairs: list[tuple[Any, Any]] = []
-    quantized_inputs: dict[int, Any] = {}
-
-    def activation_follows(layer: Any) -> bool:
-        after = only_reader(layer)
-        if after is not None and after.name in folded:
-            after = only_reader(after)
-        return after is not None and (kind_of(after) == "ReLU" or (kind_of(after) == "Activation"
-                                                                 and activation_name(after) in ("relu", "relu6")))
-
-    def call(layer: Any, inputs: Any) -> Any:
-        kind = kind_of(layer)
-        for t in keras.tree.flatten(inputs):   # the model's inputs are quantized once, where first read
-            if producing_layer_name(t) in input_names and id(t) not in quantized_inputs:
-                quantized_inputs[id(t)] = classes["FakeQuant"](decay, name=f"quant_{producing_layer_name(t)}")(t)
-        inputs = keras.tree.map_structure(lambda t: quantized_inputs.get(id(t), t), inputs)
-        if layer.name in folded:
-            return inputs   # folded into the layer before it
-        if kind in WEIGHTED:
-            check_channels_last(layer, "qat")
-            activation = activation_name(layer)
-            if activation not in _FUSED + FIXED_RANGE:
-                raise UnsupportedLayerError(
-                    f"qat: layer {layer.name!r} ({kind}) has activation {activation!r}; int8 QAT here takes "
-                    f"{', '.join(_FUSED + FIXED_RANGE)} (or put the activation in a layer of its own)")
-            bn_name = next((name for name, source in folded.items() if source is layer), None)
-            bn = _copy_layer(model.get_layer(bn_name)) if bn_name else None
-            new = classes["QuantizeWeights"](_copy_layer(layer), batch_norm=bn, decay=decay,
-                                             quantize_output=not activation_follows(layer), name=f"quant_{layer.name}")
-            out = new(inputs)
-            pairs.append((new.layer, layer))
-            if bn is not None:
-                pairs.append((bn, model.get_layer(bn_name)))
-            return out
-        if kind == "Activation" and activation_name(layer) not in ("relu", "relu6", "linear") + FIXED_RANGE:
-            raise UnsupportedLayerError(f"qat: layer {layer.name!r} is Activation({activation_name(layer)!r}); int8 "
-                                        f"QAT here takes relu, relu6, linear, softmax, sigmoid, tanh")
-        if kind not in _QAT_PASS + _QAT_OUTPUT:
-            where = (" (a BatchNormalization folds only right after a Conv/Dense layer that it alone reads, "
-                     "with activation=None)" if kind == "BatchNormalization" else "")
-            raise UnsupportedLayerError(
-                f"qat: layer {layer.name!r} ({kind}) is not supported by the Keras 3 QAT route{where}. It takes "
-                f"{', '.join(WEIGHTED)} (a BatchNormalization after one folded in), {', '.join(_QAT_OUTPUT)} and "
-                f"{', '.join(_QAT_PASS)}. For other layers use tf_keras with tfmot, or convert with "
-                "quantization='int8' after plain training")
-        new = _copy_layer(layer)
-        out = new(inputs)
-        pairs.append((new, layer))
-        fixed = kind == "Softmax" or (kind == "Activation" and activation_name(layer) in FIXED_RANGE)
-        if kind in _QAT_OUTPUT and not fixed:
-            out = classes["FakeQuant"](decay, name=f"quant_{layer.name}")(out)
-        return out
-
-    return _rebuild(model, "qat", call, lambda: _copy_weights(pairs))
+    rewrite = _QatRewrite(model, _graph(model, "qat"), decay)
+    return _rebuild(model, "qat", rewrite, lambda: _copy_weights(rewrite.pairs))

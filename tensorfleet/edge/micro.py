@@ -385,13 +385,7 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
         raise TypeError(f"artifact must be a TFLiteArtifact. Received: {type(artifact).__name__}")
     integer("arena_bytes", arena_bytes, minimum=1, maximum=MAX_ARENA_BYTES, optional=True)
     x = None if samples is None else _as_batch(samples, artifact)
-    y = None
-    if labels is not None:
-        if x is None:
-            raise ValueError("labels were given without samples; pass the samples they label.")
-        y = np.asarray(labels).reshape(-1)
-        if len(y) != len(x):
-            raise ValueError(f"labels must have one entry per sample ({len(x)}). Received: {len(y)} labels")
+    y = _checked_labels(x, labels)
     required = find_arena_size(artifact, progress=progress)
     if arena_bytes is not None and arena_bytes < required:
         raise ArenaTooSmallError(
@@ -406,6 +400,26 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
     from tensorfleet.compat.litert import interpreter_source
 
     result.tflite_interpreter = interpreter_source()
+    _compare_with_tflite(result, micro_raw, tflite_raw)
+    micro = artifact.dequantize_output(micro_raw)
+    if y is not None:
+        result.micro_accuracy = float(np.mean(np.argmax(micro, axis=-1) == y))
+    _compare_with_keras(result, keras_model if keras_model is not None else artifact.source_model, x, micro, y)
+    return result
+
+
+def _checked_labels(x: np.ndarray | None, labels: Any) -> np.ndarray | None:
+    if labels is None:
+        return None
+    if x is None:
+        raise ValueError("labels were given without samples; pass the samples they label.")
+    y = np.asarray(labels).reshape(-1)
+    if len(y) != len(x):
+        raise ValueError(f"labels must have one entry per sample ({len(x)}). Received: {len(y)} labels")
+    return y
+
+
+def _compare_with_tflite(result: MicroValidation, micro_raw: np.ndarray, tflite_raw: np.ndarray) -> None:
     diff = np.abs(micro_raw.astype(np.float64) - tflite_raw.astype(np.float64))
     result.max_abs_diff_vs_tflite = float(diff.max())
     result.bit_identical = bool(np.array_equal(micro_raw, tflite_raw))
@@ -414,10 +428,10 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
     result.equal_fraction_vs_tflite = 1.0 - result.mismatched_elements / micro_raw.size
     if np.issubdtype(micro_raw.dtype, np.integer):
         result.within_one_step_of_tflite = result.max_abs_diff_vs_tflite <= 1.0
-    micro = artifact.dequantize_output(micro_raw)
-    keras_model = keras_model if keras_model is not None else artifact.source_model
-    if y is not None:
-        result.micro_accuracy = float(np.mean(np.argmax(micro, axis=-1) == y))
+
+
+def _compare_with_keras(result: MicroValidation, keras_model: Any, x: np.ndarray, micro: np.ndarray,
+                        y: np.ndarray | None) -> None:
     if keras_model is not None:
         reference = np.asarray(keras_model.predict(x, verbose=0, batch_size=256), dtype=np.float32)
         if reference.shape != micro.shape:
@@ -431,4 +445,3 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
                 result.accuracy_drop_points = 100.0 * (result.keras_accuracy - result.micro_accuracy)
     elif y is not None:
         result.notes.append("no Keras model to compare with: pass keras_model= for the accuracy drop")
-    return result
