@@ -87,7 +87,17 @@ def _local_replicas(dmesh: Any, axis: str | None) -> list[int] | None:
 
     if not axis or not is_multi_client():
         return None
-    return list(dict.fromkeys(location[axis] for location in dmesh.local_device_locations()))
+    local = list(dict.fromkeys(location[axis] for location in dmesh.local_device_locations()))
+    if dmesh.size // dmesh.dim_size(axis) > dmesh.num_local_devices() // len(local):
+        # Its devices would each need their slice of the replica's part: DTensorDataset has no way to give it
+        # without tf.data service (measured with "m:2;b:2": every local replica got the same part, 0.072 off).
+        raise ValueError(f"On a mesh across processes each data replica (the devices of one place along "
+                         f"{axis!r}, the batch rule's dimension) must be in one process: put {axis!r} first in the "
+                         f"mesh shape, with as many places as the processes divide (\"{axis}:2;m:2\" over 2 "
+                         f"processes). Received: a mesh of {dict(zip(dmesh.dim_names, dmesh.shape()))} whose "
+                         f"replicas span {dmesh.size // dmesh.dim_size(axis) * len(local) // dmesh.num_local_devices()} "
+                         f"processes each")
+    return local
 
 
 def validation_pair(validation_data: Any) -> tuple[Any, Any]:
