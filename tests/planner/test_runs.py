@@ -163,3 +163,15 @@ def test_the_python_route_measures_layouts_that_differ_from_the_plan():
     assert zero["measured"]["parameters"] == [4 * 4810] * 4
     assert zero["measured"]["optimizer_state"] == [4 * slots] * 4
     assert (zero["by_layout"]["optimizer_state"], zero["planned"]["optimizer_state"]) == (4 * slots, 8 * 4810 / 4)
+
+
+@pytest.mark.slow
+def test_a_script_that_never_asks_for_the_mesh_fails_with_its_status(tmp_path, capsys):
+    script = tmp_path / "other.py"
+    script.write_text("print('no mesh here')\n")
+    report = tmp_path / "r.json"
+    assert main([*CLI, "--report", str(report), "--run", str(script)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: The script under the plan's mesh failed (exit status 1; its output is above). Received: "
+                   f"script={str(script)!r}, args=[]")
+    assert not report.exists() and not report.with_suffix(".png").exists()
