@@ -138,6 +138,15 @@ class RobustStatistic:
 
 
 @functools.lru_cache(maxsize=None)
+def _float_leaves(tff: Any, value_type: Any) -> tuple[bool, list[Any]]:
+    """``(is a structure, its tensor types)`` of a TFF value type; TypeError unless every leaf is a float tensor."""
+    is_struct = isinstance(value_type, tff.StructType)
+    leaves = tff.structure.flatten(value_type) if is_struct else [value_type]
+    if not all(isinstance(leaf, tff.TensorType) and np.issubdtype(leaf.dtype, np.floating) for leaf in leaves):
+        raise TypeError(f"RobustFactory aggregates structures of float tensors. Received: {value_type}")
+    return is_struct, leaves
+
+
 def _factory_class() -> type:
     """:class:`RobustFactory`, made on first use: its base class is TFF's."""
     from tensorfleet.compat.tff import import_tff
@@ -153,11 +162,7 @@ def _factory_class() -> type:
 
         def create(self, value_type: Any) -> Any:
             value_type = tff.to_type(value_type)
-            is_struct = isinstance(value_type, tff.StructType)
-            leaves = tff.structure.flatten(value_type) if is_struct else [value_type]
-            for leaf in leaves:
-                if not isinstance(leaf, tff.TensorType) or not np.issubdtype(leaf.dtype, np.floating):
-                    raise TypeError(f"RobustFactory aggregates structures of float tensors. Received: {value_type}")
+            is_struct, leaves = _float_leaves(tff, value_type)
             shapes = [tuple(leaf.shape) for leaf in leaves]
             sizes = [int(np.prod(s)) for s in shapes]
             dim = int(sum(sizes))

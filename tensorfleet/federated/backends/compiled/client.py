@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from tensorfleet.federated.backends.compiled.layout import flatten, fori
 
-__all__ = ["client_update"]
+__all__ = ["add_non_trainable", "client_update"]
 
 
 def client_update(work: Any, loss_fn: Any, batch_size: int, specs: Sequence[Any], lane: tuple[Any, list[Any], list[Any]],
@@ -62,3 +62,16 @@ def client_update(work: Any, loss_fn: Any, batch_size: int, specs: Sequence[Any]
         return grad_sum / tf.cast(n, tf.float32), sums, steps
     update = flat_weights - flatten([v.read_value() for v in variables])
     return (update / tf.maximum(steps, 1.0) if work.normalized else update), sums, steps
+
+
+def add_non_trainable(acc: dict[str, Any], lane: Any, i: Any, weight: Any, local: Any) -> dict[str, Any]:
+    """``acc`` with client ``i``'s non-trainable weights (``lane[2]``) added, times ``weight``, to the weighted
+    sum; with FedBN (``local``) its BN layers after its steps too, kept in ``acc["local"]`` and into the
+    server's mean."""
+    if local is not None:
+        row = flatten([lane[1][t].read_value() for t in local.trainable] + [v.read_value() for v in lane[2]])
+        acc["local"] = acc["local"].write(i, row)
+    else:
+        row = flatten([v.read_value() for v in lane[2]])
+    acc["frozen"] = acc["frozen"] + weight * row
+    return acc

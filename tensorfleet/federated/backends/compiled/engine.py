@@ -25,9 +25,9 @@ import numpy as np
 
 from tensorfleet.compat.keras import model_variables
 from tensorfleet.federated.aggregators.parts import AggregatorPart, ClientUpdates, RoundContext
-from tensorfleet.federated.backends.compiled.client import client_update
+from tensorfleet.federated.backends.compiled.client import add_non_trainable, client_update
 from tensorfleet.federated.backends.compiled.layout import (
-    NonTrainable, RoundShape, default_lanes, flatten, fori, pad_clients, trace_round,
+    NonTrainable, RoundShape, default_lanes, flatten, fori, lane_clients, pad_clients, trace_round,
 )
 from tensorfleet.federated.backends.compiled.local import LocalLayers, check_per_client
 
@@ -156,13 +156,7 @@ class CompiledFedAvg:
         flat_weights = flatten(weights)
         mean_frozen = self.non_trainable is NonTrainable.MEAN and bool(frozen)
         local_in = self._local_rows.read_value() if local is not None else None
-        # A lane's loop carries only what this round's parts use: every value it carries costs each
-        # client's iteration (FedAvg x mean carries the updates' sum and four sums alone).
-        carried = {"value": [d], "weight": []}
-        if part.aux_size:
-            carried["aux"] = [part.aux_size]
-        if mean_frozen or local is not None:
-            carried["frozen"] = [self._frozen_sum_size]
+        carried = self._carried(d, mean_frozen)
         n_sums = 5 if self.client_work.normalized else 4
 
         def client(lane: Any, j: int, i: Any, acc: Any, data: tuple[Any, ...]) -> Any:
@@ -187,13 +181,7 @@ class CompiledFedAvg:
             value, aux_k = part.client(update, weight, part_state, ctx)
             own = {"value": value, "aux": aux_k, "weight": weight}
             if "frozen" in carried:
-                if local is not None:  # the client's BN layers after its steps: kept, and into the server's mean
-                    row = flatten([lane[1][t].read_value() for t in local.trainable] +
-                                  [v.read_value() for v in lane[2]])
-                    acc["local"] = acc["local"].write(i, row)
-                else:
-                    row = flatten([v.read_value() for v in lane[2]])
-                acc["frozen"] = acc["frozen"] + weight * row
+                acc = add_non_trainable(acc, lane, i, weight, local)
             for key in ("value", "aux"):
                 if key in carried:
                     acc[key] = acc[key].write(i, own[key]) if rows_kept else acc[key] + own[key]
@@ -205,13 +193,20 @@ class CompiledFedAvg:
 
         outs = []
         for j, lane in enumerate(self._lanes):  # independent loops: TensorFlow runs them side by side
-            data = (x, y, examples, local_in)
-            if self._devices:  # a worker receives its lane's clients only (sliced here, where the data is)
-                mine = tf.range(j, self.clients_per_round, lanes)
-                data = tuple(None if t is None else tf.gather(t, mine) for t in data)
+            data = lane_clients((x, y, examples, local_in), j, lanes, self.clients_per_round, self._devices)
             with tf.device(self._devices[j] if self._devices else None):
                 outs.append(self._lane_loop(lane, j, weights, participants, carried, rows_kept, n_sums, data, client))
         return self._gather(outs, carried, participants)
+
+    def _carried(self, d: int, mean_frozen: bool) -> dict[str, list[int]]:
+        """The shapes a lane's loop carries: only what this round's parts use, since every value it carries
+        costs each client's iteration (FedAvg x mean carries the updates' sum and four sums alone)."""
+        carried = {"value": [d], "weight": []}
+        if self.part.aux_size:
+            carried["aux"] = [self.part.aux_size]
+        if mean_frozen or self._local is not None:
+            carried["frozen"] = [self._frozen_sum_size]
+        return carried
 
     def _lane_loop(self, lane: Any, j: int, weights: list[Any], participants: Any, carried: dict[str, list[int]],
                    rows_kept: bool, n_sums: int, data: tuple[Any, ...], client: Any) -> Any:

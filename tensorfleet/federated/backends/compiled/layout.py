@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["NonTrainable", "RoundShape", "default_lanes", "flatten", "fori", "pad_clients", "trace_round"]
+__all__ = ["NonTrainable", "RoundShape", "default_lanes", "flatten", "fori", "lane_clients", "pad_clients", "trace_round"]
 
 
 class NonTrainable(str, Enum):
@@ -120,3 +120,15 @@ def trace_round(fn: Callable[..., Any], x: np.ndarray, y: np.ndarray) -> Any:
         return tf.function(fn, autograph=False).get_concrete_function(*signature)
     except tf.errors.OperatorNotAllowedInGraphError:  # Python control flow on tensors in the model
         return tf.function(fn, autograph=True).get_concrete_function(*signature)
+
+
+def lane_clients(data: tuple[Any, ...], j: int, lanes: int, clients_per_round: int,
+                 devices: Sequence[Any]) -> tuple[Any, ...]:
+    """The round's ``data`` as lane ``j`` reads it: all of it in one process; on workers (``devices``) only
+    the lane's clients ``j, j + lanes, ...``, sliced here, where the data is."""
+    import tensorflow as tf
+
+    if not devices:
+        return data
+    mine = tf.range(j, clients_per_round, lanes)
+    return tuple(None if t is None else tf.gather(t, mine) for t in data)
