@@ -282,15 +282,20 @@ class RestApi:
         ready = self.predictor.ready
         return _json({"ready": ready, "versions": self.repository.versions}, 200 if ready else 503)
 
-    def models(self, method: str, rest: str, body: bytes) -> Reply | Pending:
+    def _parts(self, rest: str) -> tuple[Any, ...] | None:
+        """``(name, version, label, meta, verb)`` of a path below /v1/models/ (None: malformed); a path not
+        seen lately is parsed and kept, since the same few paths come again and again."""
         parts = self._paths.get(rest)
-        if parts is None:  # a path not seen lately: parsed, and kept (the same few paths come again and again)
-            match = _PATH.match(rest)
-            if not match:
-                return _error(404, f"Malformed request: {method} {_MODELS}{rest}")
+        if parts is None and (match := _PATH.match(rest)):
             if len(self._paths) >= 1024:
                 self._paths.clear()
             parts = self._paths[rest] = (match["name"], match["version"], match["label"], match["meta"], match["verb"])
+        return parts
+
+    def models(self, method: str, rest: str, body: bytes) -> Reply | Pending:
+        parts = self._parts(rest)
+        if parts is None:
+            return _error(404, f"Malformed request: {method} {_MODELS}{rest}")
         name, version_text, label, meta, verb = parts
         try:
             version = _version(version_text)
