@@ -8,6 +8,8 @@ holds."""
 
 import json
 import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -69,6 +71,15 @@ for name, build in [("skip_net", skip_net), ("gpt", small_gpt)]:
                                                                                reference.get_weights())},
         "moved": max(float(np.abs(a - b).max()) for a, b in zip(weights, initial)),
         "steps": steps.losses}
+    if name == "skip_net":  # evaluate, predict and a .keras file (each process its own) across the processes
+        saved = os.path.join(tempfile.mkdtemp(), "skip_net.keras")
+        model.save(saved)
+        out[name].update(
+            evaluate=[model.evaluate(x, y, batch_size=32, verbose=0), reference.evaluate(x, y, batch_size=32, verbose=0)],
+            predict_diff=float(np.abs(model.predict(x[:48], batch_size=16) - reference.predict(x[:48], verbose=0)).max()),
+            loaded_diff=max(float(np.abs(a - b).max()) for a, b in zip(keras.models.load_model(saved).get_weights(),
+                                                                         weights)))
+        shutil.rmtree(os.path.dirname(saved))
     kernel = next(w for w in model.weights if w.path in ("d1/kernel", "up/kernel"))
     out[name]["local_shards"] = [list(t.shape) for t in __import__("tensorflow").experimental.dtensor.unpack(
         kernel.value.read_value())]

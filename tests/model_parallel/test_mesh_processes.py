@@ -50,6 +50,10 @@ def test_two_processes_form_one_2x2_mesh_and_fit_equals_one_device(keras3) -> No
             # measured: 3.5e-6 (skip_net d1/kernel), 1.0e-6 (gpt up/kernel); the key bias's true gradient is 0,
             # Adam scales its rounding noise (test_mesh_keras3.py), here 5.9e-7
             assert max(run["weight_diff"].values()) < 1e-5, (task, name, run["weight_diff"])
+        evaluated, reference = out["skip_net"]["evaluate"]
+        assert abs(evaluated - reference) < 1e-5, out["skip_net"]["evaluate"]  # measured: equal
+        assert out["skip_net"]["predict_diff"] < 1e-5  # measured: 6.3e-7
+        assert out["skip_net"]["loaded_diff"] < 1e-6  # the .keras file one device loads: the gathered weights
         # tf_keras under ZeRO: each device holds what it holds in one process (test_mesh_zero.py), the
         # stage's split over b now across the processes. Elements per device: embed 16x8, h 32x16 [-,m] + 16 [m],
         # ln 2x16, o 16x8 [-,m] + 8 [m]; ZeRO splits each over b on its first whole axis (not the m-split biases).
