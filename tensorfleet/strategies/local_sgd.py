@@ -81,17 +81,18 @@ def _check_strategy(strategy: Any) -> None:
     compression = _compression_of(strategy)
     if compression is not None:
         raise ValueError("local SGD averages weights, not gradients, and cannot combine with compressed gradient "
-                         f"all-reduce. Received: compression={compression}; build the strategy without it.")
+                         f"all-reduce. Received: compression={compression!r}; build the strategy without it.")
 
 
-def _compression_of(strategy: Any) -> Any:
+def _compression_of(strategy: Any) -> str | None:
+    """The ``compression=`` the strategy was built with (None without, or with ``"none"``, Keras's own sum)."""
+    from tensorfleet.strategies.compression import traffic
+
     try:
-        from tensorfleet.strategies import compression
-    except ImportError:
+        method = traffic(strategy).method
+    except ValueError:  # built without the option
         return None
-    lookup = getattr(compression, "_lookup", None)
-    reducer = lookup(strategy) if lookup is not None else None
-    return getattr(reducer, "spec", reducer)
+    return None if method == "none" else method
 
 
 def _local(strategy: Any, value: Any) -> Any:

@@ -134,6 +134,13 @@ def test_bad_options_and_strategies_are_refused(keras3: Any) -> None:
     model.compile(optimizer="sgd", loss=K.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=2)
     with pytest.raises(ValueError, match=r"Received: steps_per_execution=2"):
         model.fit(_dataset(x, y), epochs=1, verbose=0, callbacks=[LocalSGD(every=2, keras=model)])
+    import tensorfleet as tfl
+
+    with tfl.strategies.build("mirrored", devices=["/cpu:0", "/cpu:1"], compression="fp16").scope():
+        model = _model(K)
+    with pytest.raises(ValueError, match=r"cannot combine with compressed gradient all-reduce. "
+                                         r"Received: compression='fp16'"):
+        model.fit(_dataset(x, y), epochs=1, verbose=0, callbacks=[LocalSGD(every=2, keras=model)])
     import tf_keras
 
     twin = _model(tf_keras)
