@@ -213,7 +213,7 @@ def _json_default(obj: Any) -> Any:
     try:
         import numpy as np
     except ImportError:  # pragma: no cover
-        np = None
+        np = None  # type: ignore[assignment]  # (numpy is a dependency; kept for a bare interpreter)
     if np is not None:
         if isinstance(obj, np.generic):
             return obj.item()

@@ -187,7 +187,7 @@ _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
 
 
-def _split(text: str, what: str, example: str, require_unit: bool = False) -> tuple[float, str]:
+def _split(text: str | int | float, what: str, example: str, require_unit: bool = False) -> tuple[float, str]:
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise TypeError(f"{what} must be a string such as {example!r} or a number. Received: {text!r}")
     if isinstance(text, (int, float)):

@@ -41,3 +41,12 @@ def test_complexity_is_checked_and_only_files_that_exceed_it_are_let_off():
     assert result.returncode in (0, 1) and "error" not in result.stderr.lower(), result.stderr  # ruff ran
     assert exceeding == let_off, f"exceed C901 but not let off: {exceeding - let_off}; let off but within it " \
                                  f"(take them off pyproject.toml's list): {let_off - exceeding}"
+
+
+@pytest.mark.slow
+def test_mypy_finds_nothing_in_the_files_setup_cfg_lists():
+    """The core and the rooms setup.cfg's [mypy] names type-check (as `make lint`)."""
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^Success: no issues found in \d+ source files$", result.stdout, re.M), result.stdout

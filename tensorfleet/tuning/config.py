@@ -24,7 +24,7 @@ from typing import Any
 from tensorfleet.io import write_json
 from tensorfleet.validation import choice, integer, optional_boolean, positive_int, renamed
 
-__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search", "fresh_to_resume", "should_resume",
+__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search", "enum_options", "fresh_to_resume", "should_resume",
            "check_script", "SCRIPT_FUNCTIONS"]
 
 
@@ -183,6 +183,13 @@ def check_saved_search(project: str | Path) -> None:
         if not isinstance(state, dict):
             raise UnreadableFileError(f"{str(path)!r} is not the JSON state of a saved search ({state}); "
                                       "resume=False (--fresh) starts the search over.")
+
+
+def enum_options(direction: str | Direction | None, algorithm: str | SearchAlgorithm) -> dict[str, Any]:
+    """:class:`SearchConfig`'s ``direction`` and ``algorithm`` from their words, as the API, the command line
+    and the manifests take them (checked as the config checks them)."""
+    return {"direction": None if direction is None else choice(Direction, "direction", direction),
+            "algorithm": choice(SearchAlgorithm, "algorithm", algorithm)}
 
 
 def fresh_to_resume(value: bool) -> bool | None:

@@ -36,8 +36,8 @@ from tensorfleet.cluster.processes import Fault, JobMode, LocalJob, TaskProcess
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
 from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.io import check_writable
-from tensorfleet.tuning.config import (CONFIG_FILE, SearchConfig, check_saved_search, check_script, fresh_to_resume,
-                                       should_resume)
+from tensorfleet.tuning.config import (CONFIG_FILE, SearchConfig, check_saved_search, check_script, enum_options,
+                                       fresh_to_resume, should_resume)
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
 from tensorfleet.tuning.task import ERROR_MARK, KERAS_MARK, MARK, PROJECT, TunerKerasError
 from tensorfleet.validation import renamed
@@ -239,7 +239,7 @@ def search(script: str | Path, *, out_dir: str | Path = "tune_out", workers: int
     """
     check_script(script)
     config = SearchConfig(script=str(script), out=str(out_dir), workers=workers, max_trials=max_trials,
-                          objective=trial.objective, direction=trial.direction, algorithm=algorithm,
+                          objective=trial.objective, **enum_options(trial.direction, algorithm),
                           strategy=trial.strategy, devices_per_trial=trial.devices_per_trial, epochs=epochs,
                           batch_size=trial.batch_size, seed=trial.seed, max_restarts=supervision.max_restarts,
                           pin_cores=trial.pin_cores)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tensorfleet import kube, validation
-from tensorfleet.tuning.config import SearchConfig
+from tensorfleet.tuning.config import SearchConfig, enum_options
 from tensorfleet.tuning.task import CONFIG_ENV
 
 __all__ = ["tune_manifests", "validate", "write"]
@@ -84,7 +84,7 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
     validation.integer("restarts", restarts, minimum=0)
     storage, cpu, memory = (kube.quantity(k, v) for k, v in (("storage", storage), ("cpu", cpu), ("memory", memory)))
     config = SearchConfig(script=script, out=out_dir, workers=workers, max_trials=max_trials, objective=objective,
-                          direction=direction, algorithm=algorithm, strategy=strategy,
+                          **enum_options(direction, algorithm), strategy=strategy,
                           devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, seed=seed)
     options = {CONFIG_ENV: json.dumps(config.as_dict())}
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "tensorfleet"}
@@ -95,7 +95,7 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
                                "KERASTUNER_ORACLE_PORT": port})
     chief = _container("oracle", image, out_dir, chief_env, cpu, memory)
     chief["ports"] = [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}]
-    worker_env = [*kube.env_list(options),
+    worker_env: list[dict[str, Any]] = [*kube.env_list(options),
                   {"name": "TUNER_INDEX", "valueFrom": {"fieldRef": {
                       "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
                   *kube.env_list({"KERASTUNER_TUNER_ID": "tuner$(TUNER_INDEX)",

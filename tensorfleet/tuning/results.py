@@ -75,10 +75,10 @@ def best_so_far(scores: list[float | None], direction: str) -> list[float | None
 
 def best_record(records: list[TrialRecord], direction: str) -> TrialRecord | None:
     """The completed trial with the best score (the first of equals), or None."""
-    scored = [r for r in records if r.status == "COMPLETED" and r.score is not None]
+    scored = [(r.score, r) for r in records if r.status == "COMPLETED" and r.score is not None]
     if not scored:
         return None
-    return (max if direction == "max" else min)(scored, key=lambda r: r.score)
+    return (max if direction == "max" else min)(scored, key=lambda pair: pair[0])[1]
 
 
 def _names(records: list[TrialRecord]) -> list[str]:

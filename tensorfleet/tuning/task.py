@@ -184,7 +184,8 @@ def _objective_check(name: str) -> Any:
 
     kt = import_keras_tuner()
 
-    class ObjectiveCheck(keras_module(tuner_keras()).callbacks.Callback):  # a callback of the Keras that trains
+    # A callback of the Keras that trains; its base class is known only when the search runs.
+    class ObjectiveCheck(keras_module(tuner_keras()).callbacks.Callback):  # type: ignore[misc]
         """Ends the search after the first epoch when the model does not report the objective; says
         when each epoch begins (a line the supervisor keeps, shown with --verbose)."""
 
