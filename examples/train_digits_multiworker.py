@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds before a collective with a missing peer fails instead of hanging")
     parser.add_argument("--weights-out", default=None)
     parser.add_argument("--log-steps", action="store_true")
+    parser.add_argument("--local-sgd", type=int, default=0, metavar="H",
+                        help="local SGD: replicas average their weights every H steps (0: synchronous)")
     return parser.parse_args(argv)
 
 
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     callbacks = fault_tolerance.callbacks(args.backup_dir, save_freq=save_freq, best_model=args.best_model,
                                           monitor="val_accuracy", mode="max", log_steps=args.log_steps, keras=model,
                                           global_batch_size=sizes.global_batch_size)  # for launch --scale-lr
+    if args.local_sgd:  # first, so each epoch's backup holds the averaged weights
+        callbacks.insert(0, strategies.LocalSGD(every=args.local_sgd, keras=model))
     model.fit(dataset, epochs=args.epochs, validation_data=val, callbacks=callbacks, verbose=0)
 
     weights = model.get_weights()
