@@ -23,6 +23,10 @@ that reads the layout)::
 3. ``"keras"`` (:mod:`~tensorfleet.model_parallel.mesh.keras`): the model rebuilt from
    tensorfleet's tensor-parallel layers over a (data x model) grid of devices.
 
+Under ``tensorfleet launch --workers N --mesh`` (or with DTensor's ``DTENSOR_*`` environment) the
+``dtensor`` backend's mesh spans the devices of all N processes, each holding its share, and the
+same script runs unchanged (:mod:`~tensorfleet.model_parallel.mesh.clients`).
+
 The ``mtf`` and ``keras`` backends (and the chain form of ``dtensor`` that :meth:`Mesh.fit` uses)
 run chain models of tf_keras (:mod:`~tensorfleet.model_parallel.mesh.dimensions`) with plain SGD on the
 softmax cross-entropy of logits; each makes one training step, and the loop over batches and
