@@ -146,3 +146,28 @@ def test_bad_options_and_strategies_are_refused(keras3: Any) -> None:
     twin = _model(tf_keras)
     with pytest.raises(TypeError, match=r"is a keras3 callback and fit's model is a keras2 model"):
         twin.fit(x, y, epochs=1, verbose=0, callbacks=[LocalSGD(every=2, keras="keras3")])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_launched_workers_run_no_all_reduce_in_a_local_step_and_end_equal(tmp_path: Any, keras3: Any) -> None:
+    import json
+    import sys
+
+    from tensorfleet.strategies.tf_config import ClusterSpec
+    from tests.conftest import run_workers, user_env
+
+    spec = ClusterSpec.local(workers=2)
+    run_workers([[sys.executable, "-m", "tests.strategies.local_sgd_job", str(tmp_path / f"w{i}.json")]
+                 for i in range(2)],
+                [user_env(TF_CONFIG=spec.tf_config_json("worker", i)) for i in range(2)],
+                timeout=240)
+    workers = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(2)]
+    for result in workers:
+        # Keras 3's own step across workers: gradients, loss and accuracy logs, the iterator's end-of-data flag
+        assert result["plain"]["all_reduces"] == {"per_step": 4}
+        # 2 epochs of 8 steps at H=3: averaged after steps 3, 6 and 8 of each epoch; nothing in a local step
+        assert result["local"]["runs"] == {"sync_steps": 0, "local_steps": 16, "averaging": 6}
+        assert result["local"]["all_reduces"] == {"sync_steps": 0, "local_steps": 0, "averaging": 6}
+    for a, b in zip(workers[0]["local"]["weights"], workers[1]["local"]["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))  # one all-reduce result on both workers
