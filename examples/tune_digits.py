@@ -60,7 +60,7 @@ def main() -> None:
 
     result = search(__file__, workers=args.workers, max_trials=args.max_trials, algorithm=args.algorithm,
                     epochs=args.epochs, out_dir=args.out, resume=args.resume)
-    print((result.out / "results.txt").read_text(), end="")
+    print((result.out_dir / "results.txt").read_text(), end="")
     print(describe(result))
     if result.best_model is not None:
         model = keras.models.load_model(result.best_model)

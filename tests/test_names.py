@@ -103,17 +103,20 @@ def _hidden_flag(default: ast.expr | None) -> bool:
 
 
 def _public_parameters():
-    """(module path, function, parameter, default) of every public function and method of public classes."""
+    """(module path, function, parameter, default) of every public function, of the methods and fields of
+    public classes (module-level annotated names are not in it: they sit outside any class)."""
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).parts
         if any(part.startswith("_") and part != "__init__.py" for part in parts):
             continue
         where = str(path.relative_to(PACKAGE.parent))
-        stack = [(node, False) for node in ast.parse(path.read_text(), where).body]
+        stack = [(node, False, False) for node in ast.parse(path.read_text(), where).body]
         while stack:
-            node, private = stack.pop()
+            node, private, in_class = stack.pop()
             if isinstance(node, ast.ClassDef):
-                stack.extend((child, private or node.name.startswith("_")) for child in node.body)
+                stack.extend((child, private or node.name.startswith("_"), True) for child in node.body)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and in_class and not private:
+                yield where, "(a field)", node.target.id, node.value  # a dataclass's field is its parameter
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not private \
                     and (node.name == "__init__" or not node.name.startswith("_")):
                 args = node.args

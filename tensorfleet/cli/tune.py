@@ -69,9 +69,9 @@ def tune_command(
     except KeyboardInterrupt:  # the processes are stopped by then; the oracle's state is on disk
         typer.echo(f"interrupted: the search is saved in {str(out_dir)!r}; the same command continues it.", err=True)
         raise typer.Exit(130) from None
-    typer.echo((result.out / "results.txt").read_text().rstrip())
+    typer.echo((result.out_dir / "results.txt").read_text().rstrip())
     typer.echo(describe(result))
-    typer.echo(f"results: {result.out}/results.json, objective.png, hyperparameters.png")
+    typer.echo(f"results: {result.out_dir}/results.json, objective.png, hyperparameters.png")
 
 
 def k8s_tune_command(
@@ -170,7 +170,7 @@ def federated_tune_command(
                              objective=goal.value, direction="max" if goal is FederatedObjective.FINAL_ACCURACY
                              else "min", max_trials=max_trials, out_dir=out_dir, algorithm=algorithm, seed=seed,
                              resume=resume, log=typer.echo)
-    typer.echo((result.out / "results.txt").read_text().rstrip())
+    typer.echo((result.out_dir / "results.txt").read_text().rstrip())
     typer.echo(describe(result))
 
 

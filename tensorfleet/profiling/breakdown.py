@@ -243,9 +243,10 @@ def judge(tasks: Sequence[TaskSummary]) -> Verdict:
 
 @dataclass
 class JobProfile:
-    """A whole capture analysed: every step of every device of every task, per-task means, verdict."""
+    """A whole capture analysed: every step of every device of every task, per-task means, verdict; ``out_dir``
+    is the folder the capture wrote (None for traces given as they are)."""
 
-    directory: Path | None
+    out_dir: Path | None
     steps: list[StepBreakdown]
     tasks: list[TaskSummary]
     verdict: Verdict
@@ -254,7 +255,7 @@ class JobProfile:
     def as_dict(self) -> dict[str, Any]:
         """The profile as JSON-ready data (what ``tensorfleet profile --json`` prints)."""
         return {
-            "directory": str(self.directory) if self.directory else None,
+            "directory": str(self.out_dir) if self.out_dir else None,  # (the file's key, kept as it was)
             "verdict": {**asdict(self.verdict), "bottleneck": self.verdict.bottleneck.value},
             "tasks": [{**asdict(t), "role": t.role.value} for t in self.tasks],
             "steps": [{**asdict(s), "own_work_ms": s.own_work_ms} for s in self.steps],

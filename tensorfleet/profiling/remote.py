@@ -82,9 +82,9 @@ def trace_duration_ms(steps: int, seconds_per_step: float | None) -> int:
 
 @dataclass
 class RemoteCapture:
-    """Remote traces of ``tasks`` into ``logdir/<task>``, started together and awaited together."""
+    """Remote traces of ``tasks`` into ``out_dir/<task>``, started together and awaited together."""
 
-    logdir: Path
+    out_dir: Path
     tasks: list[RemoteTask]
     duration_ms: int = 0
     errors: dict[str, str] = field(default_factory=dict)
@@ -98,7 +98,7 @@ class RemoteCapture:
         self.duration_ms = int(duration_ms)
         options = tf.profiler.experimental.ProfilerOptions(delay_ms=START_DELAY_MS)
         for task in self.tasks:
-            directory = self.logdir / task.name
+            directory = self.out_dir / task.name
             directory.mkdir(parents=True, exist_ok=True)
             thread = threading.Thread(target=self._trace, args=(task, directory, options),
                                       name=f"profile-{task.name}", daemon=True)

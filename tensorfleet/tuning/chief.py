@@ -116,7 +116,7 @@ def run_chief(config: SearchConfig, build_model: Callable[..., Any]) -> None:
     repair_reloaded(tuner.oracle)
     atomic_saves(tuner.oracle)
     tuner.oracle.verbose = 0  # the progress lines below say what Keras Tuner's tables would
-    clock = TrialClock(tuner.oracle, Path(config.out) / TIMES_FILE)
+    clock = TrialClock(tuner.oracle, Path(config.out_dir) / TIMES_FILE)
     clock.attach()
     tuner.save()
     serve(tuner.oracle, os.environ["KERASTUNER_ORACLE_IP"], int(os.environ["KERASTUNER_ORACLE_PORT"]))
@@ -125,8 +125,8 @@ def run_chief(config: SearchConfig, build_model: Callable[..., Any]) -> None:
                for trial_id, trial in sorted(tuner.oracle.trials.items())]
     best = [t for t in tuner.oracle.get_best_trials(1) if t.status == "COMPLETED"]
     if best:
-        export_model(tuner.load_model(best[0]), Path(config.out) / BEST_MODEL)
-    write_results(Path(config.out), records, objective=tuner.oracle.objective.name,
+        export_model(tuner.load_model(best[0]), Path(config.out_dir) / BEST_MODEL)
+    write_results(Path(config.out_dir), records, objective=tuner.oracle.objective.name,
                   direction=tuner.oracle.objective.direction, best_model=BEST_MODEL if best else None)
     say(f"search ended: {sum(r.status == 'COMPLETED' for r in records)} of {len(records)} trials completed")
 

@@ -63,7 +63,7 @@ class SearchConfig:
     """
 
     script: str
-    out: str
+    out_dir: str
     workers: int = 2
     max_trials: int = 10
     objective: str = "val_accuracy"
@@ -89,7 +89,7 @@ class SearchConfig:
             object.__setattr__(self, "direction", choice(Direction, "direction", self.direction))
         object.__setattr__(self, "strategy", _trial_strategy(self.strategy, self.devices_per_trial))
         object.__setattr__(self, "script", str(Path(self.script).resolve()))
-        object.__setattr__(self, "out", str(Path(self.out).resolve()))
+        object.__setattr__(self, "out_dir", str(Path(self.out_dir).resolve()))
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -98,7 +98,7 @@ class SearchConfig:
         return data
 
     def save(self) -> Path:
-        return write_json(Path(self.out) / CONFIG_FILE, self.as_dict())
+        return write_json(Path(self.out_dir) / CONFIG_FILE, self.as_dict())
 
     @classmethod
     @renamed(out="out_dir")
@@ -114,7 +114,10 @@ class SearchConfig:
         path = Path(out_dir) / CONFIG_FILE
         text = read_text(path, f"the {CONFIG_FILE} of a tensorfleet tune search")
         try:
-            return cls(**json.loads(text))
+            data = json.loads(text)
+            if isinstance(data, dict) and "out" in data and "out_dir" not in data:  # saved by the previous release
+                data["out_dir"] = data.pop("out")
+            return cls(**data)
         except (ValueError, TypeError) as error:
             raise UnreadableFileError(f"{str(path)!r} is not the {CONFIG_FILE} of a search ({type(error).__name__}: "
                                       f"{error}); resume=False (--fresh) starts the search over.") from None
@@ -183,6 +186,9 @@ def check_saved_search(project: str | Path) -> None:
         if not isinstance(state, dict):
             raise UnreadableFileError(f"{str(path)!r} is not the JSON state of a saved search ({state}); "
                                       "resume=False (--fresh) starts the search over.")
+
+
+SearchConfig.__init__ = renamed(out="out_dir")(SearchConfig.__init__)  # type: ignore[method-assign]
 
 
 def enum_options(direction: str | Direction | None, algorithm: str | SearchAlgorithm) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -54,9 +55,9 @@ class TuningError(RuntimeError):
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What a finished search left in ``out``: its records, the best and the time it took."""
+    """What a finished search left in ``out_dir``: its records, the best and the time it took."""
 
-    out: Path
+    out_dir: Path
     objective: str
     direction: str
     trials: list[TrialRecord]
@@ -68,6 +69,16 @@ class SearchResult:
     @property
     def completed(self) -> int:
         return sum(r.status == "COMPLETED" for r in self.trials)
+
+    @property
+    def out(self) -> Path:
+        """The older name of :attr:`out_dir`, for one release."""
+        warnings.warn("SearchResult.out is now SearchResult.out_dir; the older name will stop working in the next "
+                      "release.", DeprecationWarning, stacklevel=2)
+        return self.out_dir
+
+
+SearchResult.__init__ = renamed(out="out_dir")(SearchResult.__init__)  # type: ignore[method-assign]
 
 
 class _SearchJob(LocalJob):
@@ -92,7 +103,7 @@ class _SearchJob(LocalJob):
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         spec = ClusterSpec.local(workers=config.workers, chief=True, host=HOST)
         super().__init__(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[sys.executable, "-m", "tensorfleet.tuning.task",
-                         config.out], env=env, sink=log, faults=faults, stop_when=None, quiet=not verbose,
+                         config.out_dir], env=env, sink=log, faults=faults, stop_when=None, quiet=not verbose,
                          progress_interval=5.0)
         self.lead, self.trainers = "chief:0", {"chief:0"}  # when the oracle ends, the search is complete
 
@@ -132,13 +143,13 @@ class _SearchJob(LocalJob):
 
 
 def _prepare_out(config: SearchConfig, *, resume: bool | None) -> None:
-    out_dir, project = Path(config.out), Path(config.out) / PROJECT
+    out_dir, project = Path(config.out_dir), Path(config.out_dir) / PROJECT
     check_writable(out_dir / CONFIG_FILE)
     if should_resume(out_dir, resume, saved=(out_dir / CONFIG_FILE).exists() and project.exists()):
         check_saved_search(project)
         different = SearchConfig.load(out_dir).differences(config)
         if different:
-            raise ValueError(f"{config.out!r} holds a search with other options: {'; '.join(different)}. Give "
+            raise ValueError(f"{config.out_dir!r} holds a search with other options: {'; '.join(different)}. Give "
                              "the same options to continue it, resume=False (--fresh) to start over (its trials "
                              "are deleted), or another out_dir (--out).")
         return
@@ -172,7 +183,7 @@ def _supervise(job: _SearchJob, timeout: float | None) -> int:
     task = job.tasks[failure.task]
     if failure.task == "chief:0":
         raise TuningError(f"The chief oracle exited with status {failure.code}. The oracle's state is saved in "
-                          f"{config.out!r}: the same search run again continues it.\n{_tail(task)}")
+                          f"{config.out_dir!r}: the same search run again continues it.\n{_tail(task)}")
     raise TuningError(f"Tuner worker {task.index} {describe_exit(failure.code)} after {outcome.restarts} restart(s) "
                       f"of tuners (max_restarts={config.max_restarts}); the search stops. The same search run again continues it."
                       f"\n{_tail(task)}")
@@ -238,7 +249,7 @@ def search(script: str | Path, *, out_dir: str | Path = "tune_out", workers: int
         ...                 trial=TrialOptions(batch_size=64), supervision=Supervision(timeout=600))  # doctest: +SKIP
     """
     check_script(script)
-    config = SearchConfig(script=str(script), out=str(out_dir), workers=workers, max_trials=max_trials,
+    config = SearchConfig(script=str(script), out_dir=str(out_dir), workers=workers, max_trials=max_trials,
                           objective=trial.objective, **enum_options(trial.direction, algorithm),
                           strategy=trial.strategy, devices_per_trial=trial.devices_per_trial, epochs=epochs,
                           batch_size=trial.batch_size, seed=trial.seed, max_restarts=supervision.max_restarts,
@@ -255,10 +266,10 @@ def search(script: str | Path, *, out_dir: str | Path = "tune_out", workers: int
         restarts = _supervise(job, supervision.timeout)
     finally:
         job.stop_all(signal.SIGKILL, 0.0)
-    summary, records = read_results(config.out)
+    summary, records = read_results(config.out_dir)
     best = best_record(records, summary["direction"])
-    model = Path(config.out) / summary["best"]["model"] if summary["best"] and summary["best"]["model"] else None
-    return SearchResult(Path(config.out), summary["objective"], summary["direction"], records, best, model,
+    model = Path(config.out_dir) / summary["best"]["model"] if summary["best"] and summary["best"]["model"] else None
+    return SearchResult(Path(config.out_dir), summary["objective"], summary["direction"], records, best, model,
                         job.now(), restarts)
 
 

@@ -83,7 +83,7 @@ def tune_manifests(*, script: str, image: str, workers: int, max_trials: int, ob
     validation.port("port", port)
     validation.integer("restarts", restarts, minimum=0)
     storage, cpu, memory = (kube.quantity(k, v) for k, v in (("storage", storage), ("cpu", cpu), ("memory", memory)))
-    config = SearchConfig(script=script, out=out_dir, workers=workers, max_trials=max_trials, objective=objective,
+    config = SearchConfig(script=script, out_dir=out_dir, workers=workers, max_trials=max_trials, objective=objective,
                           **enum_options(direction, algorithm), strategy=strategy,
                           devices_per_trial=devices_per_trial, epochs=epochs, batch_size=batch_size, seed=seed)
     options = {CONFIG_ENV: json.dumps(config.as_dict())}

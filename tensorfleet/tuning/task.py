@@ -151,7 +151,7 @@ def make_tuner(config: SearchConfig, build_model: Callable[..., Any], *, strateg
 
     kt = import_keras_tuner()
     common = {"hypermodel": checked_hypermodel(build_model, f"build_model of {Path(config.script).name}"),
-              "objective": _objective(config), "directory": config.out, "project_name": PROJECT, "overwrite": False, "distribution_strategy": strategy, "seed": config.seed}
+              "objective": _objective(config), "directory": config.out_dir, "project_name": PROJECT, "overwrite": False, "distribution_strategy": strategy, "seed": config.seed}
     if config.algorithm is SearchAlgorithm.HYPERBAND:
         tuner = kt.Hyperband(max_epochs=config.epochs, **common)
         tuner.oracle.max_trials = config.max_trials  # Keras Tuner's own cap on created trials

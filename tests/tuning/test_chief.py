@@ -54,7 +54,7 @@ def test_each_process_writes_its_own_tuner_state_by_renaming_a_whole_file(tmp_pa
 
     monkeypatch.delenv("KERASTUNER_TUNER_ID", raising=False)
     monkeypatch.delenv("KERASTUNER_ORACLE_IP", raising=False)
-    config = SearchConfig(script=SCRIPT, out=str(tmp_path), workers=1, max_trials=2)
+    config = SearchConfig(script=SCRIPT, out_dir=str(tmp_path), workers=1, max_trials=2)
     tuner = make_tuner(config, load_script(SCRIPT)["build_model"])
     state = tmp_path / "oracle" / "tuner0.json"
     tuner.save()

@@ -19,7 +19,7 @@ def test_an_unknown_algorithm_lists_the_three(tmp_path):
 
 
 def test_algorithm_names_are_case_insensitive(tmp_path):
-    assert SearchConfig(script=SCRIPT, out=str(tmp_path), algorithm="Hyperband").algorithm is SearchAlgorithm.HYPERBAND
+    assert SearchConfig(script=SCRIPT, out_dir=str(tmp_path), algorithm="Hyperband").algorithm is SearchAlgorithm.HYPERBAND
 
 
 def test_a_script_without_build_model_is_refused_naming_what_it_must_define(tmp_path):
@@ -50,12 +50,12 @@ def test_a_missing_script_is_named(tmp_path):
 ])
 def test_bad_options_are_refused_with_the_value(tmp_path, options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
-        SearchConfig(script=SCRIPT, out=str(tmp_path), **options)
+        SearchConfig(script=SCRIPT, out_dir=str(tmp_path), **options)
 
 
 def test_an_unknown_strategy_gets_the_registrys_suggestion(tmp_path):
     with pytest.raises(UnknownNameError, match="Did you mean 'mirrored'"):
-        SearchConfig(script=SCRIPT, out=str(tmp_path), strategy="mirored")
+        SearchConfig(script=SCRIPT, out_dir=str(tmp_path), strategy="mirored")
 
 
 def test_resume_has_the_glossarys_one_meaning(tmp_path):
@@ -76,10 +76,26 @@ def test_resume_has_the_glossarys_one_meaning(tmp_path):
 
 
 def test_resume_refuses_other_options_than_the_saved_search(tmp_path):
-    SearchConfig(script=SCRIPT, out=str(tmp_path), max_trials=4).save()
+    SearchConfig(script=SCRIPT, out_dir=str(tmp_path), max_trials=4).save()
     (tmp_path / "oracle").mkdir()
     for resume in (None, True):  # the default continues a saved search too, and refuses other options
         with pytest.raises(ValueError, match=r"holds a search with other options: max_trials=6 \(the search has 4\)\. "
                                              r"Give the same options to continue it, resume=False \(--fresh\) to "
                                              r"start over"):
             search(SCRIPT, out_dir=tmp_path, max_trials=6, resume=resume)
+
+
+def test_out_is_out_dir_in_the_config_the_result_and_a_search_saved_by_the_previous_release(tmp_path):
+    import json
+
+    from tensorfleet.tuning.distributed import SearchResult
+
+    with pytest.warns(DeprecationWarning, match=r"SearchConfig.__init__: 'out' is now 'out_dir'"):
+        config = SearchConfig(script=SCRIPT, out=str(tmp_path), max_trials=4)
+    assert config.out_dir == str(tmp_path.resolve())
+    older = {("out" if key == "out_dir" else key): value for key, value in config.as_dict().items()}
+    (tmp_path / "search.json").write_text(json.dumps(older))
+    assert SearchConfig.load(tmp_path) == config  # read without a warning: the file is not the user's keyword
+    result = SearchResult(tmp_path, "loss", "min", [], None, None, 1.0, 0)
+    with pytest.warns(DeprecationWarning, match=r"SearchResult.out is now SearchResult.out_dir"):
+        assert result.out == result.out_dir == tmp_path

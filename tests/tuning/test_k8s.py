@@ -40,7 +40,7 @@ def test_the_manifests_are_a_claim_the_chief_its_service_and_an_indexed_worker_j
     assert (workers["completions"], workers["parallelism"], workers["completionMode"]) == (3, 3, "Indexed")
     assert docs[2]["spec"]["selector"] == docs[1]["spec"]["template"]["metadata"]["labels"]
     config = SearchConfig(**json.loads(chief["TENSORFLEET_TUNE_CONFIG"]))
-    assert (config.script, config.out, config.workers, config.max_trials, config.algorithm.value) == (
+    assert (config.script, config.out_dir, config.workers, config.max_trials, config.algorithm.value) == (
         "/app/search.py", "/search", 3, 12, "hyperband")
 
 

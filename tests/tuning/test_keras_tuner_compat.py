@@ -96,7 +96,7 @@ def _search_config(tmp_path):
 
     script = tmp_path / "search.py"
     script.write_text("def build_model(hp):\n    pass\n\ndef data():\n    pass\n")
-    return SearchConfig(script=str(script), out=str(tmp_path / "out"), workers=1, max_trials=2)
+    return SearchConfig(script=str(script), out_dir=str(tmp_path / "out"), workers=1, max_trials=2)
 
 
 def test_a_keras_3_hypermodel_in_a_tf_keras_process_is_refused_naming_the_fix(tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ config = SearchConfig(**json.loads(sys.argv[1]))
 tuner = make_tuner(config, build(keras))
 print(type(tuner.hypermodel.build(tuner.oracle.get_space())).__module__)
 try:
-    make_tuner(SearchConfig(**{**json.loads(sys.argv[1]), "out": config.out + "2"}), build(tf_keras))
+    make_tuner(SearchConfig(**{**json.loads(sys.argv[1]), "out_dir": config.out_dir + "2"}), build(tf_keras))
 except TunerKerasError as exc:
     print(exc)
 """
@@ -148,7 +148,7 @@ def test_a_keras_3_hypermodel_is_keras_tuners_own_case_in_a_users_process(tmp_pa
     import json
 
     config = _search_config(tmp_path)
-    given = {"script": config.script, "out": config.out, "workers": 1, "max_trials": 2}
+    given = {"script": config.script, "out_dir": config.out_dir, "workers": 1, "max_trials": 2}
     done = subprocess.run([sys.executable, "-c", USER_TUNER, json.dumps(given)],
                           env={k: v for k, v in os.environ.items() if not k.startswith(("TF_USE_LEGACY", "KERASTUNER"))}
                           | {"TF_CPP_MIN_LOG_LEVEL": "3"}, capture_output=True, text=True, timeout=300)
