@@ -48,7 +48,7 @@ MODES: dict[str, tuple[str, ...]] = {
     "profile_steps": (PLAIN,), "profile_dir": (PLAIN,), "strategy": _JOBS, "devices": _JOBS,
     "checkpoint_dir": _JOBS, "resume_from": (MIGRATE,), "epochs": _JOBS, "global_batch_size": _JOBS,
     "batch_policy": _JOBS, "stop_at_step": _JOBS, "save_every": _JOBS, "share": (SHARE,), "quantum": (SHARE,),
-    "timeline": (SHARE,), "mesh": (PLAIN,), "scale_lr": (PLAIN,),
+    "timeline": (SHARE,), "mesh": (PLAIN,), "scale_lr": _ALL,
 }
 #: Why an option does not apply to a mode, where a reason helps (option, mode) -> what to do instead.
 _WHY = {
@@ -66,8 +66,6 @@ _WHY = {
     ("resume_from", SHARE): "each job continues from its checkpoint in --checkpoint-dir/<job> when there is one",
     ("mesh", MIGRATE): "its placement decides the devices (--strategy mesh: a mesh in one process)",
     ("mesh", SHARE): "its placement decides the devices (--strategy mesh: a mesh in one process)",
-    ("scale_lr", MIGRATE): "a migratable job's step loop does not take it yet",
-    ("scale_lr", SHARE): "a migratable job's step loop does not take it yet",
 }
 #: Options that apply only together with another: (option, the one it needs).
 _NEEDS = {"evaluator_timeout": "evaluator", "profile_dir": "profile_steps", "backoff": "max_restarts"}
@@ -120,7 +118,8 @@ def launch_command(
     scale_lr: Optional[str] = typer.Option(  # noqa: UP007
         None, "--scale-lr", metavar="RULE:REFERENCE", help="Scale the script's learning rate with its global batch "
         "(RULE linear or sqrt; REFERENCE the global batch the rate is for) at each start, restarts included "
-        "(TENSORFLEET_SCALE_LR, applied by fault_tolerance.callbacks(global_batch_size=...))."),
+        "(a script: TENSORFLEET_SCALE_LR, applied by fault_tolerance.callbacks(global_batch_size=...); a migratable "
+        "job: at each placement)."),
     strategy: Optional[MigrationStrategy] = typer.Option(  # noqa: UP007
         None, "--strategy", help="Run SCRIPT as a migratable job (build_model() and data()) under this strategy."),
     devices: int = typer.Option(1, "--devices", help="Local devices of --strategy mirrored."),
@@ -160,13 +159,17 @@ def launch_command(
 
     given = _given(ctx)
     mode = check_options(given, ctx.params, _flags(ctx))
+    if scale_lr is not None:
+        from tensorfleet.strategies.large_batch import parse_scale_lr
+
+        parse_scale_lr(scale_lr, name="--scale-lr")
     script_args = list(args or [])
     if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
         script_args = script_args[1:]
     migration = {"strategy": strategy, "devices": devices, "workers": workers if "workers" in given else None,
                  "ps": ps, "quiet": not verbose(ctx),
                  "changes": {"epochs": epochs, "global_batch_size": global_batch_size, "policy": batch_policy,
-                             "stop_at_step": stop_at_step, "save_every": save_every}}
+                             "stop_at_step": stop_at_step, "save_every": save_every, "scale_lr": scale_lr}}
     if mode == SHARE:
         _finish_shared(_share(_shared_jobs(share or [], script, list(args or [])), directory=checkpoint_dir,
                               quantum=quantum, timeline=timeline, timeout=timeout, **migration))
@@ -193,9 +196,7 @@ def launch_command(
     env, runner = _profiling(profile_steps, profile_dir)
     if scale_lr is not None:
         from tensorfleet.cluster.contract import ENV_SCALE_LR
-        from tensorfleet.strategies.large_batch import parse_scale_lr
 
-        parse_scale_lr(scale_lr, name="--scale-lr")
         env[ENV_SCALE_LR] = scale_lr.strip()
     result = launch(
         script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list, mode=mode_option,

@@ -150,6 +150,9 @@ class RunOptions:
     #: Seconds each replica's input waits per example, times its ``slowdown`` factor (to benchmark heterogeneity).
     input_delay: float = 0.0
     slowdown: tuple[float, ...] | None = None
+    #: ``RULE:REFERENCE_BATCH`` (``launch --scale-lr``): the job's learning rate scaled from the reference global
+    #: batch to the one of each placement it runs on (:func:`tensorfleet.strategies.large_batch.scaled_lr`).
+    scale_lr: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", choice(BatchPolicy, "policy", self.policy))
@@ -159,6 +162,10 @@ class RunOptions:
         integer("seed", self.seed, minimum=0)
         integer("save_every", self.save_every, minimum=0)
         integer("stop_at_step", self.stop_at_step, minimum=0, optional=True)
+        if self.scale_lr is not None:
+            from tensorfleet.strategies.large_batch import parse_scale_lr
+
+            parse_scale_lr(self.scale_lr)
         if self.slowdown is not None:  # a tuple, also when read back from JSON
             object.__setattr__(self, "slowdown", tuple(float(f) for f in self.slowdown))
 

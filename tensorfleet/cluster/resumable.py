@@ -113,6 +113,7 @@ class Trainer:
         self.x, self.y = np.asarray(x), np.asarray(y)
         self.examples = len(self.x)
         self.model, self.optimizer, self.counts = self._build(job)
+        self.base_lr = self.optimizer.get_config().get("learning_rate")  # the job's, before a checkpoint restores
         self.loss = self._per_example_loss()
         # A Keras 3 model's seed generators (Dropout's masks) are no part of its own TensorFlow checkpoint.
         self.seeds = [g.state for g in seed_generators(self.model)] if is_keras3_model(self.model) else []
@@ -314,11 +315,24 @@ def save_progress(trainer: Trainer, state: JobProgress) -> None:
         SAVED.say(step=state.step)
 
 
+def _scale_learning_rate(trainer: Trainer, batch: int) -> None:
+    """``--scale-lr``: the job's compiled learning rate, scaled to this placement's global batch."""
+    if not trainer.options.scale_lr:
+        return
+    from tensorfleet.strategies.large_batch import check_settable, parse_scale_lr, scaled_lr
+
+    check_settable(trainer.optimizer)
+    rule, reference = parse_scale_lr(trainer.options.scale_lr)
+    trainer.optimizer.learning_rate = scaled_lr(trainer.base_lr, global_batch=batch, reference_batch=reference,
+                                                rule=rule)
+
+
 def train(trainer: Trainer, state: JobProgress) -> JobProgress:
     """Trains from ``state`` to the end of the job, to ``stop_at_step``, or to the step boundary where a
     SIGTERM or SIGINT stops it (:class:`StopRequest`); returns the last state, saved."""
     options = trainer.options
     batch = batch_for(options, trainer.replicas)
+    _scale_learning_rate(trainer, batch)
     state = replace(state, strategy=options.strategy, replicas=trainer.replicas, global_batch_size=batch,
                     epochs=options.epochs,
                     history=[*state.history, {"step": state.step, "strategy": options.strategy,

@@ -310,8 +310,7 @@ def test_the_launchers_scale_lr_gives_each_start_the_rate_of_its_global_batch(wh
         "BackupAndRestore"]
 
 
-def test_launch_refuses_a_bad_scale_lr_and_a_migratable_job_with_it(capsys: pytest.CaptureFixture[str],
-                                                                    tmp_path: Any) -> None:
+def test_launch_refuses_a_bad_scale_lr_in_every_mode(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     from tensorfleet.cli.main import main
 
     script = tmp_path / "job.py"
@@ -319,5 +318,11 @@ def test_launch_refuses_a_bad_scale_lr_and_a_migratable_job_with_it(capsys: pyte
     assert main(["launch", "--workers", "1", "--scale-lr", "linear", str(script)]) == 2
     assert ("--scale-lr must be RULE:REFERENCE_BATCH with RULE linear or sqrt and the global batch the learning "
             "rate is for, e.g. 'linear:64'. Received: --scale-lr='linear'") in capsys.readouterr().err
-    assert main(["launch", "--strategy", "mirrored", "--scale-lr", "linear:64", str(script)]) == 2
-    assert "--scale-lr does not apply to a migratable job" in capsys.readouterr().err
+    assert main(["launch", "--strategy", "mirrored", "--scale-lr", "sqrt:0", str(script)]) == 2
+    assert "Received: --scale-lr='sqrt:0'" in capsys.readouterr().err
+    from tensorfleet.cluster.migration import RunOptions, TaskOptions
+
+    with pytest.raises(ValueError, match=r"Received: scale_lr='linear:x'"):
+        RunOptions(scale_lr="linear:x")
+    task = TaskOptions(scale_lr="sqrt:32", directory=str(tmp_path), strategy="mirrored")
+    assert TaskOptions.from_env(task.to_env()).scale_lr == "sqrt:32"  # reaches the trainer task
