@@ -121,12 +121,16 @@ for zero in range(4):
     out[f"zero{zero}"] = {
         "weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights())),
         "parameters": held(model.weights), "optimizer_state": held(model.optimizer.variables)}
-# A data replica spanning the processes ("m:2;b:2": m crosses them) is refused at fit, before any step
-with Mesh("m:2;b:2", "batch:b;hidden:m").scope():
-    spanning = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="h")])
-    spanning.compile(optimizer="sgd", loss="mse")
-try:
-    spanning.fit(np.zeros((8, 4), "float32"), np.zeros((8, 8), "float32"), batch_size=4, verbose=0)
-except ValueError as exc:
-    out["spanning_error"] = str(exc)
+# The model dimension across the processes ("m:2;b:2": each data replica spans both), Keras 3's fit
+x, y = data["skip_net"]
+with Mesh("m:2;b:2", "batch:b;hidden:m;channels:m").scope():
+    model = skip_net()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
+keras.utils.set_random_seed(1)
+reference = skip_net()
+model.set_weights(reference.get_weights())
+reference.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
+reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+out["model_across"] = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights()))
 print("RESULT " + json.dumps(out))

@@ -99,7 +99,12 @@ def keras3_variable(building: tuple[Any, str], init: Any, name: str, layout: Ker
     else:  # an optimizer's counters, a metric's totals, a seed generator's state
         target = dtensor.Layout.replicated(dmesh, init.shape.rank)
     with tf.init_scope():
-        # A slot's zeros are made next to its weight (Keras 3 colocates them), so on the mesh already
+        # A slot's zeros are made next to its weight (Keras 3 colocates them), so on the mesh already; on the mesh
+        # of an earlier scope, when meshes of other shapes were made before (DTensor's default), so through the host
+        if dtensor.is_dtensor(init) and dtensor.fetch_layout(init).mesh != dmesh:
+            from tensorfleet.model_parallel.mesh.keras_model import host_value
+
+            init = tf.convert_to_tensor(host_value(init))
         value = dtensor.relayout(init, target) if dtensor.is_dtensor(init) else on_mesh(init, target)
     return _mesh_variable_class()(value, **options)
 

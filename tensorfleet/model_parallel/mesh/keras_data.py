@@ -64,17 +64,51 @@ def mesh_dataset(layout: KerasLayout, dmesh: Any, x: Any, y: Any, batch_size: An
     options.autotune.enabled = False
     data = data.with_options(options)
     local = _local_replicas(dmesh, axis)
-    if local is not None:  # a mesh across processes: this process's share of each batch (see _local_replicas)
+    if local:  # a mesh across processes: this process's share of each batch (see _local_replicas)
         per = batch_size // parts
         data = data.batch(batch_size, drop_remainder=True).flat_map(
             lambda xb, yb: tf.data.Dataset.from_tensor_slices(
                 (tf.stack([xb[r * per:(r + 1) * per] for r in local]),
                  tf.stack([yb[r * per:(r + 1) * per] for r in local]))))
-    dataset = dtensor.DTensorDataset(data, mesh=dmesh,
-                                     layouts=(batch_layout(layout, dmesh, x.ndim), batch_layout(layout, dmesh, y.ndim)),
-                                     global_batch_size=batch_size, batch_dim=axis,
-                                     dataset_already_batched=local is not None)
+    layouts = (batch_layout(layout, dmesh, x.ndim), batch_layout(layout, dmesh, y.ndim))
+    if local == []:  # a replica spans processes: whole batches, laid out as the batch once read (_WholeBatches)
+        whole = (dtensor.Layout.replicated(dmesh, x.ndim), dtensor.Layout.replicated(dmesh, y.ndim))
+        return _whole_batches_class()(data, mesh=dmesh, layouts=whole, global_batch_size=batch_size,
+                                      relaid=layouts), len(x) // batch_size
+    dataset = dtensor.DTensorDataset(data, mesh=dmesh, layouts=layouts, global_batch_size=batch_size, batch_dim=axis,
+                                     dataset_already_batched=bool(local))
     return dataset, len(x) // batch_size
+
+
+def _whole_batches_class() -> type:
+    """A ``DTensorDataset`` that every device reads whole (replicated) batches of, relaid out as the batch (split
+    over its mesh dimension) as each one is read: a slice on each device, no communication."""
+    from tensorflow.experimental import dtensor
+
+    class WholeBatches(dtensor.DTensorDataset):
+        def __init__(self, *args: Any, relaid: tuple[Any, ...], **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.relaid = relaid
+
+        def __iter__(self) -> Any:
+            return _Relaid(super().__iter__(), self.relaid)
+
+    return WholeBatches
+
+
+class _Relaid:
+    """An iterator of ``(x, y)`` DTensors, each relaid out to its layout of ``layouts`` as it is read."""
+
+    def __init__(self, inner: Any, layouts: tuple[Any, ...]) -> None:
+        self.inner, self.layouts = inner, layouts
+
+    def __iter__(self) -> "_Relaid":
+        return self
+
+    def __next__(self) -> tuple[Any, ...]:
+        from tensorflow.experimental import dtensor
+
+        return tuple(dtensor.relayout(t, layout) for t, layout in zip(next(self.inner), self.layouts))
 
 
 def _local_replicas(dmesh: Any, axis: str | None) -> list[int] | None:
@@ -82,21 +116,16 @@ def _local_replicas(dmesh: Any, axis: str | None) -> list[int] | None:
     process's devices hold, in their order; else ``None``. DTensorDataset without tf.data service gives each
     process's first local part the dataset's first part of each batch (measured: both processes of a
     ``"b:2;m:2"`` mesh trained on the first half of every batch, weights 0.072 from one device), so each
-    process is handed its own parts of every batch, already split."""
+    process is handed its own parts of every batch, already split. ``[]`` when a replica spans processes."""
     from tensorfleet.model_parallel.mesh.clients import is_multi_client
 
     if not axis or not is_multi_client():
         return None
     local = list(dict.fromkeys(location[axis] for location in dmesh.local_device_locations()))
     if dmesh.size // dmesh.dim_size(axis) > dmesh.num_local_devices() // len(local):
-        # Its devices would each need their slice of the replica's part: DTensorDataset has no way to give it
-        # without tf.data service (measured with "m:2;b:2": every local replica got the same part, 0.072 off).
-        raise ValueError(f"On a mesh across processes each data replica (the devices of one place along "
-                         f"{axis!r}, the batch rule's dimension) must be in one process: put {axis!r} first in the "
-                         f"mesh shape, with as many places as the processes divide (\"{axis}:2;m:2\" over 2 "
-                         f"processes). Received: a mesh of {dict(zip(dmesh.dim_names, dmesh.shape()))} whose "
-                         f"replicas span {dmesh.size // dmesh.dim_size(axis) * len(local) // dmesh.num_local_devices()} "
-                         f"processes each")
+        # A replica spans processes ("m:2;b:2"): DTensorDataset gave every local replica the same part (0.072 off),
+        # and without a batch dimension every device the batch's first part; so whole batches (_WholeBatches).
+        return []
     return local
 
 
