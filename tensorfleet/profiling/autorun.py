@@ -35,7 +35,7 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
 
     from tensorfleet.profiling.callback import ProfileCallback
 
-    patched: list[tuple[type, Any]] = []  # (Model class, its own fit or None when inherited)
+    patched: list[tuple[Any, Any]] = []  # (Model class, of either Keras; its own fit or None when inherited)
 
     def restore() -> None:
         for model_class, own in patched:
@@ -45,7 +45,7 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
                 model_class.fit = own
         patched.clear()
 
-    def wrap(model_class: type) -> None:
+    def wrap(model_class: Any) -> None:
         original = model_class.fit
 
         @functools.wraps(original)

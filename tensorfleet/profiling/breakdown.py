@@ -181,7 +181,7 @@ def _straggler(tasks: Sequence[TaskSummary], step_ms: float) -> Verdict | None:
     if spread < STRAGGLER_SPREAD:
         return None
     parts = {"input": slow.input_ms, "compute": slow.compute_ms, "idle": slow.idle_ms}
-    cause = max(parts, key=parts.get)
+    cause = max(parts, key=lambda k: parts[k])
     return Verdict(
         Bottleneck.STRAGGLER,
         f"{slow.task}'s own work is {slow.own_work_ms:.1f} ms per step against {fastest.own_work_ms:.1f} ms on "
@@ -193,7 +193,7 @@ def _straggler(tasks: Sequence[TaskSummary], step_ms: float) -> Verdict | None:
 def _communication_advice(runners: Sequence[TaskSummary], servers: Sequence[TaskSummary], exposed_ms: float) -> str:
     if servers:
         busy = {t.task: (t.compute_ms + t.exposed_communication_ms) / t.step_ms if t.step_ms else 0.0 for t in servers}
-        busiest = max(busy, key=busy.get)
+        busiest = max(busy, key=lambda k: busy[k])
         if busy[busiest] >= BUSY_PS:
             return (f"more ps tasks: {busiest} is busy {busy[busiest]:.0%} of the time serving the workers' variable "
                     "reads and updates; more ps tasks share the variables (and that work) between them")
@@ -225,7 +225,7 @@ def judge(tasks: Sequence[TaskSummary]) -> Verdict:
                f"communication {mean['exposed_communication']:.1f} ms ({share['exposed_communication']:.0%}), "
                f"compute {mean['compute']:.1f} ms ({share['compute']:.0%}), idle {mean['idle']:.1f} ms "
                f"({share['idle']:.0%})")
-    top = max(mean, key=mean.get)
+    top = max(mean, key=lambda k: mean[k])
     if top == "input":
         return Verdict(Bottleneck.INPUT, numbers,
                        f"prefetch: each step waits {mean['input']:.1f} ms for its batch; add "
@@ -311,8 +311,11 @@ def analyze(source: str | Path | Sequence[TaskTrace], *, skip_first: bool = True
         >>> profile.verdict.bottleneck, profile.verdict.advice   # doctest: +SKIP
         (<Bottleneck.INPUT: 'input-bound'>, 'prefetch: each step waits 48.7 ms for its batch; ...')
     """
-    directory = Path(source) if isinstance(source, (str, Path)) else None
-    traces = task_traces(directory) if directory is not None else list(source)
+    if isinstance(source, (str, Path)):
+        directory: Path | None = Path(source)
+        traces = task_traces(source)
+    else:
+        directory, traces = None, list(source)
     roles = _roles(traces)
     rows: list[StepBreakdown] = []
     summaries = []

@@ -29,7 +29,7 @@ from tensorfleet.validation import renamed
 __all__ = ["ProfileCallback"]
 
 
-class ProfileCallback(keras2().callbacks.Callback):
+class ProfileCallback(keras2().callbacks.Callback):  # type: ignore[misc]  # (tf_keras's, found at import)
     """Records steps ``steps`` of ``fit`` (counted from 0 across epochs) into ``out_dir/<task>``.
 
     The profiler starts as the step before the first chosen one ends and stops as the step after
@@ -55,7 +55,8 @@ class ProfileCallback(keras2().callbacks.Callback):
         super().__init__()
         # Keras then passes its logs as tensors, as without callbacks, instead of fetching them every step.
         self._supports_tf_logs = True
-        self.capture = Capture(task_directory(out_dir, task), StepRange.parse(steps))
+        self.steps = StepRange.parse(steps)  # (always a range here: the capture's may be None elsewhere)
+        self.capture = Capture(task_directory(out_dir, task), self.steps)
         self.seen = 0  # batches of this fit finished so far: the number of the next step
         self._epochs = 0
         self._epoch_base = 0  # steps done before this epoch
@@ -78,7 +79,7 @@ class ProfileCallback(keras2().callbacks.Callback):
         return self.capture.directory
 
     def _stop_if_past(self) -> None:
-        if self.capture.running and self.seen > self.capture.steps.last:
+        if self.capture.running and self.seen > self.steps.last:
             self.capture.stop()
 
     def _batch_hooks(self, needed: bool) -> None:
@@ -94,7 +95,7 @@ class ProfileCallback(keras2().callbacks.Callback):
         coordinator = cluster_coordinator(self.model)  # set by fit under a parameter server
         if coordinator is not None:
             self.capture.coordinate(coordinator)
-        if self.capture.steps.first == 0:
+        if self.steps.first == 0:
             self.capture.start()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
@@ -107,7 +108,7 @@ class ProfileCallback(keras2().callbacks.Callback):
         self.capture.mark(self.seen)
         # The profiler starts at the end of the step before the first chosen one and stops at the
         # beginning of the one after the last: those steps' epochs need the hooks, no other does.
-        first, last = self.capture.steps.first - 1, self.capture.steps.last + 1
+        first, last = self.steps.first - 1, self.steps.last + 1
         return self._batch_hooks(self.seen <= last and self.seen + per_epoch > first)
 
     def _end_step(self) -> None:
@@ -127,7 +128,7 @@ class ProfileCallback(keras2().callbacks.Callback):
         stride = self._epoch_base + batch + 1 - self.seen
         self.seen += stride
         self.capture.mark(self.seen)
-        steps = self.capture.steps
+        steps = self.steps
         if not self.capture.running and self.seen <= steps.last and steps.first < self.seen + stride:
             self.capture.start()  # inside the previous call's annotation, which is therefore not recorded
 

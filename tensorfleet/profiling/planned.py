@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tensorfleet.profiling.breakdown import JobProfile, TaskRole
 from tensorfleet.validation import number, positive_int
+
+if TYPE_CHECKING:
+    from tensorfleet.planner.cost_model import Link
 
 __all__ = ["CommunicationCheck", "compare", "measured_communication_ms"]
 
@@ -66,7 +70,7 @@ def measured_communication_ms(profile: JobProfile) -> tuple[float, float]:
     return statistics.median(min(v) for v in by_step.values()), statistics.median(steps)
 
 
-def compare(profile: JobProfile, *, gradient_bytes: float, workers: int, link: object, algorithm: str = "ring",
+def compare(profile: JobProfile, *, gradient_bytes: float, workers: int, link: Link, algorithm: str = "ring",
             measured_ms: float | None = None, step_ms: float | None = None) -> CommunicationCheck:
     """The planner's all-reduce time for ``gradient_bytes`` on ``workers`` over ``link`` beside the
     communication measured in ``profile`` (or the given ``measured_ms`` and ``step_ms``)."""

@@ -148,6 +148,7 @@ class Capture:
         self.coordinator.join()  # no step scheduled before the chosen ones runs inside the traces
         began, at = self._first_mark  # the first step also traced the step function: its time is left out
         pace = (time.monotonic() - began) / (self._done - at) if at and self._done > at else None
+        assert self.steps is not None  # coordinate() refuses a parameter-server job without steps
         self.remote.start(trace_duration_ms(self.steps.last - self.steps.first + 1, pace))
 
     def start(self) -> None:

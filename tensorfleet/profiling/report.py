@@ -110,9 +110,10 @@ def write_report(profile: JobProfile, out_dir: str | Path | None = None, *,
                  extra: dict[str, Any] | None = None) -> dict[str, Path]:
     """Writes ``profile.json`` (with ``extra`` merged in), ``profile.png`` and ``trace.json`` into
     ``out_dir`` (default: the analysed directory); returns their paths by kind (``json``, ``png``, ``trace``)."""
-    if out_dir is None and profile.out_dir is None:
+    target = out_dir if out_dir is not None else profile.out_dir
+    if target is None:
         raise ValueError("out_dir is needed for a profile that was not read from a directory.")
-    out = Path(out_dir if out_dir is not None else profile.out_dir)
+    out = Path(target)
     paths = {kind: out / name for kind, name in REPORT_FILES.items()}
     write_json(paths["json"], {**profile.as_dict(), **(extra or {})})
     save_figure(plot_steps(profile), paths["png"])
