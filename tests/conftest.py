@@ -12,11 +12,13 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("MPLBACKEND", "Agg")
-# The suite's process is one whose `tf.keras` is Keras 2 (tf_keras), chosen here the way a user chooses it,
-# before TensorFlow starts: most tests write their models with `tf.keras` and run them in the rooms that
-# take Keras 2 models. Keras 3 tests write `import keras` (the `keras3` fixture), which is Keras 3 whatever
-# this says; tests of a user's default process (tf.keras is Keras 3) run scripts in a child without it
-# (`user_env()`). tensorfleet itself never sets it: tests/test_compat.py holds that.
+# The suite's process is still one whose `tf.keras` is Keras 2 (tf_keras), chosen here the way a user chooses it,
+# before TensorFlow starts; tensorfleet itself never sets it (tests/test_compat.py holds that). Tests write the
+# Keras they mean all the same: `import keras` (the `keras3` fixture) for Keras 3, Keras 2 through
+# `tensorfleet.compat.keras.keras2()` (tf_keras; tf.keras on the tff track), `user_env()` for a child that is a
+# user's default process and `keras2_env()` for a child script written with `tf.keras` for Keras 2. Without this
+# line 67 unit tests fail today: package docstring examples and tests that build zoo models in the user's Keras
+# (Keras 3 then) for rooms that take tf_keras only (the planner's memory model, tensor-parallel layers, mtf).
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import pytest  # noqa: E402
@@ -108,6 +110,13 @@ def user_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     env.update(extra)
     return env
+
+
+def keras2_env(**extra: str) -> dict[str, str]:
+    """The environment of a process whose ``tf.keras`` is Keras 2, chosen as a user chooses it
+    (``TF_USE_LEGACY_KERAS=1`` before TensorFlow starts), plus ``extra``: for child scripts written with
+    ``tf.keras`` for Keras 2."""
+    return {**os.environ, "TF_USE_LEGACY_KERAS": "1", **extra}
 
 
 def reap(process: Any) -> None:

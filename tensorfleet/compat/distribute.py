@@ -8,7 +8,7 @@ on TensorFlow 2.14 (the tff track) and 2.21 (the current track); nothing here br
 version yet.
 
 * The parameter server's ``ClusterCoordinator``: its cluster (workers and closure queue), the
-  queue's lock and state, a closure's result, and a closure of one worker's own
+  queue's lock and state (the workers waiting on it), a closure's result, and a closure of one worker's own
   (:mod:`tensorfleet.strategies.staleness` gates the queue to enforce a staleness bound).
 * ``ParameterServerStrategy``: whether Keras drives it through a coordinator, its worker count.
 * ``MirroredStrategy``: a strategy whose collective keys no other strategy of the process uses.
@@ -29,10 +29,10 @@ import sys
 from typing import Any, Callable, Iterator
 from tensorfleet.compat.keras import keras2
 
-__all__ = ["closure_output", "closure_queue_lock", "coordinator_cluster", "cross_device_ops", "new_closure_queue",
-           "new_mirrored_strategy", "parameter_server_workers", "queue_accepts_closures", "sidecar_checkpoint_wait",
-           "sidecar_evaluator_class", "sleep_transformation", "tagged_work_waiting", "uses_coordinator",
-           "worker_closure"]
+__all__ = ["closure_output", "closure_queue_lock", "condition_waiters", "coordinator_cluster", "cross_device_ops",
+           "new_closure_queue", "new_mirrored_strategy", "parameter_server_workers", "queue_accepts_closures",
+           "sidecar_checkpoint_wait", "sidecar_evaluator_class", "sleep_transformation", "tagged_work_waiting",
+           "uses_coordinator", "worker_closure", "workers_waiting_for_steps"]
 
 
 # --------------------------------------------------------------------------- ClusterCoordinator
@@ -80,6 +80,18 @@ def tagged_work_waiting(queue: Any, tag: Any) -> bool:
     the queue's ``_tagged_queue``; such work passes the gate at once. Call with the lock held."""
     tagged = queue._tagged_queue.get(tag)
     return tagged is not None and not tagged.empty()
+
+
+def workers_waiting_for_steps(queue: Any) -> int:
+    """How many worker threads wait in the queue's own ``get`` for a step (the waiters of its
+    ``_closures_queued_condition``): a state one can wait for, where TensorFlow offers no event."""
+    with queue._queue_lock:
+        return condition_waiters(queue._closures_queued_condition)
+
+
+def condition_waiters(condition: Any) -> int:
+    """How many threads wait on a ``threading.Condition`` (its ``_waiters``); call with its lock held."""
+    return len(condition._waiters)
 
 
 def closure_output(closure: Any) -> Any:

@@ -214,6 +214,7 @@ class StalenessGate:
         records: a :class:`StepRecord` per finished step, in order of completion (with its
             ``RemoteValue`` as ``outputs`` when ``keep_outputs``).
         retried: the worker of every step that was put back to run again (a failure).
+        held_back: how many worker threads the policy holds back now.
     """
 
     def __init__(self, coordinator: Any, policy: StalenessPolicy, *, keep_outputs: bool = False) -> None:
@@ -242,6 +243,11 @@ class StalenessGate:
         self._queue.put_back = self._put_back
         self._queue.mark_failed = self._mark_failed
         self._nudge(cluster)
+
+    @property
+    def held_back(self) -> int:
+        with self._lock:
+            return tf_internals.condition_waiters(self._held)
 
     def _nudge(self, cluster: Any) -> None:
         """Gives every worker a no-op of its own: a worker thread already waiting in the queue's

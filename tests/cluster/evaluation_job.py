@@ -16,16 +16,19 @@ import os
 import sys
 import time
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def build_model():
-    import tensorflow as tf
 
-    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(64,)),
-                                 tf.keras.layers.Dense(10)])
-    model.compile(optimizer=tf.keras.optimizers.Adam(1e-2),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model = tf_keras.Sequential([tf_keras.layers.Dense(16, activation="relu", input_shape=(64,)),
+                                 tf_keras.layers.Dense(10)])
+    model.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 
 
@@ -40,7 +43,6 @@ def held_out(repeat: int = 1):
 
 
 def main() -> int:
-    import tensorflow as tf
 
     from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation
     from tensorfleet.models.datasets import load_digits
@@ -61,7 +63,7 @@ def main() -> int:
                   log=lambda line: print(f"evaluator: {line}", flush=True)):
         return 0
     split = load_digits(flat=True)
-    pause = tf.keras.callbacks.LambdaCallback(
+    pause = tf_keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: time.sleep(args.pause if epoch + 1 < args.epochs else 0.0))
     build_model().fit(split.x_train, split.y_train, epochs=args.epochs, batch_size=64, verbose=2,
                       callbacks=[checkpoint_callback(args.checkpoint_dir), pause])

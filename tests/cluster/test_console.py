@@ -13,7 +13,8 @@ import pytest
 from tensorfleet.cluster.console import ProgressLines, is_noise
 from tensorfleet.cluster.launcher import TaskCommand, TaskOutput, launch
 
-# Plain Keras fit with its default progress bar (verbose="auto" is 1 here): 2 epochs of 20 steps,
+
+# Plain Keras 2 fit (the task chooses tf_keras as a user does) with its default progress bar (verbose="auto" is 1 here): 2 epochs of 20 steps,
 # each step slowed down so that an epoch takes about a second.
 KERAS_SCRIPT = textwrap.dedent("""
     import time
@@ -42,7 +43,7 @@ def test_a_launched_keras_fit_shows_its_progress_as_lines_per_task(tmp_path: Pat
     shown: list[str] = []
     result = launch(script, workers=1, ports=[portpicker.pick_unused_port()],
                     output=TaskOutput(sink=shown.append, progress_interval=0.3),
-                    command=TaskCommand(env={"TF_CPP_MIN_LOG_LEVEL": "2"}))
+                    command=TaskCommand(env={"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}))
     assert result.returncode == 0
     task_lines = [line[len("[worker:0] "):] for line in shown if line.startswith("[worker:0] ")]
     assert all("\r" not in line and "\b" not in line and len(line) < 200 for line in task_lines), task_lines

@@ -17,6 +17,10 @@ from tensorfleet.cluster.evaluation import (BEST_MODEL, checkpoint_callback, eva
 from tests.cluster.evaluation_job import build_model, held_out
 from tests.conftest import reap
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "cluster" / "evaluation_job.py"
 
@@ -44,7 +48,6 @@ def test_a_training_task_returns_false_at_once(tmp_path, monkeypatch):
 @pytest.mark.timeout(120)
 def test_a_model_restored_from_weights_exports_with_its_optimizer_state_and_loads_quietly(tmp_path, caplog):
     import numpy as np
-    import tensorflow as tf
 
     x, y = np.random.RandomState(0).rand(64, 64).astype("float32"), np.arange(64) % 10
     trained = build_model()
@@ -54,7 +57,7 @@ def test_a_model_restored_from_weights_exports_with_its_optimizer_state_and_load
     restored.load_weights(str(tmp_path / "ckpt-1")).expect_partial()
     export_model(restored, tmp_path / "best.keras")
     with caplog.at_level(logging.WARNING):
-        loaded = tf.keras.models.load_model(tmp_path / "best.keras")
+        loaded = tf_keras.models.load_model(tmp_path / "best.keras")
     assert not [r for r in caplog.records if "Skipping variable loading" in r.getMessage()]
     assert len(loaded.optimizer.variables) == len(trained.optimizer.variables) == 9  # Adam: step, 2 x 4 slots
     for ours, theirs in zip(loaded.optimizer.variables, trained.optimizer.variables):
@@ -89,7 +92,6 @@ def test_a_checkpoint_is_recorded_only_once_its_best_model_is_saved(tmp_path, mo
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_did_after_a_kill(tmp_path, digits_flat):
-    import tensorflow as tf
 
     checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
     x, y = digits_flat.x_train, digits_flat.y_train
@@ -123,7 +125,7 @@ def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_d
         assert row["accuracy"] == pytest.approx(accuracy, abs=1e-7)
         assert row["loss"] == pytest.approx(loss, rel=1e-6)
     best = max(rows, key=lambda r: r["accuracy"])
-    _, best_accuracy = tf.keras.models.load_model(out / BEST_MODEL).evaluate(
+    _, best_accuracy = tf_keras.models.load_model(out / BEST_MODEL).evaluate(
         digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
     assert best_accuracy == pytest.approx(best["accuracy"], abs=1e-7)
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))

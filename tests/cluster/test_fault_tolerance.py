@@ -16,6 +16,10 @@ from tensorfleet.cluster import fault_tolerance as ft
 from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 QUIET = TaskOutput(sink=None)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -45,10 +49,9 @@ def test_empty_backup_dir_is_a_clear_error() -> None:
 
 
 def test_callbacks_are_backup_then_best_model_then_log(tmp_path: Path) -> None:
-    import tensorflow as tf
 
     cbs = ft.callbacks(tmp_path / "backup", save_freq=5, best_model=tmp_path / "best.keras")
-    assert [type(c) for c in cbs] == [tf.keras.callbacks.BackupAndRestore, ft.BestModelCheckpoint, ft.EpochLog]
+    assert [type(c) for c in cbs] == [tf_keras.callbacks.BackupAndRestore, ft.BestModelCheckpoint, ft.EpochLog]
     assert cbs[0].backup_dir == str(tmp_path / "backup")
     assert cbs[0].save_freq == 5
     assert type(ft.callbacks(tmp_path / "b", log_steps=True)[-1]) is ft.StepLog
@@ -88,23 +91,21 @@ def test_resumed_epoch_reads_the_log() -> None:
 
 
 def _tiny_fit(tmp_path: Path, callbacks: list, epochs: int = 4):
-    import tensorflow as tf
 
     from tensorfleet.models import build
     from tensorfleet.models.datasets import load_digits
 
     split = load_digits(flat=True)
-    tf.keras.utils.set_random_seed(0)
+    tf_keras.utils.set_random_seed(0)
     model = build("digits_mlp", hidden=16)
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.01),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.01),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     history = model.fit(split.x_train[:256], split.y_train[:256], batch_size=64, epochs=epochs,
                         validation_data=(split.x_test, split.y_test), callbacks=callbacks, verbose=0)
     return model, history, split
 
 
 def test_best_model_is_the_best_epochs_and_written_atomically(tmp_path: Path, capsys) -> None:
-    import tensorflow as tf
 
     target = tmp_path / "out" / "best.keras"
     best = ft.BestModelCheckpoint(target, monitor="val_accuracy", mode="max")
@@ -113,7 +114,7 @@ def test_best_model_is_the_best_epochs_and_written_atomically(tmp_path: Path, ca
     best_epoch = int(np.argmax(accuracies)) + 1
     record = json.loads((tmp_path / "out" / "best.keras.json").read_text())
     assert record == {"epoch": best_epoch, "monitor": "val_accuracy", "value": pytest.approx(max(accuracies))}
-    loaded = tf.keras.models.load_model(target)
+    loaded = tf_keras.models.load_model(target)
     _, accuracy = loaded.evaluate(split.x_test, split.y_test, verbose=0)
     assert accuracy == pytest.approx(max(accuracies), abs=1e-6)
     assert sorted(p.name for p in target.parent.iterdir()) == ["best.keras", "best.keras.json"]  # no temp files
@@ -218,9 +219,8 @@ def test_parameter_server_worker_killed_is_restarted_alone_and_training_complete
 
 
 def _fit_with(cbs: list) -> None:
-    import tensorflow as tf
 
-    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
     model.compile("sgd", "mse")
     model.fit(np.zeros((8, 2)), np.zeros((8, 1)), epochs=2, verbose=0, callbacks=cbs)
 

@@ -12,18 +12,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
 
 
 @pytest.fixture(scope="session")
 def digits_model(digits: Any) -> Any:
-    import tensorflow as tf
 
     from tensorfleet import models
 
-    tf.keras.utils.set_random_seed(0)
+    tf_keras.utils.set_random_seed(0)
     model = models.build("digits_cnn")
-    model.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    model.compile(optimizer="adam", loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     model.fit(digits.x_train, digits.y_train, epochs=3, batch_size=32, verbose=0)
     return model
@@ -89,9 +92,9 @@ def topk_artifact() -> Any:
 
     from tensorfleet import edge
 
-    inputs = tf.keras.Input((8,))
+    inputs = tf_keras.Input((8,))
     values, _ = tf.math.top_k(inputs, k=3)
-    model = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(values))
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(values))
     return edge.convert(model, "float32", progress=False)
 
 
@@ -141,13 +144,12 @@ def signal_window_artifact() -> Any:
 @pytest.fixture(scope="session")
 def lstm_int8_artifact() -> Any:
     """A small Keras LSTM (10 steps of 4 features -> 8 units -> 3 classes), full-int8."""
-    import tensorflow as tf
 
     from tensorfleet import edge
 
-    tf.keras.utils.set_random_seed(0)
-    inputs = tf.keras.Input((10, 4), batch_size=1)
-    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(tf.keras.layers.LSTM(8)(inputs)))
+    tf_keras.utils.set_random_seed(0)
+    inputs = tf_keras.Input((10, 4), batch_size=1)
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(3)(tf_keras.layers.LSTM(8)(inputs)))
     data = np.random.default_rng(0).normal(size=(40, 10, 4)).astype(np.float32)
     return edge.convert(model, "int8", data, progress=False)
 
@@ -166,9 +168,9 @@ def kws_int16_input_artifact() -> Any:
 
     from tensorfleet import edge
 
-    tf.keras.utils.set_random_seed(0)
-    layers = tf.keras.layers
-    inputs = tf.keras.Input((49, 10, 1))
+    tf_keras.utils.set_random_seed(0)
+    layers = tf_keras.layers
+    inputs = tf_keras.Input((49, 10, 1))
     x = layers.Conv2D(8, (10, 4), strides=2, padding="same", activation="relu")(inputs)
     x = layers.DepthwiseConv2D(3, padding="same", activation="relu")(x)
     outputs = layers.Dense(4, activation="softmax")(layers.GlobalAveragePooling2D()(x))
@@ -178,7 +180,7 @@ def kws_int16_input_artifact() -> Any:
         for sample in data:
             yield [sample[None]]
 
-    converter = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(inputs, outputs))
+    converter = tf.lite.TFLiteConverter.from_keras_model(tf_keras.Model(inputs, outputs))
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = representative
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]

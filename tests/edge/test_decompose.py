@@ -15,6 +15,10 @@ from tensorfleet import edge
 from tensorfleet.edge.decompose_factors import cp_full_rank
 from tests.edge.conftest import full_rank, kinds_model
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 EPS32 = float(np.finfo(np.float32).eps)
 
 
@@ -27,9 +31,8 @@ def _assign_normal(model: Any, seed: int) -> Any:
 
 @pytest.fixture(scope="module")
 def conv_model() -> Any:
-    import tensorflow as tf
 
-    return kinds_model(tf.keras)
+    return kinds_model(tf_keras)
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +58,13 @@ def test_full_rank_factors_give_the_same_outputs(conv_model: Any, images: np.nda
 
 
 def test_sequential_models_decompose_too() -> None:
-    import tensorflow as tf
 
-    model = tf.keras.Sequential([tf.keras.Input((10,)), tf.keras.layers.Dense(8, activation="tanh", name="a"),
-                                 tf.keras.layers.Dense(4, name="b")], name="seq")
+    model = tf_keras.Sequential([tf_keras.Input((10,)), tf_keras.layers.Dense(8, activation="tanh", name="a"),
+                                 tf_keras.layers.Dense(4, name="b")], name="seq")
     _assign_normal(model, 3)
     x = np.random.default_rng(4).normal(size=(5, 10)).astype(np.float32)
     small = edge.decompose(model, "svd", energy=1.0, allow_growth=True)
-    assert isinstance(small, tf.keras.Sequential)
+    assert isinstance(small, tf_keras.Sequential)
     assert [layer.name for layer in small.layers] == ["a_u", "a_v", "b_u", "b_v"]
     expected = model(x).numpy()
     np.testing.assert_allclose(small(x).numpy(), expected, rtol=0, atol=64 * EPS32 * np.abs(expected).max())
@@ -83,11 +85,10 @@ def test_plan_leaves_growing_layers_alone_with_the_reason(conv_model: Any, tmp_p
 
 
 def test_ranks_by_energy_and_vbmf() -> None:
-    import tensorflow as tf
 
     rng = np.random.default_rng(0)
     low = (rng.normal(size=(40, 3)) @ rng.normal(size=(3, 30))).astype(np.float32)
-    model = tf.keras.Sequential([tf.keras.Input((40,)), tf.keras.layers.Dense(30, name="d")], name="low")
+    model = tf_keras.Sequential([tf_keras.Input((40,)), tf_keras.layers.Dense(30, name="d")], name="low")
     model.layers[0].kernel.assign(low + 0.01 * rng.normal(size=low.shape))
     assert edge.plan_decomposition(model, "svd", rank="vbmf").layers[0].rank == (3,)
     row = edge.plan_decomposition(model, "svd", energy=0.99).layers[0]
@@ -109,19 +110,18 @@ def test_cp_rank_by_energy_is_the_smallest_that_keeps_it(conv_model: Any) -> Non
 @pytest.mark.slow
 def test_the_tflite_keeps_the_factors_and_the_pipeline_runs(tmp_path: Path) -> None:
     """Fine-tune with 'decompose', convert to int8 and float32, validate on TFLM, report, export C."""
-    import tensorflow as tf
 
     from tensorfleet.models import datasets
 
     digits = datasets.load_digits()
-    tf.keras.utils.set_random_seed(0)
-    layers = tf.keras.layers
-    inputs = tf.keras.Input((8, 8, 1))
+    tf_keras.utils.set_random_seed(0)
+    layers = tf_keras.layers
+    inputs = tf_keras.Input((8, 8, 1))
     x = layers.Conv2D(16, 3, padding="same", activation="relu", name="c1")(inputs)
     x = layers.Conv2D(32, 3, strides=2, padding="same", activation="relu", name="c2")(x)
     x = layers.Flatten()(x)
     x = layers.Dense(64, activation="relu", name="fc")(x)
-    model = tf.keras.Model(inputs, layers.Dense(10, name="logits")(x), name="small_cnn")
+    model = tf_keras.Model(inputs, layers.Dense(10, name="logits")(x), name="small_cnn")
     tucker2 = edge.decompose(model, "tucker2", rank={"c2": (8, 8), "fc": 8})
     ops = Counter(op.op for op in edge.convert(tucker2, "float32", progress=False).graph.operators)
     # c1 stays one CONV_2D (its rank was not given); c2's three factors and fc's two FULLY_CONNECTED stay apart.
@@ -143,7 +143,6 @@ def test_the_tflite_keeps_the_factors_and_the_pipeline_runs(tmp_path: Path) -> N
 
 
 def test_bad_input_is_one_clear_error(conv_model: Any) -> None:
-    import tensorflow as tf
 
     with pytest.raises(edge.DecompositionError, match=r"rank 10 is too large for layer 'hidden'.*at most 9 .*Received: rank=10"):
         edge.plan_decomposition(conv_model, "svd", rank={"hidden": 10})
@@ -162,29 +161,28 @@ def test_bad_input_is_one_clear_error(conv_model: Any) -> None:
         edge.plan_decomposition(conv_model, "cp", rank="vbmf")
     with pytest.raises(edge.DecompositionError, match="Pass exactly one of rank= or energy="):
         edge.plan_decomposition(conv_model, "svd", rank=2, energy=0.5)
-    class Subclassed(tf.keras.Model):
+    class Subclassed(tf_keras.Model):
         def call(self, inputs: Any) -> Any:
             return inputs
 
     with pytest.raises(edge.DecompositionError, match="needs a functional or Sequential Keras model.*Subclassed"):
         edge.plan_decomposition(Subclassed(), "svd", energy=0.5)
-    pooled = tf.keras.Sequential([tf.keras.Input((6, 6, 2)), tf.keras.layers.DepthwiseConv2D(3, name="dw"),
-                                  tf.keras.layers.GlobalAveragePooling2D()], name="no_dense")
+    pooled = tf_keras.Sequential([tf_keras.Input((6, 6, 2)), tf_keras.layers.DepthwiseConv2D(3, name="dw"),
+                                  tf_keras.layers.GlobalAveragePooling2D()], name="no_dense")
     with pytest.raises(edge.DecompositionError, match="model 'no_dense' has no layer that method 'svd' factors"):
         edge.decompose(pooled, "svd", energy=0.5)
 
 
 def test_cli_prints_the_plan_writes_model_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import tensorflow as tf
 
     from tensorfleet.cli.main import main
 
-    layers = tf.keras.layers
-    inputs = tf.keras.Input((8, 8, 3))
+    layers = tf_keras.layers
+    inputs = tf_keras.Input((8, 8, 3))
     x = layers.Conv2D(32, 3, padding="same", name="wide")(inputs)
     outputs = layers.Dense(2, name="head")(layers.Flatten()(layers.Conv2D(32, 3, name="wider")(x)))
     path = tmp_path / "model.keras"
-    _assign_normal(tf.keras.Model(inputs, outputs, name="cli_model"), 5).save(path)
+    _assign_normal(tf_keras.Model(inputs, outputs, name="cli_model"), 5).save(path)
     out, plot = tmp_path / "small.keras", tmp_path / "plan.png"
     assert main(["edge", "decompose", str(path), "--method", "tucker2", "--rank", "4", "--out", str(out),
                  "--plot", str(plot)]) == 0
@@ -192,7 +190,7 @@ def test_cli_prints_the_plan_writes_model_and_plot(tmp_path: Path, capsys: pytes
     assert "decomposition plan for 'cli_model' (method tucker2)" in printed
     assert re.search(r"\nwider +Conv2D 3x3 +tucker2 +4x4 ", printed)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    small = tf.keras.models.load_model(out, compile=False)
+    small = tf_keras.models.load_model(out, compile=False)
     assert [layer.name for layer in small.layers if "wider" in layer.name] == ["wider_in", "wider_core", "wider_out"]
     for bad, message in [(["--rank", "40"], "rank 40 is too large for layer 'wide'"),
                          (["--energy", "1.5"], "energy must be a finite number > 0 and <= 1"),

@@ -10,11 +10,14 @@ import pytest
 from tensorfleet import edge, models
 from tensorfleet.edge import optimize as opt
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 def _copy(model: Any) -> Any:
-    import tensorflow as tf
 
-    clone = tf.keras.models.clone_model(model)
+    clone = tf_keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
     return clone
 
@@ -77,13 +80,12 @@ def test_distillation_trains_a_smaller_student(digits_model: Any, digits: Any) -
 
 
 def test_freezing_keeps_the_first_layers_fixed(small: Any) -> None:
-    import tensorflow as tf
 
     model = models.build("digits_cnn")
     frozen = opt.freeze_layers(model, first=2)
     assert frozen == [model.layers[1].name, model.layers[2].name]
     before = [layer.get_weights() for layer in model.layers]
-    model.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer="adam", loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(*small, epochs=1, verbose=0)
     after = [layer.get_weights() for layer in model.layers]
     for layer, b, a in zip(model.layers, before, after):

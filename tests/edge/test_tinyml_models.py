@@ -10,6 +10,10 @@ import pytest
 from tensorfleet import edge, models
 from tensorfleet.models import tinyml
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 NAMES = ("ds_cnn", "resnet8", "anomaly_autoencoder", "mobilenet_v1_025")
 
 
@@ -33,11 +37,10 @@ def test_models_are_registered_with_reference_shapes() -> None:
 
 
 def test_ds_cnn_architecture() -> None:
-    import tensorflow as tf
 
     model = models.build("ds_cnn")
-    depthwise = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.DepthwiseConv2D)]
-    convs = [layer for layer in model.layers if type(layer) is tf.keras.layers.Conv2D]
+    depthwise = [layer for layer in model.layers if isinstance(layer, tf_keras.layers.DepthwiseConv2D)]
+    convs = [layer for layer in model.layers if type(layer) is tf_keras.layers.Conv2D]
     assert len(depthwise) == 4 and len(convs) == 5
     assert {layer.filters for layer in convs} == {64}
     assert convs[0].kernel_size == (10, 4) and convs[0].strides == (2, 2)

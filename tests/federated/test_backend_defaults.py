@@ -18,6 +18,10 @@ from tensorfleet.compat.tff import TffUnavailableError, tff_available
 from tensorfleet.federated import Simulation, SimulationConfig, partition
 from tensorfleet.federated.backends import Backend
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 # What tests that TFF is asked for where it is missing need: a track without it (the current one).
 without_tff = pytest.mark.skipif(tff_available(), reason="tensorflow-federated imports here (the tff track)")
 
@@ -28,10 +32,9 @@ def clients(digits_flat):
 
 
 def _with_batch_norm():
-    import tensorflow as tf
 
-    return tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(64,)),
-                                tf.keras.layers.BatchNormalization(name="bn"), tf.keras.layers.Dense(10)])
+    return tf_keras.Sequential([tf_keras.layers.Dense(16, input_shape=(64,)),
+                                tf_keras.layers.BatchNormalization(name="bn"), tf_keras.layers.Dense(10)])
 
 
 def test_the_default_backend_is_auto_in_the_config_and_the_simulation(clients):
@@ -83,8 +86,8 @@ def _centering():
     import tensorflow as tf
 
     # Subtracts the batch mean at inference too: a row's output depends on the other rows.
-    return tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,)),
-                                tf.keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0))])
+    return tf_keras.Sequential([tf_keras.layers.Dense(10, input_shape=(64,)),
+                                tf_keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0))])
 
 
 @without_tff

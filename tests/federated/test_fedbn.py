@@ -12,15 +12,18 @@ from tensorfleet.federated import Simulation, partition
 from tensorfleet.federated.checkpoint import PREVIOUS_FILE
 from tensorfleet.federated.config import SimulationConfig
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 EPS, MOMENTUM, LR = 1e-3, 0.99, 0.1  # Keras's BatchNormalization defaults, FedAvg's client SGD
 
 
 def bn_model():
-    import tensorflow as tf
 
-    tf.keras.utils.set_random_seed(3)
-    return tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,)), tf.keras.layers.BatchNormalization(),
-                                tf.keras.layers.Dense(2)])
+    tf_keras.utils.set_random_seed(3)
+    return tf_keras.Sequential([tf_keras.layers.Dense(3, input_shape=(4,)), tf_keras.layers.BatchNormalization(),
+                                tf_keras.layers.Dense(2)])
 
 
 def make_clients():
@@ -164,11 +167,10 @@ def test_fedbn_is_refused_where_it_cannot_run():
 
 
 def test_a_model_without_batch_normalization_keeps_nothing_per_client():
-    import tensorflow as tf
 
     def dense():
-        tf.keras.utils.set_random_seed(3)
-        return tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+        tf_keras.utils.set_random_seed(3)
+        return tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(4,))])
 
     sim = Simulation(dense, make_clients(), "fedavg", backend="compiled", clients_per_round=2, seed=2, batch_size=4,
                      progress=False, non_trainable="per_client", rounds=1)

@@ -10,6 +10,10 @@ pytestmark = pytest.mark.tff  # FedProx on TFF's process against TFF's own build
 from tensorfleet.federated import algorithms  # noqa: E402
 from tensorfleet.federated.backends.tff import managed_context  # noqa: E402
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 KERNEL, BIAS = np.array([[0.5], [-0.25], [1.0]]), np.array([0.1])
 MU, LR, BATCH, EPOCHS = 0.5, 0.1, 4, 2
 
@@ -25,12 +29,12 @@ def _model_fn():
     import tensorflow as tf
     import tensorflow_federated as tff
 
-    model = tf.keras.Sequential([tf.keras.layers.Dense(
-        1, input_shape=(3,), kernel_initializer=tf.keras.initializers.Constant(KERNEL),
-        bias_initializer=tf.keras.initializers.Constant(BIAS))])
+    model = tf_keras.Sequential([tf_keras.layers.Dense(
+        1, input_shape=(3,), kernel_initializer=tf_keras.initializers.Constant(KERNEL),
+        bias_initializer=tf_keras.initializers.Constant(BIAS))])
     return tff.learning.models.from_keras_model(
         model, input_spec=(tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 1], tf.float32)),
-        loss=tf.keras.losses.MeanSquaredError())
+        loss=tf_keras.losses.MeanSquaredError())
 
 
 def _local_training(sign: float, momentum: float | None) -> list[np.ndarray]:

@@ -15,6 +15,10 @@ from tensorfleet.federated.aggregators.parts import (
     Aggregate, AggregationError, Aggregator, AggregatorPart, ClientUpdates, RoundContext,
 )
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 class Capture(AggregatorPart):
     """A user's own host aggregator: the example-weighted mean in NumPy; keeps what it received."""
@@ -206,12 +210,11 @@ def test_stragglers_partial_work_is_weighted_by_the_examples_it_reached(setup):
 
 
 def test_batch_normalization_statistics_are_the_clients_mean_weighted_by_examples(setup):
-    import tensorflow as tf
 
     def bn_model():
-        tf.keras.utils.set_random_seed(0)
-        return tf.keras.Sequential([tf.keras.layers.BatchNormalization(input_shape=(64,)),
-                                    tf.keras.layers.Dense(10)])
+        tf_keras.utils.set_random_seed(0)
+        return tf_keras.Sequential([tf_keras.layers.BatchNormalization(input_shape=(64,)),
+                                    tf_keras.layers.Dense(10)])
 
     clients = setup[0]
     finals = {}

@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 import pytest
+
+from tests.conftest import keras2_env
 import tensorflow as tf
 
 from tensorfleet import models
@@ -14,6 +16,10 @@ from tensorfleet.models.datasets import load_digits
 from tensorfleet.model_parallel import mesh as tfmesh
 from tensorfleet.model_parallel.mesh.training import count_devices as count_devices_of
 from tensorfleet.compat.mesh_tf import apply_import_fixes, import_mesh_tensorflow, layout_pairs
+
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
 STEPS, BATCH, LR = 5, 32, 0.5
 
@@ -124,8 +130,8 @@ def test_unknown_backend_lists_the_backends():
 
 def _single_device_run(name: str, x: np.ndarray, y: np.ndarray):
     model = models.build(name)
-    optimizer = tf.keras.optimizers.SGD(LR)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = tf_keras.optimizers.SGD(LR)
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     losses = []
     with tf.device("/CPU:0"):
         for s in range(STEPS):
@@ -163,7 +169,7 @@ def test_2x2_mesh_matches_single_device_after_5_steps(case, backend, logical_cpu
     history = mesh.fit(model, x, y, epochs=1, batch_size=BATCH, learning_rate=LR, verbose=False)
     assert len(history.step_loss) == STEPS
     np.testing.assert_allclose(history.step_loss, ref_losses, atol=1e-5, rtol=0)
-    final = float(tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y[:BATCH], model(x[:BATCH])))
+    final = float(tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y[:BATCH], model(x[:BATCH])))
     assert abs(final - ref_final) < 1e-5
     for got, want in zip(model.get_weights(), ref_model.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-5)
@@ -217,7 +223,7 @@ def test_dtensor_backend_matches_single_device_in_its_own_process():
 
     tests = os.path.dirname(__file__)
     result = subprocess.run([sys.executable, "-c", _DTENSOR_SCRIPT.format(tests=tests)], capture_output=True,
-                            text=True, timeout=540, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            text=True, timeout=540, env=keras2_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     import json
 
@@ -273,10 +279,9 @@ mirrored(4)
 def test_dtensor_backend_shares_a_process_with_tensorfleet_mirrored_strategies(raw):
     # In TF 2.14 DTensor's collectives use group key 1, the first key of a MirroredStrategy
     # built by TensorFlow; strategies built by tensorfleet take their own key range.
-    import os
 
     result = subprocess.run([sys.executable, "-c", _SHARE_SCRIPT.format(raw=raw)], capture_output=True, text=True,
-                            timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            timeout=240, env=keras2_env(TF_CPP_MIN_LOG_LEVEL="3"))
     lines = [line.split()[:2] for line in result.stdout.splitlines() if line.startswith(("mirrored", "dtensor"))]
     if raw:  # the TensorFlow bug that tensorfleet's key ranges avoid
         assert result.returncode != 0 and lines == [["mirrored", "2"]], result.stdout
@@ -414,10 +419,10 @@ def test_a_model_compiled_in_the_scope_trains_with_its_own_fit(backend, logical_
     x, y = _data("digits_mlp")
     ref_losses, ref_final, ref_model = _single_device_run("digits_mlp", x, y)
     mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend=backend)
-    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with mesh.scope():
         model = models.build("digits_mlp")  # the same seed: the same initial weights as the reference
-        model.compile(tf.keras.optimizers.SGD(LR), loss, metrics=["accuracy"])
+        model.compile(tf_keras.optimizers.SGD(LR), loss, metrics=["accuracy"])
     history = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     assert list(history.history) == ["loss"] and len(model.mesh_trainer.step_loss) == STEPS
     np.testing.assert_allclose(model.mesh_trainer.step_loss, ref_losses, atol=1e-5, rtol=0)
@@ -432,7 +437,7 @@ def test_a_model_compiled_in_the_scope_trains_with_its_own_fit(backend, logical_
         with pytest.raises(ValueError, match=rf"^The {backend} mesh backend trains with plain SGD \(tf.keras.optimizers.SGD "
                                              r"without momentum\); backend='dtensor' takes any Keras optimizer. "
                                              r"Received: optimizer=<.*Adam"):
-            models.build("digits_mlp").compile(tf.keras.optimizers.Adam(), loss)
+            models.build("digits_mlp").compile(tf_keras.optimizers.Adam(), loss)
         with pytest.raises(ValueError, match=r"^Mesh layouts support inputs of shape \(batch, features\) or \(batch, seq, "
                                              r"features\). Received: input shape \(None, 8, 8, 1\)$"):
-            models.build("digits_cnn").compile(tf.keras.optimizers.SGD(LR), loss)
+            models.build("digits_cnn").compile(tf_keras.optimizers.SGD(LR), loss)

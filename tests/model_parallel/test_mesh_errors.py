@@ -12,6 +12,10 @@ from tensorfleet import models
 from tensorfleet.model_parallel import mesh as tfmesh
 from tensorfleet.models.datasets import load_digits
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 BATCH, STEPS = 32, 5
 
 
@@ -25,27 +29,27 @@ SUPPORTED = ("The mtf and keras mesh backends (and Mesh.fit) run Sequential and 
              "TransformerBlock layers (the block keeps its residual connections inside), ending in a Dense of class "
              "logits. Any other Keras model trains with its own compile and fit when built and compiled inside "
              "mesh.scope() of a Mesh with backend='dtensor'.")
-_layers = tf.keras.layers
+_layers = tf_keras.layers
 
 
 def _unbuilt():
-    return tf.keras.Sequential([_layers.Dense(32, activation="relu"), _layers.Dense(10)], name="unbuilt")
+    return tf_keras.Sequential([_layers.Dense(32, activation="relu"), _layers.Dense(10)], name="unbuilt")
 
 
 def _skip():
-    inputs = tf.keras.Input((64,), name="pixels")
+    inputs = tf_keras.Input((64,), name="pixels")
     hidden = _layers.Dense(64, activation="relu", name="hidden")(inputs)
     outputs = _layers.Dense(10, name="logits")(_layers.Add(name="skip")([hidden, inputs]))
-    return tf.keras.Model(inputs, outputs, name="residual")
+    return tf_keras.Model(inputs, outputs, name="residual")
 
 
 def _shared():
-    inputs = tf.keras.Input((64,), name="pixels")
+    inputs = tf_keras.Input((64,), name="pixels")
     dense = _layers.Dense(64, activation="relu", name="twice")
-    return tf.keras.Model(inputs, _layers.Dense(10, name="logits")(dense(dense(inputs))), name="shared")
+    return tf_keras.Model(inputs, _layers.Dense(10, name="logits")(dense(dense(inputs))), name="shared")
 
 
-class _Subclassed(tf.keras.Model):
+class _Subclassed(tf_keras.Model):
     def __init__(self):
         super().__init__(name="mine")
         self.dense = _layers.Dense(10)
@@ -61,7 +65,7 @@ def _subclassed():
 
 
 def _sequential(*layers, name):
-    return tf.keras.Sequential([tf.keras.Input((64,)), *layers], name=name)
+    return tf_keras.Sequential([tf_keras.Input((64,)), *layers], name=name)
 
 
 CHAIN = ("Splitting a model across devices needs a model whose layers form one chain (each layer feeding the next); "
@@ -81,7 +85,7 @@ UNSUPPORTED_MODELS = {
               SUPPORTED + " Received: layer 'drop' of type Dropout"),
     "activation": (lambda: _sequential(_layers.Dense(8, activation="gelu", name="g"), _layers.Dense(10), name="a"),
                    SUPPORTED + " Received: layer 'g' of type Dense with activation 'gelu'"),
-    "last": (lambda: tf.keras.Sequential([tf.keras.Input((8, 8)), _layers.Dense(16), _layers.GlobalAveragePooling1D(
+    "last": (lambda: tf_keras.Sequential([tf_keras.Input((8, 8)), _layers.Dense(16), _layers.GlobalAveragePooling1D(
         name="pool")]), SUPPORTED + " Received: last layer 'pool' of type GlobalAveragePooling1D"),
 }
 

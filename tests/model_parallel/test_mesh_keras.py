@@ -5,25 +5,29 @@ collectives' group key clashes with tf.distribute strategies other tests build).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 
 import pytest
-import tensorflow as tf
+
+from tests.conftest import keras2_env
 
 from tensorfleet.model_parallel.mesh import KerasLayout, Mesh
+
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
 
 def _run_result(script: str, *args: str, timeout: float) -> dict:
     """Runs ``script`` in a fresh interpreter (DTensor cannot share the suite's process) and returns its RESULT json."""
     result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            env=keras2_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
-_layers = tf.keras.layers
+_layers = tf_keras.layers
 
 
 def _layout(rules="batch:b;hidden:m;heads:m;vocab:m;channels:m", patterns=None):
@@ -102,7 +106,7 @@ def test_keras_model_before_a_scope_is_a_clear_error():
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
     with pytest.raises(ValueError, match=r"^Build the model inside mesh.scope\(\) first.*Received: model 'plain' and "
                                          r"no scope entered$"):
-        mesh.keras_model(tf.keras.Sequential([tf.keras.Input((4,)), _layers.Dense(2)], name="plain"))
+        mesh.keras_model(tf_keras.Sequential([tf_keras.Input((4,)), _layers.Dense(2)], name="plain"))
 
 
 _FIT_SCRIPT = r"""

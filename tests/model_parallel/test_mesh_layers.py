@@ -4,25 +4,30 @@ Dense over sequences split along units, Dropout drawing one device's mask; each 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from tests.conftest import keras2_env
 import tensorflow as tf
 
 from tensorfleet.model_parallel.mesh import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_layers import Adaptation, adapt_split_readers, adaptation, depthwise_conv2d
 from tensorfleet.model_parallel.mesh.keras_layout import WeightLayout
 
-_layers = tf.keras.layers
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
+_layers = tf_keras.layers
 
 
 def _run_result(script: str, *, timeout: float) -> dict:
     """Runs ``script`` in a fresh interpreter (DTensor cannot share the suite's process): its RESULT json."""
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            env=keras2_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
@@ -97,25 +102,25 @@ def _decided(model, split):
 
 
 def test_the_trainer_adapts_exactly_the_pools_and_concatenations_that_read_split_units():
-    tokens = tf.keras.Input((12,), dtype="int32")
+    tokens = tf_keras.Input((12,), dtype="int32")
     e = _layers.Embedding(50, 8, name="embed")(tokens)
     h = _layers.Flatten(name="f1")(_layers.MaxPooling1D(3, name="pool")(_layers.Dense(16, name="up")(e)))
     side = _layers.Flatten(name="f2")(_layers.LayerNormalization(name="ln")(_layers.Dense(4, name="side")(e)))
     whole = _layers.Flatten(name="f3")(_layers.AveragePooling1D(2, name="avg")(e))
     h = _layers.Concatenate(name="cat")([_layers.Concatenate(name="cat_whole")([h, whole]), side])
-    text = tf.keras.Model(tokens, _layers.Dense(5, name="head")(h))
+    text = tf_keras.Model(tokens, _layers.Dense(5, name="head")(h))
     mesh = "dtensor mesh"  # only stored on the adapted layers; nothing runs here
     assert adapt_split_readers(text, _decided(text, {"up", "side"}), "b", mesh) == ["pool", "cat"]
     assert adaptation(text.get_layer("pool")) == Adaptation("b", mesh) and adaptation(text.get_layer("avg")) is None
     # a CNN's pools read convolutions (filters whole) and a Dense split along the batch alone: none adapted
-    pixels = tf.keras.Input((8, 8, 1))
+    pixels = tf_keras.Input((8, 8, 1))
     a = _layers.Conv2D(8, 3, padding="same", name="conv")(pixels)
     h = _layers.MaxPooling2D(name="max")(_layers.Concatenate(name="both")([a, _layers.Conv2D(8, 1, name="pw")(a)]))
-    cnn = tf.keras.Model(pixels, _layers.Dense(10, name="d1")(_layers.GlobalAveragePooling2D()(h)))
+    cnn = tf_keras.Model(pixels, _layers.Dense(10, name="d1")(_layers.GlobalAveragePooling2D()(h)))
     decided = [WeightLayout(w.path, w.shape, ("b",) * len(w.shape)) for w in _decided(cnn, set())]
     assert adapt_split_readers(cnn, decided, "b", mesh) == []
     # a Sequential: Dense with split units, Reshape, then pooling
-    chain = tf.keras.Sequential([tf.keras.Input((8,)), _layers.Dense(16, name="wide"), _layers.Reshape((4, 4)),
+    chain = tf_keras.Sequential([tf_keras.Input((8,)), _layers.Dense(16, name="wide"), _layers.Reshape((4, 4)),
                                  _layers.MaxPooling1D(2, name="seq_pool"), _layers.Flatten(), _layers.Dense(3)])
     assert adapt_split_readers(chain, _decided(chain, {"wide"}), "b", mesh) == ["seq_pool"]
 

@@ -8,11 +8,12 @@ other tests build in the suite's process)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import keras2_env
 
 from tensorfleet.model_parallel.mesh import Mesh
 
@@ -26,15 +27,19 @@ from tensorflow.experimental import dtensor
 from tensorfleet.model_parallel.mesh import Mesh
 from tensorfleet.model_parallel.mesh.zero import ZeroVariable
 from tensorfleet.planner.splits import model_state_bytes
-L = tf.keras.layers
+
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+L = tf_keras.layers
 
 def build():  # an embedding table (read by a gather), a split Dense, a normalization, a split head
-    tokens = tf.keras.Input((4,), dtype="int32")
+    tokens = tf_keras.Input((4,), dtype="int32")
     h = L.Flatten()(L.Embedding(16, 8, name="embed")(tokens))
     h = L.LayerNormalization(name="ln")(L.Dense(16, activation="gelu", name="h")(h))
-    return tf.keras.Model(tokens, L.Dense(8, name="o")(h))
+    return tf_keras.Model(tokens, L.Dense(8, name="o")(h))
 
-class Steps(tf.keras.callbacks.Callback):
+class Steps(tf_keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.losses = getattr(self, "losses", []) + [float(logs["loss"])]
 
@@ -45,14 +50,14 @@ def held(tensors):
             per_device[shard.device] = per_device.get(shard.device, 0) + int(shard.shape.num_elements())
     return sorted(per_device.values())
 
-OPTIMIZERS = {"adamw_global_clip": "tf.keras.optimizers.AdamW(1e-2, weight_decay=0.1, global_clipnorm=0.05)",
-              "sgd_clip": "tf.keras.optimizers.SGD(0.5, clipnorm=0.05)"}  # no momentum: see with_mesh
+OPTIMIZERS = {"adamw_global_clip": "tf_keras.optimizers.AdamW(1e-2, weight_decay=0.1, global_clipnorm=0.05)",
+              "sgd_clip": "tf_keras.optimizers.SGD(0.5, clipnorm=0.05)"}  # no momentum: see with_mesh
 x = np.random.RandomState(0).randint(0, 16, (80, 4)).astype("int32")
 y = (np.arange(80) % 8).astype("int32")
-loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 out = {}
 for key, optimizer in OPTIMIZERS.items():
-    tf.keras.utils.set_random_seed(1)
+    tf_keras.utils.set_random_seed(1)
     reference = build()
     initial = reference.get_weights()
     reference.compile(optimizer=eval(optimizer), loss=loss)
@@ -89,7 +94,7 @@ print("RESULT " + json.dumps(out))
 def run_dtensor_script(script: str, timeout: float) -> dict:
     """Runs ``script`` in a fresh interpreter (bounded by ``timeout``) and returns its ``RESULT`` json."""
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            env=keras2_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
@@ -138,9 +143,10 @@ def test_zero_stages_beyond_3_are_refused():
 
 
 def test_weight_splits_before_a_scope_is_a_clear_error():
-    import tensorflow as tf
+    from tensorfleet.compat.keras import keras2
 
+    tf_keras = keras2()
     with pytest.raises(ValueError, match=r"^Build the model inside mesh.scope\(\) first.*Received: model 'm' and no "
                                          r"scope entered$"):
-        Mesh("b:2", "batch:b").weight_splits(tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)],
+        Mesh("b:2", "batch:b").weight_splits(tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)],
                                                                  name="m"))

@@ -10,15 +10,19 @@ from tensorfleet.models.datasets import load_digits
 from tensorfleet.model_parallel import pipeline as pl
 from tensorfleet.model_parallel.pipeline import Pass, ScheduledOp
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 F, B = Pass.FORWARD, Pass.BACKWARD
 
 
-def _mlp(depth: int = 8, width: int = 16, seed: int = 0) -> tf.keras.Model:
-    layers = [tf.keras.layers.Dense(width, activation="tanh", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + i),
-                                    bias_initializer=tf.keras.initializers.RandomNormal(stddev=0.1, seed=100 + i))
+def _mlp(depth: int = 8, width: int = 16, seed: int = 0) -> tf_keras.Model:
+    layers = [tf_keras.layers.Dense(width, activation="tanh", kernel_initializer=tf_keras.initializers.GlorotUniform(seed + i),
+                                    bias_initializer=tf_keras.initializers.RandomNormal(stddev=0.1, seed=100 + i))
               for i in range(depth - 1)]
-    layers.append(tf.keras.layers.Dense(10, kernel_initializer=tf.keras.initializers.GlorotUniform(seed + depth)))
-    model = tf.keras.Sequential(layers, name="chain")
+    layers.append(tf_keras.layers.Dense(10, kernel_initializer=tf_keras.initializers.GlorotUniform(seed + depth)))
+    model = tf_keras.Sequential(layers, name="chain")
     model.build((None, 64))
     return model
 
@@ -30,7 +34,7 @@ def batch():
 
 
 def _reference(model, x, y):
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
     return float(loss), tape.gradient(loss, model.trainable_variables)
@@ -141,8 +145,8 @@ def test_fit_trains_and_matches_plain_sgd(batch):
     x, y = batch
     model, twin = _mlp(depth=4), _mlp(depth=4)
     pipe = pl.Pipeline(model, num_stages=2, micro_batches=2, schedule="1f1b")
-    history = pipe.fit(x, y, optimizer=tf.keras.optimizers.SGD(0.5), epochs=3, batch_size=16, verbose=False)
-    opt = tf.keras.optimizers.SGD(0.5)
+    history = pipe.fit(x, y, optimizer=tf_keras.optimizers.SGD(0.5), epochs=3, batch_size=16, verbose=False)
+    opt = tf_keras.optimizers.SGD(0.5)
     losses = []
     for _ in range(3):
         for s in (0, 16):
@@ -174,11 +178,11 @@ def test_bad_pipeline_arguments_are_clear_errors(logical_cpus):
     with pytest.raises(ValueError,
                        match=r"op_cost must be \(forward_seconds, backward_seconds\). Received: op_cost=\(0.1,\)"):
         pl.Pipeline(model, num_stages=2, op_cost=(0.1,))
-    unbuilt = tf.keras.Sequential([tf.keras.layers.Dense(3)])
+    unbuilt = tf_keras.Sequential([tf_keras.layers.Dense(3)])
     with pytest.raises(ValueError, match=r"must be built"):
         pl.Pipeline(unbuilt, num_stages=1)
-    inputs = tf.keras.Input((4,))
-    branch = tf.keras.Model(inputs, tf.keras.layers.Add()([tf.keras.layers.Dense(4)(inputs), inputs]))
+    inputs = tf_keras.Input((4,))
+    branch = tf_keras.Model(inputs, tf_keras.layers.Add()([tf_keras.layers.Dense(4)(inputs), inputs]))
     with pytest.raises(ValueError, match=r"form one chain"):
         pl.Pipeline(branch, num_stages=2)
     with pytest.raises(ValueError, match=r"at least data_parallel x micro_batches = 4 examples. Received: batch of 2"):
@@ -187,9 +191,9 @@ def test_bad_pipeline_arguments_are_clear_errors(logical_cpus):
 
 def test_unbuilt_model_gets_each_stage_weights_on_its_device(batch, logical_cpus):
     x, y = batch
-    layers = [tf.keras.layers.Dense(16, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(i))
-              for i in range(3)] + [tf.keras.layers.Dense(10, kernel_initializer=tf.keras.initializers.GlorotUniform(3))]
-    model = tf.keras.Sequential(layers)
+    layers = [tf_keras.layers.Dense(16, activation="relu", kernel_initializer=tf_keras.initializers.GlorotUniform(i))
+              for i in range(3)] + [tf_keras.layers.Dense(10, kernel_initializer=tf_keras.initializers.GlorotUniform(3))]
+    model = tf_keras.Sequential(layers)
     assert not model.built
     pipe = pl.Pipeline(model, num_stages=4, micro_batches=4, schedule="1f1b", input_shape=(64,))
     assert model.built and model.output_shape == (None, 10)
@@ -207,9 +211,9 @@ def test_keras_fit_trains_through_the_pipeline(batch):
     x, y = batch
     model, twin = _mlp(depth=4), _mlp(depth=4)
     trainer = pl.Pipeline(model, num_stages=2, micro_batches=2, schedule="gpipe").keras_model()
-    trainer.compile(optimizer=tf.keras.optimizers.SGD(0.5), run_eagerly=True)
+    trainer.compile(optimizer=tf_keras.optimizers.SGD(0.5), run_eagerly=True)
     history = trainer.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-    opt = tf.keras.optimizers.SGD(0.5)
+    opt = tf_keras.optimizers.SGD(0.5)
     epoch_losses = []
     for _ in range(2):
         losses = []

@@ -9,6 +9,10 @@ import tensorflow as tf
 from tensorfleet import models
 from tensorfleet.model_parallel import tensor_parallel as tp
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 TOL = 1e-5
 
 
@@ -22,8 +26,8 @@ def devices(request, logical_cpus):
 
 
 def test_column_parallel_dense_matches_dense(devices):
-    dense = tf.keras.layers.Dense(8, activation="tanh", kernel_initializer=tf.keras.initializers.GlorotUniform(1),
-                                  bias_initializer=tf.keras.initializers.RandomNormal(seed=2))
+    dense = tf_keras.layers.Dense(8, activation="tanh", kernel_initializer=tf_keras.initializers.GlorotUniform(1),
+                                  bias_initializer=tf_keras.initializers.RandomNormal(seed=2))
     x = tf.random.stateless_normal((5, 6), seed=(1, 2))
     dense(x)
     layer = tp.ColumnParallelDense.from_dense(dense, devices=devices, gather_output=True)
@@ -41,8 +45,8 @@ def test_column_parallel_dense_matches_dense(devices):
 
 
 def test_row_parallel_dense_matches_dense(devices):
-    dense = tf.keras.layers.Dense(3, activation="sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(3),
-                                  bias_initializer=tf.keras.initializers.RandomNormal(seed=4))
+    dense = tf_keras.layers.Dense(3, activation="sigmoid", kernel_initializer=tf_keras.initializers.GlorotUniform(3),
+                                  bias_initializer=tf_keras.initializers.RandomNormal(seed=4))
     x = tf.random.stateless_normal((4, 8), seed=(3, 4))
     dense(x)
     layer = tp.RowParallelDense.from_dense(dense, devices=devices)
@@ -57,9 +61,9 @@ def test_row_parallel_dense_matches_dense(devices):
 
 
 def test_parallel_mlp_matches_two_dense_layers(devices):
-    first = tf.keras.layers.Dense(16, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(5),
-                                  bias_initializer=tf.keras.initializers.RandomNormal(seed=6))
-    second = tf.keras.layers.Dense(5, kernel_initializer=tf.keras.initializers.GlorotUniform(7))
+    first = tf_keras.layers.Dense(16, activation="relu", kernel_initializer=tf_keras.initializers.GlorotUniform(5),
+                                  bias_initializer=tf_keras.initializers.RandomNormal(seed=6))
+    second = tf_keras.layers.Dense(5, kernel_initializer=tf_keras.initializers.GlorotUniform(7))
     x = tf.random.stateless_normal((6, 10), seed=(5, 6))
     second(first(x))
     mlp = tp.ParallelMLP.from_dense(first, second, devices=devices)
@@ -76,8 +80,8 @@ def test_parallel_mlp_matches_two_dense_layers(devices):
 
 
 def test_parallel_attention_matches_multi_head_attention(devices):
-    mha = tf.keras.layers.MultiHeadAttention(4, 3, kernel_initializer=tf.keras.initializers.GlorotUniform(8),
-                                             bias_initializer=tf.keras.initializers.RandomNormal(seed=9))
+    mha = tf_keras.layers.MultiHeadAttention(4, 3, kernel_initializer=tf_keras.initializers.GlorotUniform(8),
+                                             bias_initializer=tf_keras.initializers.RandomNormal(seed=9))
     x = tf.random.stateless_normal((2, 5, 12), seed=(7, 8))
     mha(x, x)
     attention = tp.ParallelSelfAttention.from_keras(mha, devices=devices)
@@ -121,15 +125,15 @@ def test_bad_devices_and_units_are_clear_errors():
         tp.ColumnParallelDense(4, devices=[])
     with pytest.raises(ValueError, match=r"units must be a positive integer. Received: units=0"):
         tp.RowParallelDense(0, devices=["/CPU:0"])
-    unbuilt = tf.keras.layers.Dense(4)
+    unbuilt = tf_keras.layers.Dense(4)
     with pytest.raises(ValueError, match=r"must be built"):
         tp.ColumnParallelDense.from_dense(unbuilt, devices=["/CPU:0"])
 
 
 def test_fresh_layer_shards_are_cut_from_one_draw(logical_cpus):
     layer = tp.ColumnParallelDense(8, devices=logical_cpus[:2],
-                                   kernel_initializer=tf.keras.initializers.GlorotUniform(seed=3))
+                                   kernel_initializer=tf_keras.initializers.GlorotUniform(seed=3))
     layer.build((None, 5))
-    expected = tf.keras.initializers.GlorotUniform(seed=3)((5, 8)).numpy()
+    expected = tf_keras.initializers.GlorotUniform(seed=3)((5, 8)).numpy()
     np.testing.assert_array_equal(np.concatenate([k.numpy() for k in layer.kernels], axis=1), expected)
     assert not np.array_equal(layer.kernels[0].numpy(), layer.kernels[1].numpy())

@@ -9,16 +9,20 @@ import tensorflow as tf
 from tensorfleet.models import build
 from tensorfleet.planner import memory as M
 
+from tensorfleet.compat.keras import keras2
 
-def _branchy_model() -> tf.keras.Model:
-    inputs = tf.keras.Input(shape=(6, 6, 3))
-    a = tf.keras.layers.Conv2D(4, 3, padding="same")(inputs)
-    a = tf.keras.layers.BatchNormalization()(a)
-    b = tf.keras.layers.Conv2D(2, 1)(inputs)
-    x = tf.keras.layers.Concatenate()([a, b])
-    x = tf.keras.layers.GlobalAveragePooling2D()(x)
-    outputs = tf.keras.layers.Dense(5)(x)
-    return tf.keras.Model(inputs, outputs, name="branchy")
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
+
+def _branchy_model() -> tf_keras.Model:
+    inputs = tf_keras.Input(shape=(6, 6, 3))
+    a = tf_keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    a = tf_keras.layers.BatchNormalization()(a)
+    b = tf_keras.layers.Conv2D(2, 1)(inputs)
+    x = tf_keras.layers.Concatenate()([a, b])
+    x = tf_keras.layers.GlobalAveragePooling2D()(x)
+    outputs = tf_keras.layers.Dense(5)(x)
+    return tf_keras.Model(inputs, outputs, name="branchy")
 
 
 MODELS = {"digits_cnn": lambda: build("digits_cnn"), "digits_mlp": lambda: build("digits_mlp"), "branchy": _branchy_model}
@@ -36,7 +40,7 @@ def test_parameter_counts_equal_keras_count_params(name):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_activation_estimate_equals_the_tensors_a_forward_pass_produces(name):
     model = MODELS[name]()
-    probe = tf.keras.Model(model.inputs, [layer.output for layer in model.layers])
+    probe = tf_keras.Model(model.inputs, [layer.output for layer in model.layers])
     batch = 7
     x = np.random.default_rng(0).random((batch, *model.input_shape[1:]), dtype=np.float32)
     produced = sum(int(tf.size(t)) for t in probe(x, training=True))
@@ -57,8 +61,8 @@ def test_optimizer_state_matches_the_variables_keras_optimizers_create():
     n = model.count_params()
     # Keras 2.14's SGD keeps a momentum slot per weight even at momentum=0, so an SGD instance
     # is counted as what it allocates; the name "sgd" stands for plain SGD with no state.
-    for optimizer, states in ((tf.keras.optimizers.SGD(0.1), 1), (tf.keras.optimizers.SGD(0.1, momentum=0.9), 1),
-                              (tf.keras.optimizers.Adam(), 2)):
+    for optimizer, states in ((tf_keras.optimizers.SGD(0.1), 1), (tf_keras.optimizers.SGD(0.1, momentum=0.9), 1),
+                              (tf_keras.optimizers.Adam(), 2)):
         optimizer.build(model.trainable_variables)
         created = sum(int(np.prod(v.shape)) for v in optimizer.variables if v.shape.rank)
         assert created == states * n

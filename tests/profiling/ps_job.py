@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 import sys
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STEPS = 24
@@ -25,10 +29,9 @@ def _data():
 
 
 def _model():
-    import tensorflow as tf
 
-    return tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
-                                tf.keras.layers.Dense(10)])
+    return tf_keras.Sequential([tf_keras.Input((32,)), tf_keras.layers.Dense(64, activation="relu"),
+                                tf_keras.layers.Dense(10)])
 
 
 def custom_loop(strategy, logdir: str) -> int:
@@ -38,7 +41,7 @@ def custom_loop(strategy, logdir: str) -> int:
 
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        model, optimizer = _model(), tf.keras.optimizers.Adam()
+        model, optimizer = _model(), tf_keras.optimizers.Adam()
     x, y = _data()
     per_worker = coordinator.create_per_worker_dataset(
         lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat())
@@ -48,7 +51,7 @@ def custom_loop(strategy, logdir: str) -> int:
     def step(iterator):
         def replica(features, labels):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(
                     labels, model(features, training=True), from_logits=True))
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
             return loss
@@ -64,7 +67,6 @@ def custom_loop(strategy, logdir: str) -> int:
 
 
 def main() -> None:
-    import tensorflow as tf
 
     from tensorfleet import strategies
 
@@ -75,7 +77,7 @@ def main() -> None:
     x, y = _data()
     with strategy.scope():
         model = _model()
-        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile("adam", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(**strategies.fit_inputs(x, y, batch_size=32, strategy=model, steps_per_epoch=STEPS), epochs=1, verbose=0)
     print(f"iterations={int(model.optimizer.iterations.numpy())}", flush=True)
 

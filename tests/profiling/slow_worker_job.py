@@ -12,6 +12,10 @@ from __future__ import annotations
 import os
 import time
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -38,10 +42,9 @@ WIDTHS = (64, 1536)
 
 
 def mlp(width: int):
-    import tensorflow as tf
 
-    return tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(width, activation="relu"),
-                                tf.keras.layers.Dense(width, activation="relu"), tf.keras.layers.Dense(10)])
+    return tf_keras.Sequential([tf_keras.Input((32,)), tf_keras.layers.Dense(width, activation="relu"),
+                                tf_keras.layers.Dense(width, activation="relu"), tf_keras.layers.Dense(10)])
 
 
 def main() -> None:
@@ -56,16 +59,16 @@ def main() -> None:
     if os.environ["JOB_PHASE"] == "straggler":
         data = sleepy_dataset(float(os.environ.get("SLEEP_SECONDS", "0"))).with_options(options)
         with strategy.scope():
-            model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
-                                         tf.keras.layers.Dense(10)])
-            model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model = tf_keras.Sequential([tf_keras.Input((32,)), tf_keras.layers.Dense(64, activation="relu"),
+                                         tf_keras.layers.Dense(10)])
+            model.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(data, steps_per_epoch=14, epochs=1, verbose=0, callbacks=profiling.callbacks())
         return
     steady = sleepy_dataset(0).prefetch(2).with_options(options)
     for width in WIDTHS:
         with strategy.scope():
             model = mlp(width)
-            model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         recorder = profiling.ProfileCallback(os.path.join(os.environ["SIZES_DIR"], f"h{width}"), steps="2-7")
         model.fit(steady, steps_per_epoch=9, epochs=1, verbose=0, callbacks=[recorder])
 

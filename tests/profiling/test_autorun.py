@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import keras2_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def test_the_first_fit_of_an_unmodified_script_records_the_chosen_steps(tmp_path
 
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "TENSORFLEET_PROFILE_STEPS": "2-3", "TENSORFLEET_PROFILE_DIR": str(tmp_path / "profile")}
+    env = keras2_env(TENSORFLEET_PROFILE_STEPS="2-3", TENSORFLEET_PROFILE_DIR=str(tmp_path / "profile"))
     env.pop("TF_CONFIG", None)
     done = subprocess.run([sys.executable, "-m", "tensorfleet.profiling.autorun", str(script), str(tmp_path / "out.json")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

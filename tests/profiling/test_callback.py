@@ -9,6 +9,10 @@ import tensorflow as tf
 from tensorfleet import profiling
 from tensorfleet.profiling.xspace import task_traces
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 class _Counted(profiling.ProfileCallback):
     def __init__(self, *args, **kwargs) -> None:
@@ -25,7 +29,7 @@ class _Counted(profiling.ProfileCallback):
 
 
 def _fit(callbacks: list, epochs: int = 5) -> None:
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)])
     model.compile("sgd", "mse")
     data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))).batch(2)
     model.fit(data.repeat(), steps_per_epoch=4, epochs=epochs, verbose=0, callbacks=callbacks)
@@ -44,14 +48,14 @@ def test_batch_hooks_run_only_in_the_epochs_that_hold_the_chosen_steps(tmp_path)
 def test_another_callback_that_needs_batch_hooks_still_gets_every_one(tmp_path):
     callback = _Counted(tmp_path, steps="9-10")
     seen = []
-    other = tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
+    other = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
     _fit([callback, other], epochs=3)
     assert seen == [0, 1, 2, 3] * 3
     assert len(callback.calls) == 12
 
 
 def test_with_several_steps_per_call_the_calls_holding_the_chosen_steps_are_recorded(tmp_path):
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)])
     model.compile("sgd", "mse", steps_per_execution=2)
     data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))).batch(2)
     callback = profiling.ProfileCallback(tmp_path, steps="4-7")

@@ -9,6 +9,10 @@ import pytest
 
 from tests.profiling.conftest import SLEEP_MS
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 def test_only_the_chosen_steps_are_recorded_into_the_task_directory(recorded):
     from tensorfleet.profiling.xspace import task_traces
@@ -75,7 +79,7 @@ def test_the_callback_counts_steps_across_epochs_and_records_them_whole(tmp_path
     from tensorfleet import profiling
     from tensorfleet.profiling.xspace import task_traces
 
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)])
     model.compile("sgd", "mse")
     data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))).batch(2)
     callback = profiling.ProfileCallback(tmp_path, steps="3-5", task="worker-0")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import keras2_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,7 @@ SCRIPT = textwrap.dedent("""
 def _launch(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = {k: v for k, v in keras2_env().items() if k != "TF_CONFIG"}
     return subprocess.run([sys.executable, "-m", "tensorfleet.cli.main", "launch", "--workers", "2", *options,
                            str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
 

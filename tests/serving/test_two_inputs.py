@@ -13,6 +13,10 @@ import pytest
 
 from .conftest import assert_float32_close, start_server
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 @pytest.fixture(scope="module")
 def two_way(tmp_path_factory):
@@ -20,14 +24,14 @@ def two_way(tmp_path_factory):
 
     from tensorfleet.serving import export
 
-    features = tf.keras.Input(shape=(3,), name="features")
-    bucket = tf.keras.Input(shape=(), dtype=tf.int32, name="bucket")
-    init = tf.keras.initializers
-    embedded = tf.keras.layers.Embedding(5, 3, embeddings_initializer=init.RandomNormal(seed=1))(bucket)
-    summed = tf.keras.layers.Add()([features, embedded])
-    score = tf.keras.layers.Dense(1, kernel_initializer=init.GlorotUniform(seed=2), name="score")(summed)
-    doubled = tf.keras.layers.Lambda(lambda t: t * 2.0, name="doubled")(features)
-    model = tf.keras.Model([features, bucket], [score, doubled])
+    features = tf_keras.Input(shape=(3,), name="features")
+    bucket = tf_keras.Input(shape=(), dtype=tf.int32, name="bucket")
+    init = tf_keras.initializers
+    embedded = tf_keras.layers.Embedding(5, 3, embeddings_initializer=init.RandomNormal(seed=1))(bucket)
+    summed = tf_keras.layers.Add()([features, embedded])
+    score = tf_keras.layers.Dense(1, kernel_initializer=init.GlorotUniform(seed=2), name="score")(summed)
+    doubled = tf_keras.layers.Lambda(lambda t: t * 2.0, name="doubled")(features)
+    model = tf_keras.Model([features, bucket], [score, doubled])
     base = tmp_path_factory.mktemp("two") / "two"
     result = export(model, base, version=1)
     assert [str(t) for t in result.inputs] == ["features: float32[None, 3]", "bucket: int32[None]"]

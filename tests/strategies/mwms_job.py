@@ -11,6 +11,10 @@ import os
 import sys
 import tempfile
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -19,7 +23,6 @@ def main(out_path: str) -> None:
 
     import tensorfleet as tfl
 
-    import tensorflow as tf
 
     from tensorfleet.models.datasets import load_digits
 
@@ -27,8 +30,8 @@ def main(out_path: str) -> None:
     strategy = tfl.strategies.build("multi_worker_mirrored", implementation="ring", timeout_seconds=120)
     with strategy.scope():
         model = tfl.models.build("digits_cnn")
-        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        model.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
+                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     model.fit(**tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=64, strategy=model),
               epochs=5, verbose=0)
     evaluation = model.evaluate(**tfl.strategies.evaluate_inputs(split.x_test, split.y_test, batch_size=64,
@@ -37,7 +40,7 @@ def main(out_path: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
         model.save(path)
-        reloaded = tf.keras.models.load_model(path)
+        reloaded = tf_keras.models.load_model(path)
         reload_diff = float(np.max(np.abs(reloaded.predict(split.x_test, verbose=0) - predictions)))
     weights = model.get_weights()
     result = {

@@ -24,6 +24,10 @@ import sys
 import threading
 import time
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 SERVE = [sys.executable, "-m", "tensorfleet.cluster.launcher", "--serve"]
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace, spec, env: dict[str, str], children: dict[str,
     pause_us = int(args.pause * 1e6)
     n = args.steps * 4
 
-    class Counting(tf.keras.Model):
+    class Counting(tf_keras.Model):
         """One weight; every step adds 1 to it and counts its examples, then pauses."""
 
         def __init__(self) -> None:
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace, spec, env: dict[str, str], children: dict[str,
         gate = consistency.install(coordinator, None if setting == "none" else int(setting))
         with strategy.scope():
             model = Counting()
-            model.compile(optimizer=tf.keras.optimizers.SGD(1.0))
+            model.compile(optimizer=tf_keras.optimizers.SGD(1.0))
         inputs = tfl.strategies.fit_inputs(ids, np.zeros(n, np.float32), batch_size=4, strategy=model,
                                            steps_per_epoch=args.steps)
         events: list[str] = []

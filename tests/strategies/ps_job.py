@@ -12,6 +12,10 @@ import os
 import sys
 import tempfile
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -31,8 +35,8 @@ def main() -> None:
                                     staleness=2)
     with strategy.scope():
         model = tfl.models.build("digits_cnn")
-        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        model.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
+                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     inputs = tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=64, strategy=model,
                                        validation_data=(split.x_test, split.y_test))
     history = model.fit(**inputs, epochs=5, verbose=0)
@@ -42,10 +46,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "saved_model")  # SavedModel format: restores sharded variables whole
         model.save(path)
-        reloaded = tf.keras.models.load_model(path)
+        reloaded = tf_keras.models.load_model(path)
         reload_diff = float(np.max(np.abs(reloaded.predict(split.x_test, verbose=0) - predictions)))
 
-    class PerBatch(tf.keras.callbacks.Callback):
+    class PerBatch(tf_keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             pass
 
@@ -122,7 +126,7 @@ def input_order(strategy, coordinator) -> dict:
                 for i in worker.create_resource(take, args=(per_worker,)).fetch().ravel()]
             for w, worker in enumerate(workers)}
 
-    class Counting(tf.keras.Model):
+    class Counting(tf_keras.Model):
         """Counts how often a training step is fed each example."""
 
         def __init__(self) -> None:

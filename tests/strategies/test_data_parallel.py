@@ -11,6 +11,10 @@ import pytest
 import tensorfleet as tfl
 from tests.conftest import compile_digits, test_accuracy
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 EPOCHS = 5
 BATCH = 64
 
@@ -47,9 +51,8 @@ def test_digits_cnn_trains_to_90_percent_with_plain_fit(name, options, digits, t
 
     path = tmp_path / "model.keras"
     model.save(path)
-    import tensorflow as tf
 
-    reloaded = tf.keras.models.load_model(path)
+    reloaded = tf_keras.models.load_model(path)
     np.testing.assert_allclose(reloaded.predict(digits.x_test[:32], verbose=0),
                                model.predict(digits.x_test[:32], verbose=0), rtol=1e-5, atol=1e-5)
 

@@ -10,6 +10,10 @@ import pytest
 
 from tensorfleet.strategies import memory_savers
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 def test_accumulate_gradients_takes_a_keras3_model_and_returns_one(keras3: Any) -> None:
     model = keras3.Sequential([keras3.Input((4,)), keras3.layers.Dense(2)])
@@ -26,11 +30,10 @@ def test_recompute_takes_keras3_layers_and_is_a_keras3_layer(keras3: Any) -> Non
 
 
 def test_recompute_refuses_layers_of_both_kerases_in_one_block(keras3: Any) -> None:
-    import tensorflow as tf
 
     with pytest.raises(TypeError, match=r"^recompute takes layers of one Keras: all Keras 3 \(import keras\) or all "
                                         r"tf_keras \(import tf_keras\)\. Received: two \(keras2\), three \(keras3\)$"):
-        memory_savers.recompute([tf.keras.layers.Dense(2, name="two"), keras3.layers.Dense(2, name="three")])
+        memory_savers.recompute([tf_keras.layers.Dense(2, name="two"), keras3.layers.Dense(2, name="three")])
 
 
 def test_recompute_and_accumulate_refuse_what_is_not_keras(keras3: Any) -> None:
@@ -57,8 +60,7 @@ def test_fit_and_evaluate_inputs_take_a_keras3_model_as_the_strategy(keras3: Any
 
 
 def test_a_tf_keras_model_is_still_taken() -> None:
-    import tensorflow as tf
 
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)])
     accumulating = memory_savers.accumulate_gradients(model, steps=2)
-    assert accumulating.count_params() == 10 and isinstance(accumulating, tf.keras.Model)
+    assert accumulating.count_params() == 10 and isinstance(accumulating, tf_keras.Model)

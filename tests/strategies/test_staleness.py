@@ -16,9 +16,12 @@ import time
 
 import pytest
 
+from tests.conftest import keras2_env
+
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.staleness import Consistency, StalenessPolicy, install, installed_gate, resolve_staleness
 from tensorfleet.strategies.staleness_run import StalenessScheduler
+
 
 
 def test_staleness_option_maps_to_ssp_and_asp():
@@ -124,9 +127,20 @@ def _worker(queue, w: int, taken: list, release: threading.Event, fail_first: bo
         if fail_first and not failed:
             failed = True
             queue.put_back(closure)
-            time.sleep(0.2)  # "recovering"
+            # "Recovering": back only once another worker took the step this one put back.
+            assert _wait_for(lambda: any(v != w and name == closure.name for v, name in taken))
             continue
         queue.mark_finished()
+
+
+def _wait_for(state, timeout: float = 10.0) -> bool:
+    """Waits until ``state()`` holds (a state the threads make observable), at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not state():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _run_workers(coordinator, n: int, release: threading.Event, fail_first: int | None = None):
@@ -160,7 +174,7 @@ def test_gate_holds_a_worker_back_until_the_slowest_catches_up():
     t0.start()
     for i in range(6):
         queue.put(_Step(f"s{i}"))
-    time.sleep(0.5)
+    assert _wait_for(lambda: gate.held_back == 1)  # worker 0 ran s0 and waits at the gate
     assert taken == [(0, "s0")] and gate.clocks == [1, 0]  # lockstep: worker 0 waits for worker 1
     t1 = threading.Thread(target=_worker, args=(queue, 1, taken, release), daemon=True)
     t1.start()
@@ -174,7 +188,7 @@ def test_a_step_given_to_the_queue_wakes_a_worker_that_may_take_it():
     # The queue wakes one waiting worker per step it is given; a worker held back by the policy
     # must not be the one that swallows that wake-up while the worker allowed to run sleeps on.
     coordinator = _FakeCoordinator(2)
-    install(coordinator, 0)
+    gate = install(coordinator, 0)
     release = threading.Event()
     release.set()
     queue = tf_internals.coordinator_cluster(coordinator).closure_queue
@@ -182,10 +196,10 @@ def test_a_step_given_to_the_queue_wakes_a_worker_that_may_take_it():
     t0 = threading.Thread(target=_worker, args=(queue, 0, taken, release), daemon=True)
     t0.start()
     queue.put(_Step("s0"))
-    assert queue.wait(timeout=5)  # worker 0 ran s0 and is now held back (lockstep), waiting first
+    assert queue.wait(timeout=5) and _wait_for(lambda: gate.held_back == 1)  # worker 0 ran s0 and is now held back (lockstep), waiting first
     t1 = threading.Thread(target=_worker, args=(queue, 1, taken, release), daemon=True)
     t1.start()
-    time.sleep(0.3)  # worker 1 waits for work, after worker 0
+    assert _wait_for(lambda: tf_internals.workers_waiting_for_steps(queue) == 1)  # worker 1, after worker 0
     queue.put(_Step("s1"))
     assert queue.wait(timeout=5) and taken == [(0, "s0"), (1, "s1")]
     _stop(queue, [t0, t1])
@@ -196,7 +210,8 @@ def test_workers_already_waiting_for_work_when_the_gate_is_installed_are_gated_t
     release = threading.Event()
     release.set()
     queue, taken, threads = _run_workers(coordinator, 2, release)
-    time.sleep(0.3)  # both worker threads wait in the queue's own get(), before any gate
+    # both worker threads wait in the queue's own get(), before any gate
+    assert _wait_for(lambda: tf_internals.workers_waiting_for_steps(queue) == 2)
     gate = install(coordinator, 0)
     for i in range(6):
         queue.put(_Step(f"s{i}"))
@@ -207,7 +222,7 @@ def test_workers_already_waiting_for_work_when_the_gate_is_installed_are_gated_t
 
 def test_a_held_back_worker_still_takes_its_own_tagged_work():
     coordinator = _FakeCoordinator(2)
-    install(coordinator, 0)
+    gate = install(coordinator, 0)
     release = threading.Event()
     release.set()
     queue = tf_internals.coordinator_cluster(coordinator).closure_queue
@@ -216,9 +231,9 @@ def test_a_held_back_worker_still_takes_its_own_tagged_work():
     t0.start()
     queue.put(_Step("s0"))
     queue.put(_Step("s1"))
-    time.sleep(0.3)
+    assert _wait_for(lambda: gate.held_back == 1)  # worker 0 ran s0 and waits at the gate
     queue.put(_Step("rebuild iterator"), tag=0)  # held back by the policy, yet its own work passes
-    time.sleep(0.3)
+    assert _wait_for(lambda: len(taken) == 2 and gate.held_back == 1)  # ... and waits at the gate again
     assert taken == [(0, "s0"), (0, "rebuild iterator")]
     t1 = threading.Thread(target=_worker, args=(queue, 1, taken, release), daemon=True)
     t1.start()
@@ -314,7 +329,8 @@ _SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_ssp_and_asp_on_a_real_parameter_server_cluster():
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=230)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=230,
+                          env=keras2_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     out = json.loads(line[len("RESULT"):])

@@ -1,17 +1,20 @@
 """A tiny search script for the tests: an MLP on scikit-learn's digits, two hyperparameters."""
 
-import tensorflow as tf
 
 from tensorfleet.models.datasets import load_digits
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 def build_model(hp):
-    model = tf.keras.Sequential([
-        tf.keras.layers.Dense(hp.Choice("units", [8, 32]), activation="relu", input_shape=(64,)),
-        tf.keras.layers.Dense(10),
+    model = tf_keras.Sequential([
+        tf_keras.layers.Dense(hp.Choice("units", [8, 32]), activation="relu", input_shape=(64,)),
+        tf_keras.layers.Dense(10),
     ])
-    model.compile(optimizer=tf.keras.optimizers.Adam(hp.Choice("learning_rate", [1e-3, 1e-2])),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(optimizer=tf_keras.optimizers.Adam(hp.Choice("learning_rate", [1e-3, 1e-2])),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 
 

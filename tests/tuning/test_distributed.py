@@ -14,6 +14,10 @@ from tensorfleet.cli.main import main
 from tensorfleet.cluster.processes import Fault
 from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, search
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 SCRIPT = str(Path(__file__).with_name("digits_search.py"))
 FAST = {"epochs": 1, "trial": TrialOptions(batch_size=64), "supervision": Supervision(timeout=150),
         "log": lambda line: None}
@@ -26,7 +30,6 @@ def _oracle_trials(out: Path) -> dict[str, dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes(tmp_path, digits_flat):
-    import tensorflow as tf
 
     lines: list[str] = []
     result = search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=4, epochs=2, log=lines.append,
@@ -42,7 +45,7 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
     assert any("runs again (its worker was restarted)" in line for line in lines)
     # The best is the highest score, and the exported model scores exactly that on the validation data.
     assert result.best.score == max(t["score"] for t in trials.values())
-    model = tf.keras.models.load_model(result.best_model)
+    model = tf_keras.models.load_model(result.best_model)
     _, accuracy = model.evaluate(digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
     assert accuracy == pytest.approx(result.best.score, abs=1e-7)
     assert model.layers[0].units == result.best.hyperparameters["units"]

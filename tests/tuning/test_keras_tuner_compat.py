@@ -9,9 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tensorfleet.tuning.task import TunerKerasError
+
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
 
 def _keras3() -> object:
@@ -34,8 +37,8 @@ def _run(code: str, *, legacy: bool = False) -> subprocess.CompletedProcess:
 
 
 def _tf_keras_build(hp):
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(hp.Choice("units", [2, 3])),
-                                 tf.keras.layers.Dense(1)])
+    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(hp.Choice("units", [2, 3])),
+                                 tf_keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     return model
 
@@ -53,7 +56,7 @@ def test_keras_tuner_searches_tf_keras_models_with_keras_3_installed(tmp_path):
     trials = tuner.oracle.trials.values()
     assert sorted(t.status for t in trials) == ["COMPLETED", "COMPLETED"]
     assert all(np.isfinite(t.score) for t in trials)
-    assert isinstance(tuner.get_best_models(1)[0], tf.keras.Model)  # tf_keras here, Keras 2.14 on the tff track
+    assert isinstance(tuner.get_best_models(1)[0], tf_keras.Model)  # tf_keras here, Keras 2.14 on the tff track
 
 
 @pytest.mark.slow
@@ -175,7 +178,7 @@ def test_a_hypermodel_is_checked_at_its_first_build_only(tmp_path, monkeypatch):
 
     build = checked_hypermodel(build_model, "probe")
     hp = import_keras_tuner().HyperParameters()
-    assert isinstance(build(hp), tf.keras.Model)
+    assert isinstance(build(hp), tf_keras.Model)
     assert build(hp) == "not a model"  # later builds are Keras Tuner's to check, as it does
     with pytest.raises(TypeError, match=r"^probe takes a Keras model \(Keras 3 or tf_keras\)\. "
                                         r"Received: model of type str$"):

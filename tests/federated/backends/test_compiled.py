@@ -10,6 +10,10 @@ import pytest
 from tensorfleet import models
 from tensorfleet.federated import Simulation, partition
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 @pytest.mark.tff
 def test_compiled_backend_equals_tff_after_the_same_rounds(digits_flat):
@@ -140,19 +144,18 @@ def test_compiled_backend_resumes_from_its_checkpoint_to_the_straight_model(digi
 
 
 def _with_batch_norm():
-    import tensorflow as tf
 
-    inner = tf.keras.Sequential([tf.keras.layers.BatchNormalization(name="bn")], name="block")
-    return tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(64,)), inner, tf.keras.layers.ReLU(),
-                                tf.keras.layers.Dense(10)])
+    inner = tf_keras.Sequential([tf_keras.layers.BatchNormalization(name="bn")], name="block")
+    return tf_keras.Sequential([tf_keras.layers.Dense(16, input_shape=(64,)), inner, tf_keras.layers.ReLU(),
+                                tf_keras.layers.Dense(10)])
 
 
 def _centering():
     import tensorflow as tf
 
     # Subtracts the batch mean: a row's output depends on the other rows, with no BatchNormalization.
-    return tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,)),
-                                tf.keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0))])
+    return tf_keras.Sequential([tf_keras.layers.Dense(10, input_shape=(64,)),
+                                tf_keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0))])
 
 
 def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(digits_flat):
@@ -177,16 +180,15 @@ def test_compiled_backend_refuses_batch_dependent_layers_before_the_first_round(
 
 @pytest.mark.tff
 def test_a_batch_normalization_model_on_compiled_equals_tff(digits_flat):
-    import tensorflow as tf
 
     # With non_trainable="initial" the server keeps BatchNormalization's moving statistics at their initial values
     # on both backends (TFF's clients send trainable deltas only), and training normalizes over the same rows: the
     # same weights and evaluations after the same rounds. (The compiled default, "mean", is refused on tff.)
     def with_batch_norm():
-        init = [tf.keras.initializers.GlorotUniform(seed=k) for k in (0, 1)]
-        return tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(64,), kernel_initializer=init[0]),
-                                    tf.keras.layers.BatchNormalization(), tf.keras.layers.ReLU(),
-                                    tf.keras.layers.Dense(10, kernel_initializer=init[1])])
+        init = [tf_keras.initializers.GlorotUniform(seed=k) for k in (0, 1)]
+        return tf_keras.Sequential([tf_keras.layers.Dense(16, input_shape=(64,), kernel_initializer=init[0]),
+                                    tf_keras.layers.BatchNormalization(), tf_keras.layers.ReLU(),
+                                    tf_keras.layers.Dense(10, kernel_initializer=init[1])])
 
     clients = partition(digits_flat.x_train[:400], digits_flat.y_train[:400], num_clients=12, scheme="dirichlet:0.5",
                         seed=3)

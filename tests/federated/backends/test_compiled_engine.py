@@ -11,21 +11,25 @@ import pytest
 from tensorfleet import models
 from tensorfleet.federated import Simulation, partition
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 def _branchy_mlp(branch: bool):
     """digits_mlp's shape (seeded); with ``branch`` a layer whose Python ``if`` reads a tensor."""
     import tensorflow as tf
 
-    class Branchy(tf.keras.layers.Layer):
+    class Branchy(tf_keras.layers.Layer):
         def call(self, x):
             if tf.reduce_max(x) > 1e6:  # never true here: the layer passes x through
                 return x * 0.0
             return x
 
-    init = [tf.keras.initializers.GlorotUniform(seed=k) for k in (0, 1)]
-    layers = [tf.keras.layers.Dense(8, activation="relu", kernel_initializer=init[0], input_shape=(64,))]
+    init = [tf_keras.initializers.GlorotUniform(seed=k) for k in (0, 1)]
+    layers = [tf_keras.layers.Dense(8, activation="relu", kernel_initializer=init[0], input_shape=(64,))]
     layers += [Branchy()] if branch else []
-    return tf.keras.Sequential(layers + [tf.keras.layers.Dense(10, kernel_initializer=init[1])])
+    return tf_keras.Sequential(layers + [tf_keras.layers.Dense(10, kernel_initializer=init[1])])
 
 
 def _clients(digits_flat):

@@ -18,6 +18,10 @@ from tensorfleet.federated.backends.addresses import (
     AllWorkersLostError, WorkerAddress, WorkerUnreachableError, WorkerVersionError, parse_address, parse_addresses)
 from tensorfleet.federated.backends.remote import DistributedContext, WorkerEvent
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 ROUNDS = 3
 CLIENTS_PER_ROUND = 6
 
@@ -42,11 +46,11 @@ def fedavg(digits: Any) -> dict[str, Any]:
     spec = collections.OrderedDict(x=tf.TensorSpec([None, 8, 8, 1], tf.float32), y=tf.TensorSpec([None], tf.int32))
 
     def model_fn() -> Any:
-        model = tf.keras.Sequential([tf.keras.layers.Flatten(input_shape=(8, 8, 1)),
-                                     tf.keras.layers.Dense(10, kernel_initializer="zeros")])
+        model = tf_keras.Sequential([tf_keras.layers.Flatten(input_shape=(8, 8, 1)),
+                                     tf_keras.layers.Dense(10, kernel_initializer="zeros")])
         return tff.learning.models.from_keras_model(
-            model, input_spec=spec, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+            model, input_spec=spec, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=[tf_keras.metrics.SparseCategoricalAccuracy()])
 
     process = tff.learning.algorithms.build_weighted_fed_avg(
         model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
@@ -237,10 +241,9 @@ def test_address_parsing() -> None:
 
 
 def _linear_digits() -> Any:
-    import tensorflow as tf
 
-    return tf.keras.Sequential([tf.keras.layers.Flatten(input_shape=(8, 8, 1)),
-                                tf.keras.layers.Dense(10, kernel_initializer="zeros")])
+    return tf_keras.Sequential([tf_keras.layers.Flatten(input_shape=(8, 8, 1)),
+                                tf_keras.layers.Dense(10, kernel_initializer="zeros")])
 
 
 @pytest.mark.tff

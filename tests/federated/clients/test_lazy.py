@@ -7,12 +7,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 def _linear_digits() -> Any:
-    import tensorflow as tf
 
-    return tf.keras.Sequential([tf.keras.layers.Flatten(input_shape=(8, 8, 1)),
-                                tf.keras.layers.Dense(10, kernel_initializer="zeros")])
+    return tf_keras.Sequential([tf_keras.layers.Flatten(input_shape=(8, 8, 1)),
+                                tf_keras.layers.Dense(10, kernel_initializer="zeros")])
 
 
 def test_a_client_is_made_only_when_asked_and_always_the_same() -> None:

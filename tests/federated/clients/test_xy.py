@@ -14,6 +14,10 @@ from tensorfleet.federated import Simulation
 from tensorfleet.federated.clients.base import ClientData
 from tensorfleet.federated.clients.xy import is_batched, xy_clients, xy_keys
 
+from tensorfleet.compat.keras import keras2
+
+tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+
 
 @pytest.fixture(scope="module")
 def emnist():
@@ -70,8 +74,8 @@ def test_names_that_do_not_tell_are_asked_for_once_listing_the_names_found():
 
 
 def _dense(input_dim):
-    return lambda: tf.keras.Sequential([tf.keras.layers.Reshape((784,), input_shape=input_dim),
-                                        tf.keras.layers.Dense(10)])
+    return lambda: tf_keras.Sequential([tf_keras.layers.Reshape((784,), input_shape=input_dim),
+                                        tf_keras.layers.Dense(10)])
 
 
 @pytest.mark.tff
