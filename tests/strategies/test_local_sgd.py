@@ -171,3 +171,37 @@ def test_two_launched_workers_run_no_all_reduce_in_a_local_step_and_end_equal(tm
         assert result["local"]["all_reduces"] == {"sync_steps": 0, "local_steps": 0, "averaging": 6}
     for a, b in zip(workers[0]["local"]["weights"], workers[1]["local"]["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))  # one all-reduce result on both workers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_local_sgd_job_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(tmp_path: Any) -> None:
+    import signal
+    from pathlib import Path
+
+    from tensorfleet.cluster import fault_tolerance as ft
+    from tensorfleet.cluster.launch_options import TaskCommand
+    from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_digits_multiworker.py"
+    # 4 steps an epoch at H=3: averaged after step 3 and at the epoch's end, so each epoch's backup holds
+    # one set of weights on both workers. The user's Keras 3 in every worker (TF_USE_LEGACY_KERAS=0).
+    common = ["--model", "digits_mlp", "--epochs", "4", "--examples-per-epoch", "256", "--local-sgd", "3",
+              "--collective-timeout", "15", "--log-steps"]
+    command, quiet = TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"}), TaskOutput(sink=None)
+    clean = launch(script, [*common, "--weights-out", str(tmp_path / "clean.npz")], workers=2, command=command,
+                   recovery=Recovery(backup_dir=tmp_path / "clean-backup"), timeouts=Timeouts(timeout=150),
+                   output=quiet)
+    assert clean.returncode == 0 and clean.restarts == 0
+    faulty = launch(script, [*common, "--weights-out", str(tmp_path / "faulty.npz")], workers=2, command=command,
+                    recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "faulty-backup", faults=[
+                        Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGKILL)]),
+                    timeouts=Timeouts(timeout=150), output=quiet)
+    assert faulty.returncode == 0 and faulty.restarts == 1
+    for task in ("worker:0", "worker:1"):
+        assert ft.resumed_epoch(faulty.output(task, attempt=1)) == 3
+    clean_w, faulty_w = (np.load(tmp_path / f"{name}.npz") for name in ("clean", "faulty"))
+    assert sorted(clean_w.files) == sorted(faulty_w.files) and len(clean_w.files) == 4
+    difference = max(float(np.abs(clean_w[k] - faulty_w[k]).max()) for k in clean_w.files)
+    # the same ops on the same batches from the same backup (op determinism): float32 rounding at most
+    assert difference <= 1e-5, f"resumed weights differ from the uninterrupted run's by {difference}"
