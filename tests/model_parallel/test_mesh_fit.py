@@ -16,30 +16,30 @@ simulate_devices(4)
 import tensorflow as tf
 from tensorfleet.model_parallel.mesh import Mesh
 
-L = tf_keras.layers
+L = tf.keras.layers
 
 def build():
-    return tf_keras.Sequential([tf_keras.Input((12,)), L.Dense(16, activation="relu", name="h"),
+    return tf.keras.Sequential([tf.keras.Input((12,)), L.Dense(16, activation="relu", name="h"),
                                 L.Dense(4, name="o")])
 
 rng = np.random.RandomState(0)
 x, y = rng.rand(96, 12).astype("float32"), (np.arange(96) % 4).astype("int32")
 xv, yv = rng.rand(48, 12).astype("float32"), (np.arange(48) % 4).astype("int32")
-loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-tf_keras.utils.set_random_seed(1)
+loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+tf.keras.utils.set_random_seed(1)
 reference = build()
 initial = reference.get_weights()
-reference.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss=loss, metrics=["accuracy"])
+reference.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss, metrics=["accuracy"])
 ref = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv)).history
 out = {"reference": ref}
 for zero in (0, 3):
     mesh = Mesh("b:2;m:2", "batch:b;hidden:m", zero=zero)
     with mesh.scope():
         model = build()
-        model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss=loss, metrics=["accuracy"])
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=loss, metrics=["accuracy"])
     model.set_weights(initial)
     seen = []
-    stop = tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(sorted(logs)))
+    stop = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(sorted(logs)))
     history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv),
                           callbacks=[stop]).history
     evaluated = model.evaluate(xv, yv, batch_size=16, verbose=0, return_dict=True)
@@ -126,4 +126,4 @@ def test_a_shuffled_epoch_feeds_the_model_shards_of_a_replica_the_same_examples(
         assert seen[0] == seen[1] and seen[2] == seen[3], seen
         assert sorted(seen[0] + seen[2]) == list(range(64))  # the replicas split each batch: every example once
         assert seen[0] != list(range(0, 64, 2)) and seen[0] != [i for i in range(64) if i % 16 < 8]  # shuffled
-    assert out["first"] == out["again"]  # tf_keras.utils.set_random_seed decides the order
+    assert out["first"] == out["again"]  # tf.keras.utils.set_random_seed decides the order

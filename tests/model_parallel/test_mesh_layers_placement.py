@@ -19,11 +19,11 @@ simulate_devices(4)
 import tensorflow as tf
 from tensorfleet.model_parallel.mesh import Mesh
 
-L = tf_keras.layers
+L = tf.keras.layers
 mesh = Mesh("b:2;m:2", "batch:b;hidden:m")
 with mesh.scope():
-    model = tf_keras.Sequential([tf_keras.Input((16,)), L.Dense(32, activation="relu", name="h"), L.Dense(8, name="o")])
-    model.compile(tf_keras.optimizers.Adam(1e-2), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = tf.keras.Sequential([tf.keras.Input((16,)), L.Dense(32, activation="relu", name="h"), L.Dense(8, name="o")])
+    model.compile(tf.keras.optimizers.Adam(1e-2), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x = np.random.RandomState(0).rand(32, 16).astype("float32")
 model.fit(x, np.arange(32) % 8, batch_size=16, epochs=1, verbose=0)
 """
