@@ -23,7 +23,8 @@ FORBIDDEN = {
     "edge": {"federated", "strategies", "model_parallel", "cluster", "planner", "cli", *NEW_ROOMS},
     "strategies": {"federated", "edge", "cluster", "planner", "model_parallel", "cli", *NEW_ROOMS},
     "federated": {"strategies", "model_parallel", "cluster", "planner", "edge", "cli", *NEW_ROOMS},
-    **{room: {"cli", "demo", *NEW_ROOMS} for room in ("model_parallel", "cluster", "planner")},
+    **{room: {"cli", "demo", *NEW_ROOMS} for room in ("cluster", "planner")},
+    "model_parallel": {"planner", "cli", "demo", *NEW_ROOMS},  # the planner plans, and runs on the mesh
     # Each new room stands on the training rooms and the core; none imports another new room.
     "serving": {"federated", "edge", "cli", "demo", "tuning", "profiling"},
     "tuning": {"federated", "edge", "cli", "demo", "serving", "profiling"},

@@ -200,13 +200,13 @@ def activation_values(model: Any, *, include_input: bool = True) -> int:
 def split_stages(weights: Sequence[float], stages: int) -> list[list[int]]:
     """Splits layers (by index) into ``stages`` contiguous groups minimising the heaviest group.
 
-    The pipeline's balanced partition (:func:`tensorfleet.planner.partition.partition_layers`), on layer indices.
+    The pipeline's balanced partition (:func:`tensorfleet.model_parallel.partition.partition_layers`), on layer indices.
 
     Example:
         >>> split_stages([1, 1, 1, 5, 1, 1], 3)
         [[0, 1, 2], [3], [4, 5]]
     """
-    from tensorfleet.planner.partition import partition_layers
+    from tensorfleet.model_parallel.partition import partition_layers
 
     positive_int("stages", stages)
     return partition_layers(list(range(len(weights))), stages, weights=list(weights))

@@ -164,33 +164,16 @@ def _variables(model: Any) -> tuple[list[Any], list[Any], list[Any]]:
     return weights, [v for v in slots if v.shape.rank], [v for v in slots if not v.shape.rank]
 
 
-def _weight_path(model: Any, variable: Any) -> str:
-    from tensorfleet.compat.keras import is_keras3_model
-
-    return variable.path if is_keras3_model(model) else variable.name.split(":")[0]
-
-
 def _by_layout(mesh: Any, models: list[Any]) -> dict[str, float] | None:
-    """The planner's per-weight model states (:mod:`.splits`) as the mesh decided each weight's layout."""
-    import math
+    """The planner's per-weight model states (:mod:`.splits`) as the mesh decided each weight's layout
+    (``None`` when a model has weights the mesh did not lay out)."""
+    from tensorfleet.model_parallel.mesh.zero import weight_splits
+    from tensorfleet.planner.splits import model_state_bytes
 
-    from tensorfleet.model_parallel.mesh.zero import zero_axis
-    from tensorfleet.planner.splits import WeightSplit, model_state_bytes
-
-    layout = mesh.keras_layout
-    decided = {w.path: w for w in layout.decided}
-    batch = layout.batch_axis
-    replicas = layout.mesh_dims[batch] if batch else 1
-    weights = []
-    for model in models:
-        for variable in model.weights:
-            weight = decided.get(_weight_path(model, variable))
-            if weight is None:
-                return None
-            parts = math.prod(layout.mesh_dims[a] for a in weight.mesh_axes if a is not None)
-            split = zero_axis(weight.shape, weight.mesh_axes, batch, replicas) is not None
-            weights.append(WeightSplit(math.prod(weight.shape), parts=parts, zero_parts=replicas if split else 1,
-                                       trainable=bool(variable.trainable)))
+    try:
+        weights = [w for model in models for w in weight_splits(model, mesh.keras_layout)]
+    except ValueError:
+        return None
     inputs = mesh.plan["inputs"]
     return model_state_bytes(weights, inputs["optimizer"], inputs["precision"], zero=mesh.zero)
 

@@ -28,38 +28,17 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Sequence
 
 from tensorfleet.compat.keras import is_keras3_model, require_keras2
+from tensorfleet.model_parallel.partition import WeightSplit
 from tensorfleet.planner.memory import MemoryEstimate, Parallelism, bytes_per_parameter, zero_bytes_per_parameter
 from tensorfleet.planner.memory import estimate as memory_estimate
 from tensorfleet.strategies.memory_savers import Precision
-from tensorfleet.validation import integer, positive_int
+from tensorfleet.validation import integer
 
 __all__ = ["WeightSplit", "estimate", "model_state_bytes", "split_fraction"]
-
-@dataclass(frozen=True)
-class WeightSplit:
-    """One weight as its layout holds it on a device.
-
-    Args:
-        parameters: the weight's elements.
-        parts: how many parts the layout splits it into (1: whole on every device).
-        zero_parts: how many more parts ZeRO splits its states into over the data-parallel
-            replicas (1: ZeRO leaves it whole, e.g. no axis of it divides by the replicas).
-        trainable: whether it has gradients and optimizer state.
-    """
-
-    parameters: int
-    parts: int = 1
-    zero_parts: int = 1
-    trainable: bool = True
-
-    def __post_init__(self) -> None:
-        integer("parameters", self.parameters, minimum=0)
-        positive_int("parts", self.parts)
-        positive_int("zero_parts", self.zero_parts)
 
 
 def _checked(weights: Any) -> list[WeightSplit]:

@@ -1,6 +1,6 @@
 """What of model parallelism still takes tf_keras models only gives a Keras 3 model (the ``keras`` package,
 installed beside tf_keras on the current track) one clear error naming the entry point and the fix: the chain
-shorthands (``Mesh.fit``, ``Mesh.keras_model``), the planner's ``Mesh.weight_splits``, the ``mtf`` and ``keras``
+shorthands (``Mesh.fit``, ``Mesh.keras_model``), the ``mtf`` and ``keras``
 backends and tensor-parallel layers. ``Mesh.scope()`` with the dtensor backend trains a Keras 3 model
 (tests/model_parallel/test_mesh_keras3.py), and so do pipelines (test_pipeline_keras3.py)."""
 
@@ -14,7 +14,7 @@ from tensorfleet.compat.keras import Keras3ModelError
 _FIX = r".* For Keras 2, build the model with `import tf_keras as keras`"
 
 
-def test_mesh_refuses_a_keras3_model_at_fit_check_keras_model_and_weight_splits(keras3_model):
+def test_mesh_refuses_a_keras3_model_at_fit_check_and_keras_model(keras3_model):
     import numpy as np
 
     from tensorfleet.model_parallel.mesh import Mesh
@@ -28,8 +28,6 @@ def test_mesh_refuses_a_keras3_model_at_fit_check_keras_model_and_weight_splits(
         mesh.check(keras3_model, 4)
     with pytest.raises(Keras3ModelError, match=r"^Mesh\.keras_model runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
         mesh.keras_model(keras3_model)
-    with pytest.raises(Keras3ModelError, match=r"^Mesh\.weight_splits runs Keras 2 \(tf_keras\) models only for now, and received a Keras 3 model" + _FIX):
-        mesh.weight_splits(keras3_model)
 
 
 def test_tensor_parallel_copies_refuse_keras3_layers(keras3, keras3_model):

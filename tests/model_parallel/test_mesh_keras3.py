@@ -82,6 +82,9 @@ for key, build, optimizer, epochs in [
         "d1_shards": [list(t.shape) for t in __import__("tensorflow").experimental.dtensor.unpack(d1.value.read_value())],
         "type": [type(model).__name__, isinstance(model, keras.Model)],
     }
+    if key == "adam":  # the planner's view of the layout, weight by weight
+        out[key]["splits"] = {w.path: [s.parameters, s.parts, s.zero_parts]
+                              for w, s in zip(model.weights, mesh.weight_splits(model))}
     if key == "adam":  # Keras 3's own save: a .keras file that one device loads, with Adam's state
         model.save(sys.argv[1] + "/skip_net.keras")
         loaded = keras.models.load_model(sys.argv[1] + "/skip_net.keras")
@@ -134,6 +137,12 @@ def test_keras3_fit_on_a_2x2_mesh_matches_one_device(keras3, tmp_path):
     assert loaded["weight_diff"] == 0.0 and loaded["predict_diff"] < 1e-5
     assert loaded["slots"] == [22, 22] and loaded["slot_diff"] < 1e-5, loaded
     assert adam.pop("reloaded_diff") == 0.0
+    # elements, parts the layout cuts it into, parts ZeRO would cut its states into over b (first axis of even size
+    # that m leaves whole; none for a bias split over m)
+    assert adam.pop("splits") == {
+        "conv/kernel": [72, 1, 2], "conv/bias": [8, 1, 2], "d1/kernel": [8192, 2, 2], "d1/bias": [16, 2, 1],
+        "d2/kernel": [256, 2, 2], "d2/bias": [16, 2, 1], "ln/gamma": [16, 1, 2], "ln/beta": [16, 1, 2],
+        "logits/kernel": [160, 2, 2], "logits/bias": [10, 2, 1]}
     for key, row in out.items():
         # the user's own Keras 3 model object trains: 5 steps an epoch (160 examples, batches of 32)
         assert row["type"] == ["Functional", True], key

@@ -252,7 +252,8 @@ class Mesh:
     def weight_splits(self, model: Any) -> list[Any]:
         """Each weight of ``model`` (built in the last :meth:`scope`) as this mesh lays it out, for the
         planner (:func:`tensorfleet.planner.splits.estimate`): its elements, the parts its layout
-        splits it into, the parts ZeRO splits its states into over the batch dimension; see
+        splits it into, the parts ZeRO splits its states into over the batch dimension (a Keras 3 model
+        as a tf_keras one); see
         :func:`~tensorfleet.model_parallel.mesh.zero.weight_splits`.
 
         Example:
@@ -263,10 +264,8 @@ class Mesh:
             >>> mesh.weight_splits(model)  # doctest: +SKIP
             [WeightSplit(parameters=32, parts=2, zero_parts=2, trainable=True), WeightSplit(parameters=4, parts=2, zero_parts=1, trainable=True)]
         """
-        from tensorfleet.compat.keras import require_keras2
         from tensorfleet.model_parallel.mesh.zero import weight_splits
 
-        require_keras2(model, "Mesh.weight_splits")
         self._require_scope(model)
         return weight_splits(model, self.keras_layout)
 

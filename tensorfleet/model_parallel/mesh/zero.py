@@ -21,7 +21,7 @@ mesh dimension) keeps 1/N of:
 
 Each weight is split on its first axis that no mesh dimension splits yet and that the batch
 dimension divides (:func:`zero_axis`); a weight without such an axis keeps its layout.
-:func:`weight_splits` gives the planner the same decisions, weight by weight
+:func:`weight_splits` gives the same decisions weight by weight, for the planner
 (:mod:`tensorfleet.planner.splits`).
 """
 
@@ -37,6 +37,7 @@ from tensorflow.experimental import dtensor
 
 from tensorfleet.compat.tf_keras import optimizer_variables, replace_optimizer_variables
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
+from tensorfleet.model_parallel.partition import WeightSplit
 
 __all__ = ["ZeroVariable", "gathering", "shard_optimizer_state", "weight_splits", "zero_axis", "zero_layout"]
 
@@ -136,19 +137,20 @@ class ZeroVariable(dtensor.DVariable):
         return super().sparse_read(indices, name=name)
 
 
-def weight_splits(model: Any, layout: KerasLayout) -> list[Any]:
+def weight_splits(model: Any, layout: KerasLayout) -> list[WeightSplit]:
     """Each weight of ``model`` as the mesh lays it out (built in the scope that filled
-    ``layout``), as the planner's :class:`~tensorfleet.planner.splits.WeightSplit`: its elements,
+    ``layout``), as a :class:`~tensorfleet.model_parallel.partition.WeightSplit`: its elements,
     the parts its layout decision splits it into, and the parts ZeRO splits it into over the batch
-    dimension (whatever stage the mesh runs: the planner's ``zero`` chooses)."""
-    from tensorfleet.planner.splits import WeightSplit
+    dimension (whatever stage the mesh runs: the planner's ``zero`` chooses). A weight the scope did
+    not lay out is a ``ValueError``."""
+    from tensorfleet.compat.keras import is_keras3_model
 
     decided = {w.path: w for w in layout.decided}
     batch = layout.batch_axis
     replicas = layout.mesh_dims[batch] if batch else 1
     splits = []
     for variable in model.weights:
-        path = variable.name.split(":")[0]
+        path = variable.path if is_keras3_model(model) else variable.name.split(":")[0]
         if path not in decided:
             raise ValueError(f"Weight {path!r} of model {model.name!r} was not laid out by this mesh; build the model "
                              f"inside mesh.scope(). Received: a model with weights the scope did not create")

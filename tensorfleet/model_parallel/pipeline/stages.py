@@ -4,8 +4,8 @@ Stages are cut at given layer indices, or balanced: the cut that makes the heavi
 light as possible (the linear partition problem, solved by dynamic programming), weighing each
 layer by its trainable parameter count unless told otherwise.
 
-The cut itself is the planner's (:mod:`tensorfleet.planner.partition`), which the memory model
-uses too; the pipeline imports it from there, never the other way round.
+The cut itself is :mod:`tensorfleet.model_parallel.partition`'s, which the planner's memory model
+uses too.
 
 Example:
     >>> partition_layers(list("abcde"), 2, weights=[10, 1, 1, 1, 14])
@@ -14,6 +14,6 @@ Example:
 
 from __future__ import annotations
 
-from tensorfleet.planner.partition import param_count, partition_layers
+from tensorfleet.model_parallel.partition import param_count, partition_layers
 
 __all__ = ["param_count", "partition_layers"]

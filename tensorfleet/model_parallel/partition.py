@@ -1,10 +1,16 @@
-"""Cutting a chain of layers into consecutive stages: the pipeline's stages, and the planner's.
+"""How a layout cuts a model: its chain of layers into consecutive stages, its weights into parts.
 
 Stages are cut at given layer indices, or balanced: the cut that makes the heaviest stage as
 light as possible (the linear partition problem, solved by dynamic programming), weighing each
-layer by its trainable parameter count unless told otherwise. It lives in the planner, the lower
-room: the pipeline (:mod:`tensorfleet.model_parallel.pipeline`) cuts its stages with it, and the
-memory model (:func:`tensorfleet.planner.memory.split_stages`) estimates them the same way.
+layer by its trainable parameter count unless told otherwise. The pipeline
+(:mod:`tensorfleet.model_parallel.pipeline`) cuts its stages with :func:`partition_layers`, and the
+planner's memory model (:func:`tensorfleet.planner.memory.split_stages`) estimates them the same way.
+
+A :class:`WeightSplit` is one weight as a mesh layout holds it on a device: the mesh derives them
+from its own layout decisions (:meth:`tensorfleet.model_parallel.mesh.Mesh.weight_splits`), the
+planner turns them into bytes (:mod:`tensorfleet.planner.splits`). Both live here, in the lower
+room: the planner plans and runs what this package executes, so the planner imports
+``model_parallel`` and never the other way round.
 
 Example:
     >>> partition_layers(list("abcde"), 2, weights=[10, 1, 1, 1, 14])
@@ -13,11 +19,35 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import integer, positive_int
 
-__all__ = ["param_count", "partition_layers"]
+__all__ = ["WeightSplit", "param_count", "partition_layers"]
+
+
+@dataclass(frozen=True)
+class WeightSplit:
+    """One weight as its layout holds it on a device.
+
+    Args:
+        parameters: the weight's elements.
+        parts: how many parts the layout splits it into (1: whole on every device).
+        zero_parts: how many more parts ZeRO splits its states into over the data-parallel
+            replicas (1: ZeRO leaves it whole, e.g. no axis of it divides by the replicas).
+        trainable: whether it has gradients and optimizer state.
+    """
+
+    parameters: int
+    parts: int = 1
+    zero_parts: int = 1
+    trainable: bool = True
+
+    def __post_init__(self) -> None:
+        integer("parameters", self.parameters, minimum=0)
+        positive_int("parts", self.parts)
+        positive_int("zero_parts", self.zero_parts)
 
 
 def param_count(layer: Any) -> int:
