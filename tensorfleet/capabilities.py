@@ -90,6 +90,17 @@ def _mesh_tf() -> str | None:
     return None
 
 
+def _tfmot() -> str | None:
+    from tensorfleet.compat.tfmot import import_tfmot
+
+    try:
+        import_tfmot()  # not importlib: tfmot's import would set TF_USE_LEGACY_KERAS in the user's process
+    except Exception as error:  # any import failure means the feature cannot run
+        return f"`import tensorflow_model_optimization` failed ({type(error).__name__}: {error}); install " \
+               "tensorflow-model-optimization"
+    return None
+
+
 def _tf_distribute() -> str | None:
     return None  # TensorFlow's own runtime (tf.distribute, compiled functions), under either Keras
 
@@ -147,7 +158,7 @@ FEATURES: tuple[Feature, ...] = (
             keras3="tensorflow-federated 0.87 takes Keras 2 models (the tff track's TensorFlow 2.14)"),
     Feature("edge", "Edge: TFLite conversion, quantization, decomposition, LiteRT check", _litert),
     Feature("edge-optimize", "Edge: QAT, pruning, clustering, distillation (tfmot for tf_keras; Keras 3 built in)",
-            _all(_keras2, _module("tensorflow_model_optimization", "tensorflow-model-optimization"))),
+            _all(_keras2, _tfmot)),
     Feature("edge-micro", "Edge: TFLite Micro validation, arena report, C sources",
             _module("tflite_micro", "tflite-micro"), keras3=NO_KERAS, keras2=NO_KERAS),
     Feature("serving", "Serving: TF Serving REST and gRPC APIs", _module("tensorflow_serving.apis.predict_pb2",

@@ -137,6 +137,16 @@ def test_import_tensorfleet_changes_neither_tf_keras_nor_keras_tuner_nor_childre
 
 
 @pytest.mark.slow
+def test_tensorfleets_import_of_tfmot_leaves_the_users_keras_choice() -> None:
+    # tfmot 0.8 sets TF_USE_LEGACY_KERAS=1 as it is imported; the capability probe (and tfl.edge's optimizers)
+    # import it through tensorfleet.compat.tfmot, which puts the user's environment back.
+    pytest.importorskip("tensorflow_model_optimization")
+    code = ("import os, sys\nfrom tensorfleet.capabilities import probe_all\nprobe_all()\n"
+            "print(os.environ.get('TF_USE_LEGACY_KERAS'), 'tensorflow_model_optimization' in sys.modules)")
+    assert _run(code) == "None True"
+
+
+@pytest.mark.slow
 def test_a_users_own_legacy_keras_choice_is_kept() -> None:
     if _tf_major_minor() < (2, 16):
         pytest.skip("TensorFlow 2.14 reads no TF_USE_LEGACY_KERAS: its tf.keras is Keras 2 already")

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tensorfleet.compat.keras import Keras, keras_of, module_of
+from tensorfleet.compat.tfmot import import_tfmot
 from tensorfleet.registry import Registry
 from tensorfleet.validation import boolean, integer, number, positive_int
 
@@ -68,7 +69,7 @@ def apply_qat(model: Any) -> Any:
         from tensorfleet.edge import keras3_optimize
 
         return keras3_optimize.apply_qat(model)
-    import tensorflow_model_optimization as tfmot
+    tfmot = import_tfmot()
 
     return tfmot.quantization.keras.quantize_model(model)
 
@@ -89,7 +90,7 @@ def apply_pruning(model: Any, *, sparsity: float = 0.5, begin_step: int = 0, fre
                                        power=power)
     if _keras3(model, "tfl.edge.apply_pruning"):
         return keras3_optimize.apply_pruning(model, plan)
-    import tensorflow_model_optimization as tfmot
+    tfmot = import_tfmot()
 
     if isinstance(plan, keras3_optimize.PolynomialDecay):
         tfmot_schedule = tfmot.sparsity.keras.PolynomialDecay(plan.initial_sparsity, plan.final_sparsity,
@@ -109,7 +110,7 @@ def apply_clustering(model: Any, *, clusters: int = 16) -> Any:
         from tensorfleet.edge import keras3_optimize
 
         return keras3_optimize.apply_clustering(model, clusters)
-    import tensorflow_model_optimization as tfmot
+    tfmot = import_tfmot()
 
     init = tfmot.clustering.keras.CentroidInitialization.KMEANS_PLUS_PLUS
     return tfmot.clustering.keras.cluster_weights(model, number_of_clusters=clusters, cluster_centroids_init=init)
@@ -127,7 +128,7 @@ def _pruning_callbacks(model: Any) -> list[Any]:
         from tensorfleet.edge.keras3_optimize import pruning_callbacks
 
         return pruning_callbacks(model)
-    import tensorflow_model_optimization as tfmot
+    tfmot = import_tfmot()
 
     return [tfmot.sparsity.keras.UpdatePruningStep()]
 
@@ -152,7 +153,7 @@ def strip_wrappers(model: Any) -> Any:
         from tensorfleet.edge.keras3_optimize import strip
 
         return strip(model)
-    import tensorflow_model_optimization as tfmot
+    tfmot = import_tfmot()
 
     names = {type(layer).__name__ for layer in model.layers}
     if "PruneLowMagnitude" in names:
