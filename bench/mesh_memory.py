@@ -32,17 +32,18 @@ BATCH = 8
 
 
 def small_gpt(vocab: int = 64, seq: int = 16, width: int = 32, heads: int = 4) -> object:
-    import tensorflow as tf
+    """The small GPT in tf_keras (Keras 2): ZeRO on a mesh trains tf_keras models only."""
+    import tf_keras
 
-    layers = tf.keras.layers
-    tokens = tf.keras.Input((seq,), dtype="int32", name="tokens")
+    layers = tf_keras.layers
+    tokens = tf_keras.Input((seq,), dtype="int32", name="tokens")
     h = layers.Embedding(vocab, width, name="embed")(tokens)
     for i in range(2):
         attended = layers.MultiHeadAttention(heads, width // heads, name=f"attention_{i}")(h, h)
         h = layers.LayerNormalization(name=f"norm_{i}a")(layers.Add()([h, attended]))
         mlp = layers.Dense(width, name=f"mlp_{i}_out")(layers.Dense(4 * width, activation="gelu", name=f"mlp_{i}_in")(h))
         h = layers.LayerNormalization(name=f"norm_{i}b")(layers.Add()([h, mlp]))
-    return tf.keras.Model(tokens, layers.Dense(vocab, name="head")(h), name="small_gpt")
+    return tf_keras.Model(tokens, layers.Dense(vocab, name="head")(h), name="small_gpt")
 
 
 def resident_bytes(variables: list) -> dict[str, int]:
@@ -71,7 +72,7 @@ def planned(mesh: object, model: object, zero: int) -> dict[str, float]:
 
 def measure(mesh_shape: str, rules: str, zero: int) -> dict:
     import numpy as np
-    import tensorflow as tf
+    import tf_keras
     from tensorflow.experimental import dtensor
 
     from tensorfleet.model_parallel.mesh import Mesh
@@ -80,8 +81,8 @@ def measure(mesh_shape: str, rules: str, zero: int) -> dict:
     mesh = Mesh(mesh_shape, rules, zero=zero)
     with mesh.scope():
         model = small_gpt()
-        model.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(optimizer=tf_keras.optimizers.Adam(1e-3),
+                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if not zero:
         model.optimizer.build(model.trainable_variables)
     worst = 0.0

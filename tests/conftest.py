@@ -12,14 +12,13 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("MPLBACKEND", "Agg")
-# The suite's process is still one whose `tf.keras` is Keras 2 (tf_keras), chosen here the way a user chooses it,
-# before TensorFlow starts; tensorfleet itself never sets it (tests/test_compat.py holds that). Tests write the
-# Keras they mean all the same: `import keras` (the `keras3` fixture) for Keras 3, Keras 2 through
-# `tensorfleet.compat.keras.keras2()` (tf_keras; tf.keras on the tff track), `user_env()` for a child that is a
-# user's default process and `keras2_env()` for a child script written with `tf.keras` for Keras 2. Without this
-# line 67 unit tests fail today: package docstring examples and tests that build zoo models in the user's Keras
-# (Keras 3 then) for rooms that take tf_keras only (the planner's memory model, tensor-parallel layers, mtf).
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+# The suite's process is a user's default process: no TF_USE_LEGACY_KERAS (removed here, before TensorFlow starts,
+# should the shell have it), so `tf.keras` is Keras 3 where Keras 3 is installed; tensorfleet itself never sets it
+# (tests/test_compat.py holds that). Every test names its Keras: `import keras` (the `keras3` fixture) for Keras 3,
+# Keras 2 through `tensorfleet.compat.keras.keras2()` or `keras="tf_keras"` to the zoo (tf_keras; tf.keras on the
+# tff track), `user_env()` for a child that is a user's default process and `keras2_env()` for a child whose
+# `tf.keras` is Keras 2 (what Keras Tuner needs to drive tf_keras).
+os.environ.pop("TF_USE_LEGACY_KERAS", None)
 
 import pytest  # noqa: E402
 
@@ -161,11 +160,12 @@ def run_workers(commands: list[list[str]], envs: list[dict[str, str]], *, timeou
 
 
 def compile_digits(model: Any) -> None:
-    import tensorflow as tf
+    from tensorfleet.compat.keras import module_of
 
+    keras = module_of(model)  # the optimizer and loss of the model's own Keras
     model.compile(
-        optimizer=tf.keras.optimizers.Adam(1e-2),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
 

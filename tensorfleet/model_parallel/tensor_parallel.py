@@ -18,9 +18,9 @@ accelerators. Every layer can be made from its unsplit Keras counterpart (``from
 ``from_keras``) so that the two compute the same function from the same weights.
 
 Example:
-    >>> import tensorflow as tf
+    >>> import tensorflow as tf, tf_keras  # these layers are made from Keras 2 (tf_keras) layers
     >>> from tensorfleet.model_parallel import tensor_parallel as tp
-    >>> dense1 = tf.keras.layers.Dense(8, activation="relu"); dense2 = tf.keras.layers.Dense(4)
+    >>> dense1 = tf_keras.layers.Dense(8, activation="relu"); dense2 = tf_keras.layers.Dense(4)
     >>> x = tf.ones((2, 6)); reference = dense2(dense1(x))
     >>> mlp = tp.ParallelMLP.from_dense(dense1, dense2, devices=["/CPU:0", "/CPU:1"])
     >>> float(tf.reduce_max(tf.abs(mlp(x) - reference))) < 1e-6

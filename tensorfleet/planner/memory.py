@@ -30,7 +30,7 @@ recomputation) wrap training under any strategy: :mod:`tensorfleet.strategies.me
 Example:
     >>> import tensorfleet as tfl
     >>> from tensorfleet.planner import memory
-    >>> model = tfl.models.build("digits_cnn")
+    >>> model = tfl.models.build("digits_cnn", keras="tf_keras")  # the memory model reads Keras 2 models
     >>> est = memory.estimate(model, batch_size=64, optimizer="adam")
     >>> est.parameters == model.count_params() * 4
     True
@@ -169,7 +169,7 @@ def layer_table(model: Any) -> list[LayerMemory]:
 
     Example:
         >>> import tensorfleet as tfl
-        >>> model = tfl.models.build("digits_mlp")
+        >>> model = tfl.models.build("digits_mlp", keras="tf_keras")  # the memory model reads Keras 2 models
         >>> table = layer_table(model)
         >>> [(row.name, row.parameters) for row in table][-1]
         ('logits', 650)
@@ -377,7 +377,7 @@ def estimate(
 
     Example:
         >>> import tensorfleet as tfl
-        >>> model = tfl.models.build("digits_mlp")
+        >>> model = tfl.models.build("digits_mlp", keras="tf_keras")  # the memory model reads Keras 2 models
         >>> est = estimate(model, batch_size=64, precision="mixed_float16", parallelism="data", devices=4)
         >>> est.micro_batch
         16
@@ -417,7 +417,7 @@ def plot_layers(model: Any, path: str, *, batch_size: int, optimizer: Any = "ada
 
     Example:
         >>> import tensorfleet as tfl
-        >>> plot_layers(tfl.models.build("digits_mlp"), "out/memory.png", batch_size=64)
+        >>> plot_layers(tfl.models.build("digits_mlp", keras="tf_keras"), "out/memory.png", batch_size=64)
         'out/memory.png'
     """
     import matplotlib

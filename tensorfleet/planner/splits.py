@@ -86,7 +86,7 @@ def estimate(model: Any, weights: Sequence[WeightSplit], *, batch_size: int, zer
 
     Example:
         >>> import tensorfleet as tfl
-        >>> model = tfl.models.build("digits_mlp")
+        >>> model = tfl.models.build("digits_mlp", keras="tf_keras")  # the memory model reads Keras 2 models
         >>> whole = [WeightSplit(int(w.shape.num_elements())) for w in model.weights]
         >>> estimate(model, whole, batch_size=8).model_states == 16 * model.count_params()
         True

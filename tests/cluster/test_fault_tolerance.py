@@ -20,6 +20,12 @@ from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
+
+def _k2(name: str) -> type:
+    """The fault-tolerance callback class ``name`` made for the tests' Keras 2."""
+    return ft.callback_class(name, "keras2")
+
+
 QUIET = TaskOutput(sink=None)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -50,11 +56,11 @@ def test_empty_backup_dir_is_a_clear_error() -> None:
 
 def test_callbacks_are_backup_then_best_model_then_log(tmp_path: Path) -> None:
 
-    cbs = ft.callbacks(tmp_path / "backup", save_freq=5, best_model=tmp_path / "best.keras")
-    assert [type(c) for c in cbs] == [tf_keras.callbacks.BackupAndRestore, ft.BestModelCheckpoint, ft.EpochLog]
+    cbs = ft.callbacks(tmp_path / "backup", save_freq=5, best_model=tmp_path / "best.keras", keras="keras2")
+    assert [type(c) for c in cbs] == [tf_keras.callbacks.BackupAndRestore, _k2("BestModelCheckpoint"), _k2("EpochLog")]
     assert cbs[0].backup_dir == str(tmp_path / "backup")
     assert cbs[0].save_freq == 5
-    assert type(ft.callbacks(tmp_path / "b", log_steps=True)[-1]) is ft.StepLog
+    assert type(ft.callbacks(tmp_path / "b", log_steps=True, keras="keras2")[-1]) is _k2("StepLog")
 
 
 def test_callbacks_add_a_planned_stop_when_the_environment_asks(tmp_path: Path, monkeypatch) -> None:
@@ -97,7 +103,7 @@ def _tiny_fit(tmp_path: Path, callbacks: list, epochs: int = 4):
 
     split = load_digits(flat=True)
     tf_keras.utils.set_random_seed(0)
-    model = build("digits_mlp", hidden=16)
+    model = build("digits_mlp", hidden=16, keras="tf_keras")
     model.compile(optimizer=tf_keras.optimizers.Adam(0.01),
                   loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     history = model.fit(split.x_train[:256], split.y_train[:256], batch_size=64, epochs=epochs,
@@ -108,8 +114,8 @@ def _tiny_fit(tmp_path: Path, callbacks: list, epochs: int = 4):
 def test_best_model_is_the_best_epochs_and_written_atomically(tmp_path: Path, capsys) -> None:
 
     target = tmp_path / "out" / "best.keras"
-    best = ft.BestModelCheckpoint(target, monitor="val_accuracy", mode="max")
-    _, history, split = _tiny_fit(tmp_path, [best, ft.EpochLog()])
+    best = _k2("BestModelCheckpoint")(target, monitor="val_accuracy", mode="max")
+    _, history, split = _tiny_fit(tmp_path, [best, _k2("EpochLog")()])
     accuracies = history.history["val_accuracy"]
     best_epoch = int(np.argmax(accuracies)) + 1
     record = json.loads((tmp_path / "out" / "best.keras.json").read_text())
@@ -126,14 +132,14 @@ def test_best_model_survives_a_restart_with_a_worse_run(tmp_path: Path) -> None:
     target = tmp_path / "best.keras"
     write_json(tmp_path / "best.keras.json", {"epoch": 9, "monitor": "val_accuracy", "value": 1.5})
     target.write_bytes(b"the better model")
-    _tiny_fit(tmp_path, [ft.BestModelCheckpoint(target, monitor="val_accuracy", mode="max")], epochs=2)
+    _tiny_fit(tmp_path, [_k2("BestModelCheckpoint")(target, monitor="val_accuracy", mode="max")], epochs=2)
     assert target.read_bytes() == b"the better model"
 
 
 def test_monitoring_a_metric_fit_does_not_log_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match=r"BestModelCheckpoint monitors 'val_auc', which fit did not log\. Logged: "
                                        r"\['accuracy', 'loss', 'val_accuracy', 'val_loss'\]"):
-        _tiny_fit(tmp_path, [ft.BestModelCheckpoint(tmp_path / "b.keras", monitor="val_auc")], epochs=1)
+        _tiny_fit(tmp_path, [_k2("BestModelCheckpoint")(tmp_path / "b.keras", monitor="val_auc")], epochs=1)
 
 
 # ---------------------------------------------------------------- real processes, killed
@@ -231,7 +237,7 @@ def test_a_successful_run_leaves_no_default_backup_directory(tmp_path: Path, mon
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv("TENSORFLEET_BACKUP_DIR", raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    cbs = ft.callbacks(log=False)
+    cbs = ft.callbacks(log=False, keras="keras2")
     assert [type(c).__name__ for c in cbs] == ["BackupAndRestore", "BackupCleanup"]
     assert Path(cbs[0].backup_dir).parent == tmp_path / "tensorfleet-backup"
     _fit_with(cbs)
@@ -246,12 +252,12 @@ def test_cleanup_keeps_what_is_not_empty_and_what_the_user_named(tmp_path: Path,
     monkeypatch.delenv("TENSORFLEET_BACKUP_DIR", raising=False)
     (tmp_path / "tensorfleet-backup").mkdir()
     (tmp_path / "tensorfleet-backup" / "other-job").mkdir()  # another job's backup stays
-    _fit_with(ft.callbacks(log=False))
+    _fit_with(ft.callbacks(log=False, keras="keras2"))
     assert [p.name for p in (tmp_path / "tensorfleet-backup").iterdir()] == ["other-job"]
     # A directory the user named (argument or environment) is theirs: it stays, even empty.
-    cbs = ft.callbacks(tmp_path / "mine", log=False)
+    cbs = ft.callbacks(tmp_path / "mine", log=False, keras="keras2")
     assert [type(c).__name__ for c in cbs] == ["BackupAndRestore"]
     _fit_with(cbs)
     monkeypatch.setenv("TENSORFLEET_BACKUP_DIR", str(tmp_path / "from-env"))
-    _fit_with(ft.callbacks(log=False))
+    _fit_with(ft.callbacks(log=False, keras="keras2"))
     assert (tmp_path / "mine").is_dir() and (tmp_path / "from-env").is_dir()

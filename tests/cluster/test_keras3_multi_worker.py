@@ -127,9 +127,13 @@ def test_callbacks_are_the_keras_of_the_model(keras3: Any, tmp_path: Path) -> No
     assert isinstance(cbs[2], ft.callback_class("EpochLog", "keras3"))
     assert [type(c) for c in ft.callbacks(tmp_path / "b", keras="keras3")] == [
         type(cbs[0]), ft.callback_class("EpochLog", model)]
-    # The suite's process is a Keras 2 one: by default, and by name, the callbacks are tf_keras's.
-    assert all(isinstance(c, tf_keras.callbacks.Callback) for c in ft.callbacks(tmp_path / "b"))
-    assert type(ft.callbacks(tmp_path / "b", keras="tf_keras")[-1]) is ft.EpochLog
+    # The suite's process is a user's default one (`tf.keras` is Keras 3): by default the callbacks are Keras 3's,
+    # and by name tf_keras's.
+    assert all(isinstance(c, keras3.callbacks.Callback) for c in ft.callbacks(tmp_path / "b"))
+    assert ft.EpochLog is ft.callback_class("EpochLog", "keras3")
+    tf_keras_callbacks = ft.callbacks(tmp_path / "b", keras="tf_keras")
+    assert all(isinstance(c, tf_keras.callbacks.Callback) for c in tf_keras_callbacks)
+    assert type(tf_keras_callbacks[-1]) is ft.callback_class("EpochLog", "keras2")
 
 
 def test_keras3_callbacks_refuse_what_they_cannot_do(keras3: Any, tmp_path: Path) -> None:

@@ -77,9 +77,9 @@ def test_layout_is_parsed_by_mesh_tensorflow():
 
 
 def test_model_dimensions_name_the_tensor_dimensions():
-    assert tfmesh.model_dimensions(models.build("digits_mlp"), 32) == {
+    assert tfmesh.model_dimensions(models.build("digits_mlp", keras="tf_keras"), 32) == {
         "batch": 32, "features": 64, "hidden": 64, "classes": 10}
-    dims = tfmesh.model_dimensions(models.build("transformer_block"), 16)
+    dims = tfmesh.model_dimensions(models.build("transformer_block", keras="tf_keras"), 16)
     assert dims == {"batch": 16, "seq": 8, "memory_seq": 8, "features": 8, "d_model": 16, "heads": 4, "kv": 4,
                     "hidden": 32, "classes": 10}
 
@@ -94,22 +94,22 @@ def test_unknown_tensor_dimension_is_a_clear_error():
     mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;ffn:b2")
     with pytest.raises(ValueError, match=r"Layout rule 'ffn:b2' names tensor dimension 'ffn', which the model has not; "
                                          r"its dimensions are: batch, classes, features, hidden"):
-        mesh.check(models.build("digits_mlp"), 32)
+        mesh.check(models.build("digits_mlp", keras="tf_keras"), 32)
 
 
 def test_mesh_that_does_not_divide_a_dimension_is_a_clear_error():
     mesh = tfmesh.Mesh("b1:1;b2:4", "batch:b1;hidden:b2")
     with pytest.raises(ValueError, match=r"Mesh dimension 'b2' of size 4 does not divide tensor dimension 'hidden' of "
                                          r"size 6"):
-        mesh.check(models.build("digits_mlp", hidden=6), 32)
+        mesh.check(models.build("digits_mlp", hidden=6, keras="tf_keras"), 32)
     with pytest.raises(ValueError, match=r"does not divide tensor dimension 'batch' of size 30"):
-        tfmesh.Mesh("b1:4", "batch:b1").check(models.build("digits_mlp"), 30)
+        tfmesh.Mesh("b1:4", "batch:b1").check(models.build("digits_mlp", keras="tf_keras"), 30)
 
 
 def test_mesh_larger_than_devices_is_a_clear_error(logical_cpus):
     mesh = tfmesh.Mesh("b1:2;b2:4", "batch:b1;hidden:b2")
     with pytest.raises(ValueError, match=r"The mesh 'b1:2;b2:4' needs 8 devices but only 4 are available"):
-        mesh.check(models.build("digits_mlp"), 32)
+        mesh.check(models.build("digits_mlp", keras="tf_keras"), 32)
 
 
 @pytest.mark.parametrize("mesh_shape,layout,pattern", [
@@ -129,7 +129,7 @@ def test_unknown_backend_lists_the_backends():
 
 
 def _single_device_run(name: str, x: np.ndarray, y: np.ndarray):
-    model = models.build(name)
+    model = models.build(name, keras="tf_keras")
     optimizer = tf_keras.optimizers.SGD(LR)
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     losses = []
@@ -164,7 +164,7 @@ def test_2x2_mesh_matches_single_device_after_5_steps(case, backend, logical_cpu
     name, layout = CASES[case]
     x, y = _data(name)
     ref_losses, ref_final, ref_model = _single_device_run(name, x, y)
-    model = models.build(name)  # same seed: the same initial weights as the reference
+    model = models.build(name, keras="tf_keras")  # same seed: the same initial weights as the reference
     mesh = tfmesh.Mesh("b1:2;b2:2", layout, backend=backend)
     history = mesh.fit(model, x, y, epochs=1, batch_size=BATCH, learning_rate=LR, verbose=False)
     assert len(history.step_loss) == STEPS
@@ -201,7 +201,7 @@ for key, (case, mesh_shape, layout) in {{
     name = t.CASES[case][0]
     x, y = t._data(name)
     ref_losses, ref_final, ref_model = t._single_device_run(name, x, y)
-    model = models.build(name)
+    model = models.build(name, keras="tf_keras")
     history = tfmesh.Mesh(mesh_shape, layout, backend="dtensor").fit(
         model, x, y, epochs=1, batch_size=t.BATCH, learning_rate=t.LR, verbose=False)
     out[key] = {{
@@ -297,26 +297,26 @@ def test_keras_backend_rejects_layouts_it_cannot_run(logical_cpus):
     x, y = _data("digits_mlp")
     mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;classes:b2", backend="keras")
     with pytest.raises(ValueError, match=r"keras mesh backend splits only the batch, hidden and heads dimensions"):
-        mesh.fit(models.build("digits_mlp"), x, y, batch_size=BATCH, verbose=False)
+        mesh.fit(models.build("digits_mlp", keras="tf_keras"), x, y, batch_size=BATCH, verbose=False)
 
 
 def test_fit_rejects_bad_arguments(logical_cpus):
     x, y = _data("digits_mlp")
     mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2")
     with pytest.raises(ValueError, match=r"batch_size must be a positive integer. Received: batch_size=0"):
-        mesh.fit(models.build("digits_mlp"), x, y, batch_size=0)
+        mesh.fit(models.build("digits_mlp", keras="tf_keras"), x, y, batch_size=0)
     with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0. Received: learning_rate=-1"):
-        mesh.fit(models.build("digits_mlp"), x, y, learning_rate=-1)
+        mesh.fit(models.build("digits_mlp", keras="tf_keras"), x, y, learning_rate=-1)
     with pytest.raises(ValueError, match=r"Mesh layouts support inputs of shape \(batch, features\) or \(batch, seq, "
                                          r"features\). Received: input shape \(None, 8, 8, 1\)"):
-        mesh.fit(models.build("digits_cnn"), x.reshape(-1, 8, 8, 1), y)
+        mesh.fit(models.build("digits_cnn", keras="tf_keras"), x.reshape(-1, 8, 8, 1), y)
 
 
 @pytest.mark.parametrize("backend", ["mtf", "keras"])
 def test_pure_tensor_parallel_mesh_of_4_matches_single_device(backend, logical_cpus):
     x, y = _data("digits_mlp")
     ref_losses, _, ref_model = _single_device_run("digits_mlp", x, y)
-    model = models.build("digits_mlp")
+    model = models.build("digits_mlp", keras="tf_keras")
     history = tfmesh.Mesh("m:4", "hidden:m", backend=backend).fit(model, x, y, batch_size=BATCH, learning_rate=LR,
                                                                   verbose=False)
     np.testing.assert_allclose(history.step_loss, ref_losses, atol=1e-5, rtol=0)
@@ -364,7 +364,7 @@ def test_fit_mtf_checks_dims_against_the_layout(logical_cpus):
 def test_history_records_each_step_wall_time(logical_cpus):
     x, y = _data("digits_mlp")
     history = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend="keras").fit(
-        models.build("digits_mlp"), x, y, epochs=2, batch_size=BATCH, verbose=False)
+        models.build("digits_mlp", keras="tf_keras"), x, y, epochs=2, batch_size=BATCH, verbose=False)
     assert len(history.step_seconds) == 2 * STEPS
     assert all(t > 0 for t in history.step_seconds)
 
@@ -399,7 +399,7 @@ def test_keras_backend_runs_each_gradient_matmul_on_its_shards_device(case, logi
     x, y = _data(name)
     mesh = tfmesh.Mesh("b1:2;b2:2", layout, backend="keras")
     executed, traced = _executed_matmuls(
-        lambda: mesh.fit(models.build(name), x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=False))
+        lambda: mesh.fit(models.build(name, keras="tf_keras"), x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=False))
     backward = {op: device for op, device in executed.items() if op.startswith("gradient")}
     forward = {op: device for op, device in executed.items() if not op.startswith("gradient")}
     assert forward and all(device == traced[op] for op, device in forward.items()), forward
@@ -421,7 +421,7 @@ def test_a_model_compiled_in_the_scope_trains_with_its_own_fit(backend, logical_
     mesh = tfmesh.Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend=backend)
     loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with mesh.scope():
-        model = models.build("digits_mlp")  # the same seed: the same initial weights as the reference
+        model = models.build("digits_mlp", keras="tf_keras")  # the same seed: the same initial weights as the reference
         model.compile(tf_keras.optimizers.SGD(LR), loss, metrics=["accuracy"])
     history = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     assert list(history.history) == ["loss"] and len(model.mesh_trainer.step_loss) == STEPS
@@ -437,7 +437,7 @@ def test_a_model_compiled_in_the_scope_trains_with_its_own_fit(backend, logical_
         with pytest.raises(ValueError, match=rf"^The {backend} mesh backend trains with plain SGD \(tf.keras.optimizers.SGD "
                                              r"without momentum\); backend='dtensor' takes any Keras optimizer. "
                                              r"Received: optimizer=<.*Adam"):
-            models.build("digits_mlp").compile(tf_keras.optimizers.Adam(), loss)
+            models.build("digits_mlp", keras="tf_keras").compile(tf_keras.optimizers.Adam(), loss)
         with pytest.raises(ValueError, match=r"^Mesh layouts support inputs of shape \(batch, features\) or \(batch, seq, "
                                              r"features\). Received: input shape \(None, 8, 8, 1\)$"):
-            models.build("digits_cnn").compile(tf_keras.optimizers.SGD(LR), loss)
+            models.build("digits_cnn", keras="tf_keras").compile(tf_keras.optimizers.SGD(LR), loss)

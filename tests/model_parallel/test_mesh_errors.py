@@ -120,5 +120,5 @@ def test_inputs_of_another_shape_than_the_models_are_refused(backend, logical_cp
     x, y = _data("digits_mlp")
     with pytest.raises(ValueError, match=r"^x must hold examples of the model's input shape \(64,\). Received: x of "
                                          r"shape \(160, 32\) for model 'digits_mlp'$"):
-        tfmesh.Mesh("b1:2", "batch:b1", backend=backend).fit(models.build("digits_mlp"), x[:, :32], y,
+        tfmesh.Mesh("b1:2", "batch:b1", backend=backend).fit(models.build("digits_mlp", keras="tf_keras"), x[:, :32], y,
                                                              batch_size=BATCH, verbose=False)

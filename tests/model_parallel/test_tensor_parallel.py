@@ -100,7 +100,7 @@ def test_parallel_attention_matches_multi_head_attention(devices):
 
 
 def test_parallel_transformer_block_matches_model_block(devices):
-    model = models.build("transformer_block")
+    model = models.build("transformer_block", keras="tf_keras")
     block = model.get_layer("block")
     x = tf.random.stateless_normal((3, 8, 16), seed=(9, 10))
     parallel = tp.ParallelTransformerBlock.from_block(block, devices=devices)

@@ -25,7 +25,8 @@ def _branchy_model() -> tf_keras.Model:
     return tf_keras.Model(inputs, outputs, name="branchy")
 
 
-MODELS = {"digits_cnn": lambda: build("digits_cnn"), "digits_mlp": lambda: build("digits_mlp"), "branchy": _branchy_model}
+MODELS = {"digits_cnn": lambda: build("digits_cnn", keras="tf_keras"), "digits_mlp": lambda: build("digits_mlp", keras="tf_keras"),
+          "branchy": _branchy_model}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -49,7 +50,7 @@ def test_activation_estimate_equals_the_tensors_a_forward_pass_produces(name):
 
 
 def test_digits_cnn_figures_exactly():
-    model = build("digits_cnn")
+    model = build("digits_cnn", keras="tf_keras")
     assert [row.activation_values for row in M.layer_table(model)] == [64, 1024, 2048, 512, 512, 64, 10]
     est = M.estimate(model, batch_size=64, optimizer="adam")
     assert (est.parameters, est.gradients, est.optimizer_state) == (38282 * 4, 38282 * 4, 38282 * 8)
@@ -57,7 +58,7 @@ def test_digits_cnn_figures_exactly():
 
 
 def test_optimizer_state_matches_the_variables_keras_optimizers_create():
-    model = build("digits_mlp")
+    model = build("digits_mlp", keras="tf_keras")
     n = model.count_params()
     # Keras 2.14's SGD keeps a momentum slot per weight even at momentum=0, so an SGD instance
     # is counted as what it allocates; the name "sgd" stands for plain SGD with no state.
@@ -105,7 +106,7 @@ def test_data_tensor_pipeline_and_hybrid_divide_memory_as_documented():
 def test_model_pipeline_stages_are_balanced_by_parameters():
     assert M.split_stages([1, 1, 1, 5, 1, 1], 3) == [[0, 1, 2], [3], [4, 5]]
     assert M.split_stages([4, 4, 4, 4], 2) == [[0, 1], [2, 3]]
-    model = build("digits_cnn")
+    model = build("digits_cnn", keras="tf_keras")
     est = M.estimate(model, batch_size=32, parallelism="pipeline", devices=2, micro_batches=4)
     # Stage 0 = input..flatten (4,800 params, 4,160 activation values per example, 2 micro-batches
     # of 8 in flight): 343,040 bytes. Stage 1 = the dense layers (33,482 params, 74 values, 1 in
@@ -114,12 +115,12 @@ def test_model_pipeline_stages_are_balanced_by_parameters():
 
 
 def test_per_layer_plot_is_a_png(tmp_path):
-    path = M.plot_layers(build("digits_cnn"), tmp_path / "layers.png", batch_size=64)
+    path = M.plot_layers(build("digits_cnn", keras="tf_keras"), tmp_path / "layers.png", batch_size=64)
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bad_inputs_are_rejected_at_the_boundary():
-    model = build("digits_mlp")
+    model = build("digits_mlp", keras="tf_keras")
     with pytest.raises(ValueError, match="optimizer must be one of 'sgd', 'momentum', 'adam'. Received: optimizer='adagrad'"):
         M.estimate(model, batch_size=8, optimizer="adagrad")
     with pytest.raises(ValueError, match="precision must be one of 'float32', 'mixed_float16', 'mixed_bfloat16'. "

@@ -33,7 +33,7 @@ def test_whole_weights_frozen_weights_and_unsplittable_states_count_exactly():
 def test_estimate_keeps_the_activations_and_replaces_the_model_states():
     import tensorfleet as tfl
 
-    model = tfl.models.build("digits_mlp")
+    model = tfl.models.build("digits_mlp", keras="tf_keras")
     weights = [WeightSplit(int(w.shape.num_elements()), parts=2, zero_parts=2) for w in model.weights]
     est = estimate(model, weights, batch_size=8, optimizer="adam", parallelism="hybrid", devices=4, tensor=2, zero=1)
     plain = M.estimate(model, batch_size=8, optimizer="adam", parallelism="hybrid", devices=4, tensor=2, zero=1)
@@ -46,7 +46,7 @@ def test_estimate_keeps_the_activations_and_replaces_the_model_states():
 def test_bad_weight_lists_are_clear_errors():
     import tensorfleet as tfl
 
-    model = tfl.models.build("digits_mlp")
+    model = tfl.models.build("digits_mlp", keras="tf_keras")
     with pytest.raises(ValueError, match=r"^weights must describe the model's 4,810 parameters, one WeightSplit per "
                                          r"weight. Received: weights holding 10 parameters$"):
         estimate(model, [WeightSplit(10)], batch_size=8)

@@ -60,7 +60,7 @@ def test_a_model_built_under_mirrored_strategy_exports_its_own_outputs(tmp_path,
 
     strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
     with strategy.scope():
-        model = tfl.models.build("digits_cnn", seed=5)
+        model = tfl.models.build("digits_cnn", seed=5, keras="tf_keras")  # tf_keras: its variables are TF's own
     assert type(model.variables[0]).__name__ == "MirroredVariable"
     result = export(model, tmp_path / "mirrored", version=1)
     out = _signature(result.path)(image=tf.constant(images))["logits"].numpy()

@@ -22,7 +22,7 @@ BATCH = 64
 def train(strategy: Any, split: Any) -> Any:
     """The one user call, identical for every strategy."""
     with strategy.scope():
-        model = tfl.models.build("digits_cnn")
+        model = tfl.models.build("digits_cnn", keras="tf_keras")  # tf_keras: saved and reloaded with it below
         compile_digits(model)
     model.fit(**tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=BATCH, strategy=model), epochs=EPOCHS, verbose=0)
     return model

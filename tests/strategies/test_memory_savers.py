@@ -24,10 +24,10 @@ def _data(n: int = 32):
 def test_gradient_accumulation_equals_one_big_batch_with_sgd():
     x, y = _data(32)
     loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    big = build("digits_mlp", input_dim=64, seed=3)
+    big = build("digits_mlp", input_dim=64, seed=3, keras="tf_keras")
     big.compile(optimizer=tf_keras.optimizers.SGD(0.5), loss=loss)
     big.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
-    acc = memory_savers.accumulate_gradients(build("digits_mlp", input_dim=64, seed=3), steps=4)
+    acc = memory_savers.accumulate_gradients(build("digits_mlp", input_dim=64, seed=3, keras="tf_keras"), steps=4)
     acc.compile(optimizer=tf_keras.optimizers.SGD(0.5), loss=loss)
     acc.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     assert acc.optimizer.iterations.numpy() == 2  # one update per batch of 4 micro-batches

@@ -3,18 +3,22 @@
 
 from tensorfleet.models.datasets import load_digits
 
-from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.keras import keras_module
+from tensorfleet.compat.keras_tuner import search_keras
 
-tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
+# The Keras whose models Keras Tuner drives in this process: Keras 3 in a user's default process, tf_keras where
+# TF_USE_LEGACY_KERAS=1 is set (and tf.keras, Keras 2.14, on the tff track).
+keras = keras_module(search_keras())
 
 
 def build_model(hp):
-    model = tf_keras.Sequential([
-        tf_keras.layers.Dense(hp.Choice("units", [8, 32]), activation="relu", input_shape=(64,)),
-        tf_keras.layers.Dense(10),
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(hp.Choice("units", [8, 32]), activation="relu"),
+        keras.layers.Dense(10),
     ])
-    model.compile(optimizer=tf_keras.optimizers.Adam(hp.Choice("learning_rate", [1e-3, 1e-2])),
-                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(optimizer=keras.optimizers.Adam(hp.Choice("learning_rate", [1e-3, 1e-2])),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 
 

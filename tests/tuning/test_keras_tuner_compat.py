@@ -1,5 +1,6 @@
-"""Keras Tuner's Keras (tensorfleet.compat.keras_tuner): Keras 3, its own choice, in a user's process; tf_keras where
-the process set TF_USE_LEGACY_KERAS=1 (as this suite's does); a hypermodel of the other Keras refused naming the fix."""
+"""Keras Tuner's Keras (tensorfleet.compat.keras_tuner): Keras 3, its own choice, in a user's process (as this suite's
+is); tf_keras where the process set TF_USE_LEGACY_KERAS=1 (a child here); a hypermodel of the other Keras refused naming
+the fix."""
 
 from __future__ import annotations
 
@@ -9,12 +10,6 @@ import sys
 
 import numpy as np
 import pytest
-
-from tensorfleet.tuning.task import TunerKerasError
-
-from tensorfleet.compat.keras import keras2
-
-tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
 
 def _keras3() -> object:
@@ -36,27 +31,38 @@ def _run(code: str, *, legacy: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
-def _tf_keras_build(hp):
-    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(hp.Choice("units", [2, 3])),
-                                 tf_keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    return model
+def _tuners_keras() -> object:
+    """The Keras module whose models the Keras Tuner of this process takes: Keras 3 in this suite's process (a
+    user's default one) on the current track, tf.keras (Keras 2.14) on the tff track."""
+    from tensorfleet.compat.keras import keras_module
+    from tensorfleet.compat.keras_tuner import import_keras_tuner, tuner_keras
+
+    import_keras_tuner()
+    return keras_module(tuner_keras())
 
 
-def test_keras_tuner_searches_tf_keras_models_with_keras_3_installed(tmp_path):
-    from tensorfleet.compat.keras_tuner import drives_keras2, import_keras_tuner
+def _build_in(keras):
+    def build_model(hp):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(hp.Choice("units", [2, 3])),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+    return build_model
 
-    kt = import_keras_tuner()
-    assert drives_keras2()
-    tuner = kt.RandomSearch(_tf_keras_build, objective="val_loss", max_trials=2, seed=0, directory=str(tmp_path),
-                            project_name="p")
+
+def test_keras_tuner_searches_models_of_the_keras_it_drives(tmp_path):
+    from tensorfleet.compat.keras_tuner import import_keras_tuner
+
+    keras = _tuners_keras()
+    tuner = import_keras_tuner().RandomSearch(_build_in(keras), objective="val_loss", max_trials=2, seed=0,
+                                              directory=str(tmp_path), project_name="p")
     x = np.linspace(0.0, 1.0, 32, dtype="float32").reshape(8, 4)
     y = x.sum(axis=1, keepdims=True)
     tuner.search(x, y, validation_data=(x, y), epochs=1, verbose=0)
     trials = tuner.oracle.trials.values()
     assert sorted(t.status for t in trials) == ["COMPLETED", "COMPLETED"]
     assert all(np.isfinite(t.score) for t in trials)
-    assert isinstance(tuner.get_best_models(1)[0], tf_keras.Model)  # tf_keras here, Keras 2.14 on the tff track
+    assert isinstance(tuner.get_best_models(1)[0], keras.Model)
 
 
 @pytest.mark.slow
@@ -102,24 +108,57 @@ def _search_config(tmp_path):
     return SearchConfig(script=str(script), out_dir=str(tmp_path / "out"), workers=1, max_trials=2)
 
 
-def test_a_keras_3_hypermodel_in_a_tf_keras_process_is_refused_naming_the_fix(tmp_path, monkeypatch):
-    keras = _keras3()
-    from tensorfleet.tuning.task import make_tuner
+LEGACY_TUNER = """\
+import json, sys
+import numpy as np
+import keras, tf_keras
+from tensorfleet.compat.keras_tuner import drives_keras2, import_keras_tuner
+from tensorfleet.tuning.config import SearchConfig
+from tensorfleet.tuning.task import TunerKerasError, make_tuner
 
-    monkeypatch.delenv("KERASTUNER_TUNER_ID", raising=False)
-    monkeypatch.delenv("KERASTUNER_ORACLE_IP", raising=False)
-
+def build(module):
     def build_model(hp):
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(hp.Choice("units", [2, 3]))])
+        model = module.Sequential([module.Input((4,)), module.layers.Dense(hp.Choice("units", [2, 3])),
+                                   module.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
         return model
+    return build_model
 
-    with pytest.raises(TunerKerasError, match=r"^build_model of search\.py returned a Keras 3 model "
-                       r"\(keras\.src\.models\.sequential\.Sequential\), but Keras Tuner drives tf_keras \(Keras 2\) in "
-                       r"this search, because TF_USE_LEGACY_KERAS=1 is set in its environment\. Start the search "
-                       r"without TF_USE_LEGACY_KERAS \(Keras Tuner then drives Keras 3, its own choice\), or build the "
-                       r"model with tf_keras \(`import tf_keras as keras`\)\.$"):
-        make_tuner(_search_config(tmp_path), build_model)
+kt = import_keras_tuner()
+tuner = kt.RandomSearch(build(tf_keras), objective="val_loss", max_trials=2, seed=0, directory=sys.argv[2],
+                        project_name="p")
+x = np.linspace(0.0, 1.0, 32, dtype="float32").reshape(8, 4)
+y = x.sum(axis=1, keepdims=True)
+tuner.search(x, y, validation_data=(x, y), epochs=1, verbose=0)
+trials = tuner.oracle.trials.values()
+print(drives_keras2(), sorted(t.status for t in trials), all(np.isfinite(t.score) for t in trials),
+      isinstance(tuner.get_best_models(1)[0], tf_keras.Model))
+try:
+    make_tuner(SearchConfig(**json.loads(sys.argv[1])), build(keras))
+except TunerKerasError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.slow
+def test_keras_tuner_searches_tf_keras_models_where_the_user_chose_tf_keras_and_refuses_keras_3_ones(tmp_path):
+    _keras3()
+    import json
+
+    config = _search_config(tmp_path)
+    given = {"script": config.script, "out_dir": config.out_dir, "workers": 1, "max_trials": 2}
+    done = subprocess.run([sys.executable, "-c", LEGACY_TUNER, json.dumps(given), str(tmp_path / "search")],
+                          env={k: v for k, v in os.environ.items() if not k.startswith("KERASTUNER")}
+                          | {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    searched, refused = done.stdout.strip().splitlines()
+    assert searched == "True ['COMPLETED', 'COMPLETED'] True True"
+    assert refused == (
+        "build_model of search.py returned a Keras 3 model (keras.src.models.sequential.Sequential), but Keras Tuner "
+        "drives tf_keras (Keras 2) in this search, because TF_USE_LEGACY_KERAS=1 is set in its environment. Start the "
+        "search without TF_USE_LEGACY_KERAS (Keras Tuner then drives Keras 3, its own choice), or build the model "
+        "with tf_keras (`import tf_keras as keras`).")
 
 
 USER_TUNER = """\
@@ -174,11 +213,12 @@ def test_a_hypermodel_is_checked_at_its_first_build_only(tmp_path, monkeypatch):
 
     def build_model(hp):
         built.append(hp)
-        return _tf_keras_build(hp) if len(built) == 1 else "not a model"
+        return _build_in(keras)(hp) if len(built) == 1 else "not a model"
 
+    keras = _tuners_keras()
     build = checked_hypermodel(build_model, "probe")
     hp = import_keras_tuner().HyperParameters()
-    assert isinstance(build(hp), tf_keras.Model)
+    assert isinstance(build(hp), keras.Model)
     assert build(hp) == "not a model"  # later builds are Keras Tuner's to check, as it does
     with pytest.raises(TypeError, match=r"^probe takes a Keras model \(Keras 3 or tf_keras\)\. "
                                         r"Received: model of type str$"):

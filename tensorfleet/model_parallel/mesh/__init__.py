@@ -36,15 +36,15 @@ epochs is Keras' own ``fit`` (:class:`~tensorfleet.model_parallel.mesh.step_trai
 model itself, ready for the mesh.
 
 Example:
-    >>> import tensorflow as tf
+    >>> import tf_keras  # the mtf and keras backends run Keras 2 (tf_keras) models
     >>> import tensorfleet as tfl
     >>> from tensorfleet.model_parallel.mesh import Mesh
     >>> split = tfl.models.datasets.load_digits(flat=True)
     >>> mesh = Mesh("b1:2;b2:2", "batch:b1;hidden:b2", backend="mtf")
     >>> with mesh.scope():
-    ...     model = tfl.models.build("digits_mlp")
-    ...     model.compile(tf.keras.optimizers.SGD(0.1),
-    ...                   tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ...     model = tfl.models.build("digits_mlp", keras="tf_keras")
+    ...     model.compile(tf_keras.optimizers.SGD(0.1),
+    ...                   tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     >>> history = model.fit(split.x_train[:256], split.y_train[:256], epochs=2, batch_size=32, verbose=0)
     >>> loss = history.history["loss"]
     >>> len(loss), loss[1] < loss[0]
@@ -116,7 +116,7 @@ class Mesh:
         >>> data = tfl.models.datasets.load_digits()
         >>> x, y = data.x_train[:256, ..., 0], data.y_train[:256]  # each digit as 8 rows of 8 pixels
         >>> mesh = Mesh("b1:2;b2:2", "batch:b1;hidden:b2;heads:b2", backend="keras")
-        >>> model = tfl.models.build("transformer_block")
+        >>> model = tfl.models.build("transformer_block", keras="tf_keras")  # this backend runs Keras 2 models
         >>> history = mesh.fit(model, x, y, epochs=2, batch_size=32, learning_rate=0.1, verbose=False)
         >>> history.grid  # [data replica][model shard]
         [['/device:CPU:0', '/device:CPU:1'], ['/device:CPU:2', '/device:CPU:3']]

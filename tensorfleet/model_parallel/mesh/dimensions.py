@@ -61,7 +61,7 @@ def mesh_steps(model: Any) -> list[MeshStep]:
 
     Example:
         >>> import tensorfleet as tfl
-        >>> [(s.kind, s.out_dim) for s in mesh_steps(tfl.models.build("digits_mlp"))]
+        >>> [(s.kind, s.out_dim) for s in mesh_steps(tfl.models.build("digits_mlp", keras="tf_keras"))]
         [('dense', 'hidden'), ('dense', 'classes')]
     """
     from tensorfleet.models.transformer import block_class
@@ -116,7 +116,7 @@ def model_dimensions(model: Any, batch_size: int) -> dict[str, int]:
 
     Example:
         >>> import tensorfleet as tfl
-        >>> model_dimensions(tfl.models.build("digits_mlp"), 32)
+        >>> model_dimensions(tfl.models.build("digits_mlp", keras="tf_keras"), 32)
         {'batch': 32, 'features': 64, 'hidden': 64, 'classes': 10}
     """
     steps = mesh_steps(model)
