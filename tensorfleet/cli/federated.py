@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional
 
 import typer
 
+from tensorfleet.federated.backends.addresses import WorkerRuntime
 
 __all__ = ["NAME", "app"]
 
@@ -217,11 +218,6 @@ def _run_on_workers(cfg: dict) -> object:
     except (WorkerError, AllWorkersLostError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-
-
-class WorkerRuntime(str, Enum):
-    TENSORFLOW = "tensorflow"
-    TFF = "tff"
 
 
 @app.command("worker")

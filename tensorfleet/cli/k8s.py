@@ -93,6 +93,8 @@ def tfjob_command(
     storage_class: Optional[str] = typer.Option(  # noqa: UP007
         None, "--storage-class", help="Storage class of the claim written (one with ReadWriteMany volumes; "
                                       "default: the cluster's default class)."),
+    mesh: bool = typer.Option(False, "--mesh", help="The workers are the processes of one DTensor mesh (sets "
+                              "TENSORFLEET_MESH_ACROSS_PROCESSES=1 in each; workers only)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated TFJob (kubeflow.org/v1) and the claim for its backups."""
@@ -112,7 +114,7 @@ def tfjob_command(
     docs = k8s.tfjob(name=name, image=image, command=argv, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
                      namespace=namespace, restart_policy=restart_policy, max_restarts=max_restarts, cpu=cpu,
                      memory=memory, gpus=gpus, env=_parse_env(env or []), backup_claim=backup_claim,
-                     backup_size=backup_size, storage_class=storage_class)
+                     backup_size=backup_size, storage_class=storage_class, mesh=mesh)
     if output is None:
         k8s.validate(docs)
         typer.echo(kube.dump_yaml(docs), nl=False)
@@ -154,22 +156,27 @@ def tf_config_command(
 
 @app.command("federated-workers")
 def federated_workers_command(
-    replicas: int = typer.Option(..., "--replicas", help="Number of TFF worker pods."),
+    replicas: int = typer.Option(..., "--replicas", help="Number of worker pods."),
     image: str = typer.Option(..., "--image", help="Container image with tensorfleet installed."),
-    name: str = typer.Option("tff-workers", "--name", help="Deployment, Service and app label."),
+    runtime: str = typer.Option("tff", "--runtime", help="tff (TFF's C++ workers, backend='tff': the tff track) or "
+                                "tensorflow (TensorFlow servers, backend='compiled' with workers: the current track)."),
+    name: Optional[str] = typer.Option(  # noqa: UP007
+        None, "--name", help="Deployment, Service and app label (default tff-workers, or tf-workers)."),
     namespace: str = typer.Option("default", "--namespace"),
     port: int = typer.Option(8000, "--port", help="The port every worker serves on."),
-    max_concurrent: int = typer.Option(-1, "--max-concurrent", help="Parallel calls per computation (<= 0: no limit)."),
+    max_concurrent: int = typer.Option(-1, "--max-concurrent", help="Parallel calls per computation (<= 0: no "
+                                       "limit; tff only)."),
     cpu: str = typer.Option("1", "--cpu"),
     memory: str = typer.Option("2Gi", "--memory"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
-    """Write a validated Deployment and headless Service for N TFF C++ workers."""
+    """Write a validated Deployment and headless Service for N federated workers (TFF's or TensorFlow servers)."""
     from tensorfleet.federated.backends import k8s as fk8s
 
     docs = fk8s.federated_workers(replicas=replicas, image=image, name=name, namespace=namespace, port=port,
-                                  max_concurrent=max_concurrent, cpu=cpu, memory=memory)
-    _emit(docs, output, fk8s.write, f"Deployment and headless Service {name}, {replicas} workers on port {port}")
+                                  max_concurrent=max_concurrent, cpu=cpu, memory=memory, runtime=runtime)
+    _emit(docs, output, fk8s.write, f"Deployment and headless Service {docs[0]['metadata']['name']}, {replicas} "
+                                    f"workers on port {port}")
 
 
 @app.command("serving", context_settings={"allow_interspersed_args": False})

@@ -36,7 +36,7 @@ from tensorfleet.validation import integer
 
 __all__ = [
     "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_SCALE_LR", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
-    "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "StopRequest", "check_task_counts", "describe_exit", "shell_status",
+    "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "StopRequest", "check_mesh_tasks", "check_task_counts", "describe_exit", "shell_status",
     "PREFIX", "Mark", "attempt", "read_gate", "write_gate", *(  # the lines tasks write, below
         "BATCHES", "EPOCH_BEGIN", "EPOCH_END", "EPOCH_ENDED_AT_STEP", "EPOCH_STEP", "FINISHED", "FIRST_STEP_DONE",
         "RESUMED", "RESUMED_FROM_BACKUP", "SAVED", "SAVING", "SERVING", "STEP_DONE", "STOPPING",
@@ -112,6 +112,26 @@ def check_task_counts(workers: int, ps: int, chief: bool, *, job: str = "A job")
     if ps and not workers:
         raise ValueError(f"A parameter-server job needs at least one worker. Received: workers=0, ps={ps}")
     return bool(chief or ps)
+
+
+def check_mesh_tasks(others: Mapping[str, int], env: Mapping[str, str] | None) -> None:
+    """A mesh across processes (``launch(mesh=True)``, ``--mesh``, a TFJob's ``mesh=True``) has workers only, each
+    a DTensor client, and DTensor's environment comes from each task's TF_CONFIG, not from ``env``.
+
+    Example:
+        >>> check_mesh_tasks({"ps": 1}, None)
+        Traceback (most recent call last):
+        ValueError: A mesh across processes (mesh=True, --mesh) runs workers only, each a process of the mesh; drop the ps. Received: ps=1
+    """
+    given = {role: int(count) for role, count in others.items() if count}
+    if given:
+        raise ValueError(f"A mesh across processes (mesh=True, --mesh) runs workers only, each a process of the "
+                         f"mesh; drop the {', '.join(given)}. Received: "
+                         f"{', '.join(f'{role}={count}' for role, count in given.items())}")
+    given_env = sorted(k for k in (env or {}) if k.startswith("DTENSOR_"))
+    if given_env:
+        raise ValueError(f"env must not set DTensor's variables with mesh=True: each task's own come from its "
+                         f"TF_CONFIG. Received: {', '.join(given_env)}")
 
 
 class StopRequest:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tensorfleet import kube, validation
-from tensorfleet.cluster.contract import ENV_BACKUP_DIR, SERVE_ARGS, check_task_counts
+from tensorfleet.cluster.contract import ENV_BACKUP_DIR, SERVE_ARGS, check_mesh_tasks, check_task_counts
 from tensorfleet.validation import choice, integer
 
 __all__ = ["RestartPolicy", "TFJOB_SCHEMA", "pod_tf_config", "tfjob", "validate", "write"]
@@ -148,6 +148,7 @@ def tfjob(
     backup_size: str = "1Gi",
     storage_class: str | None = None,
     port: int = DEFAULT_PORT,
+    mesh: bool = False,
 ) -> list[dict[str, Any]]:
     """A TFJob for ``command`` on ``image``, and the claim for its backups.
 
@@ -172,6 +173,9 @@ def tfjob(
         storage_class: the storage class of that claim (the cluster's default if None); it
             must offer ReadWriteMany volumes (e.g. NFS or CephFS).
         port: the port every task listens on.
+        mesh: the workers are the processes of one DTensor mesh (``tensorfleet launch --mesh`` on a
+            cluster): every worker gets ``TENSORFLEET_MESH_ACROSS_PROCESSES=1``, and a ``Mesh`` made in
+            the script takes the workers of the pod's TF_CONFIG as DTensor's clients. Workers only.
 
     Returns:
         ``[PersistentVolumeClaim, TFJob]`` (or ``[TFJob]`` with ``backup_claim``), each a dict.
@@ -183,6 +187,9 @@ def tfjob(
     """
     kube.dns_label("name", name, max_length=40)  # pod names add "-<type>-<index>" to it
     kube.dns_label("namespace", namespace)
+    if mesh:
+        check_mesh_tasks({"ps": ps, "chief": int(chief), "evaluator": int(evaluator)}, env)
+        env = _mesh_env(env)
     chief = check_task_counts(workers, ps, chief, job="A TFJob")
     integer("max_restarts", max_restarts, minimum=0)
     policy = choice(RestartPolicy, "restart_policy", restart_policy)
@@ -236,6 +243,16 @@ def _container_env(env: Mapping[str, str] | None) -> dict[str, str]:
     if env and "TF_CONFIG" in env:
         raise ValueError("env must not set TF_CONFIG: the training operator gives each pod its own.")
     return {ENV_BACKUP_DIR: BACKUP_MOUNT, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+
+
+def _mesh_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    from tensorfleet.model_parallel.mesh.clients import ENV_ACROSS
+
+    given = dict(env or {})
+    if given.get(ENV_ACROSS, "1") != "1":
+        raise ValueError(f"mesh=True (--mesh) sets {ENV_ACROSS}=1 in every worker; env must not set it otherwise. "
+                         f"Received: {ENV_ACROSS}={given[ENV_ACROSS]!r}")
+    return {**given, ENV_ACROSS: "1"}
 
 
 def _servers_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -54,7 +54,7 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_TRAINING_ENDED, check_task_counts
+from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_TRAINING_ENDED, check_mesh_tasks, check_task_counts
 from tensorfleet.cluster.launch_options import Recovery, TaskCommand, TaskOutput, Timeouts, group
 from tensorfleet.cluster.processes import Fault, JobMode, LocalJob
 from tensorfleet.cluster.result import LaunchResult
@@ -162,7 +162,7 @@ def launch(
     """
     script_path = _check_script(script)
     if mesh:
-        _check_mesh_tasks({"ps": ps, "chief": chief, "evaluator": evaluator}, getattr(command, "env", None))
+        check_mesh_tasks({"ps": ps, "chief": chief, "evaluator": evaluator}, getattr(command, "env", None))
     chief = check_task_counts(workers, ps, chief)  # a ps job gets a chief: the coordinator runs there
     recovery, timeouts = group("recovery", recovery, Recovery), group("timeouts", timeouts, Timeouts)
     output, command = group("output", output, TaskOutput), group("command", command, TaskCommand)
@@ -230,19 +230,6 @@ def _resolve_mode(mode: JobMode | str, spec: ClusterSpec) -> JobMode:
     if resolved is JobMode.PARAMETER_SERVER and not spec.num_tasks(Role.PS.value):
         raise ValueError("mode='parameter_server' needs at least one ps task. Received: ps=0")
     return resolved
-
-
-def _check_mesh_tasks(others: dict[str, int], env: Mapping[str, str] | None) -> None:
-    """A mesh's processes are workers alike, each a DTensor client; DTensor's environment is the launcher's."""
-    given = {role: int(count) for role, count in others.items() if count}
-    if given:
-        raise ValueError(f"A mesh across processes (mesh=True, --mesh) runs workers only, each a process of the "
-                         f"mesh; drop the {', '.join(given)}. Received: "
-                         f"{', '.join(f'{role}={count}' for role, count in given.items())}")
-    given = sorted(k for k in (env or {}) if k.startswith("DTENSOR_"))
-    if given:
-        raise ValueError(f"env must not set DTensor's variables with mesh=True: the launcher gives each task its "
-                         f"own. Received: {', '.join(given)}")
 
 
 def _check_ports_free(spec: ClusterSpec) -> None:

@@ -63,6 +63,17 @@ def test_tfjob_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
     assert capsys.readouterr().err.startswith("error: No file at")
 
 
+def test_tfjob_mesh_sets_the_variable_on_the_workers_and_refuses_other_tasks(capsys) -> None:
+    base = ["k8s", "tfjob", "--name", "mesh", "--image", "img:1", "--workers", "2", "--mesh"]
+    assert main([*base, "--command", "python train.py"]) == 0
+    job = kube.load_yaml(capsys.readouterr().out)[1]
+    (container,) = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert container["env"][-1] == {"name": "TENSORFLEET_MESH_ACROSS_PROCESSES", "value": "1"}
+    assert main([*base, "--chief", "--command", "python train.py"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: A mesh across processes (mesh=True, --mesh) runs workers only, "
+                                               "each a process of the mesh; drop the chief. Received: chief=1")
+
+
 def test_tfjob_storage_class_names_the_class_of_the_claim(capsys) -> None:
     assert main(["k8s", "tfjob", "--name", "digits", "--image", "img:1", "--workers", "2",
                  "--storage-class", "nfs-client", "--command", "python t.py"]) == 0

@@ -200,3 +200,46 @@ def test_pod_tf_config_rejects_unknown_roles_and_indices() -> None:
         k8s.pod_tf_config(docs, "ps", 0)
     with pytest.raises(ValueError, match=r"^index must be an integer from 0 to 1\. Received: index=2$"):
         k8s.pod_tf_config(docs, "worker", 2)
+
+
+def test_a_mesh_job_sets_the_mesh_variable_on_every_worker_and_their_dtensor_clients_follow() -> None:
+    """``mesh=True`` (``tensorfleet k8s tfjob --mesh``): each worker's Mesh takes the TFJob's workers as DTensor's
+    clients, the way ``launch --mesh`` does locally."""
+    import json
+
+    from tensorfleet.model_parallel.mesh.clients import env_from_tf_config
+
+    pvc, job = _job(workers=3, mesh=True, env={"EPOCHS": "6"})
+    k8s.validate([pvc, job])
+    assert list(job["spec"]["tfReplicaSpecs"]) == ["Worker"]
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 3
+    (container,) = worker["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "train.py", "--epochs", "6"]
+    assert container["env"] == [
+        {"name": "TENSORFLEET_BACKUP_DIR", "value": "/backup"}, {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}, {"name": "EPOCHS", "value": "6"},
+        {"name": "TENSORFLEET_MESH_ACROSS_PROCESSES", "value": "1"}]
+    jobs = ",".join(f"digits-worker-{i}.default.svc:2222" for i in range(3))
+    assert [env_from_tf_config(json.dumps(k8s.pod_tf_config([job], "worker", i))) for i in range(3)] == [
+        {"DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(i), "DTENSOR_NUM_CLIENTS": "3", "DTENSOR_JOB_NAME": "worker"}
+        for i in range(3)]
+    assert _job(mesh=True, env={"TENSORFLEET_MESH_ACROSS_PROCESSES": "1"}) == _job(mesh=True)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"ps": 1}, "A mesh across processes (mesh=True, --mesh) runs workers only, each a process of the mesh; drop "
+                "the ps. Received: ps=1"),
+    ({"chief": True, "evaluator": True}, "A mesh across processes (mesh=True, --mesh) runs workers only, each a "
+                                         "process of the mesh; drop the chief, evaluator. Received: chief=1, "
+                                         "evaluator=1"),
+    ({"env": {"DTENSOR_CLIENT_ID": "0"}}, "env must not set DTensor's variables with mesh=True: each task's own "
+                                          "come from its TF_CONFIG. Received: DTENSOR_CLIENT_ID"),
+    ({"env": {"TENSORFLEET_MESH_ACROSS_PROCESSES": "0"}},
+     "mesh=True (--mesh) sets TENSORFLEET_MESH_ACROSS_PROCESSES=1 in every worker; env must not set it otherwise. "
+     "Received: TENSORFLEET_MESH_ACROSS_PROCESSES='0'"),
+])
+def test_a_mesh_job_refuses_what_does_not_fit_a_mesh(kwargs, message) -> None:
+    with pytest.raises(ValueError) as info:
+        _job(mesh=True, **kwargs)
+    assert str(info.value) == message

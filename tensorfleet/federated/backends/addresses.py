@@ -1,4 +1,4 @@
-"""Addresses of TFF workers and the errors that name one.
+"""Addresses of federated workers, the runtimes they run, and the errors that name one.
 
 A worker is reached at ``host:port`` (``[::1]:port`` for IPv6); :func:`parse_addresses` takes a
 list or one comma-separated string and refuses an empty list or a repeated address. The errors
@@ -16,12 +16,21 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 __all__ = [
-    "AllWorkersLostError", "WorkerAddress", "WorkerError", "WorkerLostError", "WorkerUnreachableError",
+    "AllWorkersLostError", "WorkerAddress", "WorkerError", "WorkerRuntime", "WorkerLostError", "WorkerUnreachableError",
     "WorkerVersionError", "parse_address", "parse_addresses",
 ]
+
+
+class WorkerRuntime(str, Enum):
+    """What a federated worker runs: a TensorFlow server (``backend="compiled"`` with workers, the current
+    track) or TFF's C++ worker_binary (``backend="tff"``, the tff track)."""
+
+    TENSORFLOW = "tensorflow"
+    TFF = "tff"
 
 
 class WorkerError(RuntimeError):

@@ -80,3 +80,45 @@ def test_worker_addresses_lists_every_address_of_the_name() -> None:
                                                                         ["127.0.0.1:8471", "[::1]:8471"])
     with pytest.raises(ValueError, match="The worker Service's name does not resolve"):
         k8s.worker_addresses("no-such-service", namespace="nowhere", domain="invalid")
+
+
+def test_tensorflow_workers_run_the_current_tracks_worker_behind_a_headless_service() -> None:
+    deployment, service = k8s.federated_workers(replicas=2, image="registry.example/tensorfleet:1", port=8471,
+                                                runtime="tensorflow")
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == "tf-workers"
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "tf-worker"
+    assert container["command"] == ["tensorfleet", "federated", "worker", "--port", "8471", "--host", "0.0.0.0",
+                                    "--runtime", "tensorflow"]
+    assert container["ports"] == [{"name": "tf-worker", "containerPort": 8471, "protocol": "TCP"}]
+    assert container["readinessProbe"]["tcpSocket"] == container["livenessProbe"]["tcpSocket"] == {"port": "tf-worker"}
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [{"name": "tf-worker", "port": 8471, "targetPort": "tf-worker", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == {"app": "tf-workers"}
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/component"] == "tf-worker"
+    k8s.validate([deployment, service])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"runtime": "tensorflow", "max_concurrent": 4},
+     "max_concurrent (--max-concurrent) applies to TFF's workers (runtime='tff'), not to TensorFlow servers. "
+     "Received: max_concurrent=4 with runtime='tensorflow'"),
+    ({"runtime": "tf"}, "runtime must be one of 'tensorflow', 'tff'. Received: runtime='tf'"),
+])
+def test_what_does_not_apply_to_the_runtime_is_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        k8s.federated_workers(replicas=2, image="tensorfleet:1", **kwargs)
+    assert str(info.value) == message
+
+
+def test_cli_writes_tensorflow_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorfleet.cli.main import main
+    assert main(["k8s", "federated-workers", "--replicas", "2", "--image", "reg.example/tf:2", "--runtime",
+                 "tensorflow", "--name", "fed"]) == 0
+    deployment, service = kube.load_yaml(capsys.readouterr().out)
+    assert service["metadata"]["name"] == "fed"
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--runtime", "tensorflow"]
+    assert main(["k8s", "federated-workers", "--replicas", "2", "--image", "x:1", "--runtime", "tensorflow",
+                 "--max-concurrent", "2"]) == 2
+    assert "applies to TFF's workers" in capsys.readouterr().err
