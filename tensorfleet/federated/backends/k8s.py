@@ -91,7 +91,7 @@ def federated_workers(*, replicas: int, image: str, name: str | None = None, nam
 def _worker_command(runtime: WorkerRuntime, port: int, max_concurrent: int) -> list[str]:
     argv = ["tensorfleet", "federated", "worker", "--port", str(port), "--host", "0.0.0.0"]
     if runtime is WorkerRuntime.TFF:
-        return [*argv, "--max-concurrent", str(int(max_concurrent))]
+        return [*argv, "--runtime", "tff", "--max-concurrent", str(int(max_concurrent))]
     if max_concurrent != -1:
         raise ValueError(f"max_concurrent (--max-concurrent) applies to TFF's workers (runtime='tff'), not to "
                          f"TensorFlow servers. Received: max_concurrent={max_concurrent!r} with runtime='tensorflow'")

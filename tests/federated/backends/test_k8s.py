@@ -20,7 +20,7 @@ def test_manifest_for_four_workers_is_a_valid_deployment_and_headless_service() 
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example/tensorfleet:1"
     assert container["command"] == ["tensorfleet", "federated", "worker", "--port", "8471", "--host", "0.0.0.0",
-                                    "--max-concurrent", "2"]
+                                    "--runtime", "tff", "--max-concurrent", "2"]
     assert container["ports"] == [{"name": "tff-worker", "containerPort": 8471, "protocol": "TCP"}]
     assert container["readinessProbe"]["tcpSocket"] == {"port": "tff-worker"}
     assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
