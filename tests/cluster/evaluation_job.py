@@ -65,8 +65,9 @@ def main() -> int:
     split = load_digits(flat=True)
     pause = tf_keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: time.sleep(args.pause if epoch + 1 < args.epochs else 0.0))
-    build_model().fit(split.x_train, split.y_train, epochs=args.epochs, batch_size=64, verbose=2,
-                      callbacks=[checkpoint_callback(args.checkpoint_dir), pause])
+    model = build_model()
+    model.fit(split.x_train, split.y_train, epochs=args.epochs, batch_size=64, verbose=2,
+              callbacks=[checkpoint_callback(args.checkpoint_dir, keras=model), pause])
     if args.hard_exit:
         sys.stdout.flush()
         os._exit(0)

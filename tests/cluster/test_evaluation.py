@@ -96,7 +96,7 @@ def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_d
     checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
     x, y = digits_flat.x_train, digits_flat.y_train
     model = build_model()
-    model.fit(x, y, epochs=2, batch_size=64, verbose=0, callbacks=[checkpoint_callback(checkpoints)])
+    model.fit(x, y, epochs=2, batch_size=64, verbose=0, callbacks=[checkpoint_callback(checkpoints, keras=model)])
     evaluator = _start(checkpoints, out, last=3)
     try:
         _wait_for_rows(out, 1, evaluator)  # the newest checkpoint, ckpt-2, is evaluated first
@@ -108,7 +108,7 @@ def test_the_evaluator_matches_model_evaluate_per_checkpoint_and_skips_what_it_d
             seen.append(again.stdout.readline())
             assert seen[-1], "".join(seen)
         model.fit(x, y, initial_epoch=2, epochs=3, batch_size=64, verbose=0,
-                  callbacks=[checkpoint_callback(checkpoints)])
+                  callbacks=[checkpoint_callback(checkpoints, keras=model)])
         output = "".join(seen) + again.communicate(timeout=120)[0]
     finally:
         reap(evaluator)

@@ -29,7 +29,7 @@ def main(out_path: str) -> None:
     split = load_digits()
     strategy = tfl.strategies.build("multi_worker_mirrored", implementation="ring", timeout_seconds=120)
     with strategy.scope():
-        model = tfl.models.build("digits_cnn")
+        model = tfl.models.build("digits_cnn", keras=tf_keras)
         model.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
                       loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     model.fit(**tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=64, strategy=model),

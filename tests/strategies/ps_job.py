@@ -34,7 +34,7 @@ def main() -> None:
     strategy = tfl.strategies.build("parameter_server", cluster=cluster, max_shards=2, min_shard_bytes=4096,
                                     staleness=2)
     with strategy.scope():
-        model = tfl.models.build("digits_cnn")
+        model = tfl.models.build("digits_cnn", keras=tf_keras)
         model.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
                       loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     inputs = tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=64, strategy=model,

@@ -30,6 +30,7 @@ def _oracle_trials(out: Path) -> dict[str, dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes(tmp_path, digits_flat):
+    from tensorfleet.compat.keras import load_model
 
     lines: list[str] = []
     result = search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=4, epochs=2, log=lines.append,
@@ -45,7 +46,7 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
     assert any("runs again (its worker was restarted)" in line for line in lines)
     # The best is the highest score, and the exported model scores exactly that on the validation data.
     assert result.best.score == max(t["score"] for t in trials.values())
-    model = tf_keras.models.load_model(result.best_model)
+    model = load_model(result.best_model)  # the search's processes are a user's: Keras 3 wrote it
     _, accuracy = model.evaluate(digits_flat.x_test, digits_flat.y_test, batch_size=32, verbose=0)
     assert accuracy == pytest.approx(result.best.score, abs=1e-7)
     assert model.layers[0].units == result.best.hyperparameters["units"]
@@ -129,7 +130,7 @@ def data():
 def test_a_keras_3_search_runs_on_two_workers_in_a_users_process(tmp_path, keras3, digits_flat, monkeypatch):
     from tensorfleet.compat.keras import load_model
 
-    monkeypatch.delenv("TF_USE_LEGACY_KERAS")  # the searches' processes are a user's: Keras Tuner drives Keras 3
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)  # the searches' processes are a user's: Keras Tuner drives Keras 3
     script = tmp_path / "keras3_search.py"
     script.write_text(KERAS3_SCRIPT)
     lines: list[str] = []
@@ -150,10 +151,12 @@ def test_a_keras_3_search_runs_on_two_workers_in_a_users_process(tmp_path, keras
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_keras_3_script_in_a_tf_keras_search_is_refused_with_one_error_naming_the_fix(tmp_path, keras3, capsys):
+def test_a_keras_3_script_in_a_tf_keras_search_is_refused_with_one_error_naming_the_fix(tmp_path, keras3, capsys,
+                                                                                         monkeypatch):
     from tensorfleet.tuning.task import TunerKerasError
 
-    script = tmp_path / "keras3_search.py"  # this process set TF_USE_LEGACY_KERAS=1: so do the search's processes
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")  # a user who chose tf_keras: so do the search's processes
+    script = tmp_path / "keras3_search.py"
     script.write_text(KERAS3_SCRIPT.replace("def data():", "def data():\n    raise AssertionError('no data')\n"))
     expected = ("error: build_model of keras3_search.py returned a Keras 3 model (keras.src.models.sequential.Sequential), "
                 "but Keras Tuner drives tf_keras (Keras 2) in this search, because TF_USE_LEGACY_KERAS=1 is set in its "
