@@ -15,6 +15,7 @@ version yet.
 * A strategy's cross-device ops (what ``cross_device_ops=`` chose).
 * ``tf.data``'s test-only sleep transformation (a straggler's pause that burns no CPU).
 * ``SidecarEvaluator``: its "no new checkpoint will come" hook and its 30 s wait for one.
+* A ``tf.distribute.Server``'s own gRPC service: whether the worker process answers at all.
 
 Example:
     >>> from tensorfleet.compat import distribute
@@ -32,7 +33,7 @@ from tensorfleet.compat.keras import keras2
 __all__ = ["closure_output", "closure_queue_lock", "condition_waiters", "coordinator_cluster", "cross_device_ops",
            "new_closure_queue", "new_mirrored_strategy", "parameter_server_workers", "queue_accepts_closures",
            "sidecar_checkpoint_wait", "sidecar_evaluator_class", "sleep_transformation", "tagged_work_waiting",
-           "uses_coordinator", "worker_closure", "workers_waiting_for_steps"]
+           "uses_coordinator", "worker_answers", "worker_closure", "workers_waiting_for_steps"]
 
 
 # --------------------------------------------------------------------------- ClusterCoordinator
@@ -196,3 +197,25 @@ def sidecar_checkpoint_wait(seconds: int) -> Iterator[None]:
         yield
     finally:
         module._CHECKPOINT_TIMEOUT_SEC = before
+
+
+# --------------------------------------------------------------------------- a worker's own gRPC service
+
+
+def worker_answers(target: str, timeout: float) -> bool:
+    """Whether the TensorFlow server at ``target`` (``host:port``) answers its ``WorkerService.GetStatus``
+    within ``timeout`` seconds.
+
+    A stopped (SIGSTOP) or hung worker process still accepts TCP connections (the kernel does), so only a
+    real call tells it from a live one; TensorFlow has no public call with a deadline for it. The request
+    is TensorFlow's empty ``GetStatusRequest`` (zero bytes on the wire); the answer (the worker's devices)
+    is not read. The service and method names are TensorFlow's wire protocol (worker_service.proto).
+    """
+    import grpc
+
+    with grpc.insecure_channel(target) as channel:
+        try:
+            channel.unary_unary("/tensorflow.WorkerService/GetStatus")(b"", timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return True

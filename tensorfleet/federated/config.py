@@ -196,6 +196,11 @@ class SimulationConfig:
         None, _workers, "HOST:PORT,HOST:PORT of workers to split each round's clients across: TensorFlow servers "
         "for the compiled backend, TFF workers for tff (`tensorfleet federated worker`); none: this process.",
         trajectory=False, example="127.0.0.1:8000", cli_type=str)
+    round_timeout: Optional[float] = option(
+        None, lambda k, v: number(k, v, above=0, optional=True),
+        "Seconds a round may run on the compiled backend's workers before each is asked whether it still "
+        "answers; a silent (frozen) one is dropped and the round runs again on the workers left (default with "
+        "workers: 120).", trajectory=False, example=30.0)
     client_opt: Any = field(init=False, repr=False)
     server_opt: Any = field(init=False, repr=False)
     hyperparameters: dict[str, Any] = field(init=False, repr=False)
@@ -235,6 +240,10 @@ class SimulationConfig:
             check_per_client(tff=True, received=f"algorithm={checked['algorithm']!r}, aggregator="
                                                 f"{checked['aggregator_name']!r}, which only backend='tff' runs")
         checked["backend"], checked["workers"] = checked["where"].backend, checked["where"].workers
+        if checked["round_timeout"] is not None and (checked["workers"] is None or checked["backend"] is Backend.TFF):
+            raise ValueError(f"round_timeout applies to the compiled backend's workers (workers=[...] with backend="
+                             f"'compiled'). Received: round_timeout={self.round_timeout!r} with backend="
+                             f"{checked['backend'].value!r}, workers={checked['workers']!r}")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 

@@ -19,12 +19,13 @@ SIMULATION = declared(SimulationConfig)
 COMPANIONS: dict[str, dict[str, Any]] = {"algorithm_options": {"algorithm": "fedprox"},
                                          "aggregator_options": {"aggregator": "trimmed_mean"},
                                          "checkpoint_every": {"out_dir": "runs/options"},
-                                         "workers": {"backend": "compiled"}}
+                                         "workers": {"backend": "compiled"},
+                                         "round_timeout": {"workers": "127.0.0.1:8000", "backend": "compiled"}}
 NEEDS_TFF: set[str] = set()  # options whose example needs the tff track
 
 
 def test_every_option_is_declared_with_help_and_an_example_other_than_its_default():
-    assert len(SIMULATION) == 28
+    assert len(SIMULATION) == 29
     for name, info in {**SIMULATION, **OPTIONS}.items():
         assert info.help.strip() and info.help.endswith("."), name
         assert info.example != info.default, name
@@ -108,3 +109,12 @@ def test_an_algorithm_option_given_twice_is_refused(capsys, tmp_path):
     assert main(["federated", "run", "--config", str(tmp_path / "c.yaml"), "--rounds", "1"]) == 2
     assert capsys.readouterr().err.startswith("error: algorithm option 'mu' is given twice: in "
                                               "algorithm='fedprox:mu=0.1' and in algorithm_options.")
+
+
+def test_round_timeout_without_the_compiled_backends_workers_is_refused():
+    with pytest.raises(ValueError, match=r"^round_timeout applies to the compiled backend's workers \(workers=\[\.\.\.\] "
+                                         r"with backend='compiled'\)\. Received: round_timeout=30 with backend="
+                                         r"'auto', workers=None$"):
+        SimulationConfig(round_timeout=30)
+    with pytest.raises(ValueError, match=r"round_timeout must be a finite number > 0\. Received: round_timeout=0"):
+        SimulationConfig(round_timeout=0, workers="127.0.0.1:8000", backend="compiled")

@@ -99,18 +99,35 @@ class CompiledRounds:
             from tensorfleet.federated.backends.compiled.workers import connect
 
             self.workers = connect(self.sim.config.workers)
+            if self.sim.config.round_timeout is not None:
+                self.workers.round_timeout = self.sim.config.round_timeout
         devices = None if self.workers is None else self.workers.devices
         self.engine = build_engine(self.sim.config, self.sim.model_fn, model, max_examples, devices=devices)
+        if self.workers is not None:
+            self.engine.invoke = self.workers.call
 
     def run_round(self, round_num: int, participants: Sequence[str], work: dict[str, int]) -> dict[str, Any]:
         import tensorflow as tf
 
+        from tensorfleet.federated.backends.compiled.workers import RoundAbandoned
+
         sampler = self.sim.sampler
         clients = [sampler.client_arrays(c, round_num, work.get(c)) for c in participants]
+        # The state before the round: a call abandoned on a frozen worker may have written part of it.
+        before = self.engine.state_leaves() if self.workers is not None and self.workers.round_timeout else None
         while True:
             try:
                 return self.engine.next(clients, round_num, client_ids=list(participants))
+            except RoundAbandoned as abandoned:
+                # Fresh server variables and lane models: the abandoned call, should it end, changes nothing.
+                self.engine.rebind(before)
+                self.workers.check_left()  # AllWorkersLostError, the state kept as it was before the round
+                log.warning("round %d: %s Running the round again on %d worker(s)", round_num, abandoned,
+                            len(self.workers.devices))
+                self.engine.keep_devices(self.workers.devices, fresh=True)
             except tf.errors.UnavailableError:
+                if before is not None:  # (the state before the round, whatever a failed call wrote)
+                    self.engine.load_leaves(before)
                 # A worker gone: the server's state changes only after every lane is done, so the round runs
                 # again on the workers left (AllWorkersLostError when none is).
                 if self.workers is None or not self.workers.drop_unreachable():

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import portpicker
 import pytest
@@ -71,16 +72,21 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_rounds_on_two_tensorflow_workers_equal_one_process_and_survive_a_lost_worker(tmp_path):
-    script = tmp_path / "spread.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=360, cwd=tmp_path,
+def run_script(tmp_path: Any, text: str, timeout: float) -> dict[str, Any]:
+    """Runs ``text`` as a user's script in a child process of its own; returns the dict it prints."""
+    script = tmp_path / "scenario.py"
+    script.write_text(text)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
                           env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
-    out = json.loads(lines[-1][7:])
+    return json.loads(lines[-1][7:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_rounds_on_two_tensorflow_workers_equal_one_process_and_survive_a_lost_worker(tmp_path):
+    out = run_script(tmp_path, SCRIPT, timeout=360)
     assert out["devices"] == ["/job:worker/replica:0/task:0/device:CPU:0"]  # the lane left after the loss
     assert out["lost"] == [1] and out["rounds"] == [1, 2, 3, 4]
     assert out["diff"] < 1e-5  # float32 sums of the same updates, in another order
@@ -88,6 +94,79 @@ def test_rounds_on_two_tensorflow_workers_equal_one_process_and_survive_a_lost_w
     assert out["second_set"].startswith("This process already joined the workers ")
     assert out["all_lost"].startswith("Every worker of the compiled backend is lost")
     assert out["kept"] == [1]
+
+
+FROZEN = textwrap.dedent("""
+    import json, os, signal
+    import numpy as np
+    import portpicker
+    import keras
+    import tensorfleet as tfl
+    from tensorfleet.federated.backends.addresses import AllWorkersLostError
+    from tensorfleet.federated.backends.compiled.workers import TfWorker, connect
+
+    split = tfl.models.datasets.load_digits(flat=True)
+    clients = tfl.federated.partition(split.x_train[:600], split.y_train[:600], num_clients=12, scheme="iid")
+
+    def model_fn():
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                                 keras.layers.Dense(10)])
+
+    opts = dict(rounds=3, clients_per_round=6, seed=3, progress=False, backend="compiled")
+    local = tfl.federated.Simulation(model_fn, clients, "fedavg", server_optimizer="adam", **opts)
+    local.run()
+    workers = [TfWorker(portpicker.pick_unused_port()).start() for _ in range(2)]
+    out = {}
+    try:
+        addresses = [w.address for w in workers]
+        connect(addresses).lost_timeout = 2.0  # (5 s by default) the deadline of the status call
+        spread = tfl.federated.Simulation(model_fn, clients, "fedavg", server_optimizer="adam", workers=addresses,
+                                          round_timeout=2.0, **opts)
+        # Worker 1 is frozen once round 1 is done: round 2 waits on it, is abandoned and run again on worker 0.
+        spread.round_listeners.append(lambda r: r["round"] == 1 and os.kill(workers[1].pid, signal.SIGSTOP))
+        spread.run()
+        rounds = spread.rounds
+        out["lost"] = [addresses.index(a) for a in rounds.workers.lost]
+        out["rounds"] = spread.history.column("round")
+        pairs = zip(local.rounds.state_leaves(), rounds.state_leaves())
+        out["diff"] = max(float(np.max(np.abs(a - b))) for a, b in pairs)
+        kept = rounds.state_leaves()
+        os.kill(workers[1].pid, signal.SIGCONT)  # the abandoned call of round 2 now ends
+        abandoned = rounds.workers.abandoned
+        for thread in abandoned:
+            thread.join(60)
+        out["abandoned"] = [len(abandoned), sum(t.is_alive() for t in abandoned)]
+        out["unchanged"] = all(np.array_equal(a, b) for a, b in zip(kept, rounds.state_leaves()))
+        # The last worker frozen after round 1 of a new run: one error, the state of round 1 kept.
+        last = tfl.federated.Simulation(model_fn, clients, "fedavg", workers=addresses, round_timeout=2.0, **opts)
+        last.round_listeners.append(lambda r: r["round"] == 1 and os.kill(workers[0].pid, signal.SIGSTOP))
+        seen = {}
+        last.round_listeners.append(lambda r: seen.update(leaves=last.rounds.state_leaves()))
+        try:
+            last.run()
+        except AllWorkersLostError as error:
+            out["all_lost"] = str(error)
+            out["kept"] = last.history.column("round")
+            out["state_of_round_1"] = all(np.array_equal(a, b) for a, b in zip(seen["leaves"],
+                                                                               last.rounds.state_leaves()))
+    finally:
+        for w in workers:
+            os.kill(w.pid, signal.SIGCONT)
+            w.stop()
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_frozen_worker_is_dropped_after_round_timeout_and_its_late_call_changes_nothing(tmp_path):
+    out = run_script(tmp_path, FROZEN, timeout=240)
+    assert out["lost"] == [1] and out["rounds"] == [1, 2, 3]
+    assert out["diff"] < 1e-5  # weights and Adam's state: float32 sums of the same updates, in another order
+    assert out["abandoned"] == [1, 0]  # round 2's first call ended once the worker thawed...
+    assert out["unchanged"]  # ...and changed nothing
+    assert out["all_lost"].startswith("Every worker of the compiled backend is lost")
+    assert out["kept"] == [1] and out["state_of_round_1"]
 
 
 def test_a_worker_that_does_not_answer_is_named_with_how_to_start_one():

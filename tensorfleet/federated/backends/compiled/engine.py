@@ -30,10 +30,11 @@ from tensorfleet.federated.backends.compiled.layout import (
     NonTrainable, RoundShape, default_lanes, flatten, fori, lane_clients, pad_clients, trace_round,
 )
 from tensorfleet.federated.backends.compiled.local import LocalLayers, check_per_client
+from tensorfleet.federated.backends.compiled.state import ServerVariables
 
 __all__ = ["CompiledFedAvg"]
 
-class CompiledFedAvg:
+class CompiledFedAvg(ServerVariables):
     """Federated rounds as compiled TensorFlow functions, composed from parts.
 
     Args:
@@ -65,6 +66,9 @@ class CompiledFedAvg:
         from tensorfleet.validation import choice
 
         self.model = model if model is not None else model_fn()
+        self._model_fn = model_fn
+        # Runs a round's traced call, its tensors read back (on workers: WorkerSet.call, which can abandon it).
+        self.invoke: Callable[..., Any] = lambda fn, *args: tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
         self.variables = model_variables(self.model)[0]
         trainable, frozen = (initial_weights if isinstance(initial_weights, tuple)
                              else (initial_weights, [np.asarray(w) for w in self.model.non_trainable_weights]))
@@ -116,10 +120,20 @@ class CompiledFedAvg:
         self._apply: Any = None  # a host part's server step
         self._copy: Any = None  # (model, traced copy of the server's weights into it): assign_weights_to
 
-    def keep_devices(self, devices: Sequence[str]) -> None:
-        """Keeps the lanes on ``devices`` only (workers left after some were lost); the round is traced again."""
+    def keep_devices(self, devices: Sequence[str], *, fresh: bool = False) -> None:
+        """Keeps the lanes on ``devices`` only (workers left after some were lost); the round is traced again.
+        ``fresh``: each lane left gets a new model (a call abandoned on a frozen worker may still be training
+        in the old ones)."""
+        import tensorflow as tf
+
         kept = [(lane, d) for lane, d in zip(self._lanes, self._devices) if d in set(devices)]
         self._lanes, self._devices = [lane for lane, _ in kept], [d for _, d in kept]
+        if fresh:
+            with tf.init_scope():
+                for j, device in enumerate(self._devices):
+                    with tf.device(device):
+                        model = self._model_fn()
+                    self._lanes[j] = (model, *model_variables(model))
         self._round = self._apply = None
 
     @property
@@ -338,7 +352,7 @@ class CompiledFedAvg:
         else:
             if self._round is None:
                 self._round = trace_round(self._round_impl, x, y)
-            out = self._round(*args).numpy().tolist()
+            out = self.invoke(self._round, *args).tolist()
             record = self._record(out[:3], dict(zip(self._metric_keys, out[3:])))
         if self._local is not None:
             self._local.keep(client_ids, self._local_rows.numpy()[:len(clients)])
@@ -355,12 +369,13 @@ class CompiledFedAvg:
             self._apply = tf.function(self._apply_impl, autograph=False).get_concrete_function(
                 tf.TensorSpec([d], tf.float32), tf.TensorSpec([5], tf.float32),
                 tf.TensorSpec([self._frozen_sum_size], tf.float32))
-        values, aux, weights, sums, frozen_sum = self._round(*args)
+        values, aux, weights, sums, frozen_sum = self.invoke(self._round, *args)
         p = int(args[3])
-        updates = ClientUpdates(values.numpy()[:p], aux.numpy()[:p], weights.numpy()[:p], p, tuple(client_ids))
+        updates = ClientUpdates(values[:p], aux[:p], weights[:p], p, tuple(client_ids))
         state = {k: v.numpy() for k, v in self._part_vars.items()}
         update, new_state, metrics = self.part.aggregate(state, updates, self._context(int(args[4])))
-        out = self._apply(tf.constant(np.asarray(update, np.float32)), sums, frozen_sum).numpy().tolist()
+        out = self._apply(tf.constant(np.asarray(update, np.float32)), tf.constant(sums),
+                          tf.constant(frozen_sum)).numpy().tolist()
         for key in self._part_keys:
             self._part_vars[key].assign(np.asarray(new_state[key], self._part_vars[key].dtype.as_numpy_dtype))
         return self._record(out, {k: float(np.asarray(v)) for k, v in metrics.items()})
@@ -409,33 +424,3 @@ class CompiledFedAvg:
                     target.assign(value)
             self._copy = (model, tf.function(copy, autograph=False))
         self._copy[1]()
-
-    def _targets(self) -> list[Any]:
-        import tensorflow as tf
-
-        return [*self._weight_vars, *tf.nest.flatten(self._state_vars), *self._frozen_vars,
-                *(self._part_vars[k] for k in self._part_keys)]
-
-    def state_leaves(self) -> list[np.ndarray]:
-        """Weights, server optimizer state, non-trainable weights and the aggregator's state (for checkpoints),
-        then FedBN's per-client ids and rows."""
-        return [v.numpy() for v in self._targets()] + (self._local.leaves() if self._local is not None else [])
-
-    @property
-    def ragged_leaves(self) -> tuple[int, ...]:
-        """The leaves whose first axis grows with the clients sampled (FedBN's ids and rows)."""
-        n = len(self._targets())
-        return (n, n + 1) if self._local is not None else ()
-
-    def load_leaves(self, leaves: Sequence[np.ndarray]) -> None:
-        targets = self._targets()
-        if self._local is not None and len(leaves) == len(targets) + 2:
-            self._local.load(*leaves[-2:])
-            leaves = leaves[:-2]
-        if len(leaves) != len(targets):
-            raise ValueError(f"A checkpoint of this backend holds {len(targets)} tensors. Received: {len(leaves)}")
-        expected = [tuple(v.shape) for v in targets]
-        if [tuple(np.shape(v)) for v in leaves] != expected:
-            raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another model?).")
-        for var, value in zip(targets, leaves):
-            var.assign(np.asarray(value, dtype=var.dtype.as_numpy_dtype))

@@ -17,6 +17,15 @@ after every lane has finished, so a failed call changed nothing), and when none 
 a task out of a cluster it joined (a smaller cluster definition crashes the process), so a lost
 worker's lane is simply left out, and one process joins one set of workers.
 
+A FROZEN worker (stopped, hung: its port still accepts connections, it never answers) would hold the
+round's call forever, so with ``round_timeout`` the call runs in a thread of its own: when it has not
+ended after ``round_timeout`` seconds, every worker is asked for its status over TensorFlow's own gRPC
+service (:func:`~tensorfleet.compat.distribute.worker_answers`, ``lost_timeout`` seconds' deadline), the
+silent ones are marked lost and the call is abandoned (:class:`RoundAbandoned`). An abandoned call may
+still end if the worker thaws; it then writes only variables nothing reads any more (the engine's
+``rebind`` gives the server's state fresh variables holding the state before the round, and the lanes
+left fresh models), so the round run again on the workers left is the only one that counts.
+
 Example:
     >>> import portpicker
     >>> with TfWorker(portpicker.pick_unused_port()) as worker:  # doctest: +SKIP
@@ -40,9 +49,16 @@ from tensorfleet.federated.backends.addresses import (
     AllWorkersLostError, WorkerAddress, WorkerUnreachableError, parse_addresses,
 )
 
-__all__ = ["TfWorker", "WorkerSet", "connect", "reachable", "serve", "worker_device"]
+__all__ = ["DEFAULT_ROUND_TIMEOUT", "LOST_TIMEOUT", "RoundAbandoned", "TfWorker", "WorkerSet", "connect",
+           "reachable", "serve", "worker_device"]
 
 READY = "tensorfleet: TensorFlow worker ready on"
+DEFAULT_ROUND_TIMEOUT = 120.0  # seconds a round's call runs before the workers are asked whether they answer
+LOST_TIMEOUT = 5.0  # seconds a worker has to answer that question
+
+
+class RoundAbandoned(RuntimeError):
+    """A round's call was abandoned: the workers it names did not answer (frozen) and are marked lost."""
 
 
 def worker_device(task: int) -> str:
@@ -66,6 +82,9 @@ class WorkerSet:
     def __init__(self, addresses: Sequence[str]) -> None:
         self.addresses = tuple(addresses)
         self.lost: list[str] = []
+        self.round_timeout: float | None = DEFAULT_ROUND_TIMEOUT
+        self.lost_timeout = LOST_TIMEOUT
+        self.abandoned: list[threading.Thread] = []  # the calls abandoned (they may end if a worker thaws)
 
     @property
     def devices(self) -> list[str]:
@@ -80,11 +99,60 @@ class WorkerSet:
         """
         found = [a for a in self.addresses if a not in self.lost and not reachable(a)]
         self.lost.extend(found)
+        self.check_left()
+        return found
+
+    def check_left(self) -> None:
+        """Raises AllWorkersLostError when every worker is lost."""
         if len(self.lost) == len(self.addresses):
             raise AllWorkersLostError(f"Every worker of the compiled backend is lost ({', '.join(self.lost)}); "
                                       "the rounds done so far are kept (checkpoint them with out_dir and "
                                       "checkpoint_every). Start workers again and resume the run.")
-        return found
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (a round's traced call), its tensors read as numpy arrays; with ``round_timeout``,
+        in a thread of its own, abandoned when a worker stops answering.
+
+        Raises:
+            RoundAbandoned: after ``round_timeout`` seconds some workers did not answer within
+                ``lost_timeout``; they are marked lost (perhaps all of them: :meth:`check_left`).
+        """
+        import tensorflow as tf
+
+        def run() -> Any:
+            return tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
+
+        if self.round_timeout is None:
+            return run()
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["out"] = run()
+            except BaseException as err:  # noqa: BLE001  (re-raised in the caller's thread)
+                box["err"] = err
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=target, name="tensorfleet-round", daemon=True)
+        thread.start()
+        while not done.wait(self.round_timeout):
+            silent = [a for a in self.addresses if a not in self.lost and not self.answers(a)]
+            if silent:
+                self.abandoned.append(thread)
+                self.lost.extend(silent)
+                raise RoundAbandoned(f"No answer within {self.lost_timeout:g} s from worker(s) {', '.join(silent)} "
+                                     f"after {self.round_timeout:g} s of a round (stopped or hung).")
+        if "err" in box:
+            raise box["err"]
+        return box["out"]
+
+    def answers(self, address: str) -> bool:
+        """Whether the worker at ``address`` answers a status call within ``lost_timeout`` seconds."""
+        from tensorfleet.compat.distribute import worker_answers
+
+        return worker_answers(parse_addresses([address])[0].target, self.lost_timeout)
 
 
 _JOINED: list[WorkerSet] = []  # the one set of workers this process joined
