@@ -3,7 +3,7 @@
 Digits (scikit-learn's 8x8), the ``digits_cnn`` model, SGD, 2 workers + 1 parameter server
 as ``tf.distribute.Server``s in this process on 127.0.0.1, scheduled by TensorFlow's
 ``ClusterCoordinator`` under :mod:`tensorfleet.strategies.staleness`, measured by
-:func:`tensorfleet.strategies.staleness_run.train`. Worker 1 pauses inside
+:func:`tensorfleet.testing.staleness_run.train`. Worker 1 pauses inside
 every step (between reading the variables and applying its update) -- the straggler. Every
 policy applies each worker's update on its own; k=0 keeps the clocks in lockstep but is not BSP
 (no aggregation of a clock's updates).
@@ -47,7 +47,7 @@ def main() -> None:
     from tensorfleet.models import build, datasets
     from tensorfleet.strategies.data_parallel import parameter_server
     from tensorfleet.strategies.servers import start_in_process_cluster
-    from tensorfleet.strategies.staleness_run import train
+    from tensorfleet.testing.staleness_run import train
 
     import tensorflow as tf
 

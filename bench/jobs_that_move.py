@@ -24,7 +24,7 @@ speeds, alternated ``--rounds`` times; throughput is examples/s after the first 
 and the first measurements), and the accuracy after every epoch is printed for both. Then the
 same under a parameter server with 3 workers (slowed alike, tf.data's sleep on the worker) and 1
 ps (``--part heterogeneous-ps`` alone): the equal split there is the equal static split of every
-epoch (``equal_shares``: rounds of one step of the global batch per worker, joined, so each worker
+epoch (``tensorfleet.testing.equal_shares``: rounds of one step of the global batch per worker, joined, so each worker
 reads a third of the epoch once and the slowest sets the pace), against the coordinator's own
 dispatch (every step on whichever worker is free) and the workers that take batches by speed with
 that dispatch (:mod:`tensorfleet.cluster.ps_balance`); the examples each worker read are printed.
@@ -127,6 +127,9 @@ def _heterogeneous(args: argparse.Namespace) -> None:
 def _heterogeneous_under(args: argparse.Namespace, to, *, batch: int, splits: tuple) -> None:
     import statistics
 
+    import contextlib
+
+    from tensorfleet import testing
     from tensorfleet.cluster.migration import RunOptions, migrate
 
     epochs, examples = 6, 512
@@ -141,9 +144,11 @@ def _heterogeneous_under(args: argparse.Namespace, to, *, batch: int, splits: tu
         for i in range(args.rounds):
             shift = i % len(splits)  # the order rotated every round
             for k, (name, extra) in enumerate(splits[shift:] + splits[:shift]):
-                run = RunOptions(epochs=epochs, global_batch_size=batch, input_delay=args.delay,
-                                 slowdown=(1.0, 2.0, 4.0), **extra)
-                result = migrate(job, Path(scratch) / f"r{i}-{k}", to=to, run=run, timeout=1800)
+                options = dict(extra)
+                equal = testing.equal_shares() if options.pop("equal_shares", False) else contextlib.nullcontext()
+                run = RunOptions(epochs=epochs, global_batch_size=batch, **options)
+                with testing.slow_inputs(args.delay, slowdown=(1.0, 2.0, 4.0)), equal:  # the benchmark's hooks
+                    result = migrate(job, Path(scratch) / f"r{i}-{k}", to=to, run=run, timeout=1800)
                 log = "\n".join(result.output(lead))
                 begin = float(re.search(r"epoch 1/\d+ end at step \d+ at ([0-9.]+)", log).group(1))
                 end = float(re.search(r"finished at step \d+ at ([0-9.]+)", log).group(1))

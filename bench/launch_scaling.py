@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="PNG timeline of the (first) kill-and-resume run")
     args = parser.parse_args(argv)
 
-    from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+    from tensorfleet import testing
+    from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
+    from tensorfleet.testing import Fault
 
     common = ["--model", args.model, "--epochs", str(args.epochs),
               "--examples-per-epoch", str(args.examples_per_epoch), "--global-batch-size", "64"]
@@ -63,10 +65,10 @@ def main(argv: list[str] | None = None) -> None:
 
         recovery = []
         for i in tqdm(range(max(1, args.rounds // 2)), desc="kill-and-resume runs", file=sys.stderr):
-            result = launch(SCRIPT, [*common, "--log-steps"], workers=2,
-                            recovery=Recovery(max_restarts=1, backoff=0.0, backup_dir=Path(scratch) / f"k{i}",
-                                              faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")]),
-                            timeouts=Timeouts(timeout=300), output=TaskOutput(sink=None))
+            with testing.faults(Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")):
+                result = launch(SCRIPT, [*common, "--log-steps"], workers=2,
+                                recovery=Recovery(max_restarts=1, backoff=0.0, backup_dir=Path(scratch) / f"k{i}"),
+                                timeouts=Timeouts(timeout=300), output=TaskOutput(sink=None))
             kill = next(e.time for e in result.events if e.text.startswith("injecting fault"))
             resumed = result.first_time(r"^tensorfleet: resumed from backup at epoch 3$", task="worker:0", after=kill)
             epoch_done = result.first_time(r"^tensorfleet: epoch 3/\d+ end", task="worker:0", after=kill)

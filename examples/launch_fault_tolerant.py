@@ -15,18 +15,21 @@ import tempfile
 from pathlib import Path
 
 from tensorfleet.cluster.fault_tolerance import resumed_epoch
-from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+from tensorfleet import testing
+from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
 
 SCRIPT = Path(__file__).with_name("train_digits_multiworker.py")
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as scratch:
+    # The crash is staged with tensorfleet's own test hook (tensorfleet.testing, not the user API): the launcher
+    # SIGKILLs worker 1 when it prints that line, as a machine or an out-of-memory kill would.
+    crash = testing.Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")
+    with tempfile.TemporaryDirectory() as scratch, testing.faults(crash):
         result = launch(
             SCRIPT, ["--epochs", "6", "--examples-per-epoch", "256", "--log-steps"],
             workers=2, timeouts=Timeouts(timeout=300),
-            recovery=Recovery(max_restarts=2, backoff=1.0, backup_dir=Path(scratch) / "backup",
-                              faults=[Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")]),
+            recovery=Recovery(max_restarts=2, backoff=1.0, backup_dir=Path(scratch) / "backup"),
             output=TaskOutput(sink=lambda line: print(line) if "step" not in line else None),
         )
     print(f"\nexit status {result.returncode}, {result.restarts} restart(s), {result.duration:.1f} s")

@@ -18,23 +18,30 @@ CORE = {"io", "registry", "validation", "netbind", "kube", "lazy"}
 
 # room -> rooms it must not import (docs/architecture.md, "Import rules").
 NEW_ROOMS = {"serving", "tuning", "profiling"}  # the rooms that serve, tune and profile what the others train
+# The tests' and benchmarks' hooks stand above the library: no library room imports tensorfleet.testing, except
+# its hook points (HOOK_POINTS), a module of settings that imports no tensorfleet module itself.
+TESTING = "testing"
+HOOK_POINTS = {"tensorfleet.testing.hooks"}
 FORBIDDEN = {
-    "models": {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "cli", "demo", *NEW_ROOMS},
-    "edge": {"federated", "strategies", "model_parallel", "cluster", "planner", "cli", *NEW_ROOMS},
-    "strategies": {"federated", "edge", "cluster", "planner", "model_parallel", "cli", *NEW_ROOMS},
-    "federated": {"strategies", "model_parallel", "cluster", "planner", "edge", "cli", *NEW_ROOMS},
-    **{room: {"cli", "demo", *NEW_ROOMS} for room in ("cluster", "planner")},
-    "model_parallel": {"planner", "cli", "demo", *NEW_ROOMS},  # the planner plans, and runs on the mesh
+    "models": {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "cli", "demo", TESTING,
+               *NEW_ROOMS},
+    "edge": {"federated", "strategies", "model_parallel", "cluster", "planner", "cli", TESTING, *NEW_ROOMS},
+    "strategies": {"federated", "edge", "cluster", "planner", "model_parallel", "cli", TESTING, *NEW_ROOMS},
+    "federated": {"strategies", "model_parallel", "cluster", "planner", "edge", "cli", TESTING, *NEW_ROOMS},
+    **{room: {"cli", "demo", TESTING, *NEW_ROOMS} for room in ("cluster", "planner")},
+    "model_parallel": {"planner", "cli", "demo", TESTING, *NEW_ROOMS},  # the planner plans, and runs on the mesh
     # Each new room stands on the training rooms and the core; none imports another new room.
-    "serving": {"federated", "edge", "cli", "demo", "tuning", "profiling"},
-    "tuning": {"federated", "edge", "cli", "demo", "serving", "profiling"},
-    "profiling": {"federated", "edge", "model_parallel", "cluster", "cli", "demo", "serving", "tuning"},
+    "serving": {"federated", "edge", "cli", "demo", "tuning", "profiling", TESTING},
+    "tuning": {"federated", "edge", "cli", "demo", "serving", "profiling", TESTING},
+    "profiling": {"federated", "edge", "model_parallel", "cluster", "cli", "demo", "serving", "tuning", TESTING},
     **{core: {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli", "demo",
-              *NEW_ROOMS}
+              TESTING, *NEW_ROOMS}
        for core in CORE},
     # The seam to other libraries' internals stands below every room, as the core does: any room may use it.
     "compat": {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "cli", "demo",
-               *NEW_ROOMS},
+               TESTING, *NEW_ROOMS},
+    # The hooks drive the library from above, as a test does.
+    TESTING: {"cli", "demo"},
 }
 LIBRARY_ROOMS = {"strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", *NEW_ROOMS,
                  *CORE}
@@ -82,7 +89,9 @@ def layout_violations(sources: dict[str, str]) -> list[str]:
         room = _room(module)
         for target, names, line in imports_of(module, source):
             other = _room(target)
-            if other and other != room and other in FORBIDDEN.get(room, set()):
+            if module in HOOK_POINTS:
+                problems.append(f"{module}:{line} imports {target} (the hook points import no tensorfleet module)")
+            elif other and other != room and other in FORBIDDEN.get(room, set()) and target not in HOOK_POINTS:
                 problems.append(f"{module}:{line} imports {target} ({room} must not import {other})")
             elif other == "cli" and room in LIBRARY_ROOMS:
                 problems.append(f"{module}:{line} imports {target} (no library module imports cli)")
@@ -101,6 +110,8 @@ def test_the_rules_catch_a_forbidden_and_a_private_import():
         "tensorfleet.federated.simulation": "from tensorfleet.federated.backends.tff import _GRPC\n",
         "tensorfleet.cluster.launcher": "from tensorfleet.strategies.tf_config import ClusterSpec\n",
         "tensorfleet.compat.distribute": "from tensorfleet.strategies.inputs import uses_coordinator\n",
+        "tensorfleet.cluster.elastic": "from tensorfleet.testing.hooks import active\nfrom tensorfleet.testing import Fault\n",
+        "tensorfleet.testing.hooks": "from tensorfleet.validation import number\n",
     }
     assert layout_violations(planted) == [
         "tensorfleet.edge.convert:2 imports tensorfleet.federated (edge must not import federated)",
@@ -109,6 +120,8 @@ def test_the_rules_catch_a_forbidden_and_a_private_import():
         "tensorfleet.strategies.registry:1 imports tensorfleet.planner (strategies must not import planner)",
         "tensorfleet.federated.simulation:1 imports private _GRPC from tensorfleet.federated.backends.tff",
         "tensorfleet.compat.distribute:1 imports tensorfleet.strategies.inputs (compat must not import strategies)",
+        "tensorfleet.cluster.elastic:2 imports tensorfleet.testing (cluster must not import testing)",
+        "tensorfleet.testing.hooks:1 imports tensorfleet.validation (the hook points import no tensorfleet module)",
     ]
 
 

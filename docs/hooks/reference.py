@@ -2,7 +2,9 @@
 per subpackage of tensorfleet (and one for the shared core), every public module on it as a
 mkdocstrings block, so a module added or removed is in the reference at the next build.
 
-A module is public when no part of its dotted name after ``tensorfleet`` starts with ``_``. The
+A module is public when no part of its dotted name after ``tensorfleet`` starts with ``_``;
+``tensorfleet.testing`` (the hooks of tensorfleet's own tests and benchmarks) is not the user API and
+has no page. The
 CLI's reference (``docs/ref-cli.md``) is generated from the typer app by mkdocs-click.
 ``python docs/hooks/reference.py`` prints the pages' names and modules.
 """
@@ -42,7 +44,8 @@ def public_modules() -> list[str]:
 
     names = ["tensorfleet"]
     for info in pkgutil.walk_packages(tensorfleet.__path__, prefix="tensorfleet.", onerror=lambda name: None):
-        if not any(part.startswith("_") for part in info.name.split(".")[1:]):
+        parts = info.name.split(".")[1:]
+        if not any(part.startswith("_") for part in parts) and parts[0] != "testing":
             names.append(info.name)
     return sorted(names)
 

@@ -4,7 +4,7 @@ The common call stays short (``launch("train.py", workers=2)``); what belongs to
 together and checked when it is made, one clear error for a bad value:
 
 * :class:`Recovery`: what happens when a task dies (restarts, their backoff, the backup directory
-  the tasks resume from) and the faults injected to test it;
+  the tasks resume from);
 * :class:`Timeouts`: how long an attempt, a silence, a stop and the evaluator may take;
 * :class:`TaskOutput`: where the tasks' lines go, how they are shown, and the line that stops the job;
 * :class:`TaskCommand`: how each task's process is started (interpreter, runner, environment).
@@ -26,15 +26,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from tensorfleet.cluster.processes import Fault
 from tensorfleet.validation import integer, number
 
 __all__ = ["Recovery", "TaskCommand", "TaskOutput", "Timeouts"]
-
-
-def _check_task_name(name: str) -> None:
-    if not isinstance(name, str) or not re.fullmatch(r"(chief|worker|ps|evaluator):(\d+)", name):
-        raise ValueError(f"A task is named 'role:index', e.g. 'worker:1'. Received: {name!r}")
 
 
 def print_line(text: str) -> None:
@@ -45,7 +39,7 @@ def print_line(text: str) -> None:
 
 @dataclass(frozen=True)
 class Recovery:
-    """What happens when a task dies, and the faults injected to see it happen.
+    """What happens when a task dies.
 
     Args:
         max_restarts: how many times a failed job (or parameter-server worker) is restarted.
@@ -53,26 +47,17 @@ class Recovery:
         max_backoff: cap of the backoff.
         backup_dir: exported to the tasks as ``TENSORFLEET_BACKUP_DIR`` for
             :func:`tensorfleet.cluster.fault_tolerance.callbacks` (where a restarted job resumes from).
-        faults: :class:`~tensorfleet.cluster.processes.Fault` s to inject (tests and benchmarks of recovery).
     """
 
     max_restarts: int = 0
     backoff: float = 1.0
     max_backoff: float = 30.0
     backup_dir: str | os.PathLike[str] | None = None
-    faults: Sequence[Fault] = ()
 
     def __post_init__(self) -> None:
         integer("max_restarts", self.max_restarts, minimum=0)
         number("backoff", self.backoff, minimum=0)
         number("max_backoff", self.max_backoff, minimum=0)
-        if isinstance(self.faults, Fault) or not all(isinstance(f, Fault) for f in self.faults):
-            raise TypeError(f"faults must be a sequence of Fault. Received: faults={self.faults!r}")
-        for fault in self.faults:
-            _check_task_name(fault.task)
-            if fault.watch is not None:
-                _check_task_name(fault.watch)
-        object.__setattr__(self, "faults", tuple(self.faults))
 
 
 @dataclass(frozen=True)

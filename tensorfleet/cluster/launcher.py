@@ -56,7 +56,7 @@ from typing import Mapping, Sequence
 
 from tensorfleet.cluster.contract import ENV_BACKUP_DIR, ENV_TRAINING_ENDED, check_mesh_tasks, check_task_counts
 from tensorfleet.cluster.launch_options import Recovery, TaskCommand, TaskOutput, Timeouts, group
-from tensorfleet.cluster.processes import Fault, JobMode, LocalJob
+from tensorfleet.cluster.processes import JobMode, LocalJob
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
 from tensorfleet.netbind import loopback_env
@@ -64,7 +64,6 @@ from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfigError, p
 from tensorfleet.validation import choice
 
 __all__ = [
-    "Fault",
     "JobMode",
     "LaunchError",
     "LaunchFailedError",
@@ -132,7 +131,7 @@ def launch(
         ports: one port per task (chief, workers, ps, evaluator order); free ports by default.
         mode: ``"auto"`` (parameter server when ``ps > 0``, else collective), ``"collective"``
             or ``"parameter_server"``; decides what a restart restarts.
-        recovery: restarts, their backoff, the backup directory and faults to inject (:class:`Recovery`).
+        recovery: restarts, their backoff and the backup directory (:class:`Recovery`).
         timeouts: of an attempt, of a silence, of the grace after SIGTERM and of the evaluator (:class:`Timeouts`).
         output: where the tasks' lines go, how they are shown and the line that stops the job (:class:`TaskOutput`).
         command: the tasks' interpreter, runner module and extra environment (:class:`TaskCommand`).
@@ -182,7 +181,7 @@ def launch(
     if scratch is not None:
         task_env[ENV_TRAINING_ENDED] = os.path.join(scratch, "training-ended")
     job = LocalJob(spec=spec, mode=job_mode, argv=command.argv(str(script_path), args), env=task_env,
-                   sink=output.sink, faults=recovery.faults, stop_when=output.stop_when, quiet=output.quiet,
+                   sink=output.sink, stop_when=output.stop_when, quiet=output.quiet,
                    progress_interval=output.progress_interval)
     with forwarded_signals(job) as received:
         try:

@@ -53,8 +53,9 @@ from typing import Any, Callable, Mapping, Sequence
 from tensorfleet.cluster.contract import ENV_MIGRATION
 from tensorfleet.cluster.elastic import BatchPolicy, batch_sizes
 from tensorfleet.cluster.jobstate import CheckpointError, JobProgress, check_same_keras, fingerprint, read_state
-from tensorfleet.cluster.processes import Fault, JobMode
+from tensorfleet.cluster.processes import JobMode
 from tensorfleet.cluster.result import LaunchResult
+from tensorfleet.testing.hooks import active
 from tensorfleet.validation import choice, integer, positive_int
 
 __all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "TaskOptions", "check_mesh_batches",
@@ -143,13 +144,6 @@ class RunOptions:
     gate: str | None = None
     #: Per-replica batches in proportion to each replica's measured speed (:mod:`~tensorfleet.cluster.balance`).
     balance: bool = False
-    #: Under a parameter server: steps in rounds of one per worker, each round joined, so that every worker
-    #: reads an equal share of every epoch once and the slowest sets the pace (the equal static split of the
-    #: input per worker, with an epoch that reads every example once; to compare with).
-    equal_shares: bool = False
-    #: Seconds each replica's input waits per example, times its ``slowdown`` factor (to benchmark heterogeneity).
-    input_delay: float = 0.0
-    slowdown: tuple[float, ...] | None = None
     #: ``RULE:REFERENCE_BATCH`` (``launch --scale-lr``): the job's learning rate scaled from the reference global
     #: batch to the one of each placement it runs on (:func:`tensorfleet.strategies.large_batch.scaled_lr`).
     scale_lr: str | None = None
@@ -166,8 +160,6 @@ class RunOptions:
             from tensorfleet.strategies.large_batch import parse_scale_lr
 
             parse_scale_lr(self.scale_lr)
-        if self.slowdown is not None:  # a tuple, also when read back from JSON
-            object.__setattr__(self, "slowdown", tuple(float(f) for f in self.slowdown))
 
     @classmethod
     def from_progress(cls, progress: JobProgress, **changes: Any) -> RunOptions:
@@ -183,24 +175,38 @@ class RunOptions:
 class TaskOptions(RunOptions):
     """What a trainer task is told (:data:`~tensorfleet.cluster.contract.ENV_MIGRATION`): the run's options
     and where it runs. Written by :meth:`to_env` in :func:`migrate`, read by :meth:`from_env` in
-    :mod:`~tensorfleet.cluster.resumable`: one declaration for both ends."""
+    :mod:`~tensorfleet.cluster.resumable`: one declaration for both ends.
+
+    The last three fields are :mod:`tensorfleet.testing`'s hooks (its ``equal_shares`` and ``slow_inputs``),
+    which :meth:`of` takes from the hook point: no public signature carries them."""
 
     directory: str
     strategy: str
     devices: int = 1
     resume: bool = False
+    #: Under a parameter server: steps in rounds of one per worker, each round joined, so that every worker
+    #: reads an equal share of every epoch once and the slowest sets the pace (the equal static split of the
+    #: input per worker, with an epoch that reads every example once; to compare with).
+    equal_shares: bool = False
+    #: Seconds each replica's input waits per example, times its ``slowdown`` factor (to benchmark heterogeneity).
+    input_delay: float = 0.0
+    slowdown: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "strategy", choice(MigrationStrategy, "strategy", self.strategy).value)
         positive_int("devices", self.devices)
+        if self.slowdown is not None:  # a tuple, also when read back from JSON
+            object.__setattr__(self, "slowdown", tuple(float(f) for f in self.slowdown))
 
     @classmethod
     def of(cls, run: RunOptions, *, directory: str | os.PathLike[str], to: Placement, resume: bool) -> TaskOptions:
-        """The options of ``run`` under ``to``, with its checkpoints in ``directory``."""
+        """The options of ``run`` under ``to``, with its checkpoints in ``directory`` (and the testing hooks set now)."""
         shared = {f.name: getattr(run, f.name) for f in fields(RunOptions)}
+        hooks = active()
         return cls(**shared, directory=str(Path(directory).resolve()), strategy=to.strategy.value,
-                   devices=to.devices, resume=resume)
+                   devices=to.devices, resume=resume, equal_shares=hooks.equal_shares,
+                   input_delay=hooks.input_delay, slowdown=hooks.slowdown)
 
     def run(self) -> RunOptions:
         """The run's options alone."""
@@ -241,9 +247,10 @@ def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: Ru
         MigrationError: a world size the batch policy cannot divide, or a placement that cannot
             hold the model.
     """
-    if run.equal_shares and (run.balance or to.strategy is not MigrationStrategy.PARAMETER_SERVER):
-        raise MigrationError(f"equal_shares is a parameter server's way of splitting the epoch, without balance. "
-                             f"Received: equal_shares=True, balance={run.balance}, to={to.describe()}.")
+    if active().equal_shares and (run.balance or to.strategy is not MigrationStrategy.PARAMETER_SERVER):
+        raise MigrationError(f"equal_shares (tensorfleet.testing) is a parameter server's way of splitting the epoch, "
+                             f"without balance. Received: equal_shares=True, balance={run.balance}, "
+                             f"to={to.describe()}.")
     if model is not None and to.strategy is MigrationStrategy.MESH:
         from tensorfleet.compat.keras import is_keras3_model
 
@@ -319,7 +326,7 @@ def job_model(job: Path, args: Sequence[str] = ()) -> Any:
 
 def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, to: Placement,
             run: RunOptions | None = None, resume: bool | None = None, memory_bytes: float | None = None,
-            faults: Sequence[Fault] = (), sink: Callable[[str], None] | None = None, quiet: bool = True,
+            sink: Callable[[str], None] | None = None, quiet: bool = True,
             check: bool = True, timeout: float | None = None, args: Sequence[str] = (), max_restarts: int = 0,
             backoff: float = 1.0, hang_timeout: float | None = None, ports: Sequence[int] | None = None,
             mode: JobMode | str = JobMode.AUTO) -> LaunchResult:
@@ -339,7 +346,7 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
         max_restarts, backoff: restarts after a failure (see :class:`~tensorfleet.cluster.launch_options.Recovery`);
             a restarted task continues from the job's last checkpoint in ``directory`` (``save_every``
             sets how much a failure costs).
-        memory_bytes, faults, sink, quiet, check, timeout, hang_timeout, ports, mode: see
+        memory_bytes, sink, quiet, check, timeout, hang_timeout, ports, mode: see
             :func:`check_migration`, :func:`~tensorfleet.cluster.launcher.launch` and its groups.
 
     Returns:
@@ -367,7 +374,7 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
     Path(directory).mkdir(parents=True, exist_ok=True)
     options = TaskOptions.of(run, directory=directory, to=to, resume=resume)
     result = launch(path, args, workers=to.workers, ps=to.ps, ports=ports, mode=mode,
-                    recovery=Recovery(max_restarts=max_restarts, backoff=backoff, faults=faults),
+                    recovery=Recovery(max_restarts=max_restarts, backoff=backoff),
                     timeouts=Timeouts(timeout=timeout, hang_timeout=hang_timeout, grace=_STOP_GRACE),
                     output=TaskOutput(sink=sink, quiet=quiet),
                     command=TaskCommand(runner=("-m", "tensorfleet.cluster.resumable"),

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import tempfile
@@ -142,8 +143,9 @@ def share(jobs: Sequence[SharedJob], *, quantum: int = 8, sink: Callable[[str], 
         results[i] = migrate(job.job, job.directory, to=job.to, run=replace(job.run, gate=str(gates[i])),
                              sink=watch(i), check=False, timeout=timeout, args=job.args)
 
-    threads = [threading.Thread(target=run, args=(i,), name=f"tensorfleet-share-{i}", daemon=True)
-               for i in range(len(jobs))]
+    # Each job's thread runs in a copy of the caller's context (the hooks of tensorfleet.testing reach its launch).
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i), name=f"tensorfleet-share-{i}",
+                                daemon=True) for i in range(len(jobs))]
     start = time.time()
     for thread in threads:
         thread.start()

@@ -1,5 +1,6 @@
 """The processes of a launched job: one per task, each leading its own process group, with a
-thread that prefixes and records its output, and the faults injected into them.
+thread that prefixes and records its output, and the faults injected into them (set by tensorfleet's
+own tests and benchmarks through :func:`tensorfleet.testing.faults`, read here from its hook point).
 
 A task's output is read as it comes, not line by line, so that a progress bar redrawn with
 ``\r`` (Keras' ``fit``) shows as its state every few seconds, one line each, instead of one
@@ -24,17 +25,17 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Sequence
+from typing import Callable
 
 from tensorfleet.cluster.console import ProgressLines, is_noise
 from tensorfleet.cluster.contract import (ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, ENV_TRAINING_ENDED, HUNG_STATUS,
                                           SERVE_ARGS)
 from tensorfleet.cluster.result import LogLine, TaskSpan
 from tensorfleet.strategies.tf_config import ClusterSpec, Role
+from tensorfleet.testing.hooks import Fault, active
 
-__all__ = ["Fault", "JobMode", "LocalJob", "TaskProcess"]
+__all__ = ["JobMode", "LocalJob", "TaskProcess"]
 
 _TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1
@@ -46,23 +47,6 @@ class JobMode(str, Enum):
     AUTO = "auto"
     COLLECTIVE = "collective"  # multi-worker mirrored: restart all tasks
     PARAMETER_SERVER = "parameter_server"  # restart only a failed worker
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A fault to inject, for tests and benchmarks of recovery.
-
-    When task ``watch`` (default: ``task`` itself) prints a line matching ``when`` during
-    attempt ``attempt``, the launcher sends ``signal`` to the process group of ``task``
-    (``"worker:1"``), ``delay`` seconds later.
-    """
-
-    task: str
-    when: str
-    signal: int = signal.SIGKILL
-    attempt: int = 0
-    watch: str | None = None
-    delay: float = 0.0
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -151,14 +135,14 @@ class LocalJob:
     name = "launcher"
 
     def __init__(self, *, spec: ClusterSpec, mode: JobMode, argv: list[str], env: dict[str, str],
-                 sink: Callable[[str], None] | None, faults: Sequence[Fault], stop_when: str | None,
+                 sink: Callable[[str], None] | None, stop_when: str | None,
                  quiet: bool = True, progress_interval: float = 2.0) -> None:
         self.spec, self.mode, self.argv, self.base_env = spec, mode, argv, env
         # Created (empty) once every trainer has finished; the evaluator stops when it sees it.
         self.training_ended_file = env.get(ENV_TRAINING_ENDED)
         self.sink = sink
         self.quiet, self.progress_interval = quiet, progress_interval
-        self.faults = list(faults)
+        self.faults = list(active().faults)  # tensorfleet.testing's, for the jobs launched while it is set
         self.fired: set[int] = set()
         self.stop_regex = re.compile(stop_when) if stop_when else None
         self.stop_requested = threading.Event()

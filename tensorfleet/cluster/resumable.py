@@ -13,8 +13,9 @@ job stopped and at what world size it continues does not change which examples i
 * parameter server: the coordinator schedules each step, with its ids, on whichever worker is
   free (``ClusterCoordinator``), so a faster worker takes more steps; the variables live on the ps
   tasks. With ``balance`` the workers take batches by speed from a queue of the epoch's order instead
-  (:mod:`~tensorfleet.cluster.ps_balance`); with ``equal_shares`` the steps go in rounds of one per
-  worker, each round joined (every worker an equal share of the epoch: the slowest sets the pace);
+  (:mod:`~tensorfleet.cluster.ps_balance`); with ``equal_shares`` (a hook of :mod:`tensorfleet.testing`, for
+  benchmarks) the steps go in rounds of one per worker, each round joined (every worker an equal share of
+  the epoch: the slowest sets the pace);
 * the mesh's data-parallel layout: :mod:`~tensorfleet.cluster.mesh_job`.
 
 A SIGTERM or SIGINT (:class:`StopRequest`) stops the job at the next step boundary, saved, with

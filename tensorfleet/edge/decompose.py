@@ -31,6 +31,7 @@ from tensorfleet.edge.decompose_plan import LayerPlan, DecompositionMethod, form
 from tensorfleet.edge.decompose_factors import layer_kind, weight_kernel
 from tensorfleet.edge.errors import DecompositionError
 from tensorfleet.io import save_figure
+from tensorfleet.testing.hooks import active
 from tensorfleet.validation import choice, number
 
 __all__ = ["DecompositionMethod", "LayerPlan", "DecompositionPlan", "plan_decomposition", "decompose", "save_keras"]
@@ -142,7 +143,7 @@ def _layer_rank(rank: Any, name: str) -> Any:
 
 
 def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *, rank: Any = None, energy: float | None = None,
-                       layers: list[str] | None = None, allow_growth: bool = False) -> DecompositionPlan:
+                       layers: list[str] | None = None) -> DecompositionPlan:
     """The per-layer plan of :func:`decompose`, computed without changing the model.
 
     Args:
@@ -154,7 +155,9 @@ def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *,
             left alone; a rank above its layer's is an error).
         energy: instead of ``rank``, the share of the kernel's energy to keep, in (0, 1].
         layers: only these layers (by name); each must be one the method factors.
-        allow_growth: factor layers even where the factors have more parameters (for tests at full rank).
+
+    A layer whose factors would have as many parameters as it has, or more, is left alone, with the reason
+    (tensorfleet's own tests factor it anyway, at full rank, under :func:`tensorfleet.testing.allow_growth`).
 
     Example:
         >>> print(plan_decomposition(model, "svd", energy=0.9).describe())   # doctest: +SKIP
@@ -169,7 +172,7 @@ def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *,
     chosen = _chosen_layers(model, method, layers, rank, by_name)
     shared = _shared(config)
     rows = tuple(plan_layer(layer, method, _layer_rank(rank, layer.name), energy, shared=layer.name in shared,
-                            allow_growth=allow_growth, strict=isinstance(rank, dict))
+                            allow_growth=active().allow_growth, strict=isinstance(rank, dict))
                  for layer in model.layers if weight_kernel(layer) is not None and layer in chosen)
     return DecompositionPlan(model.name, method.value, rows, int(model.count_params()))
 
@@ -260,7 +263,7 @@ def _apply(model: Any, plan: DecompositionPlan) -> Any:
 
 
 def decompose(model: Any, method: str | DecompositionMethod = "svd", *, rank: Any = None, energy: float | None = None,
-              layers: list[str] | None = None, allow_growth: bool = False, plan: DecompositionPlan | None = None,
+              layers: list[str] | None = None, plan: DecompositionPlan | None = None,
               show_plan: bool = False) -> Any:
     """A new Keras model in which the planned layers are replaced by their low-rank factors.
 
@@ -277,7 +280,7 @@ def decompose(model: Any, method: str | DecompositionMethod = "svd", *, rank: An
         True
     """
     if plan is None:
-        plan = plan_decomposition(model, method, rank=rank, energy=energy, layers=layers, allow_growth=allow_growth)
+        plan = plan_decomposition(model, method, rank=rank, energy=energy, layers=layers)
     elif not isinstance(plan, DecompositionPlan):
         raise TypeError(f"plan must be a DecompositionPlan. Received: {type(plan).__name__}")
     if show_plan:

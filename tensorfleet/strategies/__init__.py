@@ -6,8 +6,7 @@ TF_CONFIG (:mod:`tensorfleet.strategies.tf_config`); the inputs ``model.fit`` ne
 strategy (``fit_inputs``); logical devices for machines without accelerators
 (``simulate_devices``); the task servers of a parameter-server cluster
 (:mod:`~tensorfleet.strategies.servers`) and its ``staleness`` option
-(:mod:`~tensorfleet.strategies.staleness`, measured runs in
-:mod:`~tensorfleet.strategies.staleness_run`); the learning rate for the global batch
+(:mod:`~tensorfleet.strategies.staleness`); the learning rate for the global batch
 (``scaled_learning_rate``, :mod:`~tensorfleet.strategies.large_batch`) and LARS/LAMB (``lars``,
 ``lamb``, :mod:`~tensorfleet.strategies.layerwise`); local SGD, replicas that average their weights every H
 steps (``LocalSGD``, :mod:`~tensorfleet.strategies.local_sgd`).
@@ -48,10 +47,9 @@ from tensorfleet.strategies.registry import STRATEGIES, Availability, available,
 from tensorfleet.strategies.servers import start_in_process_cluster, start_server
 from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConfigError, parse_tf_config
 
-# The memory savers, the parameter server's staleness option and its measured training runs, the
+# The memory savers, the parameter server's staleness option, the
 # learning rate for the global batch and the layer-wise optimizers (LARS, LAMB), loaded on first use.
-__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "staleness_run", "large_batch", "layerwise",
-                                               "local_sgd"),
+__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "large_batch", "layerwise", "local_sgd"),
                             names={"scaled_learning_rate": "large_batch", "ScalingRule": "large_batch",
                                    "lars": "layerwise", "lamb": "layerwise", "LocalSGD": "local_sgd"})
 

@@ -38,10 +38,10 @@ Works on any ``tf.distribute.experimental.ParameterServerStrategy`` and its coor
 * :func:`attach` (strategy, staleness) -- the ``staleness`` option of a strategy: gates the
   strategy's one ``ClusterCoordinator``, so Keras ``Model.fit`` trains under the policy;
 * :func:`install` (coordinator, staleness) -- the same on a coordinator;
-* :class:`~tensorfleet.strategies.staleness_run.StalenessScheduler` -- runs a step function on
-  the workers under the policy and records every step;
-  :func:`tensorfleet.strategies.staleness_run.train` builds a measured training loop (clock
-  gaps, update lags, weight snapshots, an optional straggler) on it.
+* :class:`~tensorfleet.testing.staleness_run.StalenessScheduler` (tensorfleet's own tests and
+  benchmarks, not the user API) -- runs a step function on the workers under the policy and
+  records every step; :func:`tensorfleet.testing.staleness_run.train` builds a measured training
+  loop (clock gaps, update lags, weight snapshots, an optional straggler) on it.
 
 Example:
     >>> from tensorfleet.strategies import staleness as consistency
@@ -147,7 +147,7 @@ class StepRecord:
     ``start`` and ``end`` are ``time.perf_counter()`` values: when the worker took the step from
     the queue, and when the coordinator had its reply. ``outputs`` is the step's ``RemoteValue``
     in a :class:`StalenessGate`'s records and its fetched value in a
-    :class:`~tensorfleet.strategies.staleness_run.StalenessScheduler`'s.
+    :class:`~tensorfleet.testing.staleness_run.StalenessScheduler`'s.
     """
 
     worker: int

@@ -6,7 +6,7 @@ Keras Tuner's own distributed mode does the search: each process is started with
 from portpicker) and runs :mod:`tensorfleet.tuning.task`. The processes are run and supervised
 by the cluster's job machinery, as the launcher's are (:class:`~tensorfleet.cluster.processes.LocalJob`,
 :class:`~tensorfleet.cluster.supervisor.Supervisor`): each leads its own process group and dies
-with this one, faults are injected the same way, SIGINT and SIGTERM reach every process.
+with this one, faults (:func:`tensorfleet.testing.faults`) are injected the same way, SIGINT and SIGTERM reach every process.
 
 Faults: a worker that dies is started again alone with the same tuner ID, and Keras Tuner's
 oracle gives a tuner that asks again under its ID the trial it was running, so that trial runs
@@ -30,10 +30,10 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from tensorfleet.cluster.contract import HUNG_STATUS, describe_exit
-from tensorfleet.cluster.processes import Fault, JobMode, LocalJob, TaskProcess
+from tensorfleet.cluster.processes import JobMode, LocalJob, TaskProcess
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
 from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.io import check_writable
@@ -92,8 +92,7 @@ class _SearchJob(LocalJob):
 
     name = "tune"
 
-    def __init__(self, config: SearchConfig, *, log: Callable[[str], None], verbose: bool,
-                 faults: Sequence[Fault]) -> None:
+    def __init__(self, config: SearchConfig, *, log: Callable[[str], None], verbose: bool) -> None:
         import portpicker
 
         self.config, self.verbose = config, verbose
@@ -103,7 +102,7 @@ class _SearchJob(LocalJob):
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         spec = ClusterSpec.local(workers=config.workers, chief=True, host=HOST)
         super().__init__(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[sys.executable, "-m", "tensorfleet.tuning.task",
-                         config.out_dir], env=env, sink=log, faults=faults, stop_when=None, quiet=not verbose,
+                         config.out_dir], env=env, sink=log, stop_when=None, quiet=not verbose,
                          progress_interval=5.0)
         self.lead, self.trainers = "chief:0", {"chief:0"}  # when the oracle ends, the search is complete
 
@@ -207,13 +206,12 @@ class Supervision:
     """How the search's processes are supervised.
 
     ``max_restarts``: restarts of tuner workers allowed in the whole search; ``timeout``: seconds
-    after which the search is stopped with :class:`TuningError`; ``faults``: faults to inject (for
-    tests and benchmarks), with task names ``chief:0`` and ``tuner:I``.
+    after which the search is stopped with :class:`TuningError` (faults to inject, in tests and
+    benchmarks: :func:`tensorfleet.testing.faults`, task names ``chief:0`` and ``tuner:I``).
     """
 
     max_restarts: int = 3
     timeout: float | None = None
-    faults: Sequence[Fault] = ()
 
 
 @renamed(out="out_dir", fresh=("resume", fresh_to_resume))
@@ -229,7 +227,7 @@ def search(script: str | Path, *, out_dir: str | Path = "tune_out", workers: int
         out_dir: where the oracle's state, the results and the best model go.
         workers, max_trials, algorithm, epochs: see :class:`~tensorfleet.tuning.config.SearchConfig`.
         trial: the objective and how each trial trains (:class:`TrialOptions`).
-        supervision: restarts, time-out and injected faults (:class:`Supervision`).
+        supervision: restarts and time-out (:class:`Supervision`).
         resume: None (default) continues the search saved in ``out_dir`` if there is one and begins one
             otherwise; True continues it (an error when there is none); False deletes it and begins again.
         log: receives the progress lines; ``verbose``: also every line the processes print.
@@ -256,7 +254,7 @@ def search(script: str | Path, *, out_dir: str | Path = "tune_out", workers: int
                           pin_cores=trial.pin_cores)
     _prepare_out(config, resume=resume)
     config.save()
-    job = _SearchJob(config, log=log, verbose=verbose, faults=supervision.faults)
+    job = _SearchJob(config, log=log, verbose=verbose)
     from tensorfleet.compat.keras_tuner import search_keras
 
     driven = "Keras 3" if search_keras().value == "keras3" else "tf_keras (TF_USE_LEGACY_KERAS=1)"

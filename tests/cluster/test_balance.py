@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tensorfleet import testing
 from tensorfleet.cluster.balance import SpeedMeter, proportional_split
 from tensorfleet.cluster.migration import Placement, RunOptions, migrate
 
@@ -46,8 +47,9 @@ def test_balanced_batches_follow_speed_and_train_the_same_update(tmp_path: Path)
 
     tensors, logs = {}, {}
     for balance in (False, True):
-        run = RunOptions(epochs=1, global_batch_size=24, balance=balance, input_delay=0.004, slowdown=(1.0, 4.0))
-        result = migrate(JOB, tmp_path / str(balance), to=Placement("mirrored", devices=2), run=run, timeout=280)
+        run = RunOptions(epochs=1, global_batch_size=24, balance=balance)
+        with testing.slow_inputs(0.004, slowdown=(1.0, 4.0)):
+            result = migrate(JOB, tmp_path / str(balance), to=Placement("mirrored", devices=2), run=run, timeout=280)
         reader = tf.train.load_checkpoint(tf_checkpoint_prefix(latest(tmp_path / str(balance))))
         tensors[balance] = {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k[0] != "_"}
         logs[balance] = "\n".join(result.output("worker:0"))
@@ -72,9 +74,10 @@ def test_parameter_server_workers_take_batches_by_speed_and_read_every_example_o
 
     if job.startswith("keras3"):
         request.getfixturevalue("keras3")  # skipped where Keras is 2.x (the tff track)
-    run = RunOptions(epochs=2, global_batch_size=8, balance=True, input_delay=0.004, slowdown=(1.0, 4.0))
-    result = migrate(JOB.parent / job, tmp_path, to=Placement("parameter_server", workers=2, ps=1), run=run,
-                     timeout=280)
+    run = RunOptions(epochs=2, global_batch_size=8, balance=True)
+    with testing.slow_inputs(0.004, slowdown=(1.0, 4.0)):
+        result = migrate(JOB.parent / job, tmp_path, to=Placement("parameter_server", workers=2, ps=1), run=run,
+                         timeout=280)
     log = "\n".join(result.output("chief:0"))
     splits = [[int(v) for v in m.split(", ")] for m in re.findall(r"worker batches \[(\d+, \d+)\]", log)]
     # Both workers' batches add up to workers x global batch; worker 1, its input 4x slower, gets the smaller.
@@ -94,8 +97,9 @@ def test_parameter_server_workers_take_batches_by_speed_and_read_every_example_o
 def test_equal_shares_is_a_parameter_server_split_without_balance(tmp_path: Path, to, balance, described) -> None:
     from tensorfleet.cluster.migration import MigrationError
 
-    run = RunOptions(epochs=1, global_batch_size=8, equal_shares=True, balance=balance)
-    with pytest.raises(MigrationError, match=r"equal_shares is a parameter server's way of splitting the epoch, "
-                       rf"without balance. Received: equal_shares=True, balance={balance}, to={described}."):
+    run = RunOptions(epochs=1, global_batch_size=8, balance=balance)
+    with testing.equal_shares(), pytest.raises(MigrationError, match=(
+            r"equal_shares \(tensorfleet.testing\) is a parameter server's way of splitting the epoch, without "
+            rf"balance. Received: equal_shares=True, balance={balance}, to={described}.")):
         migrate(JOB, tmp_path / "never", to=to, run=run, timeout=60)
     assert not (tmp_path / "never").exists()

@@ -14,7 +14,9 @@ import pytest
 from tensorfleet.io import write_json
 from tensorfleet.cluster import fault_tolerance as ft
 from tensorfleet.strategies.tf_config import ClusterSpec
-from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+from tensorfleet import testing
+from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
+from tensorfleet.testing import Fault
 
 from tensorfleet.compat.keras import keras2
 
@@ -167,10 +169,10 @@ def test_worker_frozen_in_epoch_3_is_found_by_the_collective_timeout_and_resumes
     # Worker 1 frozen (SIGSTOP) during epoch 3: no process exits, so only the collective/heartbeat
     # timeout in worker 0 ends the hang, and the launcher restarts the job. (A killed worker's restart
     # is examples/launch_fault_tolerant.py's, run by tests/test_example_scripts.py, and test_launcher's.)
-    faulty = launch(script, [*common, "--log-steps", "--weights-out", str(tmp_path / "faulty.npz")], workers=2,
-                    recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "faulty-backup", faults=[
-                        Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGSTOP)]),
-                    timeouts=Timeouts(timeout=150), output=QUIET)
+    with testing.faults(Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGSTOP)):
+        faulty = launch(script, [*common, "--log-steps", "--weights-out", str(tmp_path / "faulty.npz")], workers=2,
+                        recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "faulty-backup"),
+                        timeouts=Timeouts(timeout=150), output=QUIET)
     assert faulty.returncode == 0 and faulty.restarts == 1
     restarts = [e for e in faulty.events if "restarting all 2 tasks" in e.text]
     assert restarts[0].text.startswith("worker:0 exited with status 1; restarting all 2 tasks (restart 1/1)")
@@ -198,10 +200,10 @@ def test_worker_frozen_in_epoch_3_is_found_by_the_collective_timeout_and_resumes
 @pytest.mark.timeout(240)
 def test_parameter_server_worker_killed_is_restarted_alone_and_training_completes(tmp_path: Path) -> None:
     epochs, steps = 4, 50
-    result = launch(EXAMPLES / "train_digits_ps.py", ["--epochs", str(epochs), "--steps-per-epoch", str(steps)],
-                    workers=2, ps=1, timeouts=Timeouts(timeout=180), output=QUIET,
-                    recovery=Recovery(max_restarts=2, backoff=0.5,
-                                      faults=[Fault("worker:1", r"^tensorfleet: epoch 2/4 begin$", watch="chief:0")]))
+    with testing.faults(Fault("worker:1", r"^tensorfleet: epoch 2/4 begin$", watch="chief:0")):
+        result = launch(EXAMPLES / "train_digits_ps.py", ["--epochs", str(epochs), "--steps-per-epoch", str(steps)],
+                        workers=2, ps=1, timeouts=Timeouts(timeout=180), output=QUIET,
+                        recovery=Recovery(max_restarts=2, backoff=0.5))
     assert result.returncode == 0 and result.restarts == 1
     assert [e.text for e in result.events if "restart" in e.text] == [
         "worker:1 was killed by SIGKILL; restarting worker:1 only (restart 1/2) in 0.5s",

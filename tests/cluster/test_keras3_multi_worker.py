@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from tensorfleet.cluster import fault_tolerance as ft
-from tensorfleet.cluster.launcher import Fault, Recovery, TaskCommand, TaskOutput, Timeouts, launch
+from tensorfleet import testing
+from tensorfleet.cluster.launcher import Recovery, TaskCommand, TaskOutput, Timeouts, launch
+from tensorfleet.testing import Fault
 from tensorfleet.compat import keras3 as mends
 from tests.conftest import user_env
 
@@ -309,9 +311,9 @@ TASKS = {"timeouts": Timeouts(timeout=TIMEOUT - 60), "output": TaskOutput(sink=N
 @pytest.mark.timeout(2 * TIMEOUT + 60)
 def test_a_killed_keras3_worker_resumes_to_the_uninterrupted_weights(
         uninterrupted: dict[str, Any], tmp_path: Path) -> None:
-    result = launch(JOB, [str(tmp_path), "--fault-tolerant"], workers=2, **TASKS, recovery=Recovery(
-        max_restarts=1, backoff=0.5, backup_dir=tmp_path / "backup",
-        faults=[Fault("worker:1", r"^tensorfleet: epoch 2 step 3$", signal=signal.SIGKILL)]))
+    with testing.faults(Fault("worker:1", r"^tensorfleet: epoch 2 step 3$", signal=signal.SIGKILL)):
+        result = launch(JOB, [str(tmp_path), "--fault-tolerant"], workers=2, **TASKS, recovery=Recovery(
+            max_restarts=1, backoff=0.5, backup_dir=tmp_path / "backup"))
     assert result.returncode == 0 and result.restarts == 1
     for task in ("worker:0", "worker:1"):
         assert ft.resumed_epoch(result.output(task, attempt=0)) is None

@@ -16,9 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tensorfleet import testing
 from tensorfleet.strategies.tf_config import TFConfigError
+from tensorfleet.testing import Fault
 from tensorfleet.cluster.launcher import (
-    Fault,
     LaunchFailedError,
     PortInUseError,
     Recovery,
@@ -132,8 +133,8 @@ def test_attempt_timeout_without_restarts_fails_with_status_124(task_script: Pat
 def test_injected_fault_kills_the_task_and_the_job_restarts(tmp_path: Path) -> None:
     script = tmp_path / "slow.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(3)\nprint('finished')\n")
-    result = launch(script, workers=2, **_quiet(), recovery=Recovery(
-        max_restarts=1, backoff=0.1, faults=[Fault("worker:1", r"^ready$", signal.SIGKILL)]))
+    with testing.faults(Fault("worker:1", r"^ready$", signal.SIGKILL)):
+        result = launch(script, workers=2, **_quiet(), recovery=Recovery(max_restarts=1, backoff=0.1))
     assert result.returncode == 0 and result.restarts == 1
     assert any("worker:1 was killed by SIGKILL" in e.text for e in result.events)
     assert result.output("worker:1", attempt=0) == ["ready"]
@@ -270,8 +271,6 @@ def test_bad_options_are_clear_errors(task_script: Path, kwargs: dict, message: 
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: Recovery(max_restarts=-2), "max_restarts must be an integer >= 0. Received: max_restarts=-2"),
-    (lambda: Recovery(faults=[Fault("worker1", "x")]),
-     "A task is named 'role:index', e.g. 'worker:1'. Received: 'worker1'"),
     (lambda: Timeouts(timeout=-1.0), "timeout must be a finite number >= 0. Received: timeout=-1.0"),
     (lambda: Timeouts(grace=float("nan")), "grace must be a finite number >= 0. Received: grace=nan"),
     (lambda: TaskOutput(stop_when="(tick"),

@@ -15,7 +15,8 @@ import pytest
 from tensorfleet.cluster.contract import STOPPED_STATUS
 from tensorfleet.cluster.jobstate import CheckpointError, epoch_order, latest, read_state, tf_checkpoint_prefix
 from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, check_migration, migrate
-from tensorfleet.cluster.processes import Fault
+from tensorfleet import testing
+from tensorfleet.testing import Fault
 
 HERE = Path(__file__).parent
 JOB = HERE / "migrating_job.py"
@@ -68,9 +69,10 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict:
               (Placement("mirrored"), None, [], None)]
     record: dict = {"directory": directory, "phases": []}
     for to, stop, faults, gated in phases:
-        result = migrate(JOB, directory, to=to, run=RunOptions(epochs=2, global_batch_size=BATCH, save_every=1,
-                                                               stop_at_step=stop, gate=gated),
-                         faults=faults, check=False, timeout=240, sink=_signal_self_after(r"\[chief:0\] .* step 17 done"))
+        with testing.faults(*faults):
+            result = migrate(JOB, directory, to=to, run=RunOptions(epochs=2, global_batch_size=BATCH, save_every=1,
+                                                                   stop_at_step=stop, gate=gated),
+                             check=False, timeout=240, sink=_signal_self_after(r"\[chief:0\] .* step 17 done"))
         record["phases"].append((result, *_saved(directory)))
     return record
 
@@ -195,9 +197,9 @@ def test_a_restarted_job_continues_from_its_last_checkpoint(tmp_path: Path) -> N
     from tensorfleet.cluster.contract import RESUMED, SAVED
 
     directory = tmp_path / "ckpt"
-    result = migrate(JOB, directory, to=Placement("mirrored"), run=RunOptions(global_batch_size=BATCH, save_every=1),
-                     faults=[Fault("worker:0", SAVED.pattern(step=4))], max_restarts=1, backoff=0, check=False,
-                     timeout=240)
+    with testing.faults(Fault("worker:0", SAVED.pattern(step=4))):
+        result = migrate(JOB, directory, to=Placement("mirrored"), run=RunOptions(global_batch_size=BATCH,
+                         save_every=1), max_restarts=1, backoff=0, check=False, timeout=240)
     assert (result.returncode, result.restarts) == (0, 1)
     assert not [line for line in result.output("worker:0", attempt=0) if RESUMED.read(line)]
     resumed = [found for line in result.output("worker:0", attempt=1) if (found := RESUMED.read(line))]

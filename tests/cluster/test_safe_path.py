@@ -34,7 +34,7 @@ def shadowing_cwd(tmp_path: Path, monkeypatch) -> Path:
 def test_a_ps_jobs_server_task_starts_despite_a_stdlib_named_file_in_the_working_directory(
         shadowing_cwd: Path) -> None:
     spec = ClusterSpec.local(workers=1, ps=1, chief=True)
-    job = LocalJob(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[], env={}, sink=None, faults=(), stop_when=None)
+    job = LocalJob(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[], env={}, sink=None, stop_when=None)
     argv = job.task_argv("ps")
     assert argv == [sys.executable, *SERVE_ARGS] and SERVE_ARGS[0] == "-P"
     env = {"TF_CONFIG": json.dumps(spec.tf_config("ps", 0)), "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}

@@ -15,7 +15,8 @@ import pytest
 from tensorfleet.cluster.contract import STOPPED_STATUS
 from tensorfleet.cluster.jobstate import epoch_order, new_rng_state, read_state, tf_checkpoint_prefix
 from tensorfleet.cluster.migration import Placement, RunOptions, migrate
-from tensorfleet.cluster.processes import Fault
+from tensorfleet import testing
+from tensorfleet.testing import Fault
 
 JOB = Path(__file__).parent / "migrating_job.py"
 EXAMPLES, BATCH, GATE_STEPS = 96, 8, 5  # 12 steps an epoch; the job waits after step 5 until the gate opens
@@ -40,8 +41,9 @@ def _signalled_run(directory: Path, gate: Path) -> object:
             threading.Timer(1.0, gate.write_text, (str(10**6),)).start()
 
     run = RunOptions(epochs=1, global_batch_size=BATCH, gate=str(gate))
-    return migrate(JOB, directory, to=Placement("multi_worker_mirrored", workers=2), run=run, sink=sink,
-                   faults=[Fault("worker:1", rf"step {GATE_STEPS} done", signal=signal.SIGTERM)], timeout=240)
+    with testing.faults(Fault("worker:1", rf"step {GATE_STEPS} done", signal=signal.SIGTERM)):
+        return migrate(JOB, directory, to=Placement("multi_worker_mirrored", workers=2), run=run, sink=sink,
+                       timeout=240)
 
 
 @pytest.mark.slow
@@ -81,20 +83,22 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_job_resumes_bit_id
 
 
 # A one-process placement takes the signal itself (no all-reduce to agree on): the mirrored job's steps are
-# slowed (a wait in the step's input) so that the signal lands inside a step, which finishes before the stop;
-# the mesh's steps are too short for that, so its job waits at a gate after step 5 and the signal lands there.
+# slowed (a wait in the step's input, seconds per example) so that the signal lands inside a step, which finishes
+# before the stop; the mesh's steps are too short for that, so its job waits at a gate after step 5 and the signal
+# lands there.
 ONE_PROCESS = {
-    "mirrored": (Placement("mirrored"), RunOptions(epochs=1, global_batch_size=BATCH, input_delay=0.03),
-                 Fault("worker:0", r"first step done", signal=signal.SIGTERM, delay=0.1)),
+    "mirrored": (Placement("mirrored"), RunOptions(epochs=1, global_batch_size=BATCH),
+                 Fault("worker:0", r"first step done", signal=signal.SIGTERM, delay=0.1), 0.03),
     "mesh": (Placement("mesh", devices=2), RunOptions(epochs=1, global_batch_size=BATCH, gate="GATE"),
-             Fault("worker:0", rf"step {GATE_STEPS} done", signal=signal.SIGTERM)),
+             Fault("worker:0", rf"step {GATE_STEPS} done", signal=signal.SIGTERM), 0.0),
 }
 
 
-def _stop_and_resume(directory: Path, to: Placement, run: RunOptions, fault: Fault) -> tuple:
+def _stop_and_resume(directory: Path, to: Placement, run: RunOptions, fault: Fault, delay: float) -> tuple:
     if run.gate:
         Path(run.gate).write_text(str(GATE_STEPS))
-    stopped = migrate(JOB, directory, to=to, run=run, faults=[fault], timeout=240)
+    with testing.faults(fault), testing.slow_inputs(delay):  # in this thread only: the unbroken runs go alongside
+        stopped = migrate(JOB, directory, to=to, run=run, timeout=240)
     state, saved = read_state(directory)[0], _tensors(directory)  # complete and loadable, or this raises
     resumed = migrate(JOB, directory, to=to, run=RunOptions(epochs=1, global_batch_size=BATCH), timeout=240)
     return stopped, state, saved, resumed
@@ -109,8 +113,9 @@ def test_sigterm_stops_one_process_jobs_at_a_step_and_they_resume_bit_identicall
         runs = {name: (pool.submit(migrate, JOB, tmp_path / f"{name}-unbroken", to=to,
                                    run=RunOptions(epochs=1, global_batch_size=BATCH), timeout=240),
                        pool.submit(_stop_and_resume, tmp_path / name, to,
-                                   replace(run, gate=str(tmp_path / f"{name}-gate")) if run.gate else run, fault))
-                for name, (to, run, fault) in ONE_PROCESS.items()}
+                                   replace(run, gate=str(tmp_path / f"{name}-gate")) if run.gate else run, fault,
+                                   delay))
+                for name, (to, run, fault, delay) in ONE_PROCESS.items()}
         runs = {name: (unbroken.result(), moved.result()) for name, (unbroken, moved) in runs.items()}
     order, _ = epoch_order(new_rng_state(0), EXAMPLES)
     for name, (unbroken, (stopped, state, saved, resumed)) in runs.items():

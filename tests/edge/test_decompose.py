@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tensorfleet import edge
+from tensorfleet import edge, testing
 from tensorfleet.edge.decompose_factors import cp_full_rank
 from tests.edge.conftest import full_rank, kinds_model
 
@@ -43,7 +43,8 @@ def images() -> np.ndarray:
 @pytest.mark.parametrize("method", ["svd", "tucker2", "cp"])
 def test_full_rank_factors_give_the_same_outputs(conv_model: Any, images: np.ndarray, method: str) -> None:
     rank = full_rank(conv_model, method)
-    plan = edge.plan_decomposition(conv_model, method, rank=rank, energy=None if rank else 1.0, allow_growth=True)
+    with testing.allow_growth():
+        plan = edge.plan_decomposition(conv_model, method, rank=rank, energy=None if rank else 1.0)
     small = edge.decompose(conv_model, plan=plan)
     expected = conv_model(images).numpy()
     got = small(images).numpy()
@@ -63,7 +64,8 @@ def test_sequential_models_decompose_too() -> None:
                                  tf_keras.layers.Dense(4, name="b")], name="seq")
     _assign_normal(model, 3)
     x = np.random.default_rng(4).normal(size=(5, 10)).astype(np.float32)
-    small = edge.decompose(model, "svd", energy=1.0, allow_growth=True)
+    with testing.allow_growth():
+        small = edge.decompose(model, "svd", energy=1.0)
     assert isinstance(small, tf_keras.Sequential)
     assert [layer.name for layer in small.layers] == ["a_u", "a_v", "b_u", "b_v"]
     expected = model(x).numpy()
@@ -100,7 +102,8 @@ def test_cp_rank_by_energy_is_the_smallest_that_keeps_it(conv_model: Any) -> Non
     from tensorfleet.edge.decompose_factors import fit_cp, kernel_of
     from tensorfleet.edge.decompose_rank import cp_energy
 
-    plan = edge.plan_decomposition(conv_model, "cp", energy=0.95, allow_growth=True, layers=["strided"])
+    with testing.allow_growth():
+        plan = edge.plan_decomposition(conv_model, "cp", energy=0.95, layers=["strided"])
     (row,) = plan.layers
     kernel = kernel_of(conv_model.get_layer("strided"))
     assert row.energy >= 0.95 and 1 < row.rank[0] < cp_full_rank(kernel.shape)

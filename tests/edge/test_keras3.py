@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tensorfleet import edge
+from tensorfleet import edge, testing
 from tensorfleet.compat.keras import Keras, keras_of
 
 from tests.edge.conftest import MODES, full_rank, kinds_model
@@ -146,8 +146,8 @@ def test_decompose_keeps_a_keras3_model_in_keras3_and_its_outputs(keras3: Any, m
     twin = kinds_model(tf_keras)
     twin.set_weights(model.get_weights())
     rank = full_rank(model, method)
-    plans = [edge.plan_decomposition(m, method, rank=rank, energy=None if rank else 1.0, allow_growth=True)
-             for m in (model, twin)]
+    with testing.allow_growth():
+        plans = [edge.plan_decomposition(m, method, rank=rank, energy=None if rank else 1.0) for m in (model, twin)]
     assert plans[0].as_dict() == plans[1].as_dict()  # the same plan, ranks, parameters and FLOPs in either Keras
     small = edge.decompose(model, plan=plans[0])
     assert keras_of(small) is Keras.KERAS3
@@ -175,7 +175,8 @@ def test_decompose_a_keras3_sequential_model_and_save_it(keras3: Any, tmp_path: 
     rng = np.random.default_rng(3)
     for weight in model.weights:
         weight.assign(rng.normal(scale=0.5, size=weight.shape))
-    small = edge.decompose(model, "svd", energy=1.0, allow_growth=True)
+    with testing.allow_growth():
+        small = edge.decompose(model, "svd", energy=1.0)
     assert isinstance(small, keras3.Sequential)
     assert [layer.name for layer in small.layers] == ["a_u", "a_v", "b_u", "b_v"]
     x = rng.normal(size=(5, 10)).astype(np.float32)

@@ -78,14 +78,16 @@ def test_two_processes_form_one_2x2_mesh_and_fit_equals_one_device(keras3) -> No
 def test_a_killed_process_restarts_the_mesh_from_its_last_backup(keras3, tmp_path: Path, monkeypatch) -> None:
     """kill -9 of worker:1 once worker:0 has backed up epoch 2 of 3: the launcher restarts both processes, they
     resume at epoch 3 from the first process's backup and end with the weights of one device's uninterrupted run."""
-    from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+    from tensorfleet import testing
+    from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
+    from tensorfleet.testing import Fault
 
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)  # the tasks are a user's processes
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-    result = launch(RESUME_JOB, workers=2, mesh=True, check=False, output=TaskOutput(sink=None),
-                    recovery=Recovery(max_restarts=1, backoff=0, backup_dir=tmp_path / "backup",
-                                      faults=[Fault(task="worker:1", when=r"epoch 2/3 end", watch="worker:0")]),
-                    timeouts=Timeouts(timeout=150))
+    with testing.faults(Fault(task="worker:1", when=r"epoch 2/3 end", watch="worker:0")):
+        result = launch(RESUME_JOB, workers=2, mesh=True, check=False, output=TaskOutput(sink=None),
+                        recovery=Recovery(max_restarts=1, backoff=0, backup_dir=tmp_path / "backup"),
+                        timeouts=Timeouts(timeout=150))
     text = [f"[{line.task}] {line.text}" for line in result.lines]
     assert result.returncode == 0 and result.restarts == 1, (result.error, text[-40:])
     resumed = [line for line in text if "resumed from backup at epoch" in line]

@@ -181,7 +181,9 @@ def test_a_local_sgd_job_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
 
     from tensorfleet.cluster import fault_tolerance as ft
     from tensorfleet.cluster.launch_options import TaskCommand
-    from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+    from tensorfleet import testing
+    from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
+    from tensorfleet.testing import Fault
 
     script = Path(__file__).resolve().parents[2] / "examples" / "train_digits_multiworker.py"
     # 4 steps an epoch at H=3: averaged after step 3 and at the epoch's end, so each epoch's backup holds
@@ -193,10 +195,10 @@ def test_a_local_sgd_job_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
                    recovery=Recovery(backup_dir=tmp_path / "clean-backup"), timeouts=Timeouts(timeout=150),
                    output=quiet)
     assert clean.returncode == 0 and clean.restarts == 0
-    faulty = launch(script, [*common, "--weights-out", str(tmp_path / "faulty.npz")], workers=2, command=command,
-                    recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "faulty-backup", faults=[
-                        Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGKILL)]),
-                    timeouts=Timeouts(timeout=150), output=quiet)
+    with testing.faults(Fault("worker:1", r"^tensorfleet: epoch 3 step 2$", signal=signal.SIGKILL)):
+        faulty = launch(script, [*common, "--weights-out", str(tmp_path / "faulty.npz")], workers=2, command=command,
+                        recovery=Recovery(max_restarts=1, backoff=0.5, backup_dir=tmp_path / "faulty-backup"),
+                        timeouts=Timeouts(timeout=150), output=quiet)
     assert faulty.returncode == 0 and faulty.restarts == 1
     for task in ("worker:0", "worker:1"):
         assert ft.resumed_epoch(faulty.output(task, attempt=1)) == 3

@@ -20,7 +20,7 @@ from tests.conftest import keras2_env
 
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.staleness import Consistency, StalenessPolicy, install, installed_gate, resolve_staleness
-from tensorfleet.strategies.staleness_run import StalenessScheduler
+from tensorfleet.testing.staleness_run import StalenessScheduler
 
 
 
@@ -280,7 +280,7 @@ _SCRIPT = textwrap.dedent(
     from tensorfleet.strategies.data_parallel import parameter_server
     from tensorfleet.strategies.servers import start_in_process_cluster
     from tensorfleet.strategies import staleness as consistency
-    from tensorfleet.strategies.staleness_run import train
+    from tensorfleet.testing.staleness_run import train
 
     split = datasets.load_digits()
     strategy = parameter_server(cluster=start_in_process_cluster(workers=2, ps=1))

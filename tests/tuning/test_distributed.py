@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tensorfleet import testing
 from tensorfleet.cli.main import main
-from tensorfleet.cluster.processes import Fault
+from tensorfleet.testing import Fault
 from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, search
 
 from tensorfleet.compat.keras import keras2
@@ -33,8 +34,9 @@ def test_a_worker_killed_mid_trial_runs_the_trial_again_and_the_search_completes
     from tensorfleet.compat.keras import load_model
 
     lines: list[str] = []
-    result = search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=4, epochs=2, log=lines.append,
-                    supervision=Supervision(timeout=200, faults=[Fault(task="tuner:1", when=r"^epoch 2/2 begins")]))
+    with testing.faults(Fault(task="tuner:1", when=r"^epoch 2/2 begins")):
+        result = search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=4, epochs=2, log=lines.append,
+                        supervision=Supervision(timeout=200))
     # The oracle recorded every trial, each completed once with a score; the killed one ran twice.
     trials = _oracle_trials(tmp_path)
     assert sorted(trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
@@ -66,9 +68,9 @@ def test_a_killed_chief_resumes_a_bayesian_search_from_the_oracles_saved_state(t
     kill_chief = Fault(task="chief:0", when=r"trial \d+ completed", signal=signal.SIGKILL)
     lines: list[str] = []
     try:
-        search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=3, algorithm="bayesian",
-               **{**FAST, "supervision": Supervision(timeout=280, faults=[kill_chief]), "log": lines.append,
-                  "verbose": True})
+        with testing.faults(kill_chief):
+            search(SCRIPT, out_dir=tmp_path, workers=2, max_trials=3, algorithm="bayesian",
+                   **{**FAST, "supervision": Supervision(timeout=280), "log": lines.append, "verbose": True})
     except TuningError as exc:
         error = str(exc)
     else:

@@ -9,7 +9,8 @@ can be made a straggler: it pauses inside each step between reading the variable
 its update, so its updates really arrive late. Comparing staleness bounds (SSP k=0, the lockstep,
 and k > 0) with ASP this way is the experiment of Ho et al., "More Effective Distributed ML via a
 Stale Synchronous Parallel Parameter Server" (NIPS 2013); ``bench/consistency_straggler.py`` runs
-it.
+it. Part of :mod:`tensorfleet.testing`: not the user API (users train under a staleness bound with
+the strategy's ``staleness`` option, :mod:`tensorfleet.strategies.staleness`).
 """
 
 from __future__ import annotations
