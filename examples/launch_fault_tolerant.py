@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tensorfleet.cluster.fault_tolerance import resumed_epoch
-from tensorfleet.cluster.launcher import Fault, Recovery, TaskOutput, Timeouts, launch
+from tensorfleet.cluster import Recovery, TaskOutput, Timeouts, launch, resumed_epoch
+from tensorfleet.cluster.launcher import Fault  # a test hook: the fault this example injects
 
 SCRIPT = Path(__file__).with_name("train_digits_multiworker.py")
 
