@@ -1,6 +1,6 @@
 """Evaluate while training: a side-car evaluator beside two multi-worker mirrored workers.
 
-One script serves every task. In the launcher's ``evaluator`` task, ``evaluation(...)`` watches the
+One script serves every task. In the launcher's ``evaluator`` task, ``sidecar_evaluation(...)`` watches the
 checkpoints worker 0 writes, evaluates each on the held-out digits (TensorFlow's
 ``SidecarEvaluator``), writes ``OUT/eval/evaluation.csv``, TensorBoard summaries and the best model
 by validation accuracy (``OUT/eval/best.keras``), and returns True once training has ended and its
@@ -41,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     import keras
 
     from tensorfleet import strategies
-    from tensorfleet.cluster.evaluation import checkpoint_callback, evaluation
-    from tensorfleet.models.datasets import load_digits
+    from tensorfleet.cluster import checkpoint_callback, sidecar_evaluation
+    from tensorfleet.models import load_digits
 
     split = load_digits(flat=True)
     checkpoints = os.path.join(args.out, "ckpt")
-    if evaluation(build_model, (split.x_test, split.y_test), checkpoint_dir=checkpoints,
-                  out=os.path.join(args.out, "eval"), monitor="accuracy"):
+    if sidecar_evaluation(build_model, (split.x_test, split.y_test), checkpoint_dir=checkpoints,
+                          out=os.path.join(args.out, "eval"), monitor="accuracy"):
         return 0  # the evaluator task is done: training ended and its last checkpoint is evaluated
 
     strategy = strategies.build("multi_worker_mirrored")  # mends Keras 3's multi-worker fit (keras#20585)

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tensorfleet as tfl
 
-    split = tfl.models.datasets.load_digits()
+    split = tfl.models.load_digits()
     model = tfl.models.build("digits_cnn", keras="keras3")
     model.compile(optimizer="adam", metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -44,7 +44,7 @@ def main() -> None:
             keras.layers.Dense(10),  # logits
         ])
 
-    split = tfl.models.datasets.load_digits()
+    split = tfl.models.load_digits()
     clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=20, scheme="dirichlet", alpha=0.5,
                                       seed=args.seed)
     summary = clients.summary()

@@ -14,9 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tensorfleet.cluster.fault_tolerance import resumed_epoch
 from tensorfleet import testing
-from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
+from tensorfleet.cluster import Recovery, TaskOutput, Timeouts, launch, resumed_epoch
 
 SCRIPT = Path(__file__).with_name("train_digits_multiworker.py")
 

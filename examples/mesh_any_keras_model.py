@@ -39,13 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="Adam steps of 16 examples")
     args = parser.parse_args(argv)
-    from tensorfleet.strategies.devices import simulate_devices
+    from tensorfleet.strategies import simulate_devices
 
     simulate_devices(4)
     import numpy as np
     import tf_keras as keras
 
-    from tensorfleet.model_parallel.mesh import Mesh
+    from tensorfleet.model_parallel import Mesh
 
     x = np.random.RandomState(0).randint(0, 32, (16 * args.steps, 8)).astype("int32")
     y = x.sum(axis=1) % 10

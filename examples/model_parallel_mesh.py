@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tf_keras as keras  # the mesh runs Keras 2 (tf_keras) models for now: see docs/keras.md
 
-    from tensorfleet.model_parallel.mesh import Mesh
+    from tensorfleet.model_parallel import Mesh
 
-    split = tfl.models.datasets.load_digits(flat=args.model == "digits_mlp")
+    split = tfl.models.load_digits(flat=args.model == "digits_mlp")
     x_train, x_test = split.x_train, split.x_test
     if args.model == "transformer_block":
         x_train, x_test = x_train[..., 0], x_test[..., 0]  # 8 rows of 8 pixels

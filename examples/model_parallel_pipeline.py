@@ -34,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tf_keras as keras  # pipelines run Keras 2 (tf_keras) models for now: see docs/keras.md
 
-    from tensorfleet.model_parallel.pipeline import Pipeline
+    from tensorfleet.model_parallel import Pipeline
 
     keras.utils.set_random_seed(args.seed)
 
-    split = tfl.models.datasets.load_digits(flat=True)
+    split = tfl.models.load_digits(flat=True)
     model = keras.Sequential([keras.layers.Dense(64, activation="relu") for _ in range(7)] +
                              [keras.layers.Dense(10)], name="deep_mlp")
     v = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)

@@ -54,7 +54,7 @@ def slowed(dataset, delay_ms: float):
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import tensorfleet as tfl
-    from tensorfleet.models.datasets import load_digits
+    from tensorfleet.models import load_digits
 
     import tensorflow as tf
 

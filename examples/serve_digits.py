@@ -73,7 +73,7 @@ def main() -> None:
     import tensorfleet as tfl
     from tensorfleet.serving import BatchingOptions, ModelServer, export, load_keras_model
 
-    data = tfl.models.datasets.load_digits()
+    data = tfl.models.load_digits()
     model = tfl.models.build("digits_cnn", seed=0, keras="keras3")  # keras="keras2": the same CNN in tf_keras
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])

@@ -50,10 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     import tensorflow as tf
 
     from tensorfleet.io import write_bytes
-    from tensorfleet.models import build
-    from tensorfleet.models.datasets import load_digits
+    from tensorfleet.models import build, load_digits
     from tensorfleet import strategies
-    from tensorfleet.cluster import elastic, fault_tolerance
+    from tensorfleet.cluster import BatchPolicy, batch_sizes, callbacks as fault_tolerant_callbacks, policy_from_env
 
     keras = tf.keras  # this process's Keras: Keras 3, or tf_keras where TF_USE_LEGACY_KERAS=1 was set
     keras.utils.set_random_seed(args.seed)
@@ -62,9 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     strategy = strategies.build("multi_worker_mirrored", implementation="ring",
                                 timeout_seconds=args.collective_timeout)
     replicas = strategy.num_replicas_in_sync
-    policy = elastic.BatchPolicy(args.batch_policy) if args.batch_policy else elastic.policy_from_env()
-    sizes = elastic.batch_sizes(replicas, policy=policy, global_batch_size=args.global_batch_size,
-                                per_replica_batch_size=args.per_replica_batch_size)
+    policy = BatchPolicy(args.batch_policy) if args.batch_policy else policy_from_env()
+    sizes = batch_sizes(replicas, policy=policy, global_batch_size=args.global_batch_size,
+                        per_replica_batch_size=args.per_replica_batch_size)
     print(f"tensorfleet: replicas={replicas} policy={policy.value} global_batch={sizes.global_batch_size} "
           f"per_replica_batch={sizes.per_replica_batch_size}", flush=True)
 
@@ -85,9 +84,9 @@ def main(argv: list[str] | None = None) -> None:
             metrics=["accuracy"],
         )
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
-    callbacks = fault_tolerance.callbacks(args.backup_dir, save_freq=save_freq, best_model=args.best_model,
-                                          monitor="val_accuracy", mode="max", log_steps=args.log_steps, keras=model,
-                                          global_batch_size=sizes.global_batch_size)  # for launch --scale-lr
+    callbacks = fault_tolerant_callbacks(args.backup_dir, save_freq=save_freq, best_model=args.best_model,
+                                         monitor="val_accuracy", mode="max", log_steps=args.log_steps, keras=model,
+                                         global_batch_size=sizes.global_batch_size)  # for launch --scale-lr
     if args.local_sgd:  # first, so each epoch's backup holds the averaged weights
         callbacks.insert(0, strategies.LocalSGD(every=args.local_sgd, keras=model))
     model.fit(dataset, epochs=args.epochs, validation_data=val, callbacks=callbacks, verbose=0)

@@ -38,7 +38,7 @@ def build_model(hp):
 
 
 def data():
-    from tensorfleet.models.datasets import load_digits
+    from tensorfleet.models import load_digits
 
     split = load_digits()
     return split.x_train, split.y_train, split.x_test, split.y_test
@@ -56,7 +56,7 @@ def main() -> None:
 
     import keras
 
-    from tensorfleet.tuning.distributed import describe, search
+    from tensorfleet.tuning import describe, search
 
     result = search(__file__, workers=args.workers, max_trials=args.max_trials, algorithm=args.algorithm,
                     epochs=args.epochs, out_dir=args.out, resume=args.resume)

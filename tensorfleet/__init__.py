@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tensorfleet.lazy import attach
 
 # Which Keras the process uses is the user's: importing tensorfleet sets no TF_USE_LEGACY_KERAS and leaves
@@ -25,5 +27,11 @@ __getattr__, _SUBPACKAGES = attach(__name__, modules=(
     "strategies", "model_parallel", "cluster", "planner", "federated", "edge", "models", "serving", "tuning",
     "profiling", "cli",
 ))
+
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet import (
+        cli, cluster, edge, federated, model_parallel, models, planner, profiling, serving, strategies,
+        tuning,
+    )
 
 __all__ = ["__version__", *_SUBPACKAGES]

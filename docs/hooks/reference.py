@@ -1,17 +1,18 @@
 """A mkdocs hook: the API reference pages, ``ref-<room>.md``, made when the site is built: one page
-per subpackage of tensorfleet (and one for the shared core), every public module on it as a
-mkdocstrings block, so a module added or removed is in the reference at the next build.
+per room of tensorfleet (and one for the shared core) documenting the room's public surface, the
+names its ``__init__`` exports (``__all__``), one mkdocstrings block each, so a name added to or taken
+from a room is in the reference at the next build. Every other module is internal and is not
+documented here (docs/architecture.md, "The public surface"); tests/test_public_surface.py holds
+that each exported name has its block.
 
-A module is public when no part of its dotted name after ``tensorfleet`` starts with ``_``;
 ``tensorfleet.testing`` (the hooks of tensorfleet's own tests and benchmarks) is not the user API and
-has no page. The
-CLI's reference (``docs/ref-cli.md``) is generated from the typer app by mkdocs-click.
-``python docs/hooks/reference.py`` prints the pages' names and modules.
+has no page. The CLI's reference (``docs/ref-cli.md``) is generated from the typer app by mkdocs-click.
+``python docs/hooks/reference.py`` prints the pages' names and entries.
 """
 
 from __future__ import annotations
 
-import pkgutil
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -19,75 +20,56 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
-# Room -> (page title, one line on what it holds). The core is every top-level module.
+# Room -> (page title, one line on what it holds).
 ROOMS: dict[str, tuple[str, str]] = {
-    "core": ("Core", "The package itself and the shared core: files, registries, validation, capabilities."),
     "strategies": ("Strategies", "Data parallelism: the strategy registry, inputs for fit, staleness, memory savers."),
-    "cluster": ("Cluster", "The local launcher, fault tolerance, elastic restarts, Kubernetes TFJobs."),
+    "cluster": ("Cluster", "The local launcher, fault tolerance, elastic restarts, migration, Kubernetes TFJobs."),
     "planner": ("Planner", "Collectives, the cost model, the memory model and the plan."),
-    "federated": ("Federated", "Simulations, client data, algorithms, aggregators, backends, history."),
+    "federated": ("Federated", "Simulations, client data, algorithms, aggregators, workers, history."),
     "edge": ("Edge", "TFLite conversion, TFLite Micro validation, the size and arena report, C export."),
     "model_parallel": ("Model parallel", "Mesh layouts, tensor parallel layers, pipelines."),
     "serving": ("Serving", "The TF Serving-compatible server, batching, replicas, stages, versions."),
-    "tuning": ("Tuning", "Keras Tuner search in its distributed mode, side-car evaluation."),
+    "tuning": ("Tuning", "Keras Tuner search in its distributed mode."),
     "profiling": ("Profiling", "Capture, the step-time breakdown, the verdict."),
     "models": ("Models", "Reference Keras models and their offline datasets."),
-    "compat": ("Compat", "Every reach into another library's private parts, and version branches."),
-    "cli": ("CLI modules", "The Python side of the `tensorfleet` command (its options are on the CLI page)."),
 }
+# The shared core a user meets: the package, atomic writes and the errors of reading files, registries
+# (UnknownNameError), the checks' errors; and the two errors every entry point that takes a Keras model raises.
+CORE = ("tensorfleet", "tensorfleet.io", "tensorfleet.registry", "tensorfleet.validation",
+        "tensorfleet.compat.keras.Keras3ModelError", "tensorfleet.compat.keras.KerasFileError")
 
 
-def public_modules() -> list[str]:
-    """Every public module of the package, sorted."""
+def public_names(room: str) -> list[str]:
+    """The names room ``room`` exports, in its ``__all__``'s order (importing the room loads none of them)."""
     sys.path.insert(0, str(ROOT))
-    import tensorfleet
-
-    names = ["tensorfleet"]
-    for info in pkgutil.walk_packages(tensorfleet.__path__, prefix="tensorfleet.", onerror=lambda name: None):
-        parts = info.name.split(".")[1:]
-        if not any(part.startswith("_") for part in parts) and parts[0] != "testing":
-            names.append(info.name)
-    return sorted(names)
-
-
-def room_of(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1:
-        return "core"
-    if parts[1] in ROOMS:
-        return parts[1]
-    return "core"
+    try:
+        return list(importlib.import_module(f"tensorfleet.{room}").__all__)
+    finally:
+        sys.path.pop(0)
 
 
 def page_name(room: str) -> str:
-    if room == "cli":  # ref-cli.md is the command's own reference
-        return "ref-cli-modules.md"
     return f"ref-{room.replace('_', '-')}.md"
 
 
-def render(room: str, modules: list[str]) -> str:
-    title, line = ROOMS[room]
-    out = [
-        f"# Reference: {title}",
-        "",
-        "<!-- Generated by docs/gen/ref_pages.py from the package's modules; do not edit. -->",
-        "",
-        line,
-        "",
-        "Generated from the docstrings. Their `Example` blocks run as doctests in the test suite.",
-        "",
-    ]
-    for module in modules:
-        out += [f"::: {module}", ""]
+def _page(title: str, line: str, entries: list[str]) -> str:
+    out = [f"# Reference: {title}", "", "<!-- Generated by docs/hooks/reference.py; do not edit. -->", "", line, "",
+           "Generated from the docstrings. Their `Example` blocks run as doctests in the test suite.", ""]
+    for entry in entries:
+        out += [f"::: {entry}", ""]
+        if entry.count(".") == 1 or entry == "tensorfleet":  # a room or the package: its docstring, not its members
+            out += ["    options:", "      members: false", ""]
     return "\n".join(out)
 
 
 def pages() -> dict[str, str]:
     """Page file name -> its text."""
-    by_room: dict[str, list[str]] = {room: [] for room in ROOMS}
-    for module in public_modules():
-        by_room[room_of(module)].append(module)
-    return {page_name(room): render(room, modules) for room, modules in by_room.items() if modules}
+    found = {"ref-core.md": _page("Core", "The package itself and the shared core: files, registries, validation.",
+                                  list(CORE))}
+    for room, (title, line) in ROOMS.items():
+        entries = [f"tensorfleet.{room}", *(f"tensorfleet.{room}.{name}" for name in public_names(room))]
+        found[page_name(room)] = _page(title, line + " What the room exports; its modules are internal.", entries)
+    return found
 
 
 def on_files(files, config):

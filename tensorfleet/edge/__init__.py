@@ -28,7 +28,7 @@ from tensorfleet.edge.errors import (
 )
 from tensorfleet.edge.export import check_c_name, export_c, sanitize_c_identifier
 from tensorfleet.edge.micro import MAX_ARENA_BYTES, MicroValidation, check_micro_compatible, find_arena_size, validate_micro
-from tensorfleet.edge.optimize import TECHNIQUES, Technique, distill, finetune, freeze_layers
+from tensorfleet.edge.optimize import TECHNIQUES, Technique, distill, finetune, freeze_layers, unique_weights, weight_sparsity
 from tensorfleet.edge.report import BOARDS, Board, EdgeReport, report
 
 __all__ = [
@@ -40,6 +40,6 @@ __all__ = [
     "UnsupportedOpError",
     "check_c_name", "export_c", "sanitize_c_identifier",
     "MAX_ARENA_BYTES", "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",
-    "TECHNIQUES", "Technique", "distill", "finetune", "freeze_layers",
+    "TECHNIQUES", "Technique", "distill", "finetune", "freeze_layers", "unique_weights", "weight_sparsity",
     "BOARDS", "Board", "EdgeReport", "report",
 ]

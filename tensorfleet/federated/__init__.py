@@ -17,7 +17,7 @@ TensorFlow and TFF are imported only when something needs them.
 
 Example:
     >>> import tensorfleet as tfl
-    >>> split = tfl.models.datasets.load_digits()
+    >>> split = tfl.models.load_digits()
     >>> clients = tfl.federated.partition(split.x_train, split.y_train, num_clients=100,
     ...                                   scheme="dirichlet", alpha=0.3)
     >>> sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn"), clients,
@@ -26,6 +26,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from tensorfleet.federated.aggregators import AGGREGATORS, build_aggregator
 from tensorfleet.federated.algorithms import ALGORITHMS, OPTIMIZERS, build_process
@@ -48,7 +50,41 @@ __getattr__, _LAZY_NAMES = attach(__name__, names={
     "LazyClientData": "clients.lazy",
     "digits_clients": "clients.lazy",
     "emnist_like_clients": "clients.lazy",
+    # Extension points (docs/how-to-add-an-aggregator-or-algorithm.md): the parts a new one is made of.
+    "Aggregate": "aggregators.parts",
+    "Aggregator": "aggregators.parts",
+    "AggregatorPart": "aggregators.parts",
+    "AggregationError": "aggregators.parts",
+    "Algorithm": "algorithms",
+    "OptimizerSpec": "algorithms",
+    "LocalSteps": "algorithms.client_work",
+    "SecureAggregator": "secure",
+    "Dropouts": "secure",
+    # Rounds spread over worker processes: TFF's (Worker), TensorFlow's (TfWorker), their addresses on Kubernetes.
+    "Worker": "backends.worker",
+    "TfWorker": "backends.compiled.workers",
+    "worker_addresses": "backends.k8s",
+    "DamagedCheckpointError": "checkpoint",
 })
+
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet.federated.aggregators.dp import epsilon
+    from tensorfleet.federated.aggregators.parts import Aggregate, AggregationError, Aggregator, AggregatorPart
+    from tensorfleet.federated.algorithms import Algorithm, OptimizerSpec
+    from tensorfleet.federated.algorithms.client_work import LocalSteps
+    from tensorfleet.federated.backends.compiled.workers import TfWorker
+    from tensorfleet.federated.backends.k8s import worker_addresses
+    from tensorfleet.federated.backends.threads import configure_threads
+    from tensorfleet.federated.backends.worker import Worker
+    from tensorfleet.federated.checkpoint import DamagedCheckpointError
+    from tensorfleet.federated.clients.base import ClientData
+    from tensorfleet.federated.clients.clientdata import ArrayClientData, plot_label_distribution, summarize
+    from tensorfleet.federated.clients.lazy import LazyClientData, digits_clients, emnist_like_clients
+    from tensorfleet.federated.clients.xy import xy_clients
+    from tensorfleet.federated.config import SimulationConfig
+    from tensorfleet.federated.history import History, load_history, plot_history
+    from tensorfleet.federated.secure import Dropouts, SecureAggregator
+    from tensorfleet.federated.simulation import Simulation
 
 __all__ = [
     "AGGREGATORS", "ALGORITHMS", "OPTIMIZERS", "PARTITIONERS", "Scheme", "build_aggregator", "build_process",

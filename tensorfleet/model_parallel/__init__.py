@@ -20,18 +20,32 @@ loads no TensorFlow.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tensorfleet.lazy import attach
 from tensorfleet.compat.mesh_tf import fix_on_import, import_mesh_tensorflow
 
 fix_on_import()  # registers an import hook only; see tensorfleet.compat.mesh_tf
 
-__getattr__, _LAZY = attach(__name__, modules=("chain", "mesh", "pipeline", "tensor_parallel"), names={
+__getattr__, _LAZY = attach(__name__, internal=("chain", "mesh", "pipeline", "tensor_parallel"), names={
     "Mesh": "mesh", "MeshLayout": "mesh", "MeshBackend": "mesh", "MeshHistory": "mesh",
     "Pipeline": "pipeline", "Schedule": "pipeline", "bubble_fraction": "pipeline",
     "theoretical_bubble": "pipeline", "plot_schedule": "pipeline", "partition_layers": "pipeline",
+    "schedule_orders": "pipeline", "peak_activations": "pipeline", "simulate_schedule": "pipeline:simulate",
     "ColumnParallelDense": "tensor_parallel", "RowParallelDense": "tensor_parallel",
     "ParallelMLP": "tensor_parallel", "ParallelSelfAttention": "tensor_parallel",
     "ParallelTransformerBlock": "tensor_parallel",
     "chain_layers": "chain",
 })
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet.model_parallel.chain import chain_layers
+    from tensorfleet.model_parallel.mesh import Mesh, MeshBackend, MeshHistory, MeshLayout
+    from tensorfleet.model_parallel.pipeline import (
+        Pipeline, Schedule, bubble_fraction, partition_layers, peak_activations, plot_schedule,
+        schedule_orders, simulate as simulate_schedule, theoretical_bubble,
+    )
+    from tensorfleet.model_parallel.tensor_parallel import (
+        ColumnParallelDense, ParallelMLP, ParallelSelfAttention, ParallelTransformerBlock, RowParallelDense,
+    )
+
 __all__ = [*_LAZY, "import_mesh_tensorflow"]

@@ -17,13 +17,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from tensorfleet.models import datasets, zoo
+from tensorfleet.models import datasets, zoo  # noqa: F401  (internal modules, kept as attributes for older code)
+from tensorfleet.models.datasets import Split, load_digits
 from tensorfleet.models.zoo import MODELS
 from tensorfleet.models import tinyml  # noqa: F401  (registers the MLPerf Tiny reference models)
 from tensorfleet.models import transformer  # noqa: F401  (registers the small transformer block)
 
-__all__ = ["MODELS", "MODEL_FILE_SUFFIXES", "available", "build", "describe", "model_file", "register", "datasets",
-           "zoo"]
+__all__ = ["MODELS", "MODEL_FILE_SUFFIXES", "Split", "available", "build", "describe", "load_digits", "model_file",
+           "register"]
 
 MODEL_FILE_SUFFIXES = (".keras", ".h5")
 """The suffixes of saved Keras model files: a name with one of them is a path, never a zoo name."""

@@ -18,13 +18,29 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("collectives", "cost_model", "fit_check", "layouts", "memory", "partition", "plans", "run_report", "runs",
-             "splits", "traffic", "workload"),
-    names={"plan": "plans", "Plan": "plans", "Workload": "workload", "planned_mesh": "runs", "RunReport": "run_report"},
+    names={"plan": "plans", "Plan": "plans", "TrainingOptions": "plans", "Workload": "workload", "planned_mesh": "runs",
+           "RunReport": "run_report",
+           "estimate_memory": "memory:estimate", "plot_layers": "memory", "zero_bytes_per_parameter": "memory",
+           "Link": "cost_model", "predict": "cost_model", "predict_hierarchical": "cost_model", "fit_link": "cost_model",
+           "last_level_cache_bytes": "cost_model", "check_link": "fit_check", "all_reduce": "collectives"},
+    internal=("collectives", "cost_model", "fit_check", "layouts", "memory", "partition", "plans", "run_report", "runs",
+              "splits", "traffic", "workload"),
 )
+
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet.planner.collectives import all_reduce
+    from tensorfleet.planner.cost_model import Link, fit_link, last_level_cache_bytes, predict, predict_hierarchical
+    from tensorfleet.planner.fit_check import check_link
+    from tensorfleet.planner.memory import estimate as estimate_memory, plot_layers, zero_bytes_per_parameter
+    from tensorfleet.planner.plans import Plan, TrainingOptions, plan
+    from tensorfleet.planner.run_report import RunReport
+    from tensorfleet.planner.runs import planned_mesh
+    from tensorfleet.planner.workload import Workload
 
 __all__ = [*_LAZY]

@@ -19,10 +19,12 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tensorfleet.lazy import attach
 
-__getattr__, __all__ = attach(__name__, modules=("recorder", "callback", "xspace", "breakdown", "report",
-                                                 "intervals", "planned", "remote"), names={
+__getattr__, __all__ = attach(__name__, internal=("recorder", "callback", "xspace", "breakdown", "report",
+                                                  "intervals", "planned", "remote"), names={
     "capture": "recorder", "callbacks": "recorder", "StepRange": "recorder", "Capture": "recorder",
     "ProfileCallback": "callback",
     "analyze": "breakdown", "Bottleneck": "breakdown", "TaskRole": "breakdown", "JobProfile": "breakdown", "Verdict": "breakdown",
@@ -30,3 +32,13 @@ __getattr__, __all__ = attach(__name__, modules=("recorder", "callback", "xspace
     "read_xspace": "xspace", "task_traces": "xspace", "compare": "planned", "CommunicationCheck": "planned",
     "format_table": "report", "write_report": "report",
 })
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet.profiling.breakdown import (
+        Bottleneck, JobProfile, StepBreakdown, TaskRole, TaskSummary, Verdict, analyze,
+    )
+    from tensorfleet.profiling.callback import ProfileCallback
+    from tensorfleet.profiling.planned import CommunicationCheck, compare
+    from tensorfleet.profiling.recorder import Capture, StepRange, callbacks, capture
+    from tensorfleet.profiling.report import format_table, write_report
+    from tensorfleet.profiling.xspace import read_xspace, task_traces
+

@@ -27,11 +27,13 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("batching", "elastic", "errors", "grpc_api", "http", "k8s", "metrics", "model_config", "options",
+    internal=("batching", "elastic", "errors", "grpc_api", "http", "k8s", "metrics", "model_config", "options",
              "predictor", "replicas", "repository", "rest", "router", "saved_model", "servable", "server", "stages",
              "versions", "warmup"),
     names={
@@ -47,5 +49,25 @@ __getattr__, _LAZY = attach(
         "ModelRouter": "router", "read_model_config": "model_config",
     },
 )
+
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet.serving.batching import Batcher, BatchingOptions, BatchingPolicy
+    from tensorfleet.serving.elastic import Autoscaler
+    from tensorfleet.serving.errors import ServingError
+    from tensorfleet.serving.k8s import serving_manifests
+    from tensorfleet.serving.metrics import ServingMetrics
+    from tensorfleet.serving.model_config import read_model_config
+    from tensorfleet.serving.options import FrontOptions, ScalingOptions, StageOptions, VersionOptions
+    from tensorfleet.serving.predictor import Predictor
+    from tensorfleet.serving.replicas import ReplicaPool
+    from tensorfleet.serving.repository import ModelRepository
+    from tensorfleet.serving.router import ModelRouter
+    from tensorfleet.serving.saved_model import (
+        BaseNotAFolderError, ExportResult, TensorSignature, VersionExistsError, export, load_keras_model,
+    )
+    from tensorfleet.serving.servable import SavedModelError
+    from tensorfleet.serving.server import ModelServer, serve
+    from tensorfleet.serving.stages import StagedRunner
+    from tensorfleet.serving.versions import VersionWatcher
 
 __all__ = list(dict.fromkeys(_LAZY))

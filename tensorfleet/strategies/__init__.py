@@ -14,7 +14,7 @@ steps (``LocalSGD``, :mod:`~tensorfleet.strategies.local_sgd`).
 Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
     >>> import tensorflow as tf
     >>> import tensorfleet as tfl
-    >>> data = tfl.models.datasets.load_digits()
+    >>> data = tfl.models.load_digits()
     >>> x, y = data.x_train[:128], data.y_train[:128]
     >>> strategy = tfl.strategies.build("mirrored")
     >>> strategy.num_replicas_in_sync
@@ -30,6 +30,8 @@ Example (a mirrored replica on each of the 4 logical CPUs of the test set-up):
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from tensorfleet.lazy import attach
 # Registration order is the order `tensorfleet strategies list` shows: auto, the data-parallel
@@ -49,9 +51,20 @@ from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConf
 
 # The memory savers, the parameter server's staleness option, the
 # learning rate for the global batch and the layer-wise optimizers (LARS, LAMB), loaded on first use.
-__getattr__, _lazy = attach(__name__, modules=("memory_savers", "staleness", "large_batch", "layerwise", "local_sgd"),
+__getattr__, _lazy = attach(__name__, internal=("memory_savers", "staleness", "large_batch", "layerwise", "local_sgd"),
                             names={"scaled_learning_rate": "large_batch", "ScalingRule": "large_batch",
-                                   "lars": "layerwise", "lamb": "layerwise", "LocalSGD": "local_sgd"})
+                                   "lars": "layerwise", "lamb": "layerwise", "LocalSGD": "local_sgd",
+                                   "accumulate_gradients": "memory_savers", "mixed_precision": "memory_savers",
+                                   "recompute": "memory_savers", "resolve_staleness": "staleness",
+                                   "install_staleness": "staleness:install", "traffic": "compression"})
+
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet.strategies.compression import traffic
+    from tensorfleet.strategies.large_batch import ScalingRule, scaled_learning_rate
+    from tensorfleet.strategies.layerwise import lamb, lars
+    from tensorfleet.strategies.local_sgd import LocalSGD
+    from tensorfleet.strategies.memory_savers import accumulate_gradients, mixed_precision, recompute
+    from tensorfleet.strategies.staleness import install as install_staleness, resolve_staleness
 
 __all__ = [
     "STRATEGIES",

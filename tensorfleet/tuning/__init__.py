@@ -17,13 +17,22 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    modules=("chief", "config", "distributed", "results", "task"),
     names={"SearchAlgorithm": "config", "SearchConfig": "config", "SearchResult": "distributed", "TrialRecord": "results",
-           "TuningError": "distributed", "search": "distributed"},
+           "TuningError": "distributed", "search": "distributed", "describe": "distributed", "tune_manifests": "k8s",
+           "write_manifests": "k8s:write"},
+    internal=("chief", "config", "distributed", "results", "task"),
 )
+
+if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
+    from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig
+    from tensorfleet.tuning.distributed import SearchResult, TuningError, describe, search
+    from tensorfleet.tuning.k8s import tune_manifests, write as write_manifests
+    from tensorfleet.tuning.results import TrialRecord
 
 __all__ = [*_LAZY]

@@ -124,7 +124,7 @@ class CompiledRounds:
                 self.workers.check_left()  # AllWorkersLostError, the state kept as it was before the round
                 log.warning("round %d: %s Running the round again on %d worker(s)", round_num, abandoned,
                             len(self.workers.devices))
-                self.engine.keep_devices(self.workers.devices, fresh=True)
+                self.engine.keep_devices(self.workers.devices, rebuild=True)
             except tf.errors.UnavailableError:
                 if before is not None:  # (the state before the round, whatever a failed call wrote)
                     self.engine.load_leaves(before)

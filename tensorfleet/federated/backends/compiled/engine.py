@@ -120,15 +120,15 @@ class CompiledFedAvg(ServerVariables):
         self._apply: Any = None  # a host part's server step
         self._copy: Any = None  # (model, traced copy of the server's weights into it): assign_weights_to
 
-    def keep_devices(self, devices: Sequence[str], *, fresh: bool = False) -> None:
+    def keep_devices(self, devices: Sequence[str], *, rebuild: bool = False) -> None:
         """Keeps the lanes on ``devices`` only (workers left after some were lost); the round is traced again.
-        ``fresh``: each lane left gets a new model (a call abandoned on a frozen worker may still be training
+        ``rebuild``: each lane left gets a new model (a call abandoned on a frozen worker may still be training
         in the old ones)."""
         import tensorflow as tf
 
         kept = [(lane, d) for lane, d in zip(self._lanes, self._devices) if d in set(devices)]
         self._lanes, self._devices = [lane for lane, _ in kept], [d for _, d in kept]
-        if fresh:
+        if rebuild:
             with tf.init_scope():
                 for j, device in enumerate(self._devices):
                     with tf.device(device):
