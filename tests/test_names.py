@@ -89,8 +89,6 @@ NOT_YET_RENAMED = (
     "tensorfleet/model_parallel/",  # none found on 2026-12-05; listed while it is being edited
     "tensorfleet/planner/",         # none found on 2026-12-05; listed while it is being edited
     "tensorfleet/cli/launch.py",    # none found on 2026-12-05; listed while it is being edited
-    "tensorfleet/cli/plan.py",      # output (the plan's file): -> out_path, flag unchanged
-    "tensorfleet/cli/k8s.py",       # output (the manifests' file, 3 commands): -> out_path, flag unchanged
 )
 # Another library's own word where tensorfleet mirrors its API (Keras Tuner's Tuner(directory=...)).
 OTHER_LIBRARIES = {("tensorfleet/compat/keras_tuner.py", "set_project_dir", "directory")}
