@@ -83,7 +83,7 @@ REFUSED = {old: word for word, olds in GLOSSARY.items() for old in olds}
 # Rooms that other helpers are editing now (issue 39 item 4): not renamed yet. Take a room off this list
 # and the test below lists what it still has. Each entry is a path prefix.
 NOT_YET_RENAMED = (
-    "tensorfleet/cluster/",         # out (evaluation), directory (jobstate, migration), output (launcher.launch),
+    "tensorfleet/cluster/",         # directory (jobstate, migration), output (launcher.launch),
                                     # sink (migrate, launch_elastic, share, LocalJob), quiet (migrate, LocalJob)
     "tensorfleet/strategies/",      # none found on 2026-12-05; listed while it is being edited
     "tensorfleet/model_parallel/",  # none found on 2026-12-05; listed while it is being edited
