@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     split = load_digits(flat=True)
     checkpoints = os.path.join(args.out, "ckpt")
     if sidecar_evaluation(build_model, (split.x_test, split.y_test), checkpoint_dir=checkpoints,
-                          out=os.path.join(args.out, "eval"), monitor="accuracy"):
+                          out_dir=os.path.join(args.out, "eval"), monitor="accuracy"):
         return 0  # the evaluator task is done: training ended and its last checkpoint is evaluated
 
     strategy = strategies.build("multi_worker_mirrored")  # mends Keras 3's multi-worker fit (keras#20585)

@@ -57,15 +57,15 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _emit(docs: list[dict], output: Optional[Path], write: Callable[..., Any], what: str) -> None:  # noqa: UP007
-    """The manifest as YAML on stdout, or written (checked by ``write``) to ``output`` with a line on stderr."""
+def _emit(docs: list[dict], out_path: Optional[Path], write: Callable[..., Any], what: str) -> None:  # noqa: UP007
+    """The manifest as YAML on stdout, or written (checked by ``write``) to ``out_path`` with a line on stderr."""
     from tensorfleet import kube
 
-    if output is None:
+    if out_path is None:
         typer.echo(kube.dump_yaml(docs), nl=False)
     else:
-        write(docs, output)
-        typer.echo(f"wrote {output} ({what}), valid against Kubernetes {kube.KUBERNETES_VERSION}", err=True)
+        write(docs, out_path)
+        typer.echo(f"wrote {out_path} ({what}), valid against Kubernetes {kube.KUBERNETES_VERSION}", err=True)
 
 
 @app.command("tfjob", context_settings={"allow_interspersed_args": False})
@@ -95,7 +95,7 @@ def tfjob_command(
                                       "default: the cluster's default class)."),
     mesh: bool = typer.Option(False, "--mesh", help="The workers are the processes of one DTensor mesh (sets "
                               "TENSORFLEET_MESH_ACROSS_PROCESSES=1 in each; workers only)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
+    out_path: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated TFJob (kubeflow.org/v1) and the claim for its backups."""
     from tensorfleet import kube
@@ -115,12 +115,12 @@ def tfjob_command(
                      namespace=namespace, restart_policy=restart_policy, max_restarts=max_restarts, cpu=cpu,
                      memory=memory, gpus=gpus, env=_parse_env(env or []), backup_claim=backup_claim,
                      backup_size=backup_size, storage_class=storage_class, mesh=mesh)
-    if output is None:
+    if out_path is None:
         k8s.validate(docs)
         typer.echo(kube.dump_yaml(docs), nl=False)
     else:
-        k8s.write(docs, output)
-        typer.echo(f"wrote {output} ({', '.join(d['kind'] for d in docs)}), valid against the TFJob schema and "
+        k8s.write(docs, out_path)
+        typer.echo(f"wrote {out_path} ({', '.join(d['kind'] for d in docs)}), valid against the TFJob schema and "
                    f"Kubernetes {kube.KUBERNETES_VERSION}", err=True)
 
 
@@ -168,14 +168,14 @@ def federated_workers_command(
                                        "limit; tff only)."),
     cpu: str = typer.Option("1", "--cpu"),
     memory: str = typer.Option("2Gi", "--memory"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
+    out_path: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated Deployment and headless Service for N federated workers (TFF's or TensorFlow servers)."""
     from tensorfleet.federated.backends import k8s as fk8s
 
     docs = fk8s.federated_workers(replicas=replicas, image=image, name=name, namespace=namespace, port=port,
                                   max_concurrent=max_concurrent, cpu=cpu, memory=memory, runtime=runtime)
-    _emit(docs, output, fk8s.write, f"Deployment and headless Service {docs[0]['metadata']['name']}, {replicas} "
+    _emit(docs, out_path, fk8s.write, f"Deployment and headless Service {docs[0]['metadata']['name']}, {replicas} "
                                     f"workers on port {port}")
 
 
@@ -204,7 +204,7 @@ def serving_command(
     rest_api_port: int = typer.Option(8501, "--rest-api-port", help="REST port (the probes use it)."),
     cpu: str = typer.Option("1", "--cpu"),
     memory: str = typer.Option("2Gi", "--memory"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
+    out_path: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),  # noqa: UP007
 ) -> None:
     """Write a validated Deployment running `tensorfleet serve`, its Service (gRPC and REST) and, with
     --min-replicas/--max-replicas, a HorizontalPodAutoscaler (autoscaling/v2)."""
@@ -219,7 +219,7 @@ def serving_command(
         model=sk8s.ServedModel(base_path=model_base_path, name=model_name, claim=model_claim),
         server=sk8s.ServerFlags(grpc_port=port, rest_port=rest_api_port, args=tuple(argv)),
         resources=sk8s.PodResources(cpu=cpu, memory=memory))
-    _emit(docs, output, sk8s.write, ", ".join(d["kind"] for d in docs))
+    _emit(docs, out_path, sk8s.write, ", ".join(d["kind"] for d in docs))
 
 
 # Written with the tuning commands (tensorfleet.cli.tune); listed here with the other manifests.

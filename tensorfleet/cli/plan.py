@@ -50,7 +50,7 @@ def plan_command(
     compression: Optional[str] = typer.Option(  # noqa: UP007
         None, "--compression", help="The gradients' all-reduce compressed: fp16, bf16, powersgd:rank=2."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Also write the plan as JSON to this file."),  # noqa: UP007
+    out_path: Optional[Path] = typer.Option(None, "--output", help="Also write the plan as JSON to this file."),  # noqa: UP007
     run: Optional[Path] = typer.Option(  # noqa: UP007
         None, "--run", help="Run this script under the recommended layout as a mesh (its "
         "tfl.planner.planned_mesh()), then print the plan's memory and step time beside the run's; arguments "
@@ -94,8 +94,8 @@ def plan_command(
         from tensorfleet.planner.runs import mesh_spec
 
         mesh_spec(result.row(run_strategy or result.recommendation))
-    if output is not None:
-        write_json(output, result.as_dict())
+    if out_path is not None:
+        write_json(out_path, result.as_dict())
     typer.echo(json.dumps(result.as_dict(), indent=2) if as_json else result.table())
     if run is not None:
         from tensorfleet.planner.runs import ScriptFailedError

@@ -29,7 +29,7 @@ with Keras 3's own callbacks; what it writes is the same.
 Example (a training script; ``tensorfleet launch --evaluator`` runs the same file in the evaluator
 task, which stops once training has ended, however many epochs early stopping left):
     >>> from tensorfleet.cluster import evaluation as ev
-    >>> if ev.evaluation(build_model, (x_val, y_val), checkpoint_dir="ckpt", out="eval",
+    >>> if ev.evaluation(build_model, (x_val, y_val), checkpoint_dir="ckpt", out_dir="eval",
     ...                  monitor="accuracy"):                                       # doctest: +SKIP
     ...     raise SystemExit(0)
     >>> model.fit(x, y, epochs=50, callbacks=[ev.checkpoint_callback("ckpt"),
@@ -51,7 +51,7 @@ from tensorfleet.cluster.contract import ENV_TRAINING_ENDED
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.compat.keras import Keras, as_keras, is_keras3_model, keras2, keras3, module_of
 from tensorfleet.io import write_bytes, write_text
-from tensorfleet.validation import integer
+from tensorfleet.validation import integer, renamed
 
 __all__ = ["CSV_FILE", "BEST_MODEL", "checkpoint_callback", "evaluated_checkpoints", "evaluation", "export_model",
            "is_evaluator", "training_ended"]
@@ -121,9 +121,10 @@ def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | s
     return TensorFlowCheckpoint()
 
 
-def evaluated_checkpoints(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+@renamed(out="out_dir")
+def evaluated_checkpoints(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The rows of ``OUT/evaluation.csv`` (numbers as floats, checkpoint and step as ints)."""
-    path = Path(out) / CSV_FILE
+    path = Path(out_dir) / CSV_FILE
     if not path.exists():
         return []
     rows = list(csv.DictReader(path.read_text().splitlines()))
@@ -227,8 +228,9 @@ def export_model(model: Any, path: str | os.PathLike[str]) -> Path:
         return write_bytes(Path(path), tmp.read_bytes())
 
 
+@renamed(out="out_dir")
 def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | os.PathLike[str],
-               out: str | os.PathLike[str], monitor: str = "accuracy", mode: str = "max",
+               out_dir: str | os.PathLike[str], monitor: str = "accuracy", mode: str = "max",
                last_checkpoint: int | None = None, steps: int | None = None, force: bool = False,
                log: Callable[[str], None] = print) -> bool:
     """Runs the side-car evaluation in the evaluator task (or with ``force``); False elsewhere.
@@ -237,7 +239,7 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
         model_fn: builds and compiles the model the trainer checkpoints (with its metrics).
         data: what ``model.evaluate`` takes as ``x``: a dataset, or ``(x, y)`` arrays.
         checkpoint_dir: where the chief writes ``ckpt-<n>`` (:func:`checkpoint_callback`).
-        out: where the summaries, ``evaluation.csv`` and ``best.keras`` go.
+        out_dir: where the summaries, ``evaluation.csv`` and ``best.keras`` go.
         monitor, mode: the metric that decides the best model, and whether larger (``max``) or
             smaller (``min``) is better.
         last_checkpoint: the number of the last checkpoint (the epochs, with one per epoch):
@@ -261,7 +263,7 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
     integer("last_checkpoint", last_checkpoint, minimum=1, optional=True)
     import tensorflow as tf
 
-    out_path = Path(out)
+    out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
     model = model_fn()
     keras = module_of(model, "tensorfleet.cluster.evaluation.evaluation (the model model_fn built)")

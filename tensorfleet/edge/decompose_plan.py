@@ -100,7 +100,7 @@ def _too_big(layer: Any, rank: Any, largest: Any) -> DecompositionError:
 
 
 def _int_rank(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1)
 
 
 def _svd_rank(layer: Any, rank: Any, energy: float | None, strict: bool, allow_growth: bool) -> tuple[Any, ...]:

@@ -41,7 +41,7 @@ def energy_rank(matrix: np.ndarray, energy: float) -> int:
     # Rounding may leave the last cumulative share a hair below 1: energy 1.0 keeps every nonzero value.
     if energy >= 1.0:
         return max(1, int(np.count_nonzero(s2 > s2[0] * 1e-24)))
-    return int(min(np.searchsorted(cumulative, energy) + 1, len(s2)))
+    return min(int(np.searchsorted(cumulative, energy)) + 1, len(s2))
 
 
 def _tau(x: np.ndarray, alpha: float) -> np.ndarray:

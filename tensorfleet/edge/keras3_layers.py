@@ -20,7 +20,7 @@ from tensorfleet.edge.sparsity import ConstantSparsity, PolynomialDecay
 
 __all__ = ["CLASSES", "ClusterWeights", "FakeQuant", "PruneLowMagnitude", "QuantizeWeights", "custom_objects"]
 
-keras = keras3()
+keras: Any = keras3()  # a module mypy cannot follow: its classes are bases here
 
 
 class _KernelWrapper(keras.layers.Wrapper):

@@ -108,8 +108,9 @@ def activation_name(layer: Any) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Wrappers (Keras 3 layers): tensorfleet.edge.keras3_layers, imported on first use
 
-def _layer_classes() -> dict[str, type]:
-    """The wrapper classes (importing :mod:`tensorfleet.edge.keras3_layers` imports Keras 3)."""
+def _layer_classes() -> dict[str, Any]:
+    """The wrapper classes (importing :mod:`tensorfleet.edge.keras3_layers` imports Keras 3). Typed ``Any``:
+    they derive from Keras 3's layers, whose attributes (``layer``, ``mask``, ...) mypy cannot see."""
     from tensorfleet.edge import keras3_layers
 
     return keras3_layers.CLASSES
@@ -207,7 +208,7 @@ def apply_pruning(model: Any, schedule: Any) -> Any:
 def pruning_callbacks(model: Any) -> list[Any]:
     """The Keras 3 callback that counts steps and recomputes the masks on the schedule's steps (tfmot's
     ``UpdatePruningStep``)."""
-    keras = keras3()
+    keras: Any = keras3()  # Keras 3's Callback is a base class here; mypy cannot follow the module
     wrapper = _layer_classes()["PruneLowMagnitude"]
 
     class UpdatePruningStep(keras.callbacks.Callback):

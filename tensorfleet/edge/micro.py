@@ -442,6 +442,7 @@ def _compare_with_keras(result: MicroValidation, keras_model: Any, x: np.ndarray
                 result.agreement_with_keras = float(np.mean(np.argmax(reference, -1) == np.argmax(micro, -1)))
             if y is not None:
                 result.keras_accuracy = float(np.mean(np.argmax(reference, axis=-1) == y))
+                assert result.micro_accuracy is not None  # validate_micro sets it whenever labels are given
                 result.accuracy_drop_points = 100.0 * (result.keras_accuracy - result.micro_accuracy)
     elif y is not None:
         result.notes.append("no Keras model to compare with: pass keras_model= for the accuracy drop")

@@ -140,7 +140,8 @@ def _replies(proc: subprocess.Popen[bytes], count: int) -> list[str]:
     Read unbuffered from the pipe, so that a line already read is never waited for again.
     """
     assert proc.stdout is not None
-    fd, pending, replies = proc.stdout.fileno(), b"", []
+    fd, pending = proc.stdout.fileno(), b""
+    replies: list[str] = []
     while len(replies) < count:
         ready, _, _ = select.select([fd], [], [], _REPLY_SECONDS)
         if not ready:

@@ -113,7 +113,8 @@ def save_checkpoint(out_dir: str | os.PathLike[str], leaves: Sequence[Any], *, r
     """Writes the state's ``leaves`` after ``round_num`` into ``out_dir/checkpoint.npz`` (atomically); the
     checkpoint it replaces becomes ``checkpoint.previous.npz`` (when it can be read)."""
     buffer = io.BytesIO()
-    arrays = {f"leaf_{i:05d}": np.asarray(v) for i, v in enumerate(leaves)}
+    # (Any: numpy's stubs read savez's keywords as its own options, not as arrays)
+    arrays: dict[str, Any] = {f"leaf_{i:05d}": np.asarray(v) for i, v in enumerate(leaves)}
     meta = json.dumps({"round": round_num, "fingerprint": fingerprint, "config": config, "history": history})
     np.savez(buffer, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8), **arrays)
     path = Path(out_dir) / CHECKPOINT_FILE

@@ -260,7 +260,7 @@ class SimulationConfig:
         """``(fewest participants a round needs, why)``: the registered aggregator's (1 for none, or a TFF factory)."""
         from tensorfleet.federated.aggregators import AGGREGATORS
 
-        return AGGREGATORS.get(name).fewest_clients(options) if name in AGGREGATORS else (1, "")
+        return AGGREGATORS.get(name).fewest_clients(options) if name is not None and name in AGGREGATORS else (1, "")
 
     @staticmethod
     def _check_aggregator(aggregator: Any, options: dict[str, Any],
@@ -303,7 +303,7 @@ class SimulationConfig:
             "rounds": self.rounds, "clients_per_round": self.clients_per_round, "seed": self.seed,
             "batch_size": self.batch_size, "local_epochs": self.local_epochs, "dropout": self.dropout,
             "straggler_deadline": self.straggler_deadline, "client_speed": self.client_speed,
-            "backend": self.backend.value,
+            "backend": Backend(self.backend).value,  # a Backend after __post_init__
             # Options declared since, recorded when not at their defaults (earlier checkpoints keep their
             # fingerprints): every option the declaration marks as changing the trajectory is recorded.
             **{name: getattr(self, name) for name, info in declared(type(self)).items()

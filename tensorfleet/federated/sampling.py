@@ -105,8 +105,9 @@ class ClientSampler:
             return len(self.clients.indices(cid))
         return int(self.clients.create_tf_dataset_for_client(cid).reduce(0, lambda c, _: c + 1))
 
-    def sample(self, round_num: int) -> dict[str, list[str]]:
-        """The clients of round ``round_num``: sampled, dropped out, stragglers, participants."""
+    def sample(self, round_num: int) -> dict[str, Any]:
+        """The clients of round ``round_num``: sampled, dropped out, stragglers, participants (lists of ids),
+        and ``work``: the examples each partial straggler gets through."""
         rng = np.random.default_rng([self.config.seed, round_num])
         picked = rng.choice(len(self.train_ids), size=self.config.clients_per_round, replace=False)
         sampled = [self.train_ids[i] for i in sorted(picked)]

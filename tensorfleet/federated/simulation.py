@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -230,7 +231,7 @@ class Simulation:
         for client_id, (x, y) in data.items():
             weights, own = self.rounds.client_weights(str(client_id))
             weights.assign_weights_to(model)
-            x, y = _check_test_data((x, y))
+            x, y = _check_xy(x, y)
             out[client_id] = {**self._evaluate(model, x, y), "own_bn": own}
         self.rounds.assign_weights_to(model)
         return out
@@ -306,6 +307,7 @@ class Simulation:
             if loaded is not None:
                 state, start_round, rounds = loaded
                 if start_round > self.config.rounds:
+                    assert self.config.out_dir is not None  # the checkpoint was read from it
                     raise checkpoint.CheckpointAheadError(self.config.out_dir, start_round, self.config.rounds)
                 self.history.rounds = [r for r in rounds if r["round"] <= start_round]
         self.state = state
@@ -374,7 +376,7 @@ class Simulation:
         import tensorflow as tf
 
         # TensorBoard appends to event files itself; they are logs, not results, so not atomic.
-        return tf.summary.create_file_writer(str(self.config.out_dir / "tensorboard"))
+        return tf.summary.create_file_writer(str(Path(self.config.out_dir) / "tensorboard"))
 
     def _log(self, writer: Any, record: dict[str, Any]) -> None:
         if writer is None:
@@ -407,9 +409,11 @@ def settle_backend(config: SimulationConfig, clients: Any, model: Any = None) ->
 
 
 def _check_test_data(test_data: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray] | None:
-    if test_data is None:
-        return None
-    x_test, y_test = (np.asarray(a) for a in test_data)
+    return None if test_data is None else _check_xy(*test_data)
+
+
+def _check_xy(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    x_test, y_test = np.asarray(x), np.asarray(y)
     if len(x_test) != len(y_test):
         raise ValueError(f"test_data x and y must have the same length. Received: {len(x_test)} and {len(y_test)}")
     return x_test, y_test

@@ -166,15 +166,17 @@ class _Task:
         return self.future is None or self.future.set_running_or_notify_cancel()
 
     def answer(self, outcome: dict | BaseException) -> None:
-        if self.future is None:
+        future = self.future
+        if future is None:
+            assert self.done is not None  # a task has a future or a callable to tell (__init__)
             try:
                 self.done(outcome)
             except Exception:  # the caller's callable failed: the batch thread lives on, as a future's would
                 _LOG.exception("the callable told a batched request's outcome raised")
         elif isinstance(outcome, BaseException):
-            self.future.set_exception(outcome)
+            future.set_exception(outcome)
         else:
-            self.future.set_result(outcome)
+            future.set_result(outcome)
 
 
 QUIET_GAPS = 2.0  # adaptive: arrivals have paused after this many mean gaps without a request (beyond
@@ -307,7 +309,8 @@ class Batcher:
             self._want = self.options.max_batch_size + 1
             self._peaks.append(self._peak)
             self._peak = self._in_flight
-            batch, rows = [], 0
+            batch: list[_Task] = []
+            rows = 0
             while self._tasks and (not batch or rows + self._tasks[0].rows <= self.options.max_batch_size):
                 task = self._tasks.popleft()
                 batch.append(task)

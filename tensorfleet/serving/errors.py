@@ -57,6 +57,7 @@ def as_serving_error(exc: BaseException) -> ServingError:
     """
     if isinstance(exc, ServingError):
         return exc
-    code = _TF_CODES.get(getattr(exc, "error_code", None), Code.INTERNAL)
+    error_code = getattr(exc, "error_code", None)
+    code = _TF_CODES.get(error_code, Code.INTERNAL) if isinstance(error_code, int) else Code.INTERNAL
     message = getattr(exc, "message", None) or str(exc)
     return ServingError(f"{type(exc).__name__}: {message}", code)

@@ -23,7 +23,7 @@ from tensorflow_serving.apis import (
 )
 
 from tensorfleet.serving.errors import ServingError, as_serving_error
-from tensorfleet.serving.predictor import Predictor
+from tensorfleet.serving.router import Front
 
 __all__ = ["GrpcServer", "ModelStatusServicer", "PredictionServicer"]
 
@@ -56,7 +56,7 @@ def _spec(request: Any) -> tuple[str, int | None, str | None, str | None]:
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """``tensorflow.serving.PredictionService`` over a :class:`~tensorfleet.serving.predictor.Predictor`."""
 
-    def __init__(self, predictor: Predictor, *, timeout: float = 60.0) -> None:
+    def __init__(self, predictor: Front, *, timeout: float = 60.0) -> None:
         self.predictor = predictor
         self.timeout = timeout
 
@@ -105,7 +105,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 class ModelStatusServicer(model_service_pb2_grpc.ModelServiceServicer):
     """``tensorflow.serving.ModelService.GetModelStatus`` (reloading config is not served)."""
 
-    def __init__(self, predictor: Predictor) -> None:
+    def __init__(self, predictor: Front) -> None:
         self.predictor = predictor
         self.repository = predictor.repository
 
@@ -126,7 +126,7 @@ class ModelStatusServicer(model_service_pb2_grpc.ModelServiceServicer):
 class GrpcServer:
     """The gRPC front: grpcio's server on ``host:port`` with both services."""
 
-    def __init__(self, predictor: Predictor, host: str, port: int, *, max_message_bytes: int = 4 << 20,
+    def __init__(self, predictor: Front, host: str, port: int, *, max_message_bytes: int = 4 << 20,
                  workers: int = 16, drain_seconds: float = 10.0) -> None:
         self.host, self.port, self.drain_seconds = host, port, drain_seconds
         self._server = grpc.server(

@@ -57,7 +57,7 @@ class Pending:
         """Hands ``reply`` to the connection that waits for it (the first call only counts)."""
         if self.reply is None:
             self.reply = reply
-            if self._connection is not None:
+            if self._connection is not None and self._slot is not None:  # set together by _deliver_to
                 self._connection._fill(self._slot, reply)
 
     def _deliver_to(self, connection: _Connection, slot: _Slot) -> None:
@@ -97,7 +97,8 @@ class _Slot:
     __slots__ = ("path", "start", "reply", "close")
 
     def __init__(self, path: str, close: bool) -> None:
-        self.path, self.start, self.reply, self.close = path, time.perf_counter(), None, close
+        self.path, self.start, self.close = path, time.perf_counter(), close
+        self.reply: Reply | None = None
 
 
 class _Connection(asyncio.Protocol):
@@ -189,6 +190,7 @@ class _Connection(asyncio.Protocol):
         slot.reply = reply
         while self.slots and self.slots[0].reply is not None:
             done = self.slots.popleft()
+            assert done.reply is not None  # the loop's condition (mypy does not carry it past popleft)
             close = done.close or (self.server.draining and not self.slots)
             if not self.closing:
                 self.transport.write(_head(done.reply.status, done.reply.content_type, len(done.reply.body), close)

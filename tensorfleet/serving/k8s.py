@@ -234,7 +234,7 @@ def serving_manifests(*, name: str, image: str, namespace: str = "default", scal
                             volumes=volumes),
             kube.service(name, namespace=namespace, labels=labels,
                          ports={"grpc": server.grpc_port, "rest": server.rest_port})]
-    if scaling.autoscaled:
+    if scaling.min_replicas is not None and scaling.max_replicas is not None:  # scaling.autoscaled
         docs.append(autoscaler(name, namespace=namespace, labels=labels, min_replicas=scaling.min_replicas,
                                max_replicas=scaling.max_replicas, target_cpu=scaling.target_cpu))
     validate(docs)

@@ -69,6 +69,13 @@ class ScalingOptions:
     def elastic(self) -> bool:
         return self.min_replicas is not None
 
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """The fewest and most replicas: ``(min_replicas, max_replicas)`` when elastic, else ``replicas`` twice."""
+        if self.min_replicas is None or self.max_replicas is None:
+            return self.replicas, self.replicas
+        return self.min_replicas, self.max_replicas
+
 
 @dataclass(frozen=True)
 class StageOptions:

@@ -72,8 +72,8 @@ class Predictor:
         # elastic serving starts at min_replicas; at 0 (scale to zero) a request starts the first
         # replica on a standby process (TensorFlow imported, shared by the server's models)
         elastic = scaling.elastic
-        self.replicas = self.min_replicas = scaling.min_replicas if elastic else scaling.replicas
-        self.max_replicas = scaling.max_replicas if elastic else scaling.replicas
+        self.min_replicas, self.max_replicas = scaling.bounds
+        self.replicas = self.min_replicas
         self.replicated = elastic or scaling.replicas > 0
         self._own_standby = standby is None and self.min_replicas == 0 and self.replicated
         self.standby = StandbySupply() if self._own_standby else standby
@@ -147,6 +147,7 @@ class Predictor:
         else:
             raise ServingError(f"The versions of {model!r} are changing too fast; retry.", Code.UNAVAILABLE)
         version_run = servable.version
+        future: Future | None
         finished = None
         if done is not None:
             def finished(outcome: dict | BaseException) -> None:
@@ -190,6 +191,7 @@ class Predictor:
             return batcher
         with self._lock:
             if key not in self._batchers:
+                assert self.batching is not None  # only a batching predictor asks for its batchers
                 run = self._runner(servable)
                 self._batchers[key] = Batcher(lambda arrays: run(signature, arrays), self.batching,
                                               name=f"batch-{servable.name}-{servable.version}")
@@ -263,7 +265,8 @@ class Predictor:
         self._pool.shutdown(wait=True)
         for scaler in self.autoscalers.values():
             scaler.stop()
-        for pool in [*self.pools.values(), *self.staged.values()]:
-            pool.close()
-        if self._own_standby:
+        runners: list[ReplicaPool | StagedRunner] = [*self.pools.values(), *self.staged.values()]
+        for runner in runners:
+            runner.close()
+        if self._own_standby and self.standby is not None:
             self.standby.close()

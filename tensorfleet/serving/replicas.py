@@ -130,6 +130,7 @@ class _FairQueue:
                 if not waiter.event.is_set():
                     self._waiters.remove(waiter)
                     raise queue.Empty
+        assert waiter.item is not None  # put() sets it before the event
         return waiter.item
 
     def oldest_wait(self) -> float:
@@ -224,8 +225,8 @@ class ReplicaPool:
             return Replica(index, self.name, self.version, self.path, intra_op_threads=self.intra_op_threads,
                            standby=standby)
         finally:
-            if standby is not None:  # the next standby imports TensorFlow once this replica is up, not meanwhile
-                self._standby.refill()
+            if self._standby is not None and standby is not None:  # the next standby imports TensorFlow once
+                self._standby.refill()                              # this replica is up, not meanwhile
 
     def _cold_start(self) -> None:
         """Starts a replica in the background when there is none and none is starting (a call waits)."""
@@ -241,6 +242,7 @@ class ReplicaPool:
                 with self._lock:
                     self.cold_starts.append((began, time.monotonic() - began))
                 replica = self.last_started
+                assert replica is not None  # grow() set it
                 self.log(f"cold start of {self.name!r} v{self.version}: a replica ready in "
                          f"{time.monotonic() - began:.2f}s (SavedModel load {replica.load_seconds:.2f}s, "
                          f"{replica.warmup_records} warm-up records {replica.warmup_seconds:.2f}s)")

@@ -27,12 +27,13 @@ import numpy as np
 
 from tensorfleet.serving.errors import ServingError, as_serving_error
 from tensorfleet.serving.http import HttpServer, Pending, Reply
-from tensorfleet.serving.predictor import Predictor
+from tensorfleet.serving.router import Front
 from tensorfleet.serving.servable import Servable, Signature
 
 __all__ = ["ROUTES", "RestApi", "RestServer", "decode_body", "encode_reply", "parse_predict_body", "predict_reply",
            "read_instances", "status_reply"]
 
+_orjson: Any
 try:  # JSON in and out of :predict several times faster than the json module (an optional speed-up)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - orjson is in the lock file
@@ -254,7 +255,7 @@ class RestApi:
     """TF Serving's REST API over a :class:`~tensorfleet.serving.predictor.Predictor`:
     ``(method, path, body)`` in, a :class:`~tensorfleet.serving.http.Reply` (or a pending one) out."""
 
-    def __init__(self, predictor: Predictor, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, predictor: Front, loop: asyncio.AbstractEventLoop) -> None:
         self.predictor = predictor
         self.repository = predictor.repository
         self._completions = _Completions(loop)
@@ -351,7 +352,7 @@ class RestApi:
         except ServingError:
             return None, None
         signature = servable.signatures.get("serving_default")
-        if signature is None or signature.row_shape is None:
+        if signature is None or signature.row_shape is None or signature.row_input is None:  # set together
             return servable, None
         array = read_instances(raw, signature.row_shape)
         return servable, None if array is None else {signature.row_input: array}
@@ -387,7 +388,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class RestServer:
     """The REST front on its own thread and event loop; :meth:`stop` drains in-flight requests."""
 
-    def __init__(self, predictor: Predictor, host: str, port: int, *, max_body_bytes: int = 4 << 20,
+    def __init__(self, predictor: Front, host: str, port: int, *, max_body_bytes: int = 4 << 20,
                  drain_seconds: float = 10.0) -> None:
         self.host, self.port, self.drain_seconds = host, port, drain_seconds
         self._loop = new_event_loop()

@@ -9,14 +9,14 @@ family each) and ``ready``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 from tensorfleet.serving.errors import Code, ServingError
 from tensorfleet.serving.predictor import Prediction, Predictor
 from tensorfleet.serving.repository import ModelRepository
 from tensorfleet.serving.servable import Servable
 
-__all__ = ["ModelRouter", "merge_metrics"]
+__all__ = ["Front", "ModelRouter", "merge_metrics"]
 
 
 def merge_metrics(texts: list[str]) -> str:
@@ -100,3 +100,7 @@ class ModelRouter:
     def submit(self, model: str, inputs: Mapping[str, Any], **options: Any) -> Prediction:
         self.repository._one(model)  # an unknown model: NOT_FOUND naming the served ones
         return self.predictors[model].submit(model, inputs, **options)
+
+
+# What the gRPC and REST fronts serve: one model's predictor, or the router of several (the same methods)
+Front = Union[Predictor, ModelRouter]

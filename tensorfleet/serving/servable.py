@@ -79,9 +79,12 @@ class Signature:
         # one input whose every size past the batch is known: the REST front reads its rows straight
         # into an array of that shape (tensorfleet.serving.rest.read_instances)
         only = next(iter(self.inputs.values())) if len(self.inputs) == 1 else None
-        known = only is not None and len(only.shape) >= 1 and all(d is not None and d > 0 for d in only.shape[1:])
-        self.row_input: str | None = only.name if known else None
-        self.row_shape: tuple[int, ...] | None = tuple(only.shape[1:]) if known else None
+        self.row_input: str | None = None
+        self.row_shape: tuple[int, ...] | None = None
+        if only is not None and len(only.shape) >= 1:
+            inner = [d for d in only.shape[1:] if d is not None and d > 0]
+            if len(inner) == len(only.shape) - 1:
+                self.row_input, self.row_shape = only.name, tuple(inner)
 
     def check(self, inputs: Mapping[str, np.ndarray], *, strict_dtype: bool = False) -> dict[str, np.ndarray]:
         """``inputs`` with every name, dtype and shape checked; the arrays returned share one batch size.

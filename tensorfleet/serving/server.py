@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from tensorfleet.serving.batching import BatchingOptions
 from tensorfleet.serving.grpc_api import GrpcServer
@@ -76,12 +76,13 @@ class ModelServer:
         self.stage_options = stages or StageOptions()
         self.max_request_bytes, self.drain_seconds = self.front.max_request_bytes, self.front.drain_seconds
         self.poll_seconds = number("poll_seconds", poll_seconds, minimum=0)
-        devices = self.stage_options.devices
+        devices: Sequence[str] | None = self.stage_options.devices
         if devices and self.stage_options.stages > 1:  # before loading starts TensorFlow's runtime
             devices = resolve_stage_devices(list(devices), self.stage_options.stages)
         if model_config_file is not None:
             entries = read_model_config(model_config_file)
         else:
+            assert base_path is not None  # one of the two (checked above)
             v = versions or VersionOptions()
             entries = [ModelEntry(model_name or Path(base_path).resolve().name, Path(base_path), v.policy.value,
                                   v.num_versions, v.versions, dict(v.labels))]
@@ -99,7 +100,8 @@ class ModelServer:
         self.watchers: list[VersionWatcher] = []
         self._stopped = threading.Event()
 
-    def _predictor(self, entry: ModelEntry, batching: BatchingOptions | None, devices: object) -> Predictor:
+    def _predictor(self, entry: ModelEntry, batching: BatchingOptions | None,
+                   devices: Sequence[str] | None) -> Predictor:
         repository = ModelRepository(entry.name, entry.base_path, policy=entry.policy, labels=entry.labels,
                                      num_versions=entry.num_versions, specific=entry.versions)
         stages = dataclasses.replace(self.stage_options, devices=tuple(devices) if devices else None)

@@ -237,7 +237,9 @@ class StagedRunner:
         job.done.wait()
         if job.error is not None:
             raise job.error
-        return {self.output_name: np.concatenate(job.results)}
+        results = [r for r in job.results if r is not None]
+        assert len(results) == len(job.results)  # every chunk finished without an error: each has its value
+        return {self.output_name: np.concatenate(results)}
 
     def close(self) -> None:
         for q in self._queues:

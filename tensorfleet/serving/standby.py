@@ -65,6 +65,7 @@ def worker_main(conn: Any, intra_op_threads: int, background: bool = False) -> N
             signature, arrays = conn.recv()
         except (EOFError, OSError):
             return
+        reply: tuple[str, Any]
         try:
             reply = ("ok", servable.run(signature, arrays))
         except Exception as exc:  # the front turns it into the request's error

@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--hard-exit", action="store_true")
     args = parser.parse_args()
     last = None if args.until_training_ends else args.epochs
-    if evaluation(build_model, held_out(args.repeat), checkpoint_dir=args.checkpoint_dir, out=args.out,
+    if evaluation(build_model, held_out(args.repeat), checkpoint_dir=args.checkpoint_dir, out_dir=args.out,
                   monitor="accuracy", last_checkpoint=last, force=not args.launched,
                   log=lambda line: print(f"evaluator: {line}", flush=True)):
         return 0

@@ -41,8 +41,18 @@ def _wait_for_rows(out: Path, count: int, process: subprocess.Popen, timeout: fl
 
 def test_a_training_task_returns_false_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
-    assert evaluation(build_model, None, checkpoint_dir=tmp_path, out=tmp_path / "eval") is False
+    assert evaluation(build_model, None, checkpoint_dir=tmp_path, out_dir=tmp_path / "eval") is False
     assert not (tmp_path / "eval").exists()
+
+
+def test_out_is_the_older_name_of_out_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
+    with pytest.warns(DeprecationWarning, match=r"^evaluation: 'out' is now 'out_dir'; the older name will stop"):
+        assert evaluation(build_model, None, checkpoint_dir=tmp_path, out=tmp_path / "eval") is False
+    with pytest.warns(DeprecationWarning, match=r"^evaluated_checkpoints: 'out' is now 'out_dir'"):
+        assert evaluated_checkpoints(out=tmp_path) == []
+    with pytest.raises(ValueError, match=r"\bout\b.*\bout_dir\b"):
+        evaluation(build_model, None, checkpoint_dir=tmp_path, out=tmp_path, out_dir=tmp_path)
 
 
 @pytest.mark.timeout(120)

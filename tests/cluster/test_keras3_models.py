@@ -38,7 +38,7 @@ def test_the_side_car_evaluator_evaluates_each_checkpoint_of_a_keras3_model(kera
     for epochs in (2, 3):
         trained.fit(x, y, batch_size=16, epochs=epochs, initial_epoch=epochs - 2 if epochs == 2 else 2, verbose=0,
                     shuffle=False, callbacks=[checkpoint_callback(tmp_path / "ckpt", keras="keras3"), Keep()])
-        assert evaluation(model_fn, (x, y), checkpoint_dir=tmp_path / "ckpt", out=tmp_path / "eval",
+        assert evaluation(model_fn, (x, y), checkpoint_dir=tmp_path / "ckpt", out_dir=tmp_path / "eval",
                           last_checkpoint=epochs, force=True, log=lines.append)
     rows = evaluated_checkpoints(tmp_path / "eval")
     assert [(r["checkpoint"], r["step"]) for r in rows] == [(2, 8), (3, 12)], lines

@@ -63,8 +63,8 @@ class DPPart(AggregatorPart):
                                  f"{self.clients_per_round}; raise clients_per_round or lower noise_multiplier.")
             self.value_noise = (noise ** -2 - (2 * self.count_stddev) ** -2) ** -0.5 if noise > 0 else 0.0
 
-    def initial_state(self) -> dict[str, np.ndarray]:
-        return {"clip": np.float32(self.clip)}
+    def initial_state(self) -> dict[str, Any]:
+        return {"clip": np.float32(self.clip)}  # a numpy scalar
 
     def client(self, update: Any, weight: Any, state: dict[str, Any], ctx: RoundContext) -> tuple[Any, Any]:
         import tensorflow as tf

@@ -130,7 +130,7 @@ def _factory_class() -> type:
     """:class:`CompressionFactory`, made on first use: its base class is TFF's."""
     from tensorfleet.compat.tff import import_tff
 
-    tff = import_tff("CompressionFactory (the compression aggregator of the tff backend)")
+    tff: Any = import_tff("CompressionFactory (the compression aggregator of the tff backend)")  # a base class
 
     class CompressionFactory(Compression, tff.aggregators.UnweightedAggregationFactory):
         """Unweighted sum of compressed client values (TFF); takes the arguments of :class:`Compression`."""

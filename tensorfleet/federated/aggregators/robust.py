@@ -151,7 +151,7 @@ def _factory_class() -> type:
     """:class:`RobustFactory`, made on first use: its base class is TFF's."""
     from tensorfleet.compat.tff import import_tff
 
-    tff = import_tff("RobustFactory (the robust aggregators of the tff backend)")
+    tff: Any = import_tff("RobustFactory (the robust aggregators of the tff backend)")  # a base class here
 
     class RobustFactory(RobustStatistic, tff.aggregators.UnweightedAggregationFactory):
         """An unweighted TFF aggregation factory applying a :class:`RobustStatistic`'s rule to client updates.

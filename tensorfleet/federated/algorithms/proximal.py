@@ -50,7 +50,7 @@ def _optimizer_class() -> type:
     """:class:`ProximalOptimizer`, made on first use: its base class is TFF's."""
     from tensorfleet.compat.tff import import_tff
 
-    tff = import_tff("ProximalOptimizer (FedProx on the tff backend)")
+    tff: Any = import_tff("ProximalOptimizer (FedProx on the tff backend)")  # its classes are bases here
 
     class ProximalOptimizer(tff.learning.optimizers.Optimizer):
         """``optimizer`` stepping on ``F_k(w) + mu/2 * ||w - w_t||^2``, with ``w_t`` the weights of its first step.

@@ -126,5 +126,5 @@ def worker_addresses(service: str = "tff-workers", *, namespace: str = "default"
     except socket.gaierror as exc:
         raise ValueError(f"The worker Service's name does not resolve ({exc.strerror}); is this inside the cluster "
                          f"and are workers ready? Received: {host!r}") from None
-    ips = sorted({info[4][0] for info in infos})
+    ips = sorted({str(info[4][0]) for info in infos})
     return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]

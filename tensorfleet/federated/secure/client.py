@@ -94,12 +94,16 @@ class SecAggClient:
         self._channels: dict[int, bytes] = {}
         self.saturated = 0
 
+    def _sign(self, payload: bytes) -> bytes:
+        assert self._identity is not None  # a malicious-server round has one (__init__); only it signs
+        return self._identity.sign(payload)
+
     def advertise(self) -> AdvertisedKeys:
         cipher, mask = self._cipher.public, self._mask.public
         if not self._settings.malicious:
             return AdvertisedKeys(self.client, cipher, mask)
         payload = keys_payload(self._settings.round_num, self.client, cipher, mask)
-        return AdvertisedKeys(self.client, cipher, mask, self._identity.sign(payload))
+        return AdvertisedKeys(self.client, cipher, mask, self._sign(payload))
 
     def _check_signed(self, keys: AdvertisedKeys) -> None:
         registered = self._pki.get(keys.client)
@@ -194,7 +198,7 @@ class SecAggClient:
                                         f"list must hold it and at least {needed} clients. Received: "
                                         f"{sorted(request.survivors)[:20]}")
         self._signed = request.survivors
-        return SurvivorSignature(self.client, self._identity.sign(
+        return SurvivorSignature(self.client, self._sign(
             survivors_payload(self._settings.round_num, request.survivors)))
 
     def _check_view(self, request: UnmaskRequest, proof: SignedSurvivors | None) -> None:

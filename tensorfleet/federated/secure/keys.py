@@ -32,7 +32,8 @@ __all__ = ["KEY_BYTES", "SIGNATURE_BYTES", "Identity", "KeyPair", "decrypt", "de
 
 KEY_BYTES = 32
 SIGNATURE_BYTES = 64
-_RAW = {"encoding": serialization.Encoding.Raw, "format": serialization.PublicFormat.Raw}
+def _raw(public: X25519PublicKey | Ed25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class KeyPair:
 
     @classmethod
     def of(cls, private: X25519PrivateKey) -> "KeyPair":
-        return cls(private, private.public_key().public_bytes(**_RAW))
+        return cls(private, _raw(private.public_key()))
 
     def private_bytes(self) -> bytes:
         return self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
@@ -70,7 +71,7 @@ class Identity:
     @classmethod
     def generate(cls) -> "Identity":
         private = Ed25519PrivateKey.generate()
-        return cls(private, private.public_key().public_bytes(**_RAW))
+        return cls(private, _raw(private.public_key()))
 
     def sign(self, data: bytes) -> bytes:
         return self.private.sign(data)
@@ -111,7 +112,7 @@ def expand_mask(key: bytes, size: int, bits: int) -> np.ndarray:
     nbytes = size * dtype.itemsize
     out = np.empty(nbytes + 15, np.uint8)  # update_into wants room for a block more than it writes
     encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    encryptor.update_into(_zeros(nbytes), out)
+    encryptor.update_into(_zeros(nbytes), memoryview(out))
     return out[:nbytes].view(dtype)
 
 

@@ -201,7 +201,8 @@ class SecureAggregator:
         number("clip", self.clip, above=0)
         integer("bits", self.bits, minimum=2, maximum=MAX_BITS)
         number("threshold", self.threshold, minimum=0, below=1)
-        if integer("degree", self.degree, minimum=2, optional=True) is not None and self.degree % 2:
+        degree = integer("degree", self.degree, minimum=2, optional=True)
+        if degree is not None and degree % 2:
             raise ValueError(f"degree must be even (a ring joins each client to degree / 2 on either side). "
                              f"Received: degree={self.degree}")
         number("noise_multiplier", self.noise_multiplier, minimum=0)
@@ -230,6 +231,9 @@ class SecureAggregator:
         """Distributed DP's grid and noise for ``clients`` updates of ``size`` values (None: not distributed)."""
         if self.dp is not SecureDp.DISTRIBUTED:
             return None
+        return self._skellam_plan(clients, size)
+
+    def _skellam_plan(self, clients: int, size: int) -> SkellamPlan:
         return SkellamPlan.of(clip=self.clip, dp_clip=self.dp_clip, noise_multiplier=self.noise_multiplier,
                               bits=self.bits, clients=clients, size=size, min_survivors=self.min_survivors(clients))
 
@@ -244,7 +248,7 @@ class SecureAggregator:
                              noise=plan.client_mu if plan else 0.0, bound=plan.bound if plan else math.inf,
                              malicious=self.malicious)
 
-    def aggregate(self, updates: Sequence[Any], round_num: int, *, weights: Sequence[float] | None = None,
+    def aggregate(self, updates: Sequence[Any], round_num: int, *, weights: Sequence[float] | np.ndarray | None = None,
                   dropouts: Dropouts = Dropouts(), rng: np.random.Generator | None = None) -> SecureRound:
         """The mean of ``updates`` (flat float vectors of one length) over the clients whose masked
         vectors arrived, weighted by ``weights`` (examples; None: equal; ignored under DP, whose
@@ -304,7 +308,7 @@ class SecureAggregator:
             if size is None:
                 raise ValueError("The epsilon of distributed DP depends on the update's size (its rounding): pass "
                                  "size=. Received: size=None")
-            return self.skellam_plan(clients_per_round, integer("size", size, minimum=1)).epsilon(rounds=rounds,
+            return self._skellam_plan(clients_per_round, integer("size", size, minimum=1)).epsilon(rounds=rounds,
                                                                                                delta=delta)
         from tensorfleet.federated.aggregators.dp import epsilon
 

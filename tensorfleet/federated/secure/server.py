@@ -152,7 +152,7 @@ class SecAggServer:
             for owner, share in response.key_shares.items():
                 by_kind["key"].setdefault(owner, {})[response.client] = np.asarray(share)
         settings = self.settings
-        total = np.zeros(settings.length, settings.quantizer.dtype)
+        total: np.ndarray = np.zeros(settings.length, settings.quantizer.dtype)
         for u in survivors:
             total += self._masked[u]
             seed = self._secret(u, "self-mask seed", by_kind["self"].get(u, {}), responders)

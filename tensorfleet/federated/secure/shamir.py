@@ -54,6 +54,7 @@ def split(secrets: Sequence[bytes], xs: Sequence[int], *, threshold: int,
                          f"{_MAX_THRESHOLD}). Received: threshold={threshold}")
     words = np.stack([np.frombuffer(_checked(s), "<u2") for s in secrets]).astype(np.float64)  # [S, WORDS]
     shape = (threshold, len(secrets) * WORDS)
+    coefficients: np.ndarray
     if rng is None:  # 64 random bits mod P: a bias below 2 ** -42
         coefficients = (np.frombuffer(os.urandom(8 * shape[0] * shape[1]), np.uint64) % P).reshape(shape)
     else:
