@@ -46,18 +46,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _no_process_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In the fast tier, a test that starts a process fails at once, naming the fix: mark it slow."""
-    if not FAST_TIER or "slow" in request.keywords:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """In the fast tier, a test that starts a process fails at once, naming the fix: mark it slow. The guard spans
+    the item's whole set-up, so a module- or session-scoped fixture that starts one is caught too."""
+    if not FAST_TIER or "slow" in item.keywords:
+        yield
         return
     import subprocess
 
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        pytest.fail(f"{request.node.nodeid} starts a process ({args[1] if len(args) > 1 else kwargs.get('args')!r}); "
-                    "the fast tier (make test-fast) starts none: mark the test slow", pytrace=False)
+    original = subprocess.Popen.__init__
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        pytest.fail(f"{item.nodeid} starts a process ({args[1] if len(args) > 1 else kwargs.get('args')!r}), "
+                    "in the test or one of its fixtures; the fast tier (make test-fast) starts none: mark the test "
+                    "slow", pytrace=False)
+
+    subprocess.Popen.__init__ = refuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = original  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

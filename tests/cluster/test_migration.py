@@ -124,6 +124,7 @@ def test_chain_reads_every_example_once_and_continues_adam(chain: dict) -> None:
     assert "optimizer step 21" in "\n".join(last.output("worker:0"))
 
 
+@pytest.mark.slow  # its `chain` fixture launches the migrating job
 def test_bad_migrations_fail_before_start_and_leave_the_checkpoint(chain: dict, tmp_path: Path) -> None:
     directory = chain["directory"]
     before = _digest(directory)

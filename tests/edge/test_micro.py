@@ -18,6 +18,7 @@ def int8_validation(int8_artifact: Any, digits: Any) -> Any:
     return edge.validate_micro(int8_artifact, digits.x_test[:120], digits.y_test[:120], progress=False)
 
 
+@pytest.mark.slow  # its fixture runs the TFLite Micro checker, a process
 def test_int8_on_tflm_agrees_with_desktop_tflite_within_one_quantization_step(int8_validation: Any) -> None:
     # TFLite 2.14's reference kernels (tflite_runtime, the tff track) gave TFLM's outputs bit for bit;
     # LiteRT's and TF 2.21's round a requantization differently now and then: 1 of these 1,200 outputs
@@ -36,12 +37,14 @@ def test_int8_on_tflm_agrees_with_desktop_tflite_within_one_quantization_step(in
         f"within one quantization step, {1200 - v.mismatched_elements:,} of 1,200 outputs equal" in line)
 
 
+@pytest.mark.slow  # its fixture runs the TFLite Micro checker, a process
 def test_tflm_is_deterministic_run_against_itself(int8_artifact: Any, int8_validation: Any, digits: Any) -> None:
     first = run_micro(int8_artifact, digits.x_test[:40], arena_bytes=int8_validation.arena_bytes, progress=False)
     again = run_micro(int8_artifact, digits.x_test[:40], arena_bytes=64 * 1024, progress=False)
     assert first.dtype == np.int8 and np.array_equal(first, again)
 
 
+@pytest.mark.slow  # its fixture runs the TFLite Micro checker, a process
 def test_int8_accuracy_drop_against_keras_is_at_most_one_point(int8_validation: Any) -> None:
     v = int8_validation
     assert v.keras_accuracy is not None and v.micro_accuracy is not None
@@ -125,6 +128,7 @@ def test_op_tflm_lacks_is_named_with_advice(topk_artifact: Any) -> None:
     assert info.value.ops == ["TOPK_V2"]
 
 
+@pytest.mark.slow  # its fixture runs the TFLite Micro checker, a process
 def test_dynamic_range_model_is_rejected_as_hybrid(digits_artifacts: dict[str, Any]) -> None:
     with pytest.raises(edge.MicroIncompatibleError, match=r"dynamic-range \(hybrid\) ops .* CONV_2D #1, "
                                                           r"FULLY_CONNECTED #4\. TFLite Micro has no hybrid"):

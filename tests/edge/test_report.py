@@ -53,6 +53,7 @@ def test_too_small_target_says_why(int8_artifact: Any, int8_report: Any) -> None
     assert "does NOT fit" in rep.table()
 
 
+@pytest.mark.slow  # its fixture runs the TFLite Micro checker, a process
 def test_table_json_and_png(int8_report: Any, tmp_path: Path) -> None:
     table = int8_report.table()
     assert "FULLY_CONNECTED" in table and "337,536" in table
