@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, (r, workers) in enumerate(tqdm(runs, desc="throughput runs", file=sys.stderr)):
             result = launch(SCRIPT, [*common, "--batch-policy", "keep_global"], workers=workers,
                             recovery=Recovery(backup_dir=Path(scratch) / f"b{i}"), timeouts=Timeouts(timeout=300),
-                            output=TaskOutput(sink=None))
+                            output=TaskOutput(log=None))
             rates[workers].append(_throughput(result, args.epochs, args.examples_per_epoch))
             walls[workers].append(result.duration)
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
             with testing.faults(Fault("worker:1", r"^tensorfleet: epoch 3 step 2$")):
                 result = launch(SCRIPT, [*common, "--log-steps"], workers=2,
                                 recovery=Recovery(max_restarts=1, backoff=0.0, backup_dir=Path(scratch) / f"k{i}"),
-                                timeouts=Timeouts(timeout=300), output=TaskOutput(sink=None))
+                                timeouts=Timeouts(timeout=300), output=TaskOutput(log=None))
             kill = next(e.time for e in result.events if e.text.startswith("injecting fault"))
             resumed = result.first_time(r"^tensorfleet: resumed from backup at epoch 3$", task="worker:0", after=kill)
             epoch_done = result.first_time(r"^tensorfleet: epoch 3/\d+ end", task="worker:0", after=kill)

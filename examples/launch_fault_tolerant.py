@@ -29,7 +29,7 @@ def main() -> int:
             SCRIPT, ["--epochs", "6", "--examples-per-epoch", "256", "--log-steps"],
             workers=2, timeouts=Timeouts(timeout=300),
             recovery=Recovery(max_restarts=2, backoff=1.0, backup_dir=Path(scratch) / "backup"),
-            output=TaskOutput(sink=lambda line: print(line) if "step" not in line else None),
+            output=TaskOutput(log=lambda line: print(line) if "step" not in line else None),
         )
     print(f"\nexit status {result.returncode}, {result.restarts} restart(s), {result.duration:.1f} s")
     print(f"resumed at epoch {resumed_epoch(result.output('worker:0', attempt=1))}")

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "UnknownOptionError", "boolean", "choice", "optional_boolean", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
-    "port", "positive_int", "renamed", "take_renamed",
+    "port", "positive_int", "renamed", "renamed_field", "take_renamed",
 ]
 
 E = TypeVar("E", bound=Enum)
@@ -362,3 +362,29 @@ def renamed(**old_to_new: str | tuple[str, Callable[[Any], Any]]) -> Callable[[F
         wrapper.__renamed__ = {old: new for old, (new, _) in renames.items()}  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
     return decorate
+
+
+def renamed_field(owner: str, old: str, new: str, *, convert: Callable[[Any], Any] | None = None) -> property:
+    """A read-only attribute under the older name ``old`` of the field ``new`` of class ``owner``, for one release
+    (docs/glossary.md): it warns as :func:`take_renamed` does. ``convert`` turns the new value into the older
+    name's (``quiet`` is ``not verbose``).
+
+    Example:
+        >>> class Output:
+        ...     verbose = False
+        ...     quiet = renamed_field("Output", "quiet", "verbose", convert=lambda verbose: not verbose)
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     Output().quiet
+        True
+        >>> str(seen[0].message)
+        'Output.quiet is now Output.verbose; the older name will stop working in the next release.'
+    """
+    def read(self: Any) -> Any:
+        warnings.warn(f"{owner}.{old} is now {owner}.{new}; the older name will stop working in the next release.",
+                      DeprecationWarning, stacklevel=2)
+        value = getattr(self, new)
+        return convert(value) if convert is not None else value
+
+    return property(read, doc=f"The older name of :attr:`{new}`, for one release.")

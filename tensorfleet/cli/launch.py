@@ -167,7 +167,7 @@ def launch_command(
     if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
         script_args = script_args[1:]
     migration = {"strategy": strategy, "devices": devices, "workers": workers if "workers" in given else None,
-                 "ps": ps, "quiet": not verbose(ctx),
+                 "ps": ps, "verbose": verbose(ctx),
                  "changes": {"epochs": epochs, "global_batch_size": global_batch_size, "policy": batch_policy,
                              "stop_at_step": stop_at_step, "save_every": save_every, "scale_lr": scale_lr}}
     if mode == SHARE:
@@ -202,7 +202,7 @@ def launch_command(
         script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list, mode=mode_option,
         recovery=Recovery(max_restarts=max_restarts, backoff=backoff, backup_dir=backup_dir),
         timeouts=Timeouts(timeout=timeout, hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout),
-        output=TaskOutput(quiet=not verbose(ctx)), command=TaskCommand(env=env, runner=runner), check=False, mesh=mesh,
+        output=TaskOutput(verbose=verbose(ctx)), command=TaskCommand(env=env, runner=runner), check=False, mesh=mesh,
     )
     _finish(result)
     if profile_steps is not None:
@@ -280,7 +280,7 @@ def _finish(result: Any) -> None:
 
 
 def _migrate(script: Path, args: list[str], *, strategy: MigrationStrategy | None, devices: int, workers: int | None,
-             ps: int, directory: Path | None, resume: bool, changes: dict[str, Any], quiet: bool,
+             ps: int, directory: Path | None, resume: bool, changes: dict[str, Any], verbose: bool,
              launch: dict[str, Any]) -> Any:
     """Runs a migratable job (see :func:`tensorfleet.cluster.migration.migrate`) with the launcher's options
     ``launch`` (restarts, time-outs, ports, what a restart restarts)."""
@@ -296,7 +296,7 @@ def _migrate(script: Path, args: list[str], *, strategy: MigrationStrategy | Non
             raise MigrationError("--checkpoint-dir starts a migratable job: give its --strategy too.")
         strategy = MigrationStrategy(progress.strategy)
     to, run = _placement_and_run(strategy, devices, workers, ps, progress, changes)
-    return migrate(script, directory, to=to, run=run, resume=resume, check=False, sink=_echo, quiet=quiet, args=args,
+    return migrate(script, directory, to=to, run=run, resume=resume, check=False, log=_echo, verbose=verbose, args=args,
                    **launch)
 
 
@@ -348,7 +348,7 @@ def _shared_jobs(shares: list[float], script: Path | None,
 
 def _share(jobs: list[tuple[float, Path, list[str]]], *, directory: Path | None, quantum: int,
            timeline: Path | None, timeout: float | None, strategy: MigrationStrategy | None, devices: int,
-           workers: int | None, ps: int, changes: dict[str, Any], quiet: bool) -> tuple[Any, list[str], Path | None]:
+           workers: int | None, ps: int, changes: dict[str, Any], verbose: bool) -> tuple[Any, list[str], Path | None]:
     """Runs the jobs time-sliced by their shares (:func:`tensorfleet.cluster.multiplex.share`); the result,
     the jobs' names and the timeline written (``None`` when a job failed before its first step)."""
     from tensorfleet.cluster.contract import STEP_DONE
@@ -375,11 +375,11 @@ def _share(jobs: list[tuple[float, Path, list[str]]], *, directory: Path | None,
 
     def echo(line: str) -> None:  # "[job 0] [worker:0] ..." -> "[a] [worker:0] ..."
         index, _, rest = line[len("[job "):].partition("] ")
-        if quiet and STEP_DONE.read(rest) is not None:
+        if not verbose and STEP_DONE.read(rest) is not None:
             return  # the scheduler's step marks: the summary counts them
         typer.echo(f"[{names[int(index)]}] {rest}")
 
-    result = share(shared, quantum=quantum, sink=echo, timeout=timeout)
+    result = share(shared, quantum=quantum, log=echo, timeout=timeout)
     if not all(result.steps):
         return result, names, None
     return result, names, result.plot(timeline, names=[f"{n} (share {f:g})" for n, (f, _, _) in zip(names, jobs)])

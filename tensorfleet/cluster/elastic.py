@@ -27,7 +27,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from tensorfleet.cluster.contract import ENV_BATCH_POLICY, ENV_SCALE_LR, ENV_STOP_AFTER_EPOCH
-from tensorfleet.validation import choice, positive_int
+from tensorfleet.validation import choice, positive_int, renamed
 
 if TYPE_CHECKING:
     from tensorfleet.cluster.result import LaunchResult
@@ -99,6 +99,7 @@ class ElasticPhase:
     until_epoch: int | None = None
 
 
+@renamed(sink="log")
 def launch_elastic(
     script: str | os.PathLike[str],
     args: Sequence[str] = (),
@@ -106,7 +107,7 @@ def launch_elastic(
     phases: Sequence[ElasticPhase],
     backup_dir: str | os.PathLike[str],
     policy: BatchPolicy | str = BatchPolicy.KEEP_GLOBAL,
-    sink: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
     scale_lr: str | None = None,
     **launch_kwargs: Any,
 ) -> list[LaunchResult]:
@@ -123,7 +124,7 @@ def launch_elastic(
 
     ``launch_kwargs`` are more of :func:`~tensorfleet.cluster.launcher.launch`'s options (``timeouts``,
     ``recovery``, ``command``, ``output``, ``ports``, ...); every phase gets ``backup_dir`` as its
-    ``recovery.backup_dir``, and ``sink`` unless ``output`` is given.
+    ``recovery.backup_dir``, and ``log`` unless ``output`` is given.
 
     Returns:
         One :class:`~tensorfleet.cluster.result.LaunchResult` per phase.
@@ -138,7 +139,7 @@ def launch_elastic(
     _check_phases(phases)
     command = launch_kwargs.pop("command", None) or TaskCommand()
     recovery = replace(launch_kwargs.pop("recovery", None) or Recovery(), backup_dir=backup_dir)
-    output = launch_kwargs.pop("output", None) or TaskOutput(sink=sink)
+    output = launch_kwargs.pop("output", None) or TaskOutput(log=log)
     base_env = dict(command.env or {})
     base_env[ENV_BATCH_POLICY] = _resolve_policy(policy).value
     if scale_lr is not None:

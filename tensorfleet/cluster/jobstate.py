@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorfleet.io import write_json
+from tensorfleet.validation import renamed
 
 __all__ = ["LATEST", "CheckpointError", "JobProgress", "check_same_keras", "epoch_order", "fingerprint", "latest",
            "new_rng_state", "read_state", "seed_job", "step_directory"]
@@ -139,7 +140,8 @@ def fingerprint(model: Any) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def check_same_keras(state: JobProgress, model: Any, directory: str | os.PathLike[str]) -> None:
+@renamed(directory="out_dir")
+def check_same_keras(state: JobProgress, model: Any, out_dir: str | os.PathLike[str]) -> None:
     """Refuses to continue ``state`` with a model of the other Keras: Keras 3 and tf_keras name a model's and an
     optimizer's variables differently in a checkpoint, so neither restores the other's.
 
@@ -151,21 +153,23 @@ def check_same_keras(state: JobProgress, model: Any, directory: str | os.PathLik
     mine = keras_of(model, "a migratable job's build_model()").value
     if state.keras != mine:
         names = {Keras.KERAS2.value: "Keras 2 (tf_keras)", Keras.KERAS3.value: "Keras 3"}
-        raise CheckpointError(f"The checkpoint in {str(directory)!r} was written by a {names[state.keras]} model and "
+        raise CheckpointError(f"The checkpoint in {str(out_dir)!r} was written by a {names[state.keras]} model and "
                               f"this job's build_model() returns a {names[mine]} model: a job moves between "
                               "placements, not between Kerases. Resume it with the job as it was written, or start "
                               "this one in another directory.")
 
 
-def step_directory(directory: str | os.PathLike[str], step: int) -> Path:
-    return Path(directory) / f"step-{step:08d}"
+@renamed(directory="out_dir")
+def step_directory(out_dir: str | os.PathLike[str], step: int) -> Path:
+    return Path(out_dir) / f"step-{step:08d}"
 
 
-def latest(directory: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint of ``directory`` (None: it holds none)."""
-    pointer = Path(directory) / LATEST
-    if Path(directory).exists() and not Path(directory).is_dir():
-        raise CheckpointError(f"{str(directory)!r} is a file; expected the checkpoint directory of a migratable job.")
+@renamed(directory="out_dir")
+def latest(out_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint of ``out_dir`` (None: it holds none)."""
+    pointer = Path(out_dir) / LATEST
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise CheckpointError(f"{str(out_dir)!r} is a file; expected the checkpoint directory of a migratable job.")
     if not pointer.exists():
         return None
     if not pointer.is_file():
@@ -176,21 +180,22 @@ def latest(directory: str | os.PathLike[str]) -> Path | None:
     except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError too: another kind of file
         raise CheckpointError(f"{pointer} is not a migration checkpoint pointer ({type(exc).__name__}: {exc}). "
                               f"Received: {data[:200]!r}") from None
-    path = Path(directory) / name
+    path = Path(out_dir) / name
     if not (path / _STATE).exists():
         raise CheckpointError(f"{pointer} names {name!r}, which is incomplete or gone: {path} has no {_STATE}.")
     return path
 
 
-def read_state(directory: str | os.PathLike[str]) -> tuple[JobProgress, Path]:
-    """The state of the newest checkpoint in ``directory`` and that checkpoint's path.
+@renamed(directory="out_dir")
+def read_state(out_dir: str | os.PathLike[str]) -> tuple[JobProgress, Path]:
+    """The state of the newest checkpoint in ``out_dir`` and that checkpoint's path.
 
     Raises:
-        CheckpointError: ``directory`` holds no complete migration checkpoint.
+        CheckpointError: ``out_dir`` holds no complete migration checkpoint.
     """
-    path = latest(directory)
+    path = latest(out_dir)
     if path is None:
-        raise CheckpointError(f"No migration checkpoint to resume from in {str(directory)!r}: it has no {LATEST}. "
+        raise CheckpointError(f"No migration checkpoint to resume from in {str(out_dir)!r}: it has no {LATEST}. "
                               "Start the job without resume_from (it writes its checkpoints there), or name the "
                               "directory a migratable job wrote.")
     try:
@@ -203,15 +208,16 @@ def tf_checkpoint_prefix(path: str | os.PathLike[str]) -> str:
     return str(Path(path) / _CKPT)
 
 
-def write_checkpoint(directory: str | os.PathLike[str], state: JobProgress, checkpoint: Any, *, chief: bool) -> Path:
+@renamed(directory="out_dir")
+def write_checkpoint(out_dir: str | os.PathLike[str], state: JobProgress, checkpoint: Any, *, chief: bool) -> Path:
     """Writes ``checkpoint`` (a ``tf.train.Checkpoint``) and ``state`` as the newest checkpoint.
 
     Every task calls it (saving can read distributed variables); only the chief's files are kept,
     the others write to a scratch directory that is removed. The checkpoint is complete before
     ``latest.json`` names it.
     """
-    target = step_directory(directory, state.step)
-    scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=directory if chief else None))
+    target = step_directory(out_dir, state.step)
+    scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=out_dir if chief else None))
     try:
         checkpoint.write(tf_checkpoint_prefix(scratch))
         if not chief:
@@ -220,10 +226,10 @@ def write_checkpoint(directory: str | os.PathLike[str], state: JobProgress, chec
         if target.exists():
             shutil.rmtree(target)
         os.replace(scratch, target)
-        write_json(Path(directory) / LATEST, {"checkpoint": target.name, "step": state.step})
+        write_json(Path(out_dir) / LATEST, {"checkpoint": target.name, "step": state.step})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    _prune(Path(directory), keep=target.name)
+    _prune(Path(out_dir), keep=target.name)
     return target
 
 

@@ -12,7 +12,7 @@ together and checked when it is made, one clear error for a bad value:
 Example:
     >>> from tensorfleet.cluster.launcher import launch
     >>> launch("train.py", workers=2, recovery=Recovery(max_restarts=2, backup_dir="backup"),
-    ...        timeouts=Timeouts(hang_timeout=60), output=TaskOutput(sink=None))  # doctest: +SKIP
+    ...        timeouts=Timeouts(hang_timeout=60), output=TaskOutput(log=None))  # doctest: +SKIP
     >>> Recovery(max_restarts=-1)
     Traceback (most recent call last):
     ValueError: max_restarts must be an integer >= 0. Received: max_restarts=-1
@@ -20,19 +20,20 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from tensorfleet.validation import integer, number
+from tensorfleet.validation import integer, number, renamed, renamed_field
 
 __all__ = ["Recovery", "TaskCommand", "TaskOutput", "Timeouts"]
 
 
 def print_line(text: str) -> None:
-    """The default :attr:`TaskOutput.sink`: each line to this process's standard output, at once."""
+    """The default :attr:`TaskOutput.log`: each line to this process's standard output, at once."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
@@ -89,11 +90,12 @@ class TaskOutput:
     """Where the tasks' output lines go and how they are shown.
 
     Args:
-        sink: receives every prefixed output line (``[worker:1] ...``) and launcher event; ``None``
+        log: receives every prefixed output line (``[worker:1] ...``) and launcher event; ``None``
             keeps them only in the result. Default: this process's standard output.
-        quiet: leave TensorFlow's known start-up noise (:data:`tensorfleet.cluster.console.NOISE`) out
-            of what ``sink`` gets and of the log tail of an error; the result keeps every line.
-        progress_interval: a progress bar a task redraws with ``\\r`` (Keras' ``fit``) reaches ``sink`` as
+        verbose: also show TensorFlow's known start-up noise (:data:`tensorfleet.cluster.console.NOISE`);
+            by default it is left out of what ``log`` gets and of the log tail of an error. The result
+            keeps every line either way.
+        progress_interval: a progress bar a task redraws with ``\\r`` (Keras' ``fit``) reaches ``log`` as
             one line of its state at most this often (seconds), and its final state.
         stop_when: a regular expression; the first line of the chief's output (worker 0's without a
             chief) matching it stops the job on purpose (SIGTERM to all tasks); the result then has
@@ -101,14 +103,14 @@ class TaskOutput:
             line it prints after a backup means the backup is complete.
     """
 
-    sink: Callable[[str], None] | None = print_line
-    quiet: bool = True
+    log: Callable[[str], None] | None = print_line
+    verbose: bool = False
     progress_interval: float = 2.0
     stop_when: str | None = None
 
     def __post_init__(self) -> None:
-        if self.sink is not None and not callable(self.sink):
-            raise TypeError(f"sink must be a function of one line (str), or None. Received: sink={self.sink!r}")
+        if self.log is not None and not callable(self.log):
+            raise TypeError(f"log must be a function of one line (str), or None. Received: log={self.log!r}")
         number("progress_interval", self.progress_interval, minimum=0)
         if self.stop_when is not None:
             try:
@@ -116,6 +118,13 @@ class TaskOutput:
             except (re.error, TypeError) as exc:
                 raise ValueError(f"stop_when must be a regular expression ({exc}). "
                                  f"Received: stop_when={self.stop_when!r}") from None
+
+    sink = renamed_field("TaskOutput", "sink", "log")
+    quiet = renamed_field("TaskOutput", "quiet", "verbose", convert=operator.not_)
+
+
+TaskOutput.__init__ = renamed(sink="log", quiet=("verbose", operator.not_))(  # type: ignore[method-assign]
+    TaskOutput.__init__)
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,7 @@ def launch(
     if scratch is not None:
         task_env[ENV_TRAINING_ENDED] = os.path.join(scratch, "training-ended")
     job = LocalJob(spec=spec, mode=job_mode, argv=command.argv(str(script_path), args), env=task_env,
-                   sink=output.sink, stop_when=output.stop_when, quiet=output.quiet,
+                   log=output.log, stop_when=output.stop_when, verbose=output.verbose,
                    progress_interval=output.progress_interval)
     with forwarded_signals(job) as received:
         try:

@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import json
+import operator
 import os
 from dataclasses import dataclass, fields, replace
 from enum import Enum
@@ -56,7 +57,7 @@ from tensorfleet.cluster.jobstate import CheckpointError, JobProgress, check_sam
 from tensorfleet.cluster.processes import JobMode
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.testing.hooks import active
-from tensorfleet.validation import choice, integer, positive_int
+from tensorfleet.validation import choice, integer, positive_int, renamed, renamed_field
 
 __all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "TaskOptions", "check_mesh_batches",
            "check_migration", "job_model", "migrate"]
@@ -180,7 +181,7 @@ class TaskOptions(RunOptions):
     The last three fields are :mod:`tensorfleet.testing`'s hooks (its ``equal_shares`` and ``slow_inputs``),
     which :meth:`of` takes from the hook point: no public signature carries them."""
 
-    directory: str
+    out_dir: str
     strategy: str
     devices: int = 1
     resume: bool = False
@@ -199,12 +200,15 @@ class TaskOptions(RunOptions):
         if self.slowdown is not None:  # a tuple, also when read back from JSON
             object.__setattr__(self, "slowdown", tuple(float(f) for f in self.slowdown))
 
+    directory = renamed_field("TaskOptions", "directory", "out_dir")
+
     @classmethod
-    def of(cls, run: RunOptions, *, directory: str | os.PathLike[str], to: Placement, resume: bool) -> TaskOptions:
-        """The options of ``run`` under ``to``, with its checkpoints in ``directory`` (and the testing hooks set now)."""
+    @renamed(directory="out_dir")
+    def of(cls, run: RunOptions, *, out_dir: str | os.PathLike[str], to: Placement, resume: bool) -> TaskOptions:
+        """The options of ``run`` under ``to``, with its checkpoints in ``out_dir`` (and the testing hooks set now)."""
         shared = {f.name: getattr(run, f.name) for f in fields(RunOptions)}
         hooks = active()
-        return cls(**shared, directory=str(Path(directory).resolve()), strategy=to.strategy.value,
+        return cls(**shared, out_dir=str(Path(out_dir).resolve()), strategy=to.strategy.value,
                    devices=to.devices, resume=resume, equal_shares=hooks.equal_shares,
                    input_delay=hooks.input_delay, slowdown=hooks.slowdown)
 
@@ -225,20 +229,27 @@ class TaskOptions(RunOptions):
         if ENV_MIGRATION not in environ:
             raise ValueError(f"A migratable job's task reads its options from ${ENV_MIGRATION}, which is not set: "
                              "start it with tensorfleet.cluster.migration.migrate or 'tensorfleet launch --strategy'.")
-        return cls(**json.loads(environ[ENV_MIGRATION]))
+        record = json.loads(environ[ENV_MIGRATION])
+        if "directory" in record and "out_dir" not in record:  # written by the previous release
+            record["out_dir"] = record.pop("directory")
+        return cls(**record)
 
 
-def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: RunOptions,
+TaskOptions.__init__ = renamed(directory="out_dir")(TaskOptions.__init__)  # type: ignore[method-assign]
+
+
+@renamed(directory="out_dir")
+def check_migration(out_dir: str | os.PathLike[str], *, to: Placement, run: RunOptions,
                     model: Any = None, resume: bool = True,
                     memory_bytes: float | None = None) -> JobProgress | None:
     """Everything :func:`migrate` checks before it starts a process; returns the checkpoint's state.
 
     Args:
-        directory: the migration checkpoint directory.
+        out_dir: the migration checkpoint directory.
         to: the placement to continue under.
         run: the run's options (the batch policy decides whether ``to`` can divide the batch).
         model: the job's model, to compare with the checkpoint's fingerprint (None: not compared).
-        resume: whether ``directory`` must hold a checkpoint to continue from.
+        resume: whether ``out_dir`` must hold a checkpoint to continue from.
         memory_bytes: the memory one replica may use (default: this machine's memory divided by
             the replicas that share it), against the model's weights and optimizer slots.
 
@@ -267,12 +278,12 @@ def check_migration(directory: str | os.PathLike[str], *, to: Placement, run: Ru
         raise MigrationError(f"{to.describe()} cannot take the job's batch: {exc}") from None
     state = None
     if resume:
-        state, _ = read_state(directory)
+        state, _ = read_state(out_dir)
         check_mesh_batches(to, state.examples, batch)
         if model is not None:
-            check_same_keras(state, model, directory)
+            check_same_keras(state, model, out_dir)
         if model is not None and fingerprint(model) != state.fingerprint:
-            raise CheckpointError(f"The checkpoint in {str(directory)!r} is of another model (its fingerprint "
+            raise CheckpointError(f"The checkpoint in {str(out_dir)!r} is of another model (its fingerprint "
                                   f"{state.fingerprint}, this job's model {fingerprint(model)}). Resume it with "
                                   "the job that wrote it, or start this one in another directory.")
     parameters = state.parameters if state is not None else _parameters(model)
@@ -324,29 +335,30 @@ def job_model(job: Path, args: Sequence[str] = ()) -> Any:
     return load_job(job, args).build_model()
 
 
-def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, to: Placement,
+@renamed(directory="out_dir", sink="log", quiet=("verbose", operator.not_))
+def migrate(job: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, to: Placement,
             run: RunOptions | None = None, resume: bool | None = None, memory_bytes: float | None = None,
-            sink: Callable[[str], None] | None = None, quiet: bool = True,
+            log: Callable[[str], None] | None = None, verbose: bool = False,
             check: bool = True, timeout: float | None = None, args: Sequence[str] = (), max_restarts: int = 0,
             backoff: float = 1.0, hang_timeout: float | None = None, ports: Sequence[int] | None = None,
             mode: JobMode | str = JobMode.AUTO) -> LaunchResult:
-    """Runs (or continues) the migratable ``job`` under ``to``, with its checkpoints in ``directory``.
+    """Runs (or continues) the migratable ``job`` under ``to``, with its checkpoints in ``out_dir``.
 
     Args:
         job: a job file defining ``build_model()`` and ``data()`` (see :mod:`~tensorfleet.cluster.resumable`).
-        directory: the migration checkpoint directory; created if it does not exist.
+        out_dir: the migration checkpoint directory; created if it does not exist.
         to: the placement to run under.
         run: epochs, batch policy, seed, how often to save and where to stop (``stop_at_step``:
             the job saves there and ends with status 75, ready to move); default: when resuming,
             the checkpoint's (:meth:`RunOptions.from_progress`), else ``RunOptions()``.
             A SIGTERM or SIGINT to a task, or to this process, stops the job at the next step
             boundary, saved (see the module).
-        resume: continue from ``directory``'s checkpoint; default: when it holds one.
+        resume: continue from ``out_dir``'s checkpoint; default: when it holds one.
         args: the job file's arguments: its ``sys.argv[1:]`` while it is read and its functions run.
         max_restarts, backoff: restarts after a failure (see :class:`~tensorfleet.cluster.launch_options.Recovery`);
-            a restarted task continues from the job's last checkpoint in ``directory`` (``save_every``
+            a restarted task continues from the job's last checkpoint in ``out_dir`` (``save_every``
             sets how much a failure costs).
-        memory_bytes, sink, quiet, check, timeout, hang_timeout, ports, mode: see
+        memory_bytes, log, verbose, check, timeout, hang_timeout, ports, mode: see
             :func:`check_migration`, :func:`~tensorfleet.cluster.launcher.launch` and its groups.
 
     Returns:
@@ -367,16 +379,16 @@ def migrate(job: str | os.PathLike[str], directory: str | os.PathLike[str], *, t
     if not path.is_file():
         raise FileNotFoundError(f"The job file does not exist. Received: job={str(job)!r}")
     if resume is None:
-        resume = (Path(directory) / LATEST).exists()
+        resume = (Path(out_dir) / LATEST).exists()
     if run is None:
-        run = RunOptions.from_progress(read_state(directory)[0]) if resume else RunOptions()
-    check_migration(directory, to=to, run=run, model=job_model(path, args), resume=resume, memory_bytes=memory_bytes)
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    options = TaskOptions.of(run, directory=directory, to=to, resume=resume)
+        run = RunOptions.from_progress(read_state(out_dir)[0]) if resume else RunOptions()
+    check_migration(out_dir, to=to, run=run, model=job_model(path, args), resume=resume, memory_bytes=memory_bytes)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    options = TaskOptions.of(run, out_dir=out_dir, to=to, resume=resume)
     result = launch(path, args, workers=to.workers, ps=to.ps, ports=ports, mode=mode,
                     recovery=Recovery(max_restarts=max_restarts, backoff=backoff),
                     timeouts=Timeouts(timeout=timeout, hang_timeout=hang_timeout, grace=_STOP_GRACE),
-                    output=TaskOutput(sink=sink, quiet=quiet),
+                    output=TaskOutput(log=log, verbose=verbose),
                     command=TaskCommand(runner=("-m", "tensorfleet.cluster.resumable"),
                                         env={**options.to_env(), "TF_CPP_MIN_LOG_LEVEL": "2"}),
                     check=False)

@@ -33,7 +33,7 @@ from tensorfleet.cluster.contract import STEP_DONE, write_gate
 from tensorfleet.cluster.jobstate import LATEST
 from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, job_model, check_migration, migrate
 from tensorfleet.cluster.result import LaunchResult
-from tensorfleet.validation import positive_int
+from tensorfleet.validation import positive_int, renamed, renamed_field
 
 __all__ = ["ShareResult", "SharedJob", "share"]
 
@@ -42,12 +42,17 @@ class SharedJob:
     """One job of a shared set: what :func:`~tensorfleet.cluster.migration.migrate` takes, and its share."""
 
     job: str | os.PathLike[str]
-    directory: str | os.PathLike[str]
+    out_dir: str | os.PathLike[str]
     to: Placement
     run: RunOptions = RunOptions()
     share: float = 0.5
     #: The job file's arguments (see :func:`~tensorfleet.cluster.migration.migrate`).
     args: Sequence[str] = ()
+
+    directory = renamed_field("SharedJob", "directory", "out_dir")
+
+
+SharedJob.__init__ = renamed(directory="out_dir")(SharedJob.__init__)  # type: ignore[method-assign]
 
 
 @dataclass
@@ -103,14 +108,15 @@ def _check_shares(jobs: Sequence[SharedJob]) -> None:
                              f"(sum {sum(s for s in shares if isinstance(s, (int, float))):g})")
 
 
-def share(jobs: Sequence[SharedJob], *, quantum: int = 8, sink: Callable[[str], None] | None = None,
+@renamed(sink="log")
+def share(jobs: Sequence[SharedJob], *, quantum: int = 8, log: Callable[[str], None] | None = None,
           timeout: float | None = None) -> ShareResult:
     """Runs ``jobs`` at once on this machine, time-sliced at step boundaries by their shares.
 
     Args:
         jobs: the jobs, each with its placement, run options and share (the shares sum to 1).
         quantum: steps in one round of the scheduler, split between the jobs by their shares.
-        sink: receives every output line, prefixed with the job's index.
+        log: receives every output line, prefixed with the job's index.
         timeout: seconds each job may run.
 
     Raises:
@@ -120,8 +126,8 @@ def share(jobs: Sequence[SharedJob], *, quantum: int = 8, sink: Callable[[str], 
     _check_shares(jobs)
     positive_int("quantum", quantum)
     for job in jobs:  # every job is checked before any starts
-        check_migration(job.directory, to=job.to, run=job.run, model=job_model(Path(job.job), job.args),
-                        resume=(Path(job.directory) / LATEST).exists())
+        check_migration(job.out_dir, to=job.to, run=job.run, model=job_model(Path(job.job), job.args),
+                        resume=(Path(job.out_dir) / LATEST).exists())
     scratch = Path(tempfile.mkdtemp(prefix="tensorfleet-share-"))
     gates = [scratch / f"gate-{i}" for i in range(len(jobs))]
     done_steps: list[list[float]] = [[] for _ in jobs]
@@ -134,14 +140,14 @@ def share(jobs: Sequence[SharedJob], *, quantum: int = 8, sink: Callable[[str], 
             found = STEP_DONE.read(line)
             if found and line.startswith(("[worker:0]", "[chief:0]")):
                 done_steps[i].append(found["at"])
-            if sink is not None:
-                sink(f"[job {i}] {line}")
+            if log is not None:
+                log(f"[job {i}] {line}")
         return seen
 
     def run(i: int) -> None:
         job = jobs[i]
-        results[i] = migrate(job.job, job.directory, to=job.to, run=replace(job.run, gate=str(gates[i])),
-                             sink=watch(i), check=False, timeout=timeout, args=job.args)
+        results[i] = migrate(job.job, job.out_dir, to=job.to, run=replace(job.run, gate=str(gates[i])),
+                             log=watch(i), check=False, timeout=timeout, args=job.args)
 
     # Each job's thread runs in a copy of the caller's context (the hooks of tensorfleet.testing reach its launch).
     threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i), name=f"tensorfleet-share-{i}",

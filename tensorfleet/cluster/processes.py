@@ -6,7 +6,7 @@ A task's output is read as it comes, not line by line, so that a progress bar re
 ``\r`` (Keras' ``fit``) shows as its state every few seconds, one line each, instead of one
 line of every redraw at the end of the epoch (:class:`~tensorfleet.cluster.console.ProgressLines`);
 TensorFlow's known start-up noise (:func:`~tensorfleet.cluster.console.is_noise`) is left out
-of what is shown unless the job is not ``quiet``.
+of what is shown unless the job is ``verbose``.
 
 A task's process dies with the launcher (Linux ``PR_SET_PDEATHSIG``), even when the launcher
 is SIGKILLed; signals reach the task's whole group, so its own children stop with it.
@@ -18,6 +18,7 @@ import codecs
 import collections
 import contextlib
 import ctypes
+import operator
 import os
 import re
 import signal
@@ -34,6 +35,7 @@ from tensorfleet.cluster.contract import (ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK
 from tensorfleet.cluster.result import LogLine, TaskSpan
 from tensorfleet.strategies.tf_config import ClusterSpec, Role
 from tensorfleet.testing.hooks import Fault, active
+from tensorfleet.validation import renamed
 
 __all__ = ["JobMode", "LocalJob", "TaskProcess"]
 
@@ -92,7 +94,7 @@ class TaskProcess:
             if not complete:
                 self.job.on_progress(self, text)
                 continue
-            if not (self.job.quiet and is_noise(text)):
+            if self.job.verbose or not is_noise(text):
                 self.tail.append(text)
             self.job.on_line(self, text)
 
@@ -134,14 +136,15 @@ class LocalJob:
     #: Who the job's own events come from, in the log (``[launcher] restarted the job``).
     name = "launcher"
 
+    @renamed(sink="log", quiet=("verbose", operator.not_))
     def __init__(self, *, spec: ClusterSpec, mode: JobMode, argv: list[str], env: dict[str, str],
-                 sink: Callable[[str], None] | None, stop_when: str | None,
-                 quiet: bool = True, progress_interval: float = 2.0) -> None:
+                 log: Callable[[str], None] | None, stop_when: str | None,
+                 verbose: bool = False, progress_interval: float = 2.0) -> None:
         self.spec, self.mode, self.argv, self.base_env = spec, mode, argv, env
         # Created (empty) once every trainer has finished; the evaluator stops when it sees it.
         self.training_ended_file = env.get(ENV_TRAINING_ENDED)
-        self.sink = sink
-        self.quiet, self.progress_interval = quiet, progress_interval
+        self.log = log
+        self.verbose, self.progress_interval = verbose, progress_interval
         self.faults = list(active().faults)  # tensorfleet.testing's, for the jobs launched while it is set
         self.fired: set[int] = set()
         self.stop_regex = re.compile(stop_when) if stop_when else None
@@ -166,21 +169,21 @@ class LocalJob:
     def on_progress(self, task: TaskProcess, text: str) -> None:
         """A progress bar's current state: shown, not recorded (its final state is a line)."""
         self.activity = time.monotonic()
-        if self.sink is not None:
+        if self.log is not None:
             with self.lock:
-                self.sink(f"[{task.name}] {text}")
+                self.log(f"[{task.name}] {text}")
 
     def shown(self, task: TaskProcess, text: str) -> str | None:
-        """What of a task's line reaches ``sink`` (None: nothing); every line is recorded anyway."""
-        return None if self.quiet and is_noise(text) else text
+        """What of a task's line reaches ``log`` (None: nothing); every line is recorded anyway."""
+        return text if self.verbose or not is_noise(text) else None
 
     def on_line(self, task: TaskProcess, text: str) -> None:
         self.activity = time.monotonic()
         with self.lock:
             self.lines.append(LogLine(self.now(), task.name, task.attempt, text))
             show = self.shown(task, text)
-            if self.sink is not None and show is not None:
-                self.sink(f"[{task.name}] {show}")
+            if self.log is not None and show is not None:
+                self.log(f"[{task.name}] {show}")
         for i, fault in enumerate(self.faults):
             if (i not in self.fired and (fault.watch or fault.task) == task.name
                     and fault.attempt == task.attempt and re.search(fault.when, text)):
@@ -204,8 +207,8 @@ class LocalJob:
     def event(self, text: str) -> None:
         with self.lock:
             self.events.append(LogLine(self.now(), self.name, -1, text))
-            if self.sink is not None:
-                self.sink(f"[{self.name}] {text}")
+            if self.log is not None:
+                self.log(f"[{self.name}] {text}")
 
     # Restart policy (the supervisor asks) ----------------------------------------------
     def restartable(self, task: str, code: int) -> bool:

@@ -288,10 +288,10 @@ def batch_for(options: TaskOptions, replicas: int) -> int:
 def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
     digest = fingerprint(trainer.model)
     if options.resume:
-        state, path = read_state(options.directory)
-        check_same_keras(state, trainer.model, options.directory)
+        state, path = read_state(options.out_dir)
+        check_same_keras(state, trainer.model, options.out_dir)
         if state.fingerprint != digest:
-            raise CheckpointError(f"The checkpoint in {options.directory!r} is of another model (fingerprint "
+            raise CheckpointError(f"The checkpoint in {options.out_dir!r} is of another model (fingerprint "
                                   f"{state.fingerprint}, this job's model {digest}).")
         trainer.restore(path)
         RESUMED.say(step=state.step, epoch=state.epoch + 1, position=state.position, examples=state.examples,
@@ -311,7 +311,7 @@ def save_progress(trainer: Trainer, state: JobProgress) -> None:
     trainer.barrier()
     if trainer.chief:
         SAVING.say(step=state.step)
-    write_checkpoint(trainer.options.directory, state, trainer.checkpoint, chief=trainer.chief)
+    write_checkpoint(trainer.options.out_dir, state, trainer.checkpoint, chief=trainer.chief)
     if trainer.chief:
         SAVED.say(step=state.step)
 
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         sys.exit("usage: python -m tensorfleet.cluster.resumable JOB.py [ARGS...]  (options in $TENSORFLEET_MIGRATION)")
     options = TaskOptions.from_env()
-    if not options.resume and attempt() > 0 and latest(options.directory) is not None:
+    if not options.resume and attempt() > 0 and latest(options.out_dir) is not None:
         options = replace(options, resume=True)  # restarted after a failure: from the last checkpoint
     job = load_job(argv[0], argv[1:])
     sys.argv = [argv[0], *argv[1:]]  # the job's functions see its arguments, as its file did

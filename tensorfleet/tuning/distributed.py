@@ -102,7 +102,7 @@ class _SearchJob(LocalJob):
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         spec = ClusterSpec.local(workers=config.workers, chief=True, host=HOST)
         super().__init__(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[sys.executable, "-m", "tensorfleet.tuning.task",
-                         config.out_dir], env=env, sink=log, stop_when=None, quiet=not verbose,
+                         config.out_dir], env=env, log=log, stop_when=None, verbose=verbose,
                          progress_interval=5.0)
         self.lead, self.trainers = "chief:0", {"chief:0"}  # when the oracle ends, the search is complete
 

@@ -42,7 +42,7 @@ def test_a_launched_keras_fit_shows_its_progress_as_lines_per_task(tmp_path: Pat
     script.write_text(KERAS_SCRIPT)
     shown: list[str] = []
     result = launch(script, workers=1, ports=[portpicker.pick_unused_port()],
-                    output=TaskOutput(sink=shown.append, progress_interval=0.3),
+                    output=TaskOutput(log=shown.append, progress_interval=0.3),
                     command=TaskCommand(env={"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}))
     assert result.returncode == 0
     task_lines = [line[len("[worker:0] "):] for line in shown if line.startswith("[worker:0] ")]

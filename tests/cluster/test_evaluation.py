@@ -148,7 +148,7 @@ def test_under_the_launcher_the_same_script_trains_in_the_worker_and_evaluates_i
 
     checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
     result = launch(JOB, ["--launched", str(checkpoints), str(out), "3"], workers=1, evaluator=True,
-                    timeouts=Timeouts(timeout=150), output=TaskOutput(sink=None),
+                    timeouts=Timeouts(timeout=150), output=TaskOutput(log=None),
                     command=TaskCommand(env={"PYTHONPATH": str(ROOT)}))
     assert result.returncode == 0, "\n".join(result.output())
     rows = evaluated_checkpoints(out)
@@ -170,7 +170,7 @@ def test_an_evaluator_busy_when_training_ends_still_evaluates_the_last_checkpoin
     checkpoints, out = tmp_path / "ckpt", tmp_path / "eval"
     result = launch(JOB, ["--launched", str(checkpoints), str(out), "3", "--until-training-ends", "--repeat", "100",
                           "--pause", "2", "--hard-exit"], workers=1, evaluator=True,
-                    timeouts=Timeouts(timeout=150, grace=0.5, evaluator_timeout=120), output=TaskOutput(sink=None),
+                    timeouts=Timeouts(timeout=150, grace=0.5, evaluator_timeout=120), output=TaskOutput(log=None),
                     command=TaskCommand(env={"PYTHONPATH": str(ROOT)}))
     assert result.returncode == 0, "\n".join(result.output())
     events = [line.text for line in result.events]
@@ -202,7 +202,7 @@ def test_an_evaluator_that_does_not_end_is_stopped_after_evaluator_timeout(tmp_p
                       "    print('evaluating forever', flush=True)\n"
                       "    time.sleep(600)\n")
     result = launch(script, workers=1, evaluator=True, timeouts=Timeouts(timeout=50, grace=1.0, evaluator_timeout=1.0),
-                    output=TaskOutput(sink=None))
+                    output=TaskOutput(log=None))
     assert result.returncode == 0
     events = [line.text for line in result.events]
     assert events[-2:] == [
@@ -227,7 +227,7 @@ def test_the_example_evaluates_every_checkpoint_up_to_where_early_stopping_ended
     from tensorfleet.cluster.launcher import TaskCommand, TaskOutput, Timeouts, launch
 
     result = launch(ROOT / "examples" / "evaluate_while_training.py", ["--out", str(tmp_path), "--epochs", "8"],
-                    workers=2, evaluator=True, timeouts=Timeouts(timeout=240), output=TaskOutput(sink=None),
+                    workers=2, evaluator=True, timeouts=Timeouts(timeout=240), output=TaskOutput(log=None),
                     command=TaskCommand(env={"PYTHONPATH": str(ROOT)}))
     assert result.returncode == 0, "\n".join(result.output())
     assert [s.status for s in result.spans if s.task == "evaluator:0"] == [0]

@@ -28,7 +28,7 @@ def _k2(name: str) -> type:
     return ft.callback_class(name, "keras2")
 
 
-QUIET = TaskOutput(sink=None)
+QUIET = TaskOutput(log=None)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -303,7 +303,7 @@ def test_keras3_checkpoints_of_two_workers_are_the_chiefs_and_resume_to_the_unin
 
 # What the launchers' tasks get: this process's environment plus TF_USE_LEGACY_KERAS=0, a user's (tf.keras is Keras 3),
 # as user_env() makes it for a child started here.
-TASKS = {"timeouts": Timeouts(timeout=TIMEOUT - 60), "output": TaskOutput(sink=None),
+TASKS = {"timeouts": Timeouts(timeout=TIMEOUT - 60), "output": TaskOutput(log=None),
          "command": TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"})}
 
 

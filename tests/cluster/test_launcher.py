@@ -54,7 +54,7 @@ def task_script(tmp_path: Path) -> Path:
 
 
 def _quiet(**kw):
-    return dict(output=TaskOutput(sink=None, **kw))
+    return dict(output=TaskOutput(log=None, **kw))
 
 
 @pytest.mark.slow
@@ -77,7 +77,7 @@ def test_each_task_gets_its_own_tf_config_on_localhost(task_script: Path) -> Non
 @pytest.mark.slow
 def test_output_lines_are_prefixed_with_the_task(task_script: Path) -> None:
     seen: list[str] = []
-    launch(task_script, workers=2, output=TaskOutput(sink=seen.append))
+    launch(task_script, workers=2, output=TaskOutput(log=seen.append))
     assert "[worker:0] worker:0 attempt 0" in seen
     assert "[worker:1] worker:1 attempt 0" in seen
 
@@ -293,8 +293,8 @@ def test_a_group_of_the_wrong_type_is_named(task_script: Path) -> None:
         launch(task_script, recovery={"max_restarts": 2})
     assert str(info.value) == ("recovery must be a Recovery, such as recovery=Recovery(). "
                                "Received: recovery={'max_restarts': 2}")
-    with pytest.raises(TypeError, match=r"^sink must be a function of one line \(str\), or None\. Received: sink=3$"):
-        TaskOutput(sink=3)
+    with pytest.raises(TypeError, match=r"^log must be a function of one line \(str\), or None\. Received: log=3$"):
+        TaskOutput(log=3)
 
 
 def test_port_in_use_is_a_clear_error(task_script: Path) -> None:
@@ -343,7 +343,7 @@ def test_the_launcher_itself_listens_on_no_port(task_script: Path) -> None:
 
     before = listening()
     during: list[set[tuple[str, int]]] = []
-    launch(task_script, workers=2, output=TaskOutput(sink=lambda line: during.append(listening())))
+    launch(task_script, workers=2, output=TaskOutput(log=lambda line: during.append(listening())))
     assert during and all(sockets == before for sockets in during)
 
 

@@ -34,7 +34,7 @@ def task_script(tmp_path: Path) -> Path:
 @pytest.mark.timeout(120)
 def test_each_worker_is_a_dtensor_client_at_its_tf_config_port(task_script: Path, monkeypatch) -> None:
     monkeypatch.setenv("DTENSOR_JOBS", "10.0.0.1:1")  # the shell's own: not the tasks'
-    result = launch(task_script, workers=3, mesh=True, output=TaskOutput(sink=None), timeouts=Timeouts(timeout=100),
+    result = launch(task_script, workers=3, mesh=True, output=TaskOutput(log=None), timeouts=Timeouts(timeout=100),
                     command=TaskCommand(python=sys.executable))
     assert result.returncode == 0, result.error
     workers = result.cluster.as_dict()["worker"]
@@ -51,7 +51,7 @@ def test_each_worker_is_a_dtensor_client_at_its_tf_config_port(task_script: Path
 ])
 def test_a_mesh_job_refuses_tasks_other_than_workers(task_script: Path, extra, message) -> None:
     with pytest.raises(ValueError, match="mesh") as raised:
-        launch(task_script, workers=2, mesh=True, output=TaskOutput(sink=None), **extra)
+        launch(task_script, workers=2, mesh=True, output=TaskOutput(log=None), **extra)
     assert str(raised.value).endswith(message)
 
 

@@ -72,21 +72,21 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict:
         with testing.faults(*faults):
             result = migrate(JOB, directory, to=to, run=RunOptions(epochs=2, global_batch_size=BATCH, save_every=1,
                                                                    stop_at_step=stop, gate=gated),
-                             check=False, timeout=240, sink=_signal_self_after(r"\[chief:0\] .* step 17 done"))
+                             check=False, timeout=240, log=_signal_self_after(r"\[chief:0\] .* step 17 done"))
         record["phases"].append((result, *_saved(directory)))
     return record
 
 
 def _signal_self_after(pattern: str) -> Callable[[str], None]:
-    """A sink that sends SIGTERM to this process (the launcher, forwarding it) at the first line matching."""
+    """A log that sends SIGTERM to this process (the launcher, forwarding it) at the first line matching."""
     sent: list[bool] = []
 
-    def sink(line: str) -> None:
+    def log(line: str) -> None:
         if not sent and re.search(pattern, line):
             sent.append(True)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    return sink
+    return log
 
 
 @pytest.mark.slow

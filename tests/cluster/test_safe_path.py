@@ -34,7 +34,7 @@ def shadowing_cwd(tmp_path: Path, monkeypatch) -> Path:
 def test_a_ps_jobs_server_task_starts_despite_a_stdlib_named_file_in_the_working_directory(
         shadowing_cwd: Path) -> None:
     spec = ClusterSpec.local(workers=1, ps=1, chief=True)
-    job = LocalJob(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[], env={}, sink=None, stop_when=None)
+    job = LocalJob(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[], env={}, log=None, stop_when=None)
     argv = job.task_argv("ps")
     assert argv == [sys.executable, *SERVE_ARGS] and SERVE_ARGS[0] == "-P"
     env = {"TF_CONFIG": json.dumps(spec.tf_config("ps", 0)), "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
@@ -61,6 +61,6 @@ def test_a_launched_script_imports_from_its_own_directory_not_the_working_one(tm
     scripts.mkdir()
     (scripts / "helper.py").write_text("GREETING = 'hello from the script directory'\n")
     (scripts / "train.py").write_text("import bisect, helper\nprint(helper.GREETING, bisect.bisect([1, 3], 2))\n")
-    result = launch(scripts / "train.py", workers=1, output=TaskOutput(sink=None), ports=[portpicker.pick_unused_port()])
+    result = launch(scripts / "train.py", workers=1, output=TaskOutput(log=None), ports=[portpicker.pick_unused_port()])
     assert result.returncode == 0
     assert [line.text for line in result.lines] == ["hello from the script directory 1"]

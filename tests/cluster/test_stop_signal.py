@@ -35,14 +35,14 @@ def _signalled_run(directory: Path, gate: Path) -> object:
     gate.write_text(str(GATE_STEPS))
     opened = threading.Event()
 
-    def sink(line: str) -> None:  # the launcher's event comes just before its kill
+    def log(line: str) -> None:  # the launcher's event comes just before its kill
         if line.startswith("[launcher] injecting fault") and not opened.is_set():
             opened.set()
             threading.Timer(1.0, gate.write_text, (str(10**6),)).start()
 
     run = RunOptions(epochs=1, global_batch_size=BATCH, gate=str(gate))
     with testing.faults(Fault("worker:1", rf"step {GATE_STEPS} done", signal=signal.SIGTERM)):
-        return migrate(JOB, directory, to=Placement("multi_worker_mirrored", workers=2), run=run, sink=sink,
+        return migrate(JOB, directory, to=Placement("multi_worker_mirrored", workers=2), run=run, log=log,
                        timeout=240)
 
 

@@ -15,7 +15,7 @@ def _supervisor(mode: JobMode, *, max_restarts: int = 3, backoff: float = 1.0, m
                 restarts: int = 0) -> Supervisor:
     spec = ClusterSpec.local(workers=2, ps=1 if mode is JobMode.PARAMETER_SERVER else 0, chief=True,
                              ports=[1, 2, 3, 4][:3 + (mode is JobMode.PARAMETER_SERVER)])
-    job = LocalJob(spec=spec, mode=mode, argv=[], env={}, sink=None, stop_when=None)  # no process starts
+    job = LocalJob(spec=spec, mode=mode, argv=[], env={}, log=None, stop_when=None)  # no process starts
     supervisor = Supervisor(job, max_restarts=max_restarts, backoff=backoff, max_backoff=max_backoff, timeout=None,
                             hang_timeout=None, grace=0.0, received=[])
     supervisor.restarts = restarts

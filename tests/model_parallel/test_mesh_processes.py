@@ -85,7 +85,7 @@ def test_a_killed_process_restarts_the_mesh_from_its_last_backup(keras3, tmp_pat
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)  # the tasks are a user's processes
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
     with testing.faults(Fault(task="worker:1", when=r"epoch 2/3 end", watch="worker:0")):
-        result = launch(RESUME_JOB, workers=2, mesh=True, check=False, output=TaskOutput(sink=None),
+        result = launch(RESUME_JOB, workers=2, mesh=True, check=False, output=TaskOutput(log=None),
                         recovery=Recovery(max_restarts=1, backoff=0, backup_dir=tmp_path / "backup"),
                         timeouts=Timeouts(timeout=150))
     text = [f"[{line.task}] {line.text}" for line in result.lines]

@@ -324,5 +324,5 @@ def test_launch_refuses_a_bad_scale_lr_in_every_mode(capsys: pytest.CaptureFixtu
 
     with pytest.raises(ValueError, match=r"Received: scale_lr='linear:x'"):
         RunOptions(scale_lr="linear:x")
-    task = TaskOptions(scale_lr="sqrt:32", directory=str(tmp_path), strategy="mirrored")
+    task = TaskOptions(scale_lr="sqrt:32", out_dir=str(tmp_path), strategy="mirrored")
     assert TaskOptions.from_env(task.to_env()).scale_lr == "sqrt:32"  # reaches the trainer task

@@ -190,7 +190,7 @@ def test_a_local_sgd_job_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
     # one set of weights on both workers. The user's Keras 3 in every worker (TF_USE_LEGACY_KERAS=0).
     common = ["--model", "digits_mlp", "--epochs", "4", "--examples-per-epoch", "256", "--local-sgd", "3",
               "--collective-timeout", "15", "--log-steps"]
-    command, quiet = TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"}), TaskOutput(sink=None)
+    command, quiet = TaskCommand(env={"TF_USE_LEGACY_KERAS": "0"}), TaskOutput(log=None)
     clean = launch(script, [*common, "--weights-out", str(tmp_path / "clean.npz")], workers=2, command=command,
                    recovery=Recovery(backup_dir=tmp_path / "clean-backup"), timeouts=Timeouts(timeout=150),
                    output=quiet)

@@ -22,7 +22,7 @@ from tensorfleet.testing import Fault
 
 def _job() -> LocalJob:
     spec = ClusterSpec.local(workers=2, ports=[1, 2])
-    return LocalJob(spec=spec, mode=JobMode.COLLECTIVE, argv=[], env={}, sink=None, stop_when=None)  # no process
+    return LocalJob(spec=spec, mode=JobMode.COLLECTIVE, argv=[], env={}, log=None, stop_when=None)  # no process
 
 
 def test_public_signatures_carry_no_hook() -> None:
@@ -69,12 +69,12 @@ def test_a_block_in_one_thread_leaves_the_others_alone() -> None:
 def test_slowed_inputs_and_equal_shares_travel_in_the_task_options(tmp_path) -> None:
     run, to = RunOptions(epochs=2, global_batch_size=8), Placement("parameter_server", workers=2, ps=1)
     with testing.slow_inputs(0.004, slowdown=(1, 4)), testing.equal_shares():
-        options = TaskOptions.of(run, directory=tmp_path, to=to, resume=False)
+        options = TaskOptions.of(run, out_dir=tmp_path, to=to, resume=False)
     assert (options.equal_shares, options.input_delay, options.slowdown) == (True, 0.004, (1.0, 4.0))
     record = json.loads(options.to_env()[ENV_MIGRATION])
     assert (record["equal_shares"], record["input_delay"], record["slowdown"]) == (True, 0.004, [1.0, 4.0])
     assert TaskOptions.from_env(options.to_env()) == options and options.run() == run
-    plain = TaskOptions.of(run, directory=tmp_path, to=to, resume=False)
+    plain = TaskOptions.of(run, out_dir=tmp_path, to=to, resume=False)
     assert (plain.equal_shares, plain.input_delay, plain.slowdown) == (False, 0.0, None)
 
 
