@@ -266,8 +266,7 @@ def fit_link(
             f"fit_link needs one time and one working set per size. Received: {x.size} sizes, "
             f"{t.size} times, {w.size} working sets"
         )
-    cached = cache_bytes is not None
-    if cached:
+    if cache_bytes is not None:
         number("cache_bytes", cache_bytes, minimum=0)
         if not np.any(w > cache_bytes):
             raise ValueError(
@@ -282,7 +281,7 @@ def fit_link(
             f"Received: {design.shape[0]}"
         )
     coef = _relative_nnls(design, t)
-    if cached:
+    if cache_bytes is not None:
         return Link(alpha=float(coef[0]), beta=float(coef[1]), cache_bytes=float(cache_bytes),
                     beta_uncached=float(coef[2]))
     return Link(alpha=float(coef[0]), beta=float(coef[1]))

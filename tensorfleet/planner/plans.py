@@ -326,10 +326,10 @@ def _advice(setup: PlanSetup, rows: list[PlanRow]) -> str:
         tips.append("a smaller batch")
     if setup.recompute is False and work.checkpoint_activations is not None:
         tips.append("activation recomputation (recompute=None)")
-    short = [r for r in rows if r.server_memory is not None and r.server_memory > setup.server_capacity
+    short = [r.server_memory for r in rows if r.server_memory is not None and r.server_memory > setup.server_capacity
              and r.memory.total <= setup.device_memory]  # the servers are all that does not fit
     if short:
-        tips.append(f"more parameter servers or more memory on them ({format_bytes(short[0].server_memory)} each "
+        tips.append(f"more parameter servers or more memory on them ({format_bytes(short[0])} each "
                     f"needed with {setup.ps_servers})")
     return "What could help: " + "; ".join(tips) + "."
 

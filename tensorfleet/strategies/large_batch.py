@@ -89,6 +89,9 @@ class _LearningRateScaling:
     """Sets the optimizer's learning rate for the global batch, warmed up; made by :func:`scaled_learning_rate`."""
 
     keras: Keras
+    # Set by the Keras callbacks.Callback this class is combined with (callback_class):
+    model: Any
+    params: dict[str, Any]
 
     def __init__(self, *, base_lr: float, reference_batch: int, global_batch: int | None, per_replica_batch: int | None,
                  strategy: Any, rule: ScalingRule | str, warmup_epochs: int, warmup_steps: int | None,
