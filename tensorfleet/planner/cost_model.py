@@ -93,7 +93,8 @@ class Link:
     def time(self, nbytes: float, working_set: float | None = None) -> float:
         """Seconds to send one message of ``nbytes`` within a collective of ``working_set`` bytes."""
         beta = self.beta_uncached if self.beyond_cache(working_set) else self.beta
-        return self.alpha + beta * nbytes  # type: ignore[operator]
+        assert beta is not None  # a link with cache_bytes has beta_uncached (__post_init__)
+        return self.alpha + beta * nbytes
 
 
 def step_bytes(algorithm: str | AllReduceAlgorithm, n: int, nbytes: float) -> list[float]:
