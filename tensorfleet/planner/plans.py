@@ -298,7 +298,8 @@ def _workload(model: str | None, parameters: float | None, transformer: str | No
             raise ValueError(f"transformer={transformer!r} fixes layers, hidden and heads; for another shape "
                              "give parameters= with them. Received: " + ", ".join(f"{k}={v!r}" for k, v in fixed.items()))
         return preset_workload(transformer, seq_len=seq_len)
-    return transformer_workload(parameters, layers=layers, hidden=hidden, heads=heads,  # type: ignore[arg-type]
+    assert parameters is not None  # exactly one of the three was given, and neither model nor transformer
+    return transformer_workload(parameters, layers=layers, hidden=hidden, heads=heads,
                                 seq_len=1024 if seq_len is None else seq_len)
 
 

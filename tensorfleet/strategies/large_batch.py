@@ -181,8 +181,9 @@ class _LearningRateScaling:
         return self._seen
 
     def _lr_at(self, step: int) -> float:
-        return warmup_lr(step, warmup_steps=self._warmup_total, start_lr=self.warmup_start_lr,
-                         target_lr=float(self.target_lr))  # type: ignore[arg-type]
+        target = self.target_lr
+        assert target is not None  # on_train_begin has read the global batch
+        return warmup_lr(step, warmup_steps=self._warmup_total, start_lr=self.warmup_start_lr, target_lr=float(target))
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self._step(batch)
