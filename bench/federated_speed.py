@@ -378,7 +378,7 @@ def run_matrix(rounds: int, seeds: int = 1, compiled: str = "compiled") -> list[
     return lines
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=3, help="Seeds of the classic comparison (its accuracy is "
@@ -404,20 +404,24 @@ def main() -> None:
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.current_python:
-        if not Path(args.current_python).is_file():
-            parser.error(f"--current-python must name an interpreter. Received: {args.current_python}")
-        CURRENT_PYTHON[0] = args.current_python
-    if args.matrix_rounds < 3:
-        parser.error(f"--matrix-rounds must be at least 3. Received: {args.matrix_rounds}")
-    if args.rounds < ACCURACY_ROUND:
-        parser.error(f"--rounds must be at least {ACCURACY_ROUND}. Received: {args.rounds}")
-    for name in ("seeds", "matrix_seeds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1. Received: {getattr(args, name)}")
-    if args.root:  # the checkout whose tensorfleet a child imports (before an installed one)
-        sys.path.insert(0, args.root)
+    return parser
+
+
+# The least value of each count, checked in this order.
+_MINIMUMS = {"matrix_rounds": 3, "rounds": ACCURACY_ROUND, "seeds": 1, "matrix_seeds": 1}
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.current_python and not Path(args.current_python).is_file():
+        parser.error(f"--current-python must name an interpreter. Received: {args.current_python}")
+    for name, least in _MINIMUMS.items():
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')} must be at least {least}. Received: {getattr(args, name)}")
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Runs what the options ask for: a child's part, the comparison against another checkout, the control, the
+    Keras twins, or the classic comparison and the matrix."""
     if args.child == "cells":
         cells_child(args.cell, args.matrix_rounds, args.matrix_seeds)
         return
@@ -440,6 +444,17 @@ def main() -> None:
     if args.only != "classic":
         run_matrix(args.matrix_rounds, args.matrix_seeds,
                    "compiled" if args.matrix_pools == "cli" else "compiled-tf-pools")
+
+
+def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    _check(parser, args)
+    if args.current_python:
+        CURRENT_PYTHON[0] = args.current_python
+    if args.root:  # the checkout whose tensorfleet a child imports (before an installed one)
+        sys.path.insert(0, args.root)
+    _run(parser, args)
 
 
 def _run_child(which: str, rounds: int, seed: int, *extra: str, env: dict | None = None) -> dict:

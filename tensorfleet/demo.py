@@ -49,7 +49,7 @@ def versions() -> str:
     return f"Python {platform.python_version()}, TensorFlow {tf.__version__}, {keras} (tf.keras)"
 
 
-def _EpochTimer(keras: Any) -> "object":
+def _EpochTimer(keras: Any) -> Any:  # a Keras callback
     class EpochTimer(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
@@ -117,7 +117,7 @@ def run_federated(*, rounds: int = 10, out_dir: str = "out/demo/federated") -> d
     return {"test_accuracy": accuracy}
 
 
-def run_edge(model: object, *, out_dir: str = "out/demo/edge") -> dict[str, float]:
+def run_edge(model: Any, *, out_dir: str = "out/demo/edge") -> dict[str, float]:
     """Full-int8 conversion of ``model``, TFLite Micro validation and C export."""
     from pathlib import Path
 
@@ -125,10 +125,11 @@ def run_edge(model: object, *, out_dir: str = "out/demo/edge") -> dict[str, floa
 
     split = tfl.models.datasets.load_digits()
     plain = tfl.models.build("digits_cnn", keras=model)  # part 1's weights, outside the strategy, in its Keras
-    plain.set_weights(model.get_weights())  # type: ignore[attr-defined]
+    plain.set_weights(model.get_weights())
     artifact = tfl.edge.convert(plain, quantization="int8", representative_data=split.x_train[:200])
     artifact.save(Path(out_dir) / "digits_int8.tflite")
     validation = tfl.edge.validate_micro(artifact, split.x_test, split.y_test)
+    assert validation.micro_accuracy is not None  # labels were given
     files = tfl.edge.export_c(artifact, Path(out_dir) / "c", name="digits", arena_bytes=validation.arena_bytes)
     print(f"edge: int8 model {len(artifact.data):,} bytes, smallest TFLite Micro arena "
           f"{validation.arena_bytes:,} bytes, accuracy on TFLite Micro {validation.micro_accuracy:.4f} "

@@ -295,44 +295,69 @@ FOLDER_ENTRIES = [
 
 
 
+def _first_half(data: bytes) -> bytes:
+    return data[:len(data) // 2]
+
+
+# The damages that write a path of their own in place of the valid one (source -> path).
+_REPLACEMENTS: dict[str, Callable[[Path, Path], object]] = {
+    "empty": lambda source, path: path.write_bytes(b""),
+    "file": lambda source, path: path.write_bytes(b"not a folder\n"),
+    "random": lambda source, path: path.write_bytes(RANDOM),
+    "truncated": lambda source, path: path.write_bytes(_first_half(source.read_bytes())),
+    "no-signature": shutil.copytree,  # serving_default only, where stage signatures are asked for
+    "folder": lambda source, path: path.mkdir(),
+    "empty-folder": lambda source, path: path.mkdir(),
+}
+
+# The damages to the file inside a copy of the valid folder: its new bytes, from its valid ones.
+_INNER_BYTES: dict[str, Callable[[bytes], bytes]] = {
+    "inner-empty": lambda data: b"",
+    "inner-random": lambda data: RANDOM,
+    "inner-truncated": _first_half,
+}
+
+
+def _other_kind(source: Path, path: Path, valid: dict[str, Path], entry: Entry) -> None:
+    """A valid file of another kind in place of the file (or, in a folder, of the file inside)."""
+    if source.is_dir():
+        shutil.copytree(source, path)
+        shutil.copyfile(valid[entry.other], next(path.glob(entry.inner)))
+    else:
+        shutil.copyfile(valid[entry.other], path)
+
+
+def _other_keras(source: Path, path: Path, valid: dict[str, Path]) -> None:
+    other = valid["k3sm" if source.is_dir() else "liar.keras"]
+    (shutil.copytree if other.is_dir() else shutil.copyfile)(other, path)
+
+
+def _damage_inside(damage: str, source: Path, path: Path, inner_pattern: str) -> None:
+    """A copy of the valid folder whose file inside is damaged (inner-folder: a folder in its place)."""
+    shutil.copytree(source, path)
+    inner = next(path.glob(inner_pattern))
+    data = inner.read_bytes()
+    inner.unlink()
+    if damage in _INNER_BYTES:
+        inner.write_bytes(_INNER_BYTES[damage](data))
+    else:
+        inner.mkdir()
+
+
 def _damage(damage: str, valid: dict[str, Path], entry: Entry, where: Path) -> Path:
     """The damaged copy of ``entry``'s valid input in ``where``; its path."""
     source = valid[entry.valid]
     path = where / source.name
     if damage == "missing":
         return path
-    if damage in ("empty", "file"):
-        path.write_bytes(b"" if damage == "empty" else b"not a folder\n")
-    elif damage == "random":
-        path.write_bytes(RANDOM)
-    elif damage == "truncated":
-        data = source.read_bytes()
-        path.write_bytes(data[:len(data) // 2])
-    elif damage == "other" and source.is_dir():  # the file inside replaced by a valid file of another kind
-        shutil.copytree(source, path)
-        shutil.copyfile(valid[entry.other], next(path.glob(entry.inner)))
+    if damage in _REPLACEMENTS:
+        _REPLACEMENTS[damage](source, path)
     elif damage == "other":
-        shutil.copyfile(valid[entry.other], path)
+        _other_kind(source, path, valid, entry)
     elif damage == "other-keras":
-        other = valid["k3sm" if source.is_dir() else "liar.keras"]
-        (shutil.copytree if other.is_dir() else shutil.copyfile)(other, path)
-    elif damage == "no-signature":  # serving_default only, where stage signatures are asked for
-        shutil.copytree(source, path)
-    elif damage in ("folder", "empty-folder"):
-        path.mkdir()
-    else:  # damage to the file inside a copy of the valid folder
-        shutil.copytree(source, path)
-        inner = next(path.glob(entry.inner))
-        data = inner.read_bytes()
-        inner.unlink()
-        if damage == "inner-empty":
-            inner.write_bytes(b"")
-        elif damage == "inner-random":
-            inner.write_bytes(RANDOM)
-        elif damage == "inner-truncated":
-            inner.write_bytes(data[:len(data) // 2])
-        else:
-            inner.mkdir()
+        _other_keras(source, path, valid)
+    else:
+        _damage_inside(damage, source, path, entry.inner)
     return path
 
 

@@ -50,9 +50,10 @@ def _run_parameters() -> list[inspect.Parameter]:
         default = DEFAULTS[name]
         shown = "" if default is None or kind is bool else f" [default: {getattr(default, 'value', default)}]"
         decls = [info.flag] + (["--out-dir"] if info.flag == "--out" else [])
+        enum = isinstance(kind, type) and issubclass(kind, Enum)
+        choices: dict[str, Any] = {"case_sensitive": False} if enum else {}
         params.append(inspect.Parameter(name, keyword, annotation=Optional[kind], default=typer.Option(
-            None, *decls, help=info.help + shown, show_default=False,
-            **({"case_sensitive": False} if isinstance(kind, type) and issubclass(kind, Enum) else {}))))
+            None, *decls, help=info.help + shown, show_default=False, **choices)))
         for alias in info.aliases:
             if "--" + alias.replace("_", "-") in decls:
                 continue  # the flag kept its name (--out): only the YAML key changed

@@ -99,10 +99,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def click_exceptions() -> Any:
     """The click exceptions module typer uses (vendored by typer >= 0.26)."""
     try:  # typer >= 0.26 vendors click
-        from typer._click import exceptions
+        from typer._click import exceptions as vendored
     except ImportError:  # pragma: no cover - older typer
         from click import exceptions
-    return exceptions
+        return exceptions
+    return vendored
 
 
 def main(argv: list[str] | None = None) -> int:

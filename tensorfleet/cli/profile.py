@@ -52,7 +52,8 @@ def report(
     if source.is_dir():
         check_writable(target / REPORT_FILES["json"])
     profile = analyze(source, skip_first=skip_first)
-    check = None if params is None else _planner_check(profile, params, bandwidth, latency, algorithm, bytes_per_param)
+    check = None if params is None or bandwidth is None else _planner_check(profile, params, bandwidth, latency,
+                                                                             algorithm, bytes_per_param)
     extra = {} if check is None else {"planner": {**asdict(check), "error": check.error}}
     paths = write_report(profile, target, extra=extra)
     if as_json:
@@ -68,7 +69,7 @@ def report(
                f"TensorBoard: tensorboard --logdir {source}")
 
 
-def _planner_check(profile: Any, params: str, bandwidth: str | None, latency: str,
+def _planner_check(profile: Any, params: str, bandwidth: str, latency: str,
                    algorithm: AllReduceAlgorithm | None,
                    bytes_per_param: int) -> Any:
     from tensorfleet.planner.cost_model import Link

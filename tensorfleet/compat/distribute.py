@@ -174,7 +174,9 @@ def sidecar_evaluator_class(stop: Callable[[], bool]) -> type:
     and stops when it returns True; the public class has no argument for it.
     """
 
-    class Sidecar(keras2().utils.SidecarEvaluator):
+    base: Any = keras2().utils.SidecarEvaluator  # a class of a module mypy does not follow
+
+    class Sidecar(base):
         def _timeout_fn(self) -> bool:
             return bool(stop())
 
@@ -187,7 +189,7 @@ def sidecar_checkpoint_wait(seconds: int) -> Iterator[None]:
     asks its stop hook, while inside. Its module reads the wait from the private constant
     ``_CHECKPOINT_TIMEOUT_SEC`` when the loop starts; a release without it keeps its own wait."""
 
-    module = sys.modules[keras2().utils.SidecarEvaluator.__module__]
+    module: Any = sys.modules[keras2().utils.SidecarEvaluator.__module__]  # its private constant is set here
     before = getattr(module, "_CHECKPOINT_TIMEOUT_SEC", None)
     if before is None:
         yield

@@ -44,11 +44,48 @@ def _is_chief(model: Any) -> bool:
     return bool(strategy is None or strategy.extended.should_checkpoint) and not other_client()
 
 
+def _read_metadata(path: str) -> dict[str, Any] | None:
+    """A backup's training metadata; None for a fresh start (a weights file without its metadata is an unfinished
+    save)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _load_backup_weights(model: Any, path: str) -> None:
+    """Loads a backup's weights into ``model``, building its optimizer first (the file holds its variables)."""
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.load_weights(path)
+
+
+def _backup_weights(directory: str) -> set[str]:
+    """The names of the backup's weights files in ``directory``."""
+    return {entry for entry in os.listdir(directory) if entry.startswith("backup-") and entry.endswith(".weights.h5")}
+
+
+def _publish_backup(directory: str, partial: str, name: str, metadata_path: str, metadata: dict[str, Any]) -> None:
+    """Makes the chief's saved ``partial`` the backup: moved to ``name``, then the metadata naming it written, then
+    the older weights files removed (a kill at any point leaves metadata and the weights it names)."""
+    from tensorfleet.io import write_json
+
+    os.replace(partial, os.path.join(directory, name))
+    previous = _backup_weights(directory)
+    write_json(metadata_path, metadata)
+    for old in previous - {name}:
+        os.remove(os.path.join(directory, old))
+
+
+def _remove_existing(directory: str, names: set[str]) -> None:
+    for name in names:
+        if os.path.exists(os.path.join(directory, name)):
+            os.remove(os.path.join(directory, name))
+
+
 @functools.cache
 def _backup_class() -> type:
     import keras
-
-    from tensorfleet.io import write_json
 
     class BackupAndRestore(keras.callbacks.BackupAndRestore):
         """Keras 3's ``BackupAndRestore`` for multi-worker jobs and kills: only the chief writes the shared
@@ -59,14 +96,10 @@ def _backup_class() -> type:
             self._generation = 0
 
         def _load_model(self) -> None:
-            if not os.path.exists(self._training_metadata_path):
-                return  # a fresh start (a weights file without its metadata is an unfinished save)
-            with open(self._training_metadata_path) as handle:
-                metadata = json.load(handle)
-            weights = os.path.join(self.backup_dir, metadata["weights"])
-            if self.model.optimizer is not None and not self.model.optimizer.built:
-                self.model.optimizer.build(self.model.trainable_variables)
-            self.model.load_weights(weights)
+            metadata = _read_metadata(self._training_metadata_path)
+            if metadata is None:
+                return
+            _load_backup_weights(self.model, os.path.join(self.backup_dir, metadata["weights"]))
             self.model._initial_epoch = int(metadata["epoch"])
             self._generation = int(metadata.get("generation", 0))
 
@@ -80,30 +113,21 @@ def _backup_class() -> type:
                 partial = os.path.join(directory, f"partial-{os.getpid()}.weights.h5")
                 # Every worker saves: reading a sync-on-read variable is a collective all of them join.
                 self.model.save_weights(partial, overwrite=True)
-                if not chief:
-                    return
-                os.replace(partial, os.path.join(directory, name))
-                previous = self._previous_weights()
-                write_json(self._training_metadata_path, {"epoch": self._current_epoch, "batch": self._last_batch_seen,
-                                                          "weights": name, "generation": self._generation})
-                for old in previous - {name}:
-                    os.remove(os.path.join(directory, old))
+                if chief:
+                    _publish_backup(directory, partial, name, self._training_metadata_path,
+                                    {"epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name,
+                                     "generation": self._generation})
             finally:
                 if not chief:
                     shutil.rmtree(directory, ignore_errors=True)
-
-        def _previous_weights(self) -> set[str]:
-            return {entry for entry in os.listdir(self.backup_dir)
-                    if entry.startswith("backup-") and entry.endswith(".weights.h5")}
 
         def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
             # Only the chief wrote here, and the others may end before its last save. As Keras 2's does, this
             # removes the backup's files, not the directory (which may be one the user named).
             if not _is_chief(self.model) or not os.path.isdir(self.backup_dir):
                 return
-            for name in self._previous_weights() | {os.path.basename(self._training_metadata_path)}:
-                if os.path.exists(os.path.join(self.backup_dir, name)):
-                    os.remove(os.path.join(self.backup_dir, name))
+            _remove_existing(self.backup_dir,
+                             _backup_weights(self.backup_dir) | {os.path.basename(self._training_metadata_path)})
 
     BackupAndRestore.__module__ = __name__
     return BackupAndRestore

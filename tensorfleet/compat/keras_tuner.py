@@ -66,7 +66,7 @@ class _Keras2Loader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        module._MULTI_BACKEND = False  # what config.py computes itself when `keras` is Keras 2
+        setattr(module, "_MULTI_BACKEND", False)  # what config.py computes itself when `keras` is Keras 2
 
 
 class _Keras2Finder(importlib.abc.MetaPathFinder):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 from tensorfleet.compat.keras import Keras, as_keras, keras_module
 from tensorfleet.validation import number
@@ -69,10 +69,19 @@ def lamb_update(w: Any, g: Any, m: Any, v: Any, *, lr: Any, step: Any, beta_1: f
     return w - lr * _trust_ratio(w_norm, w_norm, r_norm, r_norm) * r, m, v
 
 
+class _Bounds(TypedDict, total=False):
+    """A hyperparameter's bounds, as :func:`tensorfleet.validation.number` takes them."""
+
+    minimum: float
+    maximum: float
+    above: float
+    below: float
+
+
 class _Hyper:
     """The hyperparameters both Kerases' classes share, checked once, and their config."""
 
-    _HYPER: dict[str, dict[str, float]] = {}
+    _HYPER: dict[str, _Bounds] = {}
 
     def _set_hyper_values(self, values: dict[str, Any]) -> None:
         for key, bounds in self._HYPER.items():
@@ -102,9 +111,9 @@ def _dense(gradient: Any) -> Any:
 def _keras3_classes() -> dict[str, type]:
     import tensorflow as tf
 
-    base = keras_module(Keras.KERAS3).optimizers.Optimizer
+    base: Any = keras_module(Keras.KERAS3).optimizers.Optimizer  # a class of a module mypy does not follow
 
-    class LARS(_LARSHyper, base):  # type: ignore[misc, valid-type]
+    class LARS(_LARSHyper, base):
         """LARS (You et al. 2017) as a Keras 3 optimizer; see :mod:`tensorfleet.strategies.layerwise`."""
 
         def __init__(self, learning_rate: Any = 0.1, momentum: float = 0.9, eta: float = 0.001,
@@ -131,12 +140,11 @@ def _keras3_classes() -> dict[str, type]:
     return {"LARS": LARS, "LAMB": keras_module(Keras.KERAS3).optimizers.Lamb}
 
 
-def _keras2_classes() -> dict[str, type]:
-    import tensorflow as tf
+def _keras2_base() -> type:
+    """What LARS and LAMB share as tf_keras optimizers: the learning rate, slots by name, the config."""
+    base: Any = keras_module(Keras.KERAS2).optimizers.Optimizer  # a class of a module mypy does not follow
 
-    base = keras_module(Keras.KERAS2).optimizers.Optimizer
-
-    class _Keras2(base):  # type: ignore[misc, valid-type]
+    class _Keras2(base):
         def __init__(self, learning_rate: Any, name: str, **kwargs: Any) -> None:
             super().__init__(name=name, **kwargs)
             self._learning_rate = self._build_learning_rate(learning_rate)
@@ -149,6 +157,14 @@ def _keras2_classes() -> dict[str, type]:
             config = super().get_config()
             config["learning_rate"] = self._serialize_hyperparameter(self._learning_rate)
             return config
+
+    return _Keras2
+
+
+def _keras2_classes() -> dict[str, type]:
+    import tensorflow as tf
+
+    _Keras2: Any = _keras2_base()
 
     class LARS(_LARSHyper, _Keras2):
         """LARS (You et al. 2017) as a tf_keras optimizer; see :mod:`tensorfleet.strategies.layerwise`."""

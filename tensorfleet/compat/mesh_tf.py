@@ -91,16 +91,18 @@ class _EstimatorGone:
 def _stub_module(name: str) -> types.ModuleType:
     module = types.ModuleType(name, "Stand-in for tf.compat.v1.estimator while mesh-tensorflow imports "
                                     "(tensorfleet.compat.mesh_tf); TensorFlow >= 2.16 has no Estimator.")
-    module.SessionRunHook = type("SessionRunHook", (_EstimatorGone,), {"__module__": name})
-    module.CheckpointSaverListener = type("CheckpointSaverListener", (_EstimatorGone,), {"__module__": name})
-    # Read by mesh_tensorflow.transformer to tell training from inference: the values tf.estimator had.
-    module.ModeKeys = type("ModeKeys", (), {"TRAIN": "train", "EVAL": "eval", "PREDICT": "infer"})
 
     def __getattr__(attribute: str) -> Any:
         raise AttributeError(f"tf.compat.v1.estimator.{attribute} does not exist on this TensorFlow (Estimator was "
                              "removed in TensorFlow 2.16); mesh-tensorflow's Estimator-based parts cannot run here.")
 
-    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    vars(module).update({
+        "SessionRunHook": type("SessionRunHook", (_EstimatorGone,), {"__module__": name}),
+        "CheckpointSaverListener": type("CheckpointSaverListener", (_EstimatorGone,), {"__module__": name}),
+        # Read by mesh_tensorflow.transformer to tell training from inference: the values tf.estimator had.
+        "ModeKeys": type("ModeKeys", (), {"TRAIN": "train", "EVAL": "eval", "PREDICT": "infer"}),
+        "__getattr__": __getattr__,
+    })
     return module
 
 

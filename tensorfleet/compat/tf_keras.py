@@ -182,7 +182,7 @@ def intercept_compile(hook: Any) -> Any:
             and keras_major("keras") >= 3:
         classes.append(keras3.Model)
 
-    def patch(model_class: type) -> tuple[type, Any, Any]:
+    def patch(model_class: Any) -> tuple[Any, Any, Any]:  # a Keras Model class
         own = model_class.__dict__.get("compile")  # Keras 3 defines it on a base (Trainer), not on Model
         keras_compile = getattr(model_class, "compile")
 

@@ -56,7 +56,7 @@ def param_count(layer: Any) -> int:
 
 
 def partition_layers(layers: Sequence[Any], num_stages: int, *, boundaries: Sequence[int] | None = None,
-                     weights: Sequence[int] | None = None) -> list[list[Any]]:
+                     weights: Sequence[float] | None = None) -> list[list[Any]]:
     """Cuts a chain of layers into ``num_stages`` consecutive, non-empty stages.
 
     Args:
@@ -84,17 +84,17 @@ def partition_layers(layers: Sequence[Any], num_stages: int, *, boundaries: Sequ
                 f"boundaries must be {k - 1} increasing layer indices between 1 and {n - 1} (the first layer of "
                 f"each stage after the first). Received: boundaries={list(boundaries)!r}")
     else:
-        w = list(weights) if weights is not None else [param_count(layer) for layer in layers]
+        w: list[float] = list(weights) if weights is not None else [param_count(layer) for layer in layers]
         cuts = _balanced_cuts(w, k)
     edges = [0, *cuts, n]
     return [list(layers[a:b]) for a, b in zip(edges, edges[1:])]
 
 
-def _balanced_cuts(weights: list[int], k: int) -> list[int]:
+def _balanced_cuts(weights: list[float], k: int) -> list[int]:
     # Linear partition by dynamic programming: minimise the heaviest stage; ties go to the cut
     # that keeps earlier stages lighter.
     n = len(weights)
-    prefix = [0]
+    prefix: list[float] = [0]
     for w in weights:
         prefix.append(prefix[-1] + w)
     inf = float("inf")

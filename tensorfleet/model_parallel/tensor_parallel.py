@@ -51,6 +51,9 @@ __all__ = [
     "split_evenly",
 ]
 
+# tf_keras (tf.keras before TF 2.16), whose Layer the layers here subclass: a module mypy does not follow.
+_keras2: Any = keras2()
+
 _PLACEMENT = threading.local()
 
 
@@ -103,7 +106,7 @@ def _sum_on(tensors: list[tf.Tensor], device: str) -> tf.Tensor:
         return tf.add_n([tf.identity(t) for t in tensors]) if len(tensors) > 1 else tf.identity(tensors[0])
 
 
-class ColumnParallelDense(keras2().layers.Layer):
+class ColumnParallelDense(_keras2.layers.Layer):
     """A dense layer whose kernel is split along its output axis over ``devices``.
 
     Args:
@@ -160,7 +163,7 @@ class ColumnParallelDense(keras2().layers.Layer):
         return outputs
 
     @classmethod
-    def from_dense(cls, dense: keras2().layers.Dense, *, devices: Sequence[str], gather_output: bool = False,
+    def from_dense(cls, dense: _keras2.layers.Dense, *, devices: Sequence[str], gather_output: bool = False,
                    **kwargs: Any) -> "ColumnParallelDense":
         """A column-parallel copy of a built ``Dense`` layer (same weights, same function)."""
         require_keras2_layer(dense, "ColumnParallelDense.from_dense")
@@ -178,7 +181,7 @@ class ColumnParallelDense(keras2().layers.Layer):
         return layer
 
 
-class RowParallelDense(keras2().layers.Layer):
+class RowParallelDense(_keras2.layers.Layer):
     """A dense layer whose kernel is split along its input axis over ``devices``.
 
     Takes either the list of input slices a :class:`ColumnParallelDense` returns, or one
@@ -248,7 +251,7 @@ class RowParallelDense(keras2().layers.Layer):
             return self.activation(y)
 
     @classmethod
-    def from_dense(cls, dense: keras2().layers.Dense, *, devices: Sequence[str], **kwargs: Any) -> "RowParallelDense":
+    def from_dense(cls, dense: _keras2.layers.Dense, *, devices: Sequence[str], **kwargs: Any) -> "RowParallelDense":
         """A row-parallel copy of a built ``Dense`` layer (same weights, same function)."""
         require_keras2_layer(dense, "RowParallelDense.from_dense")
         _require_built(dense)
@@ -262,7 +265,7 @@ class RowParallelDense(keras2().layers.Layer):
         return layer
 
 
-class ParallelMLP(keras2().layers.Layer):
+class ParallelMLP(_keras2.layers.Layer):
     """Megatron's MLP: column-parallel ``Dense(hidden, activation)`` then row-parallel ``Dense(units)``.
 
     One reduction per forward pass; the hidden activations never leave their devices.
@@ -285,7 +288,7 @@ class ParallelMLP(keras2().layers.Layer):
         return self.row(self.column(inputs))
 
     @classmethod
-    def from_dense(cls, first: keras2().layers.Dense, second: keras2().layers.Dense, *,
+    def from_dense(cls, first: _keras2.layers.Dense, second: _keras2.layers.Dense, *,
                    devices: Sequence[str], **kwargs: Any) -> "ParallelMLP":
         """The split copy of ``second(first(x))``; ``second`` must have no activation of its own
         beyond what a row-parallel layer applies after its reduction."""
@@ -299,7 +302,7 @@ class ParallelMLP(keras2().layers.Layer):
         return mlp
 
 
-class ParallelSelfAttention(keras2().layers.Layer):
+class ParallelSelfAttention(_keras2.layers.Layer):
     """Megatron's self-attention: ``num_heads / N`` whole heads on each of the N devices.
 
     Computes what ``tf.keras.layers.MultiHeadAttention(num_heads, key_dim)(x, x)`` computes
@@ -369,7 +372,7 @@ class ParallelSelfAttention(keras2().layers.Layer):
         return y
 
     @classmethod
-    def from_keras(cls, attention: keras2().layers.MultiHeadAttention, *, devices: Sequence[str],
+    def from_keras(cls, attention: _keras2.layers.MultiHeadAttention, *, devices: Sequence[str],
                    **kwargs: Any) -> "ParallelSelfAttention":
         """A head-split copy of a built ``MultiHeadAttention`` used as self-attention."""
         require_keras2_layer(attention, "ParallelSelfAttention.from_keras")
@@ -394,7 +397,7 @@ class ParallelSelfAttention(keras2().layers.Layer):
         return layer
 
 
-class ParallelTransformerBlock(keras2().layers.Layer):
+class ParallelTransformerBlock(_keras2.layers.Layer):
     """A tensor-parallel transformer block: Megatron attention and MLP with residuals.
 
     ``x + attention(x)`` then ``h + mlp(h)``: the function of
@@ -445,6 +448,6 @@ def _initial_parts(initializer: Any, shape: tuple[int, ...], parts: int, *, axis
     return _split(full, parts, axis=axis)
 
 
-def _require_built(layer: keras2().layers.Layer) -> None:
+def _require_built(layer: _keras2.layers.Layer) -> None:
     if not layer.built:
         raise ValueError(f"Layer {layer.name!r} must be built (called once) before it can be split.")

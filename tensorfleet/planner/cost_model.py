@@ -93,7 +93,8 @@ class Link:
     def time(self, nbytes: float, working_set: float | None = None) -> float:
         """Seconds to send one message of ``nbytes`` within a collective of ``working_set`` bytes."""
         beta = self.beta_uncached if self.beyond_cache(working_set) else self.beta
-        return self.alpha + beta * nbytes  # type: ignore[operator]
+        assert beta is not None  # a link with cache_bytes has beta_uncached (__post_init__)
+        return self.alpha + beta * nbytes
 
 
 def step_bytes(algorithm: str | AllReduceAlgorithm, n: int, nbytes: float) -> list[float]:
@@ -266,8 +267,7 @@ def fit_link(
             f"fit_link needs one time and one working set per size. Received: {x.size} sizes, "
             f"{t.size} times, {w.size} working sets"
         )
-    cached = cache_bytes is not None
-    if cached:
+    if cache_bytes is not None:
         number("cache_bytes", cache_bytes, minimum=0)
         if not np.any(w > cache_bytes):
             raise ValueError(
@@ -282,7 +282,7 @@ def fit_link(
             f"Received: {design.shape[0]}"
         )
     coef = _relative_nnls(design, t)
-    if cached:
+    if cache_bytes is not None:
         return Link(alpha=float(coef[0]), beta=float(coef[1]), cache_bytes=float(cache_bytes),
                     beta_uncached=float(coef[2]))
     return Link(alpha=float(coef[0]), beta=float(coef[1]))

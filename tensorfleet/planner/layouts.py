@@ -248,8 +248,9 @@ class ParallelLayout:
 LAYOUTS: Registry[ParallelLayout] = Registry("planned strategy")
 
 
-def _layout(name: str, *, description: str, aliases: tuple[str, ...] = ()) -> Callable[[type], type]:
-    def register(cls: type) -> type:
+def _layout(name: str, *, description: str,
+            aliases: tuple[str, ...] = ()) -> Callable[[type[ParallelLayout]], type[ParallelLayout]]:
+    def register(cls: type[ParallelLayout]) -> type[ParallelLayout]:
         cls.name = name
         LAYOUTS.register(name, cls(), description=description, aliases=aliases)
         return cls

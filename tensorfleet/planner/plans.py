@@ -298,7 +298,8 @@ def _workload(model: str | None, parameters: float | None, transformer: str | No
             raise ValueError(f"transformer={transformer!r} fixes layers, hidden and heads; for another shape "
                              "give parameters= with them. Received: " + ", ".join(f"{k}={v!r}" for k, v in fixed.items()))
         return preset_workload(transformer, seq_len=seq_len)
-    return transformer_workload(parameters, layers=layers, hidden=hidden, heads=heads,  # type: ignore[arg-type]
+    assert parameters is not None  # exactly one of the three was given, and neither model nor transformer
+    return transformer_workload(parameters, layers=layers, hidden=hidden, heads=heads,
                                 seq_len=1024 if seq_len is None else seq_len)
 
 
@@ -326,10 +327,10 @@ def _advice(setup: PlanSetup, rows: list[PlanRow]) -> str:
         tips.append("a smaller batch")
     if setup.recompute is False and work.checkpoint_activations is not None:
         tips.append("activation recomputation (recompute=None)")
-    short = [r for r in rows if r.server_memory is not None and r.server_memory > setup.server_capacity
+    short = [r.server_memory for r in rows if r.server_memory is not None and r.server_memory > setup.server_capacity
              and r.memory.total <= setup.device_memory]  # the servers are all that does not fit
     if short:
-        tips.append(f"more parameter servers or more memory on them ({format_bytes(short[0].server_memory)} each "
+        tips.append(f"more parameter servers or more memory on them ({format_bytes(short[0])} each "
                     f"needed with {setup.ps_servers})")
     return "What could help: " + "; ".join(tips) + "."
 

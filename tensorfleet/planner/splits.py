@@ -103,4 +103,5 @@ def estimate(model: Any, weights: Sequence[WeightSplit], *, batch_size: int, zer
                          f"parallelism={options.get('parallelism')!r}, pipeline={options.get('pipeline', 1)!r}")
     est = memory_estimate(model, batch_size=batch_size, zero=zero, **options)
     held = model_state_bytes(weights, options.get("optimizer", "adam"), options.get("precision", "float32"), zero=zero)
-    return replace(est, **held)
+    return replace(est, parameters=held["parameters"], gradients=held["gradients"],
+                   optimizer_state=held["optimizer_state"])

@@ -197,18 +197,18 @@ def transformer_workload(parameters: float, *, layers: int | None = None, hidden
             f"(Korthikanti et al.), and no head count follows from a hidden size. Received: hidden={hidden}, "
             f"heads={heads}; known models have presets: {', '.join(TRANSFORMERS.names())}"
         )
-    if hidden is not None and hidden % heads:  # type: ignore[operator]
+    if hidden is not None and hidden % heads:
         raise ValueError(f"hidden must be a multiple of heads (each head is hidden/heads wide). Received: "
                          f"hidden={hidden}, heads={heads}")
     assumed = hidden is None
     if layers is None and hidden is None:
         layers = max(1, round((parameters / (12 * 128**2)) ** (1 / 3)))
     if hidden is None:
-        hidden = max(1, round(math.sqrt(parameters / (12 * layers))))  # type: ignore[operator]
+        hidden = max(1, round(math.sqrt(parameters / (12 * layers))))
         heads = max(1, hidden // 128)  # the assumed shape's 128-wide heads
     if layers is None:
         layers = max(1, round(parameters / (12 * hidden**2)))
-    shape = TransformerShape(layers=layers, hidden=hidden, heads=heads, seq_len=seq_len)  # type: ignore[arg-type]
+    shape = TransformerShape(layers=layers, hidden=hidden, heads=heads, seq_len=seq_len)
     return _workload(name or f"transformer-{format_count(parameters)}", parameters, shape, seq_len,
                      tuple([parameters / layers] * layers), assumed=assumed)
 

@@ -230,7 +230,9 @@ class _PowerSGDReducer(_Reducer):
 
         with tf.init_scope(), strategy.scope():
             for key, grad in missing:
-                n, m, r = matrix_shape(grad.shape.as_list(), self.spec.rank)  # type: ignore[misc]
+                shape = matrix_shape(grad.shape.as_list(), self.spec.rank)
+                assert shape is not None  # missing holds only the gradients PowerSGD compresses
+                n, m, r = shape
                 q = tf.Variable(initial_q(m, r, len(self.state), grad.dtype), trainable=False, name="powersgd_q",
                                 synchronization=tf.VariableSynchronization.ON_READ,
                                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)

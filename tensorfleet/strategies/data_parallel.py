@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any, Sequence, overload
 
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.compat import keras3 as keras3_mends
@@ -53,6 +53,14 @@ class CollectiveImplementation(str, Enum):
     AUTO = "auto"
     RING = "ring"
     NCCL = "nccl"
+
+
+@overload
+def _device_list(key: str, devices: None) -> None: ...
+
+
+@overload
+def _device_list(key: str, devices: Sequence[str]) -> list[str]: ...
 
 
 def _device_list(key: str, devices: Sequence[str] | None) -> list[str] | None:
@@ -102,7 +110,7 @@ def one_device(*, device: str | None = None) -> Any:
 
     if device is None:
         device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
-    (device,) = _device_list("device", [device])  # type: ignore[misc]
+    (device,) = _device_list("device", [device])
     return tf.distribute.OneDeviceStrategy(device)
 
 
@@ -202,7 +210,7 @@ def central_storage(*, compute_devices: Sequence[str] | None = None,
 
     compute_devices = _device_list("compute_devices", compute_devices)
     if parameter_device is not None:
-        (parameter_device,) = _device_list("parameter_device", [parameter_device])  # type: ignore[misc]
+        (parameter_device,) = _device_list("parameter_device", [parameter_device])
     _mend_keras3_fit(central_storage=True)
     return tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=compute_devices, parameter_device=parameter_device

@@ -89,6 +89,9 @@ class _LearningRateScaling:
     """Sets the optimizer's learning rate for the global batch, warmed up; made by :func:`scaled_learning_rate`."""
 
     keras: Keras
+    # Set by the Keras callbacks.Callback this class is combined with (callback_class):
+    model: Any
+    params: dict[str, Any]
 
     def __init__(self, *, base_lr: float, reference_batch: int, global_batch: int | None, per_replica_batch: int | None,
                  strategy: Any, rule: ScalingRule | str, warmup_epochs: int, warmup_steps: int | None,
@@ -178,8 +181,9 @@ class _LearningRateScaling:
         return self._seen
 
     def _lr_at(self, step: int) -> float:
-        return warmup_lr(step, warmup_steps=self._warmup_total, start_lr=self.warmup_start_lr,
-                         target_lr=float(self.target_lr))  # type: ignore[arg-type]
+        target = self.target_lr
+        assert target is not None  # on_train_begin has read the global batch
+        return warmup_lr(step, warmup_steps=self._warmup_total, start_lr=self.warmup_start_lr, target_lr=float(target))
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self._step(batch)

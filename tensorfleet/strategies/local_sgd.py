@@ -60,7 +60,7 @@ _REFUSED = {
 }
 
 
-class AllReduceCount(dict):  # type: ignore[type-arg]
+class AllReduceCount(dict[str, int]):
     """All-reduces by where they ran: ``sync_steps``, ``local_steps``, ``averaging`` (see :meth:`total`)."""
 
     def total(self) -> int:
@@ -130,6 +130,9 @@ class LocalSGD:
     """
 
     keras: Keras
+    # Set by the Keras callbacks.Callback this class is combined with (callback_class):
+    model: Any
+    params: dict[str, Any]
 
     def __new__(cls, *, every: int, sync_steps: int = 0, keras: Keras | str | Any = None) -> Any:
         if cls is LocalSGD:

@@ -129,12 +129,13 @@ def _accumulate(steps: int, variables: Any, micro_step: Any) -> list[Any]:
     return total
 
 
-def _keras2_accumulation(keras: ModuleType, steps: int) -> type:
+def _keras2_accumulation(keras: Any, steps: int) -> type:
     import tensorflow as tf
 
     class GradientAccumulationModel(keras.Model):
         def train_step(self, data: Any) -> dict[str, Any]:
-            _, part = _micro_batches(*keras.utils.unpack_x_y_sample_weight(data), steps)
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            _, part = _micro_batches(x, y, sample_weight, steps)
             variables = self.trainable_variables
 
             def micro_step(i: Any) -> list[Any]:
@@ -151,12 +152,13 @@ def _keras2_accumulation(keras: ModuleType, steps: int) -> type:
     return GradientAccumulationModel
 
 
-def _keras3_accumulation(keras: ModuleType, steps: int) -> type:
+def _keras3_accumulation(keras: Any, steps: int) -> type:
     import tensorflow as tf
 
     class GradientAccumulationModel(keras.Model):
         def train_step(self, data: Any) -> dict[str, Any]:
-            micro, part = _micro_batches(*keras.utils.unpack_x_y_sample_weight(data), steps)
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            micro, part = _micro_batches(x, y, sample_weight, steps)
             variables = self.trainable_variables
             # Keras 3 divides a replica's loss by the replicas in sync (their gradients are summed); the
             # logged loss is the replica's own, as Keras' train_step logs it.
@@ -243,13 +245,36 @@ def mixed_precision(policy: str | Precision = "mixed_float16") -> Iterator[Any]:
 _RECOMPUTE_CLASSES: dict[Keras, type] = {}
 
 
+def _build_in_order(block: Sequence[Any], input_shape: Any) -> None:
+    """Builds the layers of ``block`` not built yet, each on the output shape of the one before."""
+    shape = input_shape
+    for layer in block:
+        if not layer.built:
+            layer.build(shape)
+        shape = layer.compute_output_shape(shape)
+
+
+def _apply_in_order(block: Sequence[Any], x: Any) -> Any:
+    for layer in block:
+        x = layer(x)
+    return x
+
+
+def _output_shape(block: Sequence[Any], input_shape: Any) -> Any:
+    for layer in block:
+        input_shape = layer.compute_output_shape(input_shape)
+    return input_shape
+
+
 def _recompute_class(which: Keras) -> type:
     """The Keras layer class of ``which`` Keras, created on first use so that importing this module stays TF-free."""
     if which in _RECOMPUTE_CLASSES:
         return _RECOMPUTE_CLASSES[which]
     import tensorflow as tf
 
-    class RecomputeBlock(keras_module(which).layers.Layer):
+    base: Any = keras_module(which).layers.Layer  # a class of a module the type checker does not follow
+
+    class RecomputeBlock(base):
         """Applies ``layers`` in order; under training, through ``tf.recompute_grad``."""
 
         def __init__(self, layers: Sequence[Any], **kwargs: Any) -> None:
@@ -257,17 +282,11 @@ def _recompute_class(which: Keras) -> type:
             self.block = list(layers)
 
         def build(self, input_shape: Any) -> None:
-            shape = input_shape
-            for layer in self.block:
-                if not layer.built:
-                    layer.build(shape)
-                shape = layer.compute_output_shape(shape)
+            _build_in_order(self.block, input_shape)
             super().build(input_shape)
 
         def _forward(self, x: Any) -> Any:
-            for layer in self.block:
-                x = layer(x)
-            return x
+            return _apply_in_order(self.block, x)
 
         def call(self, inputs: Any, training: Any = None) -> Any:
             if not training:
@@ -275,9 +294,7 @@ def _recompute_class(which: Keras) -> type:
             return tf.recompute_grad(self._forward)(inputs)
 
         def compute_output_shape(self, input_shape: Any) -> Any:
-            for layer in self.block:
-                input_shape = layer.compute_output_shape(input_shape)
-            return input_shape
+            return _output_shape(self.block, input_shape)
 
     _RECOMPUTE_CLASSES[which] = RecomputeBlock
     return RecomputeBlock

@@ -100,7 +100,7 @@ class StalenessPolicy:
         return clocks[worker] - min(clocks) <= self.staleness
 
 
-def resolve_staleness(staleness: int | str | None) -> StalenessPolicy:
+def resolve_staleness(staleness: int | str | StalenessPolicy | None) -> StalenessPolicy:
     """Reads a ``staleness`` option: an int k >= 0, or ``None``/``"none"``/``"asp"``.
 
     Args:

@@ -98,7 +98,7 @@ def _host_addresses(host: str) -> frozenset[str]:
     """
     name = host.strip("[]").lower()
     try:
-        candidates = {name} if _is_ip(name) else {info[4][0] for info in socket.getaddrinfo(name, None)}
+        candidates = {name} if _is_ip(name) else {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
     except (OSError, UnicodeError):
         return frozenset({name})
     addresses = set()
@@ -286,12 +286,13 @@ def parse_tf_config(value: str | Mapping[str, Any]) -> TFConfig:
             index out of range, a port that is not a number, two tasks on one address.
     """
     if isinstance(value, str):
+        text = value
         try:
-            value = json.loads(value)
+            value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TFConfigError(
                 f"TF_CONFIG is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}). "
-                f"Received: {value[:200]!r}"
+                f"Received: {text[:200]!r}"
             ) from None
     if not isinstance(value, Mapping):
         raise TFConfigError(f"TF_CONFIG must be a JSON object. Received: {value!r}")

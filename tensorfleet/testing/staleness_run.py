@@ -180,7 +180,7 @@ def _sleep_op(microseconds: Any) -> Any:
 
 def _delay_pattern(straggler_delay: float | Sequence[float]) -> list[float]:
     """The straggler's successive pauses in seconds, checked."""
-    if isinstance(straggler_delay, (str, numbers.Real)):
+    if isinstance(straggler_delay, (str, float, numbers.Real)):  # float: the type checker narrows by it
         return [number("straggler_delay", straggler_delay, minimum=0)]
     pattern = list(straggler_delay)
     if not pattern:

@@ -235,7 +235,7 @@ class Mesh:
         if self.backend is MeshBackend.DTENSOR:
             from tensorfleet.model_parallel.mesh.keras_model import dtensor_trainer
 
-            return dtensor_trainer(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
+            return dtensor_trainer(model, self._require_scope(model), self.dtensor_mesh, zero=self.zero)
         from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
 
         from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
@@ -243,11 +243,12 @@ class Mesh:
         mesh_steps(model)  # one clear error now for a model the backend cannot run
         return StepTrainer(self, model)
 
-    def _require_scope(self, model: Any) -> None:
-        """One clear error for a model not built in :meth:`scope` (nothing laid out yet)."""
+    def _require_scope(self, model: Any) -> KerasLayout:
+        """The layout of the last :meth:`scope`; one clear error for a model not built in one (nothing laid out yet)."""
         if self.keras_layout is None:
             raise ValueError("Build the model inside mesh.scope() first, so that its weights are laid out on the "
                              f"mesh. Received: model {getattr(model, 'name', model)!r} and no scope entered")
+        return self.keras_layout
 
     def weight_splits(self, model: Any) -> list[Any]:
         """Each weight of ``model`` (built in the last :meth:`scope`) as this mesh lays it out, for the
@@ -266,8 +267,7 @@ class Mesh:
         """
         from tensorfleet.model_parallel.mesh.zero import weight_splits
 
-        self._require_scope(model)
-        return weight_splits(model, self.keras_layout)
+        return weight_splits(model, self._require_scope(model))
 
     def check(self, model: Any, batch_size: int) -> dict[str, int]:
         """Validates the layout against ``model`` and the devices; returns the model's dimensions."""
@@ -399,14 +399,16 @@ def _scope(mesh: Mesh) -> Iterator[KerasLayout]:
     from tensorfleet.compat.tf_keras import intercept_compile
     from tensorfleet.model_parallel.mesh.keras_model import compile_on_mesh, mesh_scope
 
+    layout = mesh.keras_layout
+    assert layout is not None, "Mesh.scope sets the layout before it enters"
     with contextlib.ExitStack() as stack:
         if mesh.backend is MeshBackend.DTENSOR:
-            stack.enter_context(mesh_scope(mesh.keras_layout, mesh.dtensor_mesh, zero=mesh.zero))
+            stack.enter_context(mesh_scope(layout, mesh.dtensor_mesh, zero=mesh.zero))
         make_trainer = mesh.trainer
         if mesh.backend is MeshBackend.DTENSOR:  # a Keras 3 model on the mesh: keras3_model
             make_trainer = _takes_keras3(make_trainer)
         stack.enter_context(intercept_compile(compile_on_mesh(make_trainer)))
-        yield mesh.keras_layout
+        yield layout
 
 
 def _takes_keras3(make_trainer: Any) -> Any:

@@ -35,7 +35,7 @@ copy of a weight stays equal, checked shard by shard, but the masks are not one 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
@@ -177,6 +177,10 @@ class MeshModel:
     write through Keras 3's own methods (:class:`MeshVariable`)."""
 
     mesh_trainer: Any = None
+    # Keras 3's, from the model class this mixin is combined with:
+    train_function: Any
+    test_function: Any
+    __call__: Callable[..., Any]
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         self.mesh_trainer.compile(self, args, kwargs)

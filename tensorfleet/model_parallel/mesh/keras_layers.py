@@ -139,7 +139,7 @@ def _output_split(layer: Any, read: list[bool], axes: dict[str, Any], batch_axis
     return any(read)
 
 
-def _batch_parallel() -> tuple[type, ...]:
+def _batch_parallel() -> tuple[Any, ...]:
 
     layers = keras2().layers
     return (layers.MaxPooling1D, layers.AveragePooling1D, layers.MaxPooling2D, layers.AveragePooling2D,

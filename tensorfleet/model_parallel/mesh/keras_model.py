@@ -162,6 +162,9 @@ class OnMesh:
 
     mesh_trainer: Any = None
     """The trainer of this model's weights on the mesh; set by ``compile`` inside ``Mesh.scope()``."""
+    # Keras', from the model class this mixin is combined with:
+    name: str
+    weights: list[Any]
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         if self.mesh_trainer is None:
@@ -185,7 +188,7 @@ class OnMesh:
     def get_weights(self) -> list[Any]:
         if not getattr(self.mesh_trainer, "weights_on_mesh", False):  # no trainer, or one that writes them back
             return super().get_weights()  # type: ignore[misc]
-        return [host_value(v) for v in self.weights]  # type: ignore[attr-defined]
+        return [host_value(v) for v in self.weights]
 
     @property
     def optimizer(self) -> Any:
@@ -218,17 +221,18 @@ class OnMesh:
         """A model of the same layers on one device, with this model's weights gathered from the shards."""
 
         on_mesh = type(self)
-        self.__class__ = next(c for c in on_mesh.__mro__[1:] if not issubclass(c, OnMesh))  # Keras clones its class
+        plain = next(c for c in on_mesh.__mro__[1:] if not issubclass(c, OnMesh))
+        setattr(self, "__class__", plain)  # Keras clones its class
         try:
             copy = keras2().models.clone_model(self)
         except (ValueError, NotImplementedError) as exc:  # a subclassed model without get_config
-            raise ValueError(f"Model {self.name!r} on a mesh can be saved whole only if Keras can rebuild it "  # type: ignore[attr-defined]
+            raise ValueError(f"Model {self.name!r} on a mesh can be saved whole only if Keras can rebuild it "
                              "from its config (Sequential, functional, or get_config/from_config); otherwise "
                              f"save_weights() and rebuild it yourself. Received: {type(exc).__name__}: {exc}") from exc
         finally:
             self.__class__ = on_mesh
         # By name: a Dropout built in the scope keeps its random generator's state as a weight, its copy has none
-        by_name = {w.name: w for w in self.weights}  # type: ignore[attr-defined]
+        by_name = {w.name: w for w in self.weights}
         if all(w.name in by_name for w in copy.weights):
             copy.set_weights([host_value(by_name[w.name]) for w in copy.weights])
         else:

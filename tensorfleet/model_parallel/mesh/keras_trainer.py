@@ -46,7 +46,10 @@ def avg_pool_gradient(op: Any, grad: Any) -> Any:
     return spread
 
 
-class MeshTrainer(keras2().Model):
+_keras2: Any = keras2()  # tf_keras (tf.keras before TF 2.16): a module mypy does not follow
+
+
+class MeshTrainer(_keras2.Model):
     """Trains ``model`` (built in ``Mesh.scope()``) with its weights laid out on a DTensor mesh.
 
     ``fit`` and ``evaluate`` take arrays (``x``, ``y``, ``batch_size``; full batches only, the batch
@@ -60,6 +63,8 @@ class MeshTrainer(keras2().Model):
 
     trains_on_mesh = True
     """Its own ``compile`` is Keras' (the scope's compile hook lets it through)."""
+    train_function: Any  # Keras' attributes, which make_train_function and make_test_function set
+    test_function: Any
     weights_on_mesh = True
     """The weights stay DVariables on the mesh: ``get_weights`` gathers them."""
 
@@ -76,8 +81,8 @@ class MeshTrainer(keras2().Model):
         self.adapted: list[str] = adapt_split_readers(model, layout.decided, layout.batch_axis, dmesh)
         """The pooling and Concatenate layers that read a tensor split along a non-batch axis, given a
         call that gathers it to be split along the batch alone (:func:`.keras_layers.adapt_split_readers`)."""
-        self._loss_fn = None
-        self._loss_tracker = None
+        self._loss_fn: Any = None  # Keras objects (a loss, a Mean metric) once compiled
+        self._loss_tracker: Any = None
 
     def call(self, inputs: Any, training: Any = None) -> Any:
         return self.model(inputs, training=training)
@@ -200,7 +205,8 @@ class MeshTrainer(keras2().Model):
         self.test_function = test_function
         return test_function
 
-    def _dataset(self, x: Any, y: Any, batch_size: Any, shuffle: bool, names: str = "x and y") -> tuple[Any, int]:
+    def _dataset(self, x: Any, y: Any, batch_size: Any, shuffle: bool,
+                 names: str = "x and y") -> tuple[Any, int | None]:
         return mesh_dataset(self.layout, self.dmesh, x, y, batch_size, shuffle, names)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1, verbose: Any = "auto",

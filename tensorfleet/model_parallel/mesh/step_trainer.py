@@ -38,7 +38,10 @@ class MeshRun:
     finish: Callable[[], dict[str, Any]]
 
 
-class StepTrainer(keras2().Model):
+_keras2: Any = keras2()  # tf_keras (tf.keras before TF 2.16): a module mypy does not follow
+
+
+class StepTrainer(_keras2.Model):
     """Trains ``model`` with ``mesh``'s backend, one backend step per batch of Keras' ``fit``.
 
     ``compile`` takes ``tf.keras.optimizers.SGD`` (no momentum) and a sparse categorical
@@ -126,6 +129,7 @@ class StepTrainer(keras2().Model):
 
     def train_step(self, data: Any) -> dict[str, Any]:
         x, y = data
+        assert self._run is not None, "train_step runs inside fit, which makes the run"
         loss = float(self._run.step(x.numpy(), y.numpy()))
         now = time.perf_counter()
         self.step_loss.append(loss)

@@ -20,7 +20,7 @@ def pipeline_keras_model(pipeline: Any) -> Any:
     """
     import tensorflow as tf
 
-    keras = module_of(pipeline.model, "Pipeline.keras_model")  # the model's own Keras: 3 or tf_keras
+    keras: Any = module_of(pipeline.model, "Pipeline.keras_model")  # the model's own Keras: 3 or tf_keras
 
     class PipelineModel(keras.Model):
         """Keras front of a :class:`Pipeline`: ``train_step`` is one pipeline step."""
