@@ -7,6 +7,8 @@ keras, dtensor) and on one device (a ``tf.function`` SGD step), alternating the 
 median wall time of the second epoch's steps (``MeshHistory.step_seconds``), which leaves out
 graph building and tracing. Prints the median over runs and its ratio to one device. Logical
 devices share the machine's cores: this measures the overhead of splitting, not a speed-up.
+The models are tf_keras ones, whatever ``tf.keras`` is in the process: the mtf and keras
+backends take tf_keras models only.
 
 Usage:
     python bench/mesh_backends.py [--repeats 3] [--examples 512]
@@ -26,12 +28,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def one_device_seconds(name: str, x, y, steps: int, batch_size: int) -> list[float]:
     """Seconds of each step of 2 epochs of ``name`` on one device (a ``tf.function`` SGD step)."""
     import tensorflow as tf
+    import tf_keras
 
     import tensorfleet as tfl
 
-    model = tfl.models.build(name)
-    optimizer = tf.keras.optimizers.SGD(0.1)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = tfl.models.build(name, keras="tf_keras")
+    optimizer = tf_keras.optimizers.SGD(0.1)
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
     def step(xb, yb):
@@ -81,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                     if who == "one_device":
                         seconds = one_device_seconds(name, x, y, steps, args.batch_size)
                     else:
+                        model = tfl.models.build(name, keras="tf_keras")
                         seconds = Mesh("b1:2;b2:2", layout, backend=who).fit(
-                            tfl.models.build(name), x, y, epochs=2, batch_size=args.batch_size, learning_rate=0.1,
+                            model, x, y, epochs=2, batch_size=args.batch_size, learning_rate=0.1,
                             verbose=False).step_seconds
                     times.setdefault((name, who), []).append(statistics.median(seconds[steps:]))
                     bar.update(1)
