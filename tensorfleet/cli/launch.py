@@ -166,7 +166,7 @@ def launch_command(
     script_args = list(args or [])
     if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
         script_args = script_args[1:]
-    migration = {"strategy": strategy, "devices": devices, "workers": workers if "workers" in given else None,
+    migration: dict[str, Any] = {"strategy": strategy, "devices": devices, "workers": workers if "workers" in given else None,
                  "ps": ps, "verbose": verbose(ctx),
                  "changes": {"epochs": epochs, "global_batch_size": global_batch_size, "policy": batch_policy,
                              "stop_at_step": stop_at_step, "save_every": save_every, "scale_lr": scale_lr}}
@@ -318,7 +318,8 @@ def _shared_jobs(shares: list[float], script: Path | None,
     """``(share, script, its arguments)`` of each job of ``--share S1 A.PY [-- ARGS] --share S2 B.PY ...``: the
     shares before the first script are the option's; the rest of the line reaches us as the script's arguments.
     A script's own arguments follow ``--`` after it, up to the next ``--share``."""
-    tokens, shares, jobs = [*([str(script)] if script is not None else []), *args], list(shares), []
+    tokens, shares = [*([str(script)] if script is not None else []), *args], list(shares)
+    jobs: list[tuple[Path, list[str]]] = []  # (script, its arguments), the shares apart
     while tokens:
         token = tokens.pop(0)
         if token == "--share" or token.startswith("--share="):

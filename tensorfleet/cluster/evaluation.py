@@ -91,7 +91,9 @@ def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | s
     if as_keras(keras, "checkpoint_callback") is Keras.KERAS2:
         return keras2().callbacks.ModelCheckpoint(os.path.join(directory, "ckpt-{epoch}"), save_weights_only=True)
 
-    class TensorFlowCheckpoint(keras3().callbacks.Callback):
+    callback: Any = keras3().callbacks.Callback  # a base read at run time: Any to the type checker
+
+    class TensorFlowCheckpoint(callback):
         """Writes ``ckpt-<epoch>`` (1-based, as ``ModelCheckpoint`` numbers them) and names it newest. Under a
         multi-worker strategy every worker saves (reading mirrored variables is a collective), the chief into
         ``checkpoint_dir`` and the others into a scratch folder of their own, removed when training ends."""
@@ -266,11 +268,13 @@ def evaluation(model_fn: Callable[[], Any], data: Any, *, checkpoint_dir: str | 
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
     model = model_fn()
-    keras = module_of(model, "tensorfleet.cluster.evaluation.evaluation (the model model_fn built)")
+    keras: Any = module_of(model, "tensorfleet.cluster.evaluation.evaluation (the model model_fn built)")
     recorder = _Recorder(model, Path(checkpoint_dir), out_path, monitor, mode, log)
     model.evaluate = recorder.hook(model.evaluate)
 
-    class _Record(keras.callbacks.Callback):
+    callback: Any = keras.callbacks.Callback
+
+    class _Record(callback):
         def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             recorder.record(dict(logs or {}))
 

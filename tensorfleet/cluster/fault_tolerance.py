@@ -98,6 +98,8 @@ class _OfOneKeras:
     the other, instead of failing later somewhere inside that Keras."""
 
     keras: Keras
+    model: Any  # what the Keras Callback this is mixed into sets (annotations only: nothing set here)
+    params: dict[str, Any]
 
     def set_model(self, model: Any) -> None:
         which = keras_of(model, type(self).__name__)

@@ -216,7 +216,8 @@ def _check_script(script: str | os.PathLike[str]) -> Path:
     try:  # compiled, not run: a file that is not Python fails here, not in every task
         compile(source, str(path), "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:
-        where = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        line = getattr(error, "lineno", None)  # a SyntaxError's; a ValueError (a NUL byte) has none
+        where = f" (line {line})" if line else ""
         raise ValueError(f"The script to launch is not Python: {getattr(error, 'msg', error)}{where}. Received: "
                          f"script={str(script)!r}") from None
     return path.resolve()

@@ -99,7 +99,7 @@ class Placement:
         positive_int("devices", self.devices)
         positive_int("workers", self.workers)
         integer("ps", self.ps, minimum=0)
-        kind = self.strategy
+        kind = MigrationStrategy(self.strategy)  # the member __post_init__ set, typed
         if kind is MigrationStrategy.PARAMETER_SERVER and self.ps < 1:
             raise MigrationError(f"strategy='parameter_server' needs at least one ps task. Received: ps={self.ps}")
         if kind is not MigrationStrategy.PARAMETER_SERVER and self.ps:
@@ -115,7 +115,7 @@ class Placement:
     @property
     def replicas(self) -> int:
         """Replicas that share one step (a parameter server's step runs on one worker)."""
-        if self.strategy.in_one_process:
+        if MigrationStrategy(self.strategy).in_one_process:
             return self.devices
         return self.workers if self.strategy is MigrationStrategy.MULTI_WORKER_MIRRORED else 1
 
@@ -208,7 +208,7 @@ class TaskOptions(RunOptions):
         """The options of ``run`` under ``to``, with its checkpoints in ``out_dir`` (and the testing hooks set now)."""
         shared = {f.name: getattr(run, f.name) for f in fields(RunOptions)}
         hooks = active()
-        return cls(**shared, out_dir=str(Path(out_dir).resolve()), strategy=to.strategy.value,
+        return cls(**shared, out_dir=str(Path(out_dir).resolve()), strategy=MigrationStrategy(to.strategy).value,
                    devices=to.devices, resume=resume, equal_shares=hooks.equal_shares,
                    input_delay=hooks.input_delay, slowdown=hooks.slowdown)
 
@@ -219,7 +219,7 @@ class TaskOptions(RunOptions):
     def to_env(self) -> dict[str, str]:
         """The task's environment entry that carries these options (JSON)."""
         record = {f.name: getattr(self, f.name) for f in fields(self)}
-        record.update(policy=self.policy.value, slowdown=list(self.slowdown) if self.slowdown else None)
+        record.update(policy=BatchPolicy(self.policy).value, slowdown=list(self.slowdown) if self.slowdown else None)
         return {ENV_MIGRATION: json.dumps(record)}
 
     @classmethod
@@ -312,7 +312,7 @@ def _parameters(model: Any) -> int | None:
 
 def _check_memory(to: Placement, parameters: int, memory_bytes: float | None) -> None:
     """A replica of mirrored strategies holds the whole model and its slots; a ps task its share."""
-    sharing = to.devices if to.strategy.in_one_process else to.workers + to.ps + 1
+    sharing = to.devices if MigrationStrategy(to.strategy).in_one_process else to.workers + to.ps + 1
     available = memory_bytes if memory_bytes is not None else _machine_memory() / sharing
     needed = parameters * _BYTES_PER_PARAMETER
     if to.strategy is MigrationStrategy.PARAMETER_SERVER:

@@ -18,6 +18,7 @@ import codecs
 import collections
 import contextlib
 import ctypes
+import io
 import operator
 import os
 import re
@@ -81,13 +82,14 @@ class TaskProcess:
         self.reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+        assert isinstance(stdout, io.BufferedReader)  # stdout=PIPE, binary: read1 returns what has come
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         lines = ProgressLines(interval=self.job.progress_interval)
-        for raw in iter(lambda: self.proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        for raw in iter(lambda: stdout.read1(65536), b""):
             self._show(lines.feed(decoder.decode(raw), now=self.job.now()))
         self._show(lines.feed(decoder.decode(b"", final=True), now=self.job.now()) + lines.flush())
-        self.proc.stdout.close()
+        stdout.close()
 
     def _show(self, lines: list[tuple[str, bool]]) -> None:
         for text, complete in lines:

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensorfleet.cluster.balance import SpeedMeter, proportional_split, ps_workers, python_wait, worker_wait
+from tensorfleet.cluster.elastic import BatchPolicy
 from tensorfleet.cluster.contract import (BATCHES, EPOCH_ENDED_AT_STEP, FINISHED, FIRST_STEP_DONE, RESUMED, SAVED, SAVING,
                                          STEP_DONE, STOPPED_STATUS, STOPPING, StopRequest, attempt, read_gate)
 from tensorfleet.cluster.jobstate import (CheckpointError, JobProgress, check_same_keras, epoch_order, fingerprint,
@@ -302,7 +303,7 @@ def _initial_state(trainer: Trainer, options: TaskOptions) -> JobProgress:
     return JobProgress(step=0, epoch=0, epochs=options.epochs, position=0, seed=options.seed,
                        rng=new_rng_state(options.seed),
                     examples=trainer.examples, global_batch_size=batch_for(options, trainer.replicas),
-                    policy=options.policy.value, fingerprint=digest, parameters=parameters,
+                    policy=BatchPolicy(options.policy).value, fingerprint=digest, parameters=parameters,
                     strategy=options.strategy, replicas=trainer.replicas,
                     keras=keras_of(trainer.model, "a migratable job's build_model()").value)
 

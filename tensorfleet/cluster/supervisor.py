@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Iterator, NamedTuple, Union
+from typing import Any, Callable, Iterator, NamedTuple, Union
 
 from tensorfleet.cluster.contract import HUNG_STATUS, STOPPED_STATUS, describe_exit, shell_status
 from tensorfleet.cluster.processes import LocalJob
@@ -86,7 +86,7 @@ class Supervisor:
         self.done: set[str] = set()  # tasks of this attempt that exited 0 or STOPPED_STATUS
         self.stopped: set[str] = set()  # ... of those, the ones that stopped on purpose
         self.failure: TaskFailure | None = None
-        self.steps = {
+        self.steps: dict[JobState, Callable[[], JobState | JobOutcome]] = {
             JobState.RUNNING: self.watch,
             JobState.FAILED: self.on_failure,
             JobState.RESTARTING_TASK: self.restart_task,
@@ -268,7 +268,7 @@ def forwarded_signals(job: LocalJob) -> Iterator[list[int]]:
         received.append(signum)
         job.forward(signum)
 
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous[signum] = signal.signal(signum, handler)
