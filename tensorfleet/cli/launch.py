@@ -137,7 +137,8 @@ def launch_command(
         None, "--stop-at-step", help="Stop a migratable job after this step, saved and ready to move."),
     save_every: int = typer.Option(0, "--save-every", help="Checkpoint a migratable job every N steps."),
     share: Optional[List[float]] = typer.Option(  # noqa: UP006,UP007
-        None, "--share", metavar="FRACTION SCRIPT", help="Time-slice migratable jobs on these devices: '--share 0.75 a.py --share 0.25 b.py' "
+        None, "--share", metavar="FRACTION SCRIPT",
+        help="Time-slice migratable jobs on these devices: '--share 0.75 a.py --share 0.25 b.py' "
         "gives each job its share of the steps (shares sum to 1); checkpoints in --checkpoint-dir/<job>."),
     quantum: int = typer.Option(8, "--quantum", help="Steps in one round of --share, split by the shares."),
     timeline: Optional[Path] = typer.Option(  # noqa: UP007
@@ -151,9 +152,10 @@ def launch_command(
     With --mesh the workers are the processes of one mesh: a Mesh made in the script spans them all.
 
     Output lines are prefixed with their task (e.g. worker:1); a progress bar shows its state every
-    2 s, one line each; TensorFlow's start-up noise is left out (shown with --verbose); Ctrl-C and SIGTERM reach every
-    task (SIGKILL follows after a grace period); when training ends an evaluator still at work is told so and
-    waited for (--evaluator-timeout) to evaluate the last checkpoint; the exit status is the chief's (worker 0's without a chief) or the first failure's.
+    2 s, one line each; TensorFlow's start-up noise is left out (shown with --verbose); Ctrl-C and SIGTERM reach
+    every task (SIGKILL follows after a grace period); when training ends an evaluator still at work is told so
+    and waited for (--evaluator-timeout) to evaluate the last checkpoint; the exit status is the chief's (worker
+    0's without a chief) or the first failure's.
     """
     from tensorfleet.cli.main import click_exceptions, verbose
 
@@ -166,7 +168,8 @@ def launch_command(
     script_args = list(args or [])
     if script_args[:1] == ["--"]:  # `launch train.py -- --epochs 3`
         script_args = script_args[1:]
-    migration: dict[str, Any] = {"strategy": strategy, "devices": devices, "workers": workers if "workers" in given else None,
+    migration: dict[str, Any] = {
+                 "strategy": strategy, "devices": devices, "workers": workers if "workers" in given else None,
                  "ps": ps, "verbose": verbose(ctx),
                  "changes": {"epochs": epochs, "global_batch_size": global_batch_size, "policy": batch_policy,
                              "stop_at_step": stop_at_step, "save_every": save_every, "scale_lr": scale_lr}}
@@ -199,7 +202,8 @@ def launch_command(
 
         env[ENV_SCALE_LR] = scale_lr.strip()
     result = launch(
-        script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list, mode=mode_option,
+        script, script_args, workers=workers, ps=ps, chief=chief, evaluator=evaluator, ports=port_list,
+        mode=mode_option,
         recovery=Recovery(max_restarts=max_restarts, backoff=backoff, backup_dir=backup_dir),
         timeouts=Timeouts(timeout=timeout, hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout),
         output=TaskOutput(verbose=verbose(ctx)), command=TaskCommand(env=env, runner=runner), check=False, mesh=mesh,

@@ -30,7 +30,8 @@ from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfig, TFConf
 
 __getattr__, _LAZY = attach(
     __name__,
-    names={"launch": "launcher", "launch_elastic": "elastic", "migrate": "migration", "share": "multiplex", "tfjob": "k8s",
+    names={"launch": "launcher", "launch_elastic": "elastic", "migrate": "migration", "share": "multiplex",
+           "tfjob": "k8s",
            "Recovery": "launch_options", "Timeouts": "launch_options", "TaskOutput": "launch_options",
            "TaskCommand": "launch_options",
            "callbacks": "fault_tolerance", "callback_class": "fault_tolerance", "resumed_epoch": "fault_tolerance",

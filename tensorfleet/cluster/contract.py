@@ -35,8 +35,9 @@ from typing import Any, Mapping
 from tensorfleet.validation import integer
 
 __all__ = [
-    "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_SCALE_LR", "ENV_STOP_AFTER_EPOCH", "ENV_TASK",
-    "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS", "StopRequest", "check_mesh_tasks", "check_task_counts", "describe_exit", "shell_status",
+    "ENV_ATTEMPT", "ENV_BACKUP_DIR", "ENV_BATCH_POLICY", "ENV_MIGRATION", "ENV_NUM_WORKERS", "ENV_SCALE_LR",
+    "ENV_STOP_AFTER_EPOCH", "ENV_TASK", "ENV_TRAINING_ENDED", "HUNG_STATUS", "SERVE_ARGS", "STOPPED_STATUS",
+    "StopRequest", "check_mesh_tasks", "check_task_counts", "describe_exit", "shell_status",
     "PREFIX", "Mark", "attempt", "read_gate", "write_gate", *(  # the lines tasks write, below
         "BATCHES", "EPOCH_BEGIN", "EPOCH_END", "EPOCH_ENDED_AT_STEP", "EPOCH_STEP", "FINISHED", "FIRST_STEP_DONE",
         "RESUMED", "RESUMED_FROM_BACKUP", "SAVED", "SAVING", "SERVING", "STEP_DONE", "STOPPING",
@@ -119,9 +120,9 @@ def check_mesh_tasks(others: Mapping[str, int], env: Mapping[str, str] | None) -
     a DTensor client, and DTensor's environment comes from each task's TF_CONFIG, not from ``env``.
 
     Example:
-        >>> check_mesh_tasks({"ps": 1}, None)
+        >>> check_mesh_tasks({"ps": 1}, None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        ValueError: A mesh across processes (mesh=True, --mesh) runs workers only, each a process of the mesh; drop the ps. Received: ps=1
+        ValueError: A mesh across processes (mesh=True, --mesh) runs workers only, ...; drop the ps. Received: ps=1
     """
     given = {role: int(count) for role, count in others.items() if count}
     if given:

@@ -84,8 +84,9 @@ def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], keras: Keras | s
     Args:
         checkpoint_dir: where the checkpoints go.
         keras: the Keras of the model that trains: the model itself, ``"keras3"`` or ``"keras2"``; None: the
-            Keras ``tf.keras`` is in this process. Keras 2: Keras' ``ModelCheckpoint`` with weights only; Keras 3: a TensorFlow
-            checkpoint of the model and its optimizer (Keras 3's ``ModelCheckpoint`` writes ``.weights.h5``).
+            Keras ``tf.keras`` is in this process. Keras 2: Keras' ``ModelCheckpoint`` with weights only; Keras 3:
+            a TensorFlow checkpoint of the model and its optimizer (Keras 3's ``ModelCheckpoint`` writes
+            ``.weights.h5``).
     """
     directory = os.fspath(checkpoint_dir)
     if as_keras(keras, "checkpoint_callback") is Keras.KERAS2:

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
-from tensorfleet.cluster.contract import (ENV_BACKUP_DIR, ENV_SCALE_LR, ENV_STOP_AFTER_EPOCH, EPOCH_BEGIN, EPOCH_END, EPOCH_STEP,
-                                         RESUMED_FROM_BACKUP, STOPPED_STATUS, STOPPING_AFTER_EPOCH)
+from tensorfleet.cluster.contract import (ENV_BACKUP_DIR, ENV_SCALE_LR, ENV_STOP_AFTER_EPOCH, EPOCH_BEGIN, EPOCH_END,
+                                         EPOCH_STEP, RESUMED_FROM_BACKUP, STOPPED_STATUS, STOPPING_AFTER_EPOCH)
 from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.io import write_bytes, write_json
 from tensorfleet.validation import positive_int
@@ -104,8 +104,9 @@ class _OfOneKeras:
     def set_model(self, model: Any) -> None:
         which = keras_of(model, type(self).__name__)
         if which is not self.keras:
-            raise TypeError(f"{type(self).__name__} is a {self.keras.value} callback and fit's model is a {which.value} "
-                            f"model. Received: model of type {type(model).__module__}.{type(model).__qualname__}; "
+            raise TypeError(f"{type(self).__name__} is a {self.keras.value} callback and fit's model is a "
+                            f"{which.value} model. Received: model of type "
+                            f"{type(model).__module__}.{type(model).__qualname__}; "
                             "pass keras=model to tensorfleet.cluster.fault_tolerance.callbacks (or "
                             "callback_class(name, model)) for callbacks of the model's Keras.")
         super().set_model(model)  # type: ignore[misc]

@@ -5,9 +5,9 @@ operator: one replica spec per task type, the operator's restart policy and back
 container resources, a shared volume for ``BackupAndRestore`` (a ReadWriteMany
 ``PersistentVolumeClaim`` of a storage class the user may name, mounted in every pod that runs
 the script and exported there as ``TENSORFLEET_BACKUP_DIR``; the servers of a parameter-server
-job never write backups and get no mount) and the environment the script needs. As with the launcher, in a parameter-server job only the chief
-runs the command; workers and ps run tensorfleet's server (``python -P -m
-tensorfleet.cluster.launcher --serve``).
+job never write backups and get no mount) and the environment the script needs. As with the
+launcher, in a parameter-server job only the chief runs the command; workers and ps run
+tensorfleet's server (``python -P -m tensorfleet.cluster.launcher --serve``).
 
 :func:`validate` checks a manifest before it reaches a cluster: the TFJob against a JSON
 schema of the TFJob structure (:data:`TFJOB_SCHEMA`, after the training operator's API
@@ -197,7 +197,8 @@ def tfjob(
     if storage_class is not None:
         kube.dns_subdomain("storage_class", storage_class)
         if backup_claim is not None:
-            raise ValueError(f"storage_class applies to the claim tensorfleet writes, not to an existing one. Received: "
+            raise ValueError(f"storage_class applies to the claim tensorfleet writes, not to an existing one. "
+                             f"Received: "
                              f"storage_class={storage_class!r} with backup_claim={backup_claim!r}; drop one of them.")
     pod = _Pod(image=kube.image(image), command=_check_command(command), cpu=kube.quantity("cpu", cpu),
                memory=kube.quantity("memory", memory), gpus=integer("gpus", gpus, minimum=0),
@@ -301,7 +302,8 @@ def _validate_tfjob(job: Mapping[str, Any]) -> None:
     specs = job["spec"]["tfReplicaSpecs"]
     for single in ("Chief", "Master", "Evaluator"):
         if single in specs and specs[single]["replicas"] > 1:
-            raise kube.ManifestError(f"A TFJob has at most one {single} replica. Received: replicas={specs[single]['replicas']}")
+            raise kube.ManifestError(f"A TFJob has at most one {single} replica. "
+                                     f"Received: replicas={specs[single]['replicas']}")
     if "Chief" in specs and "Master" in specs:
         raise kube.ManifestError("A TFJob has a Chief or a Master, not both.")
     for rtype, spec in specs.items():
@@ -313,7 +315,8 @@ def _validate_tfjob(job: Mapping[str, Any]) -> None:
                 f"Received: {[c.get('name') for c in containers]}"
             )
         if "restartPolicy" in template["spec"]:
-            raise kube.ManifestError(f"tfReplicaSpecs/{rtype}: set restartPolicy on the replica spec, not in the pod template.")
+            raise kube.ManifestError(f"tfReplicaSpecs/{rtype}: set restartPolicy on the replica spec, not in the pod "
+                                     "template.")
         pod_template = {"apiVersion": "v1", "kind": "PodTemplate",
                         "metadata": {"name": f"{job['metadata']['name']}-{rtype.lower()}"}, "template": template}
         kube.validate_object(pod_template, f"tfReplicaSpecs/{rtype}/template")
