@@ -40,8 +40,7 @@ LOCAL_DEVICES = 8
 def counts_table() -> list[str]:
     import numpy as np
 
-    from tensorfleet.planner import collectives as C
-    from tensorfleet.planner import traffic
+    from tensorfleet.planner import collectives as C, traffic
 
     lines = ["| algorithm | N | total sent (executed) | exact formula | classic formula | steps |",
              "|---|---|---|---|---|---|"]

@@ -70,8 +70,8 @@ def _datasets() -> dict[str, tuple[Any, ...]]:
 
 def main() -> int:
     from tensorfleet import edge
-    from tensorfleet.edge.micro import ArenaProber, run_micro, run_tflite
     from tensorfleet.compat.litert import interpreter_source
+    from tensorfleet.edge.micro import ArenaProber, run_micro, run_tflite
 
     rows = []
     failures = []
@@ -121,9 +121,9 @@ def main() -> int:
               f"{drop:+.2f} | {flips}/{n} | {max_dev:.3g} | {arena_text} | {engine} |")
     mlp_int8 = next(r for r in rows if r[0] == "mlp_1m" and r[2] == "int8")
     print(f"\nint8 / float32 bytes for the {mlp_int8[1]:,}-parameter MLP: {mlp_int8[4]:.4f} (target <= 0.26)")
-    from tensorfleet.models.tinyml import REFERENCE
-
     import tensorflow as tf
+
+    from tensorfleet.models.tinyml import REFERENCE
 
     kws_int8 = next(r for r in rows if r[0] == "ds_cnn" and r[2] == "int8")
     print(f"DS-CNN int8: {kws_int8[3]:,} bytes here (TF {tf.__version__}'s converter) vs {REFERENCE['ds_cnn'].published_tflite_bytes:,} "

@@ -62,8 +62,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -204,8 +204,9 @@ def contender_tensorfleet(rounds: int, seed: int = SEED, keras: str | None = Non
 
 def _child(which: str, rounds: int, seed: int) -> None:
     began = time.perf_counter()
-    import tensorfleet  # noqa: F401
     import tensorflow  # noqa: F401
+
+    import tensorfleet  # noqa: F401
 
     if which == "raw":
         import tensorflow_federated  # noqa: F401

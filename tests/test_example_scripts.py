@@ -12,9 +12,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
-
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 

@@ -16,8 +16,8 @@ import contextlib
 import inspect
 import json
 import os
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer

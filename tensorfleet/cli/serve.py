@@ -120,10 +120,10 @@ def serve_command(
                                              help="Elastic: a PNG of the replica count and scale events at exit."),
 ) -> None:
     """Serve BASE (or a --model-config-file's models) over TF Serving's gRPC and REST APIs until SIGTERM."""
+    from tensorfleet.io import existing_folder
     from tensorfleet.serving.batching import BatchingOptions
     from tensorfleet.serving.options import FrontOptions, ScalingOptions, StageOptions, VersionOptions
     from tensorfleet.serving.server import serve
-    from tensorfleet.io import existing_folder
     from tensorfleet.validation import integer, parse_bytes
 
     if (base is None) == (model_config_file is None):

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import UnsupportedOpError
-from tensorfleet.edge.ops import MICRO_CUSTOM_OPS, MICRO_OPS, unsupported_ops, with_advice
 from tensorfleet.edge.micro import MAX_ARENA_BYTES
+from tensorfleet.edge.ops import MICRO_CUSTOM_OPS, MICRO_OPS, unsupported_ops, with_advice
 from tensorfleet.io import check_writable, write_text
 from tensorfleet.validation import integer, renamed
 

@@ -33,9 +33,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from tensorfleet.edge._arena_worker import PROBE_SECONDS, TIMED_OUT
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
-from tensorfleet.edge._arena_worker import PROBE_SECONDS, TIMED_OUT
 from tensorfleet.edge.ops import interpreter_lacks, start_worker, stop_group, with_advice
 from tensorfleet.validation import integer, renamed
 

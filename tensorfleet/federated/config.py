@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
-from tensorfleet.io import UnwritablePathError, check_writable
 from tensorfleet.federated.backends.compiled.layout import NonTrainable
 from tensorfleet.federated.backends.compiled.local import check_per_client
-from tensorfleet.federated.sampling import StragglerPolicy
 from tensorfleet.federated.options import declared, option, optional_text, text
+from tensorfleet.federated.sampling import StragglerPolicy
+from tensorfleet.io import UnwritablePathError, check_writable
 from tensorfleet.validation import UnknownOptionError, boolean, choice, integer, number, optional_boolean, positive_int
 
 __all__ = ["SimulationConfig", "check_out_dir"]

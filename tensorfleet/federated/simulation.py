@@ -48,11 +48,11 @@ import numpy as np
 
 from tensorfleet.federated import checkpoint, records, tff_model
 from tensorfleet.federated.backends import Backend, BackendChoice
-from tensorfleet.federated.config import SimulationConfig
-from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.backends.compiled.evaluate import ModelWeights
 from tensorfleet.federated.backends.compiled.layout import NonTrainable
 from tensorfleet.federated.backends.compiled.local import GLOBAL_BN
+from tensorfleet.federated.config import SimulationConfig
+from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.sampling import ClientSampler, split_clients
 from tensorfleet.validation import choice
 

@@ -20,6 +20,7 @@ import collections
 from typing import Any, Callable
 
 import numpy as np
+
 from tensorfleet.compat.keras import module_of
 
 __all__ = ["central_step", "check_model", "input_spec", "loss_and_metrics", "tff_model_fn"]

@@ -35,8 +35,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 from tensorfleet.planner import cost_model
-from tensorfleet.planner.memory import (MemoryEstimate, bytes_per_parameter, estimate_from_counts, format_bytes,
-                                       split_stages)
+from tensorfleet.planner.memory import (
+    MemoryEstimate,
+    bytes_per_parameter,
+    estimate_from_counts,
+    format_bytes,
+    split_stages,
+)
 from tensorfleet.planner.workload import Workload
 from tensorfleet.registry import Registry
 

@@ -27,8 +27,13 @@ from typing import Any, Sequence
 from tensorfleet.planner.cost_model import Link
 from tensorfleet.planner.layouts import LAYOUTS, PlanRow, PlanSetup
 from tensorfleet.planner.memory import Optimizer, bytes_per_parameter, format_bytes, zero_bytes_per_parameter
-from tensorfleet.planner.workload import (Workload, format_count, preset_workload, transformer_workload,
-                                         workload_from_model)
+from tensorfleet.planner.workload import (
+    Workload,
+    format_count,
+    preset_workload,
+    transformer_workload,
+    workload_from_model,
+)
 from tensorfleet.validation import choice, integer, number, parse_bandwidth, parse_bytes, parse_duration, positive_int
 
 __all__ = ["ModelShape", "Network", "ParameterServers", "Plan", "TrainingOptions", "plan"]

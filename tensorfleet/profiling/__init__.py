@@ -34,7 +34,13 @@ __getattr__, __all__ = attach(__name__, internal=("recorder", "callback", "xspac
 })
 if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
     from tensorfleet.profiling.breakdown import (
-        Bottleneck, JobProfile, StepBreakdown, TaskRole, TaskSummary, Verdict, analyze,
+        Bottleneck,
+        JobProfile,
+        StepBreakdown,
+        TaskRole,
+        TaskSummary,
+        Verdict,
+        analyze,
     )
     from tensorfleet.profiling.callback import ProfileCallback
     from tensorfleet.profiling.planned import CommunicationCheck, compare

@@ -14,11 +14,8 @@ import logging
 from enum import Enum
 from typing import Any, Sequence
 
-from tensorfleet.compat import distribute as tf_internals
-from tensorfleet.compat import keras3 as keras3_mends
-from tensorfleet.compat import keras3_metrics
-from tensorfleet.strategies.compression import attach as attach_compression
-from tensorfleet.strategies.compression import parse_compression
+from tensorfleet.compat import distribute as tf_internals, keras3 as keras3_mends, keras3_metrics
+from tensorfleet.strategies.compression import attach as attach_compression, parse_compression
 from tensorfleet.strategies.devices import local_devices
 from tensorfleet.strategies.registry import Availability, register
 from tensorfleet.strategies.servers import start_server

@@ -35,10 +35,17 @@ from typing import Callable
 from tensorfleet.cluster.contract import HUNG_STATUS, describe_exit
 from tensorfleet.cluster.processes import JobMode, LocalJob, TaskProcess
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
-from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.io import check_writable
-from tensorfleet.tuning.config import (CONFIG_FILE, SearchConfig, check_saved_search, check_script, enum_options,
-                                       fresh_to_resume, should_resume)
+from tensorfleet.strategies.tf_config import ClusterSpec
+from tensorfleet.tuning.config import (
+    CONFIG_FILE,
+    SearchConfig,
+    check_saved_search,
+    check_script,
+    enum_options,
+    fresh_to_resume,
+    should_resume,
+)
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
 from tensorfleet.tuning.task import ERROR_MARK, KERAS_MARK, MARK, PROJECT, TunerKerasError
 from tensorfleet.validation import renamed

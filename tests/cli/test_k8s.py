@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tensorfleet.cli.main import main
 from tensorfleet import kube
+from tensorfleet.cli.main import main
 from tensorfleet.cluster import k8s
 
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorfleet.io import write_json
-from tensorfleet.cluster import fault_tolerance as ft
-from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet import testing
+from tensorfleet.cluster import fault_tolerance as ft
 from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
-from tensorfleet.testing import Fault
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.io import write_json
+from tensorfleet.strategies.tf_config import ClusterSpec
+from tensorfleet.testing import Fault
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -12,10 +12,10 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from tensorfleet import testing
 from tensorfleet.cluster.contract import STOPPED_STATUS
 from tensorfleet.cluster.jobstate import CheckpointError, epoch_order, latest, read_state, tf_checkpoint_prefix
 from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, check_migration, migrate
-from tensorfleet import testing
 from tensorfleet.testing import Fault
 
 HERE = Path(__file__).parent

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from tensorfleet import edge, testing
+from tensorfleet.compat.keras import keras2
 from tensorfleet.edge.decompose_factors import cp_full_rank
 from tests.edge.conftest import full_rank, kinds_model
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

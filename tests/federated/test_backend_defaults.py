@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 from tensorfleet import models
+from tensorfleet.compat.keras import keras2
 from tensorfleet.compat.tff import TffUnavailableError, tff_available
 from tensorfleet.federated import Simulation, SimulationConfig, partition
 from tensorfleet.federated.backends import Backend
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

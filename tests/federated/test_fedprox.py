@@ -7,10 +7,9 @@ import pytest
 
 pytestmark = pytest.mark.tff  # FedProx on TFF's process against TFF's own builder
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.federated import algorithms  # noqa: E402
 from tensorfleet.federated.backends.tff import managed_context  # noqa: E402
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

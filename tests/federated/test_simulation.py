@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from tensorfleet import models
+from tensorfleet.compat.keras import keras2
 from tensorfleet.federated import ALGORITHMS, Simulation, partition
 from tensorfleet.registry import UnknownNameError
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -11,9 +11,9 @@ import os
 import shutil
 import tempfile
 
+import keras
 import numpy as np
 
-import keras
 from tensorfleet.model_parallel.mesh import Mesh
 
 L = keras.layers
@@ -102,6 +102,7 @@ def held(variables):  # elements this process holds, per local device
 
 # tf_keras and ZeRO stages 0-3 (ZeRO is tf_keras's): what each process holds, measured from its variables
 import tensorflow as tf  # noqa: E402
+
 from tensorfleet.compat.keras import keras2  # noqa: E402
 
 k2 = keras2()

@@ -6,7 +6,6 @@ backends and tensor-parallel layers. ``Mesh.scope()`` with the dtensor backend t
 
 from __future__ import annotations
 
-
 import pytest
 
 from tensorfleet.compat.keras import Keras3ModelError

@@ -7,17 +7,15 @@ import sys
 
 import numpy as np
 import pytest
-
-from tests.conftest import keras2_env
 import tensorflow as tf
 
 from tensorfleet import models
-from tensorfleet.models.datasets import load_digits
+from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.mesh_tf import apply_import_fixes, import_mesh_tensorflow, layout_pairs
 from tensorfleet.model_parallel import mesh as tfmesh
 from tensorfleet.model_parallel.mesh.training import count_devices as count_devices_of
-from tensorfleet.compat.mesh_tf import apply_import_fixes, import_mesh_tensorflow, layout_pairs
-
-from tensorfleet.compat.keras import keras2
+from tensorfleet.models.datasets import load_digits
+from tests.conftest import keras2_env
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -9,10 +9,9 @@ import pytest
 import tensorflow as tf
 
 from tensorfleet import models
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel import mesh as tfmesh
 from tensorfleet.models.datasets import load_digits
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -11,11 +11,9 @@ import sys
 
 import pytest
 
-from tests.conftest import keras2_env
-
-from tensorfleet.model_parallel.mesh import KerasLayout, Mesh
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.mesh import KerasLayout, Mesh
+from tests.conftest import keras2_env
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

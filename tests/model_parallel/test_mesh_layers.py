@@ -9,15 +9,13 @@ import sys
 
 import numpy as np
 import pytest
-
-from tests.conftest import keras2_env
 import tensorflow as tf
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel.mesh import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_layers import Adaptation, adapt_split_readers, adaptation, depthwise_conv2d
 from tensorfleet.model_parallel.mesh.keras_layout import WeightLayout
-
-from tensorfleet.compat.keras import keras2
+from tests.conftest import keras2_env
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

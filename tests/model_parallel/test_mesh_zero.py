@@ -13,9 +13,8 @@ import sys
 
 import pytest
 
-from tests.conftest import keras2_env
-
 from tensorfleet.model_parallel.mesh import Mesh
+from tests.conftest import keras2_env
 
 _SCRIPT = r"""
 import json

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorfleet.models.datasets import load_digits
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel import pipeline as pl
 from tensorfleet.model_parallel.pipeline import Pass, ScheduledOp
-
-from tensorfleet.compat.keras import keras2
+from tensorfleet.models.datasets import load_digits
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

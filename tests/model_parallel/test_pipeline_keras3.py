@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensorfleet.model_parallel import chain_layers
-from tensorfleet.model_parallel import pipeline as pl
+from tensorfleet.model_parallel import chain_layers, pipeline as pl
 from tensorfleet.models.datasets import load_digits
 
 

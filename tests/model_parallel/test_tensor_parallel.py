@@ -7,9 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tensorfleet import models
-from tensorfleet.model_parallel import tensor_parallel as tp
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel import tensor_parallel as tp
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

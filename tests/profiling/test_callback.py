@@ -7,9 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tensorfleet import profiling
-from tensorfleet.profiling.xspace import task_traces
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.profiling.xspace import task_traces
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

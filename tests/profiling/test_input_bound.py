@@ -7,9 +7,8 @@ import statistics
 
 import pytest
 
-from tests.profiling.conftest import SLEEP_MS
-
 from tensorfleet.compat.keras import keras2
+from tests.profiling.conftest import SLEEP_MS
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

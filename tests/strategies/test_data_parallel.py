@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import tensorfleet as tfl
-from tests.conftest import compile_digits, test_accuracy
-
 from tensorfleet.compat.keras import keras2
+from tests.conftest import compile_digits, test_accuracy
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -13,7 +13,6 @@ import tf_keras
 import tensorfleet as tfl
 from tensorfleet.strategies import large_batch, layerwise
 
-
 # ------------------------------------------------------------------------------------------- the rules
 
 def test_linear_and_sqrt_rules_give_the_papers_values() -> None:

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.models import build
 from tensorfleet.strategies import memory_savers
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

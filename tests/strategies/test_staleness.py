@@ -16,12 +16,10 @@ import time
 
 import pytest
 
-from tests.conftest import keras2_env
-
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.staleness import Consistency, StalenessPolicy, install, installed_gate, resolve_staleness
 from tensorfleet.testing.staleness_run import StalenessScheduler
-
+from tests.conftest import keras2_env
 
 
 def test_staleness_option_maps_to_ssp_and_asp():

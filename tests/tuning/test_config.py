@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from pathlib import Path
+
+import pytest
 
 from tensorfleet.registry import UnknownNameError
 from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, check_script

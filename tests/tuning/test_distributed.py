@@ -12,10 +12,9 @@ import pytest
 
 from tensorfleet import testing
 from tensorfleet.cli.main import main
+from tensorfleet.compat.keras import keras2
 from tensorfleet.testing import Fault
 from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, search
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

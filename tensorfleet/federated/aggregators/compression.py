@@ -25,9 +25,8 @@ On the tff track, the weighted mean of compressed updates for FedAvg:
 
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+from typing import Any
 
 import tensorflow as tf
 

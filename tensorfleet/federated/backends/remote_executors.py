@@ -31,7 +31,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from tensorfleet.federated.backends.addresses import (
-    WorkerAddress, WorkerError, WorkerLostError, WorkerUnreachableError, WorkerVersionError)
+    WorkerAddress,
+    WorkerError,
+    WorkerLostError,
+    WorkerUnreachableError,
+    WorkerVersionError,
+)
 
 __all__ = [
     "WorkerConnection", "abandon", "executor_factory", "mergeable_context", "own_loop_context", "probe",

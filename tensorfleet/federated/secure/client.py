@@ -27,12 +27,22 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tensorfleet.federated.secure import keys as crypto
-from tensorfleet.federated.secure import shamir
-from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, InconsistentViewError,
-                                                   MaskedInput, NeighbourKeys, RoundSettings, SecureAggregationError,
-                                                   SignedSurvivors, SurvivorSignature, UnmaskingShares,
-                                                   UnmaskRequest, keys_payload, survivors_payload)
+from tensorfleet.federated.secure import keys as crypto, shamir
+from tensorfleet.federated.secure.messages import (
+    AdvertisedKeys,
+    EncryptedShare,
+    InconsistentViewError,
+    MaskedInput,
+    NeighbourKeys,
+    RoundSettings,
+    SecureAggregationError,
+    SignedSurvivors,
+    SurvivorSignature,
+    UnmaskingShares,
+    UnmaskRequest,
+    keys_payload,
+    survivors_payload,
+)
 from tensorfleet.federated.secure.skellam import skellam_noise
 
 __all__ = ["SecAggClient", "masks_of"]

@@ -57,13 +57,13 @@ import contextlib
 import enum
 from typing import Any, ContextManager, Iterator, Mapping, Sequence
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel.mesh.dimensions import model_dimensions
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout, WeightLayout
 from tensorfleet.model_parallel.mesh.layout import MeshLayout
 from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 from tensorfleet.registry import Registry
 from tensorfleet.validation import integer, positive_int
-from tensorfleet.compat.keras import keras2
 
 __all__ = [
     "Mesh",
@@ -236,9 +236,8 @@ class Mesh:
             from tensorfleet.model_parallel.mesh.keras_model import dtensor_trainer
 
             return dtensor_trainer(model, self.keras_layout, self.dtensor_mesh, zero=self.zero)
-        from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
-
         from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
+        from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
 
         mesh_steps(model)  # one clear error now for a model the backend cannot run
         return StepTrainer(self, model)

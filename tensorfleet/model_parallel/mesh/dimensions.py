@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tensorfleet.model_parallel.chain import chain_layers
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.chain import chain_layers
 
 __all__ = ["ACTIVATIONS", "SUPPORTED", "MeshStep", "mesh_steps", "model_dimensions"]
 

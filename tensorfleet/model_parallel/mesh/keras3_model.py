@@ -183,7 +183,6 @@ class MeshModel:
 
     def make_train_function(self, force: bool = False) -> Any:
         from tensorfleet.compat.keras3 import split_train_function
-
         from tensorfleet.model_parallel.mesh.keras_trainer import AVG_POOL_GRADIENT
 
         if self.train_function is None or force:

@@ -108,8 +108,8 @@ import dataclasses
 import re
 from typing import Any, Mapping, Sequence
 
-from tensorfleet.model_parallel.mesh.keras_layers import adapt
 from tensorfleet.compat.keras import module_of
+from tensorfleet.model_parallel.mesh.keras_layers import adapt
 
 __all__ = ["KEPT_WHOLE", "KerasLayout", "WeightLayout", "weight_dimensions"]
 

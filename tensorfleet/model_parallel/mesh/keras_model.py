@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
 __all__ = ["OnMesh", "attach", "clip_gradients", "compile_on_mesh", "dtensor_trainer", "host_value", "mesh_scope",
            "require_laid_out", "with_mesh"]
@@ -44,7 +44,6 @@ def creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
 
     from tensorfleet.compat.keras3 import building
     from tensorfleet.compat.tf_keras import build_call_context
-
     from tensorfleet.model_parallel.mesh.zero import ZeroVariable, zero_layout
 
     def create(next_creator: Any, **kwargs: Any) -> Any:

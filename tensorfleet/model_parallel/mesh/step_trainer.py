@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 
 __all__ = ["MeshRun", "StepTrainer"]
 

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Sequence
 
+from tensorfleet.compat.keras import module_of
 from tensorfleet.model_parallel.chain import chain_layers
 from tensorfleet.model_parallel.pipeline.schedules import (
     SCHEDULES,
@@ -29,7 +30,6 @@ from tensorfleet.model_parallel.pipeline.schedules import (
 from tensorfleet.model_parallel.pipeline.stages import param_count, partition_layers
 from tensorfleet.model_parallel.pipeline.timeline import TimelineEvent, bubble_fraction, plot_schedule
 from tensorfleet.validation import number, positive_int
-from tensorfleet.compat.keras import module_of
 
 __all__ = ["Pipeline", "StepResult"]
 

@@ -27,7 +27,14 @@ from tensorfleet.compat.keras import model_variables
 from tensorfleet.federated.aggregators.parts import AggregatorPart, ClientUpdates, RoundContext
 from tensorfleet.federated.backends.compiled.client import add_non_trainable, client_update
 from tensorfleet.federated.backends.compiled.layout import (
-    NonTrainable, RoundShape, default_lanes, flatten, fori, lane_clients, pad_clients, trace_round,
+    NonTrainable,
+    RoundShape,
+    default_lanes,
+    flatten,
+    fori,
+    lane_clients,
+    pad_clients,
+    trace_round,
 )
 from tensorfleet.federated.backends.compiled.local import LocalLayers, check_per_client
 from tensorfleet.federated.backends.compiled.state import ServerVariables

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+
 from tensorfleet.compat.keras import model_variables, module_of, sublayers
 
 __all__ = ["GLOBAL_BN", "LocalLayers", "batch_norm_variables", "check_per_client"]
