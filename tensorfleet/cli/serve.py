@@ -82,7 +82,8 @@ def serve_command(
                                           help="Batches run at once."),
     batching_policy: BatchingPolicy = typer.Option(
         BatchingPolicy.ADAPTIVE, "--batching-policy", help="adaptive: a lone request goes at once; under load a "
-        "batch waits for the requests on their way (at most --batch-timeout-micros); timeout: the first request of a batch waits --batch-timeout-micros for others (TF Serving's)."),
+        "batch waits for the requests on their way (at most --batch-timeout-micros); timeout: the first request of a "
+        "batch waits --batch-timeout-micros for others (TF Serving's)."),
     allowed_batch_sizes: Optional[str] = typer.Option(  # noqa: UP007
         None, "--allowed-batch-sizes", help="Sizes batches are padded to, e.g. 2,8,32 (default: powers of 2)."),
     model_version_policy: VersionPolicy = typer.Option(

@@ -142,8 +142,8 @@ def _layer_rank(rank: Any, name: str) -> Any:
     return rank.get(name) if isinstance(rank, dict) else rank
 
 
-def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *, rank: Any = None, energy: float | None = None,
-                       layers: list[str] | None = None) -> DecompositionPlan:
+def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *, rank: Any = None,
+                       energy: float | None = None, layers: list[str] | None = None) -> DecompositionPlan:
     """The per-layer plan of :func:`decompose`, computed without changing the model.
 
     Args:

@@ -75,7 +75,8 @@ def check_c_name(name: str) -> str:
         'kws_v2'
         >>> check_c_name("kws-v2")
         Traceback (most recent call last):
-        ValueError: name must be letters, digits and single underscores, starting with a letter (it becomes g_<name>_model_data and <Name>OpResolver); '-' is not allowed. Received: name='kws-v2'. Use e.g. name='kws_v2'.
+        ValueError: name must be letters, digits and single underscores, starting with a letter (it becomes
+        g_<name>_model_data and <Name>OpResolver); '-' is not allowed. Received: name='kws-v2'. Use e.g. name='kws_v2'.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a string. Received: {name!r} ({type(name).__name__})")

@@ -175,7 +175,8 @@ class SimulationConfig:
                                  "around it, fixed per client by the seed).", trajectory=True, example=50.0)
     eval_every: int = option(1, positive_int, "Central (and federated) evaluation every N rounds.",
                              trajectory=False, example=2)
-    out_dir: str | os.PathLike[str] | None = option(None, check_out_dir, "Directory for metrics, plots, TensorBoard logs and "
+    out_dir: str | os.PathLike[str] | None = option(None, check_out_dir,
+                                                    "Directory for metrics, plots, TensorBoard logs and "
                                     "checkpoints (none: nothing is written).", trajectory=False, example="runs/x",
                                     aliases=("out",), flag="--out")
     checkpoint_every: int = option(0, lambda k, v: integer(k, v, minimum=0),

@@ -253,7 +253,8 @@ class Simulation:
 
     # ----------------------------------------------------------------- checkpoints
     def save_checkpoint(self, state: Any, round_num: int) -> Any:
-        """Writes the full algorithm state (of the backend ``state``) after ``round_num`` into ``out_dir`` (atomically)."""
+        """Writes the full algorithm state (of the backend ``state``) after ``round_num`` into ``out_dir``
+        (atomically)."""
         assert self.config.out_dir is not None
         return checkpoint.save_checkpoint(self.config.out_dir, state.state_leaves(), round_num=round_num,
                                           fingerprint=self.fingerprint(), config=self.as_dict(),

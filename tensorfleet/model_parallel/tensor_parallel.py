@@ -209,7 +209,8 @@ class RowParallelDense(keras2().layers.Layer):
 
     def build(self, input_shape: Any) -> None:
         n = len(self.devices)
-        if isinstance(input_shape, (list, tuple)) and input_shape and isinstance(input_shape[0], (list, tuple, tf.TensorShape)):
+        if (isinstance(input_shape, (list, tuple)) and input_shape
+                and isinstance(input_shape[0], (list, tuple, tf.TensorShape))):
             in_dim = sum(int(tf.TensorShape(s)[-1]) for s in input_shape)
         else:
             in_dim = int(tf.TensorShape(input_shape)[-1])
@@ -437,8 +438,7 @@ def _split(array: Any, parts: int, *, axis: int) -> list[Any]:
 
 
 def _initial_parts(initializer: Any, shape: tuple[int, ...], parts: int, *, axis: int) -> list[Any]:
-    # Draw the unsplit weight once and cut it, so that shards are not copies of one draw and the
-    # split layer starts from the weights an unsplit layer with this initializer would have.
+    # Draw the unsplit weight once and cut it: shards are not copies of one draw, and start as an unsplit layer's would.
     import copy
 
     full = copy.deepcopy(initializer)(shape, dtype=tf.float32).numpy()

@@ -125,7 +125,8 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
         >>> mirrored(cross_device_ops="nccl")
         Traceback (most recent call last):
         ...
-        ValueError: cross_device_ops='nccl' needs GPUs and this machine has none. Received: cross_device_ops='nccl'; use 'hierarchical_copy' or 'reduction_to_one_device'.
+        ValueError: cross_device_ops='nccl' needs GPUs and this machine has none. Received: cross_device_ops='nccl'; use
+        'hierarchical_copy' or 'reduction_to_one_device'.
     """
     import tensorflow as tf
 
@@ -229,7 +230,8 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         >>> multi_worker_mirrored(implementation="nccl")
         Traceback (most recent call last):
         ...
-        ValueError: implementation='nccl' needs GPUs and this machine has none. Received: implementation='nccl'; use 'ring' or 'auto'.
+        ValueError: implementation='nccl' needs GPUs and this machine has none. Received: implementation='nccl'; use
+        'ring' or 'auto'.
         >>> multi_worker_mirrored(timeout_seconds=0)
         Traceback (most recent call last):
         ...

@@ -220,7 +220,8 @@ def test_evaluator_timeout_must_not_be_negative(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text("")
-    with pytest.raises(ValueError, match=r"^evaluator_timeout must be a finite number >= 0\. Received: evaluator_timeout=-1$"):
+    with pytest.raises(ValueError,
+                       match=r"^evaluator_timeout must be a finite number >= 0\. Received: evaluator_timeout=-1$"):
         launch(script, workers=1, evaluator=True, timeouts=Timeouts(evaluator_timeout=-1))
 
 

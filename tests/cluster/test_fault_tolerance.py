@@ -69,7 +69,8 @@ def test_callbacks_add_a_planned_stop_when_the_environment_asks(tmp_path: Path, 
     cbs = ft.callbacks(tmp_path / "backup")
     assert type(cbs[-1]) is ft.StopAfterEpoch and cbs[-1].epoch == 2
     monkeypatch.setenv("TENSORFLEET_STOP_AFTER_EPOCH", "two")
-    with pytest.raises(ValueError, match=r"^TENSORFLEET_STOP_AFTER_EPOCH must be a positive integer\. Received: 'two'$"):
+    with pytest.raises(ValueError,
+                       match=r"^TENSORFLEET_STOP_AFTER_EPOCH must be a positive integer\. Received: 'two'$"):
         ft.callbacks(tmp_path / "backup")
     with pytest.raises(ValueError, match=r"^epoch must be a positive integer\. Received: epoch=0$"):
         ft.StopAfterEpoch(0)
@@ -79,7 +80,8 @@ def test_callbacks_add_a_planned_stop_when_the_environment_asks(tmp_path: Path, 
 def test_bad_save_freq_is_a_clear_error(tmp_path: Path, save_freq: object) -> None:
     with pytest.raises(ValueError) as info:
         ft.callbacks(tmp_path, save_freq=save_freq)  # type: ignore[arg-type]
-    assert str(info.value) == f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}"
+    assert str(info.value) == ("save_freq must be 'epoch' or a positive number of steps. Received: "
+                               f"save_freq={save_freq!r}")
 
 
 def test_best_model_checkpoint_checks_its_arguments(tmp_path: Path) -> None:

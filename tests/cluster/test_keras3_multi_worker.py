@@ -271,7 +271,8 @@ def test_two_launched_workers_fit_a_keras3_model_as_one_process_does(uninterrupt
             np.testing.assert_allclose(result["history"][name], values, rtol=1e-5, atol=1e-6)
         assert result["evaluate"] == pytest.approx(one["evaluate"], rel=1e-5, abs=1e-6)
         assert result["predict_rows"] == one["predict_rows"] == 359
-        assert result["predict_accuracy"] == one["predict_accuracy"] == pytest.approx(one["evaluate"]["accuracy"], abs=1e-6)
+        assert result["predict_accuracy"] == one["predict_accuracy"] == pytest.approx(
+            one["evaluate"]["accuracy"], abs=1e-6)
 
 
 @pytest.mark.slow

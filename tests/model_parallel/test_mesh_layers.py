@@ -30,7 +30,8 @@ def _run_result(script: str, *, timeout: float) -> dict:
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
 
-def _depthwise_reference(x: np.ndarray, k: np.ndarray, strides, padding: str, dilation) -> tuple[np.ndarray, np.ndarray]:
+def _depthwise_reference(x: np.ndarray, k: np.ndarray, strides, padding: str,
+                         dilation) -> tuple[np.ndarray, np.ndarray]:
     """``tf.nn.depthwise_conv2d`` from its documented definition, in float64 numpy (every CPU computes it alike;
     TensorFlow's own kernel refuses unequal strides on some CPUs): ``output[b, i, j, c * multiplier + q] =
     sum over di, dj of padded[b, i * sh + di * dh, j * sw + dj * dw, c] * k[di, dj, c, q]``, with SAME's padding

@@ -261,7 +261,8 @@ class Mesh:
             >>> with mesh.scope():  # doctest: +SKIP
             ...     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4)])
             >>> mesh.weight_splits(model)  # doctest: +SKIP
-            [WeightSplit(parameters=32, parts=2, zero_parts=2, trainable=True), WeightSplit(parameters=4, parts=2, zero_parts=1, trainable=True)]
+            [WeightSplit(parameters=32, parts=2, zero_parts=2, trainable=True), WeightSplit(parameters=4, parts=2,
+            zero_parts=1, trainable=True)]
         """
         from tensorfleet.model_parallel.mesh.zero import weight_splits
 

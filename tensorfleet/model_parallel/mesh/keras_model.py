@@ -280,7 +280,8 @@ def require_laid_out(model: Any, dmesh: Any) -> None:
     if foreign:
         raise ValueError(f"Model {model.name!r} has weights this mesh did not lay out ({', '.join(foreign[:4])}"
                          f"{', ...' if len(foreign) > 4 else ''}): build the model inside mesh.scope(), not before it, "
-                         f"then compile it there. Received: {len(foreign)} of {len(model.weights)} weights off the mesh")
+                         f"then compile it there. Received: {len(foreign)} of {len(model.weights)} weights off the "
+                         "mesh")
 
 
 def compile_on_mesh(make_trainer: Any) -> Any:

@@ -112,8 +112,8 @@ class Pipeline:
         if devices is None:
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
             if len(devices) < needed:
-                raise ValueError(f"A pipeline of {self.num_devices} stage devices x {self.data_parallel} replicas needs "
-                                 f"{needed} devices; this machine has {len(devices)}: {devices}")
+                raise ValueError(f"A pipeline of {self.num_devices} stage devices x {self.data_parallel} replicas "
+                                 f"needs {needed} devices; this machine has {len(devices)}: {devices}")
             devices = devices[:needed]
         self.devices = list(devices)
         if len(self.devices) != needed:
