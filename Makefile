@@ -97,7 +97,7 @@ bench: install
 
 # pyflakes' checks (unused or undefined names, syntax) over the package, tests, benchmarks, examples.
 lint: install
-	$(BIN)/ruff check tensorfleet tests bench examples
+	$(BIN)/ruff check tensorfleet tests bench examples docs/hooks
 	$(BIN)/python -m mypy  # the files setup.cfg's [mypy] lists
 
 # The wheel users install: dist/tensorfleet-*.whl (pip install 'dist/tensorfleet-VERSION-py3-none-any.whl[all]').

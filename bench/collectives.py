@@ -40,8 +40,7 @@ LOCAL_DEVICES = 8
 def counts_table() -> list[str]:
     import numpy as np
 
-    from tensorfleet.planner import collectives as C
-    from tensorfleet.planner import traffic
+    from tensorfleet.planner import collectives as C, traffic
 
     lines = ["| algorithm | N | total sent (executed) | exact formula | classic formula | steps |",
              "|---|---|---|---|---|---|"]
@@ -159,7 +158,7 @@ def measure_ring(sizes: list[int], repeats: int, timeout: float = 600.0) -> dict
     for p, (_, err) in zip(procs, outputs):
         if p.returncode != 0:
             raise RuntimeError(f"ring worker failed ({p.returncode}): {err[-2000:]}")
-    line = next(l for l in outputs[0][0].splitlines() if l.startswith("RESULT"))
+    line = next(text for text in outputs[0][0].splitlines() if text.startswith("RESULT"))
     return {int(k): _median(v) for k, v in json.loads(line[6:]).items()}
 
 
@@ -203,7 +202,8 @@ def table(measured: dict[str, dict[int, float]], checks: dict[str, dict[str, obj
     from tensorfleet.planner import fit_check
 
     lines = ["| implementation | size | fitted or held out | measured ms | "
-             + " | ".join(f"{m} ms | {m} error" for m in fit_check.MODELS) + " |", "|---" * (4 + 2 * len(fit_check.MODELS)) + "|"]
+             + " | ".join(f"{m} ms | {m} error" for m in fit_check.MODELS) + " |",
+             "|---" * (4 + 2 * len(fit_check.MODELS)) + "|"]
     for name, by_size in measured.items():
         for size in sorted(by_size):
             cells = []

@@ -42,14 +42,13 @@ def main() -> None:
     args = parser.parse_args()
 
     import numpy as np
+    import tensorflow as tf
 
-    from tensorfleet.io import save_figure, write_json  # first: import tensorfleet selects tf_keras as tf.keras
+    from tensorfleet.io import save_figure, write_json
     from tensorfleet.models import build, datasets
     from tensorfleet.strategies.data_parallel import parameter_server
     from tensorfleet.strategies.servers import start_in_process_cluster
     from tensorfleet.testing.staleness_run import train
-
-    import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
 

@@ -5,9 +5,9 @@ MLPerf Tiny DS-CNN (generated keyword-spotting-shaped data) and a ~1.1M-paramete
 digits, whose file is dominated by weights. For every model and mode (float32, dynamic,
 float16, int8) it reports the flatbuffer size, its ratio to float32, test accuracy (int8 and
 float32 on the TFLite Micro interpreter; dynamic and float16, which TFLM cannot run, on the
-desktop TFLite interpreter: LiteRT, or tflite_runtime on the tff track), the drop against the Keras model, and the arena. The arena tensorfleet
-reports is checked against TFLM itself: the model must run with that arena and fail with one
-byte less.
+desktop TFLite interpreter: LiteRT, or tflite_runtime on the tff track), the drop against the Keras model, and the
+arena. The arena tensorfleet reports is checked against TFLM itself: the model must run with that arena and fail with
+one byte less.
 
 Targets (issue 5): int8 <= 0.26x float32 bytes for the ~1M model; accuracy drop <= 1 point for
 every model and mode; reported arena == smallest arena TFLM runs with.
@@ -70,8 +70,8 @@ def _datasets() -> dict[str, tuple[Any, ...]]:
 
 def main() -> int:
     from tensorfleet import edge
-    from tensorfleet.edge.micro import ArenaProber, run_micro, run_tflite
     from tensorfleet.compat.litert import interpreter_source
+    from tensorfleet.edge.micro import ArenaProber, run_micro, run_tflite
 
     rows = []
     failures = []
@@ -121,14 +121,14 @@ def main() -> int:
               f"{drop:+.2f} | {flips}/{n} | {max_dev:.3g} | {arena_text} | {engine} |")
     mlp_int8 = next(r for r in rows if r[0] == "mlp_1m" and r[2] == "int8")
     print(f"\nint8 / float32 bytes for the {mlp_int8[1]:,}-parameter MLP: {mlp_int8[4]:.4f} (target <= 0.26)")
-    from tensorfleet.models.tinyml import REFERENCE
-
     import tensorflow as tf
 
+    from tensorfleet.models.tinyml import REFERENCE
+
     kws_int8 = next(r for r in rows if r[0] == "ds_cnn" and r[2] == "int8")
-    print(f"DS-CNN int8: {kws_int8[3]:,} bytes here (TF {tf.__version__}'s converter) vs {REFERENCE['ds_cnn'].published_tflite_bytes:,} "
-          f"bytes for the published MLPerf Tiny file; arena {kws_int8[8]:,} B vs "
-          f"{REFERENCE['ds_cnn'].arena_bytes:,} B published")
+    print(f"DS-CNN int8: {kws_int8[3]:,} bytes here (TF {tf.__version__}'s converter) vs "
+          f"{REFERENCE['ds_cnn'].published_tflite_bytes:,} bytes for the published MLPerf Tiny file; arena "
+          f"{kws_int8[8]:,} B vs {REFERENCE['ds_cnn'].arena_bytes:,} B published")
     print(f"worst accuracy drop: {max(r[7] for r in rows):+.2f} points (target <= 1)")
     print(f"arena reported == smallest arena TFLM runs with (probe(arena) ok, probe(arena - 1) fails): "
           f"{'yes, for every float32/int8 model' if not any('arena' in f for f in failures) else 'NO'}")

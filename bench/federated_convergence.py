@@ -33,7 +33,8 @@ def rounds_to_target(algorithm: str, scheme: str, *, target: float, cap: int) ->
     reached, best, last = None, 0.0, 0.0
     for round_num in range(1, cap + 1):
         who = sim.sample(round_num)
-        state = process.next(state, [sim.sampler.client_dataset(clients, c, round_num) for c in who["participants"]]).state
+        state = process.next(state,
+                             [sim.sampler.client_dataset(clients, c, round_num) for c in who["participants"]]).state
         last = sim.evaluate_central(state)["test_accuracy"]
         best = max(best, last)
         if last >= target:
@@ -60,7 +61,8 @@ def main() -> None:
     print(f"\n| algorithm | partition | rounds to {args.target:.0%} test accuracy | accuracy at stop | best | wall s |")
     print("|---|---|---|---|---|---|")
     for algorithm, scheme, reached, cap, last, best, seconds in rows:
-        print(f"| {algorithm} | {scheme} | {reached if reached else f'not within {cap}'} | {last:.3f} | {best:.3f} | {seconds:.0f} |")
+        print(f"| {algorithm} | {scheme} | {reached if reached else f'not within {cap}'} | {last:.3f} | {best:.3f} | "
+              f"{seconds:.0f} |")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ Each contender runs in its own process (so that memory is its own; the raw loop'
 TFF's worker_binary child); they run one after the other in this one invocation, once per seed
 (``--seeds``: the seed of the client sampling and example order). Each child first imports
 TensorFlow, TFF and tensorfleet (timed: ``import s``; the raw loop needs TFF, and the compiled
-backend's child imports it too, though it needs none, so that both pay the same imports), then starts its clock and notes the end
-of every round. The script prints, per seed, rounds/s of both (steady: rounds 2 to ``--rounds``;
+backend's child imports it too, though it needs none, so that both pay the same imports), then starts its clock and
+notes the end of every round. The script prints, per seed, rounds/s of both (steady: rounds 2 to ``--rounds``;
 total: from its clock's start to the end of round 60, so data, building and tracing count), the
 central test accuracy after round 60 and after the last (evaluated off the clock) and resident
 memory after rounds 10 and ``--rounds``; then the ratios of the medians over seeds (the total also
@@ -62,8 +62,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -164,7 +164,8 @@ def contender_raw(rounds: int, seed: int = SEED) -> dict:
         for i in picked:
             x, y = clients.arrays(ids[i])
             order = np.random.default_rng([seed, r, stable_hash(ids[i])]).permutation(len(y))
-            data.append(tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x[order], y=y[order])).batch(BATCH))
+            data.append(
+                tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x[order], y=y[order])).batch(BATCH))
         state = process.next(state, data).state
         log.note(r, lambda: process.get_model_weights(state))
     _stop_own_children()  # raw TFF would leave its worker_binary holding our stdout (STACK.md)
@@ -189,7 +190,8 @@ def contender_tensorfleet(rounds: int, seed: int = SEED, keras: str | None = Non
 
     start = time.perf_counter()  # imports done (timed by _child)
     split, clients = _data()
-    sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn", keras=keras), clients, "fedavg", rounds=rounds,
+    sim = tfl.federated.Simulation(lambda: tfl.models.build("digits_cnn", keras=keras), clients, "fedavg",
+                                   rounds=rounds,
                                    clients_per_round=PER_ROUND, seed=seed, batch_size=BATCH, progress=False,
                                    backend="compiled")
     log = _RoundLog(start, rounds, split)  # the raw loop's measurements, at the same rounds
@@ -204,14 +206,16 @@ def contender_tensorfleet(rounds: int, seed: int = SEED, keras: str | None = Non
 
 def _child(which: str, rounds: int, seed: int) -> None:
     began = time.perf_counter()
-    import tensorfleet  # noqa: F401
     import tensorflow  # noqa: F401
+
+    import tensorfleet  # noqa: F401
 
     if which == "raw":
         import tensorflow_federated  # noqa: F401
 
     imports = time.perf_counter() - began
-    if which in ("tensorfleet", *KERAS_TWINS):  # as `tensorfleet federated run` does, before TensorFlow's runtime starts
+    # as `tensorfleet federated run` does, before TensorFlow's runtime starts
+    if which in ("tensorfleet", *KERAS_TWINS):
         tensorfleet.federated.configure_threads(PER_ROUND)
     if which in KERAS_TWINS:
         result = contender_tensorfleet(rounds, seed, keras=which)
@@ -232,7 +236,8 @@ def keras_twins(rounds: int, repeats: int) -> list[str]:
     steady: dict[str, list[float]] = {k: [] for k in KERAS_TWINS}
     accuracy: dict[str, list[float]] = {k: [] for k in KERAS_TWINS}
     lines = [f"Keras 3 against tf_keras on the compiled backend: digits CNN, {NUM_CLIENTS} clients, {PER_ROUND} per "
-             f"round, {rounds} rounds, seed {SEED}, {repeats} alternating runs each, interpreter {_python('tensorfleet')}",
+             f"round, {rounds} rounds, seed {SEED}, {repeats} alternating runs each, interpreter "
+             f"{_python('tensorfleet')}",
              f"{'run':>4} {'keras':10}{'r/s steady':>11}{f'acc r{rounds}':>10}"]
     print("\n".join(lines), flush=True)
     for rep in range(repeats):
@@ -461,7 +466,7 @@ def _run_child(which: str, rounds: int, seed: int, *extra: str, env: dict | None
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.run([_python(which), __file__, "--rounds", str(rounds), "--child", which, "--seed", str(seed),
                            *extra], capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    line = [text for text in proc.stdout.splitlines() if text.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
         sys.exit(f"{which} (seed {seed}) failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(line[-1][7:])
@@ -527,8 +532,8 @@ def control(cells: str, rounds: int, seeds: int) -> None:
     for cell in cells.split(","):
         algorithm, aggregator = cell.split(":")
         if algorithm not in MATRIX_ALGORITHMS or aggregator not in MATRIX_AGGREGATORS:
-            sys.exit(f"--control takes cells algorithm:aggregator of {MATRIX_ALGORITHMS} x {tuple(MATRIX_AGGREGATORS)}. "
-                     f"Received: {cell!r}")
+            sys.exit(f"--control takes cells algorithm:aggregator of {MATRIX_ALGORITHMS} x "
+                     f"{tuple(MATRIX_AGGREGATORS)}. Received: {cell!r}")
         diffs = []
         (_, one_dnn), = _cells("tff", [cell], rounds, seeds, env={"TF_ENABLE_ONEDNN_OPTS": "1"})
         (_, own), = _cells("tff", [cell], rounds, seeds, env={"TF_ENABLE_ONEDNN_OPTS": "0"})

@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(workers: int, rounds: int, hidden: int, local_epochs: int, num_clients: int) -> None:
+    import keras
     import numpy as np
     import portpicker
-    import keras
 
     import tensorfleet as tfl
     from tensorfleet.federated.backends.compiled.workers import TfWorker

@@ -71,8 +71,9 @@ def speed(reps: int, rounds: int, local_epochs: int = 1) -> dict[str, Any]:
                 rate = 1.0 / statistics.median(per_round)
                 results[label].append(rate)
                 finals[label] = sim.final_weights()
-                print(f"  rep {rep + 1} {label:<9} {rate:6.2f} rounds/s  (first round {history.rounds[0]['seconds']:.1f} s, "
-                      f"train accuracy {history.final('train_accuracy'):.3f})", flush=True)
+                print(f"  rep {rep + 1} {label:<9} {rate:6.2f} rounds/s  (first round "
+                      f"{history.rounds[0]['seconds']:.1f} s, train accuracy {history.final('train_accuracy'):.3f})",
+                      flush=True)
     finally:
         for w in workers:
             w.stop()
@@ -124,9 +125,10 @@ def memory(rounds: int) -> list[dict[str, Any]]:
             raise RuntimeError(f"memory child for {num_clients} clients failed:\n{proc.stderr[-2000:]}")
         row = json.loads(lines[-1][len("RESULT "):])
         rows.append(row)
-        print(f"  {row['clients']:>5} clients {'made up front' if eager else 'lazy':<13} python {row['python_mb']:7.1f} MB"
-              f"  worker {row['worker_mb']:7.1f} MB  total {row['python_mb'] + row['worker_mb']:7.1f} MB"
-              f"  clients made {row['made']:>5}  {row['seconds']:.1f} s", flush=True)
+        print(f"  {row['clients']:>5} clients {'made up front' if eager else 'lazy':<13} python "
+              f"{row['python_mb']:7.1f} MB  worker {row['worker_mb']:7.1f} MB  total "
+              f"{row['python_mb'] + row['worker_mb']:7.1f} MB  clients made {row['made']:>5}  {row['seconds']:.1f} s",
+              flush=True)
     return rows
 
 

@@ -125,9 +125,8 @@ def _heterogeneous(args: argparse.Namespace) -> None:
 
 
 def _heterogeneous_under(args: argparse.Namespace, to, *, batch: int, splits: tuple) -> None:
-    import statistics
-
     import contextlib
+    import statistics
 
     from tensorfleet import testing
     from tensorfleet.cluster.migration import RunOptions, migrate
@@ -177,10 +176,8 @@ def _heterogeneous_under(args: argparse.Namespace, to, *, batch: int, splits: tu
 
 
 def _multiplex(args: argparse.Namespace) -> None:
-    from tensorfleet.cluster.migration import Placement, RunOptions, migrate
+    from tensorfleet.cluster.migration import Placement, RunOptions, job_model, migrate
     from tensorfleet.cluster.multiplex import SharedJob, share
-
-    from tensorfleet.cluster.migration import job_model
 
     run = RunOptions(epochs=4, global_batch_size=32)
     with tempfile.TemporaryDirectory(prefix="jobs-that-share-") as scratch:

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
                 raise RuntimeError("the restarted job did not resume from its backup")
             recovery.append((resumed - kill, epoch_done - kill, result.duration))
             if i == 0 and args.plot:
-                result.plot(args.plot, title=f"2 workers, worker 1 SIGKILLed in epoch 3: resumed {resumed - kill:.1f} s "
+                result.plot(args.plot,
+                            title=f"2 workers, worker 1 SIGKILLed in epoch 3: resumed {resumed - kill:.1f} s "
                                               "after the kill")
 
     one, two = statistics.median(rates[1]), statistics.median(rates[2])

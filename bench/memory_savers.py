@@ -77,7 +77,7 @@ def main() -> None:
                                       timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
                 if proc.returncode != 0:
                     raise RuntimeError(f"{kind} failed: {proc.stderr[-2000:]}")
-                out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[6:])
+                out = json.loads(next(text for text in proc.stdout.splitlines() if text.startswith("RESULT"))[6:])
                 samples[kind].append(out["growth_mb"])
                 estimates[kind] = out["estimate"]
                 bar.update(1)

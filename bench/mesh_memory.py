@@ -41,7 +41,8 @@ def small_gpt(vocab: int = 64, seq: int = 16, width: int = 32, heads: int = 4) -
     for i in range(2):
         attended = layers.MultiHeadAttention(heads, width // heads, name=f"attention_{i}")(h, h)
         h = layers.LayerNormalization(name=f"norm_{i}a")(layers.Add()([h, attended]))
-        mlp = layers.Dense(width, name=f"mlp_{i}_out")(layers.Dense(4 * width, activation="gelu", name=f"mlp_{i}_in")(h))
+        mlp = layers.Dense(width, name=f"mlp_{i}_out")(
+            layers.Dense(4 * width, activation="gelu", name=f"mlp_{i}_in")(h))
         h = layers.LayerNormalization(name=f"norm_{i}b")(layers.Add()([h, mlp]))
     return tf_keras.Model(tokens, layers.Dense(vocab, name="head")(h), name="small_gpt")
 
@@ -95,7 +96,8 @@ def measure(mesh_shape: str, rules: str, zero: int) -> dict:
     tokens = np.random.RandomState(0).randint(0, 64, (BATCH, 16)).astype("int32")
     grads = [g for g in model.mesh_trainer.step_gradients(tokens, np.roll(tokens, -1, axis=1)) if g is not None]
     weights = mesh.weight_splits(model)
-    return {"mesh": mesh_shape, "rules": rules, "zero": zero, "devices": mesh.layout.size, "params": model.count_params(),
+    return {"mesh": mesh_shape, "rules": rules, "zero": zero, "devices": mesh.layout.size,
+            "params": model.count_params(),
             "parameter_bytes": resident_bytes(model.weights), "gradient_bytes": resident_bytes(grads),
             "optimizer_bytes": resident_bytes(model.optimizer.variables),
             "split_weights": sum(w.parts > 1 for w in weights), "weights": len(weights),
@@ -125,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             grads, optimizer = row["gradient_bytes"].get(device, 0), row["optimizer_bytes"].get(device, 0)
             p_o = plan["parameters"] + plan["optimizer_state"]
             print(f"{row['mesh']:8s} {row['rules'] or '-':33s} {row['zero']:<4d} {device:7s} {params:>8,} {grads:>8,} "
-                  f"{optimizer:>9,} {(params + optimizer) / whole:>8.1%} {p_o:>11,.0f} {(params + optimizer) / p_o:>9.4f} "
-                  f"{p_o + plan['gradients']:>11,.0f} {(params + grads + optimizer) / (p_o + plan['gradients']):>9.4f}")
+                  f"{optimizer:>9,} {(params + optimizer) / whole:>8.1%} {p_o:>11,.0f} "
+                  f"{(params + optimizer) / p_o:>9.4f} {p_o + plan['gradients']:>11,.0f} "
+                  f"{(params + grads + optimizer) / (p_o + plan['gradients']):>9.4f}")
         print(f"{'':8s} {row['split_weights']} of {row['weights']} weights ({row['split_fraction']:.1%} of the "
               f"parameters) split by the layout; largest deviation of a shard from 1/parts of its weight: "
               f"{row['worst_shard_error']:.1%}")

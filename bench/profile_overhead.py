@@ -130,8 +130,9 @@ def overhead(rounds: int, steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         counted = [python_calls_per_step(model, data, which) for which in (None, tmp)]
     print(f"Python calls per step after the first epoch: without {counted[0]:.1f}, with capture {counted[1]:.1f}")
-    print(f"ratio of the medians over all rounds: speed {statistics.median(plain_ms) / statistics.median(profiled_ms):.3f}, "
-          f"CPU {statistics.median(plain_cpu) / statistics.median(profiled_cpu):.3f}")
+    print("ratio of the medians over all rounds: speed "
+          f"{statistics.median(plain_ms) / statistics.median(profiled_ms):.3f}, CPU "
+          f"{statistics.median(plain_cpu) / statistics.median(profiled_cpu):.3f}")
 
 
 def mlp(hidden: int):
@@ -194,8 +195,9 @@ def comm_table(latency: str, bandwidth: str) -> None:
             check = compare(analyze(os.path.join(logdir, f"h{hidden}")), gradient_bytes=4.0 * parameters,
                             workers=2, link=link)
             rows.append(check)
-            print(f"| {parameters:,} | {check.gradient_bytes / 1e6:.2f} | {check.step_ms:.1f} | {check.measured_ms:.1f} | "
-                  f"{check.measured_share:.0%} | {check.predicted_ms:.1f} | {check.error:+.0%} |")
+            print(f"| {parameters:,} | {check.gradient_bytes / 1e6:.2f} | {check.step_ms:.1f} | "
+                  f"{check.measured_ms:.1f} | {check.measured_share:.0%} | {check.predicted_ms:.1f} | "
+                  f"{check.error:+.0%} |")
         grows = all(a.measured_ms < b.measured_ms for a, b in zip(rows, rows[1:]))
         print(f"measured communication grows with model size as the planner predicts: {'yes' if grows else 'no'}")
         print(json.dumps([{"gradient_bytes": c.gradient_bytes, "measured_ms": round(c.measured_ms, 3),

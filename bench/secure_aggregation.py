@@ -8,8 +8,8 @@ seconds are not run: their seconds are predicted from unit costs measured in the
 X25519 agreements + HKDF + AES-GCM per edge, AES-CTR mask words, quantization words, Shamir
 splits), scaled by the median measured / predicted ratio of the cells that ran (the load of a
 shared machine moves during a run), and the table marks them ``est.``; every secure cell prints the
-unscaled prediction beside its figure, so the model's error is shown. Bytes are exact in every cell (the same arithmetic as
-:func:`tensorfleet.federated.secure.traffic`, checked against it on the cells that run).
+unscaled prediction beside its figure, so the model's error is shown. Bytes are exact in every cell (the same arithmetic
+as :func:`tensorfleet.federated.secure.traffic`, checked against it on the cells that run).
 
 Part 2, accuracy: 100 clients of scikit-learn's digits (IID), 10 a round, the digits CNN, FedAvg
 with 5 local epochs of batch 10, ``--rounds`` rounds (50) with the plain mean, ``secagg`` and

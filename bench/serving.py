@@ -283,7 +283,8 @@ def report(results: dict, levels: list[int], names: list[str], args: argparse.Na
         print(f"{name} / per-request, per round: median (lowest-highest)")
         for concurrency in levels:
             rate, p99 = ratios(results, name, concurrency)
-            (_, _, q1, c1, _, _), (_, _, q2, c2, _, _) = medians[("per-request", concurrency)], medians[(name, concurrency)]
+            (_, _, q1, c1, _, _), (_, _, q2, c2, _, _) = (medians[("per-request", concurrency)],
+                                                          medians[(name, concurrency)])
             print(f"  concurrency {concurrency:>2}: requests/s {spread(rate)}, p99 {spread(p99)} "
                   f"({q2:.2f} vs {q1:.2f} ms), server CPU per request {c2 / c1:.2f}x")
     if "adaptive batching" in names:

@@ -47,11 +47,10 @@ BURSTS = len(GAPS) + 1
 
 def export_model(root: Path) -> tuple[Path, list[list[float]]]:
     import numpy as np
+    import tensorflow as tf
 
     import tensorfleet as tfl
     from tensorfleet.serving.saved_model import export
-
-    import tensorflow as tf  # after tensorfleet: tf.keras is tf_keras
 
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input((8, 8, 1), name="image"), tf.keras.layers.Flatten(),

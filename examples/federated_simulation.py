@@ -61,8 +61,8 @@ def main() -> None:
         test_data=(split.x_test, split.y_test), eval_clients=4, eval_every=5,
         out_dir=args.out, checkpoint_every=5)
     history = sim.run()
-    print(f"final central test accuracy: {history.final('test_accuracy'):.3f} after {history.rounds[-1]['round']} rounds "
-          f"(on the {history.config['backend']} backend)")
+    print(f"final central test accuracy: {history.final('test_accuracy'):.3f} after {history.rounds[-1]['round']} "
+          f"rounds (on the {history.config['backend']} backend)")
     print(f"first round at 80% test accuracy: {history.rounds_to('test_accuracy', 0.8)}")
     print(f"metrics, plots and checkpoint in {args.out}")
 

@@ -25,7 +25,8 @@ def build(vocab: int = 32, seq: int = 8, width: int = 16) -> object:
     keras.utils.set_random_seed(7)
     tokens = keras.Input((seq,), dtype="int32", name="tokens")
     h = layers.Embedding(vocab, width, name="embed")(tokens)
-    h = layers.LayerNormalization(name="ln0")(layers.Add()([h, layers.Conv1D(width, 3, padding="same", name="conv")(h)]))
+    h = layers.LayerNormalization(name="ln0")(
+        layers.Add()([h, layers.Conv1D(width, 3, padding="same", name="conv")(h)]))
     attended = layers.MultiHeadAttention(4, width // 4, name="attention")(h, h)
     h = layers.LayerNormalization(name="ln1")(layers.Add()([h, layers.Dropout(0.2, seed=1, name="drop")(attended)]))
     mlp = layers.Dense(width, activation="swish", name="mlp_out")(layers.Dense(2 * width, activation="gelu",

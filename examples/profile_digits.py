@@ -53,10 +53,10 @@ def slowed(dataset, delay_ms: float):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    import tensorflow as tf
+
     import tensorfleet as tfl
     from tensorfleet.models import load_digits
-
-    import tensorflow as tf
 
     alone = not os.environ.get("TF_CONFIG")
     strategy = tfl.strategies.build("auto", announce=False)

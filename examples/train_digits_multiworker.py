@@ -46,13 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import numpy as np
-
     import tensorflow as tf
 
-    from tensorfleet.io import write_bytes
-    from tensorfleet.models import build, load_digits
     from tensorfleet import strategies
     from tensorfleet.cluster import BatchPolicy, batch_sizes, callbacks as fault_tolerant_callbacks, policy_from_env
+    from tensorfleet.io import write_bytes
+    from tensorfleet.models import build, load_digits
 
     keras = tf.keras  # this process's Keras: Keras 3, or tf_keras where TF_USE_LEGACY_KERAS=1 was set
     keras.utils.set_random_seed(args.seed)

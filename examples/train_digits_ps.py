@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     import tf_keras as keras
 
     from tensorfleet import strategies
-    from tensorfleet.models import build, load_digits
     from tensorfleet.cluster import callback_class
+    from tensorfleet.models import build, load_digits
 
     keras.utils.set_random_seed(args.seed)
     strategy = strategies.build("parameter_server")  # the cluster from the launcher's TF_CONFIG

@@ -30,7 +30,16 @@ __getattr__, _SUBPACKAGES = attach(__name__, modules=(
 
 if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
     from tensorfleet import (
-        cli, cluster, edge, federated, model_parallel, models, planner, profiling, serving, strategies,
+        cli,
+        cluster,
+        edge,
+        federated,
+        model_parallel,
+        models,
+        planner,
+        profiling,
+        serving,
+        strategies,
         tuning,
     )
 

@@ -10,9 +10,9 @@
 
 It starts by printing the versions it runs on (Python, TensorFlow, and the Keras behind ``tf.keras``: Keras 3
 on TensorFlow >= 2.16 unless the process chose tf_keras). Every part runs in that Keras: part 3 converts a
-copy of part 1's model, made outside the strategy, that holds its trained weights. Outputs (metrics, plots, .tflite, C sources) go to ``--out`` (default ``out/demo``).
-Run with ``python -m tensorfleet.demo [--devices N] [--epochs E] [--rounds R] [--out DIR] [--verbose]``;
-TensorFlow's start-up and converter noise is left out unless ``--verbose``
+copy of part 1's model, made outside the strategy, that holds its trained weights. Outputs (metrics, plots, .tflite, C
+sources) go to ``--out`` (default ``out/demo``). Run with ``python -m tensorfleet.demo [--devices N] [--epochs E]
+[--rounds R] [--out DIR] [--verbose]``; TensorFlow's start-up and converter noise is left out unless ``--verbose``
 (:mod:`tensorfleet.cluster.console`).
 """
 

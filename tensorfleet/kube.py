@@ -17,7 +17,8 @@ Example:
     True
     >>> dns_label("name", "Data")
     Traceback (most recent call last):
-    ValueError: name must be a DNS label of at most 63 characters (lower-case letters, digits and '-', starting and ending with a letter or digit). Received: name='Data'
+    ValueError: name must be a DNS label of at most 63 characters (lower-case letters, digits and '-', starting and
+    ending with a letter or digit). Received: name='Data'
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def quantity(name: str, value: Any) -> str:
         ValueError: memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='lots'
     """
     if not isinstance(value, str) or not re.match(_QUANTITY, value):
-        raise ValueError(f"{name} must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: {name}={value!r}")
+        raise ValueError(f"{name} must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: "
+                         f"{name}={value!r}")
     return value
 
 

@@ -20,8 +20,8 @@ from enum import Enum
 from typing import Any, TypeVar
 
 __all__ = [
-    "UnknownOptionError", "boolean", "choice", "optional_boolean", "integer", "number", "parse_bandwidth", "parse_bytes", "parse_count", "parse_duration",
-    "port", "positive_int", "renamed", "renamed_field", "take_renamed",
+    "UnknownOptionError", "boolean", "choice", "optional_boolean", "integer", "number", "parse_bandwidth",
+    "parse_bytes", "parse_count", "parse_duration", "port", "positive_int", "renamed", "renamed_field", "take_renamed",
 ]
 
 E = TypeVar("E", bound=Enum)
@@ -350,7 +350,8 @@ def renamed(**old_to_new: str | tuple[str, Callable[[Any], Any]]) -> Callable[[F
         parameters = inspect.signature(function).parameters
         for old, (new, _) in renames.items():
             if new not in parameters or old in parameters:
-                raise TypeError(f"renamed({old}={new!r}) does not fit {function.__qualname__}{inspect.signature(function)}")
+                raise TypeError(f"renamed({old}={new!r}) does not fit "
+                                f"{function.__qualname__}{inspect.signature(function)}")
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

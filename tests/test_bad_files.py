@@ -38,8 +38,8 @@ def valid(tmp_path_factory: pytest.TempPathFactory, keras3: Any) -> dict[str, Pa
 
     root = tmp_path_factory.mktemp("valid")
     files = {name: root / name for name in ("k2.keras", "k2.h5", "k3.keras", "liar.keras", "m.tflite", "x.npy",
-                                            "cfg.yaml", "serving.config", "script.py", "job.py", "job.yaml", "k3sm", "base",
-                                            "run", "ckpt", "job", "search", "tune")}
+                                            "cfg.yaml", "serving.config", "script.py", "job.py", "job.yaml", "k3sm",
+                                            "base", "run", "ckpt", "job", "search", "tune")}
     k2 = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)])
     k2.save(files["k2.keras"])
     k2.save(files["k2.h5"])

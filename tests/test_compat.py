@@ -164,7 +164,8 @@ def test_a_keras3_model_gets_one_error_naming_the_way_to_keras2() -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     with pytest.raises(Keras3ModelError, match=r"^tfl\.edge\.convert runs Keras 2 \(tf_keras\) models only for now, "
                                                r"and received a Keras 3 model \(keras\.src\.models\.sequential\."
-                                               r"Sequential\)\. For Keras 2, build the model with `import tf_keras as keras`"):
+                                               r"Sequential\)\. For Keras 2, build the model with `import tf_keras as "
+                                               r"keras`"):
         require_keras2(model, "tfl.edge.convert")
 
 
@@ -210,7 +211,8 @@ def test_no_module_of_the_package_reads_tf_keras() -> None:
 def test_what_is_no_keras_model_is_named() -> None:
     from tensorfleet.compat.keras import require_keras2
 
-    with pytest.raises(TypeError, match=r"^probe takes a Keras model \(Keras 3 or tf_keras\)\. Received: model of type int$"):
+    with pytest.raises(TypeError,
+                       match=r"^probe takes a Keras model \(Keras 3 or tf_keras\)\. Received: model of type int$"):
         require_keras2(3, "probe")
 
 
@@ -272,5 +274,6 @@ def test_damaged_or_foreign_model_files_get_one_error_naming_the_file(tmp_path: 
     with zipfile.ZipFile(tmp_path / "broken.keras", "w") as archive:
         archive.writestr("metadata.json", '{"keras_version": "3.15.1"}')
         archive.writestr("config.json", "not json")
-    with pytest.raises(KerasFileError, match=r"^probe: .*broken\.keras \(saved by keras3\) could not be loaded by keras "):
+    with pytest.raises(KerasFileError,
+                       match=r"^probe: .*broken\.keras \(saved by keras3\) could not be loaded by keras "):
         load_model(tmp_path / "broken.keras", where="probe")

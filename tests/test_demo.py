@@ -34,13 +34,15 @@ def test_demo_trains_simulates_and_exports(tmp_path: Path) -> None:
 
     import tensorflow as tf
 
-    assert text.startswith(f"tensorfleet demo on Python {platform.python_version()}, TensorFlow {tf.__version__}, "), text
+    assert text.startswith(f"tensorfleet demo on Python {platform.python_version()}, "
+                           f"TensorFlow {tf.__version__}, "), text
     keras = "Keras 3" if int(tf.__version__.split(".")[1]) >= 16 else "Keras 2"  # what tf.keras is by default
     assert re.match(rf"^tensorfleet demo on .*, {keras}\.\d+\.\d+ \(tf\.keras\)$", text.splitlines()[0]), text
     assert "strategy: mirrored over 2 logical CPU devices" in text
     accuracy = float(re.search(r"^test accuracy: ([0-9.]+)$", text, re.M).group(1))
     assert accuracy >= 0.9
-    assert re.search(r"^federated: fedavg on compiled, 20 clients, 5 per round, 2 rounds: central test accuracy", text, re.M)
+    assert re.search(r"^federated: fedavg on compiled, 20 clients, 5 per round, 2 rounds: central test accuracy", text,
+                     re.M)
     assert re.search(r"edge: int8 model [0-9,]+ bytes, smallest TFLite Micro arena [0-9,]+ bytes", text)
     for name in ("federated/metrics.json", "federated/accuracy.png", "edge/digits_int8.tflite",
                  "edge/c/digits_model_data.cc", "edge/c/digits_op_resolver.h"):

@@ -12,9 +12,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
-
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -92,7 +91,8 @@ def test_federated_simulation_runs_its_rounds_and_leaves_metrics_plots_and_a_che
     cli = subprocess.run([sys.executable, "-m", "tensorfleet", "federated", "run", "--config",
                           str(EXAMPLES / "federated_simulation.yaml"), "--model", str(workdir / "fed" / "model.keras"),
                           "--rounds", "2", "--out", str(workdir / "cli"), "--no-progress"],
-                         cwd=workdir, capture_output=True, text=True, timeout=400, env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
+                         cwd=workdir, capture_output=True, text=True, timeout=400,
+                         env=user_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert cli.returncode == 0, cli.stderr[-3000:]
     script_run, cli_run = (json.loads((workdir / d / "metrics.json").read_text()) for d in ("fed", "cli"))
     assert cli_run["config"]["algorithm_options"] == {"mu": 1.0} and cli_run["config"]["aggregator"] == "secagg+"

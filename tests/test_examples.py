@@ -5,8 +5,9 @@ land there), with the suite's 4 logical CPU devices. An example that cannot run 
 a cluster, a TPU or a server of its own) says so with ``# doctest: +SKIP``.
 
 A docstring whose examples use tensorflow-federated (they name ``tff`` or ``tensorflow_federated``,
-or are those of TFF's worker process and remote workers, :data:`TFF_MODULES`) needs the tff track: a module's examples are run as two tests, those without TFF (every track) and
-those with it (marked ``tff``). Every module imports without TFF, so collection needs none.
+or are those of TFF's worker process and remote workers, :data:`TFF_MODULES`) needs the tff track: a module's examples
+are run as two tests, those without TFF (every track) and those with it (marked ``tff``). Every module imports without
+TFF, so collection needs none.
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ def test_argument_checks_name_the_value(check, value, message) -> None:
 
 def test_argument_checks_return_good_values() -> None:
     assert (kube.dns_label("name", "a-1"), kube.quantity("memory", "500Mi"), kube.image("reg.example/x:1"),
-            kube.dns_subdomain("storage_class", "nfs.csi.k8s.io")) == ("a-1", "500Mi", "reg.example/x:1", "nfs.csi.k8s.io")
+            kube.dns_subdomain("storage_class", "nfs.csi.k8s.io")) == ("a-1", "500Mi", "reg.example/x:1",
+                                                                       "nfs.csi.k8s.io")
 
 
 def test_deployment_and_service_build_valid_objects_selected_by_the_app_label() -> None:
@@ -118,7 +119,8 @@ def test_the_helpers_rebuild_the_federated_workers_exactly() -> None:
 def test_resources_check_their_quantities() -> None:
     with pytest.raises(ValueError) as info:
         kube.resources("1", "2 GB")
-    assert str(info.value) == "memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='2 GB'"
+    assert str(info.value) == ("memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='2 "
+                               "GB'")
 
 
 def test_claim_builds_a_valid_claim_with_or_without_a_storage_class() -> None:

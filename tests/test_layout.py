@@ -110,7 +110,8 @@ def test_the_rules_catch_a_forbidden_and_a_private_import():
         "tensorfleet.federated.simulation": "from tensorfleet.federated.backends.tff import _GRPC\n",
         "tensorfleet.cluster.launcher": "from tensorfleet.strategies.tf_config import ClusterSpec\n",
         "tensorfleet.compat.distribute": "from tensorfleet.strategies.inputs import uses_coordinator\n",
-        "tensorfleet.cluster.elastic": "from tensorfleet.testing.hooks import active\nfrom tensorfleet.testing import Fault\n",
+        "tensorfleet.cluster.elastic": "from tensorfleet.testing.hooks import active\nfrom tensorfleet.testing import "
+                                       "Fault\n",
         "tensorfleet.testing.hooks": "from tensorfleet.validation import number\n",
     }
     assert layout_violations(planted) == [

@@ -107,7 +107,8 @@ def validate_cmd(
     model: Path = typer.Argument(..., help="A .tflite file."),
     arena_bytes: Optional[int] = typer.Option(None, "--arena-bytes",  # noqa: UP007
                                               help="The target's arena in bytes (at most 64 MiB)."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Samples (.npy) to run on TFLM and the desktop TFLite interpreter."),  # noqa: UP007
+    data: Optional[Path] = typer.Option(None, "--data",  # noqa: UP007
+                                        help="Samples (.npy) to run on TFLM and the desktop TFLite interpreter."),
     arena_size: Optional[int] = typer.Option(None, "--arena-size", hidden=True,  # noqa: UP007
                                              help="The older name of --arena-bytes (until the next release)."),
 ) -> None:
@@ -215,8 +216,10 @@ def decompose_cmd(
     method: DecompositionMethod = typer.Option(DecompositionMethod.TUCKER2, "--method", "-m",
                                                help="How Conv2D layers are factored (Dense layers: svd)."),
     rank: Optional[str] = typer.Option(None, "--rank", help="An integer, IN,OUT for tucker2, or vbmf."),  # noqa: UP007
-    energy: Optional[float] = typer.Option(None, "--energy", help="Share of each kernel's energy to keep, in (0, 1]."),  # noqa: UP007
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of parameters and FLOPs per layer."),  # noqa: UP007
+    energy: Optional[float] = typer.Option(None, "--energy",
+                                           help="Share of each kernel's energy to keep, in (0, 1]."),  # noqa: UP007
+    plot: Optional[Path] = typer.Option(None, "--plot",
+                                        help="Write a PNG of parameters and FLOPs per layer."),  # noqa: UP007
 ) -> None:
     """Replace Dense and Conv2D layers by low-rank factors; print the plan as a table first."""
     from tensorfleet import edge

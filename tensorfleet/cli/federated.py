@@ -16,8 +16,8 @@ import contextlib
 import inspect
 import json
 import os
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer
@@ -132,8 +132,9 @@ def algorithms() -> None:
 
     for row in catalogue():
         opts = ", ".join(f"{k}={v}" for k, v in row["options"].items())
-        typer.echo(f"{row['name']:<11} client={row['client_optimizer'] or '-':<14} server={row['server_optimizer']:<16} "
-                   f"{opts + '  ' if opts else ''}{row['description']} [{row['paper']}]")
+        typer.echo(f"{row['name']:<11} client={row['client_optimizer'] or '-':<14} "
+                   f"server={row['server_optimizer']:<16} {opts + '  ' if opts else ''}{row['description']} "
+                   f"[{row['paper']}]")
 
 
 @app.command("aggregators")

@@ -31,7 +31,8 @@ def info_command(
         cells = "  ".join(f"{_cell(value):{size}}" for value, size in ((p.keras3, 7), (p.keras2, 8)))
         why = "; ".join([p.reason] * bool(p.reason) + [f"{name}: {value}" for name, value in (
             ("Keras 3", p.keras3), ("tf_keras", p.keras2)) if _cell(value) == "no"])
-        typer.echo((f"{'yes' if p.available else 'no ':3}  {p.title:{width}}  {cells}" + (f"  ({why})" if why else "")).rstrip())
+        typer.echo((f"{'yes' if p.available else 'no ':3}  {p.title:{width}}  {cells}"
+                    + (f"  ({why})" if why else "")).rstrip())
 
 
 def _cell(value: str) -> str:

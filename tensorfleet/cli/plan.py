@@ -18,7 +18,8 @@ NAME = "plan"
 
 def plan_command(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", help="A registered model name (tensorfleet models)."),  # noqa: UP007
+    model: Optional[str] = typer.Option(None, "--model",
+                                        help="A registered model name (tensorfleet models)."),  # noqa: UP007
     params: Optional[str] = typer.Option(  # noqa: UP007
         None, "--params", help="A transformer's parameter count instead of --model: 1.5B, 350M, 175e9."),
     transformer: Optional[str] = typer.Option(  # noqa: UP007
@@ -27,7 +28,8 @@ def plan_command(
     batch: int = typer.Option(..., "--batch", help="Global batch size (sequences for a transformer)."),
     devices: int = typer.Option(..., "--devices", help="Devices in all, spread evenly over --nodes."),
     device_memory: str = typer.Option(..., "--device-memory", help="Memory of one device, with a unit: 16GB, 512MiB."),
-    bandwidth: str = typer.Option(..., "--bandwidth", help="Network bandwidth, with a unit: 100Gbps, 25Gbit/s, 10GB/s."),
+    bandwidth: str = typer.Option(..., "--bandwidth",
+                                  help="Network bandwidth, with a unit: 100Gbps, 25Gbit/s, 10GB/s."),
     nodes: int = typer.Option(1, "--nodes", help="Machines; with more than one, --bandwidth is between them."),
     intra_bandwidth: Optional[str] = typer.Option(  # noqa: UP007
         None, "--intra-bandwidth", help="Links inside a machine (default --bandwidth)."),
@@ -50,7 +52,8 @@ def plan_command(
     compression: Optional[str] = typer.Option(  # noqa: UP007
         None, "--compression", help="The gradients' all-reduce compressed: fp16, bf16, powersgd:rank=2."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
-    out_path: Optional[Path] = typer.Option(None, "--output", help="Also write the plan as JSON to this file."),  # noqa: UP007
+    out_path: Optional[Path] = typer.Option(None, "--output",
+                                            help="Also write the plan as JSON to this file."),  # noqa: UP007
     run: Optional[Path] = typer.Option(  # noqa: UP007
         None, "--run", help="Run this script under the recommended layout as a mesh (its "
         "tfl.planner.planned_mesh()), then print the plan's memory and step time beside the run's; arguments "

@@ -82,7 +82,8 @@ def serve_command(
                                           help="Batches run at once."),
     batching_policy: BatchingPolicy = typer.Option(
         BatchingPolicy.ADAPTIVE, "--batching-policy", help="adaptive: a lone request goes at once; under load a "
-        "batch waits for the requests on their way (at most --batch-timeout-micros); timeout: the first request of a batch waits --batch-timeout-micros for others (TF Serving's)."),
+        "batch waits for the requests on their way (at most --batch-timeout-micros); timeout: the first request of a "
+        "batch waits --batch-timeout-micros for others (TF Serving's)."),
     allowed_batch_sizes: Optional[str] = typer.Option(  # noqa: UP007
         None, "--allowed-batch-sizes", help="Sizes batches are padded to, e.g. 2,8,32 (default: powers of 2)."),
     model_version_policy: VersionPolicy = typer.Option(
@@ -120,10 +121,10 @@ def serve_command(
                                              help="Elastic: a PNG of the replica count and scale events at exit."),
 ) -> None:
     """Serve BASE (or a --model-config-file's models) over TF Serving's gRPC and REST APIs until SIGTERM."""
+    from tensorfleet.io import existing_folder
     from tensorfleet.serving.batching import BatchingOptions
     from tensorfleet.serving.options import FrontOptions, ScalingOptions, StageOptions, VersionOptions
     from tensorfleet.serving.server import serve
-    from tensorfleet.io import existing_folder
     from tensorfleet.validation import integer, parse_bytes
 
     if (base is None) == (model_config_file is None):

@@ -57,8 +57,8 @@ def tune_command(
     try:
         trial = TrialOptions(objective=objective, direction=direction, strategy=strategy,
                              devices_per_trial=devices_per_trial, batch_size=batch_size, seed=seed, pin_cores=pin_cores)
-        result = search(script, out_dir=out_dir, workers=workers, max_trials=max_trials, algorithm=algorithm, epochs=epochs,
-                        trial=trial, supervision=Supervision(max_restarts=max_restarts), resume=resume,
+        result = search(script, out_dir=out_dir, workers=workers, max_trials=max_trials, algorithm=algorithm,
+                        epochs=epochs, trial=trial, supervision=Supervision(max_restarts=max_restarts), resume=resume,
                         log=typer.echo, verbose=verbose)
     except TunerKerasError as exc:  # models of the Keras Keras Tuner does not drive here: bad input, status 2
         typer.echo(f"error: {exc}", err=True)
@@ -147,7 +147,8 @@ def federated_tune_command(
     objective: str = typer.Option("final_accuracy", "--objective", help="final_accuracy or rounds_to_target."),
     target: float = typer.Option(0.8, "--target", help="The test accuracy rounds_to_target counts rounds to."),
     algorithm: str = typer.Option("random", "--algorithm", help="random or bayesian."),
-    out_dir: Path = typer.Option(Path("federated_tune_out"), "--out", help="Directory for the oracle's state and the results."),
+    out_dir: Path = typer.Option(Path("federated_tune_out"), "--out",
+                                 help="Directory for the oracle's state and the results."),
     seed: int = typer.Option(0, "--seed", help="The oracle's random seed."),
     resume: Optional[bool] = typer.Option(  # noqa: UP007
         None, "--resume/--fresh", help="--resume: continue the search saved in --out (an error when there is "

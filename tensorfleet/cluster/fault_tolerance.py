@@ -45,9 +45,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-
-from tensorfleet.cluster.contract import (ENV_BACKUP_DIR, ENV_SCALE_LR, ENV_STOP_AFTER_EPOCH, EPOCH_BEGIN, EPOCH_END,
-                                         EPOCH_STEP, RESUMED_FROM_BACKUP, STOPPED_STATUS, STOPPING_AFTER_EPOCH)
+from tensorfleet.cluster.contract import (
+    ENV_BACKUP_DIR,
+    ENV_SCALE_LR,
+    ENV_STOP_AFTER_EPOCH,
+    EPOCH_BEGIN,
+    EPOCH_END,
+    EPOCH_STEP,
+    RESUMED_FROM_BACKUP,
+    STOPPED_STATUS,
+    STOPPING_AFTER_EPOCH,
+)
 from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.io import write_bytes, write_json
 from tensorfleet.validation import positive_int

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from tensorfleet.cluster.contract import STEP_DONE, write_gate
 from tensorfleet.cluster.jobstate import LATEST
-from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, job_model, check_migration, migrate
+from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, check_migration, job_model, migrate
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.validation import positive_int, renamed, renamed_field
 

@@ -31,8 +31,14 @@ from enum import Enum
 from typing import Callable
 
 from tensorfleet.cluster.console import ProgressLines, is_noise
-from tensorfleet.cluster.contract import (ENV_ATTEMPT, ENV_NUM_WORKERS, ENV_TASK, ENV_TRAINING_ENDED, HUNG_STATUS,
-                                          SERVE_ARGS)
+from tensorfleet.cluster.contract import (
+    ENV_ATTEMPT,
+    ENV_NUM_WORKERS,
+    ENV_TASK,
+    ENV_TRAINING_ENDED,
+    HUNG_STATUS,
+    SERVE_ARGS,
+)
 from tensorfleet.cluster.result import LogLine, TaskSpan
 from tensorfleet.strategies.tf_config import ClusterSpec, Role
 from tensorfleet.testing.hooks import Fault, active

@@ -12,7 +12,6 @@ import signal
 from typing import Any, Mapping
 
 from tensorfleet.cluster.contract import ENV_MIGRATION, SERVING
-
 from tensorfleet.strategies.tf_config import TFConfigError, parse_tf_config
 
 __all__ = ["serve"]

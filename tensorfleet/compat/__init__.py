@@ -29,7 +29,8 @@ from __future__ import annotations
 from tensorfleet.lazy import attach
 
 __getattr__, _SUBMODULES = attach(__name__, modules=(
-    "keras", "keras3", "keras3_metrics", "tf_keras", "distribute", "mesh_tf", "keras_tuner", "tff", "dp", "profiler", "litert",
+    "keras", "keras3", "keras3_metrics", "tf_keras", "distribute", "mesh_tf", "keras_tuner", "tff", "dp", "profiler",
+    "litert",
 ))
 
 __all__ = list(_SUBMODULES)

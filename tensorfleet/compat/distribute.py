@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from typing import Any, Callable, Iterator
+
 from tensorfleet.compat.keras import keras2
 
 __all__ = ["closure_output", "closure_queue_lock", "condition_waiters", "coordinator_cluster", "cross_device_ops",

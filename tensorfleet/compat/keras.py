@@ -33,8 +33,8 @@ from typing import Any, Iterator
 
 __all__ = ["KERAS2_HOWTO", "Keras", "Keras3ModelError", "KerasFileError", "as_keras", "is_keras3_model", "keras2",
            "keras3", "keras_flavour", "keras_major", "keras_module", "keras_of", "legacy_keras_selected", "load_model",
-           "model_variables", "module_of", "seeded", "sublayers", "require_keras2", "require_keras2_layer", "saved_keras", "set_random_seed",
-           "tf_variable",
+           "model_variables", "module_of", "seeded", "sublayers", "require_keras2", "require_keras2_layer",
+           "saved_keras", "set_random_seed", "tf_variable",
            "user_keras"]
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,8 @@ def tf_variable(variable: Any) -> Any:
 
 
 def model_variables(model: Any) -> tuple[list[Any], list[Any]]:
-    """``(trainable, non-trainable)`` weights of a model of either Keras, as ``tf.Variable`` objects (:func:`tf_variable`).
+    """``(trainable, non-trainable)`` weights of a model of either Keras, as ``tf.Variable`` objects
+    (:func:`tf_variable`).
 
     The weights only, in the order of ``trainable_weights`` and ``non_trainable_weights``: Keras 3 also
     counts its random seed generators' states among a model's ``non_trainable_variables``, which are no

@@ -22,8 +22,8 @@ Checked on Keras 3.15.1 (TensorFlow 2.21): with both mends ``fit`` (with ``valid
 run in 2 launched workers, which end with equal weights, equal to one process on the same global batch
 within float32 tolerance. :func:`mend_fit` installs the mends (idempotent) and
 :func:`restore_fit` takes them out; tensorfleet installs them when it builds a
-``mirrored``, ``central_storage`` or ``multi_worker_mirrored`` strategy, never at import. On a Keras 3 version not checked here nothing is
-changed and a warning says so.
+``mirrored``, ``central_storage`` or ``multi_worker_mirrored`` strategy, never at import. On a Keras 3 version not
+checked here nothing is changed and a warning says so.
 
 Keras 3's callbacks that write files (``BackupAndRestore``, ``ModelCheckpoint``) are not made for several workers
 either: :mod:`tensorfleet.compat.keras3_checkpoints` (whose ``ModelCheckpoint`` mend :func:`mend_fit` installs too).

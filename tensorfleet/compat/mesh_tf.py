@@ -200,8 +200,9 @@ def import_mesh_tensorflow() -> types.ModuleType:
         return importlib.import_module(_PACKAGE)
     except ModuleNotFoundError as exc:
         if exc.name in (_PACKAGE, "gin"):
-            raise ImportError(f"Mesh-TensorFlow layouts need the {'gin-config' if exc.name == 'gin' else 'mesh-tensorflow'} "
-                              f"package, which is not installed. {_INSTALL_HINT}") from exc
+            raise ImportError("Mesh-TensorFlow layouts need the "
+                              f"{'gin-config' if exc.name == 'gin' else 'mesh-tensorflow'} package, which is not "
+                              f"installed. {_INSTALL_HINT}") from exc
         raise ImportError(f"mesh-tensorflow did not import on TensorFlow here: {exc}") from exc
     except ImportError as exc:
         raise ImportError(f"mesh-tensorflow did not import on TensorFlow here: {exc}") from exc

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from typing import Any, ContextManager
+
 from tensorfleet.compat.keras import keras2
 
 __all__ = ["ConverterMissingError", "callback_list_calling", "cluster_coordinator", "cluster_resolver",

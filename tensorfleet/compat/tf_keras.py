@@ -22,7 +22,8 @@ __all__ = [
 
 
 def keras_internal(module: str) -> Any:
-    """``<keras package>.src.<module>`` of the Keras 2 behind ``tf.keras``: ``tf_keras.src`` with tf_keras, ``keras.src``
+    """``<keras package>.src.<module>`` of the Keras 2 behind ``tf.keras``: ``tf_keras.src`` with tf_keras,
+    ``keras.src``
     with Keras 2.14 (``keras.src`` on TensorFlow >= 2.16 is Keras 3, whose internals are another thing)."""
     import importlib
 

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from tensorfleet.edge.artifact import TFLiteArtifact, TensorInfo, verify_int8
+from tensorfleet.edge.artifact import TensorInfo, TFLiteArtifact, verify_int8
 from tensorfleet.edge.convert import QUANTIZATIONS, Quantization, convert, load_keras_model
 from tensorfleet.edge.decompose import DecompositionMethod, DecompositionPlan, LayerPlan, decompose, plan_decomposition
 from tensorfleet.edge.decompose_plan import FORMS, DecompositionForm
@@ -27,8 +27,22 @@ from tensorfleet.edge.errors import (
     UnsupportedOpError,
 )
 from tensorfleet.edge.export import check_c_name, export_c, sanitize_c_identifier
-from tensorfleet.edge.micro import MAX_ARENA_BYTES, MicroValidation, check_micro_compatible, find_arena_size, validate_micro
-from tensorfleet.edge.optimize import TECHNIQUES, Technique, distill, finetune, freeze_layers, unique_weights, weight_sparsity
+from tensorfleet.edge.micro import (
+    MAX_ARENA_BYTES,
+    MicroValidation,
+    check_micro_compatible,
+    find_arena_size,
+    validate_micro,
+)
+from tensorfleet.edge.optimize import (
+    TECHNIQUES,
+    Technique,
+    distill,
+    finetune,
+    freeze_layers,
+    unique_weights,
+    weight_sparsity,
+)
 from tensorfleet.edge.report import BOARDS, Board, EdgeReport, report
 
 __all__ = [
@@ -36,8 +50,8 @@ __all__ = [
     "QUANTIZATIONS", "Quantization", "convert", "load_keras_model",
     "DecompositionPlan", "LayerPlan", "DecompositionMethod", "decompose", "plan_decomposition", "FORMS",
     "DecompositionForm",
-    "ArenaTooSmallError", "DecompositionError", "EdgeError", "InvalidModelError", "MicroIncompatibleError", "QuantizationError",
-    "UnsupportedOpError",
+    "ArenaTooSmallError", "DecompositionError", "EdgeError", "InvalidModelError", "MicroIncompatibleError",
+    "QuantizationError", "UnsupportedOpError",
     "check_c_name", "export_c", "sanitize_c_identifier",
     "MAX_ARENA_BYTES", "MicroValidation", "check_micro_compatible", "find_arena_size", "validate_micro",
     "TECHNIQUES", "Technique", "distill", "finetune", "freeze_layers", "unique_weights", "weight_sparsity",

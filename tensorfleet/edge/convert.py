@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from tensorfleet.compat.keras import module_of
-from tensorfleet.edge.decompose_plan import LayerPlan, DecompositionMethod, form_of, plan_layer
 from tensorfleet.edge.decompose_factors import layer_kind, weight_kernel
+from tensorfleet.edge.decompose_plan import DecompositionMethod, LayerPlan, form_of, plan_layer
 from tensorfleet.edge.errors import DecompositionError
 from tensorfleet.io import save_figure
 from tensorfleet.testing.hooks import active
@@ -142,8 +142,8 @@ def _layer_rank(rank: Any, name: str) -> Any:
     return rank.get(name) if isinstance(rank, dict) else rank
 
 
-def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *, rank: Any = None, energy: float | None = None,
-                       layers: list[str] | None = None) -> DecompositionPlan:
+def plan_decomposition(model: Any, method: str | DecompositionMethod = "svd", *, rank: Any = None,
+                       energy: float | None = None, layers: list[str] | None = None) -> DecompositionPlan:
     """The per-layer plan of :func:`decompose`, computed without changing the model.
 
     Args:

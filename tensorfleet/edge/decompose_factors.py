@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from tensorfleet.compat.keras import module_of
 
 __all__ = ["Factor", "layer_kind", "kernel_of", "svd_factors", "tucker2_factors", "cp_factors", "cp_full_rank",

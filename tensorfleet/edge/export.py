@@ -26,8 +26,8 @@ from pathlib import Path
 
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import UnsupportedOpError
-from tensorfleet.edge.ops import MICRO_CUSTOM_OPS, MICRO_OPS, unsupported_ops, with_advice
 from tensorfleet.edge.micro import MAX_ARENA_BYTES
+from tensorfleet.edge.ops import MICRO_CUSTOM_OPS, MICRO_OPS, unsupported_ops, with_advice
 from tensorfleet.io import check_writable, write_text
 from tensorfleet.validation import integer, renamed
 
@@ -75,7 +75,8 @@ def check_c_name(name: str) -> str:
         'kws_v2'
         >>> check_c_name("kws-v2")
         Traceback (most recent call last):
-        ValueError: name must be letters, digits and single underscores, starting with a letter (it becomes g_<name>_model_data and <Name>OpResolver); '-' is not allowed. Received: name='kws-v2'. Use e.g. name='kws_v2'.
+        ValueError: name must be letters, digits and single underscores, starting with a letter (it becomes
+        g_<name>_model_data and <Name>OpResolver); '-' is not allowed. Received: name='kws-v2'. Use e.g. name='kws_v2'.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a string. Received: {name!r} ({type(name).__name__})")

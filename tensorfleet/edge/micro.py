@@ -33,13 +33,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from tensorfleet.edge._arena_worker import PROBE_SECONDS, TIMED_OUT
 from tensorfleet.edge.artifact import TFLiteArtifact
 from tensorfleet.edge.errors import ArenaTooSmallError, MicroIncompatibleError, UnsupportedOpError
-from tensorfleet.edge._arena_worker import PROBE_SECONDS, TIMED_OUT
 from tensorfleet.edge.ops import interpreter_lacks, start_worker, stop_group, with_advice
 from tensorfleet.validation import integer, renamed
 
-__all__ = ["ARENA_ALLOCATOR", "ARENA_NOTE", "MAX_ARENA_BYTES", "MicroValidation", "arena_allocations", "check_micro_compatible", "find_arena_size", "probe_arena",
+__all__ = ["ARENA_ALLOCATOR", "ARENA_NOTE", "MAX_ARENA_BYTES", "MicroValidation", "arena_allocations",
+           "check_micro_compatible", "find_arena_size", "probe_arena",
            "run_micro", "run_tflite", "validate_micro", "ArenaProber"]
 
 # The largest arena tensorfleet asks TFLM for: 64 MiB is far beyond any microcontroller's RAM, and
@@ -369,7 +370,8 @@ def validate_micro(artifact: TFLiteArtifact, samples: Any = None, labels: Any = 
         A :class:`MicroValidation`: smallest arena (of the Python interpreter's recording
         allocator, a safe size for a firmware: see :data:`ARENA_NOTE`), agreement with the desktop TFLite
         interpreter (for integer models: within one quantization step, equal in all outputs with
-        ``tflite_runtime`` 2.14 and in 99.7-99.9% with LiteRT, as measured on digits CNNs), accuracy and its drop against Keras.
+        ``tflite_runtime`` 2.14 and in 99.7-99.9% with LiteRT, as measured on digits CNNs), accuracy and its drop
+        against Keras.
 
     Raises:
         UnsupportedOpError: ops TFLM lacks, by name.

@@ -47,7 +47,8 @@ MICRO_OPS: dict[str, str] = {
     "LOG_SOFTMAX": "AddLogSoftmax", "MAXIMUM": "AddMaximum", "MAX_POOL_2D": "AddMaxPool2D", "MEAN": "AddMean",
     "MINIMUM": "AddMinimum", "MIRROR_PAD": "AddMirrorPad", "MUL": "AddMul", "NEG": "AddNeg",
     "NOT_EQUAL": "AddNotEqual", "PACK": "AddPack", "PAD": "AddPad", "PADV2": "AddPadV2", "PRELU": "AddPrelu",
-    "QUANTIZE": "AddQuantize", "READ_VARIABLE": "AddReadVariable", "REDUCE_ALL": "AddReduceAll", "REDUCE_MAX": "AddReduceMax",
+    "QUANTIZE": "AddQuantize", "READ_VARIABLE": "AddReadVariable", "REDUCE_ALL": "AddReduceAll",
+    "REDUCE_MAX": "AddReduceMax",
     "REDUCE_MIN": "AddReduceMin", "RELU": "AddRelu", "RELU6": "AddRelu6", "RESHAPE": "AddReshape",
     "RESIZE_BILINEAR": "AddResizeBilinear", "RESIZE_NEAREST_NEIGHBOR": "AddResizeNearestNeighbor",
     "REVERSE_V2": "AddReverseV2", "ROUND": "AddRound", "RSQRT": "AddRsqrt", "SELECT_V2": "AddSelectV2",
@@ -115,8 +116,8 @@ def _ask_interpreter(ops: list[tuple[str, bool]]) -> list[str]:
                            f"{len(ops)} answers: {detail}")
     hung = [name for (name, _), reply in zip(ops, replies) if reply == "timeout"]
     if hung:
-        raise RuntimeError(f"TFLM did not answer within {PROBE_SECONDS} s whether it has a kernel for {', '.join(hung)} "
-                           "(asked twice); the machine may be overloaded: try again")
+        raise RuntimeError(f"TFLM did not answer within {PROBE_SECONDS} s whether it has a kernel for "
+                           f"{', '.join(hung)} (asked twice); the machine may be overloaded: try again")
     return [name for (name, _), reply in zip(ops, replies) if reply != "yes"]
 
 

@@ -2,9 +2,9 @@
 distillation, freezing.
 
 Quantization-aware training, pruning and clustering are tensorflow-model-optimization's (``tfmot``) for a
-tf_keras model, and :mod:`tensorfleet.edge.keras3_optimize`'s for a Keras 3 one: Jacob et al., "Quantization and Training of Neural Networks for Efficient
-Integer-Arithmetic-Only Inference", CVPR 2018; Zhu & Gupta, "To prune, or not to prune",
-2017; Han et al., "Deep Compression", ICLR 2016. Distillation follows Hinton et al.,
+tf_keras model, and :mod:`tensorfleet.edge.keras3_optimize`'s for a Keras 3 one: Jacob et al., "Quantization and
+Training of Neural Networks for Efficient Integer-Arithmetic-Only Inference", CVPR 2018; Zhu & Gupta, "To prune, or not
+to prune", 2017; Han et al., "Deep Compression", ICLR 2016. Distillation follows Hinton et al.,
 "Distilling the Knowledge in a Neural Network", 2015: the student minimises
 ``alpha * CE(y, s) + (1 - alpha) * T^2 * KL(softmax(t / T) || softmax(s / T))``.
 
@@ -140,7 +140,8 @@ TECHNIQUES.register("prune", _TechniqueSpec(apply_pruning, _pruning_callbacks), 
                     description="Magnitude pruning on a constant or polynomial schedule; wrappers stripped afterwards.")
 TECHNIQUES.register("cluster", _TechniqueSpec(apply_clustering, lambda model: []), aliases=("clustering",),
                     description="Weight clustering: each kernel keeps only N distinct values (k-means centroids).")
-TECHNIQUES.register("decompose", _TechniqueSpec(apply_decomposition, lambda model: []), aliases=("decomposition", "low_rank"),
+TECHNIQUES.register("decompose", _TechniqueSpec(apply_decomposition, lambda model: []),
+                    aliases=("decomposition", "low_rank"),
                     description="Low-rank factors of Dense and Conv2D layers (SVD, Tucker-2, CP), then fine-tuning.")
 
 
@@ -199,8 +200,8 @@ def finetune(model: Any, technique: str | Technique, x: Any, y: Any, *, epochs: 
         loss: defaults to sparse categorical cross-entropy from logits (or from probabilities when
             the last layer is a softmax).
         options: ``sparsity=``, ``frequency=``, ``begin_step=``, ``schedule=`` (``"constant"`` or
-            ``"polynomial"`` with ``initial_sparsity=``, ``end_step=``, ``power=``) for prune, ``clusters=`` for cluster; ``method=`` and ``rank=`` or
-            ``energy=`` for decompose (see :func:`tensorfleet.edge.decompose`).
+            ``"polynomial"`` with ``initial_sparsity=``, ``end_step=``, ``power=``) for prune, ``clusters=`` for
+            cluster; ``method=`` and ``rank=`` or ``energy=`` for decompose (see :func:`tensorfleet.edge.decompose`).
 
     Example:
         >>> qat = finetune(model, "qat", x_train, y_train, epochs=1)                       # doctest: +SKIP

@@ -21,7 +21,8 @@ Example:
     ([1.0, 1.0, 1.0], 1)
     >>> read_checkpoint("runs/a", "another", {**config, "seed": 1})
     Traceback (most recent call last):
-    tensorfleet.federated.checkpoint.CheckpointMismatchError: The checkpoint in runs/a comes from a different configuration (seed: checkpoint 0 vs now 1). Use another out_dir, or resume=False to start over.
+    tensorfleet.federated.checkpoint.CheckpointMismatchError: The checkpoint in runs/a comes from a different
+    configuration (seed: checkpoint 0 vs now 1). Use another out_dir, or resume=False to start over.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import numpy as np
 
 from tensorfleet.io import existing_folder, write_bytes
 
-__all__ = ["CHECKPOINT_FILE", "PREVIOUS_FILE", "CheckpointAheadError", "CheckpointMismatchError", "DamagedCheckpointError",
+__all__ = ["CHECKPOINT_FILE", "PREVIOUS_FILE", "CheckpointAheadError", "CheckpointMismatchError",
+           "DamagedCheckpointError",
            "check_shapes", "checkpoint_config", "fingerprint", "read_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.npz"

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
-from tensorfleet.io import UnwritablePathError, check_writable
 from tensorfleet.federated.backends.compiled.layout import NonTrainable
 from tensorfleet.federated.backends.compiled.local import check_per_client
-from tensorfleet.federated.sampling import StragglerPolicy
 from tensorfleet.federated.options import declared, option, optional_text, text
+from tensorfleet.federated.sampling import StragglerPolicy
+from tensorfleet.io import UnwritablePathError, check_writable
 from tensorfleet.validation import UnknownOptionError, boolean, choice, integer, number, optional_boolean, positive_int
 
 __all__ = ["SimulationConfig", "check_out_dir"]
@@ -175,7 +175,8 @@ class SimulationConfig:
                                  "around it, fixed per client by the seed).", trajectory=True, example=50.0)
     eval_every: int = option(1, positive_int, "Central (and federated) evaluation every N rounds.",
                              trajectory=False, example=2)
-    out_dir: str | os.PathLike[str] | None = option(None, check_out_dir, "Directory for metrics, plots, TensorBoard logs and "
+    out_dir: str | os.PathLike[str] | None = option(None, check_out_dir,
+                                                    "Directory for metrics, plots, TensorBoard logs and "
                                     "checkpoints (none: nothing is written).", trajectory=False, example="runs/x",
                                     aliases=("out",), flag="--out")
     checkpoint_every: int = option(0, lambda k, v: integer(k, v, minimum=0),

@@ -181,8 +181,9 @@ def _model_fn(spec: str) -> tuple[Callable[[], Any] | None, bool]:
         params = inspect.signature(models.MODELS.get(spec)).parameters
         return None, "input_dim" in params and "input_shape" not in params
     if not path.is_file() or path.suffix not in models.MODEL_FILE_SUFFIXES:
-        raise ValueError(f"model must be a zoo name or a saved Keras model file ({', '.join(models.MODEL_FILE_SUFFIXES)}"
-                         f"). Received: model={spec!r} ({'a folder' if path.is_dir() else 'another kind of file'})")
+        raise ValueError("model must be a zoo name or a saved Keras model file "
+                         f"({', '.join(models.MODEL_FILE_SUFFIXES)}). Received: model={spec!r} "
+                         f"({'a folder' if path.is_dir() else 'another kind of file'})")
     where = f"the federated model {path}"
     probe = load_model(path, compile=False, where=where)
     shape = probe.input_shape

@@ -3,7 +3,8 @@
 
 Example:
     >>> history = History(rounds=[{"round": 1, "train_accuracy": 0.5, "train_loss": 1.2},
-    ...                           {"round": 2, "train_accuracy": 0.75, "train_loss": 0.8}], config={"algorithm": "fedavg"})
+    ...                           {"round": 2, "train_accuracy": 0.75, "train_loss": 0.8}],
+    ...                   config={"algorithm": "fedavg"})
     >>> history.final("train_accuracy"), history.rounds_to("train_accuracy", 0.7)
     (0.75, 2)
     >>> history.save("runs/a")
@@ -151,7 +152,8 @@ def history_figures(history: History) -> dict[str, Any]:
     for metric in ("accuracy", "loss"):
         fig, ax = _figure(history, f"{metric} per round", metric)
         for prefix, label in (("train", "train (clients)"), ("test", "central test"), ("fed_eval", "federated eval")):
-            pts = [(r["round"], r[f"{prefix}_{metric}"]) for r in history.rounds if r.get(f"{prefix}_{metric}") is not None]
+            pts = [(r["round"], r[f"{prefix}_{metric}"])
+                   for r in history.rounds if r.get(f"{prefix}_{metric}") is not None]
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, markersize=3, label=label)

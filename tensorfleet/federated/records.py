@@ -4,7 +4,8 @@ a round's participants are enough for its aggregator (:func:`check_participants`
 
 Example:
     >>> from tensorfleet.federated.config import SimulationConfig
-    >>> config = SimulationConfig(clients_per_round=5, aggregator="dp_fixed", aggregator_options={"noise_multiplier": 2.0})
+    >>> config = SimulationConfig(clients_per_round=5, aggregator="dp_fixed",
+    ...                           aggregator_options={"noise_multiplier": 2.0})
     >>> round(round_epsilon(config, num_clients=20, rounds_done=3), 3)
     5.251
     >>> upload_bytes(SimulationConfig(aggregator="compression", aggregator_options={"bits": 8}), [100, 10])

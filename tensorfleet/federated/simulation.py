@@ -48,11 +48,11 @@ import numpy as np
 
 from tensorfleet.federated import checkpoint, records, tff_model
 from tensorfleet.federated.backends import Backend, BackendChoice
-from tensorfleet.federated.config import SimulationConfig
-from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.backends.compiled.evaluate import ModelWeights
 from tensorfleet.federated.backends.compiled.layout import NonTrainable
 from tensorfleet.federated.backends.compiled.local import GLOBAL_BN
+from tensorfleet.federated.config import SimulationConfig
+from tensorfleet.federated.history import History, plot_history
 from tensorfleet.federated.sampling import ClientSampler, split_clients
 from tensorfleet.validation import choice
 
@@ -253,7 +253,8 @@ class Simulation:
 
     # ----------------------------------------------------------------- checkpoints
     def save_checkpoint(self, state: Any, round_num: int) -> Any:
-        """Writes the full algorithm state (of the backend ``state``) after ``round_num`` into ``out_dir`` (atomically)."""
+        """Writes the full algorithm state (of the backend ``state``) after ``round_num`` into ``out_dir``
+        (atomically)."""
         assert self.config.out_dir is not None
         return checkpoint.save_checkpoint(self.config.out_dir, state.state_leaves(), round_num=round_num,
                                           fingerprint=self.fingerprint(), config=self.as_dict(),

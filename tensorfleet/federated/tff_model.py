@@ -8,7 +8,8 @@ Example:
     >>> model = tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(8, 8))])
     >>> check_model(model, spec)
     Traceback (most recent call last):
-    ValueError: The model's input shape does not match the client data: the model takes (None, 8, 8), the examples have x of shape (64,). Build the model for inputs of shape (64,).
+    ValueError: The model's input shape does not match the client data: the model takes (None, 8, 8), the examples have
+    x of shape (64,). Build the model for inputs of shape (64,).
     >>> loss, metrics = loss_and_metrics(model)
     >>> loss.get_config()["from_logits"], [m.name for m in metrics]
     (True, ['accuracy'])
@@ -20,6 +21,7 @@ import collections
 from typing import Any, Callable
 
 import numpy as np
+
 from tensorfleet.compat.keras import module_of
 
 __all__ = ["central_step", "check_model", "input_spec", "loss_and_metrics", "tff_model_fn"]
@@ -40,8 +42,9 @@ def input_spec(element_spec: Any) -> Any:
 
     spec = element_spec
     if not isinstance(spec, dict) or set(spec) != {"x", "y"}:
-        raise ValueError("Client examples must be OrderedDict(x=..., y=...) (use tensorfleet.federated.clients.partition, "
-                         f"or ClientData.preprocess to rename). Received element spec: {spec}")
+        raise ValueError("Client examples must be OrderedDict(x=..., y=...) (use "
+                         "tensorfleet.federated.clients.partition, or ClientData.preprocess to rename). Received "
+                         f"element spec: {spec}")
     return collections.OrderedDict(
         x=tf.TensorSpec([None, *spec["x"].shape], spec["x"].dtype),
         y=tf.TensorSpec([None, *spec["y"].shape], spec["y"].dtype))

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tensorfleet.lazy import attach
 from tensorfleet.compat.mesh_tf import fix_on_import, import_mesh_tensorflow
+from tensorfleet.lazy import attach
 
 fix_on_import()  # registers an import hook only; see tensorfleet.compat.mesh_tf
 
@@ -41,11 +41,22 @@ if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checke
     from tensorfleet.model_parallel.chain import chain_layers
     from tensorfleet.model_parallel.mesh import Mesh, MeshBackend, MeshHistory, MeshLayout
     from tensorfleet.model_parallel.pipeline import (
-        Pipeline, Schedule, bubble_fraction, partition_layers, peak_activations, plot_schedule,
-        schedule_orders, simulate as simulate_schedule, theoretical_bubble,
+        Pipeline,
+        Schedule,
+        bubble_fraction,
+        partition_layers,
+        peak_activations,
+        plot_schedule,
+        schedule_orders,
+        simulate as simulate_schedule,
+        theoretical_bubble,
     )
     from tensorfleet.model_parallel.tensor_parallel import (
-        ColumnParallelDense, ParallelMLP, ParallelSelfAttention, ParallelTransformerBlock, RowParallelDense,
+        ColumnParallelDense,
+        ParallelMLP,
+        ParallelSelfAttention,
+        ParallelTransformerBlock,
+        RowParallelDense,
     )
 
 __all__ = [*_LAZY, "import_mesh_tensorflow"]

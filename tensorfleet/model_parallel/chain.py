@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from typing import Any
+
 from tensorfleet.compat.keras import Keras, keras_of, module_of
 
 __all__ = ["chain_layers"]

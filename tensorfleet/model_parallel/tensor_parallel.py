@@ -40,16 +40,8 @@ from tensorfleet.compat.keras import keras2, require_keras2_layer
 from tensorfleet.compat.tf_keras import attention_parts
 from tensorfleet.validation import positive_int
 
-__all__ = [
-    "ColumnParallelDense",
-    "RowParallelDense",
-    "ParallelMLP",
-    "ParallelSelfAttention",
-    "ParallelTransformerBlock",
-    "check_devices",
-    "compute_on",
-    "split_evenly",
-]
+__all__ = ["ColumnParallelDense", "RowParallelDense", "ParallelMLP", "ParallelSelfAttention",
+           "ParallelTransformerBlock", "check_devices", "compute_on", "split_evenly"]
 
 # tf_keras (tf.keras before TF 2.16), whose Layer the layers here subclass: a module mypy does not follow.
 _keras2: Any = keras2()
@@ -212,7 +204,8 @@ class RowParallelDense(_keras2.layers.Layer):
 
     def build(self, input_shape: Any) -> None:
         n = len(self.devices)
-        if isinstance(input_shape, (list, tuple)) and input_shape and isinstance(input_shape[0], (list, tuple, tf.TensorShape)):
+        if (isinstance(input_shape, (list, tuple)) and input_shape
+                and isinstance(input_shape[0], (list, tuple, tf.TensorShape))):
             in_dim = sum(int(tf.TensorShape(s)[-1]) for s in input_shape)
         else:
             in_dim = int(tf.TensorShape(input_shape)[-1])
@@ -440,8 +433,7 @@ def _split(array: Any, parts: int, *, axis: int) -> list[Any]:
 
 
 def _initial_parts(initializer: Any, shape: tuple[int, ...], parts: int, *, axis: int) -> list[Any]:
-    # Draw the unsplit weight once and cut it, so that shards are not copies of one draw and the
-    # split layer starts from the weights an unsplit layer with this initializer would have.
+    # Draw the unsplit weight once and cut it: shards are not copies of one draw, and start as an unsplit layer's would.
     import copy
 
     full = copy.deepcopy(initializer)(shape, dtype=tf.float32).numpy()

@@ -20,8 +20,11 @@ from typing import Any, Callable
 from tensorfleet.models import datasets, zoo  # noqa: F401  (internal modules, kept as attributes for older code)
 from tensorfleet.models.datasets import Split, load_digits
 from tensorfleet.models.zoo import MODELS
-from tensorfleet.models import tinyml  # noqa: F401  (registers the MLPerf Tiny reference models)
-from tensorfleet.models import transformer  # noqa: F401  (registers the small transformer block)
+
+# isort: split
+# Imported to register, in the order available() lists: the zoo's models, then the MLPerf Tiny reference models,
+# then the small transformer block (the split keeps the import sorter from merging these into the line above).
+from tensorfleet.models import tinyml, transformer  # noqa: F401
 
 __all__ = ["MODELS", "MODEL_FILE_SUFFIXES", "Split", "available", "build", "describe", "load_digits", "model_file",
            "register"]

@@ -317,7 +317,8 @@ def load_speech_commands(data_dir: str | os.PathLike[str], *, words: tuple[str, 
                 continue
             counts[label] = counts.get(label, 0) + 1
             relative = f"{word_dir.name}/{wav.name}"
-            split = "validation" if relative in lists["validation"] else "test" if relative in lists["test"] else "train"
+            split = ("validation" if relative in lists["validation"] else "test" if relative in lists["test"]
+                     else "train")
             buckets[split][0].append(mfcc_features(audio, sample_rate=rate))
             buckets[split][1].append(label)
     if not any(buckets[s][0] for s in buckets):

@@ -316,7 +316,8 @@ def check_node_count(name: str, n: int) -> None:
         raise ValueError(f"The {name} algorithm needs a power-of-two number of nodes. Received: N={n}")
 
 
-def all_reduce(values: Sequence[Any], *, algorithm: str = "ring", devices: Sequence[str] | None = None) -> CollectiveResult:
+def all_reduce(values: Sequence[Any], *, algorithm: str = "ring",
+               devices: Sequence[str] | None = None) -> CollectiveResult:
     """Sums one tensor per node so that every node ends with the total.
 
     Args:
@@ -362,7 +363,8 @@ def broadcast(value: Any, num_nodes: int, *, root: int = 0, devices: Sequence[st
     out[root] = net.put(root, net._tf.reshape(net._tf.convert_to_tensor(value), [-1]))
     for level in reversed(range(max(1, math.ceil(math.log2(num_nodes))))):
         d = 1 << level
-        sends = [(real(v), real(v + d), out[real(v)]) for v in range(num_nodes) if v % (2 * d) == 0 and v + d < num_nodes]
+        sends = [(real(v), real(v + d), out[real(v)])
+                 for v in range(num_nodes) if v % (2 * d) == 0 and v + d < num_nodes]
         for (src, dst, _), copy in zip(sends, net.step(sends)):
             out[dst] = copy
     return CollectiveResult(outputs=out, trace=net.trace)
@@ -408,4 +410,5 @@ def all_gather(values: Sequence[Any], *, devices: Sequence[str] | None = None) -
         sends = [(i, (i + 1) % n, have[i][(i - s) % n]) for i in range(n)]
         for (src, dst, _), copy in zip(sends, net.step(sends)):
             have[dst][(src - s) % n] = copy
-    return CollectiveResult(outputs=[_concat(net, i, [have[i][j] for j in range(n)]) for i in range(n)], trace=net.trace)
+    return CollectiveResult(outputs=[_concat(net, i, [have[i][j] for j in range(n)]) for i in range(n)],
+                            trace=net.trace)

@@ -7,8 +7,8 @@ device holds (:meth:`ParallelLayout.memory`) and what one step communicates
 
 * memory per device from :mod:`tensorfleet.planner.memory` (ZeRO's model-state accounting,
   activations per micro-batch; with ``zero`` 1-3 the optimizer state, then the gradients, then the
-  parameters sharded over the data-parallel replicas, except in ``data_ps``); parameter servers keep the float32 weights and the optimizer
-  state, sharded evenly over them (as TensorFlow's variable partitioners do), and must fit
+  parameters sharded over the data-parallel replicas, except in ``data_ps``); parameter servers keep the float32 weights
+  and the optimizer state, sharded evenly over them (as TensorFlow's variable partitioners do), and must fit
   their own memory;
 * communication per step from the alpha-beta model of :mod:`tensorfleet.planner.cost_model`:
   data parallel all-reduces the gradients (ring; two-level when there are several machines)
@@ -35,8 +35,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 from tensorfleet.planner import cost_model
-from tensorfleet.planner.memory import (MemoryEstimate, bytes_per_parameter, estimate_from_counts, format_bytes,
-                                       split_stages)
+from tensorfleet.planner.memory import (
+    MemoryEstimate,
+    bytes_per_parameter,
+    estimate_from_counts,
+    format_bytes,
+    split_stages,
+)
 from tensorfleet.planner.workload import Workload
 from tensorfleet.registry import Registry
 

@@ -27,8 +27,13 @@ from typing import Any, Sequence
 from tensorfleet.planner.cost_model import Link
 from tensorfleet.planner.layouts import LAYOUTS, PlanRow, PlanSetup
 from tensorfleet.planner.memory import Optimizer, bytes_per_parameter, format_bytes, zero_bytes_per_parameter
-from tensorfleet.planner.workload import (Workload, format_count, preset_workload, transformer_workload,
-                                         workload_from_model)
+from tensorfleet.planner.workload import (
+    Workload,
+    format_count,
+    preset_workload,
+    transformer_workload,
+    workload_from_model,
+)
 from tensorfleet.validation import choice, integer, number, parse_bandwidth, parse_bytes, parse_duration, positive_int
 
 __all__ = ["ModelShape", "Network", "ParameterServers", "Plan", "TrainingOptions", "plan"]
@@ -145,7 +150,8 @@ class Plan:
 
     def table(self) -> str:
         """A plain-text table, one strategy per line, then the recommendation."""
-        header = f"{'strategy':<16} {'layout':<22} {'memory/device':>14} {'fits':>5} {'comm/step':>11} {'step':>11}  note"
+        header = (f"{'strategy':<16} {'layout':<22} {'memory/device':>14} {'fits':>5} {'comm/step':>11} {'step':>11}  "
+                  "note")
         shape = self.workload.describe_shape()
         title = f"{self.workload.name}: {format_count(self.workload.parameters)} parameters" + (
             f" ({shape})" if shape else "")
@@ -221,7 +227,7 @@ def plan(
         hybrid           d=2 t=1 p=2                 538.08 KB   yes    1.074 ms    1.075 ms  8 micro-batches, bubble 11%
         recommendation: data_allreduce -- fits (1.15 MB of 16.00 GB per device) with the shortest
         estimated step, 0.122 ms (0.122 ms communication); next: data_ps at 0.500 ms
-    """
+    """  # noqa: E501  (the table as plan().table() prints it)
     shape, network = _options("shape", shape, ModelShape), _options("network", network, Network)
     training, servers = _options("training", training, TrainingOptions), _options("servers", servers, ParameterServers)
     batch_size = positive_int("batch_size", batch_size)
@@ -296,7 +302,8 @@ def _workload(model: str | None, parameters: float | None, transformer: str | No
         fixed = {k: v for k, v in shape.items() if k != "seq_len"}
         if fixed:
             raise ValueError(f"transformer={transformer!r} fixes layers, hidden and heads; for another shape "
-                             "give parameters= with them. Received: " + ", ".join(f"{k}={v!r}" for k, v in fixed.items()))
+                             "give parameters= with them. Received: "
+                             + ", ".join(f"{k}={v!r}" for k, v in fixed.items()))
         return preset_workload(transformer, seq_len=seq_len)
     assert parameters is not None  # exactly one of the three was given, and neither model nor transformer
     return transformer_workload(parameters, layers=layers, hidden=hidden, heads=heads,

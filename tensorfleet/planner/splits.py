@@ -33,8 +33,13 @@ from typing import Any, Sequence
 
 from tensorfleet.compat.keras import is_keras3_model, require_keras2
 from tensorfleet.model_parallel.partition import WeightSplit
-from tensorfleet.planner.memory import MemoryEstimate, Parallelism, bytes_per_parameter, zero_bytes_per_parameter
-from tensorfleet.planner.memory import estimate as memory_estimate
+from tensorfleet.planner.memory import (
+    MemoryEstimate,
+    Parallelism,
+    bytes_per_parameter,
+    estimate as memory_estimate,
+    zero_bytes_per_parameter,
+)
 from tensorfleet.strategies.memory_savers import Precision
 from tensorfleet.validation import integer
 

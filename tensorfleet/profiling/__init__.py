@@ -27,14 +27,20 @@ __getattr__, __all__ = attach(__name__, internal=("recorder", "callback", "xspac
                                                   "intervals", "planned", "remote"), names={
     "capture": "recorder", "callbacks": "recorder", "StepRange": "recorder", "Capture": "recorder",
     "ProfileCallback": "callback",
-    "analyze": "breakdown", "Bottleneck": "breakdown", "TaskRole": "breakdown", "JobProfile": "breakdown", "Verdict": "breakdown",
-    "StepBreakdown": "breakdown", "TaskSummary": "breakdown",
+    "analyze": "breakdown", "Bottleneck": "breakdown", "TaskRole": "breakdown", "JobProfile": "breakdown",
+    "Verdict": "breakdown", "StepBreakdown": "breakdown", "TaskSummary": "breakdown",
     "read_xspace": "xspace", "task_traces": "xspace", "compare": "planned", "CommunicationCheck": "planned",
     "format_table": "report", "write_report": "report",
 })
 if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checkers (not run)
     from tensorfleet.profiling.breakdown import (
-        Bottleneck, JobProfile, StepBreakdown, TaskRole, TaskSummary, Verdict, analyze,
+        Bottleneck,
+        JobProfile,
+        StepBreakdown,
+        TaskRole,
+        TaskSummary,
+        Verdict,
+        analyze,
     )
     from tensorfleet.profiling.callback import ProfileCallback
     from tensorfleet.profiling.planned import CommunicationCheck, compare

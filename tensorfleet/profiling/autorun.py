@@ -20,8 +20,8 @@ import runpy
 import sys
 from typing import Any, Mapping, Sequence
 
-from tensorfleet.profiling.recorder import callbacks
 from tensorfleet.compat.keras import keras2, keras3
+from tensorfleet.profiling.recorder import callbacks
 
 __all__ = ["install", "main"]
 

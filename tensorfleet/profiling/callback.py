@@ -19,10 +19,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-
 from tensorfleet.compat.keras import is_keras3_model, keras2, keras_of
-from tensorfleet.compat.profiler import (callback_list_calling, cluster_coordinator, implements_train_batch_hooks,
-                                         set_train_batch_hooks, step_trace)
+from tensorfleet.compat.profiler import (
+    callback_list_calling,
+    cluster_coordinator,
+    implements_train_batch_hooks,
+    set_train_batch_hooks,
+    step_trace,
+)
 from tensorfleet.profiling.recorder import STEP_NAME, Capture, StepRange, task_directory
 from tensorfleet.validation import renamed
 

@@ -62,7 +62,8 @@ def measured_communication_ms(profile: JobProfile) -> tuple[float, float]:
     by_step: dict[int, list[float]] = {}
     steps: list[float] = []
     for row in profile.steps:
-        if hosts.get(row.task) == row.device and roles.get(row.task, TaskRole.TRAINER) in (TaskRole.TRAINER, TaskRole.WORKER):
+        if (hosts.get(row.task) == row.device
+                and roles.get(row.task, TaskRole.TRAINER) in (TaskRole.TRAINER, TaskRole.WORKER)):
             by_step.setdefault(len(steps) if ps_job else row.step, []).append(row.communication_ms)
             steps.append(row.step_ms)
     if not by_step:

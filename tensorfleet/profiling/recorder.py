@@ -59,7 +59,8 @@ class StepRange:
             (StepRange(first=20, last=30), StepRange(first=5, last=7))
             >>> StepRange.parse("30-20")
             Traceback (most recent call last):
-            ValueError: steps must be a step range FIRST-LAST with FIRST <= LAST, such as '20-30'. Received: steps='30-20'
+            ValueError: steps must be a step range FIRST-LAST with FIRST <= LAST, such as '20-30'. Received:
+            steps='30-20'
         """
         if isinstance(value, StepRange):
             return value

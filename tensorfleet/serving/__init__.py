@@ -63,7 +63,12 @@ if TYPE_CHECKING:  # what the lazy map above serves, for editors and type checke
     from tensorfleet.serving.repository import ModelRepository
     from tensorfleet.serving.router import ModelRouter
     from tensorfleet.serving.saved_model import (
-        BaseNotAFolderError, ExportResult, TensorSignature, VersionExistsError, export, load_keras_model,
+        BaseNotAFolderError,
+        ExportResult,
+        TensorSignature,
+        VersionExistsError,
+        export,
+        load_keras_model,
     )
     from tensorfleet.serving.servable import SavedModelError
     from tensorfleet.serving.server import ModelServer, serve

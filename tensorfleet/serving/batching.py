@@ -17,8 +17,8 @@ The smallest allowed size is 2: on CPU a one-row matmul takes another kernel pat
 many-row one (results differ in the last bit), so padding a lone row to 2 makes every row's
 result independent of how it was batched. The adaptive policy runs a lone one-row request
 unpadded, as a per-request call would (the padded row cost a third more on the digits CNN); its
-answer then equals the per-request one, and a batched row's differs from it by float32 rounding. The math (sizes, padding, stacking, splitting) is in
-small pure functions that tests check with numpy alone.
+answer then equals the per-request one, and a batched row's differs from it by float32 rounding. The math (sizes,
+padding, stacking, splitting) is in small pure functions that tests check with numpy alone.
 """
 
 from __future__ import annotations

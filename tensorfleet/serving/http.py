@@ -3,10 +3,10 @@
 It does what TF Serving's REST API needs and no more: keep-alive and pipelined requests
 (answered in order), chunked or sized bodies, ``Expect: 100-continue``, a body limit (413 once
 the body has been read, so the client sees the reply rather than a reset), malformed requests
-(400, then the connection closes), a request target over 8 KiB (414), idle keep-alive connections closed after ``idle_seconds``, and
-a drain on stop (stop listening, finish what is in flight, close). A handler gets ``(method, path, body)`` and returns a :class:`Reply`, or a
-:class:`Pending` reply for work that runs elsewhere (a prediction), or an asyncio future of one.
-Nothing per request is built that the reply does not need: a pending reply is written by the call
+(400, then the connection closes), a request target over 8 KiB (414), idle keep-alive connections closed after
+``idle_seconds``, and a drain on stop (stop listening, finish what is in flight, close). A handler gets ``(method, path,
+body)`` and returns a :class:`Reply`, or a :class:`Pending` reply for work that runs elsewhere (a prediction), or an
+asyncio future of one. Nothing per request is built that the reply does not need: a pending reply is written by the call
 that resolves it (no event-loop callback per reply), and the head of a reply is made once per
 status, content type and length, so a request costs the event loop a few tens of microseconds.
 """

@@ -11,8 +11,8 @@ load, liveness is ``/healthz``, and readiness ``/readyz``, which answers 503 unt
 loaded, so a pod joins the Service only when it can answer. With ``min_replicas`` and
 ``max_replicas`` (:class:`PodScaling`) an ``autoscaling/v2`` HorizontalPodAutoscaler scales the Deployment on the pods'
 CPU use (``target_cpu`` percent of their request); the Deployment then states no replica count,
-as Kubernetes advises, so applying the manifest again leaves the autoscaler's count alone. Every object is checked against the core
-Kubernetes schemas (kubernetes-validate) before it is returned or written.
+as Kubernetes advises, so applying the manifest again leaves the autoscaler's count alone. Every object is checked
+against the core Kubernetes schemas (kubernetes-validate) before it is returned or written.
 
 What belongs together is passed together: :class:`PodScaling` (replicas or the autoscaler's
 bounds), :class:`ServedModel` (where the model is in the pod and the name clients ask for),
@@ -98,7 +98,8 @@ class ServedModel:
         name = self.name
         if name is not None and (not isinstance(name, str) or not name or "/" in name
                                  or any(c.isspace() for c in name)):
-            raise ValueError(f"The model's name must be a non-empty name without '/' or spaces. Received: name={name!r}")
+            raise ValueError("The model's name must be a non-empty name without '/' or spaces. Received: "
+                             f"name={name!r}")
         if self.claim is not None:
             kube.dns_subdomain("claim", self.claim)
 

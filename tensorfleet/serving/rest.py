@@ -438,6 +438,7 @@ class RestServer:
         """Stops listening, lets requests in flight finish (up to ``drain_seconds``), then stops the loop."""
         if not self._started or not self._thread.is_alive():
             return
-        asyncio.run_coroutine_threadsafe(self._http.stop(self.drain_seconds), self._loop).result(self.drain_seconds + 10)
+        asyncio.run_coroutine_threadsafe(self._http.stop(self.drain_seconds),
+                                         self._loop).result(self.drain_seconds + 10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(self.drain_seconds + 10)

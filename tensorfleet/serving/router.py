@@ -23,7 +23,8 @@ def merge_metrics(texts: list[str]) -> str:
     """Prometheus texts of several models as one: each family's ``# TYPE`` line once, its samples together.
 
     Example:
-        >>> print(merge_metrics(["# TYPE a counter\\na{m=\\"x\\"} 1\\n", "# TYPE a counter\\na{m=\\"y\\"} 2\\n"]), end="")
+        >>> print(merge_metrics(["# TYPE a counter\\na{m=\\"x\\"} 1\\n",
+        ...                      "# TYPE a counter\\na{m=\\"y\\"} 2\\n"]), end="")
         # TYPE a counter
         a{m="x"} 1
         a{m="y"} 2

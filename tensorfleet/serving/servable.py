@@ -108,7 +108,8 @@ class Signature:
                 array = to_array(name, value, spec)
             inner = self._inner[name]  # every size past the batch known: one comparison
             if array.ndim != len(spec.shape) or (array.shape[1:] != inner if inner is not None else
-                                                  any(d is not None and d != a for d, a in zip(spec.shape, array.shape))):
+                                                  any(d is not None and d != a
+                                                      for d, a in zip(spec.shape, array.shape))):
                 raise ServingError(f"Input {name!r} must have shape {spec.describe()}. Received: {_received(array)}")
             arrays[name] = array
         sizes = {a.shape[0] for a in arrays.values()}

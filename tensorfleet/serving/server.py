@@ -28,8 +28,7 @@ from tensorfleet.serving.router import ModelRouter
 from tensorfleet.serving.stages import stage_devices as resolve_stage_devices
 from tensorfleet.serving.standby import StandbySupply
 from tensorfleet.serving.versions import VersionWatcher
-from tensorfleet.validation import integer, number
-from tensorfleet.validation import port as check_port
+from tensorfleet.validation import integer, number, port as check_port
 
 __all__ = ["ModelServer", "serve"]
 

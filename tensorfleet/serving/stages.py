@@ -4,9 +4,9 @@ At export (``export(model, base, stages=K)``) the model's chain of layers is cut
 module's :func:`~tensorfleet.model_parallel.pipeline.partition_layers`, and each stage is saved as
 its own signature, ``stage_0`` ... ``stage_{K-1}``, beside ``serving_default`` (the whole model).
 At serving time (``ModelServer(stages=K)``), :class:`StagedRunner` keeps one thread per stage,
-each optionally on its own device (``stage_devices=``, ``tensorfleet serve --stage-devices``); a batch is cut into micro-batches that flow through the
-stages, so stage ``s`` works on micro-batch ``i`` while stage ``s + 1`` works on ``i - 1`` (the
-forward half of GPipe's schedule). The rows come back in order and equal the unsplit model's.
+each optionally on its own device (``stage_devices=``, ``tensorfleet serve --stage-devices``); a batch is cut into
+micro-batches that flow through the stages, so stage ``s`` works on micro-batch ``i`` while stage ``s + 1`` works on ``i
+- 1`` (the forward half of GPipe's schedule). The rows come back in order and equal the unsplit model's.
 
 A Keras 3 model is cut the same way: its chain is read through Keras 3's public graph (each layer's
 ``input`` is the ``output`` of the one before), as :func:`~tensorfleet.model_parallel.chain.chain_layers`

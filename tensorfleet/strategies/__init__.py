@@ -34,16 +34,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tensorfleet.lazy import attach
+
 # Registration order is the order `tensorfleet strategies list` shows: auto, the data-parallel
-# strategies, tpu.
+# strategies, tpu; the split keeps the import sorter from moving other imports in between.
 from tensorfleet.strategies.auto import choose
 from tensorfleet.strategies.data_parallel import CollectiveImplementation, CrossDeviceOps
 from tensorfleet.strategies.tpu import NoTPUError
-from tensorfleet.strategies.devices import (
-    RuntimeAlreadyInitializedError,
-    logical_device_names,
-    simulate_devices,
-)
+
+# isort: split
+from tensorfleet.strategies.devices import RuntimeAlreadyInitializedError, logical_device_names, simulate_devices
 from tensorfleet.strategies.inputs import FitInputs, evaluate_inputs, fit_inputs, uses_coordinator
 from tensorfleet.strategies.registry import STRATEGIES, Availability, available, build, describe, info, register
 from tensorfleet.strategies.servers import start_in_process_cluster, start_server

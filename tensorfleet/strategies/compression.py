@@ -3,9 +3,9 @@
 * ``"fp16"`` / ``"bf16"``: each float gradient cast to 16 bits, summed, cast back (Horovod's fp16 compression):
   half the bytes.
 * ``"powersgd:rank=R"``: PowerSGD (Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient
-  GradientCompression for Distributed Optimization", NeurIPS 2019), one step of subspace iteration per step, warm-started
-  from the last step's Q, with error feedback, as PyTorch DDP's ``powerSGD_hook``. Each gradient of rank 2 or
-  more is seen as a matrix M (n rows, m columns: all axes but the last, the last) and, with E the error this
+  GradientCompression for Distributed Optimization", NeurIPS 2019), one step of subspace iteration per step,
+  warm-started from the last step's Q, with error feedback, as PyTorch DDP's ``powerSGD_hook``. Each gradient of rank 2
+  or more is seen as a matrix M (n rows, m columns: all axes but the last, the last) and, with E the error this
   replica kept from the last step and Q (m x r) the last step's Q orthogonalised::
 
       M <- G + E;  P <- sum over replicas of M Q;  P <- orthogonalise(P)  (Gram-Schmidt)
@@ -44,8 +44,8 @@ from typing import Any, Sequence
 
 from tensorfleet.compat import allreduce
 
-__all__ = ["STRATEGIES_TAKING", "AllReduceTraffic", "GradientCompression", "CompressionSpec", "attach", "compressed_bytes",
-           "initial_q", "matrix_shape", "orthogonalize", "parse_compression", "traffic"]
+__all__ = ["STRATEGIES_TAKING", "AllReduceTraffic", "GradientCompression", "CompressionSpec", "attach",
+           "compressed_bytes", "initial_q", "matrix_shape", "orthogonalize", "parse_compression", "traffic"]
 
 STRATEGIES_TAKING = ("mirrored", "multi_worker_mirrored")
 """The strategies that take the ``compression`` option (their gradients are all-reduced by Keras)."""
@@ -267,8 +267,8 @@ class _PowerSGDReducer(_Reducer):
         return [next(plain_iter) if s is None else approx[k] for k, s in zip(keys, shapes)]
 
 
-_REDUCERS = {GradientCompression.NONE: _Reducer, GradientCompression.FP16: _CastReducer, GradientCompression.BF16: _CastReducer,
-             GradientCompression.POWERSGD: _PowerSGDReducer}
+_REDUCERS = {GradientCompression.NONE: _Reducer, GradientCompression.FP16: _CastReducer,
+             GradientCompression.BF16: _CastReducer, GradientCompression.POWERSGD: _PowerSGDReducer}
 _attached: weakref.WeakKeyDictionary[Any, _Reducer] = weakref.WeakKeyDictionary()
 
 

@@ -14,11 +14,8 @@ import logging
 from enum import Enum
 from typing import Any, Sequence, overload
 
-from tensorfleet.compat import distribute as tf_internals
-from tensorfleet.compat import keras3 as keras3_mends
-from tensorfleet.compat import keras3_metrics
-from tensorfleet.strategies.compression import attach as attach_compression
-from tensorfleet.strategies.compression import parse_compression
+from tensorfleet.compat import distribute as tf_internals, keras3 as keras3_mends, keras3_metrics
+from tensorfleet.strategies.compression import attach as attach_compression, parse_compression
 from tensorfleet.strategies.devices import local_devices
 from tensorfleet.strategies.registry import Availability, register
 from tensorfleet.strategies.servers import start_server
@@ -136,7 +133,8 @@ def mirrored(*, devices: Sequence[str] | None = None, cross_device_ops: str | No
         >>> mirrored(cross_device_ops="nccl")
         Traceback (most recent call last):
         ...
-        ValueError: cross_device_ops='nccl' needs GPUs and this machine has none. Received: cross_device_ops='nccl'; use 'hierarchical_copy' or 'reduction_to_one_device'.
+        ValueError: cross_device_ops='nccl' needs GPUs and this machine has none. Received: cross_device_ops='nccl'; use
+        'hierarchical_copy' or 'reduction_to_one_device'.
     """
     import tensorflow as tf
 
@@ -240,7 +238,8 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         >>> multi_worker_mirrored(implementation="nccl")
         Traceback (most recent call last):
         ...
-        ValueError: implementation='nccl' needs GPUs and this machine has none. Received: implementation='nccl'; use 'ring' or 'auto'.
+        ValueError: implementation='nccl' needs GPUs and this machine has none. Received: implementation='nccl'; use
+        'ring' or 'auto'.
         >>> multi_worker_mirrored(timeout_seconds=0)
         Traceback (most recent call last):
         ...

@@ -33,8 +33,8 @@ from typing import Any
 from tensorfleet.compat.keras import Keras, as_keras, keras_module, keras_of
 from tensorfleet.validation import choice, integer, number, positive_int
 
-__all__ = ["ScalingRule", "callback_class", "check_callback_keras", "check_settable", "parse_scale_lr", "scaled_learning_rate",
-           "scaled_learning_rate_for", "scaled_lr", "warmup_lr"]
+__all__ = ["ScalingRule", "callback_class", "check_callback_keras", "check_settable", "parse_scale_lr",
+           "scaled_learning_rate", "scaled_learning_rate_for", "scaled_lr", "warmup_lr"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ def scaled_lr(base_lr: float, *, global_batch: int, reference_batch: int, rule: 
     """The learning rate for ``global_batch``, given ``base_lr`` at ``reference_batch``.
 
     Example:
-        >>> scaled_lr(0.1, global_batch=256, reference_batch=32), scaled_lr(0.1, global_batch=128, reference_batch=32, rule="sqrt")
+        >>> (scaled_lr(0.1, global_batch=256, reference_batch=32),
+        ...  scaled_lr(0.1, global_batch=128, reference_batch=32, rule="sqrt"))
         (0.8, 0.2)
     """
     base_lr = number("base_lr", base_lr, above=0)
@@ -264,7 +265,8 @@ def parse_scale_lr(text: str, name: str = "scale_lr") -> tuple[ScalingRule, int]
         >>> parse_scale_lr("linear")
         Traceback (most recent call last):
         ...
-        ValueError: scale_lr must be RULE:REFERENCE_BATCH with RULE linear or sqrt and the global batch the learning rate is for, e.g. 'linear:64'. Received: scale_lr='linear'
+        ValueError: scale_lr must be RULE:REFERENCE_BATCH with RULE linear or sqrt and the global batch the learning
+        rate is for, e.g. 'linear:64'. Received: scale_lr='linear'
     """
     rule, _, reference = str(text).strip().partition(":")
     if rule.strip().lower() not in {r.value for r in ScalingRule} or not reference.strip().isdigit() \

@@ -14,8 +14,8 @@ batches: ``drop_remainder=True`` or ``steps_per_epoch``), the logs of this worke
 either); after every H of those steps it runs one averaging
 function, an all-reduce mean of every floating-point weight and of the optimizer's state (momentum, Adam's
 moments: the paper keeps them local between averagings, and so does this; averaging them too makes every
-averaging a state one checkpoint holds for all workers) through the strategy's collectives. The weights are also averaged
-after the last step of each epoch, so the checkpoint a ``BackupAndRestore`` takes at the epoch's end is the
+averaging a state one checkpoint holds for all workers) through the strategy's collectives. The weights are also
+averaged after the last step of each epoch, so the checkpoint a ``BackupAndRestore`` takes at the epoch's end is the
 same on every worker and a resumed run continues from it; validation sees the averaged model.
 
 Why a callback and not a strategy option: the strategy stays TensorFlow's own (a script switches local SGD

@@ -30,7 +30,7 @@ from enum import Enum
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
-from tensorfleet.compat.keras import Keras, keras2, keras3, keras_of, keras_module, module_of, user_keras
+from tensorfleet.compat.keras import Keras, keras2, keras3, keras_module, keras_of, module_of, user_keras
 from tensorfleet.validation import choice, positive_int
 
 __all__ = ["Precision", "accumulate_gradients", "mixed_precision", "recompute"]

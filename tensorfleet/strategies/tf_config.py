@@ -83,7 +83,8 @@ def _check_address(role: str, index: int, address: Any) -> str:
     if not host:
         raise TFConfigError(f"{where} has an empty host. Received: {address!r}")
     if not port.isdigit():
-        raise TFConfigError(f"{where} has a port that is not a number. Received: {address!r}; expected e.g. '{host}:2222'")
+        raise TFConfigError(f"{where} has a port that is not a number. Received: {address!r}; expected e.g. "
+                            f"'{host}:2222'")
     if not 0 < int(port) < 65536:
         raise TFConfigError(f"{where} has a port outside 1..65535. Received: {address!r}")
     return address
@@ -180,7 +181,8 @@ class ClusterSpec:
         for single in (Role.CHIEF.value, Role.EVALUATOR.value):
             if len(normalised.get(single, ())) > 1:
                 raise TFConfigError(
-                    f"A cluster has at most one {single}. Received {len(normalised[single])}: {list(normalised[single])}"
+                    f"A cluster has at most one {single}. Received {len(normalised[single])}: "
+                    f"{list(normalised[single])}"
                 )
         # Keep a canonical role order so that specs compare and serialise stably.
         object.__setattr__(self, "jobs", {r: normalised[r] for r in ROLES if r in normalised})

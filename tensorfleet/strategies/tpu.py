@@ -48,7 +48,8 @@ def tpu(*, tpu_address: str | None = None, zone: str | None = None, project: str
         >>> tpu()
         Traceback (most recent call last):
         ...
-        tensorfleet.strategies.tpu.NoTPUError: No TPU is attached to this machine and no tpu_address (or TPU_NAME) was given. ...
+        tensorfleet.strategies.tpu.NoTPUError: No TPU is attached to this machine and no tpu_address (or TPU_NAME) was
+        given. ...
     """
     import tensorflow as tf
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from tensorfleet.compat import distribute as tf_internals
+from tensorfleet.compat.keras import keras2
 from tensorfleet.strategies.staleness import (
     StalenessGate,
     StalenessPolicy,
@@ -33,7 +34,6 @@ from tensorfleet.strategies.staleness import (
     resolve_staleness,
 )
 from tensorfleet.validation import integer, number, positive_int
-from tensorfleet.compat.keras import keras2
 
 __all__ = ["StalenessScheduler", "TrainingRun", "train"]
 

@@ -23,7 +23,8 @@ from tensorfleet.lazy import attach
 
 __getattr__, _LAZY = attach(
     __name__,
-    names={"SearchAlgorithm": "config", "SearchConfig": "config", "SearchResult": "distributed", "TrialRecord": "results",
+    names={"SearchAlgorithm": "config", "SearchConfig": "config", "SearchResult": "distributed",
+           "TrialRecord": "results",
            "TuningError": "distributed", "search": "distributed", "describe": "distributed", "tune_manifests": "k8s",
            "write_manifests": "k8s:write"},
     internal=("chief", "config", "distributed", "results", "task"),

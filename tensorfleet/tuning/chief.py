@@ -25,7 +25,8 @@ from tensorfleet.tuning.config import SearchConfig
 from tensorfleet.tuning.results import TrialRecord, write_results
 from tensorfleet.tuning.task import make_tuner, say
 
-__all__ = ["TrialClock", "atomic_saves", "export_model", "repair_reloaded", "serve", "run_chief", "BEST_MODEL", "TIMES_FILE"]
+__all__ = ["TrialClock", "atomic_saves", "export_model", "repair_reloaded", "serve", "run_chief", "BEST_MODEL",
+           "TIMES_FILE"]
 
 BEST_MODEL = "best_model.keras"
 TIMES_FILE = "times.json"

@@ -24,8 +24,8 @@ from typing import Any
 from tensorfleet.io import write_json
 from tensorfleet.validation import choice, integer, optional_boolean, positive_int, renamed
 
-__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search", "enum_options", "fresh_to_resume", "should_resume",
-           "check_script", "SCRIPT_FUNCTIONS"]
+__all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search",
+           "enum_options", "fresh_to_resume", "should_resume", "check_script", "SCRIPT_FUNCTIONS"]
 
 
 class TunerKerasError(TypeError):
@@ -164,7 +164,8 @@ def check_script(path: str | Path) -> Path:
 
 def check_saved_search(project: str | Path) -> None:
     """Refuses a saved search (Keras Tuner's project folder: ``oracle.json`` and ``trial_*/trial.json``; and the
-    trials' times, ``times.json`` beside it) that the oracle could not reload, before any process starts: each that is there must be a JSON object.
+    trials' times, ``times.json`` beside it) that the oracle could not reload, before any process starts: each that is
+    there must be a JSON object.
 
     Raises:
         FileNotFoundError: ``project`` is missing, or a file; or a folder is where one of its files should be.

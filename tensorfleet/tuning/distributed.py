@@ -6,7 +6,8 @@ Keras Tuner's own distributed mode does the search: each process is started with
 from portpicker) and runs :mod:`tensorfleet.tuning.task`. The processes are run and supervised
 by the cluster's job machinery, as the launcher's are (:class:`~tensorfleet.cluster.processes.LocalJob`,
 :class:`~tensorfleet.cluster.supervisor.Supervisor`): each leads its own process group and dies
-with this one, faults (:func:`tensorfleet.testing.faults`) are injected the same way, SIGINT and SIGTERM reach every process.
+with this one, faults (:func:`tensorfleet.testing.faults`) are injected the same way, SIGINT and SIGTERM reach every
+process.
 
 Faults: a worker that dies is started again alone with the same tuner ID, and Keras Tuner's
 oracle gives a tuner that asks again under its ID the trial it was running, so that trial runs
@@ -35,10 +36,17 @@ from typing import Callable
 from tensorfleet.cluster.contract import HUNG_STATUS, describe_exit
 from tensorfleet.cluster.processes import JobMode, LocalJob, TaskProcess
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
-from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet.io import check_writable
-from tensorfleet.tuning.config import (CONFIG_FILE, SearchConfig, check_saved_search, check_script, enum_options,
-                                       fresh_to_resume, should_resume)
+from tensorfleet.strategies.tf_config import ClusterSpec
+from tensorfleet.tuning.config import (
+    CONFIG_FILE,
+    SearchConfig,
+    check_saved_search,
+    check_script,
+    enum_options,
+    fresh_to_resume,
+    should_resume,
+)
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
 from tensorfleet.tuning.task import ERROR_MARK, KERAS_MARK, MARK, PROJECT, TunerKerasError
 from tensorfleet.validation import renamed
@@ -101,8 +109,9 @@ class _SearchJob(LocalJob):
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         spec = ClusterSpec.local(workers=config.workers, chief=True, host=HOST)
-        super().__init__(spec=spec, mode=JobMode.PARAMETER_SERVER, argv=[sys.executable, "-m", "tensorfleet.tuning.task",
-                         config.out_dir], env=env, log=log, stop_when=None, verbose=verbose,
+        super().__init__(spec=spec, mode=JobMode.PARAMETER_SERVER,
+                         argv=[sys.executable, "-m", "tensorfleet.tuning.task", config.out_dir],
+                         env=env, log=log, stop_when=None, verbose=verbose,
                          progress_interval=5.0)
         self.lead, self.trainers = "chief:0", {"chief:0"}  # when the oracle ends, the search is complete
 
@@ -184,8 +193,8 @@ def _supervise(job: _SearchJob, timeout: float | None) -> int:
         raise TuningError(f"The chief oracle exited with status {failure.code}. The oracle's state is saved in "
                           f"{config.out_dir!r}: the same search run again continues it.\n{_tail(task)}")
     raise TuningError(f"Tuner worker {task.index} {describe_exit(failure.code)} after {outcome.restarts} restart(s) "
-                      f"of tuners (max_restarts={config.max_restarts}); the search stops. The same search run again continues it."
-                      f"\n{_tail(task)}")
+                      f"of tuners (max_restarts={config.max_restarts}); the search stops. The same search run again "
+                      f"continues it.\n{_tail(task)}")
 
 
 @dataclass(frozen=True)

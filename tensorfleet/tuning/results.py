@@ -164,7 +164,8 @@ def plot_results(out_dir: Path, records: list[TrialRecord], *, objective: str, d
     names = _names(records)
     fig, axes = plt.subplots(1, max(len(names), 1), figsize=(3.2 * max(len(names), 1), 3), squeeze=False)
     for ax, name in zip(axes[0], names):
-        pairs = [(r.hyperparameters[name], r.score) for r in records if name in r.hyperparameters and r.score is not None]
+        pairs = [(r.hyperparameters[name], r.score)
+                 for r in records if name in r.hyperparameters and r.score is not None]
         values = [p[0] for p in pairs]
         if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             ax.plot(values, [p[1] for p in pairs], "o")

@@ -42,7 +42,8 @@ __all__ = ["CONFIG_ENV", "ERROR_MARK", "EXIT_USER_ERROR", "KERAS_MARK", "MARK", 
 
 MARK = "tensorfleet-tune:"
 ERROR_MARK = "tensorfleet-tune-error:"
-KERAS_MARK = "tensorfleet-tune-keras:"  # the same, for a script whose models are of the Keras Keras Tuner does not drive
+# the same, for a script whose models are of the Keras Keras Tuner does not drive
+KERAS_MARK = "tensorfleet-tune-keras:"
 EXIT_USER_ERROR = 3
 PROJECT = "oracle"
 IDLE_PAUSE = 0.5
@@ -151,7 +152,8 @@ def make_tuner(config: SearchConfig, build_model: Callable[..., Any], *, strateg
 
     kt = import_keras_tuner()
     common = {"hypermodel": checked_hypermodel(build_model, f"build_model of {Path(config.script).name}"),
-              "objective": _objective(config), "directory": config.out_dir, "project_name": PROJECT, "overwrite": False, "distribution_strategy": strategy, "seed": config.seed}
+              "objective": _objective(config), "directory": config.out_dir, "project_name": PROJECT, "overwrite": False,
+              "distribution_strategy": strategy, "seed": config.seed}
     if config.algorithm is SearchAlgorithm.HYPERBAND:
         tuner = kt.Hyperband(max_epochs=config.epochs, **common)
         tuner.oracle.max_trials = config.max_trials  # Keras Tuner's own cap on created trials

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tensorfleet.cli.main import main
 from tensorfleet import kube
+from tensorfleet.cli.main import main
 from tensorfleet.cluster import k8s
 
 
@@ -54,7 +54,8 @@ def test_validate_reports_an_invalid_manifest(tmp_path: Path, capsys) -> None:
 def test_tfjob_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
     base = ["k8s", "tfjob", "--name", "digits", "--image", "img:1"]
     assert main([*base, "--workers", "0", "--command", "python t.py"]) == 2
-    assert capsys.readouterr().err.strip() == "error: A TFJob needs at least one worker (or a chief). Received: workers=0"
+    assert capsys.readouterr().err.strip() == ("error: A TFJob needs at least one worker (or a chief). Received: "
+                                               "workers=0")
     assert main([*base, "--workers", "1"]) == 2
     assert capsys.readouterr().err.startswith("error: A TFJob needs the trainer's command")
     assert main([*base, "--workers", "1", "--env", "NOEQUALS", "--command", "python t.py"]) == 2
@@ -92,7 +93,8 @@ def test_serving_writes_a_valid_deployment_service_and_autoscaler(tmp_path: Path
     assert main(["k8s", "serving", "--name", "digits", "--image", "img:1", "--min-replicas", "2", "--max-replicas",
                  "5", "--target-cpu", "70", "--model-name", "mnist", "-o", str(out), "--", "--enable-batching"]) == 0
     assert capsys.readouterr().err.strip() == (
-        f"wrote {out} (Deployment, Service, HorizontalPodAutoscaler), valid against Kubernetes {kube.KUBERNETES_VERSION}")
+        f"wrote {out} (Deployment, Service, HorizontalPodAutoscaler), valid against Kubernetes "
+        f"{kube.KUBERNETES_VERSION}")
     deployment, service, hpa = kube.load_yaml(out.read_text())
     sk8s.validate([deployment, service, hpa])
     assert "replicas" not in deployment["spec"]

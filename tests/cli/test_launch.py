@@ -55,9 +55,11 @@ def test_launch_restarts_the_job_up_to_max_restarts(script: Path, capsys) -> Non
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["launch", "--workers", "0", "SCRIPT"], "error: A job needs at least one worker (or a chief). Received: workers=0"),
+    (["launch", "--workers", "0", "SCRIPT"],
+     "error: A job needs at least one worker (or a chief). Received: workers=0"),
     (["launch", "MISSING"], "error: The script to launch does not exist. Received: script="),
-    (["launch", "--ports", "1,x", "SCRIPT"], "error: --ports must be comma-separated integers. Received: --ports='1,x'"),
+    (["launch", "--ports", "1,x", "SCRIPT"],
+     "error: --ports must be comma-separated integers. Received: --ports='1,x'"),
     (["launch", "--evaluator", "--evaluator-timeout", "-1", "SCRIPT"],
      "error: evaluator_timeout must be a finite number >= 0. Received: evaluator_timeout=-1.0"),
 ])
@@ -68,7 +70,8 @@ def test_launch_bad_input_is_one_clear_error(script: Path, tmp_path: Path, capsy
 
 
 def test_launch_conflicting_tf_config_is_one_clear_error(script: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["10.1.1.1:2222"]}, "task": {"type": "worker", "index": 0}}')
+    monkeypatch.setenv("TF_CONFIG",
+                       '{"cluster": {"worker": ["10.1.1.1:2222"]}, "task": {"type": "worker", "index": 0}}')
     assert main(["launch", str(script)]) == 2
     assert capsys.readouterr().err.startswith("error: TF_CONFIG is already set in the environment with another cluster")
 
@@ -226,8 +229,10 @@ GIVEN = {"workers": ["--workers", "1"], "ps": ["--ps", "1"], "chief": ["--chief"
          "timeout": ["--timeout", "60"], "hang_timeout": ["--hang-timeout", "30"], "backoff": ["--backoff", "0"],
          "ports": ["--ports", "5000"], "backup_dir": ["--backup-dir", "bk"], "mode_option": ["--mode", "collective"],
          "profile_steps": ["--profile-steps", "2-3"], "profile_dir": ["--profile-dir", "pd"],
-         "strategy": ["--strategy", "mirrored"], "devices": ["--devices", "2"], "checkpoint_dir": ["--checkpoint-dir", "CK"],
-         "resume_from": ["--resume-from", "CK"], "epochs": ["--epochs", "2"], "global_batch_size": ["--global-batch-size", "8"],
+         "strategy": ["--strategy", "mirrored"], "devices": ["--devices", "2"],
+         "checkpoint_dir": ["--checkpoint-dir", "CK"],
+         "resume_from": ["--resume-from", "CK"], "epochs": ["--epochs", "2"],
+         "global_batch_size": ["--global-batch-size", "8"],
          "batch_policy": ["--batch-policy", "keep_global"], "stop_at_step": ["--stop-at-step", "3"],
          "save_every": ["--save-every", "1"], "quantum": ["--quantum", "4"], "timeline": ["--timeline", "t.png"]}
 #: What chooses each mode (before the option tried), and what follows the options.

@@ -57,7 +57,8 @@ def test_plan_takes_a_known_transformer_and_its_sequence_length(capsys):
     assert allreduce["note"] == "ring all-reduce; full recomputation"  # 34.10 GB without it
     assert main([*xl, "--seq-len", "256"]) == 0
     allreduce = next(s for s in json.loads(capsys.readouterr().out)["strategies"] if s["strategy"] == "data_allreduce")
-    assert allreduce["memory"]["activations"] == 48 * 256 * (34 * 1600 + 5 * 25 * 256) + 5 * 256 * 1600 + 4 * 256 * 50257
+    assert allreduce["memory"]["activations"] == (48 * 256 * (34 * 1600 + 5 * 25 * 256) + 5 * 256 * 1600
+                                                  + 4 * 256 * 50257)
     assert allreduce["fits"] and allreduce["note"] == "ring all-reduce"
 
 

@@ -29,7 +29,8 @@ def test_a_step_is_split_in_proportion_to_speed_with_one_example_each(examples, 
 
 
 def test_speeds_must_be_positive() -> None:
-    with pytest.raises(ValueError, match=r"speeds must be positive numbers, one per replica. Received: speeds=\[0, 0\]"):
+    with pytest.raises(ValueError,
+                       match=r"speeds must be positive numbers, one per replica. Received: speeds=\[0, 0\]"):
         proportional_split(8, [0, 0])
     meter = SpeedMeter(2)
     assert not meter.ready

@@ -13,8 +13,8 @@ import pytest
 from tensorfleet.cluster.console import ProgressLines, is_noise
 from tensorfleet.cluster.launcher import TaskCommand, TaskOutput, launch
 
-
-# Plain Keras 2 fit (the task chooses tf_keras as a user does) with its default progress bar (verbose="auto" is 1 here): 2 epochs of 20 steps,
+# Plain Keras 2 fit (the task chooses tf_keras as a user does) with its default progress bar (verbose="auto" is 1 here):
+# 2 epochs of 20 steps,
 # each step slowed down so that an epoch takes about a second.
 KERAS_SCRIPT = textwrap.dedent("""
     import time

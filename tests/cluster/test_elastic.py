@@ -55,8 +55,10 @@ def test_policy_from_env(monkeypatch) -> None:
 
 @pytest.mark.parametrize(("phases", "error", "message"), [
     ([], ValueError, "phases must list at least one ElasticPhase. Received: phases=[]"),
-    ([ElasticPhase(2, 2), ElasticPhase(1, 2)], ValueError, "phases must end at increasing epochs. Received: phases[1].until_epoch=2 after 2"),
-    ([ElasticPhase(2), ElasticPhase(1, 4)], ValueError, "Only the last phase may run to the end (until_epoch=None). Received: phases[0]"),
+    ([ElasticPhase(2, 2), ElasticPhase(1, 2)], ValueError,
+     "phases must end at increasing epochs. Received: phases[1].until_epoch=2 after 2"),
+    ([ElasticPhase(2), ElasticPhase(1, 4)], ValueError,
+     "Only the last phase may run to the end (until_epoch=None). Received: phases[0]"),
     ([ElasticPhase(0, 2)], ValueError, "phases[0].workers must be a positive integer. Received: phases[0].workers=0"),
     ([(2, 2)], TypeError, "phases[0] must be an ElasticPhase. Received: (2, 2)"),
 ])
@@ -74,9 +76,11 @@ def test_job_stopped_at_2_workers_continues_at_1_and_back_at_2_from_the_same_bac
         EXAMPLES / "train_digits_multiworker.py",
         ["--model", "digits_mlp", "--epochs", str(epochs), "--examples-per-epoch", str(examples),
          "--per-replica-batch-size", "32"],
-        phases=[ElasticPhase(workers=2, until_epoch=2), ElasticPhase(workers=1, until_epoch=4), ElasticPhase(workers=2)],
+        phases=[ElasticPhase(workers=2, until_epoch=2), ElasticPhase(workers=1, until_epoch=4),
+                ElasticPhase(workers=2)],
         backup_dir=tmp_path / "backup", policy="keep_per_replica", timeouts=Timeouts(timeout=150))
-    assert [(r.stopped, r.returncode, r.cluster.num_tasks()) for r in results] == [(True, 0, 2), (True, 0, 1), (False, 0, 2)]
+    assert [(r.stopped, r.returncode, r.cluster.num_tasks()) for r in results] == [
+        (True, 0, 2), (True, 0, 1), (False, 0, 2)]
 
     def chief(i: int) -> list[str]:
         return results[i].output("worker:0")
@@ -97,5 +101,6 @@ def test_job_stopped_at_2_workers_continues_at_1_and_back_at_2_from_the_same_bac
     # Steps: 256/64 per epoch at 2 workers, 256/32 at 1: 2*4 + 2*8 + 2*4 optimizer steps in all.
     done = next(line for line in chief(2) if line.startswith("tensorfleet: done"))
     assert re.search(r"iterations=(\d+)", done).group(1) == "32"
-    accuracy = [float(m.group(1)) for line in chief(2) if (m := re.search(r"epoch 6/6 end.* val_accuracy=([\d.]+)", line))]
+    accuracy = [float(m.group(1))
+                for line in chief(2) if (m := re.search(r"epoch 6/6 end.* val_accuracy=([\d.]+)", line))]
     assert accuracy and accuracy[0] > 0.8

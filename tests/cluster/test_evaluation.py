@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tensorfleet.cluster.evaluation import (BEST_MODEL, checkpoint_callback, evaluated_checkpoints, evaluation,
-                                            export_model)
+from tensorfleet.cluster.evaluation import (
+    BEST_MODEL,
+    checkpoint_callback,
+    evaluated_checkpoints,
+    evaluation,
+    export_model,
+)
+from tensorfleet.compat.keras import keras2
 from tests.cluster.evaluation_job import build_model, held_out
 from tests.conftest import reap
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -216,7 +220,8 @@ def test_evaluator_timeout_must_not_be_negative(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text("")
-    with pytest.raises(ValueError, match=r"^evaluator_timeout must be a finite number >= 0\. Received: evaluator_timeout=-1$"):
+    with pytest.raises(ValueError,
+                       match=r"^evaluator_timeout must be a finite number >= 0\. Received: evaluator_timeout=-1$"):
         launch(script, workers=1, evaluator=True, timeouts=Timeouts(evaluator_timeout=-1))
 
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorfleet.io import write_json
-from tensorfleet.cluster import fault_tolerance as ft
-from tensorfleet.strategies.tf_config import ClusterSpec
 from tensorfleet import testing
+from tensorfleet.cluster import fault_tolerance as ft
 from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
-from tensorfleet.testing import Fault
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.io import write_json
+from tensorfleet.strategies.tf_config import ClusterSpec
+from tensorfleet.testing import Fault
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -70,7 +69,8 @@ def test_callbacks_add_a_planned_stop_when_the_environment_asks(tmp_path: Path, 
     cbs = ft.callbacks(tmp_path / "backup")
     assert type(cbs[-1]) is ft.StopAfterEpoch and cbs[-1].epoch == 2
     monkeypatch.setenv("TENSORFLEET_STOP_AFTER_EPOCH", "two")
-    with pytest.raises(ValueError, match=r"^TENSORFLEET_STOP_AFTER_EPOCH must be a positive integer\. Received: 'two'$"):
+    with pytest.raises(ValueError,
+                       match=r"^TENSORFLEET_STOP_AFTER_EPOCH must be a positive integer\. Received: 'two'$"):
         ft.callbacks(tmp_path / "backup")
     with pytest.raises(ValueError, match=r"^epoch must be a positive integer\. Received: epoch=0$"):
         ft.StopAfterEpoch(0)
@@ -80,7 +80,8 @@ def test_callbacks_add_a_planned_stop_when_the_environment_asks(tmp_path: Path, 
 def test_bad_save_freq_is_a_clear_error(tmp_path: Path, save_freq: object) -> None:
     with pytest.raises(ValueError) as info:
         ft.callbacks(tmp_path, save_freq=save_freq)  # type: ignore[arg-type]
-    assert str(info.value) == f"save_freq must be 'epoch' or a positive number of steps. Received: save_freq={save_freq!r}"
+    assert str(info.value) == ("save_freq must be 'epoch' or a positive number of steps. Received: "
+                               f"save_freq={save_freq!r}")
 
 
 def test_best_model_checkpoint_checks_its_arguments(tmp_path: Path) -> None:

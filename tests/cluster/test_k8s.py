@@ -168,7 +168,8 @@ def test_invalid_claim_is_rejected_by_the_core_schema() -> None:
 
 
 def test_manifest_without_a_tfjob_is_rejected() -> None:
-    with pytest.raises(kube.ManifestError, match=r"^The manifest has no TFJob\. Received kinds: \['PersistentVolumeClaim'\]$"):
+    with pytest.raises(kube.ManifestError,
+                       match=r"^The manifest has no TFJob\. Received kinds: \['PersistentVolumeClaim'\]$"):
         k8s.validate(_job()[:1])
 
 
@@ -177,7 +178,8 @@ def test_manifest_without_a_tfjob_is_rejected() -> None:
                          "starting and ending with a letter or digit). Received: name='Digits'"),
     ({"workers": 0}, "A TFJob needs at least one worker (or a chief). Received: workers=0"),
     ({"workers": -1}, "workers must be an integer >= 0. Received: workers=-1"),
-    ({"command": "python train.py"}, "command must be a non-empty list of strings. Received: command='python train.py'"),
+    ({"command": "python train.py"},
+     "command must be a non-empty list of strings. Received: command='python train.py'"),
     ({"image": ""}, "image must be a container image reference without spaces. Received: image=''"),
     ({"image": "my image"}, "image must be a container image reference without spaces. Received: image='my image'"),
     ({"port": 70000}, "port must be an integer from 1 to 65535. Received: port=70000"),
@@ -186,7 +188,8 @@ def test_manifest_without_a_tfjob_is_rejected() -> None:
     ({"memory": "lots"}, "memory must be a Kubernetes quantity such as '1', '500m' or '2Gi'. Received: memory='lots'"),
     ({"env": {"TF_CONFIG": "{}"}}, "env must not set TF_CONFIG: the training operator gives each pod its own."),
     ({"storage_class": "Fast_SSD"}, "storage_class must be a DNS subdomain of at most 253 characters (DNS labels "
-                                    "joined by '.': lower-case letters, digits and '-'). Received: storage_class='Fast_SSD'"),
+                                    "joined by '.': lower-case letters, digits and '-'). Received: "
+                                    "storage_class='Fast_SSD'"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, message) -> None:
     with pytest.raises(ValueError) as info:

@@ -144,8 +144,9 @@ def test_atomic_updates_train_as_keras3s_own_in_one_process(keras3: Any) -> None
 def test_a_renorm_batchnorm_keeps_keras3s_update_and_says_so(keras3: Any, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="tensorfleet.compat.keras3_ps"):
         model = _state_model(keras3, atomic=True, renorm=True)
-    assert caplog.messages == [f"BatchNormalization {model.layers[0].name!r} has renorm=True: its statistics keep Keras "
-                               "3's own read-then-write update, which steps running at once on several workers can lose."]
+    assert caplog.messages == [f"BatchNormalization {model.layers[0].name!r} has renorm=True: its statistics keep "
+                               "Keras 3's own read-then-write update, which steps running at once on several workers "
+                               "can lose."]
 
 
 @pytest.mark.slow

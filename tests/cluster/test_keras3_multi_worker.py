@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tensorfleet.cluster import fault_tolerance as ft
 from tensorfleet import testing
+from tensorfleet.cluster import fault_tolerance as ft
 from tensorfleet.cluster.launcher import Recovery, TaskCommand, TaskOutput, Timeouts, launch
-from tensorfleet.testing import Fault
 from tensorfleet.compat import keras3 as mends
+from tensorfleet.testing import Fault
 from tests.conftest import user_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,9 +75,9 @@ def test_a_version_not_checked_is_left_as_it_is_and_said(unmended: Any, monkeypa
 
 def test_mended_reductions_leave_one_worker_strategies_to_keras(unmended: Any, logical_cpus: list[str]) -> None:
     import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
 
     import tensorfleet as tfl
-    from keras.src.backend.tensorflow import trainer
 
     mends.mend_fit()
     strategy = tfl.strategies.build("mirrored", devices=logical_cpus[:2])
@@ -271,7 +271,8 @@ def test_two_launched_workers_fit_a_keras3_model_as_one_process_does(uninterrupt
             np.testing.assert_allclose(result["history"][name], values, rtol=1e-5, atol=1e-6)
         assert result["evaluate"] == pytest.approx(one["evaluate"], rel=1e-5, abs=1e-6)
         assert result["predict_rows"] == one["predict_rows"] == 359
-        assert result["predict_accuracy"] == one["predict_accuracy"] == pytest.approx(one["evaluate"]["accuracy"], abs=1e-6)
+        assert result["predict_accuracy"] == one["predict_accuracy"] == pytest.approx(
+            one["evaluate"]["accuracy"], abs=1e-6)
 
 
 @pytest.mark.slow

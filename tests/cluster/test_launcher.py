@@ -17,8 +17,6 @@ import psutil
 import pytest
 
 from tensorfleet import testing
-from tensorfleet.strategies.tf_config import TFConfigError
-from tensorfleet.testing import Fault
 from tensorfleet.cluster.launcher import (
     LaunchFailedError,
     PortInUseError,
@@ -29,6 +27,8 @@ from tensorfleet.cluster.launcher import (
     Timeouts,
     launch,
 )
+from tensorfleet.strategies.tf_config import TFConfigError
+from tensorfleet.testing import Fault
 
 # Decides what to do from the task and attempt the launcher gives it:
 #   argv: <exit code for worker:1 on attempt 0> [hang]

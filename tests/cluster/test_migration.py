@@ -12,10 +12,10 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from tensorfleet import testing
 from tensorfleet.cluster.contract import STOPPED_STATUS
 from tensorfleet.cluster.jobstate import CheckpointError, epoch_order, latest, read_state, tf_checkpoint_prefix
 from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, check_migration, migrate
-from tensorfleet import testing
 from tensorfleet.testing import Fault
 
 HERE = Path(__file__).parent
@@ -139,7 +139,8 @@ def test_bad_migrations_fail_before_start_and_leave_the_checkpoint(chain: dict, 
     with pytest.raises(MigrationError, match=r"parameter_server with 2 worker\(s\) and 1 ps cannot hold the model: "
                        r"1,210 parameters need about 14,520 bytes"):
         migrate(JOB, directory, to=Placement("parameter_server", workers=2, ps=1), run=run, memory_bytes=10_000)
-    with pytest.raises(MigrationError, match=r"the mesh's data-parallel layout over 5 device\(s\) cannot take the job's "
+    with pytest.raises(MigrationError,
+                       match=r"the mesh's data-parallel layout over 5 device\(s\) cannot take the job's "
                        r"batches: an epoch of 96 examples ends with a batch of 6, which its 5 devices cannot split"):
         migrate(JOB, directory, to=Placement("mesh", devices=5), run=RunOptions(epochs=2, global_batch_size=10))
     with pytest.raises(CheckpointError, match="No migration checkpoint to resume from"):

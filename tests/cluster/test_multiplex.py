@@ -34,7 +34,8 @@ def test_two_jobs_get_their_shares_of_steps_and_the_survivor_takes_the_rest(tmp_
 
 
 @pytest.mark.parametrize(("shares", "message"), [
-    ((0.5, 0.6), r"The jobs' shares must each be between 0 and 1 and sum to 1. Received: shares=\[0.5, 0.6\] \(sum 1.1\)"),
+    ((0.5, 0.6),
+     r"The jobs' shares must each be between 0 and 1 and sum to 1. Received: shares=\[0.5, 0.6\] \(sum 1.1\)"),
     ((1.0,), r"Sharing devices needs at least two jobs. Received: 1 job\(s\)"),
     ((0.0, 1.0), r"Received: shares=\[0.0, 1.0\]"),
 ])

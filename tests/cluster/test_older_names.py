@@ -16,8 +16,7 @@ from tensorfleet.cluster.contract import ENV_MIGRATION
 from tensorfleet.cluster.elastic import launch_elastic
 from tensorfleet.cluster.jobstate import CheckpointError
 from tensorfleet.cluster.launch_options import TaskOutput
-from tensorfleet.cluster.migration import (MigrationError, Placement, RunOptions, TaskOptions, check_migration,
-                                           migrate)
+from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, TaskOptions, check_migration, migrate
 from tensorfleet.cluster.multiplex import SharedJob, share
 from tensorfleet.cluster.processes import JobMode, LocalJob
 from tensorfleet.strategies.tf_config import ClusterSpec
@@ -74,7 +73,8 @@ def test_check_migration_and_the_job_state_functions_take_directory(tmp_path: Pa
 
 
 def test_share_and_launch_elastic_take_sink() -> None:
-    with _warns("share", "sink", "log"), pytest.raises(MigrationError, match=r"^Sharing devices needs at least two jobs\. Received: 0 job\(s\)$"):
+    with _warns("share", "sink", "log"), \
+            pytest.raises(MigrationError, match=r"^Sharing devices needs at least two jobs\. Received: 0 job\(s\)$"):
         share([], sink=print)  # refused before anything starts
     with _warns("launch_elastic", "sink", "log"), \
             pytest.raises(ValueError, match=r"^phases must list at least one ElasticPhase\. Received: phases=\[\]$"):

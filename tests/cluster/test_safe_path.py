@@ -61,6 +61,7 @@ def test_a_launched_script_imports_from_its_own_directory_not_the_working_one(tm
     scripts.mkdir()
     (scripts / "helper.py").write_text("GREETING = 'hello from the script directory'\n")
     (scripts / "train.py").write_text("import bisect, helper\nprint(helper.GREETING, bisect.bisect([1, 3], 2))\n")
-    result = launch(scripts / "train.py", workers=1, output=TaskOutput(log=None), ports=[portpicker.pick_unused_port()])
+    result = launch(scripts / "train.py", workers=1, output=TaskOutput(log=None),
+                    ports=[portpicker.pick_unused_port()])
     assert result.returncode == 0
     assert [line.text for line in result.lines] == ["hello from the script directory 1"]

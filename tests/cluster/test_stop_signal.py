@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tensorfleet import testing
 from tensorfleet.cluster.contract import STOPPED_STATUS
 from tensorfleet.cluster.jobstate import epoch_order, new_rng_state, read_state, tf_checkpoint_prefix
 from tensorfleet.cluster.migration import Placement, RunOptions, migrate
-from tensorfleet import testing
 from tensorfleet.testing import Fault
 
 JOB = Path(__file__).parent / "migrating_job.py"

@@ -193,7 +193,8 @@ def test_unwritable_out_is_named_before_any_conversion(tmp_path: Path, capsys: p
         assert main(["edge", "convert", "digits_cnn", "-q", "int8", "--data", str(wrong_shape),
                      "--out", "/sys/kws.tflite"]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("error: Cannot write '/sys/kws.tflite': permission denied in '/sys'.") and ".tmp" not in err
+        assert (err.startswith("error: Cannot write '/sys/kws.tflite': permission denied in '/sys'.")
+                and ".tmp" not in err)
 
 
 def test_unwritable_report_and_export_destinations_fail_before_measuring(

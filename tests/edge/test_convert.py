@@ -159,8 +159,8 @@ def test_importing_the_edge_package_does_not_import_tensorflow() -> None:
     import sys
 
     code = ("import sys, tensorfleet.edge, tensorfleet.cli.edge; "
-            "print(sorted(m for m in ('tensorflow', 'tflite_runtime', 'ai_edge_litert', 'tensorflow_model_optimization') "
-            "if m in sys.modules))")
+            "print(sorted(m for m in ('tensorflow', 'tflite_runtime', 'ai_edge_litert', "
+            "'tensorflow_model_optimization') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from tensorfleet import edge, testing
+from tensorfleet.compat.keras import keras2
 from tensorfleet.edge.decompose_factors import cp_full_rank
 from tests.edge.conftest import full_rank, kinds_model
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -147,14 +146,16 @@ def test_the_tflite_keeps_the_factors_and_the_pipeline_runs(tmp_path: Path) -> N
 
 def test_bad_input_is_one_clear_error(conv_model: Any) -> None:
 
-    with pytest.raises(edge.DecompositionError, match=r"rank 10 is too large for layer 'hidden'.*at most 9 .*Received: rank=10"):
+    with pytest.raises(edge.DecompositionError,
+                       match=r"rank 10 is too large for layer 'hidden'.*at most 9 .*Received: rank=10"):
         edge.plan_decomposition(conv_model, "svd", rank={"hidden": 10})
     with pytest.raises(edge.DecompositionError, match=r"rank \(6, 2\) is too large for layer 'strided'.*\(5, 6\)"):
         edge.plan_decomposition(conv_model, "tucker2", rank={"strided": (6, 2)})
     with pytest.raises(edge.DecompositionError, match=r"rank 46 is too large for layer 'strided'.*at most 45"):
         edge.plan_decomposition(conv_model, "cp", rank={"strided": 46})
     for energy in (0, 1.5, -0.1):
-        with pytest.raises(ValueError, match=rf"energy must be a finite number > 0 and <= 1. Received: energy={energy}"):
+        with pytest.raises(ValueError,
+                           match=rf"energy must be a finite number > 0 and <= 1. Received: energy={energy}"):
             edge.plan_decomposition(conv_model, "svd", energy=energy)
     with pytest.raises(edge.DecompositionError, match="layer 'depthwise' is a DepthwiseConv2D, which method 'cp'"):
         edge.plan_decomposition(conv_model, "cp", energy=0.9, layers=["depthwise"])

@@ -148,7 +148,8 @@ def test_export_bad_arguments(int8_artifact: Any, tmp_path: Path) -> None:
     a_file.write_text("x")
     with pytest.raises(ValueError, match=r"out_dir must be a directory. Received: out_dir='.*file' \(a file\)"):
         edge.export_c(int8_artifact, a_file, "kws")
-    with pytest.raises(ValueError, match=r"arena_bytes must be an integer from 1 to 67108864. Received: arena_bytes=-1"):
+    with pytest.raises(ValueError,
+                       match=r"arena_bytes must be an integer from 1 to 67108864. Received: arena_bytes=-1"):
         edge.export_c(int8_artifact, tmp_path, "kws", arena_bytes=-1)
     with pytest.raises(ValueError, match=r"from 1 to 67108864. Received: arena_bytes=4294967296"):
         edge.export_c(int8_artifact, tmp_path, "kws", arena_bytes=2**32)  # would overflow the unsigned int constant

@@ -12,7 +12,6 @@ import pytest
 
 from tensorfleet import edge, testing
 from tensorfleet.compat.keras import Keras, keras_of
-
 from tests.edge.conftest import MODES, full_rank, kinds_model
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -202,11 +201,10 @@ def test_a_keras3_model_saved_with_pruning_wrappers_converts_from_the_command_li
     import subprocess
     import sys
 
-    from tests.conftest import user_env
-
     # Saved here (the suite's process is a user's default one, conftest.py), loaded in a new process: what the
     # command needs is that a fresh process knows the wrappers; one process start instead of two.
     from tensorfleet import models
+    from tests.conftest import user_env
 
     edge.optimize.apply_pruning(models.build("digits_cnn", keras="keras3"), sparsity=0.5).save(
         tmp_path / "wrapped.keras")

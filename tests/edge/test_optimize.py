@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from tensorfleet import edge, models
-from tensorfleet.edge import optimize as opt
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.edge import optimize as opt
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -248,7 +247,8 @@ def test_keras3_qat_folds_batch_norm_before_quantizing(keras3: Any, digits: Any)
         bn.set_weights([rng.uniform(0.5, 2, n), rng.normal(size=n), rng.normal(size=n), rng.uniform(0.2, 3, n)])
     qat = opt.apply_qat(model)
     assert "BatchNormalization" not in {type(layer).__name__ for layer in qat.layers}
-    qat.compile(optimizer=keras3.optimizers.Adam(1e-4), loss=keras3.losses.SparseCategoricalCrossentropy(from_logits=True))
+    qat.compile(optimizer=keras3.optimizers.Adam(1e-4),
+                loss=keras3.losses.SparseCategoricalCrossentropy(from_logits=True))
     qat.fit(digits.x_train[:256], digits.y_train[:256], epochs=1, verbose=0)
     artifact = edge.convert(qat, "int8", digits.x_train, num_calibration_samples=30, progress=False)
     assert artifact.ops == ("CONV_2D", "DEPTHWISE_CONV_2D", "MEAN", "FULLY_CONNECTED")

@@ -1,9 +1,9 @@
 """Where rounds run by default: ``auto``, which picks compiled where it gives TFF's result and says so.
 
 Also the correctness points that decide the pick: layers that mix a batch's rows at inference go to
-TFF (compiled refuses them before the first round; BatchNormalization runs on compiled), and DP with noise on draws TFF's noise distribution and
-reports the same epsilon on both backends (tff track). Where TFF is missing (the current track),
-asking for it is one error that names the tff track.
+TFF (compiled refuses them before the first round; BatchNormalization runs on compiled), and DP with noise on draws
+TFF's noise distribution and reports the same epsilon on both backends (tff track). Where TFF is missing (the current
+track), asking for it is one error that names the tff track.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 from tensorfleet import models
+from tensorfleet.compat.keras import keras2
 from tensorfleet.compat.tff import TffUnavailableError, tff_available
 from tensorfleet.federated import Simulation, SimulationConfig, partition
 from tensorfleet.federated.backends import Backend
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -93,7 +92,8 @@ def _centering():
 @without_tff
 def test_auto_with_a_model_only_tff_runs_is_one_error_where_tff_is_missing(clients):
     sim = Simulation(_centering, clients, rounds=1, clients_per_round=4, progress=False)
-    with pytest.raises(TffUnavailableError, match=r"^backend='auto' for what the compiled backend does not run \(a model "
+    with pytest.raises(TffUnavailableError,
+                       match=r"^backend='auto' for what the compiled backend does not run \(a model "
                                                   r"with batch-dependent layers \(a layer of the model .*use the tff "
                                                   r"track"):
         sim.run()

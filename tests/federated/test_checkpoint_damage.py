@@ -84,7 +84,8 @@ def test_the_cli_names_a_damaged_checkpoint_and_resumes_after_fresh(capsys, tmp_
         assert main([*run, "--rounds", "2"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: The checkpoint {latest} is damaged ({kind}") and "Traceback" not in err
-        assert err.rstrip().endswith("Run with --fresh to start over (it overwrites the checkpoint), or use another --out.")
+        assert err.rstrip().endswith("Run with --fresh to start over (it overwrites the checkpoint), or use another "
+                                     "--out.")
     assert main([*run, "--rounds", "2", "--fresh"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"] == 2
     assert (out / PREVIOUS_FILE).is_file()  # round 1's generation, kept beside round 2's

@@ -48,8 +48,10 @@ def test_partition_writes_summary_and_plot(capsys, tmp_path):
                                         "none). Received: beta=1"),
     (["--dp", "noise=1.0"], "error: Aggregator 'dp_fixed' takes no option 'noise' (its options: noise_multiplier, "
                             "clip). Received: noise=1.0"),
-    (["--model", "nofile.keras"], "error: No file 'nofile.keras', and no zoo model of that name. Available: digits_cnn"),
-    (["--model", "digits_mpl"], "error: No file 'digits_mpl', and no zoo model of that name. Did you mean 'digits_mlp'?"),
+    (["--model", "nofile.keras"],
+     "error: No file 'nofile.keras', and no zoo model of that name. Available: digits_cnn"),
+    (["--model", "digits_mpl"],
+     "error: No file 'digits_mpl', and no zoo model of that name. Did you mean 'digits_mlp'?"),
 ])
 def test_bad_run_arguments_exit_2_with_one_clean_line(capsys, argv, message):
     assert main(["federated", "run", "--rounds", "1", *argv]) == 2
@@ -170,7 +172,8 @@ def test_fewer_rounds_than_the_checkpoint_is_an_error_and_fresh_starts_over(caps
      "backend='tff' with workers= runs rounds on tensorflow-federated"),
     (["run", "--rounds", "1", "--dataset", "emnist-synthetic"], "the emnist_synthetic dataset (TFF's own) needs "
                                                                 "tensorflow-federated"),
-    (["partition", "--dataset", "emnist-synthetic"], "the emnist_synthetic dataset (TFF's own) needs tensorflow-federated"),
+    (["partition", "--dataset", "emnist-synthetic"],
+     "the emnist_synthetic dataset (TFF's own) needs tensorflow-federated"),
     (["worker", "--port", "8471", "--runtime", "tff"],
      "TFF's worker_binary comes with tensorflow-federated, which is not installed."),
 ])

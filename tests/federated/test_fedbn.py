@@ -8,11 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.federated import Simulation, partition
 from tensorfleet.federated.checkpoint import PREVIOUS_FILE
 from tensorfleet.federated.config import SimulationConfig
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.tff  # FedProx on TFF's process against TFF's own builder
-
-from tensorfleet.federated import algorithms  # noqa: E402
-from tensorfleet.federated.backends.tff import managed_context  # noqa: E402
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.federated import algorithms
+from tensorfleet.federated.backends.tff import managed_context
+
+pytestmark = pytest.mark.tff  # FedProx on TFF's process against TFF's own builder
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

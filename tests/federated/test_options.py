@@ -112,7 +112,8 @@ def test_an_algorithm_option_given_twice_is_refused(capsys, tmp_path):
 
 
 def test_round_timeout_without_the_compiled_backends_workers_is_refused():
-    with pytest.raises(ValueError, match=r"^round_timeout applies to the compiled backend's workers \(workers=\[\.\.\.\] "
+    with pytest.raises(ValueError,
+                       match=r"^round_timeout applies to the compiled backend's workers \(workers=\[\.\.\.\] "
                                          r"with backend='compiled'\)\. Received: round_timeout=30 with backend="
                                          r"'auto', workers=None$"):
         SimulationConfig(round_timeout=30)

@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 
 from tensorfleet import models
-from tensorfleet.federated import Simulation, partition
-from tensorfleet.federated.aggregators import AGGREGATORS
-from tensorfleet.federated.aggregators import aggregate as agg
-from tensorfleet.federated.aggregators.parts import (
-    Aggregate, AggregationError, Aggregator, AggregatorPart, ClientUpdates, RoundContext,
-)
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.federated import Simulation, partition
+from tensorfleet.federated.aggregators import AGGREGATORS, aggregate as agg
+from tensorfleet.federated.aggregators.parts import (
+    Aggregate,
+    AggregationError,
+    Aggregator,
+    AggregatorPart,
+    ClientUpdates,
+    RoundContext,
+)
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

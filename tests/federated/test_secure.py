@@ -13,8 +13,14 @@ from tensorfleet.federated.secure import Dropouts, Quantizer, TooFewSurvivorsErr
 from tensorfleet.federated.secure.client import SecAggClient, masks_of
 from tensorfleet.federated.secure.graph import neighbours
 from tensorfleet.federated.secure.keys import private_from_bytes
-from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, MaskedInput, RoundSettings,
-                                                   UnmaskingShares, UnmaskRequest)
+from tensorfleet.federated.secure.messages import (
+    AdvertisedKeys,
+    EncryptedShare,
+    MaskedInput,
+    RoundSettings,
+    UnmaskingShares,
+    UnmaskRequest,
+)
 from tensorfleet.federated.secure.server import SecAggServer
 
 SECURE = Path(__file__).resolve().parents[2] / "tensorfleet" / "federated" / "secure"

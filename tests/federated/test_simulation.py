@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from tensorfleet import models
+from tensorfleet.compat.keras import keras2
 from tensorfleet.federated import ALGORITHMS, Simulation, partition
 from tensorfleet.registry import UnknownNameError
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -105,7 +104,8 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
                        progress=False, backend=backend)
     from tensorfleet.federated.checkpoint import CheckpointMismatchError
 
-    with pytest.raises(CheckpointMismatchError, match=r"different configuration \(clients_per_round: checkpoint 5 vs now 6\)"):
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"different configuration \(clients_per_round: checkpoint 5 vs now 6\)"):
         other.run()
     other_model = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=2, clients_per_round=5,
                              out_dir=tmp_path, checkpoint_every=1, progress=False, backend=backend)
@@ -146,11 +146,13 @@ def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(client
     ({"algorithm": "fedavg", "algorithm_options": {"mu": 0.1}}, TypeError,
      r"Algorithm 'fedavg' takes no option 'mu' \(its options: none\). Received: mu=0.1"),
     ({"colour": "blue"}, TypeError, r"Simulation takes no option 'colour'. Its options: algorithm, rounds, "),
-    ({"checkpoint_every": 1}, ValueError, r"checkpoint_every needs an out_dir. Received: checkpoint_every=1, out_dir=None"),
+    ({"checkpoint_every": 1}, ValueError,
+     r"checkpoint_every needs an out_dir. Received: checkpoint_every=1, out_dir=None"),
     ({"aggregator": "krum", "aggregator_options": {"num_byzantine": 2}, "clients_per_round": 6}, ValueError,
      r"Aggregator 'krum' needs at least 7 clients \(n > 2 \* num_byzantine \+ 2, Blanchard et al. 2017; "
      r"num_byzantine=2\). Received: clients_per_round=6"),
-    ({"aggregator": "dp_adaptive", "aggregator_options": {"noise_multiplier": 1.0}, "clients_per_round": 10}, ValueError,
+    ({"aggregator": "dp_adaptive", "aggregator_options": {"noise_multiplier": 1.0}, "clients_per_round": 10},
+     ValueError,
      r"dp_adaptive's clipped-count noise \(0.05 \* clients_per_round = 0.5\) is too low for noise_multiplier=1: it "
      r"needs noise_multiplier < 0.1 \* clients_per_round. Received: noise_multiplier=1, clients_per_round=10; "),
     ({"progress": "no"}, ValueError, r"progress must be true or false. Received: progress='no'"),

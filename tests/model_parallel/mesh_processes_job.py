@@ -11,9 +11,9 @@ import os
 import shutil
 import tempfile
 
+import keras
 import numpy as np
 
-import keras
 from tensorfleet.model_parallel.mesh import Mesh
 
 L = keras.layers
@@ -75,8 +75,10 @@ for name, build in [("skip_net", skip_net), ("gpt", small_gpt)]:
         saved = os.path.join(tempfile.mkdtemp(), "skip_net.keras")
         model.save(saved)
         out[name].update(
-            evaluate=[model.evaluate(x, y, batch_size=32, verbose=0), reference.evaluate(x, y, batch_size=32, verbose=0)],
-            predict_diff=float(np.abs(model.predict(x[:48], batch_size=16) - reference.predict(x[:48], verbose=0)).max()),
+            evaluate=[model.evaluate(x, y, batch_size=32, verbose=0),
+                      reference.evaluate(x, y, batch_size=32, verbose=0)],
+            predict_diff=float(np.abs(model.predict(x[:48], batch_size=16)
+                                      - reference.predict(x[:48], verbose=0)).max()),
             loaded_diff=max(float(np.abs(a - b).max()) for a, b in zip(keras.models.load_model(saved).get_weights(),
                                                                          weights)))
         shutil.rmtree(os.path.dirname(saved))
@@ -102,6 +104,7 @@ def held(variables):  # elements this process holds, per local device
 
 # tf_keras and ZeRO stages 0-3 (ZeRO is tf_keras's): what each process holds, measured from its variables
 import tensorflow as tf  # noqa: E402
+
 from tensorfleet.compat.keras import keras2  # noqa: E402
 
 k2 = keras2()
@@ -109,7 +112,8 @@ x, y = rng.randint(0, 16, (64, 4)).astype("int32"), (np.arange(64) % 8).astype("
 k2.utils.set_random_seed(1)
 reference = zero_net(k2)
 initial = reference.get_weights()
-reference.compile(optimizer=k2.optimizers.AdamW(1e-2, weight_decay=0.1), loss=k2.losses.SparseCategoricalCrossentropy(True))
+reference.compile(optimizer=k2.optimizers.AdamW(1e-2, weight_decay=0.1),
+                  loss=k2.losses.SparseCategoricalCrossentropy(True))
 reference.fit(x, y, batch_size=16, shuffle=False, verbose=0)
 for zero in range(4):
     with Mesh("b:2;m:2", "batch:b;hidden:m", zero=zero).scope():

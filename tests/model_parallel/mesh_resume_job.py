@@ -5,9 +5,9 @@ device in this process, uninterrupted. Prints ``RESULT {json}``: the attempt, th
 import json
 import os
 
+import keras
 import numpy as np
 
-import keras
 from tensorfleet.cluster import fault_tolerance
 from tensorfleet.model_parallel.mesh import Mesh
 

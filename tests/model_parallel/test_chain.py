@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorfleet.model_parallel.chain import chain_layers
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.chain import chain_layers
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

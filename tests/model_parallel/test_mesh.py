@@ -7,17 +7,15 @@ import sys
 
 import numpy as np
 import pytest
-
-from tests.conftest import keras2_env
 import tensorflow as tf
 
 from tensorfleet import models
-from tensorfleet.models.datasets import load_digits
+from tensorfleet.compat.keras import keras2
+from tensorfleet.compat.mesh_tf import apply_import_fixes, import_mesh_tensorflow, layout_pairs
 from tensorfleet.model_parallel import mesh as tfmesh
 from tensorfleet.model_parallel.mesh.training import count_devices as count_devices_of
-from tensorfleet.compat.mesh_tf import apply_import_fixes, import_mesh_tensorflow, layout_pairs
-
-from tensorfleet.compat.keras import keras2
+from tensorfleet.models.datasets import load_digits
+from tests.conftest import keras2_env
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -32,8 +30,8 @@ def test_mesh_tensorflow_fails_without_the_fix_and_imports_with_it():
         "    import mesh_tensorflow\n"
         "except (AttributeError, ImportError) as exc:\n"
         "    print('without fix:', type(exc).__name__, exc)\n"
-        "from tensorfleet.compat.mesh_tf import import_mesh_tensorflow, needs_conversion_alias, tensorflow_has_estimator\n"
-        "print('needs fix:', needs_conversion_alias() or not tensorflow_has_estimator())\n"
+        "from tensorfleet.compat.mesh_tf import import_mesh_tensorflow, needs_conversion_alias, "
+        "tensorflow_has_estimator\nprint('needs fix:', needs_conversion_alias() or not tensorflow_has_estimator())\n"
         "mtf = import_mesh_tensorflow()\n"
         "print('with fix:', mtf.convert_to_shape('b1:2;b2:2'))\n"
     )
@@ -124,7 +122,8 @@ def test_malformed_layout_strings_are_clear_errors(mesh_shape, layout, pattern):
 
 
 def test_unknown_backend_lists_the_backends():
-    with pytest.raises(ValueError, match=r"Unknown mesh backend 'kras'. Did you mean 'keras'\? Available: dtensor, mtf, keras"):
+    with pytest.raises(ValueError,
+                       match=r"Unknown mesh backend 'kras'. Did you mean 'keras'\? Available: dtensor, mtf, keras"):
         tfmesh.Mesh("b1:2", "batch:b1", backend="kras")
 
 
@@ -434,10 +433,12 @@ def test_a_model_compiled_in_the_scope_trains_with_its_own_fit(backend, logical_
     np.testing.assert_allclose(model.predict(x[:BATCH], verbose=0), ref_model(x[:BATCH]).numpy(), atol=1e-5)
     # what the backend cannot run is refused at compile, before any step
     with mesh.scope():
-        with pytest.raises(ValueError, match=rf"^The {backend} mesh backend trains with plain SGD \(tf.keras.optimizers.SGD "
+        with pytest.raises(ValueError,
+                           match=rf"^The {backend} mesh backend trains with plain SGD \(tf.keras.optimizers.SGD "
                                              r"without momentum\); backend='dtensor' takes any Keras optimizer. "
                                              r"Received: optimizer=<.*Adam"):
             models.build("digits_mlp", keras="tf_keras").compile(tf_keras.optimizers.Adam(), loss)
-        with pytest.raises(ValueError, match=r"^Mesh layouts support inputs of shape \(batch, features\) or \(batch, seq, "
+        with pytest.raises(ValueError,
+                           match=r"^Mesh layouts support inputs of shape \(batch, features\) or \(batch, seq, "
                                              r"features\). Received: input shape \(None, 8, 8, 1\)$"):
             models.build("digits_cnn", keras="tf_keras").compile(tf_keras.optimizers.SGD(LR), loss)

@@ -9,10 +9,9 @@ import pytest
 import tensorflow as tf
 
 from tensorfleet import models
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel import mesh as tfmesh
 from tensorfleet.models.datasets import load_digits
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -79,7 +78,8 @@ UNSUPPORTED_MODELS = {
     "subclassed": (_subclassed, "A Mesh reads the model's layers in the order they run, which Keras records only "
                                 "for Sequential and functional models; write model 'mine' as one of those. "
                                 "Received: subclassed model 'mine' of type _Subclassed"),
-    "skip": (_skip, CHAIN.format(layer="skip", model="residual", kind="Add", why="takes 2 inputs ('hidden', 'pixels')")),
+    "skip": (_skip,
+             CHAIN.format(layer="skip", model="residual", kind="Add", why="takes 2 inputs ('hidden', 'pixels')")),
     "shared": (_shared, CHAIN.format(layer="twice", model="shared", kind="Dense", why="is called 2 times")),
     "layer": (lambda: _sequential(_layers.Dense(8), _layers.Dropout(0.1, name="drop"), _layers.Dense(10), name="d"),
               SUPPORTED + " Received: layer 'drop' of type Dropout"),

@@ -11,11 +11,9 @@ import sys
 
 import pytest
 
-from tests.conftest import keras2_env
-
-from tensorfleet.model_parallel.mesh import KerasLayout, Mesh
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.mesh import KerasLayout, Mesh
+from tests.conftest import keras2_env
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -152,7 +150,8 @@ for key, build, optimizer, loss in [
          tf.keras.losses.SparseCategoricalCrossentropy(True)),
         ("adam_batchnorm", conv_net, "tf.keras.optimizers.Adam(1e-2)",
          tf.keras.losses.SparseCategoricalCrossentropy(True)),
-        ("sgd_sequential", sequential, "tf.keras.optimizers.SGD(0.1, momentum=0.9)", "sparse_categorical_crossentropy")]:
+        ("sgd_sequential", sequential, "tf.keras.optimizers.SGD(0.1, momentum=0.9)",
+         "sparse_categorical_crossentropy")]:
     tf.keras.utils.set_random_seed(1)
     reference = build()
     initial = reference.get_weights()
@@ -174,7 +173,8 @@ for key, build, optimizer, loss in [
         "moved": float(max(np.abs(a - b).max() for a, b in zip(weights, initial))),
         "evaluate": model.evaluate(x, y, batch_size=32, verbose=0),
         "ref_evaluate": reference.evaluate(x, y, batch_size=32, verbose=0),
-        "predict_diff": float(np.abs(model.predict(x[:50], batch_size=16) - reference.predict(x[:50], verbose=0)).max()),
+        "predict_diff": float(np.abs(model.predict(x[:50], batch_size=16)
+                                     - reference.predict(x[:50], verbose=0)).max()),
         "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided},
         "slots": {v.name: list(v.layout.sharding_specs) for v in model.optimizer.variables
                   if d1.name.split(":")[0] in v.name},
@@ -187,7 +187,8 @@ for key, build, optimizer, loss in [
         out[key]["loaded"] = {
             "type": [type(model).__name__, isinstance(model, tf.keras.Model), type(loaded).__name__],
             "weight_diff": float(max(np.abs(a - b).max() for a, b in zip(loaded.get_weights(), weights))),
-            "predict_diff": float(np.abs(loaded.predict(x[:50], verbose=0) - reference.predict(x[:50], verbose=0)).max()),
+            "predict_diff": float(np.abs(loaded.predict(x[:50], verbose=0)
+                                         - reference.predict(x[:50], verbose=0)).max()),
             "slots": [len(loaded.optimizer.variables), len(reference.optimizer.variables)],
             "slot_diff": float(max(np.abs(a.numpy() - b.numpy()).max()
                                    for a, b in zip(loaded.optimizer.variables, reference.optimizer.variables)))}
@@ -342,9 +343,11 @@ def test_small_gpt_fit_on_a_2x2_mesh_matches_one_device_after_5_adam_steps():
     assert max(abs(a - b) for a, b in zip(out["steps"], out["ref_steps"])) < 1e-5, out
     assert out["weight_diff"] < 1e-5, out["weight_diff"]
     layouts = out["layouts"]
-    assert layouts["attn0/query/kernel"] == ["-", "m", "-"] and layouts["attn1/attention_output/kernel"] == ["m", "-", "-"]
+    assert (layouts["attn0/query/kernel"] == ["-", "m", "-"]
+            and layouts["attn1/attention_output/kernel"] == ["m", "-", "-"])
     # the MLP and the output head, Dense layers over the sequence, split their units too
-    assert layouts["up0/kernel"] == ["-", "m"] and layouts["down1/bias"] == ["m"] and layouts["head/kernel"] == ["-", "m"]
+    assert (layouts["up0/kernel"] == ["-", "m"] and layouts["down1/bias"] == ["m"]
+            and layouts["head/kernel"] == ["-", "m"])
     assert layouts["embed/embeddings"] == ["-", "-"]
     assert out["notes"] == ["embedding tables stay replicated"]
 

@@ -75,11 +75,13 @@ for key, build, optimizer, epochs in [
         "weight_diff": gap(weights, reference.get_weights()), "moved": gap(weights, initial),
         "evaluate": model.evaluate(x, y, batch_size=32, verbose=0),
         "ref_evaluate": reference.evaluate(x, y, batch_size=32, verbose=0),
-        "predict_diff": float(np.abs(model.predict(x[:50], batch_size=16) - reference.predict(x[:50], verbose=0)).max()),
+        "predict_diff": float(np.abs(model.predict(x[:50], batch_size=16)
+                                     - reference.predict(x[:50], verbose=0)).max()),
         "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided},
         "slots": {v.path.split("/")[-1]: list(v.value.layout.sharding_specs) for v in model.optimizer.variables
                   if "d1_kernel" in v.path},
-        "d1_shards": [list(t.shape) for t in __import__("tensorflow").experimental.dtensor.unpack(d1.value.read_value())],
+        "d1_shards": [list(t.shape)
+                      for t in __import__("tensorflow").experimental.dtensor.unpack(d1.value.read_value())],
         "type": [type(model).__name__, isinstance(model, keras.Model)],
     }
     if key == "adam":  # the planner's view of the layout, weight by weight
@@ -90,7 +92,8 @@ for key, build, optimizer, epochs in [
         loaded = keras.models.load_model(sys.argv[1] + "/skip_net.keras")
         out[key]["loaded"] = {
             "weight_diff": gap(loaded.get_weights(), weights),
-            "predict_diff": float(np.abs(loaded.predict(x[:50], verbose=0) - reference.predict(x[:50], verbose=0)).max()),
+            "predict_diff": float(np.abs(loaded.predict(x[:50], verbose=0)
+                                         - reference.predict(x[:50], verbose=0)).max()),
             "slots": [len(loaded.optimizer.variables), len(reference.optimizer.variables)],
             "slot_diff": gap(loaded.optimizer.variables, reference.optimizer.variables)}
         model.load_weights(sys.argv[1] + "/skip_net.keras")  # back onto the shards
@@ -212,7 +215,8 @@ print("RESULT " + json.dumps({
     "weight_diff": {w.path: float(np.abs(a - b).max())
                     for w, a, b in zip(model.weights, model.get_weights(), reference.get_weights())},
     "moved": float(max(np.abs(a - b).max() for a, b in zip(model.get_weights(), initial))),
-    "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided if w.path.startswith(("attn0", "up0", "embed"))}}))
+    "layouts": {w.path: [a or "-" for a in w.mesh_axes] for w in layout.decided
+                if w.path.startswith(("attn0", "up0", "embed"))}}))
 """
 
 

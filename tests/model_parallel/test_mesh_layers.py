@@ -9,15 +9,13 @@ import sys
 
 import numpy as np
 import pytest
-
-from tests.conftest import keras2_env
 import tensorflow as tf
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel.mesh import KerasLayout
 from tensorfleet.model_parallel.mesh.keras_layers import Adaptation, adapt_split_readers, adaptation, depthwise_conv2d
 from tensorfleet.model_parallel.mesh.keras_layout import WeightLayout
-
-from tensorfleet.compat.keras import keras2
+from tests.conftest import keras2_env
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -32,7 +30,8 @@ def _run_result(script: str, *, timeout: float) -> dict:
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
 
-def _depthwise_reference(x: np.ndarray, k: np.ndarray, strides, padding: str, dilation) -> tuple[np.ndarray, np.ndarray]:
+def _depthwise_reference(x: np.ndarray, k: np.ndarray, strides, padding: str,
+                         dilation) -> tuple[np.ndarray, np.ndarray]:
     """``tf.nn.depthwise_conv2d`` from its documented definition, in float64 numpy (every CPU computes it alike;
     TensorFlow's own kernel refuses unequal strides on some CPUs): ``output[b, i, j, c * multiplier + q] =
     sum over di, dj of padded[b, i * sh + di * dh, j * sw + dj * dw, c] * k[di, dj, c, q]``, with SAME's padding

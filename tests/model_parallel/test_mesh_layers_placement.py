@@ -39,7 +39,8 @@ def _nodes(text: str) -> list[dict]:
         device = re.search(r'device: "[^"]*device:(\w+:\d+)"', body)
 
         def shape(key: str) -> list[int] | None:
-            found = re.search(rf'key: "{key}"\n    value \{{\n      list \{{\n        shape \{{(.*?)\n        \}}', body, re.S)
+            found = re.search(rf'key: "{key}"\n    value \{{\n      list \{{\n        shape \{{(.*?)\n        \}}',
+                              body, re.S)
             return [int(s) for s in re.findall(r"size: (-?\d+)", found.group(1))] if found else None
 
         nodes.append({"name": match.group(1), "op": match.group(2), "device": device.group(1) if device else "",
@@ -65,7 +66,8 @@ def test_each_device_runs_its_own_forward_and_backward_matmuls_on_its_shards(tmp
         assert {n["device"] for n in nodes} == {device}, device
         # the model's matmuls, not DTensor's own arithmetic on device ids
         model = [n["name"] for n in nodes
-                 if n["op"] in _MATMULS and re.search(r"\bsequential(_\d+)?/", n["name"]) and "DTensor" not in n["name"]]
+                 if n["op"] in _MATMULS and re.search(r"\bsequential(_\d+)?/", n["name"])
+                 and "DTensor" not in n["name"]]
         backward = [name for name in model if "/gradients/" in name]
         # forward: h and o (each fused with its bias); backward: o's input and kernel, h's kernel
         assert (len(model) - len(backward), len(backward)) == (2, 3), (device, model)

@@ -13,9 +13,8 @@ import sys
 
 import pytest
 
-from tests.conftest import keras2_env
-
 from tensorfleet.model_parallel.mesh import Mesh
+from tests.conftest import keras2_env
 
 _SCRIPT = r"""
 import json
@@ -74,7 +73,8 @@ for key, optimizer in OPTIMIZERS.items():
         grads = model.mesh_trainer.step_gradients(x[:16], y[:16])
         row = {"steps": steps.losses, "ref_steps": ref_steps.losses,
                "weights": [w.tolist() for w in model.get_weights()],
-               "ref_diff": float(max(np.abs(a - b).max() for a, b in zip(model.get_weights(), reference.get_weights())))}
+               "ref_diff": float(max(np.abs(a - b).max()
+                                     for a, b in zip(model.get_weights(), reference.get_weights())))}
         if key == "adamw_global_clip":
             planned = model_state_bytes(mesh.weight_splits(model), "adam", zero=zero)  # AdamW: the same m and v
             row.update(
@@ -82,7 +82,8 @@ for key, optimizer in OPTIMIZERS.items():
                 zero_variables=sorted(v.name for v in model.weights if isinstance(v, ZeroVariable)),
                 slots={v.name: list(v.layout.sharding_specs) for v in model.optimizer.variables
                        if "/h/" in v.name or "/embed/" in v.name},
-                grads={v.name: list(dtensor.fetch_layout(g).sharding_specs) for v, g in zip(model.trainable_variables, grads)},
+                grads={v.name: list(dtensor.fetch_layout(g).sharding_specs)
+                       for v, g in zip(model.trainable_variables, grads)},
                 held={"parameters": held(model.weights), "gradients": held(grads),
                       "optimizer_state": held(model.optimizer.variables)},
                 planned={k: v / 4 for k, v in planned.items()})  # float32: 4 bytes an element

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorfleet.models.datasets import load_digits
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel import pipeline as pl
 from tensorfleet.model_parallel.pipeline import Pass, ScheduledOp
-
-from tensorfleet.compat.keras import keras2
+from tensorfleet.models.datasets import load_digits
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -18,7 +17,8 @@ F, B = Pass.FORWARD, Pass.BACKWARD
 
 
 def _mlp(depth: int = 8, width: int = 16, seed: int = 0) -> tf_keras.Model:
-    layers = [tf_keras.layers.Dense(width, activation="tanh", kernel_initializer=tf_keras.initializers.GlorotUniform(seed + i),
+    layers = [tf_keras.layers.Dense(width, activation="tanh",
+                                    kernel_initializer=tf_keras.initializers.GlorotUniform(seed + i),
                                     bias_initializer=tf_keras.initializers.RandomNormal(stddev=0.1, seed=100 + i))
               for i in range(depth - 1)]
     layers.append(tf_keras.layers.Dense(10, kernel_initializer=tf_keras.initializers.GlorotUniform(seed + depth)))
@@ -169,7 +169,8 @@ def test_bad_pipeline_arguments_are_clear_errors(logical_cpus):
         pl.Pipeline(model, num_stages=4, virtual_stages=2, schedule="interleaved")
     with pytest.raises(ValueError, match=r"needs 8 devices; this machine has 4"):
         pl.Pipeline(model, num_stages=4, data_parallel=2)
-    with pytest.raises(ValueError, match=r"boundaries must be 1 increasing layer indices .* Received: boundaries=\[4\]"):
+    with pytest.raises(ValueError,
+                       match=r"boundaries must be 1 increasing layer indices .* Received: boundaries=\[4\]"):
         pl.Pipeline(model, num_stages=2, boundaries=[4])
     with pytest.raises(ValueError, match=r"micro_batches must be a positive integer. Received: micro_batches=0"):
         pl.Pipeline(model, num_stages=2, micro_batches=0)
@@ -186,13 +187,15 @@ def test_bad_pipeline_arguments_are_clear_errors(logical_cpus):
     with pytest.raises(ValueError, match=r"form one chain"):
         pl.Pipeline(branch, num_stages=2)
     with pytest.raises(ValueError, match=r"at least data_parallel x micro_batches = 4 examples. Received: batch of 2"):
-        pl.Pipeline(model, num_stages=2, micro_batches=4).compute_gradients(np.zeros((2, 64), np.float32), np.zeros(2, np.int32))
+        pl.Pipeline(model, num_stages=2, micro_batches=4).compute_gradients(
+            np.zeros((2, 64), np.float32), np.zeros(2, np.int32))
 
 
 def test_unbuilt_model_gets_each_stage_weights_on_its_device(batch, logical_cpus):
     x, y = batch
     layers = [tf_keras.layers.Dense(16, activation="relu", kernel_initializer=tf_keras.initializers.GlorotUniform(i))
-              for i in range(3)] + [tf_keras.layers.Dense(10, kernel_initializer=tf_keras.initializers.GlorotUniform(3))]
+              for i in range(3)] + [tf_keras.layers.Dense(10,
+                                                          kernel_initializer=tf_keras.initializers.GlorotUniform(3))]
     model = tf_keras.Sequential(layers)
     assert not model.built
     pipe = pl.Pipeline(model, num_stages=4, micro_batches=4, schedule="1f1b", input_shape=(64,))

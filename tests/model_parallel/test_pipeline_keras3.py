@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensorfleet.model_parallel import chain_layers
-from tensorfleet.model_parallel import pipeline as pl
+from tensorfleet.model_parallel import chain_layers, pipeline as pl
 from tensorfleet.models.datasets import load_digits
 
 
@@ -41,7 +40,8 @@ def test_keras3_pipeline_gradients_equal_the_unsplit_model(keras3, schedule, p, 
     x, y = batch
     model = _mlp(keras3, depth=8)
     ref_loss, ref_grads = _reference(keras3, model, x, y)
-    step = pl.Pipeline(model, num_stages=p, micro_batches=m, schedule=schedule, virtual_stages=v).compute_gradients(x, y)
+    step = pl.Pipeline(model, num_stages=p, micro_batches=m, schedule=schedule,
+                       virtual_stages=v).compute_gradients(x, y)
     assert step.loss == pytest.approx(ref_loss, abs=1e-5)
     assert len(step.gradients) == len(ref_grads) == 16
     for got, want in zip(step.gradients, ref_grads):
@@ -75,7 +75,8 @@ def test_a_keras3_model_that_is_no_chain_is_named_at_its_layer(keras3):
     inputs = keras3.Input((8,))
     h = keras3.layers.Dense(8, name="d1")(inputs)
     model = keras3.Model(inputs, keras3.layers.Add(name="skip")([h, keras3.layers.Dense(8, name="d2")(h)]))
-    assert [layer.name for layer in chain_layers(keras3.Sequential([keras3.Input((8,)), keras3.layers.Dense(2, name="a"),
+    assert [layer.name for layer in chain_layers(keras3.Sequential([keras3.Input((8,)),
+                                                                    keras3.layers.Dense(2, name="a"),
                                                                     keras3.layers.Dense(2, name="b")]))] == ["a", "b"]
     with pytest.raises(ValueError, match=r"layer 'skip' of model .* does not\. Wrap branching parts in one layer\. "
                                          r"Received: layer 'skip' of type Add, which takes 2 inputs \('d1', 'd2'\)$"):

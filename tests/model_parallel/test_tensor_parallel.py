@@ -7,9 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tensorfleet import models
-from tensorfleet.model_parallel import tensor_parallel as tp
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel import tensor_parallel as tp
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -40,7 +39,8 @@ def test_column_parallel_dense_matches_dense(devices):
         l_ref, l_tp = tf.reduce_sum(y_ref ** 2), tf.reduce_sum(y_tp ** 2)
     assert _max_diff(y_ref, y_tp) < TOL
     assert _max_diff(tape.gradient(l_ref, x), tape.gradient(l_tp, x)) < TOL
-    assert _max_diff(tape.gradient(l_ref, dense.kernel), np.concatenate(tape.gradient(l_tp, layer.kernels), axis=1)) < TOL
+    assert _max_diff(tape.gradient(l_ref, dense.kernel),
+                     np.concatenate(tape.gradient(l_tp, layer.kernels), axis=1)) < TOL
     assert _max_diff(tape.gradient(l_ref, dense.bias), np.concatenate(tape.gradient(l_tp, layer.biases))) < TOL
 
 
@@ -56,7 +56,8 @@ def test_row_parallel_dense_matches_dense(devices):
         l_ref, l_tp = tf.reduce_sum(dense(x) ** 2), tf.reduce_sum(layer(x) ** 2)
     assert _max_diff(l_ref, l_tp) < TOL
     assert _max_diff(tape.gradient(l_ref, x), tape.gradient(l_tp, x)) < TOL
-    assert _max_diff(tape.gradient(l_ref, dense.kernel), np.concatenate(tape.gradient(l_tp, layer.kernels), axis=0)) < TOL
+    assert _max_diff(tape.gradient(l_ref, dense.kernel),
+                     np.concatenate(tape.gradient(l_tp, layer.kernels), axis=0)) < TOL
     assert _max_diff(tape.gradient(l_ref, dense.bias), tape.gradient(l_tp, layer.bias)) < TOL
 
 
@@ -108,7 +109,8 @@ def test_parallel_transformer_block_matches_model_block(devices):
         tape.watch(x)
         l_ref, l_tp = tf.reduce_sum(block(x) ** 2), tf.reduce_sum(parallel(x) ** 2)
     assert abs(float(l_ref) - float(l_tp)) / abs(float(l_ref)) < TOL
-    assert _max_diff(tape.gradient(l_ref, x), tape.gradient(l_tp, x)) < 1e-4 * float(tf.reduce_max(tf.abs(tape.gradient(l_ref, x))))
+    assert _max_diff(tape.gradient(l_ref, x),
+                     tape.gradient(l_tp, x)) < 1e-4 * float(tf.reduce_max(tf.abs(tape.gradient(l_ref, x))))
     assert _max_diff(tape.gradient(l_ref, block.dense1.kernel),
                      np.concatenate(tape.gradient(l_tp, parallel.mlp.column.kernels), axis=1)) < 1e-4
 

@@ -18,7 +18,8 @@ def test_digits_split_shapes_ranges_and_determinism() -> None:
 
 
 def test_bad_test_fraction_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"test_fraction must be a finite number > 0 and < 1. Received: test_fraction=1.0"):
+    with pytest.raises(ValueError,
+                       match=r"test_fraction must be a finite number > 0 and < 1. Received: test_fraction=1.0"):
         load_digits(test_fraction=1.0)
 
 

@@ -10,9 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from tensorfleet.planner import collectives as C, traffic as T
 from tensorfleet.registry import UnknownNameError
-from tensorfleet.planner import collectives as C
-from tensorfleet.planner import traffic as T
 
 ALGORITHMS = ["ps", "naive", "ring", "tree", "butterfly", "halving_doubling"]
 M = 24  # divisible by 2, 4 and 8

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tensorfleet import validation
-from tensorfleet.planner import cost_model as cm
-from tensorfleet.planner import traffic
+from tensorfleet.planner import cost_model as cm, traffic
 
 
 def test_units_parse_to_bytes_and_bytes_per_second():

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorfleet.planner import cost_model as cm
-from tensorfleet.planner import fit_check as F
+from tensorfleet.planner import cost_model as cm, fit_check as F
 
 MiB = 2**20
 CACHE = 32 * MiB

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorfleet.planner import cost_model
-from tensorfleet.planner import layouts as L
-from tensorfleet.planner import plans as planner
+from tensorfleet.planner import cost_model, layouts as L, plans as planner
 from tensorfleet.planner.workload import transformer_workload
 
 LINK = cost_model.Link(alpha=5e-6, beta=1 / 12.5e9)

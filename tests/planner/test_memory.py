@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.models import build
 from tensorfleet.planner import memory as M
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -25,8 +24,8 @@ def _branchy_model() -> tf_keras.Model:
     return tf_keras.Model(inputs, outputs, name="branchy")
 
 
-MODELS = {"digits_cnn": lambda: build("digits_cnn", keras="tf_keras"), "digits_mlp": lambda: build("digits_mlp", keras="tf_keras"),
-          "branchy": _branchy_model}
+MODELS = {"digits_cnn": lambda: build("digits_cnn", keras="tf_keras"),
+          "digits_mlp": lambda: build("digits_mlp", keras="tf_keras"), "branchy": _branchy_model}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -121,21 +120,25 @@ def test_per_layer_plot_is_a_png(tmp_path):
 
 def test_bad_inputs_are_rejected_at_the_boundary():
     model = build("digits_mlp", keras="tf_keras")
-    with pytest.raises(ValueError, match="optimizer must be one of 'sgd', 'momentum', 'adam'. Received: optimizer='adagrad'"):
+    with pytest.raises(ValueError,
+                       match="optimizer must be one of 'sgd', 'momentum', 'adam'. Received: optimizer='adagrad'"):
         M.estimate(model, batch_size=8, optimizer="adagrad")
     with pytest.raises(ValueError, match="precision must be one of 'float32', 'mixed_float16', 'mixed_bfloat16'. "
                                          "Received: precision='fp8'"):
         M.estimate(model, batch_size=8, precision="fp8")
     with pytest.raises(ValueError, match="batch_size must be a positive integer. Received: batch_size=0"):
         M.estimate(model, batch_size=0)
-    with pytest.raises(ValueError, match="batch_size must be divisible by the data-parallel degree 4. Received: batch_size=6"):
+    with pytest.raises(ValueError,
+                       match="batch_size must be divisible by the data-parallel degree 4. Received: batch_size=6"):
         M.estimate(model, batch_size=6, devices=4)
     with pytest.raises(ValueError, match="devices divisible by tensor x pipeline. Received: devices=6, tensor=4"):
         M.estimate_from_counts(stage_parameters=[1.0], stage_activation_values=[1.0], batch_size=8,
                                parallelism="hybrid", devices=6, tensor=4)
-    with pytest.raises(TypeError, match=r"^the planner's memory model takes a Keras model \(Keras 3 or tf_keras\)\. Received: model of type str$"):
+    with pytest.raises(TypeError, match=r"^the planner's memory model takes a Keras model \(Keras 3 or tf_keras\)\. "
+                                        r"Received: model of type str$"):
         M.layer_table("digits_mlp")
-    with pytest.raises(ValueError, match=r"num_stages must be at most the number of layers \(3\).*Received: num_stages=4"):
+    with pytest.raises(ValueError,
+                       match=r"num_stages must be at most the number of layers \(3\).*Received: num_stages=4"):
         M.estimate(model, batch_size=8, parallelism="pipeline", devices=4)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tensorfleet import validation
-from tensorfleet.planner import cost_model
-from tensorfleet.planner import plans as planner
+from tensorfleet.planner import cost_model, plans as planner
 
-_GROUPS = {"shape": (planner.ModelShape, {"seq_len": "seq_len", "layers": "layers", "hidden": "hidden", "heads": "heads"}),
+_GROUPS = {"shape": (planner.ModelShape,
+                     {"seq_len": "seq_len", "layers": "layers", "hidden": "hidden", "heads": "heads"}),
            "network": (planner.Network, {"nodes": "nodes", "intra_bandwidth": "intra_bandwidth", "latency": "latency"}),
            "training": (planner.TrainingOptions, {"optimizer": "optimizer", "precision": "precision",
                                                   "recompute": "recompute", "zero": "zero"}),

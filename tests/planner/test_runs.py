@@ -126,7 +126,8 @@ import keras, tf_keras
 from tensorfleet.planner import plans
 PLAN = dict(batch_size=64, devices=4, device_memory="16GB", bandwidth="10Gbps", device_tflops=0.01)
 out = {}
-for key, package, zero, strategy in (("keras3_tensor", keras, 0, "tensor"), ("tf_keras_zero1", tf_keras, 1, "data_allreduce")):
+for key, package, zero, strategy in (("keras3_tensor", keras, 0, "tensor"),
+                                     ("tf_keras_zero1", tf_keras, 1, "data_allreduce")):
     result = plans.plan("digits_mlp", **PLAN, training=plans.TrainingOptions(precision="float32", zero=zero))
     mesh = result.mesh(strategy)
     with mesh.scope():

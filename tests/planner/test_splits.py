@@ -19,15 +19,18 @@ def test_every_weight_split_everywhere_gives_the_megatron_and_zero_figures():
 
 
 def test_whole_weights_frozen_weights_and_unsplittable_states_count_exactly():
-    weights = [WeightSplit(1000, parts=2, zero_parts=4), WeightSplit(100), WeightSplit(40, zero_parts=4, trainable=False),
-               WeightSplit(8, parts=2)]
+    weights = [WeightSplit(1000, parts=2, zero_parts=4), WeightSplit(100),
+               WeightSplit(40, zero_parts=4, trainable=False), WeightSplit(8, parts=2)]
     assert split_fraction(weights) == 1008 / 1148
     assert model_state_bytes(weights, "adam", zero=0) == {
-        "parameters": 4 * (500 + 100 + 40 + 4), "gradients": 4 * (500 + 100 + 4), "optimizer_state": 8 * (500 + 100 + 4)}
+        "parameters": 4 * (500 + 100 + 40 + 4), "gradients": 4 * (500 + 100 + 4),
+        "optimizer_state": 8 * (500 + 100 + 4)}
     assert model_state_bytes(weights, "adam", zero=3) == {
-        "parameters": 4 * (125 + 100 + 40 + 4), "gradients": 4 * (125 + 100 + 4), "optimizer_state": 8 * (125 + 100 + 4)}
+        "parameters": 4 * (125 + 100 + 40 + 4), "gradients": 4 * (125 + 100 + 4),
+        "optimizer_state": 8 * (125 + 100 + 4)}
     assert model_state_bytes(weights, "sgd", "mixed_float16", zero=2) == {
-        "parameters": 2 * (500 + 100 + 40 + 4), "gradients": 2 * (125 + 100 + 4), "optimizer_state": 4 * (125 + 100 + 4)}
+        "parameters": 2 * (500 + 100 + 40 + 4), "gradients": 2 * (125 + 100 + 4),
+        "optimizer_state": 4 * (125 + 100 + 4)}
 
 
 def test_estimate_keeps_the_activations_and_replaces_the_model_states():

@@ -89,7 +89,8 @@ def test_a_transformer_by_count_takes_its_heads_and_needs_them_with_its_hidden_s
 
 
 def test_the_shape_planned_for_is_shown_and_an_assumed_one_says_so():
-    assert W.preset_workload("bert-base", seq_len=128).describe_shape() == "12 layers, hidden 768, 12 heads, seq_len 128"
+    assert W.preset_workload("bert-base",
+                             seq_len=128).describe_shape() == "12 layers, hidden 768, 12 heads, seq_len 128"
     assert W.transformer_workload(1.5e9).describe_shape() == (
         "20 layers, hidden 2500, 19 heads, seq_len 1024; shape assumed GPT-3-like, give layers, hidden and heads")
     assert W.transformer_workload(1.5e9, layers=48, hidden=1600, heads=25).describe_shape() == (

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.profiling.slow_worker_job import sleepy_dataset
-
 from tensorfleet.compat.keras import keras2
+from tests.profiling.slow_worker_job import sleepy_dataset
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -37,7 +37,8 @@ def test_the_first_fit_of_an_unmodified_script_records_the_chosen_steps(tmp_path
     script.write_text(SCRIPT)
     env = keras2_env(TENSORFLEET_PROFILE_STEPS="2-3", TENSORFLEET_PROFILE_DIR=str(tmp_path / "profile"))
     env.pop("TF_CONFIG", None)
-    done = subprocess.run([sys.executable, "-m", "tensorfleet.profiling.autorun", str(script), str(tmp_path / "out.json")],
+    done = subprocess.run([sys.executable, "-m", "tensorfleet.profiling.autorun", str(script),
+                           str(tmp_path / "out.json")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "out.json").read_text()) == {

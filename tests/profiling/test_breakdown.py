@@ -43,7 +43,8 @@ def test_the_largest_part_decides_and_names_its_change():
     assert judge([_task("w0", compute=30, input_=5)]).bottleneck is Bottleneck.COMPUTE
     assert judge([_task("w0", compute=30, input_=5)]).advice.startswith("more replicas")
     host_bound = judge([_task("w0", compute=5, idle=20)])
-    assert host_bound.bottleneck is Bottleneck.COMPUTE and host_bound.advice.startswith("larger per-replica batch: 20.0")
+    assert (host_bound.bottleneck is Bottleneck.COMPUTE
+            and host_bound.advice.startswith("larger per-replica batch: 20.0"))
     assert judge([_task("w0", compute=5, input_=20)]).advice.startswith("prefetch: each step waits 20.0 ms")
 
 

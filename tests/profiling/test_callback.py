@@ -7,9 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tensorfleet import profiling
-from tensorfleet.profiling.xspace import task_traces
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.profiling.xspace import task_traces
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -96,6 +95,7 @@ def test_keras_3_with_several_steps_per_call_records_the_calls_holding_the_chose
 
 def test_the_callback_refuses_what_is_not_a_keras_model(tmp_path):
     callback = profiling.ProfileCallback(tmp_path, steps="0-1")
-    with pytest.raises(TypeError, match=r"^tfl\.profiling\.ProfileCallback takes a Keras model \(Keras 3 or tf_keras\)\. "
+    with pytest.raises(TypeError,
+                       match=r"^tfl\.profiling\.ProfileCallback takes a Keras model \(Keras 3 or tf_keras\)\. "
                                         r"Received: model of type object$"):
         callback.set_model(object())

@@ -18,8 +18,8 @@ def test_report_prints_the_table_and_verdict_and_writes_the_files(recorded, tmp_
     assert main(["profile", "report", str(logdir), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["task", "role", "steps", "step", "ms", "compute", "comm", "(overlap)", "input", "idle", "own",
-                                "work"]
+    assert lines[0].split() == ["task", "role", "steps", "step", "ms", "compute", "comm", "(overlap)", "input", "idle",
+                                "own", "work"]
     assert lines[2].split()[:3] == ["local", "trainer", "9"]
     assert "verdict: input-bound" in lines
     assert any(line.startswith("  change: prefetch: each step waits ") for line in lines)
@@ -42,14 +42,15 @@ def test_report_errors_end_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == (f"error: No folder at {str(missing)!r}: nothing is there; expected the profile "
                                          "directory a capture wrote.\n")
     assert main(["profile", "report", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"error: No profiler trace (*.xplane.pb) under {str(tmp_path)!r}. Record one with "
-                                       "tfl.profiling.capture or ProfileCallback first.\n")
+    assert capsys.readouterr().err == (f"error: No profiler trace (*.xplane.pb) under {str(tmp_path)!r}. Record one "
+                                       "with tfl.profiling.capture or ProfileCallback first.\n")
     bad = tmp_path / "worker-0" / "plugins" / "profile" / "2026_01_01_00_00_00" / "vm.xplane.pb"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not a protobuf at all")
     assert main(["profile", "report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {str(bad)!r} is not a profiler trace (an XSpace .xplane.pb): ") and err.count("\n") == 1
+    assert (err.startswith(f"error: {str(bad)!r} is not a profiler trace (an XSpace .xplane.pb): ")
+            and err.count("\n") == 1)
 
 
 @pytest.mark.slow

@@ -7,9 +7,8 @@ import statistics
 
 import pytest
 
-from tests.profiling.conftest import SLEEP_MS
-
 from tensorfleet.compat.keras import keras2
+from tests.profiling.conftest import SLEEP_MS
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -105,7 +104,8 @@ def test_a_keras3_fit_with_the_same_sleep_is_judged_input_bound_with_its_steps(t
     from tensorfleet import profiling
     from tests.profiling.slow_worker_job import sleepy_dataset
 
-    model = keras3.Sequential([keras3.Input((32,)), keras3.layers.Dense(64, activation="relu"), keras3.layers.Dense(10)])
+    model = keras3.Sequential([keras3.Input((32,)), keras3.layers.Dense(64, activation="relu"),
+                               keras3.layers.Dense(10)])
     model.compile(optimizer="sgd", loss=keras3.losses.SparseCategoricalCrossentropy(from_logits=True))
     callback = profiling.ProfileCallback(tmp_path / "profile", steps="3-12")
     model.fit(sleepy_dataset(SLEEP_MS / 1000), steps_per_epoch=15, epochs=1, verbose=0, shuffle=False,

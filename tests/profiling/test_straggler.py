@@ -52,7 +52,8 @@ def run_profiled_job(directory: Path, phase: str) -> None:
         followed = all(p.returncode == 0 or died_stopping_the_profiler(p.returncode, log) or lost_its_peer(log)
                        for p, log in zip(procs, logs))
         if not (crashed and followed):
-            failed = [f"worker {i} exited {p.returncode}:\n{log[-3000:]}" for i, (p, log) in enumerate(zip(procs, logs))]
+            failed = [f"worker {i} exited {p.returncode}:\n{log[-3000:]}"
+                      for i, (p, log) in enumerate(zip(procs, logs))]
             pytest.fail("\n\n".join(failed))
     pytest.fail(f"the profiler's stop crashed a worker in each of {ATTEMPTS} runs of the {phase} job")
 

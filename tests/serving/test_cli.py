@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from tensorfleet.cli.main import main
-
 from tests.conftest import reap
+
 from .conftest import assert_float32_close, free_ports
 
 

@@ -46,7 +46,8 @@ def test_container_runs_serve_on_tf_serving_ports_with_probes_on_the_rest_port()
     assert container["livenessProbe"] == {"httpGet": {"path": "/healthz", **probe}, "periodSeconds": 10,
                                           "timeoutSeconds": 5, "failureThreshold": 3}
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", **probe}
-    assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"},
+                                      "limits": {"cpu": "1", "memory": "2Gi"}}
     assert "volumeMounts" not in container
     assert docs[1]["spec"]["ports"] == [
         {"name": "grpc", "port": 8500, "targetPort": "grpc", "protocol": "TCP"},

@@ -18,8 +18,8 @@ import pytest
 
 from tensorfleet.cli.main import main
 from tensorfleet.serving.options import StageOptions
-
 from tests.conftest import user_env
+
 from .conftest import assert_float32_close, start_server
 
 

@@ -9,8 +9,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from .conftest import assert_float32_close, start_server
 from tensorfleet.serving.options import ScalingOptions, StageOptions
+
+from .conftest import assert_float32_close, start_server
 
 
 @pytest.fixture(scope="module")

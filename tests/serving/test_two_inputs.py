@@ -11,9 +11,9 @@ import grpc
 import numpy as np
 import pytest
 
-from .conftest import assert_float32_close, start_server
-
 from tensorfleet.compat.keras import keras2
+
+from .conftest import assert_float32_close, start_server
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -67,5 +67,6 @@ def test_a_wrong_model_config_is_one_clear_error(tmp_path, text, message):
     with pytest.raises(ValueError, match=r"^'?" + re.escape(str(config))) as info:
         read_model_config(config)
     assert message in str(info.value)
-    with pytest.raises(FileNotFoundError, match=r"No file at .*: nothing is there; expected a text-format ModelServerConfig"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"No file at .*: nothing is there; expected a text-format ModelServerConfig"):
         read_model_config(tmp_path / "none.config")

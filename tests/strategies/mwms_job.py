@@ -22,8 +22,6 @@ def main(out_path: str) -> None:
     import numpy as np
 
     import tensorfleet as tfl
-
-
     from tensorfleet.models.datasets import load_digits
 
     split = load_digits()

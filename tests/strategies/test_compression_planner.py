@@ -8,8 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tensorfleet.cli.main import app
-from tensorfleet.planner import cost_model
-from tensorfleet.planner import plans as planner
+from tensorfleet.planner import cost_model, plans as planner
 from tensorfleet.planner.workload import preset_workload, workload_from_model
 
 CLUSTER = {"batch_size": 256, "devices": 8, "device_memory": "16GB", "bandwidth": "1Gbps",

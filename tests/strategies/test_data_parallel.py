@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import tensorfleet as tfl
-from tests.conftest import compile_digits, test_accuracy
-
 from tensorfleet.compat.keras import keras2
+from tests.conftest import compile_digits, test_accuracy
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -24,7 +23,8 @@ def train(strategy: Any, split: Any) -> Any:
     with strategy.scope():
         model = tfl.models.build("digits_cnn", keras="tf_keras")  # tf_keras: saved and reloaded with it below
         compile_digits(model)
-    model.fit(**tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=BATCH, strategy=model), epochs=EPOCHS, verbose=0)
+    model.fit(**tfl.strategies.fit_inputs(split.x_train, split.y_train, batch_size=BATCH, strategy=model),
+              epochs=EPOCHS, verbose=0)
     return model
 
 
@@ -44,7 +44,8 @@ def test_digits_cnn_trains_to_90_percent_with_plain_fit(name, options, digits, t
     accuracy = test_accuracy(model, digits)
     assert accuracy >= 0.90, f"{name}: test accuracy {accuracy:.3f}"
 
-    results = model.evaluate(**tfl.strategies.evaluate_inputs(digits.x_test, digits.y_test, batch_size=BATCH, strategy=model),
+    results = model.evaluate(**tfl.strategies.evaluate_inputs(digits.x_test, digits.y_test, batch_size=BATCH,
+                                                              strategy=model),
                              verbose=0, return_dict=True)
     assert set(results) == {"loss", "accuracy"}
     assert results["accuracy"] >= 0.90
@@ -77,5 +78,6 @@ def test_fit_inputs_reject_bad_input(digits) -> None:
         tfl.strategies.fit_inputs(None, dataset_fn=lambda ctx: None)
     with pytest.raises(ValueError, match=r"validation_data must be a pair"):
         tfl.strategies.fit_inputs(digits.x_train, digits.y_train, validation_data=digits.x_test)
-    with pytest.raises(TypeError, match=r"strategy must be a tf.distribute.Strategy or a Keras model built under one. Received: strategy=str"):
+    with pytest.raises(TypeError, match=r"strategy must be a tf.distribute.Strategy or a Keras model built under one. "
+                                        r"Received: strategy=str"):
         tfl.strategies.fit_inputs(digits.x_train, digits.y_train, strategy="mirrored")

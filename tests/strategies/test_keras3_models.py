@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from tensorfleet.strategies import memory_savers
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.strategies import memory_savers
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -13,7 +13,6 @@ import tf_keras
 import tensorfleet as tfl
 from tensorfleet.strategies import large_batch, layerwise
 
-
 # ------------------------------------------------------------------------------------------- the rules
 
 def test_linear_and_sqrt_rules_give_the_papers_values() -> None:
@@ -199,7 +198,8 @@ def test_keras3_lamb_is_keras_own(keras3: Any) -> None:
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda: layerwise.optimizer_class("adamw", "keras2"), "name must be one of 'LARS', 'LAMB'. Received: name='adamw'"),
+    (lambda: layerwise.optimizer_class("adamw", "keras2"),
+     "name must be one of 'LARS', 'LAMB'. Received: name='adamw'"),
     (lambda: layerwise.lars(0.1, momentum=1.5, keras="keras2"), "momentum must be"),
     (lambda: layerwise.lars(0.1, eta=0, keras="keras3"), "eta must be a finite number > 0. Received: eta=0"),
     (lambda: layerwise.lamb(beta_2=1.0, keras="keras2"), "beta_2 must be"),

@@ -179,9 +179,9 @@ def test_a_local_sgd_job_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
     import signal
     from pathlib import Path
 
+    from tensorfleet import testing
     from tensorfleet.cluster import fault_tolerance as ft
     from tensorfleet.cluster.launch_options import TaskCommand
-    from tensorfleet import testing
     from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
     from tensorfleet.testing import Fault
 

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.models import build
 from tensorfleet.strategies import memory_savers
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -42,7 +41,8 @@ def test_recomputed_block_gives_the_same_gradients():
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def make(recompute: bool) -> tf_keras.Model:
-        layers = [tf_keras.layers.Dense(32, activation="tanh", kernel_initializer=tf_keras.initializers.GlorotUniform(k))
+        layers = [tf_keras.layers.Dense(32, activation="tanh",
+                                        kernel_initializer=tf_keras.initializers.GlorotUniform(k))
                   for k in (1, 2)]
         inputs = tf_keras.Input(shape=(64,))
         h = memory_savers.recompute(layers)(inputs) if recompute else layers[1](layers[0](inputs))
@@ -108,7 +108,8 @@ def test_keras3_gradient_accumulation_equals_one_big_batch(keras3, logical_cpus,
         acc = memory_savers.accumulate_gradients(_keras3_mlp(keras3), steps=4)
     assert isinstance(acc, keras3.Model) and acc.count_params() == big.count_params() == 3466
     history = _fit_keras3(keras3, acc, x, y, strategy)
-    assert int(acc.optimizer.iterations.numpy()) == 4  # 2 epochs of 2 batches of 32, each 4 micro-batches of 8 / replicas
+    # 2 epochs of 2 batches of 32, each 4 micro-batches of 8 / replicas
+    assert int(acc.optimizer.iterations.numpy()) == 4
     _assert_same_weights(acc, big)
     for key in ("loss", "accuracy"):  # the logged metrics are the whole batch's
         np.testing.assert_allclose(history[key], big_history[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -16,12 +16,10 @@ import time
 
 import pytest
 
-from tests.conftest import keras2_env
-
 from tensorfleet.compat import distribute as tf_internals
 from tensorfleet.strategies.staleness import Consistency, StalenessPolicy, install, installed_gate, resolve_staleness
 from tensorfleet.testing.staleness_run import StalenessScheduler
-
+from tests.conftest import keras2_env
 
 
 def test_staleness_option_maps_to_ssp_and_asp():
@@ -196,7 +194,8 @@ def test_a_step_given_to_the_queue_wakes_a_worker_that_may_take_it():
     t0 = threading.Thread(target=_worker, args=(queue, 0, taken, release), daemon=True)
     t0.start()
     queue.put(_Step("s0"))
-    assert queue.wait(timeout=5) and _wait_for(lambda: gate.held_back == 1)  # worker 0 ran s0 and is now held back (lockstep), waiting first
+    # worker 0 ran s0 and is now held back (lockstep), waiting first
+    assert queue.wait(timeout=5) and _wait_for(lambda: gate.held_back == 1)
     t1 = threading.Thread(target=_worker, args=(queue, 1, taken, release), daemon=True)
     t1.start()
     assert _wait_for(lambda: tf_internals.workers_waiting_for_steps(queue) == 1)  # worker 1, after worker 0
@@ -318,7 +317,8 @@ _SCRIPT = textwrap.dedent(
         fit_out[str(staleness)] = {"clocks": gate.clocks, "gaps": [g for _, g in gate.gaps],
                                    "loss": history.history["loss"]}
     fit_out["asp_gate"] = consistency.install(coordinator, None) is None
-    fit_out["restored"] = not {"get", "put_back"} & set(tf_internals.coordinator_cluster(coordinator).closure_queue.__dict__)
+    fit_out["restored"] = not {"get", "put_back"} & set(
+        tf_internals.coordinator_cluster(coordinator).closure_queue.__dict__)
     fit_out["schedule_untouched"] = "schedule" not in coordinator.__dict__ and "join" not in coordinator.__dict__
     out["fit"] = fit_out
     print("RESULT" + json.dumps(out))

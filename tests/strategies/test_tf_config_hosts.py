@@ -46,6 +46,7 @@ def test_a_name_and_the_address_it_resolves_to_are_one_host() -> None:
         address = socket.gethostbyname(name)
     except OSError:
         pytest.skip(f"this machine's name {name!r} does not resolve")
-    expected = f"Two tasks share one address: worker:0 at '{name}:2222' and worker:1 at '{address}:2222' are the same host"
+    expected = (f"Two tasks share one address: worker:0 at '{name}:2222' and worker:1 at '{address}:2222' are the same "
+                "host")
     with pytest.raises(TFConfigError, match=f"^{re.escape(expected)}"):
         ClusterSpec({"worker": [f"{name}:2222", f"{address}:2222"]})

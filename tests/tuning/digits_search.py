@@ -1,10 +1,9 @@
 """A tiny search script for the tests: an MLP on scikit-learn's digits, two hyperparameters."""
 
 
-from tensorfleet.models.datasets import load_digits
-
 from tensorfleet.compat.keras import keras_module
 from tensorfleet.compat.keras_tuner import search_keras
+from tensorfleet.models.datasets import load_digits
 
 # The Keras whose models Keras Tuner drives in this process: Keras 3 in a user's default process, tf_keras where
 # TF_USE_LEGACY_KERAS=1 is set (and tf.keras, Keras 2.14, on the tff track).

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from pathlib import Path
+
+import pytest
 
 from tensorfleet.registry import UnknownNameError
 from tensorfleet.tuning.config import SearchAlgorithm, SearchConfig, check_script
@@ -19,7 +20,8 @@ def test_an_unknown_algorithm_lists_the_three(tmp_path):
 
 
 def test_algorithm_names_are_case_insensitive(tmp_path):
-    assert SearchConfig(script=SCRIPT, out_dir=str(tmp_path), algorithm="Hyperband").algorithm is SearchAlgorithm.HYPERBAND
+    assert SearchConfig(script=SCRIPT, out_dir=str(tmp_path),
+                        algorithm="Hyperband").algorithm is SearchAlgorithm.HYPERBAND
 
 
 def test_a_script_without_build_model_is_refused_naming_what_it_must_define(tmp_path):

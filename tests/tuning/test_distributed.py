@@ -12,10 +12,9 @@ import pytest
 
 from tensorfleet import testing
 from tensorfleet.cli.main import main
+from tensorfleet.compat.keras import keras2
 from tensorfleet.testing import Fault
 from tensorfleet.tuning.distributed import Supervision, TrialOptions, TuningError, search
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -132,7 +131,8 @@ def data():
 def test_a_keras_3_search_runs_on_two_workers_in_a_users_process(tmp_path, keras3, digits_flat, monkeypatch):
     from tensorfleet.compat.keras import load_model
 
-    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)  # the searches' processes are a user's: Keras Tuner drives Keras 3
+    # the searches' processes are a user's: Keras Tuner drives Keras 3
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
     script = tmp_path / "keras3_search.py"
     script.write_text(KERAS3_SCRIPT)
     lines: list[str] = []
@@ -160,10 +160,11 @@ def test_a_keras_3_script_in_a_tf_keras_search_is_refused_with_one_error_naming_
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")  # a user who chose tf_keras: so do the search's processes
     script = tmp_path / "keras3_search.py"
     script.write_text(KERAS3_SCRIPT.replace("def data():", "def data():\n    raise AssertionError('no data')\n"))
-    expected = ("error: build_model of keras3_search.py returned a Keras 3 model (keras.src.models.sequential.Sequential), "
-                "but Keras Tuner drives tf_keras (Keras 2) in this search, because TF_USE_LEGACY_KERAS=1 is set in its "
-                "environment. Start the search without TF_USE_LEGACY_KERAS (Keras Tuner then drives Keras 3, its own "
-                "choice), or build the model with tf_keras (`import tf_keras as keras`).")
+    expected = ("error: build_model of keras3_search.py returned a Keras 3 model "
+                "(keras.src.models.sequential.Sequential), but Keras Tuner drives tf_keras (Keras 2) in this search, "
+                "because TF_USE_LEGACY_KERAS=1 is set in its environment. Start the search without TF_USE_LEGACY_KERAS "
+                "(Keras Tuner then drives Keras 3, its own choice), or build the model with tf_keras (`import tf_keras "
+                "as keras`).")
     with pytest.raises(TunerKerasError) as raised:
         search(script, out_dir=tmp_path / "out", workers=1, max_trials=2, **FAST)
     assert f"error: {raised.value}" == expected

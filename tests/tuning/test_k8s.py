@@ -54,7 +54,8 @@ def test_written_manifests_load_back_and_a_broken_one_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"script": "search.py"}, "script must be an absolute path inside the container image. Received: script='search.py'"),
+    ({"script": "search.py"},
+     "script must be an absolute path inside the container image. Received: script='search.py'"),
     ({"workers": 0}, "workers must be a positive integer. Received: workers=0"),
     ({"algorithm": "grid"}, "algorithm must be one of 'random', 'bayesian', 'hyperband'. Received: algorithm='grid'"),
 ])

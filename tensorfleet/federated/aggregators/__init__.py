@@ -23,7 +23,8 @@ Example:
     ['beta']
     >>> check_aggregator_options("median", {"beta": 0.1})
     Traceback (most recent call last):
-    tensorfleet.validation.UnknownOptionError: Aggregator 'median' takes no option 'beta' (its options: none). Received: beta=0.1
+    tensorfleet.validation.UnknownOptionError: Aggregator 'median' takes no option 'beta' (its options: none). Received:
+    beta=0.1
 
 On the tff track, a factory:
     >>> import tensorflow_federated as tff

@@ -95,7 +95,8 @@ def check_krum_clients(num_clients: int, num_byzantine: int, *, name: str = "cli
     Example:
         >>> check_krum_clients(4, 1, name="clients_per_round")
         Traceback (most recent call last):
-        ValueError: Krum needs more than 2 * num_byzantine + 2 clients (n > 2f + 2, Blanchard et al. 2017): with num_byzantine=1, at least 5. Received: clients_per_round=4, num_byzantine=1
+        ValueError: Krum needs more than 2 * num_byzantine + 2 clients (n > 2f + 2, Blanchard et al. 2017): with
+        num_byzantine=1, at least 5. Received: clients_per_round=4, num_byzantine=1
     """
     if num_clients <= 2 * num_byzantine + 2:
         raise ValueError(f"Krum needs more than 2 * num_byzantine + 2 clients (n > 2f + 2, Blanchard et al. 2017): "

@@ -57,10 +57,11 @@ class DPPart(AggregatorPart):
             number("clip_learning_rate", adaptive[1], above=0)
             self.count_stddev = 0.05 * self.clients_per_round if noise > 0 else 0.0  # TFF's adaptive_clip_noise_params
             if noise > 0 and noise >= 2 * self.count_stddev:  # TFF's adaptive_clip_noise_params refuses it too
-                raise ValueError(f"dp_adaptive's clipped-count noise (0.05 * clients_per_round = {self.count_stddev:g}) "
-                                 f"is too low for noise_multiplier={noise:g}: it needs noise_multiplier < 0.1 * "
-                                 f"clients_per_round. Received: noise_multiplier={noise:g}, clients_per_round="
-                                 f"{self.clients_per_round}; raise clients_per_round or lower noise_multiplier.")
+                raise ValueError("dp_adaptive's clipped-count noise (0.05 * clients_per_round = "
+                                 f"{self.count_stddev:g}) is too low for noise_multiplier={noise:g}: it needs "
+                                 f"noise_multiplier < 0.1 * clients_per_round. Received: noise_multiplier={noise:g}, "
+                                 f"clients_per_round={self.clients_per_round}; raise clients_per_round or lower "
+                                 "noise_multiplier.")
             self.value_noise = (noise ** -2 - (2 * self.count_stddev) ** -2) ** -0.5 if noise > 0 else 0.0
 
     def initial_state(self) -> dict[str, Any]:
@@ -217,7 +218,8 @@ def builtin_entries() -> list[tuple[str, Aggregator, tuple[str, ...], str]]:
                                    tff=_compression_tff, defaults={"bits": 8, "sparsity": 0.0},
                                    upload_bytes=_compression_bytes, paper="Konečný et al., 2016"),
          ("compress",), "Top-k sparsified, uniformly quantized updates (bits, sparsity)."),
-        ("median", Aggregator(compiled=_robust_part("median"), tff=_robust_tff("median"), paper="Yin et al., ICML 2018"),
+        ("median",
+         Aggregator(compiled=_robust_part("median"), tff=_robust_tff("median"), paper="Yin et al., ICML 2018"),
          ("coordinate_median",), "Coordinate-wise median (Yin et al. 2018)."),
         ("trimmed_mean", Aggregator(compiled=_robust_part("trimmed_mean"), tff=_robust_tff("trimmed_mean"),
                                     defaults={"beta": 0.1}, paper="Yin et al., ICML 2018"),

@@ -3,12 +3,12 @@
 Each client's update is sparsified (keep the ``1 - sparsity`` fraction of largest magnitudes per
 tensor) and then quantized to ``bits`` per value over the tensor's ``[min, max]``
 (:func:`compress_rows`, written once: :meth:`Compression.compress` is one row of it) before the
-server sums the (dequantized) values: in the compiled backend's round, or, on the ``tff`` backend, inside TFF through :class:`CompressionFactory` (a TFF
-aggregation factory, made when first asked for: it needs tensorflow-federated). The rules are
-:func:`tensorfleet.federated.aggregators.aggregate.sparsify` and :func:`~tensorfleet.federated.aggregators.aggregate.quantize`
-(quantization after Konečný et al., "Federated Learning: Strategies for Improving Communication
-Efficiency", 2016; top-k after Aji and Heafield, "Sparse Communication for Distributed Gradient
-Descent", EMNLP 2017). What one client would upload is counted by
+server sums the (dequantized) values: in the compiled backend's round, or, on the ``tff`` backend, inside TFF through
+:class:`CompressionFactory` (a TFF aggregation factory, made when first asked for: it needs tensorflow-federated). The
+rules are :func:`tensorfleet.federated.aggregators.aggregate.sparsify` and
+:func:`~tensorfleet.federated.aggregators.aggregate.quantize` (quantization after Konečný et al., "Federated Learning:
+Strategies for Improving Communication Efficiency", 2016; top-k after Aji and Heafield, "Sparse Communication for
+Distributed Gradient Descent", EMNLP 2017). What one client would upload is counted by
 :func:`~tensorfleet.federated.aggregators.aggregate.compressed_bytes`.
 
 Example:
@@ -25,9 +25,8 @@ On the tff track, the weighted mean of compressed updates for FedAvg:
 
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+from typing import Any
 
 import tensorflow as tf
 
@@ -64,7 +63,8 @@ def compress_rows(rows: Any, *, bits: int, sparsity: float) -> Any:
     lo = tf.reduce_min(rows, axis=1, keepdims=True)
     scale = (tf.reduce_max(rows, axis=1, keepdims=True) - lo) / float(2 ** bits - 1)
     safe = tf.where(scale > 0, scale, tf.ones_like(scale))
-    return tf.where(scale > 0, lo + tf.round((rows - lo) / safe) * safe, rows)  # aggregate.quantize's arithmetic, per row
+    # aggregate.quantize's arithmetic, per row
+    return tf.where(scale > 0, lo + tf.round((rows - lo) / safe) * safe, rows)
 
 
 def _top_mask(bits: Any, k: int) -> Any:

@@ -200,7 +200,8 @@ class Aggregator:
                                 f"{', '.join(self.defaults) or 'none'}). Received: {key}={options[key]!r}")
         return {**self.defaults, **options}
 
-    def part(self, *, clients_per_round: int, seed: int, options: dict[str, Any], name: str = "aggregator") -> AggregatorPart:
+    def part(self, *, clients_per_round: int, seed: int, options: dict[str, Any],
+             name: str = "aggregator") -> AggregatorPart:
         """The compiled form for these options."""
         if self.compiled is None:
             raise ValueError(f"Aggregator {name!r} has no compiled form; backend='tff' runs it.")
@@ -235,7 +236,8 @@ def too_few_clients(name: str, fewest: int, rule: str, what: str, count: int) ->
 
     Example:
         >>> too_few_clients("krum", 5, "n > 2 * num_byzantine + 2 with num_byzantine=1", "clients_per_round", 4)
-        ValueError("Aggregator 'krum' needs at least 5 clients (n > 2 * num_byzantine + 2 with num_byzantine=1). Received: clients_per_round=4")
+        ValueError("Aggregator 'krum' needs at least 5 clients (n > 2 * num_byzantine + 2 with num_byzantine=1).
+        Received: clients_per_round=4")
     """
     why = f" ({rule})" if rule else ""
     return ValueError(f"Aggregator {name!r} needs at least {fewest} clients{why}. Received: {what}={count}")

@@ -209,7 +209,8 @@ def _factory_class() -> type:
                 summary = tff.federated_aggregate(rows, zero(), accumulate, merge, report)
                 measurements = tff.federated_zip(collections.OrderedDict(
                     clients=summary.clients, non_finite=summary.non_finite))
-                return tff.templates.MeasuredProcessOutput(state=state, result=summary.result, measurements=measurements)
+                return tff.templates.MeasuredProcessOutput(state=state, result=summary.result,
+                                                           measurements=measurements)
 
             return tff.templates.AggregationProcess(init_fn, next_fn)
 

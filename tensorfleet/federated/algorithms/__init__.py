@@ -31,12 +31,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tensorfleet.validation import UnknownOptionError
-from tensorfleet.federated.algorithms import (
-    fedadagrad, fedadam, fedavg, fedavgm, fednova, fedprox, fedsgd, fedyogi,
+from tensorfleet.federated.algorithms import fedadagrad, fedadam, fedavg, fedavgm, fednova, fedprox, fedsgd, fedyogi
+from tensorfleet.federated.algorithms.base import (
+    OPTIMIZERS,
+    Algorithm,
+    OptimizerSpec,
+    make_optimizer,
+    make_tff_optimizer,
 )
-from tensorfleet.federated.algorithms.base import OPTIMIZERS, Algorithm, OptimizerSpec, make_optimizer, make_tff_optimizer
 from tensorfleet.registry import Registry
+from tensorfleet.validation import UnknownOptionError
 
 __all__ = ["ALGORITHMS", "OPTIMIZERS", "Algorithm", "OptimizerSpec", "build_process", "catalogue", "make_optimizer",
            "make_tff_optimizer", "resolve"]

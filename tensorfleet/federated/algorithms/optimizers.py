@@ -68,7 +68,8 @@ class FederatedOptimizer:
         updated = collections.OrderedDict(state)
         for key, value in hparams.items():
             if key not in self.hparam_keys:
-                raise KeyError(f"{type(self).__name__} has no hyperparameter {key!r} (its: {', '.join(self.hparam_keys)})")
+                raise KeyError(f"{type(self).__name__} has no hyperparameter {key!r} (its: "
+                               f"{', '.join(self.hparam_keys)})")
             updated[key] = value
         return updated
 

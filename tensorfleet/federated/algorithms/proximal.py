@@ -67,7 +67,8 @@ def _optimizer_class() -> type:
 
         def __init__(self, optimizer: Any, mu: float) -> None:
             if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
-                raise TypeError(f"optimizer must be a tff.learning.optimizers.Optimizer. Received: {type(optimizer).__name__}")
+                raise TypeError("optimizer must be a tff.learning.optimizers.Optimizer. Received: "
+                                f"{type(optimizer).__name__}")
             self.optimizer = optimizer
             self.mu = float(number("mu", mu, minimum=0))
 

@@ -12,10 +12,10 @@ Users choose ``backend=`` and ``workers=``; the choice maps to what runs:
   process (:mod:`~tensorfleet.federated.backends.compiled`); no TFF process or worker is built,
   federated evaluation included. With ``workers=`` its lanes run on TensorFlow servers
   (:mod:`~tensorfleet.federated.backends.compiled.workers`, ``tensorfleet federated worker``), one
-  lane a worker; ``auto`` with workers is this where tensorflow-federated cannot be imported. It refuses what it cannot run as TFF does. Its clients train in
-  lanes, one per core; :func:`~tensorfleet.federated.backends.threads.configure_threads`, called
-  before TensorFlow starts (``tensorfleet federated run`` calls it), gives each lane's ops a
-  thread of their own.
+  lane a worker; ``auto`` with workers is this where tensorflow-federated cannot be imported. It refuses what it cannot
+  run as TFF does. Its clients train in lanes, one per core;
+  :func:`~tensorfleet.federated.backends.threads.configure_threads`, called before TensorFlow starts (``tensorfleet
+  federated run`` calls it), gives each lane's ops a thread of their own.
 * ``auto`` (the default): ``compiled`` where it gives TFF's result (an algorithm and aggregator
   it runs, no workers, a model without batch-dependent layers), else ``tff``; the model part is
   decided when the simulation is built (:meth:`BackendChoice.resolve`).
@@ -107,9 +107,11 @@ def choose_backend(backend: str | Backend = Backend.AUTO, workers: Sequence[str]
         workers: ``host:port`` addresses of running TFF workers (a list or one comma-separated
             string), or None.
         algorithm: the (canonical) algorithm name; ``compiled`` runs those with a client part
-            (:func:`~tensorfleet.federated.backends.compiled.scope.compiled_algorithms`), ``tff`` those with a TFF builder.
+            (:func:`~tensorfleet.federated.backends.compiled.scope.compiled_algorithms`), ``tff`` those with a TFF
+            builder.
         aggregator: the (canonical) aggregator name; ``compiled`` runs those with a compiled form
-            (:func:`~tensorfleet.federated.backends.compiled.scope.compiled_aggregators`), ``tff`` those with a TFF form.
+            (:func:`~tensorfleet.federated.backends.compiled.scope.compiled_aggregators`), ``tff`` those with a TFF
+            form.
 
     Raises:
         ValueError: an unknown backend, a bad address, or a combination that cannot run.

@@ -10,7 +10,8 @@ Example:
     [WorkerAddress(host='127.0.0.1', port=8471), WorkerAddress(host='::1', port=8472)]
     >>> parse_addresses(["127.0.0.1:8471", "127.0.0.1:8471"])
     Traceback (most recent call last):
-    ValueError: workers must not repeat an address. Received: '127.0.0.1:8471' twice in workers=['127.0.0.1:8471', '127.0.0.1:8471']
+    ValueError: workers must not repeat an address. Received: '127.0.0.1:8471' twice in workers=['127.0.0.1:8471',
+    '127.0.0.1:8471']
 """
 
 from __future__ import annotations

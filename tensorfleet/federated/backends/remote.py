@@ -63,9 +63,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from tensorfleet.federated.backends.addresses import (
-    AllWorkersLostError, WorkerAddress, WorkerLostError, parse_addresses)
+    AllWorkersLostError,
+    WorkerAddress,
+    WorkerLostError,
+    parse_addresses,
+)
 from tensorfleet.federated.backends.remote_executors import (
-    WorkerConnection, abandon, mergeable_context, probe, sync_context)
+    WorkerConnection,
+    abandon,
+    mergeable_context,
+    probe,
+    sync_context,
+)
 from tensorfleet.validation import integer, number
 
 __all__ = ["DistributedContext", "WorkerEvent", "install_default", "installed"]

@@ -1,4 +1,5 @@
-"""TFF's executor plumbing for remote workers, which :class:`~tensorfleet.federated.backends.remote.DistributedContext` wires.
+"""TFF's executor plumbing for remote workers, which :class:`~tensorfleet.federated.backends.remote.DistributedContext`
+wires.
 
 * :class:`WorkerConnection`: the client side of one worker (gRPC channel and stub), whether it
   answers, and whether it is lost; :func:`probe` checks that a worker is a TFF worker of the
@@ -31,7 +32,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from tensorfleet.federated.backends.addresses import (
-    WorkerAddress, WorkerError, WorkerLostError, WorkerUnreachableError, WorkerVersionError)
+    WorkerAddress,
+    WorkerError,
+    WorkerLostError,
+    WorkerUnreachableError,
+    WorkerVersionError,
+)
 
 __all__ = [
     "WorkerConnection", "abandon", "executor_factory", "mergeable_context", "own_loop_context", "probe",

@@ -212,7 +212,8 @@ class LocalWorker:
             raise RuntimeError(f"TFF's worker_binary exited with status {code} while starting on port {port}.")
         if time.monotonic() > deadline:
             self.stop()
-            raise RuntimeError(f"TFF's worker_binary did not become ready on port {port} within {self.startup_timeout:g} s.")
+            raise RuntimeError(f"TFF's worker_binary did not become ready on port {port} within "
+                               f"{self.startup_timeout:g} s.")
 
     def stub(self) -> Any:
         """The gRPC stub of a running worker, starting it first when needed."""

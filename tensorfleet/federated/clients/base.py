@@ -13,7 +13,8 @@ Example:
     >>> import tensorflow as tf
     >>> def dataset(cid):
     ...     n = int(cid[-1]) + 1
-    ...     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=tf.ones([n, 2]), y=tf.zeros([n], tf.int32)))
+    ...     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=tf.ones([n, 2]),
+    ...                                                                       y=tf.zeros([n], tf.int32)))
     >>> clients = ClientData.from_clients_and_tf_fn(["a0", "a1"], dataset)
     >>> clients.client_ids, [len(list(ds)) for ds in clients.datasets()]
     (['a0', 'a1'], [1, 2])

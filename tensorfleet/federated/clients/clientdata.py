@@ -33,7 +33,8 @@ import tensorflow as tf
 from tensorfleet.federated.clients.base import ClientData
 from tensorfleet.io import save_figure, write_json
 
-__all__ = ["ArrayClientData", "PartitionSummary", "summarize", "plot_label_distribution", "label_figure", "client_arrays"]
+__all__ = ["ArrayClientData", "PartitionSummary", "summarize", "plot_label_distribution", "label_figure",
+           "client_arrays"]
 
 
 class ArrayClientData(ClientData):
@@ -70,7 +71,8 @@ class ArrayClientData(ClientData):
             if ix.min() < 0 or ix.max() >= len(self.x):
                 raise ValueError(f"Client {i} has indices outside [0, {len(self.x)}).")
         width = max(3, len(str(len(self._indices) - 1)))
-        ids = list(client_ids) if client_ids is not None else [f"client_{i:0{width}d}" for i in range(len(self._indices))]
+        ids = list(client_ids) if client_ids is not None else [f"client_{i:0{width}d}"
+                                                               for i in range(len(self._indices))]
         if len(ids) != len(self._indices) or len(set(ids)) != len(ids):
             raise ValueError(f"client_ids must be {len(self._indices)} distinct names. Received: {len(ids)} names")
         self._ids = ids
@@ -204,10 +206,10 @@ class PartitionSummary:
 
     def __str__(self) -> str:
         d = self.as_dict()
-        s, l = d["samples_per_client"], d["labels_per_client"]
+        s, lab = d["samples_per_client"], d["labels_per_client"]
         return (f"{d['num_clients']} clients, {d['num_samples']} samples; samples per client "
                 f"min {s['min']} / mean {s['mean']:.1f} / max {s['max']}; labels per client "
-                f"min {l['min']} / mean {l['mean']:.2f} / max {l['max']}")
+                f"min {lab['min']} / mean {lab['mean']:.2f} / max {lab['max']}")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Writes :meth:`as_dict` as JSON (atomically)."""
@@ -224,14 +226,16 @@ def summarize(client_data: Any, *, label_key: str | None = None, max_clients: in
     Example (on the tff track, TFF's own data):
         >>> import tensorflow_federated as tff
         >>> print(summarize(tff.simulation.datasets.emnist.get_synthetic()))
-        2 clients, 20 samples; samples per client min 10 / mean 10.0 / max 10; labels per client min 10 / mean 10.00 / max 10
+        2 clients, 20 samples; samples per client min 10 / mean 10.0 / max 10; labels per client min 10 / mean 10.00 /
+        max 10
     """
     if isinstance(client_data, ArrayClientData):
         return client_data.summary()
     ids = list(client_data.client_ids)[:max_clients]
-    labels = [np.asarray(client_arrays(client_data, cid, label_key=label_key)[1]).astype(np.int64).ravel() for cid in ids]
-    num_classes = int(max(int(l.max()) for l in labels if l.size)) + 1
-    counts = np.stack([np.bincount(l, minlength=num_classes) for l in labels])
+    labels = [np.asarray(client_arrays(client_data, cid, label_key=label_key)[1]).astype(np.int64).ravel()
+              for cid in ids]
+    num_classes = int(max(int(row.max()) for row in labels if row.size)) + 1
+    counts = np.stack([np.bincount(row, minlength=num_classes) for row in labels])
     return PartitionSummary(ids, counts, getattr(client_data, "description", "") or type(client_data).__name__)
 
 

@@ -3,9 +3,9 @@
 * ``digits``: scikit-learn's 8x8 digits (offline), pooled, partitioned with any scheme into
   ``num_clients`` (default 100), with a central test split.
 * ``emnist_synthetic``: TFF's own ``tff.simulation.datasets.emnist.get_synthetic()`` (offline; on
-  the tff track, as it needs tensorflow-federated) with TFF's client structure kept (2 clients of 10 examples each; ``num_clients`` takes the first ones);
-  a partition scheme does not apply and no central test set exists. The real EMNIST
-  (``tff.simulation.datasets.emnist.load_data``, which needs the network) is passed to
+  the tff track, as it needs tensorflow-federated) with TFF's client structure kept (2 clients of 10 examples each;
+  ``num_clients`` takes the first ones); a partition scheme does not apply and no central test set exists. The real
+  EMNIST (``tff.simulation.datasets.emnist.load_data``, which needs the network) is passed to
   :class:`~tensorfleet.federated.Simulation` as it is: its ``pixels``/``label`` are found by name.
 
 Example:

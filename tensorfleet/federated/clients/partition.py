@@ -80,7 +80,8 @@ def parse_scheme(spec: str) -> PartitionSpec:
     if isinstance(spec, Scheme):
         spec = spec.value
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"A partition scheme must be a non-empty string such as 'dirichlet:0.3'. Received: scheme={spec!r}")
+        raise ValueError("A partition scheme must be a non-empty string such as 'dirichlet:0.3'. Received: "
+                         f"scheme={spec!r}")
     name, _, value = spec.partition(":")
     name = PARTITIONERS.canonical(name)
     if not value:

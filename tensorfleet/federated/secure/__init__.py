@@ -15,13 +15,21 @@ Example:
     [0.25, 0.25, 0.25]
 """
 
-from tensorfleet.federated.secure.messages import (InconsistentViewError, SecureAggregationError,
-                                                   TooFewSurvivorsError)
-from tensorfleet.federated.secure.protocol import (Dropouts, SecureAggregation, SecureAggregator, SecureDp, SecureRound,
-                                                   run_round, traffic)
-from tensorfleet.federated.secure.skellam import SkellamPlan
+from tensorfleet.federated.secure.messages import InconsistentViewError, SecureAggregationError, TooFewSurvivorsError
+from tensorfleet.federated.secure.protocol import (
+    Dropouts,
+    SecureAggregation,
+    SecureAggregator,
+    SecureDp,
+    SecureRound,
+    run_round,
+    traffic,
+)
 from tensorfleet.federated.secure.quantize import Quantizer
+from tensorfleet.federated.secure.skellam import SkellamPlan
 
+# isort: split
+# Imported last for its side effect, registering secagg and secagg+; the split keeps the import sorter off it.
 from tensorfleet.federated.secure import part as _part  # noqa: E402,F401  registers secagg and secagg+
 
 __all__ = ["Dropouts", "InconsistentViewError", "Quantizer", "SecureAggregation", "SecureAggregationError",

@@ -27,12 +27,22 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tensorfleet.federated.secure import keys as crypto
-from tensorfleet.federated.secure import shamir
-from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, InconsistentViewError,
-                                                   MaskedInput, NeighbourKeys, RoundSettings, SecureAggregationError,
-                                                   SignedSurvivors, SurvivorSignature, UnmaskingShares,
-                                                   UnmaskRequest, keys_payload, survivors_payload)
+from tensorfleet.federated.secure import keys as crypto, shamir
+from tensorfleet.federated.secure.messages import (
+    AdvertisedKeys,
+    EncryptedShare,
+    InconsistentViewError,
+    MaskedInput,
+    NeighbourKeys,
+    RoundSettings,
+    SecureAggregationError,
+    SignedSurvivors,
+    SurvivorSignature,
+    UnmaskingShares,
+    UnmaskRequest,
+    keys_payload,
+    survivors_payload,
+)
 from tensorfleet.federated.secure.skellam import skellam_noise
 
 __all__ = ["SecAggClient", "masks_of"]
@@ -184,8 +194,9 @@ class SecAggClient:
                 break
             ints, _ = quantizer.quantize(values, self._rng)
         else:
-            raise SecureAggregationError(f"Client {self.client}'s rounding exceeded the norm bound {settings.bound:.6g} "
-                                         f"in {_ROUNDING_DRAWS} draws (each succeeds with probability >= 0.39).")
+            raise SecureAggregationError(f"Client {self.client}'s rounding exceeded the norm bound "
+                                         f"{settings.bound:.6g} in {_ROUNDING_DRAWS} draws (each succeeds with "
+                                         "probability >= 0.39).")
         self._plain = ints.copy()
         self._noise = skellam_noise(self._rng, settings.noise, ints.size)
         return quantizer.reduce(ints.astype(np.int64) + self._noise)

@@ -5,11 +5,11 @@ train in the compiled round, then every participant's update goes through one ro
 protocol (:class:`~tensorfleet.federated.secure.protocol.SecureAggregator`) and the server
 optimizer applies the unmasked, dequantized mean. ``dropout_after_upload`` simulates clients that
 stop after their masked vector arrived (dropouts and stragglers before upload are the simulation's
-own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). ``dp="distributed"`` has each client add Skellam noise before masking; each round's record then
-holds this part's own ``aggregator_epsilon`` instead of ``epsilon`` (the Skellam bound at the fewest survivors, no sampling
-amplification, at option ``delta``: a simulation's ``dp_delta``, else ``1e-5``: :mod:`~tensorfleet.federated.secure.skellam`). ``malicious=True``
-runs the malicious-server variant (signed keys, consistency round). When
-the survivors cannot unmask the sum the round raises
+own, ``SimulationConfig.dropout`` and ``straggler_deadline``: they never reach the protocol). ``dp="distributed"`` has
+each client add Skellam noise before masking; each round's record then holds this part's own ``aggregator_epsilon``
+instead of ``epsilon`` (the Skellam bound at the fewest survivors, no sampling amplification, at option ``delta``: a
+simulation's ``dp_delta``, else ``1e-5``: :mod:`~tensorfleet.federated.secure.skellam`). ``malicious=True`` runs the
+malicious-server variant (signed keys, consistency round). When the survivors cannot unmask the sum the round raises
 :class:`~tensorfleet.federated.aggregators.parts.AggregationError` and is not applied.
 
 The ``tff`` backend has no form of them: TFF's ``SecureSumFactory`` is a plain sum in simulation
@@ -18,7 +18,8 @@ The ``tff`` backend has no form of them: TFF's ``SecureSumFactory`` is a plain s
 Example:
     >>> from tensorfleet.federated.aggregators import AGGREGATORS, catalogue
     >>> sorted(AGGREGATORS.get("secagg+").defaults)
-    ['bits', 'clip', 'degree', 'delta', 'dp', 'dp_clip', 'dropout_after_upload', 'malicious', 'noise_multiplier', 'threshold']
+    ['bits', 'clip', 'degree', 'delta', 'dp', 'dp_clip', 'dropout_after_upload', 'malicious', 'noise_multiplier',
+    'threshold']
     >>> [row["backends"] for row in catalogue() if row["name"].startswith("secagg")]
     [['compiled'], ['compiled']]
 """

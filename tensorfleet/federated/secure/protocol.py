@@ -289,7 +289,8 @@ class SecureAggregator:
             if count < plan.min_survivors:
                 raise TooFewSurvivorsError(
                     f"Round {round_num} has {count} survivors; distributed DP releases a sum of at least "
-                    f"{plan.min_survivors} (its epsilon is for their noise). The round is void and the model unchanged.")
+                    f"{plan.min_survivors} (its epsilon is for their noise). The round is void and the model "
+                    "unchanged.")
             return plan.decode(result.values, count).astype(np.float64)
         total = result.values.astype(np.float64)
         if self.noise_multiplier > 0:  # in units of quantization steps, so that dequantizing scales it back

@@ -17,13 +17,22 @@ from typing import Sequence
 
 import numpy as np
 
-from tensorfleet.federated.secure import keys as crypto
-from tensorfleet.federated.secure import shamir
+from tensorfleet.federated.secure import keys as crypto, shamir
 from tensorfleet.federated.secure.graph import neighbours
-from tensorfleet.federated.secure.messages import (AdvertisedKeys, EncryptedShare, MaskedInput, NeighbourKeys,
-                                                   RoundSettings, SecureAggregationError, SignedSurvivors,
-                                                   SurvivorSignature, TooFewSurvivorsError, UnmaskingShares,
-                                                   UnmaskRequest, expect)
+from tensorfleet.federated.secure.messages import (
+    AdvertisedKeys,
+    EncryptedShare,
+    MaskedInput,
+    NeighbourKeys,
+    RoundSettings,
+    SecureAggregationError,
+    SignedSurvivors,
+    SurvivorSignature,
+    TooFewSurvivorsError,
+    UnmaskingShares,
+    UnmaskRequest,
+    expect,
+)
 
 __all__ = ["SecAggServer", "SecureSum", "ServerView"]
 

@@ -57,13 +57,13 @@ import contextlib
 import enum
 from typing import Any, ContextManager, Iterator, Mapping, Sequence
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.model_parallel.mesh.dimensions import model_dimensions
 from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout, WeightLayout
 from tensorfleet.model_parallel.mesh.layout import MeshLayout
 from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 from tensorfleet.registry import Registry
 from tensorfleet.validation import integer, positive_int
-from tensorfleet.compat.keras import keras2
 
 __all__ = [
     "Mesh",
@@ -236,9 +236,8 @@ class Mesh:
             from tensorfleet.model_parallel.mesh.keras_model import dtensor_trainer
 
             return dtensor_trainer(model, self._require_scope(model), self.dtensor_mesh, zero=self.zero)
-        from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
-
         from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
+        from tensorfleet.model_parallel.mesh.step_trainer import StepTrainer
 
         mesh_steps(model)  # one clear error now for a model the backend cannot run
         return StepTrainer(self, model)
@@ -263,7 +262,8 @@ class Mesh:
             >>> with mesh.scope():  # doctest: +SKIP
             ...     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4)])
             >>> mesh.weight_splits(model)  # doctest: +SKIP
-            [WeightSplit(parameters=32, parts=2, zero_parts=2, trainable=True), WeightSplit(parameters=4, parts=2, zero_parts=1, trainable=True)]
+            [WeightSplit(parameters=32, parts=2, zero_parts=2, trainable=True), WeightSplit(parameters=4, parts=2,
+            zero_parts=1, trainable=True)]
         """
         from tensorfleet.model_parallel.mesh.zero import weight_splits
 

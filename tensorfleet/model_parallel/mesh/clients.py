@@ -1,7 +1,8 @@
 """A mesh over the devices of several processes: DTensor's multi-client mode.
 
 TensorFlow's DTensor forms one mesh over the devices of several processes (its *clients*) when each
-process is told the cluster by four environment variables, TensorFlow's own contract (set by hand on machines of your own):
+process is told the cluster by four environment variables, TensorFlow's own contract (set by hand on machines of your
+own):
 
 * ``DTENSOR_JOBS``: every client's ``host:port``, comma-separated, in client order;
 * ``DTENSOR_CLIENT_ID``: this process's index in that list;
@@ -33,7 +34,8 @@ import json
 import os
 from typing import Any
 
-__all__ = ["ENV_ACROSS", "ENV_JOBS", "dtensor_env", "env_from_tf_config", "distributed_mesh", "global_devices", "is_multi_client", "local_share", "split_cpu"]
+__all__ = ["ENV_ACROSS", "ENV_JOBS", "dtensor_env", "env_from_tf_config", "distributed_mesh", "global_devices",
+           "is_multi_client", "local_share", "split_cpu"]
 
 #: Set to ``1`` by ``tensorfleet launch --mesh`` (or a Kubernetes TFJob's manifest): the mesh spans the workers
 #: of ``TF_CONFIG``, DTensor's environment set from it (:func:`env_from_tf_config`).

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tensorfleet.model_parallel.chain import chain_layers
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.chain import chain_layers
 
 __all__ = ["ACTIVATIONS", "SUPPORTED", "MeshStep", "mesh_steps", "model_dimensions"]
 
@@ -103,9 +103,9 @@ def _check_keras_model(model: Any) -> None:
         return
     if isinstance(model, keras2().Sequential):
         raise ValueError(f"A Mesh lays out tensor dimensions from the model's input shape, and model {model.name!r} "
-                         f"has none yet: build the model first (model.build(input_shape), e.g. model.build((None,) + x.shape[1:])) "
-                         f"or give it an Input (tf.keras.Input(shape) as its first layer). Received: Sequential "
-                         f"model {model.name!r} with built={model.built}")
+                         "has none yet: build the model first (model.build(input_shape), e.g. model.build((None,) + "
+                         "x.shape[1:])) or give it an Input (tf.keras.Input(shape) as its first layer). Received: "
+                         f"Sequential model {model.name!r} with built={model.built}")
     raise ValueError(f"A Mesh reads the model's layers in the order they run, which Keras records only for "
                      f"Sequential and functional models; write model {model.name!r} as one of those. "
                      f"Received: subclassed model {model.name!r} of type {type(model).__name__}")

@@ -9,8 +9,8 @@ expand); the loop over batches and epochs is Keras' ``fit``
 ``Mesh.fit`` gives the dtensor backend for the chain models the other backends run, so that the
 three compare step for step; a model of any other kind, and any Keras optimizer, trains on the
 same DTensor mesh built inside ``Mesh.scope()`` (:mod:`.keras_model`). It shares a process with
-mirrored strategies built by tensorfleet (``strategies.build("mirrored")``), which take collective keys of their own; in TF 2.14
-DTensor's collectives and those of a ``tf.distribute.MirroredStrategy`` built directly take the
+mirrored strategies built by tensorfleet (``strategies.build("mirrored")``), which take collective keys of their own; in
+TF 2.14 DTensor's collectives and those of a ``tf.distribute.MirroredStrategy`` built directly take the
 same group key, and whichever runs second fails with "... is joining a group that is already
 full (group_key=1)".
 """

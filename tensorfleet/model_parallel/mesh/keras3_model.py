@@ -187,7 +187,6 @@ class MeshModel:
 
     def make_train_function(self, force: bool = False) -> Any:
         from tensorfleet.compat.keras3 import split_train_function
-
         from tensorfleet.model_parallel.mesh.keras_trainer import AVG_POOL_GRADIENT
 
         if self.train_function is None or force:
@@ -249,12 +248,14 @@ class MeshModel:
         from tensorfleet.validation import positive_int
 
         if kwargs:
-            raise ValueError(f"predict on a mesh takes x, batch_size and verbose. Received: {', '.join(sorted(kwargs))}")
+            raise ValueError("predict on a mesh takes x, batch_size and verbose. Received: "
+                             f"{', '.join(sorted(kwargs))}")
         batch_size = positive_int("batch_size", 32 if batch_size is None else batch_size)
         x = np.asarray(x)
         forward = tf.function(lambda xb: self(xb, training=False))
         mesh = self.mesh_trainer.dmesh
-        outputs = [host_value(forward(dtensor.copy_to_mesh(x[i:i + batch_size], dtensor.Layout.replicated(mesh, x.ndim))))
+        outputs = [host_value(forward(dtensor.copy_to_mesh(x[i:i + batch_size],
+                                                           dtensor.Layout.replicated(mesh, x.ndim))))
                    for i in range(0, len(x), batch_size)]
         return np.concatenate(outputs)
 

@@ -37,8 +37,15 @@ import weakref
 from typing import Any
 
 from tensorfleet.compat.keras import keras2
-from tensorfleet.compat.tf_keras import (dropout_generator, dropout_noise_shape, inbound_layers, is_graph_network,
-                                         learning_phase, producing_layer, smart_cond)
+from tensorfleet.compat.tf_keras import (
+    dropout_generator,
+    dropout_noise_shape,
+    inbound_layers,
+    is_graph_network,
+    learning_phase,
+    producing_layer,
+    smart_cond,
+)
 
 __all__ = ["Adaptation", "adapt", "adapt_split_readers", "adaptation", "depthwise_conv2d"]
 

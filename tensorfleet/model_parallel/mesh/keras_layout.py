@@ -108,8 +108,8 @@ import dataclasses
 import re
 from typing import Any, Mapping, Sequence
 
-from tensorfleet.model_parallel.mesh.keras_layers import adapt
 from tensorfleet.compat.keras import module_of
+from tensorfleet.model_parallel.mesh.keras_layers import adapt
 
 __all__ = ["KEPT_WHOLE", "KerasLayout", "WeightLayout", "weight_dimensions"]
 
@@ -184,7 +184,8 @@ class KerasLayout:
         >>> layout.weight(tf.keras.layers.Dense(8, name="d1"), "d1/kernel", "kernel", (4, 8)).mesh_axes
         (None, 'm')
         >>> layout.weight(tf.keras.layers.Dense(3, name="out"), "out/bias", "bias", (3,))
-        WeightLayout(path='out/bias', shape=(3,), mesh_axes=(None,), note="mesh dimension 'm' of size 2 does not divide hidden of size 3: replicated")
+        WeightLayout(path='out/bias', shape=(3,), mesh_axes=(None,), note="mesh dimension 'm' of size 2 does not divide
+        hidden of size 3: replicated")
     """
 
     def __init__(self, mesh_dims: Mapping[str, int], rules: Mapping[str, str],

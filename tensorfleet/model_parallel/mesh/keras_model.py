@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.mesh.keras_layout import KerasLayout
 
 __all__ = ["OnMesh", "attach", "clip_gradients", "compile_on_mesh", "dtensor_trainer", "host_value", "mesh_scope",
            "require_laid_out", "with_mesh"]
@@ -44,7 +44,6 @@ def creator(layout: KerasLayout, dmesh: Any, zero: int) -> Any:
 
     from tensorfleet.compat.keras3 import building
     from tensorfleet.compat.tf_keras import build_call_context
-
     from tensorfleet.model_parallel.mesh.zero import ZeroVariable, zero_layout
 
     def create(next_creator: Any, **kwargs: Any) -> Any:
@@ -285,7 +284,8 @@ def require_laid_out(model: Any, dmesh: Any) -> None:
     if foreign:
         raise ValueError(f"Model {model.name!r} has weights this mesh did not lay out ({', '.join(foreign[:4])}"
                          f"{', ...' if len(foreign) > 4 else ''}): build the model inside mesh.scope(), not before it, "
-                         f"then compile it there. Received: {len(foreign)} of {len(model.weights)} weights off the mesh")
+                         f"then compile it there. Received: {len(foreign)} of {len(model.weights)} weights off the "
+                         "mesh")
 
 
 def compile_on_mesh(make_trainer: Any) -> Any:

@@ -57,8 +57,8 @@ class MeshTrainer(_keras2.Model):
     ``steps_per_epoch``; ``fit`` validates on ``validation_data`` or the last ``validation_split``
     of the arrays after each epoch, as Keras does. Each training step runs two functions: the
     gradients (with Keras' clipping, laid out as the update reads them; ZeRO stages 2 and 3 split
-    them over the batch axis, :mod:`.zero`), then the update and the metrics. ``get_weights()`` gathers the shards to the host;
-    ``trainer.model`` is the user's model, whose weights the trainer trains.
+    them over the batch axis, :mod:`.zero`), then the update and the metrics. ``get_weights()`` gathers the shards to
+    the host; ``trainer.model`` is the user's model, whose weights the trainer trains.
     """
 
     trains_on_mesh = True
@@ -217,8 +217,9 @@ class MeshTrainer(_keras2.Model):
             x, y, validation_data = held_out(x, y, validation_split)
         dataset, steps = self._dataset(x, y, batch_size, shuffle)
         if validation_data is not None:
-            validation_data, counted = self._dataset(*validation_pair(validation_data), validation_batch_size or batch_size,
-                                                     shuffle=False, names="validation x and y")
+            validation_data, counted = self._dataset(*validation_pair(validation_data),
+                                                     validation_batch_size or batch_size, shuffle=False,
+                                                     names="validation x and y")
             validation_steps = validation_steps or counted
             if validation_steps is None:
                 raise ValueError("validation_steps must be given with a dtensor.DTensorDataset as validation_data. "

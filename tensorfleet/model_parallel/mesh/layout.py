@@ -56,11 +56,13 @@ class MeshLayout:
         try:
             rules = mtf.convert_to_layout_rules(self.layout)
         except Exception as exc:
-            raise ValueError(f'layout must look like "batch:b1;hidden:b2" (tensor_dim:mesh_dim pairs separated by ";"). '
+            raise ValueError('layout must look like "batch:b1;hidden:b2" (tensor_dim:mesh_dim pairs separated by '
+                             '";"). '
                              f"Received: layout={self.layout!r} ({exc})") from None
         for dim in shape.dims:
             if dim.size <= 0:
-                raise ValueError(f"Mesh dimension {dim.name!r} must have a positive size. Received: mesh_shape={self.mesh_shape!r}")
+                raise ValueError(f"Mesh dimension {dim.name!r} must have a positive size. Received: "
+                                 f"mesh_shape={self.mesh_shape!r}")
         names = [d.name for d in shape.dims]
         pairs = layout_pairs(rules)
         for tensor_dim, mesh_dim in pairs:
@@ -70,7 +72,8 @@ class MeshLayout:
             if mesh_dim not in names:
                 raise ValueError(
                     f"Layout rule '{tensor_dim}:{mesh_dim}' names mesh dimension {mesh_dim!r}, which the mesh has not; "
-                    f"mesh dimensions: {', '.join(names)}. Received: mesh_shape={self.mesh_shape!r}, layout={self.layout!r}")
+                    f"mesh dimensions: {', '.join(names)}. Received: mesh_shape={self.mesh_shape!r}, "
+                    f"layout={self.layout!r}")
         object.__setattr__(self, "_shape", shape)
         object.__setattr__(self, "_rules", rules)
 
@@ -122,8 +125,8 @@ class MeshLayout:
             size, parts = dims[tensor_dim], self.mesh_dims[mesh_dim]
             if size % parts != 0:
                 raise ValueError(
-                    f"Mesh dimension {mesh_dim!r} of size {parts} does not divide tensor dimension {tensor_dim!r} of size "
-                    f"{size}; choose a mesh size that divides {size}. Received: mesh_shape={self.mesh_shape!r}, "
+                    f"Mesh dimension {mesh_dim!r} of size {parts} does not divide tensor dimension {tensor_dim!r} of "
+                    f"size {size}; choose a mesh size that divides {size}. Received: mesh_shape={self.mesh_shape!r}, "
                     f"layout={self.layout!r}")
 
     def coordinates(self, pnum: int) -> dict[str, int]:

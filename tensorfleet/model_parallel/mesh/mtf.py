@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tensorfleet.compat.mesh_tf import import_mesh_tensorflow
+from tensorfleet.compat.tf_keras import attention_parts
 from tensorfleet.model_parallel.mesh.dimensions import mesh_steps
 from tensorfleet.model_parallel.mesh.step_trainer import MeshRun
 from tensorfleet.model_parallel.mesh.training import count_devices
-from tensorfleet.compat.tf_keras import attention_parts
-from tensorfleet.compat.mesh_tf import import_mesh_tensorflow
 
 __all__ = ["prepare", "prepare_mtf_model"]
 

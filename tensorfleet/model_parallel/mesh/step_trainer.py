@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 from tensorfleet.compat.keras import keras2
+from tensorfleet.model_parallel.mesh.training import MeshHistory, training_batches
 
 __all__ = ["MeshRun", "StepTrainer"]
 
@@ -77,7 +77,8 @@ class StepTrainer(_keras2.Model):
         backend = self.mesh.backend.value
         if type(optimizer) is not keras2().optimizers.SGD or optimizer.get_config().get("momentum"):
             raise ValueError(f"The {backend} mesh backend trains with plain SGD (tf.keras.optimizers.SGD without "
-                             f"momentum); backend='dtensor' takes any Keras optimizer. Received: optimizer={optimizer!r}")
+                             "momentum); backend='dtensor' takes any Keras optimizer. Received: "
+                             f"optimizer={optimizer!r}")
         loss_fn = keras2().losses.get(loss)
         if not (isinstance(loss_fn, keras2().losses.SparseCategoricalCrossentropy)
                 and loss_fn.get_config().get("from_logits")):

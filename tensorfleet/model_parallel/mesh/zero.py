@@ -48,7 +48,8 @@ def zero_axis(shape: Sequence[int], mesh_axes: Sequence[str | None], batch_axis:
     when there is none, or the weight is split over ``batch_axis`` already.
 
     Example:
-        >>> zero_axis((16, 32), (None, "m"), "b", 2), zero_axis((32,), ("m",), "b", 2), zero_axis((6, 4), (None, None), "b", 4)
+        >>> (zero_axis((16, 32), (None, "m"), "b", 2), zero_axis((32,), ("m",), "b", 2),
+        ...  zero_axis((6, 4), (None, None), "b", 4))
         (0, None, 1)
     """
     if batch_axis is None or batch_axis in mesh_axes:

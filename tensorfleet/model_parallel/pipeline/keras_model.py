@@ -8,6 +8,7 @@ usual, with the step's ``bubble_fraction`` recorded beside the loss.
 from __future__ import annotations
 
 from typing import Any
+
 from tensorfleet.compat.keras import module_of
 
 __all__ = ["pipeline_keras_model"]

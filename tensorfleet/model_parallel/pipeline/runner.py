@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Sequence
 
+from tensorfleet.compat.keras import module_of
 from tensorfleet.model_parallel.chain import chain_layers
 from tensorfleet.model_parallel.pipeline.schedules import (
     SCHEDULES,
@@ -29,7 +30,6 @@ from tensorfleet.model_parallel.pipeline.schedules import (
 from tensorfleet.model_parallel.pipeline.stages import param_count, partition_layers
 from tensorfleet.model_parallel.pipeline.timeline import TimelineEvent, bubble_fraction, plot_schedule
 from tensorfleet.validation import number, positive_int
-from tensorfleet.compat.keras import module_of
 
 __all__ = ["Pipeline", "StepResult"]
 
@@ -112,8 +112,8 @@ class Pipeline:
         if devices is None:
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
             if len(devices) < needed:
-                raise ValueError(f"A pipeline of {self.num_devices} stage devices x {self.data_parallel} replicas needs "
-                                 f"{needed} devices; this machine has {len(devices)}: {devices}")
+                raise ValueError(f"A pipeline of {self.num_devices} stage devices x {self.data_parallel} replicas "
+                                 f"needs {needed} devices; this machine has {len(devices)}: {devices}")
             devices = devices[:needed]
         self.devices = list(devices)
         if len(self.devices) != needed:

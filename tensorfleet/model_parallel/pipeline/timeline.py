@@ -76,7 +76,8 @@ def simulate(orders: Sequence[Sequence[ScheduledOp]], *, forward_cost: float = 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise RuntimeError(f"The pipeline orders deadlock: {[order[i] for order, i in zip(orders, position) if i < len(order)]}")
+            raise RuntimeError("The pipeline orders deadlock: "
+                               f"{[order[i] for order, i in zip(orders, position) if i < len(order)]}")
     return events
 
 
@@ -110,7 +111,8 @@ def peak_activations(events: Sequence[TimelineEvent]) -> int:
             peak = max(peak, live)
     return peak
 
-def plot_schedule(events: Sequence[TimelineEvent], path: str | os.PathLike[str], *, title: str = "Pipeline schedule") -> Any:
+def plot_schedule(events: Sequence[TimelineEvent], path: str | os.PathLike[str], *,
+                  title: str = "Pipeline schedule") -> Any:
     """Draws the timeline as a Gantt chart (one row per device) and saves it as a PNG.
 
     Forward passes are blue, backward passes orange; each bar shows its micro-batch number,

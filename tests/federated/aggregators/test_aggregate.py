@@ -80,9 +80,11 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
     assert math.isinf(e(0.0, 10))
     assert 0 < e(1.0, 10) < e(1.0, 100)
     assert e(2.0, 100) < e(1.0, 100)
-    with pytest.raises(ValueError, match=r"clients_per_round must be an integer from 1 to 100. Received: clients_per_round=150"):
+    with pytest.raises(ValueError,
+                       match=r"clients_per_round must be an integer from 1 to 100. Received: clients_per_round=150"):
         epsilon(noise_multiplier=1.0, clients_per_round=150, num_clients=100, rounds=1)
-    with pytest.raises(ValueError, match=r"sampling must be one of 'without_replacement', 'poisson'. Received: sampling='shuffle'"):
+    with pytest.raises(ValueError,
+                       match=r"sampling must be one of 'without_replacement', 'poisson'. Received: sampling='shuffle'"):
         epsilon(noise_multiplier=1.0, clients_per_round=1, num_clients=100, rounds=1, sampling="shuffle")
 
 

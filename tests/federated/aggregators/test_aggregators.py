@@ -84,7 +84,8 @@ def test_compression_factory_sums_the_sparsified_then_quantized_updates(tff_env)
     u = rng.normal(size=(3, 10)).astype(np.float32)
     process = CompressionFactory(bits=4, sparsity=0.5).create(tff.to_type([(np.float32, (2, 3)), (np.float32, (4,))]))
     out = process.next(process.initialize(), _client_values(u))
-    expected = sum(np.concatenate([agg.quantize(agg.sparsify(row[:6], 0.5), 4), agg.quantize(agg.sparsify(row[6:], 0.5), 4)])
+    expected = sum(np.concatenate([agg.quantize(agg.sparsify(row[:6], 0.5), 4),
+                                   agg.quantize(agg.sparsify(row[6:], 0.5), 4)])
                    for row in u.astype(np.float64))
     np.testing.assert_allclose(_joined(out.result), expected, atol=1e-5)
 
@@ -108,7 +109,8 @@ def test_unknown_aggregator_and_option_are_refused():
     with pytest.raises(UnknownNameError, match=r"Unknown aggregator 'krumm'. Did you mean 'krum'\? Available: mean, "
                                                r"dp_fixed, dp_adaptive, compression, median, trimmed_mean, krum"):
         build_aggregator("krumm", clients_per_round=2)
-    with pytest.raises(TypeError, match=r"Aggregator 'median' takes no option 'beta' \(its options: none\). Received: beta=0.1"):
+    with pytest.raises(TypeError,
+                       match=r"Aggregator 'median' takes no option 'beta' \(its options: none\). Received: beta=0.1"):
         build_aggregator("median", clients_per_round=2, beta=0.1)
 
 
@@ -117,7 +119,8 @@ def test_robust_rules_reject_bad_options():
 
     with pytest.raises(ValueError, match=r"beta must be a finite number >= 0 and < 0.5. Received: beta=0.7"):
         RobustStatistic("trimmed_mean", beta=0.7)
-    with pytest.raises(ValueError, match=r"rule must be one of 'median', 'trimmed_mean', 'krum'. Received: rule='mode'"):
+    with pytest.raises(ValueError,
+                       match=r"rule must be one of 'median', 'trimmed_mean', 'krum'. Received: rule='mode'"):
         RobustStatistic("mode")
 
 

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from tensorfleet import models
-from tensorfleet.federated import Simulation, partition
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.federated import Simulation, partition
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from tensorfleet import models
-from tensorfleet.federated import Simulation, partition
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.federated import Simulation, partition
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 
@@ -80,7 +79,8 @@ def test_lanes_train_clients_side_by_side_to_the_model_of_one_lane(digits_flat, 
         monkeypatch.setattr(engine, "default_lanes", lambda clients_per_round, lanes=lanes: lanes)
         sim = Simulation(lambda: models.build("digits_mlp", hidden=8), _clients(digits_flat), algorithm, rounds=3,
                          clients_per_round=5, seed=3, progress=False, backend="compiled", aggregator=aggregator,
-                         aggregator_options=options, **({"algorithm_options": {"mu": 0.5}} if algorithm == "fedprox" else {}))
+                         aggregator_options=options,
+                         **({"algorithm_options": {"mu": 0.5}} if algorithm == "fedprox" else {}))
         sim.run()
         assert len(sim.rounds.engine._lanes) == lanes
         weights[lanes], records[lanes] = sim.final_weights(), sim.history.rounds

@@ -38,7 +38,8 @@ def test_manifest_for_four_workers_is_a_valid_deployment_and_headless_service() 
      "Document 0 (Deployment) is not a valid Kubernetes Deployment: Additional properties are not allowed "
      "('imagePolicy' was unexpected) (at spec/template/spec/containers/0)"),
     (lambda d: d[1]["spec"].__setitem__("ports", [{"port": "eighty"}]),
-     "Document 1 (Service) is not a valid Kubernetes Service: 'eighty' is not of type 'integer' (at spec/ports/0/port)"),
+     "Document 1 (Service) is not a valid Kubernetes Service: 'eighty' is not of type 'integer' "
+     "(at spec/ports/0/port)"),
 ])
 def test_schema_violations_are_reported_with_the_path(mutate: Any, message: str) -> None:
     docs = copy.deepcopy(k8s.federated_workers(replicas=2, image="tensorfleet:1"))
@@ -65,7 +66,8 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None
 def test_cli_writes_the_manifest_and_it_reads_back_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tensorfleet.cli.main import main
     out = tmp_path / "workers.yaml"
-    assert main(["k8s", "federated-workers", "--replicas", "3", "--image", "reg.example/tf:2", "--output", str(out)]) == 0
+    assert main(["k8s", "federated-workers", "--replicas", "3", "--image", "reg.example/tf:2", "--output",
+                 str(out)]) == 0
     assert "3 workers on port 8000" in capsys.readouterr().err
     docs = kube.load_yaml(out.read_text())
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]
@@ -94,7 +96,8 @@ def test_tensorflow_workers_run_the_current_tracks_worker_behind_a_headless_serv
     assert container["ports"] == [{"name": "tf-worker", "containerPort": 8471, "protocol": "TCP"}]
     assert container["readinessProbe"]["tcpSocket"] == container["livenessProbe"]["tcpSocket"] == {"port": "tf-worker"}
     assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["ports"] == [{"name": "tf-worker", "port": 8471, "targetPort": "tf-worker", "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [{"name": "tf-worker", "port": 8471, "targetPort": "tf-worker",
+                                         "protocol": "TCP"}]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == {"app": "tf-workers"}
     assert deployment["metadata"]["labels"]["app.kubernetes.io/component"] == "tf-worker"
     k8s.validate([deployment, service])

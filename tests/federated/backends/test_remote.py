@@ -14,11 +14,16 @@ import numpy as np
 import portpicker
 import pytest
 
-from tensorfleet.federated.backends.addresses import (
-    AllWorkersLostError, WorkerAddress, WorkerUnreachableError, WorkerVersionError, parse_address, parse_addresses)
-from tensorfleet.federated.backends.remote import DistributedContext, WorkerEvent
-
 from tensorfleet.compat.keras import keras2
+from tensorfleet.federated.backends.addresses import (
+    AllWorkersLostError,
+    WorkerAddress,
+    WorkerUnreachableError,
+    WorkerVersionError,
+    parse_address,
+    parse_addresses,
+)
+from tensorfleet.federated.backends.remote import DistributedContext, WorkerEvent
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

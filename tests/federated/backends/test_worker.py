@@ -15,7 +15,6 @@ import portpicker
 import pytest
 
 from tensorfleet.federated.backends.worker import Worker, WorkerPortInUseError, check_port_free
-
 from tests.conftest import reap
 
 

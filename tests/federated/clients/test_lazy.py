@@ -47,7 +47,8 @@ def test_a_client_is_made_only_when_asked_and_always_the_same() -> None:
 
 @pytest.mark.parametrize(("args", "error", "message"), [
     ((None, 10), TypeError, "make_client must be a callable taking a client index. Received: None"),
-    ((lambda i: (np.zeros((1, 1)), np.zeros(1)), 0), ValueError, "num_clients must be a positive integer. Received: num_clients=0"),
+    ((lambda i: (np.zeros((1, 1)), np.zeros(1)), 0), ValueError,
+     "num_clients must be a positive integer. Received: num_clients=0"),
     ((lambda i: (np.zeros((2, 1)), np.zeros(1)), 5), ValueError,
      "make_client(0) must return non-empty x and y of the same length. Received: len(x)=2, len(y)=1"),
 ])

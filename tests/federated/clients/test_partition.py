@@ -104,7 +104,8 @@ def test_partition_returns_client_data_with_the_clients_arrays(tmp_path):
 
 
 def test_mismatched_x_and_y_are_refused():
-    with pytest.raises(ValueError, match=r"x and y must have the same number of samples. Received: len\(x\)=3, len\(y\)=500"):
+    with pytest.raises(ValueError,
+                       match=r"x and y must have the same number of samples. Received: len\(x\)=3, len\(y\)=500"):
         partition(np.zeros((3, 2)), LABELS, num_clients=2)
 
 

@@ -7,14 +7,12 @@ import collections
 
 import numpy as np
 import pytest
-
 import tensorflow as tf
 
+from tensorfleet.compat.keras import keras2
 from tensorfleet.federated import Simulation
 from tensorfleet.federated.clients.base import ClientData
 from tensorfleet.federated.clients.xy import is_batched, xy_clients, xy_keys
-
-from tensorfleet.compat.keras import keras2
 
 tf_keras = keras2()  # the tests' Keras 2: tf_keras (tf.keras on the tff track's TensorFlow 2.14)
 

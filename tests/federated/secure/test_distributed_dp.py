@@ -98,7 +98,8 @@ def _reference_epsilon(*, clip, dp_clip, noise_multiplier, bits, clients, size, 
     l1 = min(math.sqrt(size) * l2, l2 ** 2)
     best = math.inf
     for a in range(2, 257):  # Agarwal et al. 2021, Theorem 3.5; then Canonne et al.'s conversion
-        rdp = rounds * (a * l2 ** 2 / (2 * mu) + min(((2 * a - 1) * l2 ** 2 + 6 * l1) / (4 * mu ** 2), 3 * l1 / (2 * mu)))
+        rdp = rounds * (a * l2 ** 2 / (2 * mu) + min(((2 * a - 1) * l2 ** 2 + 6 * l1) / (4 * mu ** 2),
+                                                     3 * l1 / (2 * mu)))
         best = min(best, rdp + math.log1p(-1 / a) - math.log(delta * a) / (a - 1))
     return levels, max(best, 0.0)
 

@@ -14,7 +14,12 @@ Why an engine of its own: docs/explanation-federated-engine.md.
 from tensorfleet.federated.backends.compiled.engine import CompiledFedAvg
 from tensorfleet.federated.backends.compiled.layout import NonTrainable, RoundShape, default_lanes
 from tensorfleet.federated.backends.compiled.scope import (
-    batch_dependent_layers, compiled_aggregators, compiled_algorithms, compiled_refusal, runs_compiled, unsupported,
+    batch_dependent_layers,
+    compiled_aggregators,
+    compiled_algorithms,
+    compiled_refusal,
+    runs_compiled,
+    unsupported,
 )
 
 __all__ = ["CompiledFedAvg", "NonTrainable", "RoundShape", "batch_dependent_layers", "compiled_aggregators",

@@ -14,7 +14,8 @@ from tensorfleet.federated.backends.compiled.layout import flatten, fori
 __all__ = ["add_non_trainable", "client_update"]
 
 
-def client_update(work: Any, loss_fn: Any, batch_size: int, specs: Sequence[Any], lane: tuple[Any, list[Any], list[Any]],
+def client_update(work: Any, loss_fn: Any, batch_size: int, specs: Sequence[Any],
+                  lane: tuple[Any, list[Any], list[Any]],
                   weights: list[Any], flat_weights: Any, xk: Any, yk: Any, n: Any) -> tuple[Any, Any, Any]:
     """One client's ``(update, [loss sum, correct sum], steps)``, the update flat: the delta
     ``initial - trained`` after local steps (divided by the steps under FedNova), or (FedSGD) the

@@ -27,7 +27,14 @@ from tensorfleet.compat.keras import model_variables
 from tensorfleet.federated.aggregators.parts import AggregatorPart, ClientUpdates, RoundContext
 from tensorfleet.federated.backends.compiled.client import add_non_trainable, client_update
 from tensorfleet.federated.backends.compiled.layout import (
-    NonTrainable, RoundShape, default_lanes, flatten, fori, lane_clients, pad_clients, trace_round,
+    NonTrainable,
+    RoundShape,
+    default_lanes,
+    flatten,
+    fori,
+    lane_clients,
+    pad_clients,
+    trace_round,
 )
 from tensorfleet.federated.backends.compiled.local import LocalLayers, check_per_client
 from tensorfleet.federated.backends.compiled.state import ServerVariables
@@ -256,7 +263,8 @@ class CompiledFedAvg(ServerVariables):
             sums = tf.concat([sums, tf.zeros([1])], 0)
         frozen_sum = (tf.add_n([o["frozen"] for o in outs]) if "frozen" in carried
                       else tf.zeros([self._frozen_sum_size]))
-        slots = [tf.range(j, participants, lanes)[:, None] for j in range(lanes)] if rows_kept or local is not None else []
+        slots = [tf.range(j, participants, lanes)[:, None]
+                 for j in range(lanes)] if rows_kept or local is not None else []
 
         def rows(key: str, tail: list[int]) -> Any:
             """Every lane's rows of ``key`` into their clients' slots (zeros for a value not carried)."""
@@ -302,7 +310,8 @@ class CompiledFedAvg(ServerVariables):
         return tf.concat([out, tf.stack([tf.cast(metrics[k], tf.float32) for k in self._metric_keys])], 0)
 
     def _train_impl(self, x: Any, y: Any, examples: Any, participants: Any, round_num: Any) -> Any:
-        """A ``host`` aggregator's first step in the graph: the clients' rows, aux, weights, sums and non-trainable sum."""
+        """A ``host`` aggregator's first step in the graph: the clients' rows, aux, weights, sums and non-trainable
+        sum."""
         weights, frozen, part_state = self._read()
         updates, sums, frozen_sum = self._train_clients(weights, frozen, x, y, examples, participants, part_state,
                                                         self._context(round_num))
@@ -322,7 +331,8 @@ class CompiledFedAvg(ServerVariables):
         if self.client_work.normalized:  # FedNova: tau_eff, the example-weighted mean of the local steps
             update = update * (steps_sum / tf.maximum(weight_sum, 1e-30))
         server_state = tf.nest.map_structure(lambda v: v.read_value(), self._state_vars)
-        new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights), tuple(self._unflatten(update)))
+        new_state, new_weights = self.server_optimizer.next(server_state, tuple(weights),
+                                                            tuple(self._unflatten(update)))
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(w)) for w in new_weights])
         for var, new, old in zip(self._weight_vars, new_weights, weights):
             var.assign(tf.where(finite, new, old))

@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["NonTrainable", "RoundShape", "default_lanes", "flatten", "fori", "lane_clients", "pad_clients", "trace_round"]
+__all__ = ["NonTrainable", "RoundShape", "default_lanes", "flatten", "fori", "lane_clients", "pad_clients",
+           "trace_round"]
 
 
 class NonTrainable(str, Enum):

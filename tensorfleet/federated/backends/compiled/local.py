@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+
 from tensorfleet.compat.keras import model_variables, module_of, sublayers
 
 __all__ = ["GLOBAL_BN", "LocalLayers", "batch_norm_variables", "check_per_client"]
@@ -48,7 +49,9 @@ def check_per_client(*, tff: bool, received: str, local_steps: bool = True) -> N
     Example:
         >>> check_per_client(tff=True, received="backend='tff'")
         Traceback (most recent call last):
-        ValueError: non_trainable='per_client' (FedBN: each client keeps its own BatchNormalization layers) runs on backend='compiled' only; TFF's learning processes keep no state of a client between rounds. Received: non_trainable='per_client' with backend='tff'; use backend='compiled' (or 'auto' without workers).
+        ValueError: non_trainable='per_client' (FedBN: each client keeps its own BatchNormalization layers) runs on
+        backend='compiled' only; TFF's learning processes keep no state of a client between rounds. Received:
+        non_trainable='per_client' with backend='tff'; use backend='compiled' (or 'auto' without workers).
     """
     if tff:
         raise ValueError("non_trainable='per_client' (FedBN: each client keeps its own BatchNormalization layers) "
@@ -116,7 +119,8 @@ class LocalLayers:
             if np.all(np.isfinite(row)):
                 self.states[cid] = np.array(row, np.float32)
 
-    def start(self, weights: list[Any], row: Any, specs: Sequence[Any], frozen: Sequence[Any]) -> tuple[list[Any], list[Any], Any]:
+    def start(self, weights: list[Any], row: Any, specs: Sequence[Any],
+              frozen: Sequence[Any]) -> tuple[list[Any], list[Any], Any]:
         """``(trainable, non-trainable, flat trainable)`` a client starts from: the server's ``weights`` with the
         BN layers of its ``row`` (``specs``: the trainable weights' specs; ``frozen``: the non-trainable ones)."""
         import tensorflow as tf

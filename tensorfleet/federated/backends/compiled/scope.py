@@ -36,14 +36,16 @@ def compiled_aggregators() -> list[str]:
 
 
 def runs_compiled(algorithm: str, aggregator: str | None) -> bool:
-    """Whether the compiled backend has the parts of ``algorithm`` with ``aggregator`` (canonical names; None: the mean)."""
+    """Whether the compiled backend has the parts of ``algorithm`` with ``aggregator`` (canonical names; None: the
+    mean)."""
     return algorithm in compiled_algorithms() and (aggregator is None or aggregator in compiled_aggregators())
 
 
 def unsupported(received: str) -> ValueError:
     """The error for a simulation this backend does not run; ``received`` names what was asked."""
     return ValueError(f"backend='compiled' runs {', '.join(compiled_algorithms())} with the "
-                      f"{', '.join(compiled_aggregators())} aggregators on partition() client data. Received: {received}")
+                      f"{', '.join(compiled_aggregators())} aggregators on partition() client data. Received: "
+                      f"{received}")
 
 
 def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
@@ -60,7 +62,8 @@ def batch_dependent_layers(model: Any, rows: np.ndarray) -> list[str]:
         >>> batch_dependent_layers(centering, np.ones((2, 3), np.float32))
         ['a layer of the model (its output for a row changes when zero rows join the batch)']
         >>> batch_dependent_layers(tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,)),
-        ...                                             tf.keras.layers.BatchNormalization()]), np.ones((2, 3), np.float32))
+        ...                                             tf.keras.layers.BatchNormalization()]),
+        ...                        np.ones((2, 3), np.float32))
         []
     """
     rows = np.asarray(rows)

@@ -57,7 +57,8 @@ class ServerVariables:
             raise ValueError(f"A checkpoint of this backend holds {len(targets)} tensors. Received: {len(leaves)}")
         expected = [tuple(v.shape) for v in targets]
         if [tuple(np.shape(v)) for v in leaves] != expected:
-            raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another model?).")
+            raise ValueError(f"A checkpoint's tensor shapes do not match this model's {expected[:6]}... (another "
+                             "model?).")
         for var, value in zip(targets, leaves):
             var.assign(np.asarray(value, dtype=var.dtype.as_numpy_dtype))
 

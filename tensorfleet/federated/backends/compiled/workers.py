@@ -46,7 +46,10 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from tensorfleet.federated.backends.addresses import (
-    AllWorkersLostError, WorkerAddress, WorkerUnreachableError, parse_addresses,
+    AllWorkersLostError,
+    WorkerAddress,
+    WorkerUnreachableError,
+    parse_addresses,
 )
 
 __all__ = ["DEFAULT_ROUND_TIMEOUT", "LOST_TIMEOUT", "RoundAbandoned", "TfWorker", "WorkerSet", "connect",
