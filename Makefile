@@ -85,9 +85,14 @@ test-current: install
 
 # The unit tier, for a change: the current track's tests that start no process (no clusters, launched
 # jobs, workers, servers, example scripts or TFLite Micro runs: those are marked slow); a test that
-# starts one fails here, asking to be marked slow (tests/conftest.py).
+# starts one fails here, asking to be marked slow (tests/conftest.py). Its tests run in two pytest-xdist workers:
+# -n 2, not -n auto, because the project's machines have 2 cores and a third worker would only add its own
+# TensorFlow to the same cores (each worker splits its CPU into the suite's 4 logical devices, tests/conftest.py).
+# --dist loadfile hands out whole modules: a module's fixtures are built once, in one worker, and the modules whose
+# tests share one server in order keep it. `make test` stays serial: its multi-process tests have time bounds
+# measured with the machine's cores to themselves.
 test-fast: install
-	TENSORFLEET_TEST_TIER=fast $(BIN)/python -m pytest -m "not tff and not slow" --durations=15 $(PYTEST_ARGS)
+	TENSORFLEET_TEST_TIER=fast $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tff and not slow" --durations=15 $(PYTEST_ARGS)
 
 test-tff: install-tff
 	$(BIN_TFF)/python -m pytest -m tff $(PYTEST_ARGS)

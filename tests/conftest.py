@@ -28,6 +28,11 @@ FAST_TIER = os.environ.get("TENSORFLEET_TEST_TIER") == "fast"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist (make test-fast's -n 2) each worker is a process of its own that runs this hook too, and
+    # splits its own CPU; the controller only hands out tests and runs none, so it does not start TensorFlow.
+    distributing = getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None))
+    if distributing and not hasattr(config, "workerinput"):
+        return
     from tensorfleet.strategies.devices import simulate_devices
 
     simulate_devices(NUM_LOGICAL_CPUS)

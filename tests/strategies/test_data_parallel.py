@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,21 +29,35 @@ def train(strategy: Any, split: Any) -> Any:
     return model
 
 
-CASES = [
-    ("one_device", {}),
-    ("mirrored", {"devices": ["/cpu:0", "/cpu:1"]}),
-    ("mirrored", {"devices": ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]}),
-    ("central_storage", {"compute_devices": ["/cpu:0", "/cpu:1"]}),
-]
+CASES = {
+    "one_device": ("one_device", {}),
+    "mirrored2": ("mirrored", {"devices": ["/cpu:0", "/cpu:1"]}),
+    "mirrored4": ("mirrored", {"devices": ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]}),
+    "central_storage": ("central_storage", {"compute_devices": ["/cpu:0", "/cpu:1"]}),
+}
 
 
-@pytest.mark.parametrize("name, options", CASES, ids=["one_device", "mirrored2", "mirrored4", "central_storage"])
-def test_digits_cnn_trains_to_90_percent_with_plain_fit(name, options, digits, tmp_path) -> None:
-    strategy = tfl.strategies.build(name, **options)
-    model = train(strategy, digits)
+@pytest.fixture(scope="module")
+def trained(digits) -> Callable[[str], Any]:
+    """Case id -> the model :func:`train` made under that case's strategy, trained the first time a test asks:
+    the accuracy test and the replica test read the same mirrored models, and neither changes their weights."""
+    models: dict[str, Any] = {}
+
+    def get(case: str) -> Any:
+        if case not in models:
+            name, options = CASES[case]
+            models[case] = train(tfl.strategies.build(name, **options), digits)
+        return models[case]
+
+    return get
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_digits_cnn_trains_to_90_percent_with_plain_fit(case, trained, digits, tmp_path) -> None:
+    model = trained(case)
 
     accuracy = test_accuracy(model, digits)
-    assert accuracy >= 0.90, f"{name}: test accuracy {accuracy:.3f}"
+    assert accuracy >= 0.90, f"{case}: test accuracy {accuracy:.3f}"
 
     results = model.evaluate(**tfl.strategies.evaluate_inputs(digits.x_test, digits.y_test, batch_size=BATCH,
                                                               strategy=model),
@@ -59,9 +74,8 @@ def test_digits_cnn_trains_to_90_percent_with_plain_fit(name, options, digits, t
 
 
 @pytest.mark.parametrize("devices", [2, 4])
-def test_mirrored_replicas_hold_identical_variables_after_training(devices, digits) -> None:
-    strategy = tfl.strategies.build("mirrored", devices=[f"/cpu:{i}" for i in range(devices)])
-    model = train(strategy, digits)
+def test_mirrored_replicas_hold_identical_variables_after_training(devices, trained) -> None:
+    model = trained(f"mirrored{devices}")
     for variable in model.trainable_variables:
         replicas = [v.numpy() for v in variable.values]
         assert len(replicas) == devices
