@@ -58,20 +58,24 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not FAST_TIER or "slow" in item.keywords:
         yield
         return
+    import multiprocessing.process
     import subprocess
 
-    original = subprocess.Popen.__init__
+    # Both ways a process starts: subprocess (scripts, launched tasks, servers) and multiprocessing (spawned workers).
+    popen, start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
 
     def refuse(*args: Any, **kwargs: Any) -> None:
-        pytest.fail(f"{item.nodeid} starts a process ({args[1] if len(args) > 1 else kwargs.get('args')!r}), "
-                    "in the test or one of its fixtures; the fast tier (make test-fast) starts none: mark the test "
-                    "slow", pytrace=False)
+        what = args[1] if len(args) > 1 else kwargs.get("args", args[0])
+        pytest.fail(f"{item.nodeid} starts a process ({what!r}), in the test or one of its fixtures; the fast tier "
+                    "(make test-fast) starts none: mark the test slow", pytrace=False)
 
     subprocess.Popen.__init__ = refuse  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = refuse  # type: ignore[method-assign]
     try:
         yield
     finally:
-        subprocess.Popen.__init__ = original  # type: ignore[method-assign]
+        subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
+        multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,8 @@ from tensorfleet.serving.options import ScalingOptions
 
 from .conftest import assert_float32_close, free_ports
 
+pytestmark = pytest.mark.slow  # the server's replicas are processes (multiprocessing), started by the module's fixture
+
 CONFIG = """model_config_list {
   config { name: "a" base_path: "zbase" model_platform: "tensorflow"
            model_version_policy { specific { versions: 1 } } version_labels { key: "stable" value: 1 } }
