@@ -108,6 +108,23 @@ def _check_shares(jobs: Sequence[SharedJob]) -> None:
                              f"(sum {sum(s for s in shares if isinstance(s, (int, float))):g})")
 
 
+def _check_jobs(jobs: Sequence[SharedJob], quantum: int) -> None:
+    """Every job is checked before any starts."""
+    _check_shares(jobs)
+    positive_int("quantum", quantum)
+    for job in jobs:
+        check_migration(job.out_dir, to=job.to, run=job.run, model=job_model(Path(job.job), job.args),
+                        resume=(Path(job.out_dir) / LATEST).exists())
+
+
+def _closed_gates(scratch: Path, count: int) -> list[Path]:
+    """One gate file a job in ``scratch``, each at 0 steps allowed."""
+    gates = [scratch / f"gate-{i}" for i in range(count)]
+    for gate in gates:
+        write_gate(gate, 0)
+    return gates
+
+
 @renamed(sink="log")
 def share(jobs: Sequence[SharedJob], *, quantum: int = 8, log: Callable[[str], None] | None = None,
           timeout: float | None = None) -> ShareResult:
@@ -123,17 +140,11 @@ def share(jobs: Sequence[SharedJob], *, quantum: int = 8, log: Callable[[str], N
         MigrationError: shares that do not sum to 1, fewer than two jobs, or a job that
             :func:`~tensorfleet.cluster.migration.check_migration` refuses; nothing has started.
     """
-    _check_shares(jobs)
-    positive_int("quantum", quantum)
-    for job in jobs:  # every job is checked before any starts
-        check_migration(job.out_dir, to=job.to, run=job.run, model=job_model(Path(job.job), job.args),
-                        resume=(Path(job.out_dir) / LATEST).exists())
+    _check_jobs(jobs, quantum)
     scratch = Path(tempfile.mkdtemp(prefix="tensorfleet-share-"))
-    gates = [scratch / f"gate-{i}" for i in range(len(jobs))]
+    gates = _closed_gates(scratch, len(jobs))
     done_steps: list[list[float]] = [[] for _ in jobs]
     results: list[Any] = [None] * len(jobs)
-    for gate in gates:
-        write_gate(gate, 0)
 
     def watch(i: int) -> Callable[[str], None]:
         def seen(line: str) -> None:

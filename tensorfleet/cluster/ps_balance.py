@@ -134,6 +134,21 @@ class BalancedServerTrainer(Trainer):
         self.queued += len(ids)
 
 
+def _end_epoch(trainer: BalancedServerTrainer, state: JobProgress, after: Any) -> tuple[JobProgress, Any]:
+    """Says that the epoch ended, and queues the next epoch's examples (when there is one): the state of the
+    next epoch, and the random state after its order."""
+    options = trainer.options
+    accuracy = trainer.accuracy()
+    EPOCH_ENDED_AT_STEP.say(epoch=state.epoch + 1, epochs=options.epochs, step=state.step, at=time.time(),
+                            details=("" if accuracy is None else f" accuracy {accuracy:.4f}")
+                            + f"; examples per worker {trainer.worker_examples.tolist()}")
+    state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
+    order, after = epoch_order(state.rng, state.examples)
+    if state.epoch < options.epochs:
+        trainer.fill(order)
+    return state, after
+
+
 def train_dispatched(trainer: BalancedServerTrainer, state: JobProgress) -> JobProgress:
     """:func:`~tensorfleet.cluster.resumable.train` for a balanced parameter server: the coordinator's
     dispatch, each step capped so that the steps in flight never ask the queue for more than it holds."""
@@ -162,14 +177,7 @@ def train_dispatched(trainer: BalancedServerTrainer, state: JobProgress) -> JobP
             trainer.barrier()
             state = replace(state, position=state.examples - trainer.queued)
         if state.position == state.examples:
-            accuracy = trainer.accuracy()
-            EPOCH_ENDED_AT_STEP.say(epoch=state.epoch + 1, epochs=options.epochs, step=state.step, at=time.time(),
-                                    details=("" if accuracy is None else f" accuracy {accuracy:.4f}")
-                                    + f"; examples per worker {trainer.worker_examples.tolist()}")
-            state = replace(state, epoch=state.epoch + 1, position=0, rng=after)
-            order, after = epoch_order(state.rng, state.examples)
-            if state.epoch < options.epochs:
-                trainer.fill(order)
+            state, after = _end_epoch(trainer, state, after)
         if room > 0 and options.save_every and state.step % options.save_every == 0:
             save_progress(trainer, state)
     save_progress(trainer, state)
