@@ -56,11 +56,11 @@ def test_a_replica_killed_under_load_loses_no_request(replica_server, digits_mod
     before, restarts, retries = pool.pids(), pool.restarts, pool.retries
     results: dict[int, tuple[np.ndarray, int]] = {}
     errors: list[BaseException] = []
-    stop_at = time.monotonic() + 4.0
+    done = threading.Event()
 
     def caller(k: int) -> None:
         n = 0
-        while time.monotonic() < stop_at:
+        while not done.is_set():
             i = (k * 7 + n) % 60
             try:
                 results[k * 10_000 + n] = (_predict(replica_server, images[i:i + 3]), i)
@@ -68,15 +68,22 @@ def test_a_replica_killed_under_load_loses_no_request(replica_server, digits_mod
                 errors.append(exc)
             n += 1
 
+    def answered(count: int) -> None:  # waits on the answers the callers record, at most a minute
+        deadline = time.monotonic() + 60
+        while len(results) < count and not errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     threads = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
     for thread in threads:
         thread.start()
-    time.sleep(1.0)
+    answered(12)  # the load is on: every caller has had calls answered
     os.kill(before[0], signal.SIGKILL)
+    answered(len(results) + 12)  # and calls go on being answered after the kill
+    done.set()
     for thread in threads:
         thread.join(30)
     assert errors == []
-    assert len(results) > 20
+    assert len(results) >= 24
     for result, i in results.values():
         assert_float32_close(result, expected[i:i + 3])
     deadline = time.monotonic() + 60
