@@ -61,16 +61,10 @@ demo: install
 # Both tracks and the site's build run even when one fails; the target fails if any did. Each track
 # lists its slowest tests, so that a run shows where the suite's time goes. The build
 # comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
-# The current track runs in two parts: the unit tier in two workers, as `make test-fast` does (its tests start no
-# process; a worker that crashes ends the run instead of being replaced), then the slow tier serially, since its
-# multi-process tests have time bounds measured with the machine's cores to themselves.
 test: install install-tff
 	@status=0; \
-	echo "== current track, unit tier: $(BIN)/python -m pytest -n 2 -m 'not tff and not slow'"; \
-	$(BIN)/python -m pytest -n 2 --dist loadfile --max-worker-restart 0 -m "not tff and not slow" --durations=10 \
-	  $(PYTEST_ARGS) || status=$$?; \
-	echo "== current track, slow tier: $(BIN)/python -m pytest -m 'not tff and slow'"; \
-	$(BIN)/python -m pytest -m "not tff and slow" --durations=25 $(PYTEST_ARGS) || status=$$?; \
+	echo "== current track: $(BIN)/python -m pytest -m 'not tff'"; \
+	$(BIN)/python -m pytest -m "not tff" --durations=25 $(PYTEST_ARGS) || status=$$?; \
 	echo "== tff track: $(BIN_TFF)/python -m pytest -m tff"; \
 	$(BIN_TFF)/python -m pytest -m tff --durations=10 $(PYTEST_ARGS) || status=$$?; \
 	echo "== docs: $(BIN)/mkdocs build --strict"; \
@@ -95,7 +89,8 @@ test-current: install
 # -n 2, not -n auto, because the project's machines have 2 cores and a third worker would only add its own
 # TensorFlow to the same cores (each worker splits its CPU into the suite's 4 logical devices, tests/conftest.py).
 # --dist loadfile hands out whole modules: a module's fixtures are built once, in one worker, and the modules whose
-# tests share one server in order keep it. `make test` runs this tier the same way and its slow tier serially.
+# tests share one server in order keep it. `make test` stays serial: its multi-process tests have time bounds
+# measured with the machine's cores to themselves.
 test-fast: install
 	TENSORFLEET_TEST_TIER=fast $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tff and not slow" --durations=15 $(PYTEST_ARGS)
 
