@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 
 __all__ = [
     "UnknownOptionError", "boolean", "choice", "optional_boolean", "integer", "number", "parse_bandwidth",
-    "parse_bytes", "parse_count", "parse_duration", "port", "positive_int", "renamed", "renamed_field", "take_renamed",
+    "parse_bytes", "parse_count", "parse_duration", "port", "positive_int", "renamed", "renamed_fields", "take_renamed",
 ]
 
 E = TypeVar("E", bound=Enum)
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=type)
 
 
 class UnknownOptionError(TypeError, ValueError):
@@ -365,23 +366,36 @@ def renamed(**old_to_new: str | tuple[str, Callable[[Any], Any]]) -> Callable[[F
     return decorate
 
 
-def renamed_field(owner: str, old: str, new: str, *, convert: Callable[[Any], Any] | None = None) -> property:
-    """A read-only attribute under the older name ``old`` of the field ``new`` of class ``owner``, for one release
-    (docs/glossary.md): it warns as :func:`take_renamed` does. ``convert`` turns the new value into the older
-    name's (``quiet`` is ``not verbose``).
+def renamed_fields(**old_to_new: str | tuple[str, Callable[[Any], Any]]) -> Callable[[C], C]:
+    """Class decorator (over ``@dataclass``): the class's fields once had other names (``old=new``,
+    docs/glossary.md). For one release the constructor takes the older keywords (as :func:`renamed`) and the
+    older names read the new fields, each with a DeprecationWarning. ``old=(new, convert)`` where the older name
+    meant the opposite: ``convert`` maps either meaning to the other (``operator.not_``).
 
     Example:
-        >>> class Output:
-        ...     verbose = False
-        ...     quiet = renamed_field("Output", "quiet", "verbose", convert=lambda verbose: not verbose)
-        >>> import warnings
+        >>> import dataclasses, operator, warnings
+        >>> @renamed_fields(quiet=("verbose", operator.not_))
+        ... @dataclasses.dataclass
+        ... class Output:
+        ...     verbose: bool = False
         >>> with warnings.catch_warnings(record=True) as seen:
         ...     warnings.simplefilter("always")
-        ...     Output().quiet
-        True
-        >>> str(seen[0].message)
+        ...     Output(quiet=False).quiet
+        False
+        >>> [str(w.message) for w in seen][1]
         'Output.quiet is now Output.verbose; the older name will stop working in the next release.'
     """
+    def decorate(cls: C) -> C:
+        cls.__init__ = renamed(**old_to_new)(cls.__init__)  # type: ignore[misc]
+        for old, spec in old_to_new.items():
+            new, convert = (spec, None) if isinstance(spec, str) else spec
+            setattr(cls, old, _older_name(cls.__name__, old, new, convert))
+        return cls
+    return decorate
+
+
+def _older_name(owner: str, old: str, new: str, convert: Callable[[Any], Any] | None) -> property:
+    """A read-only attribute ``old`` that reads the field ``new`` (converted) and warns as :func:`take_renamed`."""
     def read(self: Any) -> Any:
         warnings.warn(f"{owner}.{old} is now {owner}.{new}; the older name will stop working in the next release.",
                       DeprecationWarning, stacklevel=2)

@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from tensorfleet.validation import integer, number, renamed, renamed_field
+from tensorfleet.validation import integer, number, renamed_fields
 
 __all__ = ["Recovery", "TaskCommand", "TaskOutput", "Timeouts"]
 
@@ -85,6 +85,7 @@ class Timeouts:
         number("evaluator_timeout", self.evaluator_timeout, minimum=0)
 
 
+@renamed_fields(sink="log", quiet=("verbose", operator.not_))
 @dataclass(frozen=True)
 class TaskOutput:
     """Where the tasks' output lines go and how they are shown.
@@ -118,13 +119,6 @@ class TaskOutput:
             except (re.error, TypeError) as exc:
                 raise ValueError(f"stop_when must be a regular expression ({exc}). "
                                  f"Received: stop_when={self.stop_when!r}") from None
-
-    sink = renamed_field("TaskOutput", "sink", "log")
-    quiet = renamed_field("TaskOutput", "quiet", "verbose", convert=operator.not_)
-
-
-TaskOutput.__init__ = renamed(sink="log", quiet=("verbose", operator.not_))(  # type: ignore[method-assign]
-    TaskOutput.__init__)
 
 
 @dataclass(frozen=True)

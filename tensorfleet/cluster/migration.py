@@ -57,7 +57,7 @@ from tensorfleet.cluster.jobstate import CheckpointError, JobProgress, check_sam
 from tensorfleet.cluster.processes import JobMode
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.testing.hooks import active
-from tensorfleet.validation import choice, integer, positive_int, renamed, renamed_field
+from tensorfleet.validation import choice, integer, positive_int, renamed, renamed_fields
 
 __all__ = ["MigrationError", "MigrationStrategy", "Placement", "RunOptions", "TaskOptions", "check_mesh_batches",
            "check_migration", "job_model", "migrate"]
@@ -172,6 +172,7 @@ class RunOptions:
         return replace(base, **changes)
 
 
+@renamed_fields(directory="out_dir")
 @dataclass(frozen=True, kw_only=True)
 class TaskOptions(RunOptions):
     """What a trainer task is told (:data:`~tensorfleet.cluster.contract.ENV_MIGRATION`): the run's options
@@ -199,8 +200,6 @@ class TaskOptions(RunOptions):
         positive_int("devices", self.devices)
         if self.slowdown is not None:  # a tuple, also when read back from JSON
             object.__setattr__(self, "slowdown", tuple(float(f) for f in self.slowdown))
-
-    directory = renamed_field("TaskOptions", "directory", "out_dir")
 
     @classmethod
     @renamed(directory="out_dir")
@@ -233,9 +232,6 @@ class TaskOptions(RunOptions):
         if "directory" in record and "out_dir" not in record:  # written by the previous release
             record["out_dir"] = record.pop("directory")
         return cls(**record)
-
-
-TaskOptions.__init__ = renamed(directory="out_dir")(TaskOptions.__init__)  # type: ignore[method-assign]
 
 
 @renamed(directory="out_dir")

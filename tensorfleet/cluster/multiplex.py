@@ -33,10 +33,11 @@ from tensorfleet.cluster.contract import STEP_DONE, write_gate
 from tensorfleet.cluster.jobstate import LATEST
 from tensorfleet.cluster.migration import MigrationError, Placement, RunOptions, check_migration, job_model, migrate
 from tensorfleet.cluster.result import LaunchResult
-from tensorfleet.validation import positive_int, renamed, renamed_field
+from tensorfleet.validation import positive_int, renamed, renamed_fields
 
 __all__ = ["ShareResult", "SharedJob", "share"]
 
+@renamed_fields(directory="out_dir")
 @dataclass(frozen=True)
 class SharedJob:
     """One job of a shared set: what :func:`~tensorfleet.cluster.migration.migrate` takes, and its share."""
@@ -48,11 +49,6 @@ class SharedJob:
     share: float = 0.5
     #: The job file's arguments (see :func:`~tensorfleet.cluster.migration.migrate`).
     args: Sequence[str] = ()
-
-    directory = renamed_field("SharedJob", "directory", "out_dir")
-
-
-SharedJob.__init__ = renamed(directory="out_dir")(SharedJob.__init__)  # type: ignore[method-assign]
 
 
 @dataclass

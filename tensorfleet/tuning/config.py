@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorfleet.io import write_json
-from tensorfleet.validation import choice, integer, optional_boolean, positive_int, renamed
+from tensorfleet.validation import choice, integer, optional_boolean, positive_int, renamed, renamed_fields
 
 __all__ = ["SearchAlgorithm", "Direction", "SearchConfig", "TRIAL_STRATEGIES", "TunerKerasError", "check_saved_search",
            "enum_options", "fresh_to_resume", "should_resume", "check_script", "SCRIPT_FUNCTIONS"]
@@ -53,6 +53,7 @@ class Direction(str, Enum):
     MIN = "min"
 
 
+@renamed_fields(out="out_dir")
 @dataclass(frozen=True)
 class SearchConfig:
     """The options of one search, validated on construction.
@@ -187,9 +188,6 @@ def check_saved_search(project: str | Path) -> None:
         if not isinstance(state, dict):
             raise UnreadableFileError(f"{str(path)!r} is not the JSON state of a saved search ({state}); "
                                       "resume=False (--fresh) starts the search over.")
-
-
-SearchConfig.__init__ = renamed(out="out_dir")(SearchConfig.__init__)  # type: ignore[method-assign]
 
 
 def enum_options(direction: str | Direction | None, algorithm: str | SearchAlgorithm) -> dict[str, Any]:

@@ -28,7 +28,6 @@ import shutil
 import signal
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -49,7 +48,7 @@ from tensorfleet.tuning.config import (
 )
 from tensorfleet.tuning.results import TrialRecord, best_record, read_results
 from tensorfleet.tuning.task import ERROR_MARK, KERAS_MARK, MARK, PROJECT, TunerKerasError
-from tensorfleet.validation import renamed
+from tensorfleet.validation import renamed, renamed_fields
 
 __all__ = ["SearchResult", "Supervision", "TrialOptions", "TuningError", "describe", "search"]
 
@@ -61,6 +60,7 @@ class TuningError(RuntimeError):
     """The search could not finish (a chief that died, a worker that kept dying, a time-out)."""
 
 
+@renamed_fields(out="out_dir")
 @dataclass(frozen=True)
 class SearchResult:
     """What a finished search left in ``out_dir``: its records, the best and the time it took."""
@@ -77,16 +77,6 @@ class SearchResult:
     @property
     def completed(self) -> int:
         return sum(r.status == "COMPLETED" for r in self.trials)
-
-    @property
-    def out(self) -> Path:
-        """The older name of :attr:`out_dir`, for one release."""
-        warnings.warn("SearchResult.out is now SearchResult.out_dir; the older name will stop working in the next "
-                      "release.", DeprecationWarning, stacklevel=2)
-        return self.out_dir
-
-
-SearchResult.__init__ = renamed(out="out_dir")(SearchResult.__init__)  # type: ignore[method-assign]
 
 
 class _SearchJob(LocalJob):
