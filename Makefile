@@ -61,12 +61,19 @@ demo: install
 # Both tracks and the site's build run even when one fails; the target fails if any did. Each track
 # lists its slowest tests, so that a run shows where the suite's time goes. The build
 # comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
+#
+# Each track runs in two pytest-xdist workers (XDIST; `make test XDIST=` runs one serially). In one process the
+# multi-process tests leave about a third of the 2 cores idle (each waits on its children's start-up and
+# rendezvous); on 2026-12-06 (2-core AMD EPYC) the current track took 30:35 serially and 22:56 in two workers
+# (CHANGELOG.md). --dist loadfile keeps a module's tests, and so its fixtures, in one worker.
+XDIST ?= -n 2 --dist loadfile
+XDIST_TFF ?= $(XDIST)
 test: install install-tff
 	@status=0; \
 	echo "== current track: $(BIN)/python -m pytest -m 'not tff'"; \
-	$(BIN)/python -m pytest -m "not tff" --durations=25 $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -m "not tff" $(XDIST) --durations=25 $(PYTEST_ARGS) || status=$$?; \
 	echo "== tff track: $(BIN_TFF)/python -m pytest -m tff"; \
-	$(BIN_TFF)/python -m pytest -m tff --durations=10 $(PYTEST_ARGS) || status=$$?; \
+	$(BIN_TFF)/python -m pytest -m tff $(XDIST_TFF) --durations=10 $(PYTEST_ARGS) || status=$$?; \
 	echo "== docs: $(BIN)/mkdocs build --strict"; \
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet || status=$$?; \
 	exit $$status
@@ -89,8 +96,7 @@ test-current: install
 # -n 2, not -n auto, because the project's machines have 2 cores and a third worker would only add its own
 # TensorFlow to the same cores (each worker splits its CPU into the suite's 4 logical devices, tests/conftest.py).
 # --dist loadfile hands out whole modules: a module's fixtures are built once, in one worker, and the modules whose
-# tests share one server in order keep it. `make test` stays serial: its multi-process tests have time bounds
-# measured with the machine's cores to themselves.
+# tests share one server in order keep it. `make test` runs its tracks in two workers the same way ($(XDIST)).
 test-fast: install
 	TENSORFLEET_TEST_TIER=fast $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tff and not slow" --durations=15 $(PYTEST_ARGS)
 

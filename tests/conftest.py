@@ -78,6 +78,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """A test (or a fixture it used) that leaves TF_USE_LEGACY_KERAS set fails in its teardown, naming itself: the
+    suite's process is a user's default one, and a later test in the same process would see tf_keras chosen."""
+    result = yield
+    leaked = os.environ.pop("TF_USE_LEGACY_KERAS", None)
+    if leaked is not None:
+        raise AssertionError(f"{item.nodeid} left TF_USE_LEGACY_KERAS={leaked!r} in the suite's process (removed "
+                             "now): set it with monkeypatch.setenv, or in a child's environment only")
+    return result
+
+
 @pytest.fixture(scope="session")
 def logical_cpus() -> list[str]:
     from tensorfleet.strategies.devices import logical_device_names
