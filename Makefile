@@ -62,8 +62,8 @@ demo: install
 # lists its slowest tests, so that a run shows where the suite's time goes. The build
 # comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
 #
-# Each track runs serially; `make test XDIST="-n 2 --dist loadfile"` runs it in two pytest-xdist workers. In one process the
-# multi-process tests leave about a third of the 2 cores idle (each waits on its children's start-up and
+# Each track runs serially; `make test XDIST="-n 2 --dist loadfile"` runs it in two pytest-xdist workers.
+# In one process the multi-process tests leave about a third of the 2 cores idle (each waits on its children's start-up and
 # rendezvous); on 2026-12-06 (2-core AMD EPYC) the current track took 30:35 serially and 22:56 in two workers
 # (CHANGELOG.md). --dist loadfile keeps a module's tests, and so its fixtures, in one worker.
 XDIST ?=
@@ -96,7 +96,7 @@ test-current: install
 # -n 2, not -n auto, because the project's machines have 2 cores and a third worker would only add its own
 # TensorFlow to the same cores (each worker splits its CPU into the suite's 4 logical devices, tests/conftest.py).
 # --dist loadfile hands out whole modules: a module's fixtures are built once, in one worker, and the modules whose
-# tests share one server in order keep it. `make test` runs its tracks in two workers the same way ($(XDIST)).
+# tests share one server in order keep it. `make test` runs serially unless given XDIST (above).
 test-fast: install
 	TENSORFLEET_TEST_TIER=fast $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tff and not slow" --durations=15 $(PYTEST_ARGS)
 
