@@ -63,9 +63,10 @@ demo: install
 # comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
 #
 # Each track runs serially; `make test XDIST="-n 2 --dist loadfile"` runs it in two pytest-xdist workers.
-# In one process the multi-process tests leave about a third of the 2 cores idle (each waits on its children's start-up and
-# rendezvous); on 2026-12-06 (2-core AMD EPYC) the current track took 30:35 serially and 22:56 in two workers
-# (CHANGELOG.md). --dist loadfile keeps a module's tests, and so its fixtures, in one worker.
+# In one process the multi-process tests leave about a third of the 2 cores idle (each waits on its
+# children's start-up and rendezvous); on 2026-12-06 (2-core AMD EPYC) the current track took 30:35 serially
+# and 22:56 in two workers, but one of three such runs lost a worker to a gRPC abort (CHANGELOG.md).
+# --dist loadfile keeps a module's tests, and so its fixtures, in one worker.
 XDIST ?=
 XDIST_TFF ?= $(XDIST)
 test: install install-tff
