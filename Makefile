@@ -62,13 +62,14 @@ demo: install
 # lists its slowest tests, so that a run shows where the suite's time goes. The build
 # comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
 #
-# Each track runs serially; `make test XDIST="-n 2 --dist loadfile"` runs it in two pytest-xdist workers.
-# In one process the multi-process tests leave about a third of the 2 cores idle (each waits on its
-# children's start-up and rendezvous); on 2026-12-06 (2-core AMD EPYC) the current track took 30:35 serially
-# and 22:56 in two workers, but one of three such runs lost a worker to a gRPC abort (CHANGELOG.md).
-# --dist loadfile keeps a module's tests, and so its fixtures, in one worker.
-XDIST ?=
-XDIST_TFF ?= $(XDIST)
+# The current track runs in two pytest-xdist workers (--dist loadfile keeps a module's tests, and so
+# its fixtures, in one worker); serially its multi-process tests leave about a third of the 2 cores
+# idle, each waiting on its children's start-up and rendezvous. On 2026-12-06 (2-core AMD EPYC) it
+# took 30:35 serially and 20:02 to 22:56 in two workers. The tff track stays serial: 4:04 and 4:27
+# serially, 2:26 and 8:19 in two workers (its TFF workers contend). `make test XDIST=` runs the current
+# track serially too; `XDIST_TFF="-n 2 --dist loadfile"` runs the tff track in two workers.
+XDIST ?= -n 2 --dist loadfile
+XDIST_TFF ?=
 test: install install-tff
 	@status=0; \
 	echo "== current track: $(BIN)/python -m pytest -m 'not tff'"; \
@@ -89,7 +90,7 @@ docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 test-current: install
-	$(BIN)/python -m pytest -m "not tff" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not tff" $(XDIST) $(PYTEST_ARGS)
 
 # The unit tier, for a change: the current track's tests that start no process (no clusters, launched
 # jobs, workers, servers, example scripts or TFLite Micro runs: those are marked slow); a test that

@@ -8,10 +8,14 @@ Runs examples/train_digits_multiworker.py through tensorfleet's launcher:
   last epoch (epoch 1 carries tracing and warm-up);
 * recovery: a 2-worker run in which worker 1 is SIGKILLed during epoch 3; the time from
   the kill to the restarted job's "resumed from backup" line and to its first completed
-  epoch, with a PNG timeline of the run (``--plot``).
+  epoch, with a PNG timeline of the run (``--plot``);
+* pollers (``--pollers``, instead of the above): 2 workers with gRPC's ``poll`` poller (the
+  launcher's default, see tensorfleet/netbind.py) and with ``epoll1`` (gRPC's own default),
+  alternated ``--rounds`` times: median examples/s and wall, and their ratio.
 
 Example:
     python bench/launch_scaling.py --rounds 3
+    python bench/launch_scaling.py --pollers --rounds 4
 """
 
 from __future__ import annotations
@@ -44,7 +48,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="digits_cnn")
     parser.add_argument("--plot", default=str(ROOT / "bench" / "out" / "launch_recovery.png"),
                         help="PNG timeline of the (first) kill-and-resume run")
+    parser.add_argument("--pollers", action="store_true",
+                        help="compare gRPC's poll and epoll1 pollers at 2 workers instead")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1. Received: {args.rounds}")
+    if args.pollers:
+        _pollers(args)
+        return
 
     from tensorfleet import testing
     from tensorfleet.cluster.launcher import Recovery, TaskOutput, Timeouts, launch
@@ -91,6 +102,34 @@ def main(argv: list[str] | None = None) -> None:
     for k, (resumed, epoch_done, wall) in enumerate(recovery):
         print(f"  kill -> resumed from backup: {resumed:.1f} s; kill -> resumed epoch finished: {epoch_done:.1f} s "
               f"(run {k}, whole job {wall:.1f} s)")
+
+
+def _pollers(args: argparse.Namespace) -> None:
+    from tensorfleet.cluster.launcher import Recovery, TaskCommand, TaskOutput, Timeouts, launch
+
+    common = ["--model", args.model, "--epochs", str(args.epochs), "--examples-per-epoch",
+              str(args.examples_per_epoch), "--global-batch-size", "64", "--batch-policy", "keep_global"]
+    order = ("poll", "epoll1")
+    rates: dict[str, list[float]] = {p: [] for p in order}
+    walls: dict[str, list[float]] = {p: [] for p in order}
+    with tempfile.TemporaryDirectory() as scratch:
+        runs = [(r, p) for r in range(args.rounds) for p in (order if r % 2 == 0 else order[::-1])]
+        for i, (_, poller) in enumerate(tqdm(runs, desc="poller runs", file=sys.stderr)):
+            result = launch(SCRIPT, common, workers=2, command=TaskCommand(env={"GRPC_POLL_STRATEGY": poller}),
+                            recovery=Recovery(backup_dir=Path(scratch) / f"p{i}"), timeouts=Timeouts(timeout=300),
+                            output=TaskOutput(log=None))
+            if result.returncode != 0:
+                raise RuntimeError(f"a run with GRPC_POLL_STRATEGY={poller} failed: {result.error}")
+            rates[poller].append(_throughput(result, args.epochs, args.examples_per_epoch))
+            walls[poller].append(result.duration)
+    print(f"gRPC pollers: {args.model}, 2 workers, {args.epochs} epochs x {args.examples_per_epoch} examples, "
+          f"global batch 64, {args.rounds} alternating rounds")
+    for poller in order:
+        print(f"  {poller:>6}: median {statistics.median(rates[poller]):8.1f} examples/s "
+              f"(runs: {', '.join(f'{x:.1f}' for x in rates[poller])}); median wall "
+              f"{statistics.median(walls[poller]):.1f} s")
+    print(f"  ratio poll / epoll1 (median throughput): "
+          f"{statistics.median(rates['poll']) / statistics.median(rates['epoll1']):.3f}x")
 
 
 if __name__ == "__main__":
