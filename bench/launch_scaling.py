@@ -11,7 +11,8 @@ Runs examples/train_digits_multiworker.py through tensorfleet's launcher:
   epoch, with a PNG timeline of the run (``--plot``);
 * pollers (``--pollers``, instead of the above): 2 workers with gRPC's ``poll`` poller (the
   launcher's default, see tensorfleet/netbind.py) and with ``epoll1`` (gRPC's own default),
-  alternated ``--rounds`` times: median examples/s and wall, and their ratio.
+  alternated ``--rounds`` times: median examples/s, wall and the tasks' CPU time (user + system,
+  from this process's reaped children), and their ratios.
 
 Example:
     python bench/launch_scaling.py --rounds 3
@@ -21,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import tempfile
@@ -112,9 +114,11 @@ def _pollers(args: argparse.Namespace) -> None:
     order = ("poll", "epoll1")
     rates: dict[str, list[float]] = {p: [] for p in order}
     walls: dict[str, list[float]] = {p: [] for p in order}
+    cpus: dict[str, list[float]] = {p: [] for p in order}
     with tempfile.TemporaryDirectory() as scratch:
         runs = [(r, p) for r in range(args.rounds) for p in (order if r % 2 == 0 else order[::-1])]
         for i, (_, poller) in enumerate(tqdm(runs, desc="poller runs", file=sys.stderr)):
+            before = _children_cpu()
             result = launch(SCRIPT, common, workers=2, command=TaskCommand(env={"GRPC_POLL_STRATEGY": poller}),
                             recovery=Recovery(backup_dir=Path(scratch) / f"p{i}"), timeouts=Timeouts(timeout=300),
                             output=TaskOutput(log=None))
@@ -122,14 +126,23 @@ def _pollers(args: argparse.Namespace) -> None:
                 raise RuntimeError(f"a run with GRPC_POLL_STRATEGY={poller} failed: {result.error}")
             rates[poller].append(_throughput(result, args.epochs, args.examples_per_epoch))
             walls[poller].append(result.duration)
+            cpus[poller].append(_children_cpu() - before)
     print(f"gRPC pollers: {args.model}, 2 workers, {args.epochs} epochs x {args.examples_per_epoch} examples, "
           f"global batch 64, {args.rounds} alternating rounds")
     for poller in order:
         print(f"  {poller:>6}: median {statistics.median(rates[poller]):8.1f} examples/s "
               f"(runs: {', '.join(f'{x:.1f}' for x in rates[poller])}); median wall "
-              f"{statistics.median(walls[poller]):.1f} s")
+              f"{statistics.median(walls[poller]):.1f} s; median CPU {statistics.median(cpus[poller]):.1f} s "
+              f"(runs: {', '.join(f'{x:.1f}' for x in cpus[poller])})")
     print(f"  ratio poll / epoll1 (median throughput): "
-          f"{statistics.median(rates['poll']) / statistics.median(rates['epoll1']):.3f}x")
+          f"{statistics.median(rates['poll']) / statistics.median(rates['epoll1']):.3f}x; "
+          f"(median CPU): {statistics.median(cpus['poll']) / statistics.median(cpus['epoll1']):.3f}x")
+
+
+def _children_cpu() -> float:
+    """User + system seconds of this process's reaped children (the launched tasks)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 if __name__ == "__main__":
