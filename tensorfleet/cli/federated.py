@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import os
 from enum import Enum
 from pathlib import Path
@@ -104,7 +105,10 @@ def run(**flags: Any) -> None:
                "rounds": last.get("round", 0)}
     for key in ("train_accuracy", "test_accuracy", "fed_eval_accuracy", "epsilon"):
         if key in last:
-            summary[key] = round(float(last[key]), 4)
+            value = float(last[key])
+            # JSON has no infinity: an unbounded epsilon (no noise) is written null, so that every JSON reader
+            # parses the line.
+            summary[key] = round(value, 4) if math.isfinite(value) else None
     if cfg["out_dir"]:
         summary["out_dir"] = cfg["out_dir"]
     typer.echo(json.dumps(summary))

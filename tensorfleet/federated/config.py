@@ -126,14 +126,16 @@ class SimulationConfig:
     local_epochs: int = option(1, positive_int, "Passes over its data each sampled client makes per round.",
                                trajectory=True, example=2)
     client_optimizer: Optional[str] = option(
-        None, optional_text, "The clients' optimizer (default: the algorithm's): sgd, sgdm, adam, adagrad, yogi.",
+        None, optional_text,
+        "The clients' optimizer (default: the algorithm's): sgd, sgdm, adam, adagrad, yogi, rmsprop.",
         trajectory=True, example="adam")
     client_learning_rate: Optional[float] = option(
         None, lambda k, v: number(k, v, above=0, optional=True),
         "The client optimizer's learning rate (default: the algorithm's).", trajectory=True, example=0.05,
         aliases=("client_lr",))
     server_optimizer: Optional[str] = option(
-        None, optional_text, "The server's optimizer (default: the algorithm's): sgd, sgdm, adam, adagrad, yogi.",
+        None, optional_text,
+        "The server's optimizer (default: the algorithm's): sgd, sgdm, adam, adagrad, yogi, rmsprop.",
         trajectory=True, example="sgdm")
     server_learning_rate: Optional[float] = option(
         None, lambda k, v: number(k, v, above=0, optional=True),

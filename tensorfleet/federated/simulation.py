@@ -100,6 +100,10 @@ class Simulation:
 
         if not callable(model_fn):
             raise TypeError(f"model_fn must be a no-argument callable returning a Keras model. Received: {model_fn!r}")
+        if hasattr(model_fn, "get_weights") and hasattr(model_fn, "layers"):  # a built model (either Keras) is callable
+            raise TypeError("model_fn must be a no-argument callable that builds a new Keras model (the run builds "
+                            "its own copies from it), not a model. Received: a model of type "
+                            f"{type(model_fn).__name__}; pass a function, such as lambda: keras.Sequential([...])")
         as_client_data(clients)  # a TypeError naming what clients may be
         self.model_fn = model_fn
         self.config = SimulationConfig.from_options(algorithm, **options)

@@ -191,6 +191,15 @@ def test_run_on_the_default_backend_needs_no_tff_and_says_compiled(capsys, tmp_p
     assert last["backend"] == "compiled" and last["rounds"] == 2 and 0.0 <= last["test_accuracy"] <= 1.0
 
 
+def test_the_result_line_is_strict_json_when_epsilon_is_unbounded(capsys):
+    # Secure aggregation without noise spends an unbounded epsilon: JSON has no Infinity, so it is null.
+    assert main(["federated", "run", "--clients", "12", "--rounds", "1", "--clients-per-round", "4",
+                 "--aggregator", "secagg", "--no-progress"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    last = json.loads(line, parse_constant=lambda name: pytest.fail(f"not strict JSON: {name} in {line}"))
+    assert last["rounds"] == 1 and last["epsilon"] is None
+
+
 def test_a_model_path_that_is_no_keras_model_file_exits_2_naming_it(capsys, tmp_path):
     damaged = tmp_path / "damaged.keras"
     damaged.write_bytes(bytes(range(256)) * 4)

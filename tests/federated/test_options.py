@@ -119,3 +119,11 @@ def test_round_timeout_without_the_compiled_backends_workers_is_refused():
         SimulationConfig(round_timeout=30)
     with pytest.raises(ValueError, match=r"round_timeout must be a finite number > 0\. Received: round_timeout=0"):
         SimulationConfig(round_timeout=0, workers="127.0.0.1:8000", backend="compiled")
+
+
+@pytest.mark.parametrize("option", ["client_optimizer", "server_optimizer"])
+def test_the_optimizer_options_help_lists_every_registered_optimizer(option: str) -> None:
+    from tensorfleet.federated import OPTIMIZERS
+
+    listed = SIMULATION[option].help.rsplit(":", 1)[1].rstrip(".").replace(" ", "").split(",")
+    assert sorted(listed) == sorted(OPTIMIZERS.names())

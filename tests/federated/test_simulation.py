@@ -168,6 +168,15 @@ def test_bad_arguments_fail_at_construction(clients, kwargs, error, message):
         Simulation(tiny, clients, **kwargs)
 
 
+@pytest.mark.parametrize("keras_name", ["keras3", "tf_keras"])
+def test_a_built_model_in_place_of_model_fn_is_refused_at_construction(clients, keras_name):
+    model = models.build("digits_mlp", keras=keras_name)
+    with pytest.raises(TypeError, match=r"model_fn must be a no-argument callable that builds a new Keras model "
+                                        r"\(the run builds its own copies from it\), not a model. Received: a model "
+                                        r"of type Functional; pass a function, such as lambda: keras.Sequential"):
+        Simulation(model, clients, rounds=1, clients_per_round=2, progress=False)
+
+
 def test_a_model_whose_input_does_not_match_the_data_is_refused(clients):
     sim = Simulation(lambda: models.build("digits_cnn"), clients, rounds=1, clients_per_round=2, progress=False)
     with pytest.raises(ValueError, match=r"The model's input shape does not match the client data: the model takes "
