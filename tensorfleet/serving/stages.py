@@ -122,6 +122,14 @@ def _chain(model: Any) -> list[Any]:
     layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
     if not layers:
         raise ValueError(f"Model {model.name!r} has no layers to split into stages.")
+    if isinstance(model, keras.Sequential):
+        # A Sequential is a chain by construction. Its graph cannot be walked through layer.input/output: one
+        # loaded from a .keras file is built twice, and its first layer's `output` is the first build's, not the
+        # tensor the next layer reads.
+        repeated = next((layer for i, layer in enumerate(layers) if layer in layers[:i]), None)
+        if repeated is not None:
+            _not_a_chain(model, repeated, "is used more than once")
+        return layers
     expected, previous = model.inputs[0], None
     for layer in layers:
         if layer.input is not expected:

@@ -116,6 +116,27 @@ def test_a_keras3_model_is_served_over_rest_and_grpc_with_warmup_and_stages(
         server.stop()
 
 
+def test_a_keras3_sequential_loaded_from_a_keras_file_is_served_in_stages(tmp_path, keras3):
+    # Loading builds a Sequential twice: its first layer's `output` is not the tensor the next layer reads.
+    from tensorfleet.serving import export
+
+    saved = keras3.Sequential([keras3.Input((12,)), keras3.layers.Dense(16, activation="relu", name="hidden"),
+                               keras3.layers.Dense(3, name="scores")])
+    saved.save(tmp_path / "chain.keras")
+    model = keras3.models.load_model(tmp_path / "chain.keras")
+    assert export(model, tmp_path / "chain", version=1, stages=2).stages == ("stage_0", "stage_1")
+    x = np.random.default_rng(0).normal(size=(7, 12)).astype(np.float32)
+    server = start_server(tmp_path / "chain", stages=StageOptions(2, micro_batches=2))
+    try:
+        assert_float32_close(_rest(server, x), model.predict(x, verbose=0))
+    finally:
+        server.stop()
+    twice = keras3.layers.Dense(12, name="twice")
+    with pytest.raises(ValueError, match=r"layer 'twice' of model '.*' does not\. .* Received: layer 'twice' of "
+                                         r"type Dense, which is used more than once"):
+        export(keras3.Sequential([keras3.Input((12,)), twice, twice]), tmp_path / "twice", version=1, stages=2)
+
+
 def test_a_keras3_model_that_is_not_a_chain_cannot_be_staged_and_says_why(tmp_path, keras3):
     from tensorfleet.serving import export
 
