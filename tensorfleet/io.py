@@ -21,8 +21,8 @@ import secrets
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-__all__ = ["UnreadableFileError", "UnwritablePathError", "atomic_write", "existing_file", "existing_folder",
-           "read_text", "check_writable", "write_bytes", "write_text", "write_json",
+__all__ = ["UnreadableFileError", "UnwritablePathError", "atomic_write", "check_out_dir", "existing_file",
+           "existing_folder", "read_text", "check_writable", "write_bytes", "write_text", "write_json",
            "save_figure"]
 
 
@@ -232,3 +232,29 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 120) -> Pa
         fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
+
+
+def check_out_dir(name: str, value: Any, *, probe: str = "metrics.json") -> Path | None:
+    """``value`` as a Path when a run can write its files there (None passes); else ValueError naming it.
+
+    Writing is tried as :func:`check_writable` tries it, for a file named ``probe`` in the directory.
+
+    Example:
+        >>> from pathlib import Path
+        >>> _ = Path("notes.txt").write_text("")
+        >>> check_out_dir("out_dir", "notes.txt")
+        Traceback (most recent call last):
+        ValueError: out_dir must be a directory; 'notes.txt' is a file. Received: out_dir='notes.txt'
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError(f"{name} must be a directory path. Received: {name}={value!r}")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name} must be a directory; {str(path)!r} is a file. Received: {name}={str(value)!r}")
+    try:
+        check_writable(path / probe)
+    except UnwritablePathError as err:
+        raise ValueError(f"{name} cannot hold the run's files: {err} Received: {name}={str(value)!r}") from None
+    return path

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from tensorfleet.io import check_out_dir
 from tensorfleet.validation import integer, number, renamed_fields
 
 __all__ = ["Recovery", "TaskCommand", "TaskOutput", "Timeouts"]
@@ -59,6 +60,7 @@ class Recovery:
         integer("max_restarts", self.max_restarts, minimum=0)
         number("backoff", self.backoff, minimum=0)
         number("max_backoff", self.max_backoff, minimum=0)
+        check_out_dir("backup_dir", self.backup_dir, probe="backup")  # before any task starts, not in epoch 1
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ class Timeouts:
     evaluator_timeout: float = 300.0
 
     def __post_init__(self) -> None:
-        number("timeout", self.timeout, minimum=0, optional=True)
-        number("hang_timeout", self.hang_timeout, minimum=0, optional=True)
+        number("timeout", self.timeout, above=0, optional=True)  # None, not 0, is no limit
+        number("hang_timeout", self.hang_timeout, above=0, optional=True)
         number("grace", self.grace, minimum=0)
         number("evaluator_timeout", self.evaluator_timeout, minimum=0)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tensorfleet.federated.backends import Backend, BackendChoice, choose_backend
@@ -28,34 +27,10 @@ from tensorfleet.federated.backends.compiled.layout import NonTrainable
 from tensorfleet.federated.backends.compiled.local import check_per_client
 from tensorfleet.federated.options import declared, option, optional_text, text
 from tensorfleet.federated.sampling import StragglerPolicy
-from tensorfleet.io import UnwritablePathError, check_writable
+from tensorfleet.io import check_out_dir
 from tensorfleet.validation import UnknownOptionError, boolean, choice, integer, number, optional_boolean, positive_int
 
 __all__ = ["SimulationConfig", "check_out_dir"]
-
-
-def check_out_dir(name: str, value: Any) -> Path | None:
-    """``value`` as a Path when a run can write its files there (None passes); else ValueError naming it.
-
-    Example:
-        >>> from pathlib import Path
-        >>> _ = Path("notes.txt").write_text("")
-        >>> check_out_dir("out_dir", "notes.txt")
-        Traceback (most recent call last):
-        ValueError: out_dir must be a directory; 'notes.txt' is a file. Received: out_dir='notes.txt'
-    """
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise ValueError(f"{name} must be a directory path. Received: {name}={value!r}")
-    path = Path(value)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{name} must be a directory; {str(path)!r} is a file. Received: {name}={str(value)!r}")
-    try:
-        check_writable(path / "metrics.json")
-    except UnwritablePathError as err:
-        raise ValueError(f"{name} cannot hold the run's files: {err} Received: {name}={str(value)!r}") from None
-    return path
 
 
 def _mapping(name: str, value: Any) -> dict[str, Any]:

@@ -271,7 +271,10 @@ def test_bad_options_are_clear_errors(task_script: Path, kwargs: dict, message: 
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: Recovery(max_restarts=-2), "max_restarts must be an integer >= 0. Received: max_restarts=-2"),
-    (lambda: Timeouts(timeout=-1.0), "timeout must be a finite number >= 0. Received: timeout=-1.0"),
+    (lambda: Timeouts(timeout=-1.0), "timeout must be a finite number > 0. Received: timeout=-1.0"),
+    (lambda: Timeouts(hang_timeout=0), "hang_timeout must be a finite number > 0. Received: hang_timeout=0"),
+    (lambda: Recovery(backup_dir="/proc/nope"), "backup_dir cannot hold the run's files: Cannot write "
+                                                "'/proc/nope/backup': "),
     (lambda: Timeouts(grace=float("nan")), "grace must be a finite number >= 0. Received: grace=nan"),
     (lambda: TaskOutput(stop_when="(tick"),
      "stop_when must be a regular expression (missing ), unterminated subpattern at position 0). "
@@ -285,7 +288,14 @@ def test_bad_options_are_clear_errors(task_script: Path, kwargs: dict, message: 
 def test_each_option_group_refuses_a_bad_value_when_made(make, message: str) -> None:
     with pytest.raises(ValueError) as info:
         make()
-    assert str(info.value) == message
+    assert str(info.value) == message or (message.endswith(": ") and str(info.value).startswith(message))
+
+
+def test_a_backup_dir_that_is_a_file_is_refused_before_any_task_starts(task_script: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        launch(task_script, recovery=Recovery(backup_dir=task_script))
+    assert str(info.value) == (f"backup_dir must be a directory; {str(task_script)!r} is a file. "
+                               f"Received: backup_dir={str(task_script)!r}")
 
 
 def test_a_group_of_the_wrong_type_is_named(task_script: Path) -> None:
