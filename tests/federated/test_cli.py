@@ -132,6 +132,8 @@ def test_out_that_is_a_file_is_refused_before_the_run(capsys, tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ("rounds: 2\nclients: [3\n", "is not valid YAML at line 3, column 1: expected ',' or ']', but got '<stream end>'."),
+    ("rounds: 1\nrounds: 2\n", "is not valid YAML at line 2, column 1: the key 'rounds' is given twice (first at "
+                             "line 1)."),
     ("rounds: 2.5\n", "rounds must be a positive integer. Received: rounds=2.5"),
     ("rounds: '3'\n", "rounds must be a positive integer. Received: rounds='3'"),
     ("progress: 'no'\n", "progress must be true or false. Received: progress='no'"),
