@@ -21,12 +21,14 @@ shows everything: C++ logs at every level, those lines, and INFO logs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import sys
 import traceback
-from typing import Any, Optional
+import warnings
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -106,12 +108,35 @@ def click_exceptions() -> Any:
     return vendored
 
 
+# The words every warning about an older name or flag ends with (tensorfleet.validation.take_renamed and kin).
+OLDER_NAME = "will stop working in the next release"
+
+
+@contextlib.contextmanager
+def older_names_shown() -> Iterator[None]:
+    """tensorfleet's warnings about an older name (a DeprecationWarning, which Python's default filters hide
+    outside ``__main__``) shown as one ``warning: ...`` line on stderr each; every other warning as before."""
+    with warnings.catch_warnings():
+        previous = warnings.showwarning
+
+        def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            if issubclass(category, DeprecationWarning) and OLDER_NAME in str(message):
+                typer.echo(f"warning: {message}", err=True)
+            else:
+                previous(message, category, filename, lineno, file, line)
+
+        warnings.filterwarnings("always", message=f".*{OLDER_NAME}", category=DeprecationWarning)
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the CLI; input errors print ``error: ...`` and exit with status 2, a bug shows its
     traceback and :data:`REPORT_BUG` and exits with status 1."""
     exceptions = click_exceptions()
     try:
-        result = app(args=argv, standalone_mode=False)
+        with older_names_shown():
+            result = app(args=argv, standalone_mode=False)
     except user_errors() as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2

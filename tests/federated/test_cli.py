@@ -216,3 +216,16 @@ def test_a_model_path_that_is_no_keras_model_file_exits_2_naming_it(capsys, tmp_
         err = capsys.readouterr().err
         assert err.startswith(message) and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.keras", "notes.txt"]
+
+
+def test_older_names_in_yaml_and_flags_are_shown_as_warning_lines(capsys, tmp_path):
+    # Python hides a DeprecationWarning outside __main__: the CLI shows tensorfleet's as one line each.
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text(f"out: {tmp_path / 'run'}\nrounds: 0\n")
+    assert main(["federated", "run", "--config", str(cfg), "--client-lr", "0.05"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: --client-lr is now --client-learning-rate; the older flag will stop working in the "
+                   "next release.",
+                   "warning: federated experiment: 'out' is now 'out_dir'; the older name will stop working in the "
+                   "next release.",
+                   "error: rounds must be a positive integer. Received: rounds=0"]
