@@ -9,8 +9,8 @@ Runs examples/train_digits_multiworker.py through tensorfleet's launcher:
 * recovery: a 2-worker run in which worker 1 is SIGKILLed during epoch 3; the time from
   the kill to the restarted job's "resumed from backup" line and to its first completed
   epoch, with a PNG timeline of the run (``--plot``);
-* pollers (``--pollers``, instead of the above): 2 workers with gRPC's ``poll`` poller (the
-  launcher's default, see tensorfleet/netbind.py) and with ``epoll1`` (gRPC's own default),
+* pollers (``--pollers``, instead of the above): 2 workers with ``GRPC_POLL_STRATEGY`` set to
+  ``poll`` and to ``epoll1`` (gRPC's default),
   alternated ``--rounds`` times: median examples/s, wall and the tasks' CPU time (user + system,
   from this process's reaped children), and their ratios.
 

@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["GRPC_POLL_STRATEGY", "bind_shim_path", "grpc_env", "loopback_env"]
+__all__ = ["bind_shim_path", "loopback_env"]
 
 _BIND_SHIM_SOURCE = r"""
 #define _GNU_SOURCE
@@ -132,22 +132,3 @@ def loopback_env(host: str = "127.0.0.1", *, shim: Path | None = None,
         return {}
     previous = (os.environ if environ is None else environ).get("LD_PRELOAD")
     return {"LD_PRELOAD": ":".join(p for p in (str(shim), previous) if p), "TENSORFLEET_BIND_HOST": host}
-
-
-# gRPC's default poller on Linux (epoll1) ends the whole process with "epoll_wait error: Bad file
-# descriptor" (grpc_core::Crash in ev_epoll1_linux.cc) when one of its threads is still in
-# epoll_wait while the event engine closes the epoll descriptor, which happens as a task exits;
-# a loaded machine widens that window, and the task dies with SIGABRT after its work is done. The
-# poll poller has no such path (a closed descriptor is POLLNVAL, not an error). A task of a local
-# cluster watches a handful of sockets, where poll costs nothing.
-GRPC_POLL_STRATEGY = "poll"
-
-
-def grpc_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment entries for a child that runs TensorFlow's gRPC runtime on this machine.
-
-    The poll strategy (:data:`GRPC_POLL_STRATEGY`), unless ``environ`` (default this process's)
-    already names one: a user's ``GRPC_POLL_STRATEGY`` is kept.
-    """
-    current = os.environ if environ is None else environ
-    return {} if current.get("GRPC_POLL_STRATEGY") else {"GRPC_POLL_STRATEGY": GRPC_POLL_STRATEGY}

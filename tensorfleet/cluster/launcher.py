@@ -59,7 +59,7 @@ from tensorfleet.cluster.launch_options import Recovery, TaskCommand, TaskOutput
 from tensorfleet.cluster.processes import JobMode, LocalJob
 from tensorfleet.cluster.result import LaunchResult
 from tensorfleet.cluster.supervisor import Supervisor, forwarded_signals
-from tensorfleet.netbind import grpc_env, loopback_env
+from tensorfleet.netbind import loopback_env
 from tensorfleet.strategies.tf_config import ClusterSpec, Role, TFConfigError, parse_tf_config
 from tensorfleet.validation import choice
 
@@ -284,7 +284,6 @@ def _task_env(spec: ClusterSpec, env: Mapping[str, str] | None,
         warnings.warn("No C compiler to build tensorfleet's bind library: the tasks' TensorFlow servers listen on "
                       "every interface, not only 127.0.0.1. Install a C compiler (cc).", RuntimeWarning, stacklevel=3)
     parent_env.update(bind_env)
-    parent_env.update(grpc_env(parent_env))
     if backup_dir is not None:
         parent_env[ENV_BACKUP_DIR] = str(Path(backup_dir).resolve())
     return parent_env

@@ -339,21 +339,6 @@ def test_tf_config_naming_the_same_cluster_is_accepted(task_script: Path, monkey
     assert json.loads(result.output("worker:1")[0].split("=", 1)[1])["task"] == {"type": "worker", "index": 1}
 
 
-@pytest.mark.slow
-def test_tasks_poll_with_grpcs_poll_strategy_unless_the_user_chose_one(tmp_path: Path, monkeypatch) -> None:
-    # epoll1 can abort a task at exit (see tensorfleet.netbind.GRPC_POLL_STRATEGY); a user's choice is kept.
-    script = tmp_path / "strategy.py"
-    script.write_text("import os\nprint('strategy=' + os.environ.get('GRPC_POLL_STRATEGY', '<unset>'))\n")
-    monkeypatch.delenv("GRPC_POLL_STRATEGY", raising=False)
-    result = launch(script, workers=2, **_quiet())
-    assert [result.output(t) for t in ("worker:0", "worker:1")] == [["strategy=poll"]] * 2
-    assert "GRPC_POLL_STRATEGY" not in os.environ  # the launcher's own process is left as it was
-    result = launch(script, command=TaskCommand(env={"GRPC_POLL_STRATEGY": "epoll1"}), **_quiet())
-    assert result.output("worker:0") == ["strategy=epoll1"]
-    monkeypatch.setenv("GRPC_POLL_STRATEGY", "epoll1,poll")
-    assert launch(script, **_quiet()).output("worker:0") == ["strategy=epoll1,poll"]
-
-
 def test_env_must_not_set_tf_config(task_script: Path) -> None:
     with pytest.raises(TFConfigConflictError, match=r"env must not set TF_CONFIG"):
         launch(task_script, command=TaskCommand(env={"TF_CONFIG": "{}"}))

@@ -58,13 +58,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    from tensorfleet.netbind import grpc_env, loopback_env
+    from tensorfleet.netbind import loopback_env
     from tensorfleet.strategies.tf_config import ClusterSpec
 
     spec = ClusterSpec.local(workers=args.workers, ps=1)
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(loopback_env("127.0.0.1", environ=env))
-    env.update(grpc_env(env))  # as the launcher starts its tasks
     children: dict[str, subprocess.Popen] = {}
     try:
         for task in spec.tasks():

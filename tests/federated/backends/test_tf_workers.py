@@ -6,7 +6,6 @@ A process that joins TensorFlow workers stays joined, so each scenario runs in a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -38,7 +37,7 @@ SCRIPT = textwrap.dedent("""
     local = tfl.federated.Simulation(model_fn, clients, "fedprox", algorithm_options={"mu": 0.5}, **opts)
     local.run()
     workers = [TfWorker(portpicker.pick_unused_port()).start() for _ in range(2)]
-    out = {"pollers": [__import__("psutil").Process(w.pid).environ().get("GRPC_POLL_STRATEGY") for w in workers]}
+    out = {}
     try:
         addresses = [w.address for w in workers]
         spread = tfl.federated.Simulation(model_fn, clients, "fedprox", algorithm_options={"mu": 0.5},
@@ -88,7 +87,6 @@ def run_script(tmp_path: Any, text: str, timeout: float) -> dict[str, Any]:
 @pytest.mark.timeout(400)
 def test_rounds_on_two_tensorflow_workers_equal_one_process_and_survive_a_lost_worker(tmp_path):
     out = run_script(tmp_path, SCRIPT, timeout=360)
-    assert out["pollers"] == [os.environ.get("GRPC_POLL_STRATEGY") or "poll"] * 2  # tensorfleet/netbind.py
     assert out["devices"] == ["/job:worker/replica:0/task:0/device:CPU:0"]  # the lane left after the loss
     assert out["lost"] == [1] and out["rounds"] == [1, 2, 3, 4]
     assert out["diff"] < 1e-5  # float32 sums of the same updates, in another order

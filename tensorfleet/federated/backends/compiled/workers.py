@@ -248,9 +248,9 @@ class TfWorker:
 
     def start(self) -> "TfWorker":
         """Starts the worker and waits until it serves."""
-        from tensorfleet.netbind import grpc_env, loopback_env
+        from tensorfleet.netbind import loopback_env
 
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), **grpc_env()}
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
         if self.host not in ("0.0.0.0", "::"):  # a worker runs any graph a client sends: keep it on its host
             env.update(loopback_env(self.host))
         from tensorfleet.federated.backends.tff import die_with_parent
