@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -117,10 +118,14 @@ def validate_cmd(
     from tensorfleet.validation import take_renamed
 
     if arena_size is not None:
-        typer.echo("warning: --arena-size is now --arena-bytes; the older flag will stop working in the next "
-                   "release.", err=True)
-        arena_bytes = take_renamed({"arena_size": arena_size, "arena_bytes": arena_bytes}, "arena_size",
-                                   "arena_bytes", "tensorfleet edge validate")["arena_bytes"]
+        # Shown as a `warning:` line by the CLI's entry point (cli.main.older_names_shown), in the command
+        # line's words; take_renamed's own warning (in Python's words) would say it a second time.
+        warnings.warn("--arena-size is now --arena-bytes; the older flag will stop working in the next release.",
+                      DeprecationWarning, stacklevel=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            arena_bytes = take_renamed({"arena_size": arena_size, "arena_bytes": arena_bytes}, "arena_size",
+                                       "arena_bytes", "tensorfleet edge validate")["arena_bytes"]
     artifact = edge.TFLiteArtifact.from_file(model)
     result = edge.validate_micro(artifact, None if data is None else _load_npy(data), arena_bytes=arena_bytes)
     typer.echo(f"TFLite Micro runs {model} ({artifact.quantization}, {artifact.size:,} bytes); smallest arena "

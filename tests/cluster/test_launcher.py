@@ -273,8 +273,6 @@ def test_bad_options_are_clear_errors(task_script: Path, kwargs: dict, message: 
     (lambda: Recovery(max_restarts=-2), "max_restarts must be an integer >= 0. Received: max_restarts=-2"),
     (lambda: Timeouts(timeout=-1.0), "timeout must be a finite number > 0. Received: timeout=-1.0"),
     (lambda: Timeouts(hang_timeout=0), "hang_timeout must be a finite number > 0. Received: hang_timeout=0"),
-    (lambda: Recovery(backup_dir="/proc/nope"), "backup_dir cannot hold the run's files: Cannot write "
-                                                "'/proc/nope/backup': "),
     (lambda: Timeouts(grace=float("nan")), "grace must be a finite number >= 0. Received: grace=nan"),
     (lambda: TaskOutput(stop_when="(tick"),
      "stop_when must be a regular expression (missing ), unterminated subpattern at position 0). "
@@ -288,7 +286,15 @@ def test_bad_options_are_clear_errors(task_script: Path, kwargs: dict, message: 
 def test_each_option_group_refuses_a_bad_value_when_made(make, message: str) -> None:
     with pytest.raises(ValueError) as info:
         make()
-    assert str(info.value) == message or (message.endswith(": ") and str(info.value).startswith(message))
+    assert str(info.value) == message
+
+
+def test_a_backup_dir_that_cannot_be_written_is_refused_when_made() -> None:
+    with pytest.raises(ValueError) as info:
+        Recovery(backup_dir="/proc/nope")
+    # The reason after the colon is the OS's (it differs between users): the start names the path and the probe.
+    assert str(info.value).startswith("backup_dir cannot hold the run's files: Cannot write '/proc/nope/backup': ")
+    assert str(info.value).endswith("Received: backup_dir='/proc/nope'")
 
 
 def test_a_backup_dir_that_is_a_file_is_refused_before_any_task_starts(task_script: Path) -> None:

@@ -69,6 +69,7 @@ def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert err.startswith("warning: --arena-size is now --arena-bytes; the older flag will stop working in the next "
                           "release.\n") and "Received: arena_bytes=100" in err
+    assert err.count("warning:") == 1, err  # said once, in the command line's words
 
 
 def test_corrupt_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
