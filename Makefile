@@ -62,18 +62,19 @@ demo: install
 # lists its slowest tests, so that a run shows where the suite's time goes. The build
 # comes last: the suite's run of the tutorials keeps the pictures the site shows, so it draws none.
 #
-# By default each track runs serially, one after the other (CI's run). The fast way, about 24 minutes on a
-# 2-core machine: `make test XDIST="-n 2 --dist loadfile" TRACKS_AT_ONCE=1` runs the current track in two
-# pytest-xdist workers (--dist loadfile keeps a module's tests, and so their fixtures, in one worker) with
-# the tff track beside it, serially, its output printed after the current track's (it mostly waits on its
-# TFF workers; the current track runs under nice so those waits stay short). On 2026-12-06 (2-core AMD EPYC):
-# current 30:35 serially, 20:02 to 25:00 in two workers; tff 3:42 to 4:27 serially; the whole make test
-# 23:28 and 24:30 the fast way. It is not the default because under that load gRPC can abort a launched task
-# as it exits ("epoll_wait error: Bad file descriptor", CHANGELOG.md): 2 of 6 such runs lost a test to it.
-# XDIST_TFF="-n 2 --dist loadfile" runs the tff track in two workers.
-XDIST ?=
+# By default (CI's run too) the current track runs in two pytest-xdist workers (--dist loadfile keeps a module's
+# tests, and so their fixtures, in one worker) and the tff track runs beside it, serially, its output printed after
+# the current track's: alone it mostly waits on its TFF workers, and the current track runs under nice so those
+# waits stay short. -n 2, not -n auto: the project's machines have 2 cores. On 2026-12-06 (2-core AMD EPYC):
+# current 30:35 serially, 20:02 to 25:00 in two workers; tff 3:42 to 4:27 serially; the whole make test 23:28 and
+# 24:30 this way, about 35 minutes one track after the other. Under this load gRPC's epoll1 poller can abort a
+# launched task ("epoll_wait error: Bad file descriptor"): a test that fails with that line, and only that, runs
+# once more (setup.cfg's [tool:pytest]; the summary names it under "rerun test summary info").
+# Serially, one track after the other: make test XDIST= TRACKS_AT_ONCE=0. XDIST_TFF="-n 2 --dist loadfile" runs
+# the tff track in two workers.
+XDIST ?= -n 2 --dist loadfile
 XDIST_TFF ?=
-TRACKS_AT_ONCE ?= 0
+TRACKS_AT_ONCE ?= 1
 test: install install-tff
 	@case "$(TRACKS_AT_ONCE)" in 0|1) ;; *) echo "tensorfleet: TRACKS_AT_ONCE must be 1 (the tracks at once)" \
 	  "or 0 (one after the other). Received: TRACKS_AT_ONCE=$(TRACKS_AT_ONCE)" >&2; exit 2;; esac; \
@@ -116,7 +117,7 @@ test-current: install
 # -n 2, not -n auto, because the project's machines have 2 cores and a third worker would only add its own
 # TensorFlow to the same cores (each worker splits its CPU into the suite's 4 logical devices, tests/conftest.py).
 # --dist loadfile hands out whole modules: a module's fixtures are built once, in one worker, and the modules whose
-# tests share one server in order keep it. `make test` runs serially unless given XDIST (above).
+# tests share one server in order keep it. `make test` runs its current track the same way (above).
 test-fast: install
 	TENSORFLEET_TEST_TIER=fast $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tff and not slow" --durations=15 $(PYTEST_ARGS)
 
