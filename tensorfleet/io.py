@@ -10,6 +10,8 @@ destination fails at once, named as the user gave it.
 Reading, the other way round: :func:`existing_file`, :func:`existing_folder` and :func:`read_text`
 say in one line what is at a path the user gave when it is not what was expected (nothing, a
 folder where a file should be or the reverse, binary bytes or nothing where text should be).
+YAML the user wrote is read with :func:`unique_keys_loader`, which refuses a key given twice
+instead of keeping the last.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import IO, Any, Iterator
 
 __all__ = ["UnreadableFileError", "UnwritablePathError", "atomic_write", "check_out_dir", "existing_file",
            "existing_folder", "read_text", "check_writable", "write_bytes", "write_text", "write_json",
-           "save_figure"]
+           "save_figure", "unique_keys_loader"]
 
 
 class UnwritablePathError(PermissionError, ValueError):
@@ -258,3 +260,27 @@ def check_out_dir(name: str, value: Any, *, probe: str = "metrics.json") -> Path
     except UnwritablePathError as err:
         raise ValueError(f"{name} cannot hold the run's files: {err} Received: {name}={str(value)!r}") from None
     return path
+
+
+def unique_keys_loader() -> Any:
+    """PyYAML's SafeLoader refusing a key given twice in one mapping (SafeLoader keeps the last one silently).
+
+    The error is a ``yaml.constructor.ConstructorError`` whose problem names the key and both lines.
+    """
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    line = first.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: the constructor below names it
+                    continue
+                if line != key_node.start_mark.line + 1:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice (first at line {line})", key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader

@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Union
 
-from tensorfleet.io import write_text
+from tensorfleet.io import unique_keys_loader, write_text
 
 __all__ = [
     "DNS_LABEL", "KUBERNETES_VERSION", "ManifestError", "Manifest", "app_labels", "claim", "deployment", "documents",
@@ -269,13 +269,16 @@ def dump_yaml(docs: Iterable[Mapping[str, Any]]) -> str:
 
 
 def load_yaml(text: str) -> list[dict[str, Any]]:
-    """The non-empty documents of a YAML string."""
+    """The non-empty documents of a YAML string; a key given twice in one mapping is refused."""
     import yaml
 
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yaml.load_all(text, Loader=unique_keys_loader()) if d is not None]  # noqa: S506 (safe)
     except yaml.YAMLError as exc:
-        raise ManifestError(f"The manifest is not valid YAML: {_first_line(exc)}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or _first_line(exc)
+        raise ManifestError(f"The manifest is not valid YAML: {problem}{where}") from None
 
 
 def write(docs: Iterable[Mapping[str, Any]], path: str | os.PathLike[str], *,

@@ -54,6 +54,16 @@ def test_invalid_yaml_is_a_manifest_error() -> None:
         kube.load_yaml("kind: [unclosed")
 
 
+def test_a_key_given_twice_is_refused_with_its_lines() -> None:
+    # PyYAML keeps the last value silently; a manifest read back (or written by hand) says which key is doubled.
+    text = "kind: Pod\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: a\n  name: b\n"
+    with pytest.raises(kube.ManifestError) as caught:
+        kube.load_yaml(text)
+    assert str(caught.value) == ("The manifest is not valid YAML: the key 'name' is given twice (first at line 6) "
+                                 "(line 7, column 3)")
+    assert kube.load_yaml("a: 1\n---\na: 2\n") == [{"a": 1}, {"a": 2}]  # one key per document is no repeat
+
+
 @pytest.mark.parametrize(("check", "value", "message"), [
     (lambda v: kube.dns_label("name", v, max_length=5), "abcdef",
      "name must be a DNS label of at most 5 characters (lower-case letters, digits and '-', starting and ending "

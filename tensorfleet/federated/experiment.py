@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 from tensorfleet.federated.config import SimulationConfig
 from tensorfleet.federated.options import OptionInfo, declared, option, optional_text, rename_deprecated, text
+from tensorfleet.io import unique_keys_loader
 from tensorfleet.validation import boolean, integer, positive_int
 
 __all__ = ["DEFAULTS", "ExperimentKeys", "KEYS", "OPTIONS", "build_simulation", "load_config", "resolve_config",
@@ -90,7 +91,7 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     text = read_text(p, "a YAML config file (a mapping of the run's keys)")
     try:
-        data = yaml.load(text, Loader=_unique_keys_loader())  # noqa: S506 (a SafeLoader)
+        data = yaml.load(text, Loader=unique_keys_loader())  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -102,27 +103,6 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"A config file must hold a mapping of keys to values. Received: {type(data).__name__} in {p}")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
-
-
-def _unique_keys_loader() -> Any:
-    """PyYAML's SafeLoader refusing a key given twice in one mapping (it keeps the last one silently)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            first: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    line = first.setdefault(key, key_node.start_mark.line + 1)
-                except TypeError:  # an unhashable key: the constructor below names it
-                    continue
-                if line != key_node.start_mark.line + 1:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"the key {key!r} is given twice (first at line {line})", key_node.start_mark)
-            return super().construct_mapping(node, deep)
-
-    return UniqueKeyLoader
 
 
 def resolve_config(config: dict[str, Any]) -> dict[str, Any]:

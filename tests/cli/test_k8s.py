@@ -51,6 +51,19 @@ def test_validate_reports_an_invalid_manifest(tmp_path: Path, capsys) -> None:
         "not one of")
 
 
+def test_validate_refuses_a_key_given_twice(tmp_path: Path, capsys) -> None:
+    # A hand-edited manifest that sets the image twice: PyYAML kept the second one silently and called it valid.
+    path = tmp_path / "job.yaml"
+    text = kube.dump_yaml(k8s.tfjob(name="digits", image="img:1", workers=2, command=["python", "t.py"]))
+    first = text.index("image: img:1")
+    indent = text[text.rindex("\n", 0, first) + 1:first]
+    path.write_text(text.replace("image: img:1\n", f"image: img:1\n{indent}image: img:2\n", 1))
+    line = text[:first].count("\n") + 1
+    assert main(["k8s", "validate", str(path)]) == 2
+    assert capsys.readouterr().err == (f"error: '{path}': The manifest is not valid YAML: the key 'image' is given "
+                                       f"twice (first at line {line}) (line {line + 1}, column {len(indent) + 1})\n")
+
+
 def test_tfjob_bad_input_is_one_clear_error(tmp_path: Path, capsys) -> None:
     base = ["k8s", "tfjob", "--name", "digits", "--image", "img:1"]
     assert main([*base, "--workers", "0", "--command", "python t.py"]) == 2
