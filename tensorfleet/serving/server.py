@@ -211,8 +211,10 @@ def serve(base_path: str | os.PathLike[str] | None = None, **options: object) ->
     server = ModelServer(base_path, **options)  # type: ignore[arg-type]
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    started = False
     try:
         server.start()
+        started = True
         # TensorFlow, Keras and the loaded model leave a few hundred thousand long-lived objects; a
         # full garbage collection walks all of them, holding the interpreter lock for 150-600 ms on
         # a 2-core machine, which every request in flight then waits out (the p99). Frozen, they are
@@ -224,6 +226,7 @@ def serve(base_path: str | os.PathLike[str] | None = None, **options: object) ->
         server.log("stopping: draining requests in flight")
     finally:
         server.stop()
-        server.log("stopped")
+        if started:  # a start-up error is the last word, not a "stopped" after it
+            server.log("stopped")
         for sig, handler in previous.items():
             signal.signal(sig, handler)

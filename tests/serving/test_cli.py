@@ -146,7 +146,11 @@ def test_a_port_in_use_ends_in_one_clear_line(model_base, capsys):
         busy.bind(("127.0.0.1", rest_port))
         busy.listen()
         assert main(["serve", str(model_base), "--port", str(grpc_port), "--rest-api-port", str(rest_port)]) == 2
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
+    out = captured.out.splitlines()
+    assert out[0].startswith("[serve] loaded 'digits' version(s) "), out
+    assert not any(line.startswith("[serve] stop") for line in out), out  # it never served: nothing was stopped
     assert err.startswith(f"error: Could not serve REST on 127.0.0.1:{rest_port}: ") and err.count("\n") == 1, err
     assert "address already in use" in err
 
