@@ -258,7 +258,13 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
         config = parse_tf_config(tf_config)
         resolver = _cluster_resolver(config.cluster, config.task, config.rpc_layer)
     else:
-        tf_config_from_env()  # validate the environment's TF_CONFIG with clear errors
+        config = tf_config_from_env()  # validate the environment's TF_CONFIG with clear errors
+    if config is not None and config.cluster.num_tasks("ps"):
+        # Its workers would wait for the ps tasks to join their collectives, which they never do: a silent hang.
+        raise ValueError(f"multi_worker_mirrored runs on a cluster of workers (and a chief); this TF_CONFIG has "
+                         f"{config.cluster.num_tasks('ps')} ps task(s). Build 'parameter_server' for a cluster with "
+                         "ps tasks, or start the job without them (tensorfleet launch without --ps). Received: "
+                         f"cluster={ {role: len(addrs) for role, addrs in config.cluster.jobs.items()} }")
     impl = {
         CollectiveImplementation.AUTO: tf.distribute.experimental.CommunicationImplementation.AUTO,
         CollectiveImplementation.RING: tf.distribute.experimental.CommunicationImplementation.RING,

@@ -34,6 +34,23 @@ def test_unknown_option_names_the_options_the_strategy_takes() -> None:
     )
 
 
+def test_multi_worker_mirrored_refuses_a_cluster_with_ps_tasks(monkeypatch) -> None:
+    # Its workers would wait on collectives the ps tasks never join: `launch --ps 1` of such a script hung silently.
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    message = ("multi_worker_mirrored runs on a cluster of workers (and a chief); this TF_CONFIG has 1 ps task(s). "
+               "Build 'parameter_server' for a cluster with ps tasks, or start the job without them (tensorfleet "
+               "launch without --ps). Received: cluster={'worker': 2, 'ps': 1}")
+    with pytest.raises(ValueError) as given:
+        tfl.strategies.build("multi_worker_mirrored", tf_config={"cluster": cluster,
+                                                                 "task": {"type": "worker", "index": 0}})
+    assert str(given.value) == message
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": %s, "task": {"type": "ps", "index": 0}}'
+                       % str(cluster).replace("'", '"'))
+    with pytest.raises(ValueError) as from_env:
+        tfl.strategies.build("mwms")
+    assert str(from_env.value) == message
+
+
 def test_describe_shows_aliases_and_options() -> None:
     text = tfl.strategies.describe("ps")
     assert text.startswith("parameter_server (aliases: ps): ParameterServerStrategy")
