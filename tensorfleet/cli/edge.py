@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -22,6 +23,13 @@ __all__ = ["NAME", "app", "calibration_data", "parse_rank"]
 NAME = "edge"
 app = typer.Typer(help="TFLite conversion, TFLite Micro validation, size report and C export.",
                   no_args_is_help=True)
+
+_PROGRESS_HELP = "Progress bars on stderr (calibration, arena search, TFLM runs); default: when stderr is a terminal."
+
+
+def _progress(flag: bool | None) -> bool:
+    """``--progress/--no-progress``, else bars only for a terminal: a log file or a pipe gets no bar redrawn."""
+    return sys.stderr.isatty() if flag is None else flag
 
 
 def calibration_data(model_name: str, num_samples: int) -> Any:
@@ -71,12 +79,16 @@ def convert_cmd(
     per_channel_dense: bool = typer.Option(
         False, "--per-channel-dense",
         help="int8/int16x8: one scale per output unit for dense weights (more TFLM arena; TF >= 2.16)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=_PROGRESS_HELP),  # noqa: UP007
 ) -> None:
     """Convert MODEL to TFLite with one quantization mode and write it to --out."""
     from tensorfleet import edge, models
     from tensorfleet.io import check_writable, write_json
 
     mode = edge.QUANTIZATIONS.canonical(quantization)  # fail on a bad mode or destination before converting
+    if samples < 1:
+        raise ValueError(f"--samples takes the number of calibration samples, at least 1. "
+                         f"Received: --samples {samples}")
     if per_channel_dense and not edge.QUANTIZATIONS.get(mode).needs_representative_data:
         raise ValueError(f"--per-channel-dense applies to int8 and int16x8. Received: --quantization {mode}")
     for destination in (out_path, metadata):
@@ -94,7 +106,7 @@ def convert_cmd(
         else:
             rep = calibration_data(model, samples)
     artifact = edge.convert(keras_model, mode, rep, num_calibration_samples=samples,
-                            per_channel_dense=per_channel_dense)
+                            per_channel_dense=per_channel_dense, progress=_progress(progress))
     artifact.save(out_path)
     if metadata is not None:
         write_json(metadata, artifact.metadata())
@@ -112,6 +124,7 @@ def validate_cmd(
                                         help="Samples (.npy) to run on TFLM and the desktop TFLite interpreter."),
     arena_size: Optional[int] = typer.Option(None, "--arena-size", hidden=True,  # noqa: UP007
                                              help="The older name of --arena-bytes (until the next release)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=_PROGRESS_HELP),  # noqa: UP007
 ) -> None:
     """Check that TFLite Micro runs the model: ops, smallest arena, agreement with desktop TFLite (LiteRT)."""
     from tensorfleet import edge
@@ -127,7 +140,8 @@ def validate_cmd(
             arena_bytes = take_renamed({"arena_size": arena_size, "arena_bytes": arena_bytes}, "arena_size",
                                        "arena_bytes", "tensorfleet edge validate")["arena_bytes"]
     artifact = edge.TFLiteArtifact.from_file(model)
-    result = edge.validate_micro(artifact, None if data is None else _load_npy(data), arena_bytes=arena_bytes)
+    result = edge.validate_micro(artifact, None if data is None else _load_npy(data), arena_bytes=arena_bytes,
+                                 progress=_progress(progress))
     typer.echo(f"TFLite Micro runs {model} ({artifact.quantization}, {artifact.size:,} bytes); smallest arena "
                f"{result.arena_bytes:,} bytes for the {result.arena_allocator} - a safe size for a firmware, "
                f"whose plain MicroAllocator needs 240-424 bytes less")
@@ -142,6 +156,7 @@ def report_cmd(
                                          help="A board (see `edge boards`) or 'flash=1M,ram=256K'."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON."),  # noqa: UP007
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot of the per-layer costs."),  # noqa: UP007
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=_PROGRESS_HELP),  # noqa: UP007
 ) -> None:
     """Flash, RAM (TFLM arena), per-layer parameters, MACs and activations; whether it fits --target."""
     from tensorfleet import edge
@@ -151,7 +166,7 @@ def report_cmd(
         if destination is not None:
             check_writable(destination)
     artifact = edge.TFLiteArtifact.from_file(model)
-    rep = edge.report(artifact, target=target)
+    rep = edge.report(artifact, target=target, progress=_progress(progress))
     typer.echo(rep.table())
     if json_path is not None:
         typer.echo(f"wrote {rep.save_json(json_path)}")
@@ -168,6 +183,7 @@ def export_cmd(
                                                       "single underscores, starting with a letter."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the C sources."),
     arena: bool = typer.Option(True, "--arena/--no-arena", help="Measure the arena and declare it in the header."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=_PROGRESS_HELP),  # noqa: UP007
 ) -> None:
     """Write <name>_model_data.cc/.h and <name>_op_resolver.h for a TFLite Micro build."""
     from tensorfleet import edge
@@ -175,7 +191,7 @@ def export_cmd(
 
     check_writable(out_dir / f"{edge.check_c_name(name)}_model_data.h")  # before the arena search
     artifact = edge.TFLiteArtifact.from_file(model)
-    arena_bytes = edge.find_arena_size(artifact) if arena else None
+    arena_bytes = edge.find_arena_size(artifact, progress=_progress(progress)) if arena else None
     for path in edge.export_c(artifact, out_dir, name, arena_bytes=arena_bytes):
         typer.echo(f"wrote {path}")
 

@@ -58,8 +58,11 @@ def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.Cap
     names = sorted(p.name for p in (tmp_path / "c").iterdir())
     assert names == ["digits_v1_model_data.cc", "digits_v1_model_data.h", "digits_v1_op_resolver.h"]
     assert "kDigitsV1TensorArenaSize" in (tmp_path / "c" / "digits_v1_model_data.h").read_text()
+    assert "arena search" not in capsys.readouterr().err  # stderr is no terminal here: no bar redrawn into a log
     assert main(["edge", "validate", str(converted)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "arena search" not in captured.err and "TFLM" not in captured.err, captured.err
     assert re.search(r"; smallest arena [\d,]+ bytes for the TFLM Python interpreter's RecordingMicroAllocator - a "
                      r"safe size for a firmware, whose plain MicroAllocator needs 240-424 bytes less\n$", out), out
     assert main(["edge", "validate", str(converted), "--arena-bytes", "100"]) == 2
@@ -70,6 +73,8 @@ def test_export_and_validate(converted: Path, tmp_path: Path, capsys: pytest.Cap
     assert err.startswith("warning: --arena-size is now --arena-bytes; the older flag will stop working in the next "
                           "release.\n") and "Received: arena_bytes=100" in err
     assert err.count("warning:") == 1, err  # said once, in the command line's words
+    assert main(["edge", "validate", str(converted), "--progress"]) == 0  # asked for: drawn all the same
+    assert "arena search" in capsys.readouterr().err
 
 
 def test_corrupt_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
