@@ -34,7 +34,8 @@ import typer
 
 import tensorfleet
 
-__all__ = ["app", "main", "click_exceptions", "user_errors", "verbose", "GROUPS", "COMMANDS", "REPORT_BUG"]
+__all__ = ["app", "main", "click_exceptions", "usage_message", "user_errors", "verbose", "GROUPS", "COMMANDS",
+           "REPORT_BUG"]
 
 # Command groups: ``tensorfleet <NAME> ...``; each module defines NAME and app.
 GROUPS: tuple[str, ...] = ("strategies", "k8s", "edge", "federated", "serving", "profile")
@@ -130,6 +131,21 @@ def older_names_shown() -> Iterator[None]:
         yield
 
 
+def usage_message(exc: Any, argv: list[str]) -> str:
+    """A command-line usage error (click's) in tensorfleet's words: what is wrong and, for a flag's value that
+    did not parse, the value received. The wrapper's own words ("Value error, ") are left out."""
+    message = exc.format_message().replace("Value error, ", "").rstrip()
+    param = getattr(exc, "param", None)
+    opts = [o for o in getattr(param, "opts", []) + getattr(param, "secondary_opts", []) if o.startswith("-")]
+    if isinstance(exc, click_exceptions().BadParameter) and opts and "Received" not in message:
+        for i, arg in enumerate(argv):
+            flag, sep, value = arg.partition("=")
+            if flag in opts and (sep or i + 1 < len(argv)):
+                message = f"{message.rstrip('.')}. Received: {flag} {value if sep else argv[i + 1]!r}"
+                break
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the CLI; input errors print ``error: ...`` and exit with status 2, a bug shows its
     traceback and :data:`REPORT_BUG` and exits with status 1."""
@@ -140,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
+    except exceptions.UsageError as exc:  # a flag unknown, missing, or of the wrong type: the same one line
+        typer.echo(f"error: {usage_message(exc, sys.argv[1:] if argv is None else argv)}", err=True)
+        return exc.exit_code
     except exceptions.ClickException as exc:
         exc.show()
         return exc.exit_code

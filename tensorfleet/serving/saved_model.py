@@ -178,7 +178,7 @@ def export(model: Any, base_path: str | os.PathLike[str], version: int = 1, *,
                                   "go to BASE/<version>/).")
     if target.exists() and not overwrite:
         raise VersionExistsError(f"Version {version} already exists at {target}; pick another version or pass "
-                                 "overwrite=True.")
+                                 "overwrite=True (--overwrite on the command line).")
     base.mkdir(parents=True, exist_ok=True)
     module = tf.Module()
     module.weights = list(model.variables)  # tracked so the signature's captured variables are saved

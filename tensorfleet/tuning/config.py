@@ -210,7 +210,7 @@ def should_resume(out_dir: str | Path, resume: bool | None, *, saved: bool) -> b
     optional_boolean("resume", resume)
     if resume is True and not saved:
         raise ValueError(f"Nothing to resume in {str(out_dir)!r}: it holds no search. Received: resume=True "
-                         "(--resume); leave resume at None to begin one.")
+                         "(--resume); leave resume unset (no --resume) to begin one.")
     return saved if resume is None else resume
 
 

@@ -77,11 +77,11 @@ def test_launch_conflicting_tf_config_is_one_clear_error(script: Path, capsys, m
 
 
 @pytest.mark.parametrize(("option", "message"), [
-    ("--wokers", "Error: No such option: --wokers. Did you mean --workers?"),
-    ("--max-restart=2", "Error: No such option: --max-restart=2. Did you mean --max-restarts?"),
-    ("--frobnicate", "Error: No such option: --frobnicate"),
-    ("--mode", "Error: Invalid value for '--mode': Value error, '2' is not one of 'auto', 'collective', "
-               "'parameter_server'."),
+    ("--wokers", "error: No such option: --wokers. Did you mean --workers?"),
+    ("--max-restart=2", "error: No such option: --max-restart=2. Did you mean --max-restarts?"),
+    ("--frobnicate", "error: No such option: --frobnicate"),
+    ("--mode", "error: Invalid value for '--mode': '2' is not one of 'auto', 'collective', 'parameter_server'. "
+               "Received: --mode '2'"),
 ])
 def test_launch_unknown_option_before_the_script_is_reported_as_an_option(script: Path, capsys, option,
                                                                           message) -> None:
@@ -153,7 +153,8 @@ def test_share_runs_two_jobs_time_sliced_and_writes_the_timeline(two_jobs, tmp_p
      "error: --share takes a fraction of the devices between 0 and 1, then the job's script (--share 0.25 b.py). "
      "Received: --share 'half'"),
     (["--share", "half", "A", "--share", "0.5", "B"],
-     "Error: Invalid value for '--share': Input should be a valid number, unable to parse string as a number"),
+     "error: Invalid value for '--share': Input should be a valid number, unable to parse string as a number. "
+     "Received: --share 'half'"),
     (["--share", "0.5", "A", "--share", "0.5"], "error: Each shared job is '--share FRACTION SCRIPT'. Received: 2 "
                                                 "share(s) [0.5, 0.5] and 1 script(s) ['A']"),
     (["--share", "0.5", "A", "--epochs", "2", "--share", "0.5", "B"],
@@ -180,7 +181,7 @@ def test_share_needs_a_checkpoint_dir_and_launch_needs_a_script(two_jobs, capsys
         "error: Shared jobs keep their checkpoints in a directory each: give --checkpoint-dir DIR (a job's is "
         "DIR/<its script's name>; an existing one is continued).")
     assert main(["launch", "--workers", "2"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == "Error: Missing argument 'SCRIPT'."
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: Missing argument 'SCRIPT'."
 
 
 def test_share_summary_of_a_job_that_failed_before_its_first_step_names_it_and_exits_with_its_status(capsys) -> None:

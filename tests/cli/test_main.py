@@ -29,3 +29,19 @@ def test_bad_input_is_one_error_line_and_exit_2(capsys):
     assert err == ["error: Unknown model 'digits_cnnn'. Did you mean 'digits_cnn'? Available: "
                    + err[0].split("Available: ", 1)[1]]
     assert "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["federated", "run", "--rounds", "2.5"], "error: Invalid value for '--rounds': Input should be a valid integer, "
+                                              "unable to parse string as an integer. Received: --rounds '2.5'"),
+    (["plan", "--batch=big"], "error: Invalid value for '--batch': Input should be a valid integer, unable to parse "
+                              "string as an integer. Received: --batch 'big'"),
+    (["federated", "run", "--backend", "gpu"], "error: Invalid value for '--backend': 'gpu' is not one of 'tff', "
+                                               "'compiled', 'auto'. Received: --backend 'gpu'"),
+    (["edge", "convert", "digits_cnn"], "error: Missing option '--out' / '-o'."),
+    (["launch", "--wokers", "2", "train.py"], "error: No such option: --wokers. Did you mean --workers?"),
+])
+def test_a_command_line_that_does_not_parse_is_one_error_line_too(capsys, argv, line):
+    # click's own form (a usage line, a hint, "Error: ..." and its wrapper's "Value error, ") said it in other words.
+    assert main(argv) == 2
+    assert capsys.readouterr().err == line + "\n"

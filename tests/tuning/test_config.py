@@ -64,7 +64,8 @@ def test_resume_has_the_glossarys_one_meaning(tmp_path):
     """resume=None continues a saved search (else begins), True requires one, False begins again; the library's
     errors name the keyword (and the flag beside it), not only a command line's --resume."""
     with pytest.raises(ValueError, match=r"^Nothing to resume in '.*empty': it holds no search\. Received: "
-                                         r"resume=True \(--resume\); leave resume at None to begin one\.$"):
+                                         r"resume=True \(--resume\); leave resume unset \(no --resume\) "
+                                         r"to begin one\.$"):
         search(SCRIPT, out_dir=tmp_path / "empty", resume=True)
     with pytest.raises(ValueError, match=r"^resume must be None, true or false\. Received: resume='yes'$"):
         search(SCRIPT, out_dir=tmp_path, resume="yes")
