@@ -3,8 +3,8 @@
 One ``checkpoint.npz`` in the run's ``out_dir``, written atomically: the state's tensors as
 ``leaf_00000``, ``leaf_00001``, ... and a ``__meta__`` entry (JSON) with the round, the history so far,
 the configuration and its :func:`fingerprint` (a hash of everything that changes the trajectory,
-``rounds`` aside, and of the client data). A run resumes only from a checkpoint of its own
-fingerprint.
+``rounds`` aside, and of the client data), and the model's architecture (:func:`model_layers`). A run
+resumes only from a checkpoint of its own fingerprint and model.
 
 The generation before it is kept as ``checkpoint.previous.npz``: a latest checkpoint that cannot be
 read (truncated, overwritten: a disk filled up, a copy cut short) is named in a warning and the run
@@ -34,7 +34,7 @@ import os
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from tensorfleet.io import existing_folder, write_bytes
 
 __all__ = ["CHECKPOINT_FILE", "PREVIOUS_FILE", "CheckpointAheadError", "CheckpointMismatchError",
            "DamagedCheckpointError",
-           "check_shapes", "checkpoint_config", "fingerprint", "read_checkpoint", "save_checkpoint"]
+           "check_shapes", "checkpoint_config", "fingerprint", "model_layers", "read_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 PREVIOUS_FILE = "checkpoint.previous.npz"  # the generation before, fallen back to when the latest is damaged
@@ -110,14 +110,48 @@ def fingerprint(config: dict[str, Any], train_ids: Sequence[str], clients: Any =
     return digest.hexdigest()[:16]
 
 
+def model_layers(model: Any) -> list[str]:
+    """The model's architecture, one line per layer (nested models' layers in order): its class and its config
+    without names, which two builds of one model do not share (``dense`` and ``dense_4``).
+
+    Example: ``['Dense {"activation": "relu", "units": 16, ...}', 'Dense {"activation": "linear", ...}']``.
+    """
+    def leaves(layer: Any) -> Iterator[Any]:
+        inner = getattr(layer, "layers", None)
+        if inner:
+            for child in inner:
+                yield from leaves(child)
+        else:
+            yield layer
+
+    def unnamed(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: unnamed(v) for k, v in value.items() if k != "name"}
+        if isinstance(value, (list, tuple)):
+            return [unnamed(v) for v in value]
+        return value
+
+    lines = []
+    for layer in leaves(model):
+        try:
+            config = unnamed(layer.get_config())
+        except NotImplementedError:  # a custom layer without get_config: its class is what is known
+            config = {}
+        # an object JSON does not know is named by its type (its repr may hold an address that differs by process)
+        lines.append(f"{type(layer).__name__} {json.dumps(config, sort_keys=True, default=lambda o: type(o).__name__)}")
+    return lines
+
+
 def save_checkpoint(out_dir: str | os.PathLike[str], leaves: Sequence[Any], *, round_num: int, fingerprint: str,
-                    config: dict[str, Any], history: list[dict[str, Any]]) -> Path:
+                    config: dict[str, Any], history: list[dict[str, Any]], model: list[str] | None = None) -> Path:
     """Writes the state's ``leaves`` after ``round_num`` into ``out_dir/checkpoint.npz`` (atomically); the
-    checkpoint it replaces becomes ``checkpoint.previous.npz`` (when it can be read)."""
+    checkpoint it replaces becomes ``checkpoint.previous.npz`` (when it can be read). ``model``: the model's
+    :func:`model_layers`, checked when the run resumes."""
     buffer = io.BytesIO()
     # (Any: numpy's stubs read savez's keywords as its own options, not as arrays)
     arrays: dict[str, Any] = {f"leaf_{i:05d}": np.asarray(v) for i, v in enumerate(leaves)}
-    meta = json.dumps({"round": round_num, "fingerprint": fingerprint, "config": config, "history": history})
+    record = {"round": round_num, "fingerprint": fingerprint, "config": config, "history": history}
+    meta = json.dumps({**record, **({"model": model} if model is not None else {})})
     np.savez(buffer, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8), **arrays)
     path = Path(out_dir) / CHECKPOINT_FILE
     if path.is_file():
@@ -173,13 +207,15 @@ def _readable(out_dir: str | os.PathLike[str]) -> tuple[Path, dict[str, Any], li
         return found
 
 
-def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str,
-                    config: dict[str, Any]) -> tuple[list[np.ndarray], int, list[dict[str, Any]]] | None:
+def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str, config: dict[str, Any],
+                    model: list[str] | None = None) -> tuple[list[np.ndarray], int, list[dict[str, Any]]] | None:
     """``(leaves, round, history)`` of ``out_dir``'s checkpoint, or None when there is none.
 
     Raises:
         CheckpointMismatchError: the checkpoint's fingerprint is not ``fingerprint``; the message
-            names the keys of ``config`` that differ (or the client data).
+            names the keys of ``config`` that differ (or the client data). Or the checkpoint records
+            a model (:func:`model_layers`) other than ``model``; the message names the first layer that
+            differs. (A checkpoint written before models were recorded is checked by its tensors' shapes.)
         DamagedCheckpointError: neither the checkpoint nor the previous generation can be read.
     """
     found = _readable(out_dir)
@@ -192,7 +228,26 @@ def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str,
         detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {config.get(k)!r}" for k in diff)
         raise CheckpointMismatchError(
             f"The checkpoint in {path.parent} comes from a different configuration ({detail or 'client data'}).")
+    recorded = meta.get("model")
+    if model is not None and recorded is not None and list(recorded) != list(model):
+        raise CheckpointMismatchError(
+            f"The checkpoint in {path.parent} comes from another model ({len(recorded)} layers; this one has "
+            f"{len(model)}): {_first_difference(list(recorded), list(model))}.")
     return leaves, int(meta["round"]), list(meta["history"])
+
+
+def _first_difference(theirs: list[str], ours: list[str]) -> str:
+    """Where two :func:`model_layers` first differ, in words: the layer and the keys of its config."""
+    first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+    if first >= min(len(theirs), len(ours)):
+        return f"layer {first} is {'only in the checkpoint' if len(theirs) > len(ours) else 'new'}"
+    (kind_a, _, text_a), (kind_b, _, text_b) = theirs[first].partition(" "), ours[first].partition(" ")
+    if kind_a != kind_b:
+        return f"layer {first} is a {kind_a} in the checkpoint and a {kind_b} now"
+    a, b = json.loads(text_a), json.loads(text_b)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return f"layer {first} ({kind_a}) has " + ", ".join(f"{k}={a.get(k)!r} in the checkpoint, {b.get(k)!r} now"
+                                                       for k in keys)
 
 
 def checkpoint_config(out_dir: str | os.PathLike[str] | None) -> dict[str, Any] | None:

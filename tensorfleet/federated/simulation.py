@@ -262,14 +262,16 @@ class Simulation:
         assert self.config.out_dir is not None
         return checkpoint.save_checkpoint(self.config.out_dir, state.state_leaves(), round_num=round_num,
                                           fingerprint=self.fingerprint(), config=self.as_dict(),
-                                          history=self.history.rounds)
+                                          history=self.history.rounds,
+                                          model=checkpoint.model_layers(self._keras_model))
 
     def load_checkpoint(self, template: Any) -> tuple[Any, int, list[dict[str, Any]]] | None:
         """``(state, round, history)`` from ``out_dir``'s checkpoint (loaded into the backend
         ``template``), or None when there is none."""
         if self.config.out_dir is None:
             return None
-        found = checkpoint.read_checkpoint(self.config.out_dir, self.fingerprint(), self.as_dict())
+        found = checkpoint.read_checkpoint(self.config.out_dir, self.fingerprint(), self.as_dict(),
+                                           checkpoint.model_layers(self._keras_model))
         if found is None:
             return None
         leaves, round_num, rounds = found
@@ -308,7 +310,7 @@ class Simulation:
             loaded = self.load_checkpoint(state)
             if loaded is None and self.config.resume:
                 raise ValueError(f"Nothing to resume in out_dir={str(self.config.out_dir)!r}: it holds no checkpoint. "
-                                 "Received: resume=True (--resume); leave resume at None to begin a run.")
+                                 "Received: resume=True (--resume); leave resume unset (no --resume) to begin a run.")
             if loaded is not None:
                 state, start_round, rounds = loaded
                 if start_round > self.config.rounds:

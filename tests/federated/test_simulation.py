@@ -109,8 +109,31 @@ def test_resume_from_a_checkpoint_of_another_configuration_is_refused(clients, t
         other.run()
     other_model = Simulation(lambda: models.build("digits_mlp", hidden=8), clients, rounds=2, clients_per_round=5,
                              out_dir=tmp_path, checkpoint_every=1, progress=False, backend=backend)
-    with pytest.raises(CheckpointMismatchError, match=r"holds tensors of shapes \[\(64, 16\), \(16,\), \(16, 10\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"comes from another model \(\d+ layers; this one has \d+\): "
+                                                      r"layer \d+ \(Dense\) has units=16 in the checkpoint, 8 now\."):
         other_model.run()
+
+
+def test_resume_with_another_model_of_the_same_shapes_is_refused(clients, tmp_path):
+    # The tensors' shapes match, so only the recorded architecture tells relu from tanh.
+    def mlp(activation):
+        return tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(16, activation=activation),
+                                    tf_keras.layers.Dense(10)])
+
+    def simulation(activation, rounds):
+        return Simulation(lambda: mlp(activation), clients, rounds=rounds, clients_per_round=5, out_dir=tmp_path,
+                          checkpoint_every=1, progress=False, backend="compiled")
+
+    simulation("relu", 1).run()
+    from tensorfleet.federated.checkpoint import CheckpointMismatchError
+
+    with pytest.raises(CheckpointMismatchError) as refused:
+        simulation("tanh", 2).run()
+    assert str(refused.value) == (
+        f"The checkpoint in {tmp_path} comes from another model (2 layers; this one has 2): layer 0 (Dense) has "
+        "activation='relu' in the checkpoint, 'tanh' now. Use another out_dir, or resume=False to start over.")
+    # The same model built again (its layers named anew, dense_2 and so on) resumes at round 2.
+    assert [r["round"] for r in simulation("relu", 2).run().rounds] == [1, 2]
 
 
 def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(clients, tmp_path):
@@ -130,7 +153,8 @@ def test_fewer_rounds_than_the_checkpoint_is_refused_unless_resume_is_off(client
                          resume=True, progress=False).run()  # True: it must continue, and does
     assert [r["round"] for r in history.rounds] == [1, 2]
     with pytest.raises(ValueError, match=r"^Nothing to resume in out_dir='.*/empty': it holds no checkpoint\. "
-                                         r"Received: resume=True \(--resume\); leave resume at None to begin a run\.$"):
+                                         r"Received: resume=True \(--resume\); leave resume unset "
+                                         r"\(no --resume\) to begin a run\.$"):
         Simulation(tiny, clients, rounds=1, clients_per_round=2, out_dir=tmp_path / "empty", checkpoint_every=1,
                    resume=True, progress=False).run()
 
