@@ -15,7 +15,9 @@
 
 A restarted job that runs the same script resumes from the last backup: with op
 determinism on, fixed seeds and an input pipeline that yields the same batches for an epoch
-whenever it starts, the resumed run ends with the weights of an uninterrupted one.
+whenever it starts (``tfl.strategies.fit_inputs(..., strategy=model)`` shuffles each epoch by its
+seed and the optimizer's step count, which the backup restores), the resumed run ends with the
+weights of an uninterrupted one.
 
 The callbacks are those of the model's Keras: ``callbacks(keras=model)`` (or ``keras="keras3"``;
 by default the Keras ``tf.keras`` is in this process). A Keras 3 model gets a subclass of

@@ -127,6 +127,45 @@ def _dataset_fn(x: Any, y: Any, batch_size: int, shuffle: bool, seed: int, repea
     return make
 
 
+def _keyed_passes(x: Any, y: Any, batch_size: int, seed: int, step: Any) -> Any:
+    """A dataset of one pass over ``(x, y)`` in batches, in an order that is a function of ``seed`` and of the
+    epoch, which is ``step`` (the optimizer's step counter) read as the pass starts, over the pass's steps.
+
+    A restarted job that resumes from a backup restores the step counter, so the epoch it resumes at reads
+    its examples in the order the uninterrupted run read them; a reshuffling ``shuffle`` restarts its
+    sequence of orders in every new process instead. Keras makes an iterator per epoch and the pass starts
+    at the epoch's first read, inside its first step: nothing orders that read before or after the step's own
+    increment of the counter (the iterator and the counter are separate resources), so it sees the epoch's
+    first step count or the one after, and the division leaves the epoch either way. A pass of one step has
+    one order (a batch's order does not change its gradient).
+    """
+    import tensorflow as tf
+
+    n = len(x)
+    steps = math.ceil(n / batch_size)
+    xs = tf.constant(x)
+    ys = None if y is None else tf.constant(y)
+    base = tf.constant(seed, tf.int64)
+
+    def order(_: Any) -> Any:
+        epoch = tf.cast(tf.convert_to_tensor(step), tf.int64) // steps if steps > 1 else tf.constant(0, tf.int64)
+        key = tf.stack([base, epoch])
+        return tf.data.Dataset.from_tensor_slices(tf.argsort(tf.random.stateless_uniform([n], seed=key)))
+
+    def gather(index: Any) -> Any:
+        return tf.gather(xs, index) if ys is None else (tf.gather(xs, index), tf.gather(ys, index))
+
+    batches = tf.data.Dataset.from_tensors(0).flat_map(order).batch(batch_size).map(gather)
+    # flat_map hides the length: said again, so that Keras knows an epoch's steps from the first epoch on
+    return batches.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(2)
+
+
+def _step_counter(model: Any) -> Any:
+    """The optimizer's step counter of a compiled Keras model (either Keras), else None."""
+    optimizer = getattr(model, "optimizer", None)
+    return None if optimizer is None or not hasattr(model, "layers") else getattr(optimizer, "iterations", None)
+
+
 def fit_inputs(
     x: Any,
     y: Any = None,
@@ -147,12 +186,15 @@ def fit_inputs(
         strategy: the Keras model (its strategy is used) or the strategy it was built
             under; default the strategy in scope. Pass it: the parameter server needs
             different inputs than every other strategy.
-        shuffle, seed: shuffling of the examples. Under the parameter server every worker
-            shuffles alike and worker ``w`` of ``W`` keeps every W-th example from position
-            ``w`` on: the workers read disjoint examples (see the module docstring). A Keras 3
-            model under any strategy reads one batch before its first epoch to build itself, which
-            starts a pass of the dataset: its epochs then get the orders of passes 1, 2, ... of the
-            same seeded sequence, where the model without a strategy gets passes 0, 1, ...
+        shuffle, seed: shuffling of the examples. Given a compiled model (``strategy=model``), each
+            epoch's order is a function of ``seed`` and of the optimizer's step count as the epoch
+            starts: a job resumed from a backup (:func:`tensorfleet.cluster.callbacks`) reads each
+            epoch in the order the uninterrupted run read it, and Keras 3's fit (which reads a batch
+            to build the model first) reads the same orders with and without a strategy. Given a
+            strategy instead, a seeded shuffle reshuffled on every pass, whose sequence of orders
+            starts again in every process. Under the parameter server every worker shuffles alike
+            and worker ``w`` of ``W`` keeps every W-th example from position ``w`` on: the workers
+            read disjoint examples (see the module docstring).
         validation_data: ``(x_val, y_val)`` arrays.
         dataset_fn: instead of arrays, a function ``(input_context) -> tf.data.Dataset`` of
             batches; requires ``steps_per_epoch``. Under the parameter server it runs on every
@@ -182,6 +224,7 @@ def fit_inputs(
         2
     """
 
+    model = strategy
     strategy = _current_strategy(strategy, "fit_inputs")
     coordinated = uses_coordinator(strategy)
     if dataset_fn is not None:
@@ -208,8 +251,11 @@ def fit_inputs(
         # Keras calls a DatasetCreator once per worker with its InputContext.
         return FitInputs(x=keras2().utils.experimental.DatasetCreator(make), steps_per_epoch=steps_per_epoch,
                          **validation)
+    step = _step_counter(model) if shuffle and dataset_fn is None else None
+    dataset = make(None) if step is None else _keyed_passes(np.asarray(x), None if y is None else np.asarray(y),
+                                                           batch_size, seed, step)
     # The dataset is shuffled already; Keras 3's fit warns that its own shuffle=True is ignored otherwise.
-    return FitInputs(x=make(None), shuffle=False, **validation)
+    return FitInputs(x=dataset, shuffle=False, **validation)
 
 
 def evaluate_inputs(x: Any, y: Any = None, *, batch_size: int = 32, strategy: Any = None) -> FitInputs:

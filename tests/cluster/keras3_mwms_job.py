@@ -1,8 +1,9 @@
 """A Keras 3 user's multi-worker script, run by test_keras3_multi_worker.py through ``tensorfleet launch``.
 
 Written as a user writes it: ``import keras`` and nothing else about Keras. A small MLP on the digits,
-deterministic (fixed seeds, op determinism, the same batches in an epoch whenever it starts), trained with
-``fit`` under ``tfl.strategies.build("multi_worker_mirrored")``, then ``evaluate`` and ``predict``. Every task
+deterministic (fixed seeds, op determinism, the same batches in an epoch whenever it starts: ``fit_inputs``
+shuffles each epoch by the seed and the optimizer's step count), trained with ``fit`` under
+``tfl.strategies.build("multi_worker_mirrored")``, then ``evaluate`` and ``predict``. Every task
 writes its results to ``OUT/<task>.json`` (``OUT/one-process.json`` with ``--one-process``, which trains the
 same global batches in one process without a strategy).
 
@@ -49,8 +50,6 @@ def main() -> None:
     keras.utils.set_random_seed(0)
     tf.config.experimental.enable_op_determinism()
     split = tfl.models.datasets.load_digits(flat=True)
-    train = tf.data.Dataset.from_tensor_slices((split.x_train[:EXAMPLES], split.y_train[:EXAMPLES])).batch(
-        GLOBAL_BATCH, drop_remainder=True)
     test = tf.data.Dataset.from_tensor_slices((split.x_test, split.y_test)).batch(GLOBAL_BATCH)
     initial_epoch = 0
     with strategy.scope() if strategy else contextlib.nullcontext():
@@ -74,7 +73,9 @@ def main() -> None:
         object.__setattr__(model, "save", recorded_save)
         callbacks += [keras.callbacks.ModelCheckpoint(os.path.join(args.checkpoints, "epoch-{epoch}.keras")),
                       tfl.cluster.evaluation.checkpoint_callback(os.path.join(args.checkpoints, "tf"), keras=model)]
-    history = model.fit(train, epochs=args.epochs, initial_epoch=initial_epoch, validation_data=test,
+    train = tfl.strategies.fit_inputs(split.x_train[:EXAMPLES], split.y_train[:EXAMPLES], batch_size=GLOBAL_BATCH,
+                                      strategy=model, seed=1)
+    history = model.fit(**train, epochs=args.epochs, initial_epoch=initial_epoch, validation_data=test,
                         callbacks=callbacks, verbose=0)
     evaluation = model.evaluate(test, verbose=0, return_dict=True)
     predictions = model.predict(split.x_test, batch_size=GLOBAL_BATCH, verbose=0)

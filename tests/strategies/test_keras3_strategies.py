@@ -50,9 +50,9 @@ def train(keras: Any, strategy: Any, data: Any, *, inputs: bool) -> Run:
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         model = _mlp(keras)
     if inputs:
-        # Unshuffled: under any strategy Keras 3's fit reads one batch to build the model before its epochs, so
-        # a seeded reshuffling dataset's epochs see the orders of its passes 1, 2, ... instead of 0, 1, ...
-        history = model.fit(**tfl.strategies.fit_inputs(x, y, batch_size=BATCH, strategy=model, shuffle=False),
+        # Shuffled (the default): each epoch's order follows the seed and the optimizer's step count, so Keras 3's
+        # read of one batch to build the model under a strategy, before its epochs, shifts no epoch's order.
+        history = model.fit(**tfl.strategies.fit_inputs(x, y, batch_size=BATCH, strategy=model),
                             epochs=EPOCHS, verbose=0)
         evaluated = model.evaluate(**tfl.strategies.evaluate_inputs(x_test, y_test, batch_size=BATCH, strategy=model),
                                    verbose=0, return_dict=True)
