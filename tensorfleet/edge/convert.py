@@ -209,6 +209,29 @@ def _keras3_inputs(model: Any) -> Any:
     return inputs[0] if len(inputs) == 1 else inputs
 
 
+def _recurrent_loops(model: Any) -> list[str]:
+    """The recurrent layers of ``model`` (nested ones too) that run their time steps as a loop (``unroll=False``),
+    as ``"LSTM 'lstm'"``; the converter turns each into a WHILE op or a loop of tensor lists."""
+    found: list[str] = []
+
+    def visit(layer: Any) -> None:
+        if hasattr(layer, "cell") and getattr(layer, "unroll", True) is False:
+            found.append(f"{type(layer).__name__} {layer.name!r}")
+            return
+        for child in [getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None),
+                      getattr(layer, "layer", None), *(getattr(layer, "layers", None) or [])]:
+            if child is not None and child is not layer:
+                visit(child)
+
+    for layer in model.layers:
+        visit(layer)
+    return found
+
+
+_UNROLL = ("build the recurrent layer with unroll=True (its time steps become plain operators; the sequence "
+           "length must be fixed)")
+
+
 @contextlib.contextmanager
 def _converter(model: Any) -> Iterator[Any]:
     """The TFLite converter for a model of either Keras, for the time of a ``with`` block.
@@ -284,8 +307,15 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         from tensorfleet.edge.optimize import strip_wrappers
 
         keras_model = strip_wrappers(keras_model)  # the wrappers' masks and centroids are training-only
-    if keras_of(keras_model) is Keras.KERAS3:
+    keras3 = keras_of(keras_model) is Keras.KERAS3
+    if keras3:
         _keras3_inputs(keras_model)  # a subclassed model is refused before calibration data is looked at
+    loops = _recurrent_loops(keras_model)
+    if loops and keras3 and mode.needs_representative_data:
+        # TensorFlow 2.21's converter ends the process (SIGSEGV) calibrating the WHILE op of such a layer.
+        raise QuantizationError(f"quantization={name!r} cannot convert a recurrent layer that loops over its time "
+                                f"steps: {', '.join(loops)} (TensorFlow's converter crashes calibrating the loop). "
+                                f"{_UNROLL[0].upper()}{_UNROLL[1:]}, or use 'dynamic', 'float16' or 'float32'.")
     rep = None
     if mode.needs_representative_data:
         if representative_data is None:
@@ -300,9 +330,11 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         try:
             data = converter.convert()
         except Exception as exc:  # the converter's own messages are long; keep the cause attached
-            raise QuantizationError(f"The TFLite converter failed for quantization={name!r}: "
-                                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
-                                    ) from exc
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            if loops and "tensor list ops" in str(exc):  # its advice (Select TF ops) is no use on a microcontroller
+                last = (f"{', '.join(loops)} loops over its time steps with tensor lists, which TFLite's builtin "
+                        f"operators cannot lower: {_UNROLL}")
+            raise QuantizationError(f"The TFLite converter failed for quantization={name!r}: {last}") from exc
     artifact = TFLiteArtifact(data, name, keras_model)
     if verify and name == Quantization.INT8.value:
         verify_int8(artifact)

@@ -213,3 +213,41 @@ def test_a_keras3_model_saved_with_pruning_wrappers_converts_from_the_command_li
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "m.tflite").read_bytes()[4:8] == b"TFL3"
+
+
+def _lstm(keras: Any, *, unroll: bool, bidirectional: bool = False) -> Any:
+    recurrent = keras.layers.LSTM(8, unroll=unroll, name="lstm")
+    layer = keras.layers.Bidirectional(recurrent, name="both") if bidirectional else recurrent
+    return keras.Sequential([keras.Input((10, 4)), layer, keras.layers.Dense(3)])
+
+
+def test_a_recurrent_loop_is_refused_for_full_integer_modes_and_unrolled_converts(keras3: Any) -> None:
+    # TensorFlow 2.21's converter ended the process (SIGSEGV, exit 139) calibrating a Keras 3 LSTM's WHILE loop.
+    samples = np.random.default_rng(0).normal(size=(20, 10, 4)).astype("float32")
+    for mode in ("int8", "int16x8"):
+        with pytest.raises(edge.QuantizationError) as refused:
+            edge.convert(_lstm(keras3, unroll=False), mode, samples, progress=False)
+        assert str(refused.value) == (
+            f"quantization={mode!r} cannot convert a recurrent layer that loops over its time steps: LSTM 'lstm' "
+            "(TensorFlow's converter crashes calibrating the loop). Build the recurrent layer with unroll=True (its "
+            "time steps become plain operators; the sequence length must be fixed), or use 'dynamic', 'float16' or "
+            "'float32'.")
+    with pytest.raises(edge.QuantizationError, match=r"loops over its time steps: Bidirectional 'both'|LSTM 'forward"):
+        edge.convert(_lstm(keras3, unroll=False, bidirectional=True), "int8", samples, progress=False)
+    assert "WHILE" in edge.convert(_lstm(keras3, unroll=False), "dynamic", progress=False).op_types
+    # Unrolled, it converts; not verified: TensorFlow 2.21's converter leaves its SPLIT in float32 in about one
+    # conversion in four (the same model, seeds and data), which verify_int8 then names.
+    unrolled = edge.convert(_lstm(keras3, unroll=True), "int8", samples, progress=False, verify=False)
+    assert unrolled.inputs[0].dtype == "int8" and "WHILE" not in unrolled.op_types
+
+
+def test_a_tf_keras_recurrent_loop_fails_with_the_remedy_for_a_microcontroller() -> None:
+    from tensorfleet.compat.keras import keras2
+
+    with pytest.raises(edge.QuantizationError) as failed:
+        edge.convert(_lstm(keras2(), unroll=False), "float32", progress=False)
+    assert str(failed.value) == (
+        "The TFLite converter failed for quantization='float32': LSTM 'lstm' loops over its time steps with tensor "
+        "lists, which TFLite's builtin operators cannot lower: build the recurrent layer with unroll=True (its time "
+        "steps become plain operators; the sequence length must be fixed)")
+    assert "FULLY_CONNECTED" in edge.convert(_lstm(keras2(), unroll=True), "float32", progress=False).op_types
