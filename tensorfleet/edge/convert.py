@@ -232,6 +232,33 @@ _UNROLL = ("build the recurrent layer with unroll=True (its time steps become pl
            "length must be fixed)")
 
 
+def _convertible_loops(model: Any, name: str, full_integer: bool) -> list[str]:
+    """The model's recurrent loops (:func:`_recurrent_loops`); a Keras 3 subclassed model, or a Keras 3 loop in a
+    full-integer mode, refused first."""
+    if keras_of(model) is not Keras.KERAS3:
+        return _recurrent_loops(model)
+    _keras3_inputs(model)  # a subclassed model is refused before calibration data is looked at
+    loops = _recurrent_loops(model)
+    if loops and full_integer:
+        # TensorFlow 2.21's converter ends the process (SIGSEGV) calibrating the WHILE op of such a layer.
+        raise QuantizationError(f"quantization={name!r} cannot convert a recurrent layer that loops over its time "
+                                f"steps: {', '.join(loops)} (TensorFlow's converter crashes calibrating the loop). "
+                                f"{_UNROLL[0].upper()}{_UNROLL[1:]}, or use 'dynamic', 'float16' or 'float32'.")
+    return loops
+
+
+def _run(converter: Any, name: str, loops: list[str]) -> bytes:
+    """The converter's flatbuffer; its failure as a QuantizationError with its last line (the cause attached)."""
+    try:
+        return bytes(converter.convert())
+    except Exception as exc:  # the converter's own messages are long; keep the cause attached
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if loops and "tensor list ops" in str(exc):  # its advice (Select TF ops) is no use on a microcontroller
+            last = (f"{', '.join(loops)} loops over its time steps with tensor lists, which TFLite's builtin "
+                    f"operators cannot lower: {_UNROLL}")
+        raise QuantizationError(f"The TFLite converter failed for quantization={name!r}: {last}") from exc
+
+
 @contextlib.contextmanager
 def _converter(model: Any) -> Iterator[Any]:
     """The TFLite converter for a model of either Keras, for the time of a ``with`` block.
@@ -307,15 +334,7 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         from tensorfleet.edge.optimize import strip_wrappers
 
         keras_model = strip_wrappers(keras_model)  # the wrappers' masks and centroids are training-only
-    keras3 = keras_of(keras_model) is Keras.KERAS3
-    if keras3:
-        _keras3_inputs(keras_model)  # a subclassed model is refused before calibration data is looked at
-    loops = _recurrent_loops(keras_model)
-    if loops and keras3 and mode.needs_representative_data:
-        # TensorFlow 2.21's converter ends the process (SIGSEGV) calibrating the WHILE op of such a layer.
-        raise QuantizationError(f"quantization={name!r} cannot convert a recurrent layer that loops over its time "
-                                f"steps: {', '.join(loops)} (TensorFlow's converter crashes calibrating the loop). "
-                                f"{_UNROLL[0].upper()}{_UNROLL[1:]}, or use 'dynamic', 'float16' or 'float32'.")
+    loops = _convertible_loops(keras_model, name, mode.needs_representative_data)
     rep = None
     if mode.needs_representative_data:
         if representative_data is None:
@@ -327,14 +346,7 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
         mode.configure(converter, rep)
         if mode.needs_representative_data:  # the full-integer modes, whose dense weights TFLM requantizes
             set_dense_per_channel(converter, bool(per_channel_dense))
-        try:
-            data = converter.convert()
-        except Exception as exc:  # the converter's own messages are long; keep the cause attached
-            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            if loops and "tensor list ops" in str(exc):  # its advice (Select TF ops) is no use on a microcontroller
-                last = (f"{', '.join(loops)} loops over its time steps with tensor lists, which TFLite's builtin "
-                        f"operators cannot lower: {_UNROLL}")
-            raise QuantizationError(f"The TFLite converter failed for quantization={name!r}: {last}") from exc
+        data = _run(converter, name, loops)
     artifact = TFLiteArtifact(data, name, keras_model)
     if verify and name == Quantization.INT8.value:
         verify_int8(artifact)
