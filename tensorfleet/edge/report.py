@@ -208,10 +208,7 @@ class EdgeReport:
         if self.arena_bytes is not None and self.arena_allocator == ARENA_ALLOCATOR:
             lines.append("arena: a safe size for a firmware; with TFLM's plain MicroAllocator it needs 240-424 bytes "
                          "less (the Python interpreter's recording allocator keeps its records in the arena)")
-        alloc = self.arena_allocations
-        if {"total", "head", "tail"} <= set(alloc):
-            lines.append(f"TFLM allocation record: {alloc['total']:,} bytes = head {alloc['head']:,} (planned "
-                         f"activations) + tail {alloc['tail']:,} (persistent)")
+        lines.extend(self._allocation_lines())
         if self.fit is not None:
             b = self.fit.board
             verdict = "fits" if self.fit.fits else "does NOT fit"
@@ -221,6 +218,26 @@ class EdgeReport:
                          + (f" ({'; '.join(self.fit.reasons)})" if self.fit.reasons else ""))
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+    def _allocation_lines(self) -> list[str]:
+        """TFLM's record of the arena, its parts adding up: the tail's kinds and what TFLM does not itemize, and
+        what the smallest arena holds beyond the record."""
+        alloc = self.arena_allocations
+        if not {"total", "head", "tail"} <= set(alloc):
+            return []
+        lines = [f"TFLM allocation record: {alloc['total']:,} bytes = head {alloc['head']:,} (planned activations) + "
+                 f"tail {alloc['tail']:,} (persistent)"]
+        kinds = {k: v for k, v in alloc.items() if k not in ("total", "head", "tail")}
+        if kinds:
+            parts = [f"{kind} {size:,}" for kind, size in kinds.items()]
+            rest = alloc["tail"] - sum(kinds.values())
+            lines.append("  tail: " + ", ".join(parts + ([f"TFLM's own structures (not itemized) {rest:,}"]
+                                                         if rest else [])))
+        beyond = (self.arena_bytes or 0) - alloc["total"]
+        if beyond > 0 and self.arena_allocator == ARENA_ALLOCATOR:
+            lines.append(f"  the smallest arena holds {beyond:,} bytes more than the record: room TFLM uses while it "
+                         "plans, which its recorder does not count")
+        return lines
 
     def save_json(self, path: str | os.PathLike[str]) -> Path:
         return write_json(path, self.as_dict())

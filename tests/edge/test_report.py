@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,16 @@ def test_report_totals_flash_ram_and_fit(int8_report: Any, int8_artifact: Any) -
     assert rep.total_macs == 337_536
     alloc = rep.arena_allocations
     assert alloc["head"] + alloc["tail"] == alloc["total"] <= rep.arena_bytes
-    assert "TFLM allocation record:" in rep.table()
+    table = rep.table().splitlines()
+    record = next(i for i, line in enumerate(table) if line.startswith("TFLM allocation record:"))
+    kinds = {k: v for k, v in alloc.items() if k not in ("total", "head", "tail")}
+    # The tail's line adds up to the tail: its kinds and what TFLM does not itemize; the next line, the arena.
+    tail = table[record + 1]
+    assert tail.startswith("  tail: ") and sum(int(n.replace(",", "")) for n in re.findall(r" ([\d,]+)(?:,|$)", tail)) \
+        == alloc["tail"], tail
+    assert len(re.findall(r" [\d,]+(?:,|$)", tail)) == len(kinds) + (sum(kinds.values()) < alloc["tail"])
+    assert not table[record + 2].startswith("  the smallest arena")  # this model's smallest arena is the record's
+    assert rep.arena_bytes == alloc["total"]
     assert rep.fit is not None and rep.fit.fits and rep.fit.reasons == ()
     assert rep.fit.flash_fraction == pytest.approx(int8_artifact.size / (1024 * 1024))
     assert rep.fit.ram_fraction == pytest.approx(rep.arena_bytes / (256 * 1024))
@@ -94,3 +104,17 @@ def test_a_huge_given_arena_is_refused(int8_artifact: Any) -> None:
     with pytest.raises(ValueError, match=r"arena_bytes must be an integer from 1 to 67108864. "
                                          r"Received: arena_bytes=4294967296"):
         edge.report(int8_artifact, arena_bytes=2**32)
+
+
+@pytest.mark.slow
+def test_the_arena_beyond_the_allocation_record_is_said(digits_flat: Any) -> None:
+    # The digits MLP's smallest arena is more than TFLM's record of it (the room TFLM plans in, not recorded).
+    from tensorfleet import models
+
+    artifact = edge.convert(models.build("digits_mlp", keras="tf_keras"), "int8", digits_flat.x_train[:50],
+                            progress=False)
+    rep = edge.report(artifact, progress=False)
+    beyond = rep.arena_bytes - rep.arena_allocations["total"]
+    assert beyond > 0
+    assert (f"  the smallest arena holds {beyond:,} bytes more than the record: room TFLM uses while it plans, which "
+            "its recorder does not count") in rep.table().splitlines()
