@@ -65,15 +65,59 @@ def _root(
     ),
     verbose: bool = typer.Option(
         False, "--verbose", help="Show everything: TensorFlow's C++ logs and start-up lines, INFO logs."),
+    imports: list[str] = typer.Option(
+        [], "--import", metavar="MODULE",
+        help="Import MODULE first (a module name, or a .py file): the module that defines a model's own layers, "
+             "for a .keras file that uses them. Repeatable."),
 ) -> None:
     """Distributed, federated and on-device TensorFlow from plain Keras."""
     from tensorfleet.cluster.console import quiet_stderr
+
+    for name in imports:
+        import_user_module(name)
 
     # Before any command imports TensorFlow, which reads the level once; the user's setting wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     ctx.with_resource(quiet_stderr(enabled=not verbose))
+
+
+def import_user_module(name: str) -> Any:
+    """``--import NAME``: the module ``NAME`` (found from the current folder too, as ``python -m`` finds it) or
+    the Python file ``NAME``. One clear error when there is no such module, and when importing it fails (the
+    error and the line of the user's code that raised it)."""
+    import importlib.util
+
+    path = os.path.abspath(name)
+    failure: Exception
+    if name.endswith(".py") and not os.path.isfile(path):
+        raise FileNotFoundError(f"--import {name}: no such Python file. Give a module name (my_layers) or the path "
+                                "of a .py file.")
+    try:
+        if name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            return module
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name == name.split(".")[0]:
+            raise ValueError(f"--import {name}: no module {name!r} on the Python path or in the current folder "
+                             f"({os.getcwd()}). Give the module that defines the model's layers, or its .py file."
+                             ) from None
+        failure = error
+    except Exception as error:  # the user's module raised: its error and where, not a bug of tensorfleet's
+        failure = error
+    frames = traceback.extract_tb(failure.__traceback__)
+    # (a SyntaxError names its file and line itself)
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames and not isinstance(failure, SyntaxError) \
+        else ""
+    raise ValueError(f"--import {name} failed: {type(failure).__name__}: {failure}{where}") from None
 
 
 def verbose(ctx: typer.Context) -> bool:

@@ -412,8 +412,32 @@ def load_model(path: str | os.PathLike[str], *, compile: bool = True, where: str
     try:
         return module.models.load_model(str(path), compile=compile)
     except Exception as error:  # any Keras deserialization failure is a problem with the file
+        missing = _missing_class(str(error))
+        if missing is not None:
+            raise KerasFileError(f"{where}: {path} uses {missing}, a class of your own that {module.__name__} "
+                                 f"{module.__version__} cannot find. Import the module that defines it (its class "
+                                 "registered with @keras.saving.register_keras_serializable) before the model is "
+                                 "loaded: `import MODULE` in Python, `tensorfleet --import MODULE ...` on the "
+                                 "command line.") from None
         raise KerasFileError(f"{where}: {path} (saved by {which.value}) could not be loaded by "
                              f"{module.__name__} {module.__version__}: {type(error).__name__}: {error}") from None
+
+
+def _missing_class(message: str) -> str | None:
+    """``"'Scale' (saved from module 'my_layers')"`` when a Keras load failed on a class it cannot find, else None.
+    Keras 3 says "Could not locate class 'Scale'" and dumps the configs; tf_keras "Unknown layer: 'Scale'"."""
+    import re
+
+    found = re.search(r"Could not locate (?:class|function) '([^']+)'", message) or \
+        re.search(r"Cannot deserialize object of type `([^`]+)`", message) or \
+        re.search(r"Unknown (?:layer|object|activation|loss|metric|initializer|regularizer|constraint)"
+                  r"(?: class)?: '?([A-Za-z_][\w.>]*)'?", message)
+    if found is None:
+        return None
+    name = found.group(1)
+    origin = re.search(r"'module': '([^']+)', 'class_name': '" + re.escape(name) + "'", message)
+    return f"'{name}'" + (f" (saved from module '{origin.group(1)}')" if origin and
+                          not origin.group(1).startswith("keras") else "")
 
 
 def _load_folder(path: Path, *, compile: bool, where: str) -> Any:  # noqa: A002

@@ -254,11 +254,10 @@ def multi_worker_mirrored(*, implementation: str = "auto", timeout_seconds: floa
     timeout_seconds = number("timeout_seconds", timeout_seconds, above=0, optional=True)
     parse_compression(compression)
     resolver = None
-    if tf_config is not None:
-        config = parse_tf_config(tf_config)
+    # the given TF_CONFIG or the environment's, validated with clear errors
+    config = parse_tf_config(tf_config) if tf_config is not None else tf_config_from_env()
+    if tf_config is not None and config is not None:
         resolver = _cluster_resolver(config.cluster, config.task, config.rpc_layer)
-    else:
-        config = tf_config_from_env()  # validate the environment's TF_CONFIG with clear errors
     if config is not None and config.cluster.num_tasks("ps"):
         # Its workers would wait for the ps tasks to join their collectives, which they never do: a silent hang.
         raise ValueError(f"multi_worker_mirrored runs on a cluster of workers (and a chief); this TF_CONFIG has "
