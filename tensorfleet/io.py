@@ -271,16 +271,20 @@ def unique_keys_loader() -> Any:
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            # The mapping's own keys only: a merge key (<<: *anchor) brings keys that its own may override.
             first: dict[Any, int] = {}
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
-                    line = first.setdefault(key, key_node.start_mark.line + 1)
+                    line = first.get(key)
                 except TypeError:  # an unhashable key: the constructor below names it
                     continue
-                if line != key_node.start_mark.line + 1:
+                if line is not None:  # on another line or the same one ({a: 1, a: 2})
                     raise yaml.constructor.ConstructorError(
                         None, None, f"the key {key!r} is given twice (first at line {line})", key_node.start_mark)
+                first[key] = key_node.start_mark.line + 1
             return super().construct_mapping(node, deep)
 
     return UniqueKeyLoader

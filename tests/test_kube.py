@@ -62,6 +62,14 @@ def test_a_key_given_twice_is_refused_with_its_lines() -> None:
     assert str(caught.value) == ("The manifest is not valid YAML: the key 'name' is given twice (first at line 6) "
                                  "(line 7, column 3)")
     assert kube.load_yaml("a: 1\n---\na: 2\n") == [{"a": 1}, {"a": 2}]  # one key per document is no repeat
+    with pytest.raises(kube.ManifestError, match=r"^The manifest is not valid YAML: the key 'backoffLimit' is given "
+                                                 r"twice \(first at line 1\) \(line 1, column 55\)$"):
+        kube.load_yaml("runPolicy: {cleanPodPolicy: Running, backoffLimit: 3, backoffLimit: 7}\n")  # on one line
+
+
+def test_merge_keys_are_yaml_and_their_keys_may_be_overridden() -> None:
+    text = "base: &labels {app: a, tier: web}\nmetadata: {<<: *labels, tier: db}\n"
+    assert kube.load_yaml(text) == [{"base": {"app": "a", "tier": "web"}, "metadata": {"app": "a", "tier": "db"}}]
 
 
 @pytest.mark.parametrize(("check", "value", "message"), [

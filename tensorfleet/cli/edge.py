@@ -17,6 +17,7 @@ from typing import Any, Optional
 import typer
 
 from tensorfleet.edge.decompose_plan import DecompositionMethod
+from tensorfleet.edge.errors import EdgeWarning
 
 __all__ = ["NAME", "app", "calibration_data", "parse_rank"]
 
@@ -100,19 +101,42 @@ def convert_cmd(
     rep = None
     if edge.QUANTIZATIONS.get(mode).needs_representative_data:
         if data is not None:
-            rep = _load_npy(data)
+            rep = _samples_for(keras_model, data)
         elif models.model_file(model) is not None:  # a saved model: no built-in calibration data
             raise ValueError(f"--quantization {mode} needs --data FILE.npy with samples for a saved model.")
         else:
             rep = calibration_data(model, samples)
-    artifact = edge.convert(keras_model, mode, rep, num_calibration_samples=samples,
-                            per_channel_dense=per_channel_dense, progress=_progress(progress))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", edge.EdgeWarning)
+        artifact = edge.convert(keras_model, mode, rep, num_calibration_samples=samples,
+                                per_channel_dense=per_channel_dense, progress=_progress(progress))
+    _show(caught)
     artifact.save(out_path)
     if metadata is not None:
         write_json(metadata, artifact.metadata())
     inp, outp = artifact.inputs[0], artifact.outputs[0]
     typer.echo(f"wrote {out_path} ({artifact.size:,} bytes, {artifact.quantization}); input {inp.dtype} "
                f"{list(inp.shape)}, output {outp.dtype} {list(outp.shape)}; ops: {', '.join(artifact.op_types)}")
+
+
+def _samples_for(keras_model: Any, data: Path) -> Any:
+    """``--data``'s samples, refused in the flag's words unless shaped like the model's input."""
+    rep = _load_npy(data)
+    expected = tuple(keras_model.input_shape[1:])
+    if rep.ndim != len(expected) + 1 or any(e is not None and e != a for e, a in zip(expected, rep.shape[1:])):
+        shown = "(n, " + ", ".join(str(e) for e in expected) + ")"
+        raise ValueError(f"--data {str(data)!r} must hold samples shaped like the model's input, an array of shape "
+                         f"{shown}. Received: shape={rep.shape}")
+    return rep
+
+
+def _show(caught: list[warnings.WarningMessage]) -> None:
+    """tensorfleet's EdgeWarnings as ``warning:`` lines; the others (numpy's, TensorFlow's) as Python shows them."""
+    for warning in caught:
+        if issubclass(warning.category, EdgeWarning):
+            typer.echo(f"warning: {warning.message}", err=True)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 @app.command("validate")

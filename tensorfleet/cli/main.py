@@ -73,14 +73,13 @@ def _root(
     """Distributed, federated and on-device TensorFlow from plain Keras."""
     from tensorfleet.cluster.console import quiet_stderr
 
-    for name in imports:
-        import_user_module(name)
-
     # Before any command imports TensorFlow, which reads the level once; the user's setting wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     ctx.with_resource(quiet_stderr(enabled=not verbose))
+    for name in imports:  # after the filter: a module that imports Keras starts TensorFlow, whose lines it drops
+        import_user_module(name)
 
 
 def import_user_module(name: str) -> Any:

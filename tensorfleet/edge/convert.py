@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -30,8 +31,8 @@ import numpy as np
 
 from tensorfleet.compat.keras import Keras, keras_of, module_of
 from tensorfleet.compat.litert import set_dense_per_channel
-from tensorfleet.edge.artifact import TFLiteArtifact, verify_int8
-from tensorfleet.edge.errors import QuantizationError
+from tensorfleet.edge.artifact import TFLiteArtifact, infer_quantization, verify_int8
+from tensorfleet.edge.errors import EdgeWarning, QuantizationError
 from tensorfleet.registry import Registry
 from tensorfleet.validation import positive_int
 
@@ -350,4 +351,8 @@ def convert(model: Any, quantization: str | Quantization = Quantization.FLOAT32,
     artifact = TFLiteArtifact(data, name, keras_model)
     if verify and name == Quantization.INT8.value:
         verify_int8(artifact)
+    if name == Quantization.DYNAMIC.value and infer_quantization(artifact.graph) == "float32":
+        warnings.warn("quantization='dynamic' left every weight in float32: TensorFlow's converter quantizes only "
+                      "weight tensors of 1,024 elements or more, and this model has none. The file is a float32 "
+                      "model; 'int8' quantizes every weight.", EdgeWarning, stacklevel=2)
     return artifact

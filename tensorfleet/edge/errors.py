@@ -10,7 +10,12 @@ __all__ = [
     "UnsupportedOpError",
     "ArenaTooSmallError",
     "DecompositionError",
+    "EdgeWarning",
 ]
+
+
+class EdgeWarning(UserWarning):
+    """A result that is not what its request suggests, though valid (the CLI shows it as a ``warning:`` line)."""
 
 
 class EdgeError(ValueError):

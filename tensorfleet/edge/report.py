@@ -183,7 +183,8 @@ class EdgeReport:
                "arena_note": ARENA_NOTE if self.arena_allocator == ARENA_ALLOCATOR else "",
                "total_params": self.total_params,
                "total_macs": self.total_macs, "peak_activation_bytes": self.peak_activation_bytes,
-               "arena_allocations": dict(self.arena_allocations),
+               "arena_allocations": self._allocations_adding_up(),
+               "arena_beyond_record_bytes": self._beyond_record(),
                "layers": [asdict(layer) for layer in self.layers], "notes": list(self.notes)}
         if self.fit is not None:
             out["target"] = {"board": asdict(self.fit.board), "fits": self.fit.fits,
@@ -219,6 +220,23 @@ class EdgeReport:
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
+    _NOT_ITEMIZED = "TFLM's own structures (not itemized)"
+
+    def _allocations_adding_up(self) -> dict[str, int]:
+        """TFLM's record with the tail's rest as one more part (:attr:`_NOT_ITEMIZED`), so the kinds sum to it."""
+        alloc = dict(self.arena_allocations)
+        kinds = [k for k in alloc if k not in ("total", "head", "tail")]
+        if kinds and "tail" in alloc and alloc["tail"] > sum(alloc[k] for k in kinds):
+            alloc[self._NOT_ITEMIZED] = alloc["tail"] - sum(alloc[k] for k in kinds)
+        return alloc
+
+    def _beyond_record(self) -> int | None:
+        """Bytes the smallest (measured) arena holds beyond TFLM's record of it; None where not measured."""
+        total = self.arena_allocations.get("total")
+        if total is None or self.arena_bytes is None or self.arena_allocator != ARENA_ALLOCATOR:
+            return None
+        return self.arena_bytes - total
+
     def _allocation_lines(self) -> list[str]:
         """TFLM's record of the arena, its parts adding up: the tail's kinds and what TFLM does not itemize, and
         what the smallest arena holds beyond the record."""
@@ -227,14 +245,11 @@ class EdgeReport:
             return []
         lines = [f"TFLM allocation record: {alloc['total']:,} bytes = head {alloc['head']:,} (planned activations) + "
                  f"tail {alloc['tail']:,} (persistent)"]
-        kinds = {k: v for k, v in alloc.items() if k not in ("total", "head", "tail")}
+        kinds = {k: v for k, v in self._allocations_adding_up().items() if k not in ("total", "head", "tail")}
         if kinds:
-            parts = [f"{kind} {size:,}" for kind, size in kinds.items()]
-            rest = alloc["tail"] - sum(kinds.values())
-            lines.append("  tail: " + ", ".join(parts + ([f"TFLM's own structures (not itemized) {rest:,}"]
-                                                         if rest else [])))
-        beyond = (self.arena_bytes or 0) - alloc["total"]
-        if beyond > 0 and self.arena_allocator == ARENA_ALLOCATOR:
+            lines.append("  tail: " + ", ".join(f"{kind} {size:,}" for kind, size in kinds.items()))
+        beyond = self._beyond_record()
+        if beyond:
             lines.append(f"  the smallest arena holds {beyond:,} bytes more than the record: room TFLM uses while it "
                          "plans, which its recorder does not count")
         return lines

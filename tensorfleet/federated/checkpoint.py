@@ -230,9 +230,9 @@ def read_checkpoint(out_dir: str | os.PathLike[str], fingerprint: str, config: d
             f"The checkpoint in {path.parent} comes from a different configuration ({detail or 'client data'}).")
     recorded = meta.get("model")
     if model is not None and recorded is not None and list(recorded) != list(model):
-        raise CheckpointMismatchError(
-            f"The checkpoint in {path.parent} comes from another model ({len(recorded)} layers; this one has "
-            f"{len(model)}): {_first_difference(list(recorded), list(model))}.")
+        counts = f" ({len(recorded)} layers; this one has {len(model)})" if len(recorded) != len(model) else ""
+        raise CheckpointMismatchError(f"The checkpoint in {path.parent} comes from another model{counts}: "
+                                      f"{_first_difference(list(recorded), list(model))}.")
     return leaves, int(meta["round"]), list(meta["history"])
 
 

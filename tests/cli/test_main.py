@@ -103,3 +103,19 @@ def test_import_errors_are_one_line_naming_the_module_and_the_line(tmp_path, mon
     for name, line in cases:
         assert main(["--import", name, "info"]) == 2
         assert capsys.readouterr().err == line + "\n"
+
+
+@pytest.mark.slow
+def test_a_module_imported_with_import_starts_tensorflow_quietly(tmp_path):
+    # TensorFlow's start-up lines (oneDNN, CUDA stubs) are filtered from the first import on; --import used to run
+    # before the filter and the log level were set, so a layers module that imports Keras let them all through.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "uses_tf.py").write_text("import tensorflow as tf\ntf.constant(1)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-m", "tensorfleet.cli.main", "--import", "uses_tf.py", "info"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("python ") and done.stderr == "", done.stderr

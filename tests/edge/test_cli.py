@@ -35,7 +35,8 @@ def test_convert_errors_leave_no_file(tmp_path: Path, capsys: pytest.CaptureFixt
     data = tmp_path / "bad.npy"
     np.save(data, np.zeros((5, 7, 7, 1), np.float32))
     assert main(["edge", "convert", "digits_cnn", "-q", "int8", "--data", str(data), "--out", str(out)]) == 2
-    assert "Received: shape=(5, 7, 7, 1)" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"error: --data {str(data)!r} must hold samples shaped like the model's input, "
+                                       "an array of shape (n, 8, 8, 1). Received: shape=(5, 7, 7, 1)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy"]
 
 

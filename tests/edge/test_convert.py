@@ -213,3 +213,29 @@ def test_dense_weights_are_quantized_per_tensor_unless_per_channel_is_asked(
     assert _dense_weight_scales(per_channel) == [int(digits_model.layers[-1].kernel.shape[0]), 10]
     # TFLM keeps a multiplier and a shift (int32 each) per output channel in the arena
     assert edge.find_arena_size(per_channel, progress=False) > edge.find_arena_size(int8_artifact, progress=False)
+
+
+def test_dynamic_that_quantizes_no_weight_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # TensorFlow's converter quantizes only weights of 1,024 elements or more: a 40x25 kernel (1,000) stays
+    # float32, a 41x25 one (1,025) becomes int8. The first file is a float32 model under the name 'dynamic'.
+    import warnings
+
+    from tensorfleet.cli.main import main
+    from tensorfleet.compat.keras import keras2
+
+    keras = keras2()
+    small, large = (keras.Sequential([keras.Input((n,)), keras.layers.Dense(25)]) for n in (40, 41))
+    with pytest.warns(edge.EdgeWarning) as said:
+        artifact = edge.convert(small, "dynamic", progress=False)
+    assert str(said[0].message) == (
+        "quantization='dynamic' left every weight in float32: TensorFlow's converter quantizes only weight tensors "
+        "of 1,024 elements or more, and this model has none. The file is a float32 model; 'int8' quantizes every "
+        "weight.")
+    assert infer_quantization(artifact.graph) == "float32"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", edge.EdgeWarning)
+        assert infer_quantization(edge.convert(large, "dynamic", progress=False).graph) == "dynamic"
+    small.save(tmp_path / "small.keras")
+    assert main(["edge", "convert", str(tmp_path / "small.keras"), "-q", "dynamic", "-o", str(tmp_path / "s.tflite")]) \
+        == 0
+    assert capsys.readouterr().err == f"warning: {said[0].message}\n"

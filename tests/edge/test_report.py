@@ -46,7 +46,9 @@ def test_report_totals_flash_ram_and_fit(int8_report: Any, int8_artifact: Any) -
         == alloc["tail"], tail
     assert len(re.findall(r" [\d,]+(?:,|$)", tail)) == len(kinds) + (sum(kinds.values()) < alloc["tail"])
     assert not table[record + 2].startswith("  the smallest arena")  # this model's smallest arena is the record's
-    assert rep.arena_bytes == alloc["total"]
+    assert rep.arena_bytes == alloc["total"] and rep.as_dict()["arena_beyond_record_bytes"] == 0
+    parts = rep.as_dict()["arena_allocations"]  # the JSON's parts add up to the tail too
+    assert sum(v for k, v in parts.items() if k not in ("total", "head", "tail")) == parts["tail"] == alloc["tail"]
     assert rep.fit is not None and rep.fit.fits and rep.fit.reasons == ()
     assert rep.fit.flash_fraction == pytest.approx(int8_artifact.size / (1024 * 1024))
     assert rep.fit.ram_fraction == pytest.approx(rep.arena_bytes / (256 * 1024))
@@ -118,3 +120,4 @@ def test_the_arena_beyond_the_allocation_record_is_said(digits_flat: Any) -> Non
     assert beyond > 0
     assert (f"  the smallest arena holds {beyond:,} bytes more than the record: room TFLM uses while it plans, which "
             "its recorder does not count") in rep.table().splitlines()
+    assert rep.as_dict()["arena_beyond_record_bytes"] == beyond
