@@ -66,8 +66,8 @@ demo: install
 # tests, and so their fixtures, in one worker) and the tff track runs beside it, serially, its output printed after
 # the current track's: alone it mostly waits on its TFF workers, and the current track runs under nice so those
 # waits stay short. -n 2, not -n auto: the project's machines have 2 cores. On 2026-12-06 (2-core AMD EPYC):
-# current 30:35 serially, 20:02 to 25:00 in two workers; tff 3:42 to 4:27 serially; the whole make test 23:28 and
-# 24:30 this way, about 35 minutes one track after the other. Under this load gRPC's epoll1 poller can abort a
+# current 30:35 serially, 20:02 to 27:52 in two workers; tff 3:42 to 4:27 serially; the whole make test 23:28 to
+# 28:09 this way (the last two runs, 24:42 and 28:09, as the default), about 35 minutes one track after the other. Under this load gRPC's epoll1 poller can abort a
 # launched task ("epoll_wait error: Bad file descriptor"): a test that fails with that line, and only that, runs
 # once more (setup.cfg's [tool:pytest]; the summary names it under "rerun test summary info").
 # Serially, one track after the other: make test XDIST= TRACKS_AT_ONCE=0. XDIST_TFF="-n 2 --dist loadfile" runs
