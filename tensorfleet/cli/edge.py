@@ -17,7 +17,6 @@ from typing import Any, Optional
 import typer
 
 from tensorfleet.edge.decompose_plan import DecompositionMethod
-from tensorfleet.edge.errors import EdgeWarning
 
 __all__ = ["NAME", "app", "calibration_data", "parse_rank"]
 
@@ -106,11 +105,9 @@ def convert_cmd(
             raise ValueError(f"--quantization {mode} needs --data FILE.npy with samples for a saved model.")
         else:
             rep = calibration_data(model, samples)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", edge.EdgeWarning)
-        artifact = edge.convert(keras_model, mode, rep, num_calibration_samples=samples,
-                                per_channel_dense=per_channel_dense, progress=_progress(progress))
-    _show(caught)
+    # an EdgeWarning (dynamic that quantized nothing) is a `warning:` line: cli.main.warnings_shown
+    artifact = edge.convert(keras_model, mode, rep, num_calibration_samples=samples,
+                            per_channel_dense=per_channel_dense, progress=_progress(progress))
     artifact.save(out_path)
     if metadata is not None:
         write_json(metadata, artifact.metadata())
@@ -121,22 +118,13 @@ def convert_cmd(
 
 def _samples_for(keras_model: Any, data: Path) -> Any:
     """``--data``'s samples, refused in the flag's words unless shaped like the model's input."""
+    from tensorfleet.edge.convert import check_samples_shape
+
     rep = _load_npy(data)
-    expected = tuple(keras_model.input_shape[1:])
-    if rep.ndim != len(expected) + 1 or any(e is not None and e != a for e, a in zip(expected, rep.shape[1:])):
-        shown = "(n, " + ", ".join(str(e) for e in expected) + ")"
-        raise ValueError(f"--data {str(data)!r} must hold samples shaped like the model's input, an array of shape "
-                         f"{shown}. Received: shape={rep.shape}")
+    check_samples_shape(rep.shape, keras_model.input_shape,
+                        f"--data {str(data)!r} must hold samples shaped like the model's input, an array of shape "
+                        "{shape}.")
     return rep
-
-
-def _show(caught: list[warnings.WarningMessage]) -> None:
-    """tensorfleet's EdgeWarnings as ``warning:`` lines; the others (numpy's, TensorFlow's) as Python shows them."""
-    for warning in caught:
-        if issubclass(warning.category, EdgeWarning):
-            typer.echo(f"warning: {warning.message}", err=True)
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 @app.command("validate")
@@ -155,7 +143,7 @@ def validate_cmd(
     from tensorfleet.validation import take_renamed
 
     if arena_size is not None:
-        # Shown as a `warning:` line by the CLI's entry point (cli.main.older_names_shown), in the command
+        # Shown as a `warning:` line by the CLI's entry point (cli.main.warnings_shown), in the command
         # line's words; take_renamed's own warning (in Python's words) would say it a second time.
         warnings.warn("--arena-size is now --arena-bytes; the older flag will stop working in the next release.",
                       DeprecationWarning, stacklevel=1)

@@ -89,7 +89,7 @@ def run(**flags: Any) -> None:
             if alias not in flags:
                 continue
             if flags.get(alias) is not None:
-                # Shown as a `warning:` line by the CLI's entry point (cli.main.older_names_shown).
+                # Shown as a `warning:` line by the CLI's entry point (cli.main.warnings_shown).
                 warnings.warn(f"--{alias.replace('_', '-')} is now {info.flag.split('/')[0]}; the older flag will stop "
                               "working in the next release.", DeprecationWarning, stacklevel=1)
                 flags[info.name] = flags[info.name] if flags[info.name] is not None else flags[alias]

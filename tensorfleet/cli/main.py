@@ -157,19 +157,24 @@ OLDER_NAME = "will stop working in the next release"
 
 
 @contextlib.contextmanager
-def older_names_shown() -> Iterator[None]:
-    """tensorfleet's warnings about an older name (a DeprecationWarning, which Python's default filters hide
-    outside ``__main__``) shown as one ``warning: ...`` line on stderr each; every other warning as before."""
+def warnings_shown() -> Iterator[None]:
+    """tensorfleet's warnings for the user shown as one ``warning: ...`` line on stderr each: those about an older
+    name (a DeprecationWarning, which Python's default filters hide outside ``__main__``) and the edge room's
+    (:class:`~tensorfleet.edge.errors.EdgeWarning`); every other warning (numpy's, TensorFlow's) as before."""
+    from tensorfleet.edge.errors import EdgeWarning
+
     with warnings.catch_warnings():
         previous = warnings.showwarning
 
         def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-            if issubclass(category, DeprecationWarning) and OLDER_NAME in str(message):
+            if issubclass(category, EdgeWarning) or (issubclass(category, DeprecationWarning)
+                                                     and OLDER_NAME in str(message)):
                 typer.echo(f"warning: {message}", err=True)
             else:
                 previous(message, category, filename, lineno, file, line)
 
         warnings.filterwarnings("always", message=f".*{OLDER_NAME}", category=DeprecationWarning)
+        warnings.filterwarnings("always", category=EdgeWarning)
         warnings.showwarning = show
         yield
 
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     traceback and :data:`REPORT_BUG` and exits with status 1."""
     exceptions = click_exceptions()
     try:
-        with older_names_shown():
+        with warnings_shown():
             result = app(args=argv, standalone_mode=False)
     except user_errors() as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -107,6 +107,15 @@ QUANTIZATIONS.register("int16x8", QuantizationMode(_int16x8, True, True), aliase
                        description="int16 activations, int8 weights; int16 inputs and outputs.")
 
 
+def check_samples_shape(shape: tuple[int, ...], input_shape: tuple[int | None, ...], message: str) -> None:
+    """ValueError unless an array of ``shape`` holds samples shaped like a model's input (``input_shape``, the
+    batch dimension first); ``message`` says so with ``{shape}`` standing for the expected ``(n, ...)``."""
+    expected = tuple(input_shape[1:])
+    if len(shape) != len(expected) + 1 or any(e is not None and e != a for e, a in zip(expected, shape[1:])):
+        shown = "(n, " + ", ".join(str(e) for e in expected) + ")"
+        raise ValueError(f"{message.format(shape=shown)} Received: shape={tuple(shape)}")
+
+
 def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, num_samples: int = 100,
                            progress: bool = True) -> Callable[[], Iterable[list[np.ndarray]]]:
     """Checks calibration samples against the model's input shape; returns the converter's generator.
@@ -117,7 +126,6 @@ def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, nu
         num_samples: at most this many samples are used.
     """
     positive_int("num_samples", num_samples)
-    expected = tuple(input_shape[1:])
     if hasattr(data, "as_numpy_iterator"):  # tf.data.Dataset
         data = np.stack(list(data.take(num_samples).as_numpy_iterator()))
     try:
@@ -125,10 +133,8 @@ def representative_dataset(data: Any, input_shape: tuple[int | None, ...], *, nu
     except (TypeError, ValueError) as exc:
         raise TypeError(f"representative_data must be a numeric array or tf.data.Dataset. "
                         f"Received: {type(data).__name__}") from exc
-    if array.ndim != len(expected) + 1 or any(e is not None and e != a for e, a in zip(expected, array.shape[1:])):
-        shown = "(n, " + ", ".join(str(e) for e in expected) + ")"
-        raise ValueError(f"representative_data must have shape {shown} to match the model's input. "
-                         f"Received: shape={array.shape}")
+    check_samples_shape(array.shape, input_shape, "representative_data must have shape {shape} to match the model's "
+                                                   "input.")
     if len(array) == 0:
         raise ValueError("representative_data must hold at least one sample. Received: 0 samples")
     if not np.all(np.isfinite(array)):

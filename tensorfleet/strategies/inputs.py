@@ -161,9 +161,9 @@ def _keyed_passes(x: Any, y: Any, batch_size: int, seed: int, step: Any) -> Any:
 
 
 def _step_counter(model: Any) -> Any:
-    """The optimizer's step counter of a compiled Keras model (either Keras), else None."""
-    optimizer = getattr(model, "optimizer", None)
-    return None if optimizer is None or not hasattr(model, "layers") else getattr(optimizer, "iterations", None)
+    """The optimizer's step counter of a compiled Keras model (either Keras), else None (a strategy, or a model
+    not compiled yet)."""
+    return getattr(getattr(model, "optimizer", None), "iterations", None)
 
 
 def fit_inputs(
@@ -251,7 +251,7 @@ def fit_inputs(
         # Keras calls a DatasetCreator once per worker with its InputContext.
         return FitInputs(x=keras2().utils.experimental.DatasetCreator(make), steps_per_epoch=steps_per_epoch,
                          **validation)
-    step = _step_counter(model) if shuffle and dataset_fn is None else None
+    step = _step_counter(model) if shuffle else None
     dataset = make(None) if step is None else _keyed_passes(np.asarray(x), None if y is None else np.asarray(y),
                                                            batch_size, seed, step)
     # The dataset is shuffled already; Keras 3's fit warns that its own shuffle=True is ignored otherwise.
